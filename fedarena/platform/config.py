@@ -1,0 +1,246 @@
+"""Typed experiment configs: YAML files and ``--set key.path=value`` overrides validated against frozen dataclasses.
+
+Every error is a :class:`ConfigError` whose message names the field and the reason (unknown keys come
+with the closest valid name), so the CLI can print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field and the reason."""
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping from ``path``; missing files and bad YAML become :class:`ConfigError`."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file not found: {p}")
+    if p.is_dir():
+        raise ConfigError(f"config path is a directory, not a YAML file: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"malformed YAML in {p}{where}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"malformed YAML in {p}: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file is not UTF-8 text: {p}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``key.path=value`` (value in YAML syntax: ``3``, ``0.5``, ``true``, ``[1, 2]``, ``null``)."""
+    if "=" not in text:
+        raise ConfigError(f"bad --set '{text}': expected key.path=value")
+    key, _, raw = text.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not part or not part.replace("_", "a").replace("-", "a").isalnum() for part in parts):
+        raise ConfigError(f"bad --set '{text}': '{key}' is not a dotted key path like section.field")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        raise ConfigError(f"bad --set '{text}': the value '{raw}' is not valid YAML") from None
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``key.path=value`` override applied."""
+    out = _deepcopy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                path = ".".join(parts[: i + 1])
+                raise ConfigError(f"bad --set '{text}': '{path}' is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _deepcopy(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _deepcopy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_deepcopy(v) for v in x]
+    return x
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build(schema: type, data: Mapping[str, Any], path: str = "") -> Any:
+    """Build the frozen dataclass ``schema`` from ``data``, checking every key and type."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or 'config'}: expected a mapping of fields, got {_show(data)}")
+    hints = typing.get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean '{_join(path, close[0])}'?" if close else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"unknown config key '{full}'{hint}")
+        kwargs[key] = _coerce(hints[key], value, full)
+    missing = [
+        name
+        for name, f in fields.items()
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ConfigError(f"missing required config key '{_join(path, missing[0])}'")
+    try:
+        return schema(**kwargs)
+    except (ValueError, TypeError) as e:  # __post_init__ validation
+        raise ConfigError(f"{path or 'config'}: {e}") from None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _show(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(tp) if a is not Ellipsis)
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(arg, value, path)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {_show(value)}")
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        choices = [str(a) for a in typing.get_args(tp)]
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {_show(value)}{hint}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{path}: expected null, got {_show(value)}")
+    if dataclasses.is_dataclass(tp):
+        if value is None:
+            raise ConfigError(f"{path}: expected a mapping for section {tp.__name__}, got null")
+        return build(tp, value, path)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected {_type_name(tp)}, got {_show(value)}")
+        args = typing.get_args(tp)
+        if origin is tuple and args and (len(args) != 2 or args[1] is not Ellipsis):
+            if len(args) != len(value):
+                raise ConfigError(f"{path}: expected {len(args)} items ({_type_name(tp)}), got {len(value)}")
+            return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        item = args[0] if args else Any
+        items = [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
+        _, vt = typing.get_args(tp) or (str, Any)
+        return {str(k): _coerce(vt, v, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected bool (true/false), got {_show(value)}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{path}: expected int, got {_show(value)}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{path}: expected float, got {_show(value)}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{path}: expected str, got {_show(value)}")
+    raise ConfigError(f"{path}: unsupported field type {_type_name(tp)}")
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def to_dict(config: Any) -> Any:
+    """Plain data (dicts, lists, scalars) for a config dataclass, in field order."""
+    if dataclasses.is_dataclass(config):
+        return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, (list, tuple)):
+        return [to_dict(v) for v in config]
+    if isinstance(config, dict):
+        return {k: to_dict(v) for k, v in config.items()}
+    return config
+
+
+def dump_yaml(config: Any) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
+
+
+def describe(schema: type, indent: str = "") -> list[str]:
+    """One line per field: name, type, default and the field's doc (for ``fedarena show --describe``)."""
+    lines = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        doc = f.metadata.get("doc", "")
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{indent}{f.name}:  # {doc}")
+            lines.extend(describe(tp, indent + "  "))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"
+            )
+            lines.append(f"{indent}{f.name}: {default!r}  # {_type_name(tp)}; {doc}")
+    return lines

@@ -1,0 +1,62 @@
+"""The contract between the platform and an experiment kind.
+
+An experiment kind is a config schema (a frozen dataclass deriving from :class:`ExperimentConfig`)
+plus a ``run(config, run)`` function that does the work and writes metrics and checkpoints through
+the :class:`fedarena.platform.runs.Run` it is given, plus optional plots for the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+
+def param(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Callable[[], Any] | None = None) -> Any:
+    """A config field with a default and a one-line description shown by ``fedarena show``."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where Ray work runs."""
+
+    address: str | None = param(None, "Ray cluster address ('auto' or host:port); None starts a local instance")
+    num_cpus: int = param(2, "CPUs a local Ray instance may use")
+    object_store_mb: int = param(256, "object store size of a local Ray instance, in MiB")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How often and how many checkpoints a run keeps."""
+
+    every: int = param(100, "write a checkpoint every this many steps (0 disables periodic checkpoints)")
+    keep: int = param(3, "how many of the newest checkpoints to keep")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """Fields every experiment kind has; a kind's schema derives from this and adds its own."""
+
+    kind: str = param("", "experiment kind, as listed by `fedarena list`")
+    name: str = param("", "optional run name, used in the run folder name")
+    seed: int = param(0, "seed for every random number generator of the run")
+    checkpoint: CheckpointConfig = param(doc="checkpoint policy", factory=CheckpointConfig)
+    cluster: ClusterConfig = param(doc="Ray cluster access (kinds that use Ray)", factory=ClusterConfig)
+
+
+PlotFn = Callable[[Sequence[Mapping[str, Any]], Any, str], list[str]]
+"""``plots(rows, config, report_dir) -> [png paths]``: renders the report's figures from metric rows."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment kind: its schema, what runs it, and how its report is drawn."""
+
+    config: type
+    run: Callable[[Any, Any], Mapping[str, Any]]
+    plots: PlotFn | None = None
+    summary_keys: tuple[str, ...] = ()
+    """Metric names shown in the final summary and the report's table (all scalars when empty)."""

@@ -1,0 +1,50 @@
+"""Registry of experiment kinds: name -> lazily imported :class:`~fedarena.platform.experiment.Experiment`.
+
+Kinds are listed here by import path, so ``fedarena list`` and ``import fedarena.platform`` import no
+higher layer; the module behind a kind is imported only when that kind is run or shown.
+To add a kind, add one line to ``KINDS``: ``name: (\"module:attribute\", \"one-line description\")``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+
+from fedarena.platform.experiment import Experiment
+
+KINDS: dict[str, tuple[str, str]] = {
+    "matrix_dynamics": (
+        "fedarena.marl.matrix_dynamics:EXPERIMENT",
+        "self-play (iterated best response) and fictitious play side by side on a two-player matrix game",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    name: str
+    target: str
+    description: str
+
+
+class UnknownKindError(KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0])
+
+
+def list_kinds() -> list[KindInfo]:
+    return [KindInfo(name, target, desc) for name, (target, desc) in sorted(KINDS.items())]
+
+
+def get_kind(name: str) -> Experiment:
+    """Import and return the experiment registered as ``name``."""
+    if name not in KINDS:
+        close = difflib.get_close_matches(name, KINDS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; known kinds: {', '.join(sorted(KINDS))}"
+        raise UnknownKindError(f"kind: unknown experiment kind '{name}'{hint}")
+    module_name, attr = KINDS[name][0].split(":")
+    experiment = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(experiment, Experiment):
+        raise TypeError(f"{KINDS[name][0]} is not a fedarena.platform.experiment.Experiment")
+    return experiment
