@@ -101,7 +101,7 @@ def _array_to_ext(arr: np.ndarray, path: str) -> msgpack.ExtType:
     if arr.dtype.kind not in "biuf":
         raise WireError(path, f"dtype {arr.dtype} cannot be sent (only bool, int, uint, float arrays)")
     a = arr.astype(arr.dtype.newbyteorder("<"), copy=False) if arr.dtype.byteorder == ">" else arr
-    a = np.ascontiguousarray(a)
+    a = a if a.flags.c_contiguous else a.copy(order="C")
     dtype = a.dtype.str
     if dtype not in ALLOWED_DTYPES:
         raise WireError(path, f"dtype {dtype} is not on the wire allow-list {sorted(ALLOWED_DTYPES)}")
