@@ -1,5 +1,9 @@
 """Games and environments: matrix games, poker games, batched numpy environments, gymnasium/PettingZoo adapters."""
 
 from fedarena.envs.matrix import MatrixGame, load_matrix_game, matrix_game_from_table
+from fedarena.envs.efg import CHANCE, TERMINAL, Game, IllegalActionError, State
+from fedarena.envs.games import load_game
+from fedarena.envs.matrix_efg import matrix_to_extensive
 
 __all__ = ["MatrixGame", "load_matrix_game", "matrix_game_from_table"]
+__all__ += ["CHANCE", "TERMINAL", "Game", "IllegalActionError", "State", "load_game", "matrix_to_extensive"]
