@@ -1,0 +1,325 @@
+"""Run folders: one experiment run = one folder with its resolved config, metrics, checkpoints, log and report.
+
+Layout of ``runs/<kind>-<UTC timestamp>-<short id>/``::
+
+    config.yaml        the fully resolved config
+    metrics.jsonl      one JSON row per step (the source of truth); metrics.csv is derived from it
+    tensorboard/       TensorBoard event files (scalars)
+    checkpoints/       ckpt-<step>.fdck, atomic and checksummed, the newest ``checkpoint.keep`` kept
+    run.log            the run's log
+    status.json        running / completed, and the final summary
+    report/            index.html with PNG plots, the config and the final numbers
+
+Resuming (``execute(resume=RUN_DIR)``) continues from the newest valid checkpoint; metric rows written
+after that checkpoint are dropped so no row is duplicated or missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import secrets
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from fedarena.platform import checkpoint as ckpt
+from fedarena.platform import config as cfgmod
+from fedarena.platform.config import ConfigError
+from fedarena.platform.experiment import Experiment, ExperimentConfig
+from fedarena.platform.progress import Progress
+from fedarena.platform.registry import UnknownKindError, get_kind
+from fedarena.platform.tensorboard import EventWriter
+
+LOGGER_NAME = "fedarena"
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or resume (the message says why)."""
+
+
+# ----------------------------------------------------------------------------- config resolution
+
+
+def resolve(config: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> tuple[Experiment, ExperimentConfig]:
+    """Load a YAML path (or a mapping), apply ``--set`` overrides, and build the kind's typed config."""
+    data = dict(config) if isinstance(config, Mapping) else cfgmod.load_yaml(config)
+    data = cfgmod.apply_overrides(data, list(overrides))
+    kind = data.get("kind")
+    if not kind:
+        raise ConfigError("missing required config key 'kind' (the experiment kind; see `fedarena list`)")
+    if not isinstance(kind, str):
+        raise ConfigError(f"kind: expected str, got {kind!r} ({type(kind).__name__})")
+    try:
+        experiment = get_kind(kind)
+    except UnknownKindError as e:
+        raise ConfigError(str(e)) from None
+    return experiment, cfgmod.build(experiment.config, data)
+
+
+# ----------------------------------------------------------------------------- the run object
+
+
+class Run:
+    """What an experiment's ``run`` function writes through: metrics, checkpoints, progress, log."""
+
+    def __init__(self, directory: Path, config: ExperimentConfig, *, quiet: bool = False, resuming: bool = False):
+        self.dir = Path(directory)
+        self.config = config
+        self.quiet = quiet
+        self.resuming = resuming
+        self.checkpoint_dir = self.dir / "checkpoints"
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.logger = logging.getLogger(f"{LOGGER_NAME}.run.{self.dir.name}")
+        self._elapsed_before = 0.0
+        self._t0 = time.monotonic()
+        self._tb = None
+        self._tb_purge: int | None = None
+        self._metrics_file = None
+        self._last_flush = time.monotonic()
+        self._restored = False
+        self.last_step: int | None = None
+
+    # -- metrics
+    @property
+    def elapsed(self) -> float:
+        """Wall seconds spent in this run, summed over resumes."""
+        return self._elapsed_before + time.monotonic() - self._t0
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Record one row of metrics for ``step``: scalars, or lists of numbers (e.g. a strategy)."""
+        row: dict[str, Any] = {"step": int(step)}
+        for k, v in metrics.items():
+            row[k] = _jsonable(v, k)
+        row.setdefault("wall_time", round(self.elapsed, 6))
+        if self._metrics_file is None:
+            self._metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+        self._metrics_file.write(json.dumps(row, allow_nan=True) + "\n")
+        now = time.monotonic()
+        if now - self._last_flush > 2.0:  # rows before a checkpoint are fsynced by save_checkpoint
+            self._metrics_file.flush()
+            if self._tb is not None:
+                self._tb.flush()
+            self._last_flush = now
+        self._tensorboard().add_scalars(int(step), {
+            k: v for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        })
+        self.last_step = int(step)
+
+    def _tensorboard(self) -> EventWriter:
+        if self._tb is None:
+            self._tb = EventWriter(self.dir / "tensorboard", purge_after=self._tb_purge)
+        return self._tb
+
+    # -- checkpoints
+    def should_checkpoint(self, step: int) -> bool:
+        every = self.config.checkpoint.every
+        return every > 0 and step % every == 0
+
+    def save_checkpoint(self, step: int, state: Any) -> Path:
+        """Atomically write ``state`` (nested dicts/lists of arrays and JSON scalars) as the checkpoint of ``step``."""
+        if self._metrics_file is not None:
+            self._metrics_file.flush()
+            os.fsync(self._metrics_file.fileno())
+        if self._tb is not None:
+            self._tb.flush()
+        full = {"experiment": state, "platform": {"elapsed": self.elapsed}}
+        path = ckpt.save(self.checkpoint_dir, int(step), full, keep=self.config.checkpoint.keep)
+        self.logger.debug("checkpoint %s", path.name)
+        return path
+
+    def restore(self) -> tuple[int, Any] | None:
+        """The (step, state) of the newest valid checkpoint, or None on a fresh run.
+
+        Metric rows after that step are dropped. On a resumed run without any valid checkpoint this raises
+        instead of silently starting over.
+        """
+        self._restored = True
+        if not self.resuming:
+            return None
+        found = ckpt.load_newest_valid(self.checkpoint_dir, warn=self.logger.warning)
+        if found is None:
+            raise RunError(f"{self.dir}: no valid checkpoint to resume from (the run would start over)")
+        step, full = found
+        self._elapsed_before = float(full.get("platform", {}).get("elapsed", 0.0))
+        self._t0 = time.monotonic()
+        self._truncate_metrics(step)
+        self._tb_purge = step
+        self.last_step = step
+        self.logger.info("resumed from checkpoint at step %d", step)
+        return step, full["experiment"]
+
+    def _truncate_metrics(self, step: int) -> None:
+        kept = [row for row in read_metrics(self.dir) if row["step"] <= step]
+        ckpt.write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+
+    # -- progress
+    def progress(self, total: int, initial: int = 0, desc: str = "") -> Progress:
+        return Progress(total, initial, desc or self.config.kind, logger=self.logger, quiet=self.quiet)
+
+    def close(self) -> None:
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+            self._metrics_file = None
+        if self._tb is not None:
+            self._tb.close()
+        self._tb = None
+        write_csv(self.dir)
+
+
+def _jsonable(v: Any, key: str) -> Any:
+    if hasattr(v, "tolist"):  # numpy scalars and arrays
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x, key) for x in v]
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise TypeError(f"metric '{key}': expected a number, string or list of numbers, got {type(v).__name__}")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Metric rows of a run; a torn last line (from a crash mid-write) is ignored."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def write_csv(run_dir: str | Path) -> Path:
+    """Derive metrics.csv from metrics.jsonl (lists become columns ``name[i]``)."""
+    rows = read_metrics(run_dir)
+    flat_rows = []
+    columns: dict[str, None] = {}
+    for row in rows:
+        flat: dict[str, Any] = {}
+        for k, v in row.items():
+            if isinstance(v, list):
+                for i, x in enumerate(v):
+                    flat[f"{k}[{i}]"] = x
+            else:
+                flat[k] = v
+        columns.update(dict.fromkeys(flat))
+        flat_rows.append(flat)
+    path = Path(run_dir) / "metrics.csv"
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        writer.writeheader()
+        writer.writerows(flat_rows)
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------- executing a run
+
+
+def new_run_dir(kind: str, root: str | Path = "runs", name: str = "") -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    label = f"{kind}-{name}" if name else kind
+    return Path(root) / f"{label}-{stamp}-{secrets.token_hex(3)}"
+
+
+def _attach_log_file(run: Run, quiet: bool) -> list[logging.Handler]:
+    handlers: list[logging.Handler] = []
+    fh = logging.FileHandler(run.dir / "run.log", encoding="utf-8")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    fh.setLevel(logging.DEBUG)
+    handlers.append(fh)
+    sh = logging.StreamHandler()
+    sh.setFormatter(logging.Formatter("%(levelname)s %(message)s" if quiet else "[%(asctime)s] %(message)s", "%H:%M:%S"))
+    sh.setLevel(logging.WARNING if quiet else logging.INFO)
+    handlers.append(sh)
+    for h in handlers:
+        run.logger.addHandler(h)
+    run.logger.setLevel(logging.DEBUG)
+    run.logger.propagate = False
+    return handlers
+
+
+def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *,
+            out: str | Path | None = None, resume: str | Path | None = None, quiet: bool = False,
+            report: bool = True) -> dict[str, Any]:
+    """Run an experiment (or resume one) and return its summary, which includes ``run_dir`` and ``report``."""
+    if resume is not None:
+        run_dir = Path(resume)
+        saved = run_dir / "config.yaml"
+        if not saved.exists():
+            raise RunError(f"--resume {run_dir}: not a run folder (no config.yaml)")
+        experiment, cfg = resolve(saved, overrides)
+        if config is not None:
+            _, given = resolve(config, overrides)
+            diff = _differences(cfgmod.to_dict(given), cfgmod.to_dict(cfg))
+            if diff:
+                raise ConfigError(
+                    f"--resume {run_dir}: the config differs from the run's saved config in {', '.join(diff)}; "
+                    "omit CONFIG or change values with --set"
+                )
+        status = _read_status(run_dir)
+        if status.get("state") == "completed" and not overrides:
+            return {**status.get("summary", {}), "run_dir": str(run_dir), "already_completed": True}
+        resuming = True
+    else:
+        if config is None:
+            raise RunError("a config file is required (or --resume RUN_DIR)")
+        experiment, cfg = resolve(config, overrides)
+        run_dir = Path(out) if out is not None else new_run_dir(cfg.kind, name=cfg.name)
+        if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
+            raise RunError(f"--out {run_dir}: already holds a run; use --resume {run_dir} to continue it")
+        resuming = False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(cfgmod.dump_yaml(cfg), encoding="utf-8")
+    run = Run(run_dir, cfg, quiet=quiet, resuming=resuming)
+    handlers = _attach_log_file(run, quiet)
+    _write_status(run_dir, {"state": "running", "kind": cfg.kind})
+    try:
+        run.logger.info("%s run in %s", "resuming" if resuming else "starting", run_dir)
+        summary = dict(experiment.run(cfg, run) or {})
+        if resuming and not run._restored:
+            raise RunError(f"experiment kind '{cfg.kind}' does not support resuming (it never called run.restore())")
+        run.close()
+        summary = {k: _jsonable(v, k) for k, v in summary.items()}
+        _write_status(run_dir, {"state": "completed", "kind": cfg.kind, "summary": summary})
+        if report:
+            from fedarena.platform.report import render
+
+            summary["report"] = str(render(run_dir, experiment=experiment, config=cfg))
+        summary["run_dir"] = str(run_dir)
+        return summary
+    finally:
+        run.close()
+        for h in handlers:
+            run.logger.removeHandler(h)
+            h.close()
+
+
+def _differences(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in dict.fromkeys([*a, *b]):
+            out += _differences(a.get(k), b.get(k), f"{path}.{k}" if path else k)
+        return out
+    return [] if a == b else [path]
+
+
+def _read_status(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _write_status(run_dir: Path, status: dict[str, Any]) -> None:
+    ckpt.write_atomic(run_dir / "status.json", json.dumps(status, indent=2).encode())
