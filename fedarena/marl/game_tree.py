@@ -1,0 +1,227 @@
+"""A game's history tree compiled once into level-ordered numpy arrays, for vectorized tree walks.
+
+Every algorithm of this package (expected returns, best response, CFR+, XFP, PSRO payoffs) walks the
+tree one depth level at a time: reach probabilities go down a level with one gather and one multiply,
+values come up a level with one ``bincount``, and the histories of one level -- every private deal and
+every public betting sequence at that depth -- are handled together. This is the range-based walk
+over the public tree (Johanson et al., 2011, "Accelerating best response calculation in large
+extensive games"), flattened: the private-information ranges of all public states of a level sit side by
+side in one array, so nothing loops over histories in Python after compilation.
+
+Requirements checked at compilation: finite tree, perfect recall in the weak sense used here (every
+history of an information state is at the same depth and has the same legal actions), and information
+state strings that name one player only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedarena.envs.efg import CHANCE, TERMINAL, Game
+
+
+@dataclass(frozen=True, eq=False)
+class Level:
+    """The arrays of one depth level ``d`` (nodes ``[start, stop)``, non-terminals ``[start, inner)``)."""
+
+    start: int
+    inner: int
+    stop: int
+    child_start: int            # children of this level's non-terminals are nodes [child_start, child_stop)
+    child_stop: int
+    child_parent_local: np.ndarray   # parent of each child, minus ``start``
+    # per player p: the p-nodes of this level, the information states they belong to, and their children
+    player_nodes: tuple[np.ndarray, ...]
+    player_infosets: tuple[np.ndarray, ...]        # global ids of the information states of this level
+    player_node_local_infoset: tuple[np.ndarray, ...]
+    player_children: tuple[np.ndarray, ...]        # (n_p_nodes, A) child node ids, -1 for illegal actions
+    player_edges: tuple[np.ndarray, ...]           # children (next level) reached by a move of player p
+    player_edge_local_sa: tuple[np.ndarray, ...]   # local infoset * A + action of each such edge
+
+
+@dataclass(frozen=True, eq=False)
+class GameTree:
+    """The compiled tree of ``game``. Nodes are numbered breadth first; see :class:`Level`."""
+
+    game: Game
+    num_players: int
+    num_actions: int
+    parent: np.ndarray          # (N,) parent node, -1 at the root
+    action: np.ndarray          # (N,) action (or chance outcome) leading to the node, -1 at the root
+    actor: np.ndarray           # (N,) player to move, CHANCE or TERMINAL
+    infoset: np.ndarray         # (N,) information state id at player nodes, -1 elsewhere
+    chance_prob: np.ndarray     # (N,) probability of the chance move into the node, 1 otherwise
+    chance_reach: np.ndarray    # (N,) product of chance probabilities on the path to the node
+    levels: tuple[Level, ...]
+    terminals: np.ndarray       # (T,) node ids of terminal histories
+    utilities: np.ndarray       # (T, num_players) payoffs at the terminals
+    infostates: tuple[str, ...]  # (S,) information state strings
+    infostate_index: dict[str, int]
+    infostate_player: np.ndarray  # (S,)
+    infostate_level: np.ndarray   # (S,)
+    infostate_node: np.ndarray    # (S,) one history of each information state
+    legal: np.ndarray             # (S, A) bool
+    edge_nodes: np.ndarray        # nodes entered by a player's move
+    edge_sa: np.ndarray           # infoset * A + action of those moves
+    edge_player: np.ndarray       # who moved
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.parent)
+
+    @property
+    def num_infostates(self) -> int:
+        return len(self.infostates)
+
+    def player_infostates(self, player: int) -> np.ndarray:
+        return np.flatnonzero(self.infostate_player == player)
+
+    def uniform_probs(self) -> np.ndarray:
+        return self.legal / self.legal.sum(axis=1, keepdims=True)
+
+
+def _build(game: Game) -> GameTree:
+    P, A = game.num_players, game.num_distinct_actions
+    parent, action, actor, infoset, cprob = [-1], [-1], [], [], [1.0]
+    infostates: list[str] = []
+    index: dict[str, int] = {}
+    is_player: list[int] = []
+    is_level: list[int] = []
+    is_legal: list[list[int]] = []
+    is_node: list[int] = []
+    utilities: dict[int, np.ndarray] = {}
+    level_bounds: list[tuple[int, int, int]] = []
+
+    frontier = [game.new_initial_state()]
+    depth = 0
+    while frontier:
+        # put non-terminals first within the level
+        inner = [s for s in frontier if not s.is_terminal()]
+        terms = [s for s in frontier if s.is_terminal()]
+        start = len(actor)
+        ordered = inner + terms
+        if depth > 0:  # reorder the already-appended parent/action/prob of this level to match
+            pos = {id(s): k for k, s in enumerate(frontier)}
+            perm = [pos[id(s)] for s in ordered]
+            for arr in (parent, action, cprob):
+                seg = arr[start:]
+                arr[start:] = [seg[k] for k in perm]
+        frontier = ordered
+        nxt = []
+        for k, s in enumerate(frontier):
+            node = start + k
+            p = s.current_player()
+            actor.append(p)
+            if p == TERMINAL:
+                infoset.append(-1)
+                r = np.asarray(s.returns(), dtype=np.float64)
+                if r.shape != (P,):
+                    raise ValueError(f"game {game.name}: returns() has shape {r.shape}, expected ({P},)")
+                utilities[node] = r
+                continue
+            if p == CHANCE:
+                infoset.append(-1)
+                outcomes = s.chance_outcomes()
+                total = sum(q for _, q in outcomes)
+                if abs(total - 1.0) > 1e-9 or any(q < 0 for _, q in outcomes):
+                    raise ValueError(f"game {game.name}: chance probabilities at {s.history()} sum to {total}")
+                for a, q in outcomes:
+                    nxt.append(s.child(a))
+                    parent.append(node), action.append(a), cprob.append(q)
+                continue
+            if not 0 <= p < P:
+                raise ValueError(f"game {game.name}: current_player() = {p} at history {s.history()}")
+            key = s.information_state_string(p)
+            legal = s.legal_actions()
+            if not legal or min(legal) < 0 or max(legal) >= A:
+                raise ValueError(f"game {game.name}: legal actions {legal} at '{key}' outside 0..{A - 1}")
+            j = index.get(key)
+            if j is None:
+                j = index[key] = len(infostates)
+                infostates.append(key)
+                is_player.append(p), is_level.append(depth), is_legal.append(legal), is_node.append(node)
+            elif is_player[j] != p or is_level[j] != depth or is_legal[j] != legal:
+                raise ValueError(
+                    f"game {game.name}: information state '{key}' has histories with different players, "
+                    "depths or legal actions; the vectorized tree needs them equal"
+                )
+            infoset.append(j)
+            for a in legal:
+                nxt.append(s.child(a))
+                parent.append(node), action.append(a), cprob.append(1.0)
+        level_bounds.append((start, start + len(inner), start + len(frontier)))
+        frontier = nxt
+        depth += 1
+
+    parent_a = np.asarray(parent, dtype=np.int64)
+    action_a = np.asarray(action, dtype=np.int64)
+    actor_a = np.asarray(actor, dtype=np.int64)
+    infoset_a = np.asarray(infoset, dtype=np.int64)
+    cprob_a = np.asarray(cprob, dtype=np.float64)
+    N, S = len(actor_a), len(infostates)
+    chance_reach = np.ones(N)
+    for (s0, _, s1) in level_bounds[1:]:
+        chance_reach[s0:s1] = chance_reach[parent_a[s0:s1]] * cprob_a[s0:s1]
+    legal_m = np.zeros((S, A), dtype=bool)
+    for j, la in enumerate(is_legal):
+        legal_m[j, la] = True
+    is_edge = np.zeros(N, dtype=bool)
+    is_edge[1:] = actor_a[parent_a[1:]] >= 0
+    edge_nodes = np.flatnonzero(is_edge)
+    edge_sa = infoset_a[parent_a[edge_nodes]] * A + action_a[edge_nodes]
+    edge_player = actor_a[parent_a[edge_nodes]]
+
+    levels = []
+    for d, (s0, m, s1) in enumerate(level_bounds):
+        c0, c1 = (level_bounds[d + 1][0], level_bounds[d + 1][2]) if d + 1 < len(level_bounds) else (s1, s1)
+        kids = np.arange(c0, c1)
+        kid_parent = parent_a[kids]
+        pn, pi, pli, pc, pe, pes = [], [], [], [], [], []
+        for p in range(P):
+            nodes = s0 + np.flatnonzero(actor_a[s0:m] == p)
+            gl = infoset_a[nodes]
+            uniq, local = np.unique(gl, return_inverse=True)
+            children = -np.ones((len(nodes), A), dtype=np.int64)
+            emask = actor_a[kid_parent] == p
+            edges = kids[emask]
+            if len(nodes):
+                row = np.searchsorted(nodes, parent_a[edges])
+                children[row, action_a[edges]] = edges
+                local_sa = local[row] * A + action_a[edges]
+            else:
+                local_sa = np.zeros(0, dtype=np.int64)
+            pn.append(nodes), pi.append(uniq), pli.append(local.astype(np.int64)), pc.append(children)
+            pe.append(edges), pes.append(local_sa.astype(np.int64))
+        levels.append(Level(s0, m, s1, c0, c1, (kid_parent - s0).astype(np.int64),
+                            tuple(pn), tuple(pi), tuple(pli), tuple(pc), tuple(pe), tuple(pes)))
+
+    terminals = np.flatnonzero(actor_a == TERMINAL)
+    utils = np.stack([utilities[int(t)] for t in terminals])
+    for arr in (parent_a, action_a, actor_a, infoset_a, cprob_a, chance_reach, legal_m, terminals, utils):
+        arr.setflags(write=False)
+    return GameTree(
+        game=game, num_players=P, num_actions=A, parent=parent_a, action=action_a, actor=actor_a,
+        infoset=infoset_a, chance_prob=cprob_a, chance_reach=chance_reach, levels=tuple(levels),
+        terminals=terminals, utilities=utils, infostates=tuple(infostates), infostate_index=index,
+        infostate_player=np.asarray(is_player, dtype=np.int64), infostate_level=np.asarray(is_level, dtype=np.int64),
+        infostate_node=np.asarray(is_node, dtype=np.int64), legal=legal_m,
+        edge_nodes=edge_nodes, edge_sa=edge_sa, edge_player=edge_player,
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _cached(game: Game) -> GameTree:
+    return _build(game)
+
+
+def game_tree(game: Game | GameTree) -> GameTree:
+    """The compiled tree of ``game`` (compiled once per game value and kept in a small cache)."""
+    if isinstance(game, GameTree):
+        return game
+    try:
+        return _cached(game)
+    except TypeError:  # unhashable game object
+        return _build(game)
