@@ -140,8 +140,11 @@ class SegmentTree:
             return
         nodes[pos] = values
         for _ in range(self.depth):
-            pos = np.unique(pos >> 1)
-            nodes[pos] = self._combine(nodes[2 * pos], nodes[2 * pos + 1])
+            # a parent shared by several updated leaves is recomputed once per leaf, from the same
+            # (already updated) children, so duplicates write identical values and need no np.unique
+            pos >>= 1
+            left = pos << 1
+            nodes[pos] = self._combine(nodes[left], nodes[left + 1])
 
     def find_prefix_sum(self, targets: np.ndarray) -> np.ndarray:
         """For each target t in [0, root), the leaf i with sum(leaves[:i]) <= t < sum(leaves[:i+1])."""
