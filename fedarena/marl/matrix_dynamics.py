@@ -102,15 +102,18 @@ class MatrixDynamicsConfig(ExperimentConfig):
             raise ValueError(f"initial_actions: expected two actions (one per player), got {self.initial_actions}")
         if not self.algorithms:
             raise ValueError("algorithms: give at least one of selfplay, fictitious_play")
+        try:
+            game = make_game(self)
+        except (KeyError, ValueError) as e:
+            raise ValueError(str(e).strip("'\"")) from None
+        for p in range(2):
+            if not 0 <= self.initial_actions[p] < game.num_actions[p]:
+                raise ValueError(f"initial_actions[{p}]: action {self.initial_actions[p]} is outside "
+                                 f"0..{game.num_actions[p] - 1} of {game.name}")
 
 
 def make_game(cfg: MatrixDynamicsConfig) -> MatrixGame:
-    try:
-        return matrix_game_from_table(cfg.payoffs) if cfg.payoffs is not None else load_matrix_game(cfg.game)
-    except (KeyError, ValueError) as e:
-        from fedarena.platform.config import ConfigError
-
-        raise ConfigError(str(e).strip("'\"")) from None
+    return matrix_game_from_table(cfg.payoffs) if cfg.payoffs is not None else load_matrix_game(cfg.game)
 
 
 def _record(game: MatrixGame, dyn: Dynamics) -> dict[str, Any]:
@@ -128,11 +131,6 @@ def _record(game: MatrixGame, dyn: Dynamics) -> dict[str, Any]:
 
 def run(cfg: MatrixDynamicsConfig, run) -> dict[str, Any]:
     game = make_game(cfg)
-    for p in range(2):
-        if not 0 <= cfg.initial_actions[p] < game.num_actions[p]:
-            from fedarena.platform.config import ConfigError
-
-            raise ConfigError(f"initial_actions[{p}]: action {cfg.initial_actions[p]} is outside 0..{game.num_actions[p] - 1}")
     restored = run.restore()
     if restored is None:
         start = 0
