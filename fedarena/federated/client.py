@@ -1,0 +1,216 @@
+"""FL-Client: fetch the round's model and config, train locally, protect and compress, upload, retry.
+
+The client loop (FL chapter, FL-Client; FedAvg client update of McMahan et al. 2017, Algorithm 1):
+ask the scheduler for a server (``assign``), ``register`` there with its token, then long-poll
+``get_task``. For a task it trains E epochs of minibatch size B from the global model (FedProx term
+when ``prox_mu > 0``), forms ``Delta = w_local - w_global``, runs the upload stages (clip, local DP,
+then an encoder: dense / top-k / 8-bit) and uploads with a fresh 16-byte nonce.
+
+Faults: transport failures are retried with exponential backoff and jitter; after
+``switch_after`` consecutive failures the client reports the server to the scheduler and moves to
+the server it is given (the same round and model are served there, and an upload that already
+reached the old server is not counted twice: the scheduler admits a client once per round).
+A restarted client process with the same id simply registers again (rejoin).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedarena.federated import wire
+from fedarena.federated.protocol import RoundConfig
+from fedarena.federated.stages import Clip, GaussianLDP, UploadStage, encode_update
+from fedarena.federated.trainer import LocalTrainer
+from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
+
+log = logging.getLogger("fedarena.federated.client")
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    encoding: str = "dense"
+    """upload encoder: dense, topk or q8"""
+    topk_fraction: float = 0.1
+    clip_norm: float = 0.0
+    """clip the delta to this global L2 norm before upload (0 = off)"""
+    ldp_epsilon: float = 0.0
+    """local DP (Gaussian mechanism) epsilon per upload; 0 = off; needs ldp_clip_norm"""
+    ldp_delta: float = 1e-5
+    ldp_clip_norm: float = 1.0
+    wait_s: float = 2.0
+    """long-poll length of get_task"""
+    backoff_s: float = 0.05
+    backoff_max_s: float = 2.0
+    switch_after: int = 2
+    """consecutive transport failures before asking the scheduler for another server"""
+    rpc_timeout_s: float = 30.0
+    seed: int = 0
+
+    def stages(self) -> list[UploadStage]:
+        out: list[UploadStage] = []
+        if self.clip_norm > 0:
+            out.append(Clip(self.clip_norm))
+        if self.ldp_epsilon > 0:
+            out.append(GaussianLDP(self.ldp_epsilon, self.ldp_delta, self.ldp_clip_norm))
+        return out
+
+
+@dataclass
+class ClientStats:
+    rounds_trained: int = 0
+    uploads_accepted: int = 0
+    uploads_refused: dict[str, int] = field(default_factory=dict)
+    server_switches: int = 0
+    transport_failures: int = 0
+
+
+class FLClient:
+    def __init__(
+        self,
+        client_id: str,
+        token: str,
+        scheduler_address: str,
+        data: tuple[np.ndarray, np.ndarray],
+        trainer: LocalTrainer,
+        options: ClientOptions = ClientOptions(),
+        *,
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+        tls: TLSFiles | None = None,
+    ) -> None:
+        self.client_id = client_id
+        self.token = token
+        self.x, self.y = data
+        self.trainer = trainer
+        self.options = options
+        self.limits = limits
+        self.chunk_bytes = chunk_bytes
+        self.tls = tls
+        self.scheduler = Peer(scheduler_address, limits=limits, chunk_bytes=chunk_bytes, tls=tls)
+        self.server: Peer | None = None
+        self.server_id = ""
+        self.params: dict[str, np.ndarray] | None = None
+        self.version = -1
+        self.stages = options.stages()
+        self.stats = ClientStats()
+        self._delay = options.backoff_s
+
+    # -------------------------------------------------------------- connection
+
+    def _backoff(self) -> None:
+        time.sleep(self._delay * (0.5 + secrets.randbelow(1000) / 1000.0))
+        self._delay = min(self.options.backoff_max_s, self._delay * 2)
+
+    def _connect(self, failed: str = "") -> None:
+        """Get a server from the scheduler (reporting ``failed``) and register there; retries forever."""
+        while True:
+            try:
+                reply = self.scheduler.call("assign", {"client_id": self.client_id, "token": self.token,
+                                                       "failed_server": failed}, timeout=10)
+                sid = wire.field(reply.body, "server_id", str)
+                addr = wire.field(reply.body, "address", str)
+                if self.server is None or sid != self.server_id:
+                    if self.server is not None:
+                        self.server.close()
+                        self.stats.server_switches += 1
+                        log.info("%s: moving from %s to %s", self.client_id, self.server_id, sid)
+                    self.server = Peer(addr, limits=self.limits, chunk_bytes=self.chunk_bytes, tls=self.tls)
+                    self.server_id = sid
+                self.server.call("register", {"client_id": self.client_id, "token": self.token,
+                                              "num_examples": int(len(self.x))}, timeout=10)
+                self._delay = self.options.backoff_s
+                return
+            except RemoteError as e:
+                if e.code == "unauthenticated":
+                    raise
+                log.info("%s: connect refused (%s); backing off", self.client_id, e)
+            except TransportError as e:
+                self.stats.transport_failures += 1
+                log.info("%s: connect failed (%s); backing off", self.client_id, e)
+            self._backoff()
+
+    def _call_server(self, kind: str, body: dict[str, Any], timeout: float) -> wire.Message:
+        """Call the current server; on repeated transport failures move to another server and retry."""
+        failures = 0
+        while True:
+            assert self.server is not None
+            try:
+                reply = self.server.call(kind, {"client_id": self.client_id, "token": self.token, **body},
+                                         timeout=timeout)
+                self._delay = self.options.backoff_s
+                return reply
+            except TransportError as e:
+                failures += 1
+                self.stats.transport_failures += 1
+                log.info("%s: %s to %s failed (%s)", self.client_id, kind, self.server_id, e.code)
+                if failures >= self.options.switch_after:
+                    self._connect(failed=self.server_id)
+                    failures = 0
+                else:
+                    self._backoff()
+            except RemoteError as e:
+                if e.code == "unauthenticated" and "not registered" in e.reason:
+                    self._connect()  # the server restarted and forgot us: register again
+                    continue
+                raise
+
+    # -------------------------------------------------------------- the loop
+
+    def run(self, max_rounds: int | None = None) -> ClientStats:
+        """Take part until the deployment is done (or ``max_rounds`` trainings); returns the stats."""
+        self._connect()
+        while max_rounds is None or self.stats.rounds_trained < max_rounds:
+            try:
+                reply = self._call_server("get_task", {"have_version": self.version, "wait_s": self.options.wait_s},
+                                          timeout=self.options.wait_s + self.options.rpc_timeout_s)
+            except RemoteError as e:
+                log.info("%s: get_task refused: %s", self.client_id, e)
+                self._backoff()
+                continue
+            if reply.kind == "done":
+                break
+            if reply.kind != "task":
+                continue
+            self._run_task(reply.body)
+        return self.stats
+
+    def _run_task(self, body: dict[str, Any]) -> None:
+        rnd = wire.field(body, "round", int)
+        version = wire.field(body, "model_version", int)
+        cfg = RoundConfig.from_body(wire.field(body, "config", dict))
+        if "params" in body:
+            self.params = {k: np.asarray(v) for k, v in wire.field(body, "params", dict).items()}
+            self.version = version
+        if self.params is None or self.version != version:
+            self.version = -1  # we lack the model: ask again and get it sent
+            return
+        rng = np.random.default_rng([self.options.seed, rnd, int.from_bytes(self.client_id.encode()[:8], "little")])
+        local, loss = self.trainer.train(self.params, self.x, self.y, epochs=cfg.epochs, batch_size=cfg.batch_size,
+                                         lr=cfg.lr, prox_mu=cfg.prox_mu, rng=rng)
+        self.stats.rounds_trained += 1
+        delta = {k: (local[k].astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
+                 for k in self.params}
+        for stage in self.stages:
+            delta = stage(delta, rng)
+        payload = encode_update(delta, self.options.encoding, rng, self.options.topk_fraction)
+        upload = {"round": rnd, "model_version": version, "num_examples": int(len(self.x)),
+                  "nonce": os.urandom(16), "encoding": self.options.encoding, "update": payload,
+                  "train_loss": float(loss)}
+        try:
+            self._call_server("upload", upload, timeout=self.options.rpc_timeout_s)
+            self.stats.uploads_accepted += 1
+        except RemoteError as e:
+            self.stats.uploads_refused[e.code] = self.stats.uploads_refused.get(e.code, 0) + 1
+            log.info("%s: upload for round %d refused: %s", self.client_id, rnd, e)
+
+    def close(self) -> None:
+        self.scheduler.close()
+        if self.server is not None:
+            self.server.close()

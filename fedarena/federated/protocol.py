@@ -1,0 +1,89 @@
+"""Messages of the horizontal-FL protocol (wire version 1): kinds, body fields, the round config.
+
+All messages are :mod:`fedarena.federated.wire` envelopes sent over :mod:`fedarena.federated.transport`.
+Bodies (``?`` = optional; arrays are wire arrays; ``params`` maps tensor name -> float32 array):
+
+Client -> FL-Server (every request carries ``client_id`` and ``token``)
+  ``register``  {num_examples}                                  -> ``registered`` {server_id, round}
+  ``get_task``  {have_version, wait_s}                          -> ``task`` {round, model_version,
+                config, deadline_s, params?} | ``wait`` {round, reason} | ``done`` {round}
+  ``upload``    {round, model_version, num_examples, nonce (16 bytes), encoding, update, train_loss}
+                                                                -> ``ack`` {round, clients_admitted}
+Client -> FL-Scheduler
+  ``assign``    {client_id, token, failed_server}               -> ``assignment`` {server_id, address}
+FL-Server -> FL-Scheduler (every request carries ``server_id`` and ``cluster_token``)
+  ``server_join`` {address}                                     -> ``joined`` {}
+  ``sync``      {known_round, known_phase, clients, wait_s}     -> ``plan`` {round, model_version, phase,
+                selected, config, deadline_s, rounds}
+  ``admit``     {round, client_id}                              -> ``admitted`` {count}
+  ``partial``   {round, weight, clients, sums, loss_sum, bytes_up, bytes_down} -> ``ack`` {}
+  ``get_model`` {version}                                       -> ``model`` {version, params}
+Observer -> FL-Scheduler: ``status`` {cluster_token} -> ``status`` {round, model_version, phase, history,
+  servers, clients}; ``get_model`` as above.  Anyone -> node: ``ping`` {} -> ``pong`` {node}.
+
+Any request may instead get ``error`` {code, field, reason}. Codes: ``malformed`` (wire/field
+problems), ``unauthenticated``, ``stale_round``, ``stale_version``, ``not_selected``, ``replay``,
+``duplicate``, ``norm_bound``, ``too_many_examples``, ``unavailable``, ``internal``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from fedarena.federated import wire
+
+CLIENT_KINDS = ("register", "get_task", "upload", "ping")
+SCHEDULER_KINDS = ("assign", "server_join", "sync", "admit", "partial", "get_model", "status", "ping")
+PHASES = ("idle", "open", "closing", "done")
+
+
+@dataclass(frozen=True)
+class RoundConfig:
+    """What the round plan tells every selected client to do."""
+
+    epochs: int = 2
+    batch_size: int = 16
+    lr: float = 0.1
+    prox_mu: float = 0.0
+    """FedProx proximal coefficient mu (0 = FedAvg local objective)"""
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"round.epochs: must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"round.batch_size: must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"round.lr: must be > 0, got {self.lr}")
+        if self.prox_mu < 0:
+            raise ValueError(f"round.prox_mu: must be >= 0, got {self.prox_mu}")
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], where: str = "body.config") -> "RoundConfig":
+        try:
+            return cls(
+                epochs=wire.field(body, "epochs", int, where=where),
+                batch_size=wire.field(body, "batch_size", int, where=where),
+                lr=wire.field(body, "lr", float, where=where),
+                prox_mu=wire.field(body, "prox_mu", float, where=where),
+            )
+        except ValueError as e:
+            if isinstance(e, wire.WireError):
+                raise
+            raise wire.WireError(where, str(e)) from None
+
+
+def params_shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in params.items()}
+
+
+def model_bytes(params: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of a model: names sorted, each ``name | dtype | shape | raw data``."""
+    out = bytearray()
+    for k in sorted(params):
+        v = params[k]
+        out += f"{k}|{v.dtype.str}|{list(v.shape)}|".encode() + v.tobytes()
+    return bytes(out)

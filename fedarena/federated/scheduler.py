@@ -1,0 +1,457 @@
+"""FL-Scheduler: cluster membership and health, client-to-server assignment, and the round coordinator.
+
+Follows the MindSpore Federated architecture of the FL chapter: the scheduler forms the cluster
+(servers join and keep a heartbeat through their ``sync`` long-poll; a server silent for
+``server_timeout_s`` is dead), hands every client a server (least loaded live server; a client that
+reports its server unreachable is moved after a failed health ping), and owns the *round plan*:
+which clients train in round r, with which config, until when.
+
+Time-limited rounds: round r opens with ``selected`` clients and a window of ``window_seconds``.
+The global counter is the set of admitted uploads (servers ask ``admit`` before accepting, so a
+client is counted once whichever server it used). The round closes when every selected client has
+been admitted or when the window ends, whichever is first; servers then send their partial
+aggregates (waited for at most ``partial_grace_s``). If the partials cover at least
+``ceil(min_fraction * |selected|)`` clients, the weighted mean delta is applied with the server
+optimizer and the model version increases; otherwise the round is abandoned and the next one
+starts with the same model. After every round the global model, optimizer state and round
+history are written atomically (temp file + fsync + rename) in the wire format, and a restarted
+scheduler continues from that file with identical model bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from fedarena.federated import auth, wire
+from fedarena.federated.protocol import PHASES, SCHEDULER_KINDS, RoundConfig, params_shapes
+from fedarena.federated.strategy import PartialAggregate, ServerOptimizer
+from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
+
+log = logging.getLogger("fedarena.federated.scheduler")
+
+Params = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """How rounds are planned and closed."""
+
+    rounds: int = 30
+    clients_per_round: int = 0
+    """clients selected per round (0 = all candidates)"""
+    min_fraction: float = 0.5
+    """fraction of the selected clients whose updates must arrive for the round to count"""
+    window_seconds: float = 10.0
+    """how long a round stays open"""
+    start_clients: int = 1
+    """known clients needed before the first round opens"""
+    selection: Literal["uniform", "available"] = "available"
+    """'uniform': uniform over every registered client; 'available': uniform over clients seen recently"""
+    availability_s: float = 5.0
+    partial_grace_s: float = 5.0
+    server_timeout_s: float = 3.0
+    round_config: RoundConfig = field(default_factory=RoundConfig)
+    server_optimizer: ServerOptimizer = field(default_factory=ServerOptimizer)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
+        if not 0 < self.min_fraction <= 1:
+            raise ValueError(f"min_fraction: must lie in (0, 1], got {self.min_fraction}")
+        if not self.window_seconds > 0:
+            raise ValueError(f"window_seconds: must be > 0, got {self.window_seconds}")
+        if self.selection not in ("uniform", "available"):
+            raise ValueError(f"selection: unknown '{self.selection}' (uniform or available)")
+        if self.clients_per_round < 0:
+            raise ValueError(f"clients_per_round: must be >= 0, got {self.clients_per_round}")
+
+
+# ----------------------------------------------------------------------------- state file
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Atomically replace ``path`` with the wire encoding of ``state``."""
+    data = wire.encode("fl_state", state, wire.Limits(max_message_bytes=2**31 - 1))
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    msg = wire.decode(path.read_bytes(), wire.Limits(max_message_bytes=2**31 - 1), kinds={"fl_state"})
+    return msg.body
+
+
+# ----------------------------------------------------------------------------- scheduler
+
+
+@dataclass
+class _Server:
+    address: str
+    last_seen: float
+    alive: bool = True
+
+
+class Scheduler:
+    """The FL-Scheduler node. ``evaluate(params) -> {metric: float}`` is called after each aggregation."""
+
+    def __init__(
+        self,
+        policy: RoundPolicy,
+        initial_params: Params,
+        secret: bytes,
+        state_path: str | Path,
+        *,
+        evaluate: Callable[[Params], dict[str, float]] | None = None,
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+        tls: TLSFiles | None = None,
+        client_tls: TLSFiles | None = None,
+    ) -> None:
+        self.policy = policy
+        self.secret = secret
+        self.state_path = Path(state_path)
+        self.evaluate = evaluate
+        self.limits = limits
+        self.chunk_bytes = chunk_bytes
+        self.tls = tls
+        self.client_tls = client_tls
+        self.cond = threading.Condition()
+        self.servers: dict[str, _Server] = {}
+        self.clients: dict[str, dict[str, Any]] = {}  # id -> {num_examples, server, last_seen}
+        self.assignments: dict[str, str] = {}
+        self.round = 1
+        self.version = 0
+        self.phase = "idle"
+        self.selected: list[str] = []
+        self.opened_at = 0.0
+        self.deadline = 0.0
+        self.admitted: dict[str, str] = {}
+        self.partials: dict[str, tuple[PartialAggregate, int, int]] = {}
+        self.history: list[dict[str, Any]] = []
+        self.params = {k: np.asarray(v) for k, v in initial_params.items()}
+        self.opt_state = policy.server_optimizer.init(self.params)
+        restored = load_state(self.state_path)
+        if restored is not None:
+            self._restore(restored)
+        self._shapes = params_shapes(self.params)
+        self._stop = threading.Event()
+        self._server = None
+        self.port = 0
+        self._thread: threading.Thread | None = None
+
+    # -------------------------------------------------------------- persistence
+
+    def _restore(self, s: dict[str, Any]) -> None:
+        self.round = int(s["round"])
+        self.version = int(s["version"])
+        self.params = dict(s["params"])
+        self.opt_state = {k: dict(v) for k, v in s["opt_state"].items()}
+        self.history = list(s["history"])
+        if self.round > self.policy.rounds:
+            self.phase = "done"
+        log.info("scheduler: resumed at round %d, model version %d", self.round, self.version)
+
+    def _save(self) -> None:
+        save_state(self.state_path, {
+            "round": self.round, "version": self.version, "params": self.params,
+            "opt_state": self.opt_state, "history": self.history,
+        })
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self, address: str = "127.0.0.1:0") -> int:
+        self._server, self.port = serve(self.handle, address, kinds=SCHEDULER_KINDS, limits=self.limits,
+                                        chunk_bytes=self.chunk_bytes, tls=self.tls, name="scheduler")
+        self._thread = threading.Thread(target=self._coordinate, name="coordinator", daemon=True)
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        if self._server is not None:
+            self._server.stop(grace=0.5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # -------------------------------------------------------------- coordinator
+
+    def _live_servers(self, now: float) -> list[str]:
+        for sid, s in self.servers.items():
+            if s.alive and now - s.last_seen > self.policy.server_timeout_s:
+                s.alive = False
+                log.warning("scheduler: server %s missed its heartbeat; marked dead", sid)
+        return sorted(sid for sid, s in self.servers.items() if s.alive)
+
+    def _candidates(self, now: float) -> list[str]:
+        if self.policy.selection == "uniform":
+            return sorted(self.clients)
+        return sorted(c for c, info in self.clients.items() if now - info["last_seen"] <= self.policy.availability_s)
+
+    def _coordinate(self) -> None:
+        p = self.policy
+        while not self._stop.is_set():
+            with self.cond:
+                now = time.monotonic()
+                self._live_servers(now)
+                if self.phase == "done":
+                    self.cond.wait(0.5)
+                    continue
+                if self.phase == "idle":
+                    cands = self._candidates(now)
+                    need = p.start_clients if not self.history else 1
+                    if len(cands) < max(1, need) or not self._live_servers(now):
+                        self.cond.wait(0.05)
+                        continue
+                    k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
+                    rng = np.random.default_rng([p.seed, self.round])
+                    self.selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
+                    self.admitted, self.partials = {}, {}
+                    self.opened_at, self.deadline = now, now + p.window_seconds
+                    self.phase = "open"
+                    log.info("scheduler: round %d open, %d clients selected", self.round, k)
+                    self.cond.notify_all()
+                    continue
+                if self.phase == "open":
+                    if len(self.admitted) >= len(self.selected) or now >= self.deadline:
+                        self.close_reason = "all_reported" if len(self.admitted) >= len(self.selected) else "deadline"
+                        self.closed_at = now
+                        self.phase = "closing"
+                        self.grace_until = now + p.partial_grace_s
+                        self.cond.notify_all()
+                    else:
+                        self.cond.wait(min(0.5, self.deadline - now))
+                    continue
+                if self.phase == "closing":
+                    live = set(self._live_servers(now))
+                    expected = {s for s in self.admitted.values() if s in live}
+                    if expected - set(self.partials) and now < self.grace_until:
+                        self.cond.wait(min(0.2, self.grace_until - now))
+                        continue
+                    self._finish_round()
+                    self.cond.notify_all()
+
+    def _finish_round(self) -> None:
+        p = self.policy
+        total = PartialAggregate()
+        bytes_up = bytes_down = 0
+        for sid, (part, up, down) in sorted(self.partials.items()):  # _partial checked admission per client
+            total.merge(part)
+            bytes_up += up
+            bytes_down += down
+        need = max(1, math.ceil(p.min_fraction * len(self.selected)))
+        row: dict[str, Any] = {
+            "round": self.round, "selected": len(self.selected), "admitted": len(self.admitted),
+            "reporting": len(total.clients), "needed": need, "close_reason": self.close_reason,
+            "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds,
+            "bytes_up": bytes_up, "bytes_down": bytes_down,
+            "servers": sorted(self.partials),
+        }
+        if len(total.clients) >= need and total.weight > 0:
+            delta = total.mean_delta()
+            self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
+            self.version += 1
+            row["outcome"] = "aggregated"
+            row["train_loss"] = total.loss_sum / total.weight
+        else:
+            row["outcome"] = "abandoned"
+        row["model_version"] = self.version
+        if self.evaluate is not None:
+            row.update({k: float(v) for k, v in self.evaluate(self.params).items()})
+        self.history.append(row)
+        log.info("scheduler: round %d %s (%d/%d reported)", self.round, row["outcome"], len(total.clients),
+                 len(self.selected))
+        self.round += 1
+        self.phase = "done" if self.round > p.rounds else "idle"
+        self.selected, self.admitted, self.partials = [], {}, {}
+        self._save()
+
+    # -------------------------------------------------------------- request handling
+
+    def handle(self, msg: wire.Message, nbytes: int = 0) -> tuple[str, dict[str, Any]]:
+        b = msg.body
+        if msg.kind == "ping":
+            return "pong", {"node": "scheduler"}
+        if msg.kind == "assign":
+            return self._assign(b)
+        if not auth.check_cluster(self.secret, b.get("cluster_token")):
+            raise ProtocolError("body.cluster_token", "invalid cluster token", "unauthenticated")
+        if msg.kind == "status":
+            return self._status()
+        if msg.kind == "get_model":
+            version = wire.field(b, "version", int)
+            with self.cond:
+                if version != self.version:
+                    raise ProtocolError("body.version", f"model version {version} is not the current {self.version}",
+                                        "stale_version")
+                return "model", {"version": self.version, "params": self.params}
+        server_id = wire.field(b, "server_id", str)
+        if not auth.valid_client_id(server_id):
+            raise ProtocolError("body.server_id", "must match [A-Za-z0-9_.-]{1,64}", "malformed")
+        if msg.kind == "server_join":
+            address = wire.field(b, "address", str)
+            with self.cond:
+                self.servers[server_id] = _Server(address, time.monotonic())
+                log.info("scheduler: server %s joined at %s", server_id, address)
+            return "joined", {}
+        with self.cond:
+            srv = self.servers.get(server_id)
+            if srv is None:
+                raise ProtocolError("body.server_id", f"unknown server '{server_id}' (send server_join first)",
+                                    "unauthenticated")
+            srv.last_seen = time.monotonic()
+            if not srv.alive:
+                srv.alive = True
+                log.info("scheduler: server %s is back", server_id)
+        if msg.kind == "sync":
+            return self._sync(server_id, b)
+        if msg.kind == "admit":
+            return self._admit(server_id, b)
+        if msg.kind == "partial":
+            return self._partial(server_id, b)
+        raise ProtocolError("kind", f"unsupported request kind {msg.kind!r}", "malformed")
+
+    def _plan(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "round": self.round, "model_version": self.version, "phase": self.phase,
+            "selected": list(self.selected) if self.phase == "open" else [],
+            "config": self.policy.round_config.to_body(),
+            "deadline_s": max(0.0, self.deadline - now) if self.phase == "open" else 0.0,
+            "rounds": self.policy.rounds,
+        }
+
+    def _sync(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        known_round = wire.field(b, "known_round", int)
+        known_phase = wire.field(b, "known_phase", str)
+        clients = wire.field(b, "clients", dict)
+        wait_s = min(max(wire.field(b, "wait_s", float), 0.0), 5.0)
+        now = time.monotonic()
+        with self.cond:
+            for cid, info in clients.items():
+                if not (auth.valid_client_id(cid) and isinstance(info, list) and len(info) == 2
+                        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in info)):
+                    raise ProtocolError(f"body.clients.{cid}", "expected [num_examples, seconds_since_seen]", "malformed")
+                seen = now - float(info[1])
+                old = self.clients.get(cid)
+                if old is None or seen >= old["last_seen"]:
+                    self.clients[cid] = {"num_examples": int(info[0]), "server": server_id, "last_seen": seen}
+                    self.assignments.setdefault(cid, server_id)
+            end = now + wait_s
+            while (self.round, self.phase) == (known_round, known_phase) and not self._stop.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            return "plan", self._plan()
+
+    def _admit(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        rnd = wire.field(b, "round", int)
+        cid = wire.field(b, "client_id", str)
+        with self.cond:
+            if rnd != self.round or self.phase != "open":
+                raise ProtocolError("body.round", f"round {rnd} is not open (round {self.round} is {self.phase})",
+                                    "stale_round")
+            if cid not in self.selected:
+                raise ProtocolError("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
+            if cid in self.admitted:
+                raise ProtocolError("body.client_id", f"client {cid} already reported in round {rnd}", "duplicate")
+            self.admitted[cid] = server_id
+            self.cond.notify_all()
+            return "admitted", {"count": len(self.admitted)}
+
+    def _partial(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        rnd = wire.field(b, "round", int)
+        clients = wire.field(b, "clients", list)
+        weight = wire.field(b, "weight", float)
+        loss_sum = wire.field(b, "loss_sum", float)
+        up = wire.field(b, "bytes_up", int)
+        down = wire.field(b, "bytes_down", int)
+        sums_body = wire.field(b, "sums", dict)
+        with self.cond:
+            if rnd != self.round or self.phase != "closing":
+                raise ProtocolError("body.round", f"round {rnd} is not closing (round {self.round} is {self.phase})",
+                                    "stale_round")
+            for cid in clients:
+                if self.admitted.get(cid) != server_id:
+                    raise ProtocolError("body.clients", f"client {cid!r} was not admitted through {server_id}",
+                                        "rejected")
+            if clients and set(sums_body) != set(self._shapes):
+                raise ProtocolError("body.sums", "tensor names differ from the model", "malformed")
+            sums = {k: wire.check_array(v, f"body.sums.{k}", dtype="float64", shape=self._shapes[k], finite=True)
+                    for k, v in sums_body.items()}
+            if not (math.isfinite(weight) and weight >= 0 and math.isfinite(loss_sum)):
+                raise ProtocolError("body.weight", "weight and loss_sum must be finite, weight >= 0", "malformed")
+            part = PartialAggregate(sums=sums, weight=weight, clients=[str(c) for c in clients], loss_sum=loss_sum)
+            self.partials[server_id] = (part, up, down)
+            self.cond.notify_all()
+            return "ack", {}
+
+    def _ping_server(self, sid: str) -> bool:
+        addr = self.servers[sid].address
+        peer = Peer(addr, limits=self.limits, chunk_bytes=self.chunk_bytes, tls=self.client_tls)
+        try:
+            peer.call("ping", {}, timeout=1.0)
+            return True
+        except (TransportError, RemoteError, wire.WireError):
+            return False
+        finally:
+            peer.close()
+
+    def _assign(self, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        cid, token = b.get("client_id"), b.get("token")
+        reason = auth.check_client(self.secret, cid, token)
+        if reason:
+            raise ProtocolError("body.token", reason, "unauthenticated")
+        failed = wire.field(b, "failed_server", str, default="")
+        if failed and failed in self.servers and self.servers[failed].alive and not self._ping_server(failed):
+            with self.cond:
+                self.servers[failed].alive = False
+                log.warning("scheduler: server %s unreachable (reported by %s); marked dead", failed, cid)
+        with self.cond:
+            live = self._live_servers(time.monotonic())
+            if not live:
+                raise ProtocolError("server", "no live FL-Server to assign", "unavailable")
+            current = self.assignments.get(cid)
+            if current not in live or (current == failed and len(live) > 1):
+                load = {s: 0 for s in live}
+                for c, s in self.assignments.items():
+                    if s in load and c != cid:
+                        load[s] += 1
+                choices = [s for s in live if s != failed] or live
+                current = min(choices, key=lambda s: (load[s], s))
+                self.assignments[cid] = current
+            return "assignment", {"server_id": current, "address": self.servers[current].address}
+
+    def _status(self) -> tuple[str, dict[str, Any]]:
+        with self.cond:
+            now = time.monotonic()
+            return "status", {
+                "round": self.round, "model_version": self.version, "phase": self.phase,
+                "history": self.history, "selected": list(self.selected), "admitted": sorted(self.admitted),
+                "servers": {s: {"address": v.address, "alive": v.alive} for s, v in self.servers.items()},
+                "clients": {c: {"server": v["server"], "age_s": now - v["last_seen"]} for c, v in self.clients.items()},
+                "assignments": dict(self.assignments),
+            }

@@ -1,0 +1,314 @@
+"""FL-Server: authenticates clients, serves the round's task, validates uploads, aggregates partially.
+
+One of several FL-Servers of a deployment (MindSpore Federated's loosely coupled servers, FL
+chapter): each server follows the scheduler's round plan through a ``sync`` long-poll, caches the
+global model of the current version, and answers any client (a client may switch servers at any
+time and gets the same round and model). Uploads are validated in this order, each failure being a
+clear ``error`` reply that is also logged, while the server keeps serving:
+
+1. token (HMAC, :mod:`fedarena.federated.auth`) -> ``unauthenticated``
+2. the round is open and ``round`` / ``model_version`` match -> ``stale_round`` / ``stale_version``
+3. the client is selected in this round -> ``not_selected``
+4. fresh 16-byte nonce (replays of an earlier message) -> ``replay``; one upload per round -> ``duplicate``
+5. ``num_examples`` in 1..``max_examples`` -> ``too_many_examples``; finite ``train_loss``
+6. payload names, dtypes, shapes, indices, finiteness (:func:`~fedarena.federated.stages.decode_update`)
+7. global L2 norm of the delta <= ``max_update_norm`` -> ``norm_bound``
+8. the scheduler's global counter admits it (one count per client per round over all servers)
+
+Accepted deltas enter this server's :class:`~fedarena.federated.strategy.PartialAggregate`
+(example-weighted sum), which is sent to the scheduler when the round closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedarena.federated import auth, wire
+from fedarena.federated.protocol import CLIENT_KINDS, params_shapes
+from fedarena.federated.stages import decode_update, global_norm
+from fedarena.federated.strategy import PartialAggregate
+from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
+
+log = logging.getLogger("fedarena.federated.server")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    max_update_norm: float = 100.0
+    """uploads whose delta has a larger global L2 norm are refused"""
+    max_examples: int = 1_000_000
+    """largest num_examples a client may claim (bounds its FedAvg weight)"""
+    max_wait_s: float = 5.0
+    """longest long-poll a client may ask for"""
+    sync_wait_s: float = 1.0
+    nonce_memory: int = 100_000
+
+
+class FLServer:
+    def __init__(
+        self,
+        server_id: str,
+        scheduler_address: str,
+        secret: bytes,
+        options: ServerOptions = ServerOptions(),
+        *,
+        limits: wire.Limits = wire.DEFAULT_LIMITS,
+        chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+        tls: TLSFiles | None = None,
+        scheduler_tls: TLSFiles | None = None,
+    ) -> None:
+        self.server_id = server_id
+        self.secret = secret
+        self.options = options
+        self.limits = limits
+        self.chunk_bytes = chunk_bytes
+        self.tls = tls
+        self.scheduler = Peer(scheduler_address, limits=limits, chunk_bytes=chunk_bytes, tls=scheduler_tls)
+        self.cluster_token = auth.cluster_token(secret)
+        self.cond = threading.Condition()
+        self.upload_lock = threading.Lock()
+        self.plan: dict[str, Any] = {"round": 0, "phase": "idle", "model_version": -1, "selected": [],
+                                     "config": {}, "deadline_s": 0.0}
+        self.selected: frozenset[str] = frozenset()
+        self.params: dict[str, np.ndarray] | None = None
+        self.params_version = -1
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.model_size = 0
+        self.clients: dict[str, list[float]] = {}  # id -> [num_examples, last_seen]
+        self.partial = PartialAggregate()
+        self.partial_round = 0
+        self.partial_sent = -1
+        self.uploaded: set[str] = set()
+        self.nonces: OrderedDict[bytes, None] = OrderedDict()
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.rejections: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._grpc = None
+        self.port = 0
+        self.address = ""
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self, address: str = "127.0.0.1:0") -> int:
+        self._grpc, self.port = serve(self.handle, address, kinds=CLIENT_KINDS, limits=self.limits,
+                                      chunk_bytes=self.chunk_bytes, tls=self.tls, name=self.server_id)
+        host = address.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
+        self._join()
+        threading.Thread(target=self._sync_loop, name=f"{self.server_id}-sync", daemon=True).start()
+        return self.port
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        if self._grpc is not None:
+            self._grpc.stop(grace=0.5)
+        self.scheduler.close()
+
+    def _join(self) -> None:
+        delay = 0.05
+        while not self._stop.is_set():
+            try:
+                self.scheduler.call("server_join", {"server_id": self.server_id, "cluster_token": self.cluster_token,
+                                                    "address": self.address}, timeout=5)
+                return
+            except (TransportError, RemoteError) as e:
+                log.warning("%s: could not join the scheduler (%s); retrying", self.server_id, e)
+                time.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    # -------------------------------------------------------------- scheduler sync
+
+    def _sync_loop(self) -> None:
+        delay = 0.05
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self.cond:
+                clients = {c: [v[0], now - v[1]] for c, v in self.clients.items()}
+                known = (self.plan["round"], self.plan["phase"])
+            try:
+                reply = self.scheduler.call("sync", {
+                    "server_id": self.server_id, "cluster_token": self.cluster_token, "known_round": known[0],
+                    "known_phase": known[1], "clients": clients, "wait_s": self.options.sync_wait_s,
+                }, timeout=self.options.sync_wait_s + 10)
+                self._apply_plan(reply.body)
+                delay = 0.05
+            except RemoteError as e:
+                if e.code == "unauthenticated" and "server_join" in e.reason:
+                    self._join()  # the scheduler restarted and forgot us
+                else:
+                    log.warning("%s: sync refused: %s", self.server_id, e)
+                    time.sleep(delay)
+            except (TransportError, wire.WireError) as e:
+                log.info("%s: scheduler unreachable (%s); retrying", self.server_id, e)
+                time.sleep(delay)
+                delay = min(2.0, delay * 2)
+
+    def _apply_plan(self, plan: dict[str, Any]) -> None:
+        version = wire.field(plan, "model_version", int)
+        phase = wire.field(plan, "phase", str)
+        rnd = wire.field(plan, "round", int)
+        if phase == "open" and version != self.params_version:
+            reply = self.scheduler.call("get_model", {"cluster_token": self.cluster_token, "version": version},
+                                        timeout=30)
+            params = wire.field(reply.body, "params", dict)
+            with self.cond:
+                self.params = {k: np.asarray(v) for k, v in params.items()}
+                self.params_version = version
+                self.shapes = params_shapes(self.params)
+                self.model_size = len(wire.encode("params", {"params": self.params}, self.limits))
+        with self.upload_lock, self.cond:
+            if rnd != self.partial_round:
+                self.partial, self.partial_round = PartialAggregate(), rnd
+                self.uploaded = set()
+                self.bytes_up = self.bytes_down = 0
+            self.plan = dict(plan)
+            self.plan["received_at"] = time.monotonic()
+            self.selected = frozenset(plan.get("selected", []))
+            self.cond.notify_all()
+        if phase == "closing" and self.partial_sent != rnd:
+            self._send_partial(rnd)
+
+    def _send_partial(self, rnd: int) -> None:
+        with self.upload_lock:  # no upload can slip in between the snapshot and the send
+            part = self.partial
+            body = {
+                "server_id": self.server_id, "cluster_token": self.cluster_token, "round": rnd,
+                "weight": part.weight, "clients": list(part.clients), "loss_sum": part.loss_sum,
+                "sums": part.sums, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+            }
+        try:
+            self.scheduler.call("partial", body, timeout=30)
+            self.partial_sent = rnd
+        except RemoteError as e:
+            log.warning("%s: partial for round %d refused: %s", self.server_id, rnd, e)
+            self.partial_sent = rnd
+        except TransportError as e:
+            log.warning("%s: partial for round %d not delivered: %s", self.server_id, rnd, e)
+
+    # -------------------------------------------------------------- client requests
+
+    def _refuse(self, field: str, reason: str, code: str) -> ProtocolError:
+        self.rejections[code] = self.rejections.get(code, 0) + 1
+        return ProtocolError(field, reason, code)
+
+    def _auth(self, b: dict[str, Any]) -> str:
+        cid = b.get("client_id")
+        reason = auth.check_client(self.secret, cid, b.get("token"))
+        if reason:
+            raise self._refuse("body.token" if auth.valid_client_id(cid) else "body.client_id", reason,
+                               "unauthenticated")
+        return cid  # type: ignore[return-value]
+
+    def handle(self, msg: wire.Message, nbytes: int = 0) -> tuple[str, dict[str, Any]]:
+        if msg.kind == "ping":
+            return "pong", {"node": self.server_id}
+        b = msg.body
+        cid = self._auth(b)
+        if msg.kind == "register":
+            n = wire.field(b, "num_examples", int)
+            if not 1 <= n <= self.options.max_examples:
+                raise self._refuse("body.num_examples", f"must lie in 1..{self.options.max_examples}, got {n}",
+                                   "too_many_examples")
+            with self.cond:
+                self.clients[cid] = [float(n), time.monotonic()]
+                return "registered", {"server_id": self.server_id, "round": self.plan["round"]}
+        if msg.kind == "get_task":
+            return self._get_task(cid, b)
+        if msg.kind == "upload":
+            return self._upload(cid, b, nbytes)
+        raise ProtocolError("kind", f"unsupported request kind {msg.kind!r}", "malformed")
+
+    def _get_task(self, cid: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        have = wire.field(b, "have_version", int)
+        wait_s = min(max(wire.field(b, "wait_s", float, default=0.0), 0.0), self.options.max_wait_s)
+        end = time.monotonic() + wait_s
+        with self.cond:
+            if cid not in self.clients:
+                raise self._refuse("body.client_id", f"client {cid} is not registered here (send register)",
+                                   "unauthenticated")
+            while True:
+                self.clients[cid][1] = time.monotonic()
+                plan = self.plan
+                if plan["phase"] == "done":
+                    return "done", {"round": plan["round"]}
+                if (plan["phase"] == "open" and cid in self.selected and cid not in self.uploaded
+                        and self.params_version == plan["model_version"]):
+                    left = plan["deadline_s"] - (time.monotonic() - plan["received_at"])
+                    body: dict[str, Any] = {"round": plan["round"], "model_version": plan["model_version"],
+                                            "config": plan["config"], "deadline_s": max(0.0, left)}
+                    if have != plan["model_version"]:
+                        body["params"] = self.params
+                        self.bytes_down += self.model_size
+                    return "task", body
+                left = end - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return "wait", {"round": plan["round"], "reason": f"round {plan['round']} is {plan['phase']}"
+                                    + ("" if cid in self.selected or plan["phase"] != "open" else "; not selected")}
+                self.cond.wait(left)
+
+    def _upload(self, cid: str, b: dict[str, Any], nbytes: int) -> tuple[str, dict[str, Any]]:
+        rnd = wire.field(b, "round", int)
+        version = wire.field(b, "model_version", int)
+        nonce = wire.field(b, "nonce", bytes)
+        n = wire.field(b, "num_examples", int)
+        loss = wire.field(b, "train_loss", float)
+        encoding = wire.field(b, "encoding", str)
+        payload = wire.field(b, "update", dict)
+        with self.upload_lock:
+            with self.cond:
+                plan = dict(self.plan)
+                selected = self.selected
+            if plan["phase"] != "open" or rnd != plan["round"]:
+                raise self._refuse("body.round", f"round {rnd} is not open (current round {plan['round']} is "
+                                   f"{plan['phase']})", "stale_round")
+            if version != plan["model_version"] or version != self.params_version:
+                raise self._refuse("body.model_version", f"model version {version} is not the round's "
+                                   f"{plan['model_version']}", "stale_version")
+            if cid not in selected:
+                raise self._refuse("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
+            if len(nonce) != 16:
+                raise self._refuse("body.nonce", f"must be 16 bytes, got {len(nonce)}", "malformed")
+            if nonce in self.nonces:
+                raise self._refuse("body.nonce", "this message was already received (replay)", "replay")
+            if cid in self.uploaded:
+                raise self._refuse("body.client_id", f"client {cid} already uploaded in round {rnd}", "duplicate")
+            if not 1 <= n <= self.options.max_examples:
+                raise self._refuse("body.num_examples", f"must lie in 1..{self.options.max_examples}, got {n}",
+                                   "too_many_examples")
+            if not math.isfinite(loss):
+                raise self._refuse("body.train_loss", "must be finite", "malformed")
+            try:
+                delta = decode_update(encoding, payload, self.shapes)
+            except wire.WireError as e:
+                self.rejections["malformed"] = self.rejections.get("malformed", 0) + 1
+                raise ProtocolError(e.field, e.reason, "malformed") from None
+            norm = global_norm(delta)
+            if not norm <= self.options.max_update_norm:
+                raise self._refuse("body.update", f"update norm {norm:.4g} exceeds the bound "
+                                   f"{self.options.max_update_norm}", "norm_bound")
+            self.nonces[nonce] = None
+            while len(self.nonces) > self.options.nonce_memory:
+                self.nonces.popitem(last=False)
+            try:
+                admitted = self.scheduler.call("admit", {"server_id": self.server_id, "cluster_token": self.cluster_token,
+                                                         "round": rnd, "client_id": cid}, timeout=10)
+            except RemoteError as e:
+                raise self._refuse(e.field, e.reason, e.code) from None
+            except TransportError as e:
+                raise self._refuse("server", f"scheduler unreachable ({e.code}); retry later", "unavailable") from None
+            self.partial.add(cid, delta, n, loss)
+            self.uploaded.add(cid)
+            self.bytes_up += nbytes
+            return "ack", {"round": rnd, "clients_admitted": int(admitted.body.get("count", 0))}
+

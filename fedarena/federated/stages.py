@@ -1,0 +1,172 @@
+"""Upload stages of an FL-Client and the matching server-side decoding of an uploaded update.
+
+A client turns its model delta ``Delta = w_local - w_global`` into an upload by a chain of stages
+(the FL chapter's "protect and compress what is uploaded"; Flower calls such a chain client mods):
+
+* transform stages, dense -> dense: ``clip`` (scale to L2 norm <= C, as in DP-FedAvg, McMahan et al.
+  ICLR 2018) and ``ldp_gaussian`` (clip + Gaussian noise from :mod:`fedarena.privacy.ldp`, the
+  analytic Gaussian mechanism of Balle & Wang 2018);
+* one final encoder: ``dense`` (float32 arrays), ``topk`` (keep the k = ceil(f d) largest-magnitude
+  entries of each tensor, sent as sorted flat uint32 indices plus float32 values; Aji & Heafield
+  2017 / Lin et al. "Deep Gradient Compression" ICLR 2018), or ``q8`` (per-tensor uniform 8-bit
+  quantization with stochastic rounding, unbiased, as in QSGD, Alistarh et al. NeurIPS 2017:
+  ``x = lo + scale * q`` with ``q`` in 0..255).
+
+Payload per tensor name, by encoding: ``dense``: array; ``topk``: ``{"indices": uint32[k],
+"values": float32[k]}``; ``q8``: ``{"q": uint8[shape], "lo": float, "scale": float}``.
+:func:`decode_update` checks every name, dtype, shape, index range and finiteness before it builds
+a dense delta, and raises :class:`~fedarena.federated.wire.WireError` naming the offending field.
+
+Secure-aggregation masking and SignDS are not upload stages yet (they change the server's
+aggregation rule); see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+
+from fedarena.federated.wire import WireError, check_array
+
+Params = dict[str, np.ndarray]
+ENCODINGS = ("dense", "topk", "q8")
+
+
+class UploadStage(Protocol):
+    """A dense -> dense transform of the client's delta (clipping, local DP noise, ...)."""
+
+    def __call__(self, delta: Params, rng: np.random.Generator) -> Params: ...
+
+
+def global_norm(delta: Mapping[str, np.ndarray]) -> float:
+    return float(math.sqrt(sum(float(np.sum(np.square(np.asarray(v, np.float64)))) for v in delta.values())))
+
+
+@dataclass(frozen=True)
+class Clip:
+    """Scale the whole delta so its global L2 norm is at most ``max_norm``."""
+
+    max_norm: float
+
+    def __post_init__(self) -> None:
+        if not self.max_norm > 0:
+            raise ValueError(f"clip.max_norm: must be > 0, got {self.max_norm}")
+
+    def __call__(self, delta: Params, rng: np.random.Generator) -> Params:
+        norm = global_norm(delta)
+        if norm <= self.max_norm:
+            return dict(delta)
+        s = self.max_norm / norm
+        return {k: (v * s).astype(v.dtype) for k, v in delta.items()}
+
+
+@dataclass(frozen=True)
+class GaussianLDP:
+    """Local DP: clip the flattened delta to ``clip_norm`` and add analytic-Gaussian noise for (epsilon, delta)."""
+
+    epsilon: float
+    delta: float
+    clip_norm: float
+
+    def __call__(self, update: Params, rng: np.random.Generator) -> Params:
+        from fedarena.privacy.ldp import GaussianMechanism
+
+        mech = GaussianMechanism(epsilon=self.epsilon, delta=self.delta, clip_norm=self.clip_norm)
+        names = sorted(update)
+        flat = np.concatenate([np.asarray(update[k], np.float64).ravel() for k in names]) if names else np.zeros(0)
+        noisy = mech(flat, rng)
+        out, i = {}, 0
+        for k in names:
+            n = update[k].size
+            out[k] = noisy[i : i + n].reshape(update[k].shape).astype(np.float32)
+            i += n
+        return out
+
+
+def encode_update(delta: Params, encoding: str, rng: np.random.Generator, topk_fraction: float = 0.1) -> dict[str, Any]:
+    """The upload payload of ``delta`` in ``encoding`` (see module docstring)."""
+    if encoding == "dense":
+        return {k: np.asarray(v, np.float32) for k, v in delta.items()}
+    if encoding == "topk":
+        if not 0 < topk_fraction <= 1:
+            raise ValueError(f"topk_fraction: must lie in (0, 1], got {topk_fraction}")
+        out = {}
+        for k, v in delta.items():
+            flat = np.asarray(v, np.float32).ravel()
+            kk = max(1, math.ceil(topk_fraction * flat.size)) if flat.size else 0
+            idx = np.sort(np.argpartition(np.abs(flat), flat.size - kk)[flat.size - kk :]) if kk else np.zeros(0, int)
+            out[k] = {"indices": idx.astype(np.uint32), "values": flat[idx].astype(np.float32)}
+        return out
+    if encoding == "q8":
+        out = {}
+        for k, v in delta.items():
+            x = np.asarray(v, np.float64)
+            lo = float(x.min()) if x.size else 0.0
+            hi = float(x.max()) if x.size else 0.0
+            scale = (hi - lo) / 255.0
+            if scale == 0.0:
+                q = np.zeros(x.shape, np.uint8)
+            else:
+                t = (x - lo) / scale
+                q = np.floor(t + rng.random(x.shape)).clip(0, 255).astype(np.uint8)  # stochastic rounding
+            out[k] = {"q": q, "lo": lo, "scale": scale}
+        return out
+    raise ValueError(f"encoding: unknown '{encoding}' (one of {', '.join(ENCODINGS)})")
+
+
+def _number(entry: Mapping[str, Any], key: str, path: str) -> float:
+    v = entry.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise WireError(f"{path}.{key}", f"expected a number, got {type(v).__name__}")
+    if not math.isfinite(float(v)):
+        raise WireError(f"{path}.{key}", "must be finite")
+    return float(v)
+
+
+def decode_update(encoding: Any, payload: Any, shapes: Mapping[str, tuple[int, ...]], where: str = "body.update") -> Params:
+    """Validate an uploaded payload against the model's tensor ``shapes`` and return the dense float64 delta."""
+    if encoding not in ENCODINGS:
+        raise WireError("body.encoding", f"unknown encoding {encoding!r} (one of {', '.join(ENCODINGS)})")
+    if not isinstance(payload, dict):
+        raise WireError(where, f"expected a map of tensor name to payload, got {type(payload).__name__}")
+    missing, extra = set(shapes) - set(payload), set(payload) - set(shapes)
+    if missing or extra:
+        raise WireError(where, f"tensor names differ from the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    out: Params = {}
+    for name, shape in shapes.items():
+        path = f"{where}.{name}"
+        entry = payload[name]
+        size = int(np.prod(shape))
+        if encoding == "dense":
+            arr = check_array(entry, path, dtype="float32", shape=tuple(shape), finite=True)
+            out[name] = arr.astype(np.float64)
+        elif encoding == "topk":
+            if not isinstance(entry, dict) or set(entry) != {"indices", "values"}:
+                raise WireError(path, "expected a map with exactly 'indices' and 'values'")
+            idx = check_array(entry["indices"], f"{path}.indices", dtype="uint32")
+            val = check_array(entry["values"], f"{path}.values", dtype="float32", finite=True)
+            if idx.ndim != 1 or val.shape != idx.shape:
+                raise WireError(path, f"indices {idx.shape} and values {val.shape} must be equal-length vectors")
+            if idx.size > size:
+                raise WireError(f"{path}.indices", f"{idx.size} entries for a tensor of {size}")
+            if idx.size and int(idx.max()) >= size:
+                raise WireError(f"{path}.indices", f"index {int(idx.max())} out of range for {size} entries")
+            if idx.size > 1 and not np.all(np.diff(idx.astype(np.int64)) > 0):
+                raise WireError(f"{path}.indices", "must be strictly increasing (sorted, no repeats)")
+            dense = np.zeros(size, np.float64)
+            dense[idx.astype(np.int64)] = val
+            out[name] = dense.reshape(shape)
+        else:  # q8
+            if not isinstance(entry, dict) or set(entry) != {"q", "lo", "scale"}:
+                raise WireError(path, "expected a map with exactly 'q', 'lo' and 'scale'")
+            q = check_array(entry["q"], f"{path}.q", dtype="uint8", shape=tuple(shape))
+            lo, scale = _number(entry, "lo", path), _number(entry, "scale", path)
+            if scale < 0:
+                raise WireError(f"{path}.scale", f"must be >= 0, got {scale}")
+            out[name] = lo + scale * q.astype(np.float64)
+            if not np.isfinite(out[name]).all():
+                raise WireError(path, "dequantized values are not finite")
+    return out
