@@ -1,0 +1,159 @@
+"""Policy-Space Response Oracles, PSRO (Lanctot et al., 2017, "A unified game-theoretic approach to
+multiagent reinforcement learning", Algorithm 1), for two-player games.
+
+Each player keeps a population of policies. The empirical game holds the expected payoff of every pair
+of population members -- computed exactly from the compiled tree, or estimated from sampled play when
+``sample_episodes > 0`` (seeded). A meta-solver (:mod:`fedarena.marl.meta_solvers`) turns the empirical
+game into a mixed strategy per population; each iteration an oracle answers the opponent's mixture with
+a new policy, which joins the population. With the ``last`` meta-solver this is self-play (iterated best
+response); with ``uniform`` it is fictitious self-play; with ``nash`` it is the double oracle method.
+
+An oracle is ``oracle(game, player, opponent_policies, opponent_weights) -> TabularPolicy`` (only the rows
+of ``player`` matter). :func:`exact_best_response_oracle` is the exact one; learned best responses (RL)
+implement the same call.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from fedarena.envs.efg import Game
+from fedarena.marl.best_response import best_response
+from fedarena.marl.exploitability import exploitability
+from fedarena.marl.game_tree import GameTree, game_tree
+from fedarena.marl.meta_solvers import MetaSolver, get_meta_solver
+from fedarena.marl.policy import PolicyLike, TabularPolicy, as_policy, uniform_policy
+from fedarena.marl.tree_walk import terminal_reach
+from fedarena.marl.xfp import mix_realization
+
+Oracle = Callable[[Game, int, Sequence[TabularPolicy], np.ndarray], TabularPolicy]
+
+
+def _check_mixture(policies: Sequence[TabularPolicy], weights: np.ndarray) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or len(w) != len(policies) or len(w) == 0:
+        raise ValueError(f"opponent_weights: expected one weight per opponent policy ({len(policies)}), "
+                         f"got shape {w.shape}")
+    if not np.all(np.isfinite(w)) or (w < 0).any() or abs(w.sum() - 1.0) > 1e-6:
+        raise ValueError(f"opponent_weights: expected a probability vector, got {w.tolist()}")
+    return w
+
+
+def mixture_policy(game: Game | GameTree, policies: Sequence[TabularPolicy], weights: np.ndarray) -> TabularPolicy:
+    """The behavioural policy that plays like picking ``policies[k]`` with probability ``weights[k]`` once
+    at the start of the game (per player; Kuhn's theorem via realization weights)."""
+    tree = game_tree(game)
+    w = _check_mixture(policies, weights)
+    return TabularPolicy(tree, mix_realization(tree, [as_policy(tree, p).probs for p in policies], w))
+
+
+def exact_best_response_oracle(game: Game | GameTree, player: int, opponent_policies: Sequence[TabularPolicy],
+                               opponent_weights: np.ndarray) -> TabularPolicy:
+    """An exact best response of ``player`` to the opponent's mixture (ties to the lowest action)."""
+    mix = mixture_policy(game, opponent_policies, opponent_weights)
+    return best_response(game, mix, player).policy
+
+
+class PSRO:
+    """PSRO on a two-player ``game``; call :meth:`iteration` repeatedly, read :meth:`exploitability`."""
+
+    def __init__(self, game: Game | GameTree, meta_solver: str | MetaSolver = "nash",
+                 oracle: Oracle = exact_best_response_oracle, initial_policy: PolicyLike | None = None,
+                 sample_episodes: int = 0, seed: int | np.random.Generator | None = None) -> None:
+        self.tree = tree = game_tree(game)
+        if tree.num_players != 2:
+            raise ValueError(f"game: PSRO here is for two-player games, {tree.game.name} has {tree.num_players}")
+        if sample_episodes < 0:
+            raise ValueError(f"sample_episodes: expected >= 0 (0 = exact payoffs), got {sample_episodes}")
+        if sample_episodes > 0 and seed is None:
+            raise ValueError("seed: sampled payoffs (sample_episodes > 0) need a seed or a numpy Generator")
+        self.meta_solver = get_meta_solver(meta_solver) if isinstance(meta_solver, str) else meta_solver
+        self.oracle = oracle
+        self.sample_episodes = int(sample_episodes)
+        self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        first = uniform_policy(tree) if initial_policy is None else as_policy(tree, initial_policy)
+        self.populations: list[list[TabularPolicy]] = [[first], [first]]
+        self._reach: list[list[np.ndarray]] = [[terminal_reach(tree, first.probs, p)] for p in range(2)]
+        self.meta_game = np.zeros((2, 0, 0))
+        self._extend_meta_game()
+        self.meta_strategies = self.meta_solver(self.meta_game)
+        self.iterations = 0
+
+    # ------------------------------------------------------------------ empirical game
+    def _entry(self, r0: np.ndarray, r1: np.ndarray) -> np.ndarray:
+        tree = self.tree
+        prob = tree.chance_reach[tree.terminals] * r0 * r1
+        if self.sample_episodes == 0:
+            return prob @ tree.utilities
+        z = self.rng.choice(len(prob), size=self.sample_episodes, p=prob / prob.sum())
+        return tree.utilities[z].mean(axis=0)
+
+    def _extend_meta_game(self) -> None:
+        old = self.meta_game
+        k0, k1 = len(self.populations[0]), len(self.populations[1])
+        new = np.zeros((2, k0, k1))
+        new[:, : old.shape[1], : old.shape[2]] = old
+        if self.sample_episodes == 0:  # exact: new rows and columns in two matrix products
+            cu = self.tree.chance_reach[self.tree.terminals][:, None] * self.tree.utilities
+            R0, R1 = np.stack(self._reach[0]), np.stack(self._reach[1])
+            for p in range(2):
+                full = (R0 * cu[:, p]) @ R1.T
+                new[p, old.shape[1]:, :] = full[old.shape[1]:, :]
+                new[p, :, old.shape[2]:] = full[:, old.shape[2]:]
+        else:
+            for i in range(k0):
+                for j in range(k1):
+                    if i >= old.shape[1] or j >= old.shape[2]:
+                        new[:, i, j] = self._entry(self._reach[0][i], self._reach[1][j])
+        self.meta_game = new
+
+    # ------------------------------------------------------------------ iterations
+    def iteration(self) -> None:
+        """Add one oracle response per player to the mixtures of the current meta-strategies."""
+        sigma = self.meta_strategies
+        new = [self.oracle(self.tree, i, self.populations[1 - i], sigma[1 - i]) for i in range(2)]
+        for i in range(2):
+            pol = as_policy(self.tree, new[i], players=(i,))
+            self.populations[i].append(pol)
+            self._reach[i].append(terminal_reach(self.tree, pol.probs, i))
+        self._extend_meta_game()
+        self.meta_strategies = self.meta_solver(self.meta_game)
+        self.iterations += 1
+
+    def joint_policy(self) -> TabularPolicy:
+        """Each player's population mixed by its meta-strategy, as one behavioural policy."""
+        probs = np.zeros_like(self.tree.uniform_probs())
+        for p in range(2):
+            mix = mixture_policy(self.tree, self.populations[p], self.meta_strategies[p])
+            rows = self.tree.infostate_player == p
+            probs[rows] = mix.probs[rows]
+        return TabularPolicy(self.tree, probs)
+
+    def exploitability(self) -> float:
+        return exploitability(self.tree, self.joint_policy())
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {"populations": [[p.probs.copy() for p in pop] for pop in self.populations],
+                "meta_game": self.meta_game.copy(), "iterations": int(self.iterations),
+                "rng": self.rng.bit_generator.state}
+
+    def _checked_probs(self, probs) -> np.ndarray:
+        p = np.asarray(probs, dtype=np.float64)
+        if p.shape != self.tree.legal.shape:
+            raise ValueError(f"checkpoint field 'populations': policy shape {p.shape}, expected {self.tree.legal.shape}")
+        return p
+
+    def load_state_dict(self, state: dict) -> None:
+        self.populations = [[TabularPolicy(self.tree, self._checked_probs(p)) for p in pop]
+                            for pop in state["populations"]]
+        self._reach = [[terminal_reach(self.tree, p.probs, i) for p in pop] for i, pop in enumerate(self.populations)]
+        mg = np.asarray(state["meta_game"], dtype=np.float64)
+        if mg.shape != (2, len(self.populations[0]), len(self.populations[1])):
+            raise ValueError(f"checkpoint field 'meta_game': shape {mg.shape} does not match the populations")
+        self.meta_game = mg
+        self.iterations = int(state["iterations"])
+        self.rng.bit_generator.state = state["rng"]
+        self.meta_strategies = self.meta_solver(self.meta_game)
