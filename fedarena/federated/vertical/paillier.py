@@ -196,6 +196,25 @@ class FastPrivateKey:
         self.hp = gmpy2.invert((gmpy2.powmod(g, p - 1, self.psq) - 1) // p, p)
         self.hq = gmpy2.invert((gmpy2.powmod(g, q - 1, self.qsq) - 1) // q, q)
         self.public = FastPublicKey(private_key.public_key)
+        self._ep = self.n % (p * (p - 1))  # r^n mod p^2 = r^(n mod p(p-1)) mod p^2 (Euler)
+        self._eq = self.n % (q * (q - 1))
+        self._psq_inv = gmpy2.invert(self.psq, self.qsq)
+
+    def obfuscators(self, count: int) -> list:
+        """r^n mod n^2 computed by the key holder through CRT on p^2 and q^2 (about 3-4x cheaper)."""
+        out = []
+        n = int(self.n)
+        for _ in range(count):
+            r = gmpy2.mpz(_random_unit(n))
+            a = gmpy2.powmod(r, self._ep, self.psq)
+            b = gmpy2.powmod(r, self._eq, self.qsq)
+            out.append(a + ((b - a) * self._psq_inv % self.qsq) * self.psq)
+        return out
+
+    def encrypt_ints(self, ms: Sequence[int]) -> list:
+        """Encryption by the key holder (same ciphertext distribution, CRT obfuscators)."""
+        n, nsq = self.n, self.public.nsquare
+        return [((1 + gmpy2.mpz(m) * n) * r) % nsq for m, r in zip(ms, self.obfuscators(len(ms)))]
 
     def decrypt_int(self, c) -> int:
         """The plaintext in [0, n)."""
