@@ -1,0 +1,153 @@
+"""Policy, value and Q networks as (init, apply) pairs over parameter pytrees, written with engine ops.
+
+Torsos: an MLP for vector observations, the Nature-DQN CNN (Mnih et al., 2015: 32 8x8/4, 64 4x4/2,
+64 3x3/1, then 512) for images. Heads: policy logits / Gaussian mean (+ a free log-std), a scalar
+value, Q-values, or the dueling decomposition Q = V + A - mean(A) (Wang et al., 2016, "Dueling
+network architectures", eq. 9). Initialisation is orthogonal with gains sqrt(2) for hidden layers,
+0.01 for the policy head and 1 for value heads (Saxe et al., 2014; the PPO implementation study of
+Huang et al., 2022, "The 37 implementation details of PPO").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedarena.engine import ops
+from fedarena.rl.distributions import DiagGaussian, Distribution
+from fedarena.rl.spaces import ObservationAdapter
+
+Params = dict[str, Any]
+
+NATURE_CNN = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+
+
+def orthogonal(rng: np.random.Generator, n_in: int, n_out: int, gain: float) -> np.ndarray:
+    """An (n_in, n_out) matrix with orthonormal rows or columns, times ``gain`` (Saxe et al., 2014)."""
+    a = rng.standard_normal((max(n_in, n_out), min(n_in, n_out)))
+    q, r = np.linalg.qr(a)
+    q = q * np.sign(np.diag(r))
+    if n_in < n_out:
+        q = q.T
+    return (gain * q[:n_in, :n_out]).astype(np.float32)
+
+
+def dense_init(rng: np.random.Generator, n_in: int, n_out: int, gain: float) -> Params:
+    return {"w": orthogonal(rng, n_in, n_out, gain), "b": np.zeros(n_out, dtype=np.float32)}
+
+
+def dense(p: Params, x: Any) -> Any:
+    return ops.matmul(x, p["w"]) + p["b"]
+
+
+def _activate(x: Any, activation: str) -> Any:
+    if activation == "tanh":
+        return ops.tanh(x)
+    if activation == "relu":
+        return ops.relu(x)
+    raise ValueError(f"activation: expected 'tanh' or 'relu', got '{activation}'")
+
+
+@dataclass(frozen=True)
+class Torso:
+    """The feature extractor chosen by the observation adapter."""
+
+    kind: str  # "mlp" or "cnn"
+    input_shape: tuple[int, ...]
+    hidden: tuple[int, ...]
+    activation: str = "tanh"
+
+    @property
+    def out_size(self) -> int:
+        return self.hidden[-1] if self.hidden else int(np.prod(self.input_shape))
+
+    def init(self, rng: np.random.Generator) -> Params:
+        gain = math.sqrt(2.0)
+        if self.kind == "mlp":
+            sizes = (self.input_shape[0],) + self.hidden
+            return {f"l{i}": dense_init(rng, a, b, gain) for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))}
+        c, h, w = self.input_shape
+        params: Params = {}
+        for i, (out_c, k, s) in enumerate(NATURE_CNN):
+            fan_in = c * k * k
+            wmat = orthogonal(rng, fan_in, out_c, gain).T.reshape(out_c, c, k, k)
+            params[f"c{i}"] = {"w": wmat, "b": np.zeros((1, out_c, 1, 1), dtype=np.float32)}
+            h, w, c = (h - k) // s + 1, (w - k) // s + 1, out_c
+            if h < 1 or w < 1:
+                raise ValueError(f"observation_space: image {self.input_shape} is too small for the Nature CNN")
+        params["fc"] = dense_init(rng, c * h * w, self.hidden[-1] if self.hidden else 512, gain)
+        return params
+
+    def apply(self, params: Params, x: Any) -> Any:
+        if self.kind == "mlp":
+            for i in range(len(self.hidden)):
+                x = _activate(dense(params[f"l{i}"], x), self.activation)
+            return x
+        for i, (_, _, s) in enumerate(NATURE_CNN):
+            x = ops.relu(ops.conv2d(x, params[f"c{i}"]["w"], stride=s) + params[f"c{i}"]["b"])
+        x = ops.reshape(x, (x.shape[0], -1))
+        return ops.relu(dense(params["fc"], x))
+
+
+def torso_for(adapter: ObservationAdapter, hidden: tuple[int, ...], activation: str = "tanh") -> Torso:
+    if adapter.torso == "cnn":
+        return Torso("cnn", adapter.shape, hidden[-1:] if hidden else (512,), "relu")
+    return Torso("mlp", adapter.shape, tuple(hidden), activation)
+
+
+@dataclass(frozen=True)
+class ActorCritic:
+    """Separate policy and value networks (same torso shape), the layout of PPO/IMPALA on classic control."""
+
+    torso: Torso
+    dist: Distribution
+
+    def init(self, rng: np.random.Generator) -> Params:
+        t = self.torso
+        params: Params = {
+            "pi": {"torso": t.init(rng), "head": dense_init(rng, t.out_size, self.dist.head_size, 0.01)},
+            "v": {"torso": t.init(rng), "head": dense_init(rng, t.out_size, 1, 1.0)},
+        }
+        if isinstance(self.dist, DiagGaussian):
+            params["pi"]["log_std"] = np.zeros(self.dist.dim, dtype=np.float32)
+        return params
+
+    def policy(self, params: Params, x: Any) -> tuple[Any, ...]:
+        """The distribution's inputs: ``(logits,)`` or ``(mean, log_std)``."""
+        out = dense(params["pi"]["head"], self.torso.apply(params["pi"]["torso"], x))
+        if isinstance(self.dist, DiagGaussian):
+            return out, params["pi"]["log_std"]
+        return (out,)
+
+    def value(self, params: Params, x: Any) -> Any:
+        v = dense(params["v"]["head"], self.torso.apply(params["v"]["torso"], x))
+        return ops.reshape(v, (-1,))
+
+
+@dataclass(frozen=True)
+class QNetwork:
+    """Q(s, .) for ``num_actions`` discrete actions; ``dueling`` uses separate value and advantage streams."""
+
+    torso: Torso
+    num_actions: int
+    dueling: bool = False
+
+    def init(self, rng: np.random.Generator) -> Params:
+        t = self.torso
+        params: Params = {"torso": t.init(rng)}
+        if self.dueling:
+            params["value"] = dense_init(rng, t.out_size, 1, 1.0)
+            params["advantage"] = dense_init(rng, t.out_size, self.num_actions, 1.0)
+        else:
+            params["q"] = dense_init(rng, t.out_size, self.num_actions, 1.0)
+        return params
+
+    def __call__(self, params: Params, x: Any) -> Any:
+        h = self.torso.apply(params["torso"], x)
+        if not self.dueling:
+            return dense(params["q"], h)
+        a = dense(params["advantage"], h)
+        return dense(params["value"], h) + a - ops.mean(a, axis=-1, keepdims=True)
