@@ -3,7 +3,7 @@
 Stages follow Bonawitz et al. (CCS 2017), Figure 4 (semi-honest variant): 0 AdvertiseKeys, 1 ShareKeys,
 2 MaskedInputCollection, 3 Unmasking; server-to-client messages carry what a client needs for its next stage.
 
-Wire format (all integers little-endian; no pickle): a 15-byte header ``b"FSA" | version u8 = 1 | type u8 |
+Wire format (all integers little-endian; no pickle): a 17-byte header ``b"FSA" | version u8 = 1 | type u8 |
 round_id u64 | party u32`` (``party`` = sender id for client messages, recipient id for server messages), then the
 payload of the type as documented on each class. Lists are ``count u32`` followed by the items. :func:`decode`
 checks every length and count against the buffer and raises :class:`MalformedMessage` naming the field.
