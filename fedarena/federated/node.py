@@ -9,6 +9,7 @@ deployment is done).
 from __future__ import annotations
 
 import json
+import os
 import logging
 import signal
 import sys
@@ -44,6 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    parent = os.getppid()
+
+    def watch_parent() -> None:  # a node never outlives the process that launched the deployment
+        while not stop.is_set():
+            if os.getppid() != parent:
+                stop.set()
+            time.sleep(0.5)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
 
     if role == "scheduler":
         from fedarena.federated.scheduler import Scheduler

@@ -18,6 +18,7 @@ KINDS: dict[str, tuple[str, str]] = {
         "fedarena.marl.matrix_dynamics:EXPERIMENT",
         "self-play (iterated best response) and fictitious play side by side on a two-player matrix game",
     ),
+    "fedavg_grpc": ("fedarena.federated.grpc_experiment:EXPERIMENT", "horizontal FL over real gRPC on loopback: scheduler, servers and client processes, time-limited FedAvg rounds"),
 }
 
 
