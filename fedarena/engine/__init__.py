@@ -1,1 +1,59 @@
-"""fedarena.engine."""
+"""fedarena.engine: a typed graph IR, a tracing ``jit``, autodiff as a graph transformation,
+a compiled numpy executor, neural-network layers and optimizers.
+
+Public entry points (see docs/architecture.md, section "engine"):
+``jit``, ``make_graph``, ``grad``, ``value_and_grad``, ``vjp``, ``jvp``, ``hvp`` and the
+submodules ``ops`` (numpy-named operations), ``nn`` (layers), ``optim`` (optimizers).
+"""
+
+from . import primitives as _primitives  # noqa: F401  (registers every primitive)
+from . import ops
+from . import initializers, nn, optim
+from .serialization import ParamsFileError, load_params, save_params
+from .autodiff import grad, hvp, jvp, value_and_grad, vjp
+from .ir import (
+    EngineError,
+    Graph,
+    GraphValidationError,
+    LeakedTracerError,
+    ShapedArray,
+    ShapeError,
+    TracerControlFlowError,
+    UnknownPrimitiveError,
+    UnsupportedDtypeError,
+)
+from .jit import jit, make_graph
+from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .tracing import PRIMITIVES, Tracer
+
+__all__ = [
+    "EngineError",
+    "Graph",
+    "GraphValidationError",
+    "LeakedTracerError",
+    "PRIMITIVES",
+    "ShapeError",
+    "ShapedArray",
+    "Tracer",
+    "TracerControlFlowError",
+    "UnknownPrimitiveError",
+    "UnsupportedDtypeError",
+    "ParamsFileError",
+    "grad",
+    "initializers",
+    "load_params",
+    "nn",
+    "optim",
+    "save_params",
+    "hvp",
+    "jit",
+    "jvp",
+    "make_graph",
+    "ops",
+    "tree_flatten",
+    "tree_leaves",
+    "tree_map",
+    "tree_unflatten",
+    "value_and_grad",
+    "vjp",
+]

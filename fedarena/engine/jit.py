@@ -1,0 +1,165 @@
+"""The tracing frontend: ``jit`` and ``make_graph``.
+
+``jit(fn)`` flattens the arguments to leaves, traces ``fn`` over tracers into a graph the first
+time a signature (tree structure, shapes, dtypes, static values) is seen, compiles it with the
+numpy executor and caches it; later calls with the same signature only run the compiled code
+(JAX's ``jit`` design; Frostig et al., SysML 2018).  Python scalars in the arguments are static
+(part of the signature); pass numpy scalars/arrays for values that change between calls.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .executor import Executable
+from .ir import EngineError, Graph, ShapedArray, check_dtype
+from .pytree import tree_flatten, tree_unflatten
+from .tracing import Tracer, current_trace, trace_flat
+
+_PY_SCALARS = (bool, int, float)
+
+
+class _Entry:
+    __slots__ = ("executable", "out_tree", "graph")
+
+    def __init__(self, executable, out_tree, graph):
+        self.executable = executable
+        self.out_tree = out_tree
+        self.graph = graph
+
+
+def _split(args: tuple, static_argnums: tuple) -> tuple[tuple, tuple]:
+    dyn = tuple(a for i, a in enumerate(args) if i not in static_argnums)
+    static = tuple(args[i] for i in static_argnums if i < len(args))
+    return dyn, static
+
+
+def _merge(dyn: Sequence, static: Sequence, static_argnums: tuple, n: int) -> list:
+    out = []
+    di, si = iter(dyn), iter(static)
+    for i in range(n):
+        out.append(next(si) if i in static_argnums else next(di))
+    return out
+
+
+def _signature(leaves: list) -> tuple[tuple, list]:
+    """Hashable key of the leaves, and the list of array leaves that become graph inputs."""
+    key = []
+    arrays = []
+    for x in leaves:
+        t = type(x)
+        if t is np.ndarray:
+            key.append(x.shape)
+            key.append(x.dtype)
+            arrays.append(x)
+        elif t in _PY_SCALARS:
+            key.append((t, x))
+        elif isinstance(x, Tracer):  # pragma: no cover - handled by inlining
+            raise EngineError("internal: tracer in a top-level jit call")
+        else:
+            a = np.asarray(x)
+            key.append(a.shape)
+            key.append(a.dtype)
+            arrays.append(a)
+    return tuple(key), arrays
+
+
+def _trace(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int):
+    is_arr = [not (type(x) in _PY_SCALARS) for x in leaves]
+    avals = []
+    for x, a in zip(leaves, is_arr):
+        if a:
+            arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+            check_dtype(arr.dtype, "jit argument")
+            avals.append(ShapedArray(arr.shape, arr.dtype))
+    out_tree: list = []
+
+    def flat_fn(tracers: list) -> list:
+        it = iter(tracers)
+        vals = [next(it) if a else x for x, a in zip(leaves, is_arr)]
+        dyn, kwargs = tree_unflatten(treedef, vals)
+        args = _merge(dyn, static, static_argnums, n_args)
+        out = fn(*args, **kwargs)
+        out_leaves, td = tree_flatten(out)
+        out_tree.append(td)
+        return out_leaves
+
+    graph, captured = trace_flat(flat_fn, avals)
+    if captured:  # pragma: no cover - only possible with leaked tracers
+        raise EngineError("jit: the function closes over values traced by an enclosing transformation")
+    return graph, out_tree[0]
+
+
+class Jitted:
+    """A jit-compiled function; call it like the original."""
+
+    def __init__(self, fn: Callable, static_argnums: Sequence[int] = ()):
+        self.fn = fn
+        self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
+        self._cache: dict = {}
+        functools.update_wrapper(self, fn)
+
+    def _lookup(self, args: tuple, kwargs: dict):
+        dyn, static = _split(args, self.static_argnums)
+        leaves, treedef = tree_flatten((dyn, kwargs))
+        sig, arrays = _signature(leaves)
+        key = (treedef, sig, static, len(args))
+        entry = self._cache.get(key)
+        if entry is None:
+            try:
+                hash(static)
+            except TypeError:
+                raise EngineError(f"jit: static arguments must be hashable, got {static!r}") from None
+            graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args))
+            entry = _Entry(Executable(graph), out_tree, graph)
+            self._cache[key] = entry
+        return entry, arrays
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_trace() is not None:
+            return self.fn(*args, **kwargs)  # inside another transformation: inline
+        entry, arrays = self._lookup(args, kwargs)
+        return tree_unflatten(entry.out_tree, entry.executable(*arrays))
+
+    def graph(self, *args: Any, **kwargs: Any) -> Graph:
+        """The graph compiled for these arguments (after dead-code elimination)."""
+        return self._lookup(args, kwargs)[0].executable.graph
+
+    def source(self, *args: Any, **kwargs: Any) -> str:
+        """The generated Python source of the compiled schedule for these arguments."""
+        return self._lookup(args, kwargs)[0].executable.source
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+
+def jit(fn: Callable | None = None, static_argnums: int | Sequence[int] = ()) -> Any:
+    """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
+
+    Usable as ``jit(fn)``, ``jit(fn, static_argnums=(1,))`` or as a decorator ``@jit``.
+    """
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    if fn is None:
+        return lambda f: Jitted(f, static_argnums)
+    return Jitted(fn, static_argnums)
+
+
+def make_graph(fn: Callable, static_argnums: int | Sequence[int] = ()) -> Callable[..., Graph]:
+    """``make_graph(fn)(*args)`` returns the IR graph of ``fn`` for these arguments (not compiled)."""
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
+    sa = tuple(sorted(static_argnums))
+
+    def build(*args: Any, **kwargs: Any) -> Graph:
+        dyn, static = _split(args, sa)
+        leaves, treedef = tree_flatten((dyn, kwargs))
+        graph, out_tree = _trace(fn, treedef, leaves, static, sa, len(args))
+        graph.out_tree = out_tree  # type: ignore[attr-defined]
+        return graph
+
+    return build

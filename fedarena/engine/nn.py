@@ -1,0 +1,359 @@
+"""Neural-network layers as ``init``/``apply`` pairs over parameter pytrees.
+
+A layer is a small frozen dataclass holding its hyper-parameters; ``layer.init(seed, dtype)``
+returns its parameters (nested dicts of numpy arrays) and ``layer.apply(params, x)`` (also
+``layer(params, x)``) computes the output with :mod:`fedarena.engine.ops`, so it runs eagerly or
+inside ``jit``/``grad``.  Dense weights are stored (in, out) so ``y = x @ w + b``; convolution
+weights are OIHW like PyTorch.  Cell equations: GRU (Cho et al., 2014) and LSTM (Hochreiter &
+Schmidhuber, 1997) in PyTorch's gate order and bias layout; LayerNorm (Ba et al., 2016).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import initializers as I
+from . import ops
+from .initializers import as_rng
+
+Params = Any
+Seed = "int | np.random.Generator"
+
+
+class Module:
+    """Base: ``init(seed, dtype) -> params`` and ``apply(params, *inputs)``."""
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:  # pragma: no cover
+        raise NotImplementedError
+
+    def apply(self, params: Params, *inputs: Any) -> Any:  # pragma: no cover
+        raise NotImplementedError
+
+    def __call__(self, params: Params, *inputs: Any) -> Any:
+        return self.apply(params, *inputs)
+
+
+def _activation(act: str | Callable | None) -> Callable:
+    if act is None:
+        return lambda x: x
+    if callable(act):
+        return act
+    table = {
+        "tanh": ops.tanh,
+        "relu": ops.relu,
+        "sigmoid": ops.sigmoid,
+        "softplus": ops.softplus,
+        "leaky_relu": ops.leaky_relu,
+        "identity": lambda x: x,
+    }
+    try:
+        return table[act]
+    except KeyError:
+        raise ValueError(f"unknown activation {act!r}; known: {', '.join(sorted(table))}") from None
+
+
+@dataclass(frozen=True)
+class Linear(Module):
+    """y = x @ w + b with w of shape (in_features, out_features).
+
+    Default init is PyTorch's: w, b ~ U(-1/sqrt(in), 1/sqrt(in)).
+    """
+
+    in_features: int
+    out_features: int
+    bias: bool = True
+    w_init: Callable | str | None = None
+    b_init: Callable | str | None = None
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        w_init = I.get(self.w_init) if self.w_init is not None else I.lecun_uniform()
+        p = {"w": w_init(rng, (self.in_features, self.out_features), dtype)}
+        if self.bias:
+            b_init = I.get(self.b_init) if self.b_init is not None else I.lecun_uniform(self.in_features)
+            p["b"] = b_init(rng, (self.out_features,), dtype)
+        return p
+
+    def apply(self, params: Params, x: Any) -> Any:
+        y = ops.matmul(x, params["w"])
+        return ops.add(y, params["b"]) if "b" in params else y
+
+
+@dataclass(frozen=True)
+class MLP(Module):
+    """Linear layers with ``activation`` between them: sizes [in, h1, ..., out].
+
+    ``w_init``/``b_init`` apply to every layer; ``last_w_init`` overrides the last layer's
+    weight init (e.g. ``initializers.orthogonal(0.01)`` for a PPO policy head).
+    """
+
+    sizes: Sequence[int]
+    activation: str | Callable = "tanh"
+    output_activation: str | Callable | None = None
+    w_init: Callable | str | None = None
+    b_init: Callable | str | None = None
+    last_w_init: Callable | str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", tuple(int(s) for s in self.sizes))
+        if len(self.sizes) < 2:
+            raise ValueError(f"MLP needs at least [in, out] sizes, got {self.sizes}")
+
+    @property
+    def layers(self) -> list[Linear]:
+        n = len(self.sizes) - 1
+        return [
+            Linear(
+                self.sizes[i],
+                self.sizes[i + 1],
+                w_init=self.last_w_init if (i == n - 1 and self.last_w_init is not None) else self.w_init,
+                b_init=self.b_init,
+            )
+            for i in range(n)
+        ]
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        return [layer.init(rng, dtype) for layer in self.layers]
+
+    def apply(self, params: Params, x: Any) -> Any:
+        act = _activation(self.activation)
+        out_act = _activation(self.output_activation)
+        layers = self.layers
+        for i, (layer, p) in enumerate(zip(layers, params)):
+            x = layer.apply(p, x)
+            x = act(x) if i < len(layers) - 1 else out_act(x)
+        return x
+
+
+@dataclass(frozen=True)
+class Conv2d(Module):
+    """2-d convolution (cross-correlation), NCHW input, OIHW weights, PyTorch's default init."""
+
+    in_channels: int
+    out_channels: int
+    kernel_size: int | tuple = 3
+    stride: int | tuple = 1
+    padding: int | tuple = 0
+    dilation: int | tuple = 1
+    bias: bool = True
+    w_init: Callable | str | None = None
+    b_init: Callable | str | None = None
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        kh, kw = (self.kernel_size, self.kernel_size) if isinstance(self.kernel_size, int) else self.kernel_size
+        shape = (self.out_channels, self.in_channels, kh, kw)
+        w_init = I.get(self.w_init) if self.w_init is not None else I.lecun_uniform()
+        p = {"w": w_init(rng, shape, dtype)}
+        if self.bias:
+            b_init = I.get(self.b_init) if self.b_init is not None else I.lecun_uniform(self.in_channels * kh * kw)
+            p["b"] = b_init(rng, (self.out_channels,), dtype)
+        return p
+
+    def apply(self, params: Params, x: Any) -> Any:
+        y = ops.conv2d(x, params["w"], self.stride, self.padding, self.dilation)
+        if "b" in params:
+            y = ops.add(y, ops.reshape(params["b"], (1, -1, 1, 1)))
+        return y
+
+
+@dataclass(frozen=True)
+class MaxPool2d(Module):
+    kernel_size: int | tuple = 2
+    stride: int | tuple | None = None
+    padding: int | tuple = 0
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        return None
+
+    def apply(self, params: Params, x: Any) -> Any:
+        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+@dataclass(frozen=True)
+class AvgPool2d(Module):
+    kernel_size: int | tuple = 2
+    stride: int | tuple | None = None
+    padding: int | tuple = 0
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        return None
+
+    def apply(self, params: Params, x: Any) -> Any:
+        return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+@dataclass(frozen=True)
+class Flatten(Module):
+    """Flatten all axes from ``start_dim`` on (default: keep the batch axis)."""
+
+    start_dim: int = 1
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        return None
+
+    def apply(self, params: Params, x: Any) -> Any:
+        sh = ops.shape(x)
+        return ops.reshape(x, sh[: self.start_dim] + (-1,))
+
+
+@dataclass(frozen=True)
+class Activation(Module):
+    """A parameter-free elementwise function as a layer: ``Activation("relu")``."""
+
+    fn: str | Callable = "relu"
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        return None
+
+    def apply(self, params: Params, x: Any) -> Any:
+        return _activation(self.fn)(x)
+
+
+def ReLU() -> Activation:
+    return Activation("relu")
+
+
+def Tanh() -> Activation:
+    return Activation("tanh")
+
+
+def Sigmoid() -> Activation:
+    return Activation("sigmoid")
+
+
+@dataclass(frozen=True)
+class Embedding(Module):
+    """Row lookup in a (num_embeddings, dim) table initialised N(0, 1) (PyTorch's default)."""
+
+    num_embeddings: int
+    embedding_dim: int
+    init_fn: Callable | str | None = None
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        f = I.get(self.init_fn) if self.init_fn is not None else I.normal(1.0)
+        return {"table": f(rng, (self.num_embeddings, self.embedding_dim), dtype)}
+
+    def apply(self, params: Params, idx: Any) -> Any:
+        return ops.take(params["table"], idx, axis=0)
+
+
+@dataclass(frozen=True)
+class LayerNorm(Module):
+    """Normalise over the trailing ``normalized_shape`` axes, then scale by gamma and shift by beta."""
+
+    normalized_shape: int | tuple
+    eps: float = 1e-5
+    elementwise_affine: bool = True
+
+    @property
+    def _shape(self) -> tuple:
+        return (self.normalized_shape,) if isinstance(self.normalized_shape, int) else tuple(self.normalized_shape)
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        if not self.elementwise_affine:
+            return None
+        return {"gamma": np.ones(self._shape, dtype), "beta": np.zeros(self._shape, dtype)}
+
+    def apply(self, params: Params, x: Any) -> Any:
+        axes = tuple(range(-len(self._shape), 0))
+        if params is None:
+            return ops.layer_norm(x, None, None, self.eps, axes)
+        return ops.layer_norm(x, params["gamma"], params["beta"], self.eps, axes)
+
+
+@dataclass(frozen=True)
+class GRUCell(Module):
+    """r = s(x Wir + bir + h Whr + bhr); z likewise; n = tanh(x Win + bin + r (h Whn + bhn));
+    h' = (1 - z) n + z h.  Weights (in, 3H) and (H, 3H) with gates ordered r, z, n."""
+
+    input_size: int
+    hidden_size: int
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        u = I.uniform(1.0 / math.sqrt(self.hidden_size))
+        H = self.hidden_size
+        return {
+            "w_ih": u(rng, (self.input_size, 3 * H), dtype),
+            "w_hh": u(rng, (H, 3 * H), dtype),
+            "b_ih": u(rng, (3 * H,), dtype),
+            "b_hh": u(rng, (3 * H,), dtype),
+        }
+
+    def apply(self, params: Params, x: Any, h: Any) -> Any:
+        H = self.hidden_size
+        gi = ops.add(ops.matmul(x, params["w_ih"]), params["b_ih"])
+        gh = ops.add(ops.matmul(h, params["w_hh"]), params["b_hh"])
+        ir, iz, in_ = ops.split(gi, 3, axis=-1)
+        hr, hz, hn = ops.split(gh, 3, axis=-1)
+        r = ops.sigmoid(ops.add(ir, hr))
+        z = ops.sigmoid(ops.add(iz, hz))
+        n = ops.tanh(ops.add(in_, ops.multiply(r, hn)))
+        return ops.add(ops.multiply(ops.subtract(1.0, z), n), ops.multiply(z, h))
+
+    def initial_state(self, batch: int, dtype: Any = np.float32) -> np.ndarray:
+        return np.zeros((batch, self.hidden_size), dtype)
+
+
+@dataclass(frozen=True)
+class LSTMCell(Module):
+    """Gates i, f, g, o from x W_ih + b_ih + h W_hh + b_hh; c' = f c + i g; h' = o tanh(c').
+    ``apply(params, x, (h, c)) -> (h', c')``."""
+
+    input_size: int
+    hidden_size: int
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        u = I.uniform(1.0 / math.sqrt(self.hidden_size))
+        H = self.hidden_size
+        return {
+            "w_ih": u(rng, (self.input_size, 4 * H), dtype),
+            "w_hh": u(rng, (H, 4 * H), dtype),
+            "b_ih": u(rng, (4 * H,), dtype),
+            "b_hh": u(rng, (4 * H,), dtype),
+        }
+
+    def apply(self, params: Params, x: Any, state: tuple) -> tuple:
+        h, c = state
+        g = ops.add(
+            ops.add(ops.matmul(x, params["w_ih"]), params["b_ih"]), ops.add(ops.matmul(h, params["w_hh"]), params["b_hh"])
+        )
+        i, f, gg, o = ops.split(g, 4, axis=-1)
+        i, f, o = ops.sigmoid(i), ops.sigmoid(f), ops.sigmoid(o)
+        c2 = ops.add(ops.multiply(f, c), ops.multiply(i, ops.tanh(gg)))
+        h2 = ops.multiply(o, ops.tanh(c2))
+        return h2, c2
+
+    def initial_state(self, batch: int, dtype: Any = np.float32) -> tuple:
+        z = np.zeros((batch, self.hidden_size), dtype)
+        return z, z.copy()
+
+
+@dataclass(frozen=True)
+class Sequential(Module):
+    """Layers applied in order; params is a list with one entry per layer (None if it has none).
+    Plain functions (e.g. ``ops.relu``) are accepted as parameter-free layers."""
+
+    layers: Sequence[Any] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        return [layer.init(rng, dtype) if isinstance(layer, Module) else None for layer in self.layers]
+
+    def apply(self, params: Params, x: Any) -> Any:
+        if len(params) != len(self.layers):
+            raise ValueError(f"Sequential has {len(self.layers)} layers but params has {len(params)} entries")
+        for layer, p in zip(self.layers, params):
+            x = layer.apply(p, x) if isinstance(layer, Module) else layer(x)
+        return x

@@ -1,0 +1,278 @@
+"""Optimizers as pure functions over parameter pytrees, and learning-rate schedules.
+
+``opt = adam(3e-4)``; ``state = opt.init(params)``; ``params, state = opt.update(grads, state, params)``.
+Nothing is mutated, so a whole training step (loss, gradient, update) traces into one graph.
+Update rules follow the papers and PyTorch's documented algorithms so results match
+``torch.optim``: SGD with momentum / Nesterov (Sutskever et al., ICML 2013), Adam (Kingma & Ba,
+ICLR 2015, Algorithm 1), AdamW (Loshchilov & Hutter, ICLR 2019), RMSProp (Tieleman & Hinton,
+2012, lecture 6.5; centered variant of Graves 2013).  Gradient clipping by global norm follows
+Pascanu et al. (ICML 2013) with PyTorch's ``clip_grad_norm_`` constant (1e-6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import ops
+from .primitives import cast, dtype_of
+from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+
+Schedule = Callable[[Any], Any]
+
+
+# ============================================================================ schedules
+
+
+def constant(value: float) -> Schedule:
+    return lambda step: value
+
+
+def linear(init_value: float, end_value: float, transition_steps: int) -> Schedule:
+    """Linear from ``init_value`` at step 0 to ``end_value`` at ``transition_steps``, then flat."""
+    if transition_steps <= 0:
+        raise ValueError(f"transition_steps must be positive, got {transition_steps}")
+
+    def sched(step: Any) -> Any:
+        frac = ops.minimum(ops.multiply(ops.astype(step, np.float64), 1.0 / transition_steps), 1.0)
+        return ops.add(init_value, ops.multiply(frac, end_value - init_value))
+
+    return sched
+
+
+def cosine(init_value: float, decay_steps: int, alpha: float = 0.0) -> Schedule:
+    """Cosine decay (Loshchilov & Hutter, SGDR, ICLR 2017) to ``alpha * init_value``."""
+    if decay_steps <= 0:
+        raise ValueError(f"decay_steps must be positive, got {decay_steps}")
+
+    def sched(step: Any) -> Any:
+        t = ops.minimum(ops.astype(step, np.float64), float(decay_steps))
+        c = ops.multiply(ops.add(ops.cos(ops.multiply(t, math.pi / decay_steps)), 1.0), 0.5)
+        return ops.multiply(ops.add(ops.multiply(c, 1.0 - alpha), alpha), init_value)
+
+    return sched
+
+
+def warmup(warmup_steps: int, peak_value: float, after: Schedule | None = None, init_value: float = 0.0) -> Schedule:
+    """Linear warm-up from ``init_value`` to ``peak_value`` over ``warmup_steps``, then ``after``
+    (evaluated at ``step - warmup_steps``; constant ``peak_value`` if omitted)."""
+    if warmup_steps <= 0:
+        raise ValueError(f"warmup_steps must be positive, got {warmup_steps}")
+    after = after or constant(peak_value)
+
+    def sched(step: Any) -> Any:
+        s = ops.astype(step, np.float64)
+        ramp = ops.add(init_value, ops.multiply(s, (peak_value - init_value) / warmup_steps))
+        rest = ops.multiply(ops.astype(after(ops.maximum(ops.subtract(s, float(warmup_steps)), 0.0)), np.float64), 1.0)
+        return ops.where(ops.less(s, float(warmup_steps)), ramp, rest)
+
+    return sched
+
+
+def _lr_at(lr: float | Schedule, count: Any) -> Any:
+    return lr(count) if callable(lr) else lr
+
+
+# ============================================================================ clipping
+
+
+def clip_by_global_norm(grads: Any, max_norm: float) -> tuple[Any, Any]:
+    """Scale all gradients by min(1, max_norm / (norm + 1e-6)); returns (clipped, norm)."""
+    leaves, td = tree_flatten(grads)
+    if not leaves:
+        return grads, 0.0
+    norm = ops.global_norm([ops.astype(g, np.float64) if dtype_of(g) != dtype_of(leaves[0]) else g for g in leaves])
+    scale = ops.minimum(ops.divide(max_norm, ops.add(norm, 1e-6)), 1.0)
+    return tree_unflatten(td, [ops.multiply(g, cast(scale, dtype_of(g))) for g in leaves]), norm
+
+
+# ============================================================================ optimizers
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """``init(params) -> state`` and ``update(grads, state, params) -> (new_params, new_state)``."""
+
+    init: Callable[[Any], Any]
+    update: Callable[[Any, Any, Any], tuple[Any, Any]]
+    name: str = "optimizer"
+
+
+def _count0() -> np.ndarray:
+    return np.zeros((), np.int64)
+
+
+def _zeros_like_tree(params: Any) -> Any:
+    return tree_map(lambda p: np.zeros(np.shape(p), np.asarray(p).dtype if not hasattr(p, "aval") else p.dtype), params)
+
+
+def _prepare(grads: Any, params: Any, weight_decay: float, max_grad_norm: float | None) -> Any:
+    if max_grad_norm is not None:
+        grads, _ = clip_by_global_norm(grads, max_grad_norm)
+    if weight_decay:
+        grads = tree_map(lambda g, p: ops.add(g, ops.multiply(p, weight_decay)), grads, params)
+    return grads
+
+
+def _scalar(x: Any, like: Any) -> Any:
+    """A scalar hyper-parameter in the dtype of ``like`` (Python floats stay weak)."""
+    if isinstance(x, (int, float)):
+        return x
+    return cast(x, dtype_of(like))
+
+
+def sgd(
+    lr: float | Schedule = 1e-2,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> Optimizer:
+    """SGD; with momentum ``buf = momentum * buf + g`` and step ``g + momentum * buf`` (Nesterov)
+    or ``buf`` — PyTorch's formulation with dampening 0."""
+    if nesterov and momentum <= 0:
+        raise ValueError("Nesterov momentum needs momentum > 0")
+
+    def init(params: Any) -> Any:
+        st: dict = {"count": _count0()}
+        if momentum:
+            st["momentum"] = _zeros_like_tree(params)
+        return st
+
+    def update(grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        grads = _prepare(grads, params, weight_decay, max_grad_norm)
+        lr_t = _lr_at(lr, state["count"])
+        new_state: dict = {"count": ops.add(state["count"], 1)}
+        if momentum:
+            bufs = tree_map(lambda b, g: ops.add(ops.multiply(b, momentum), g), state["momentum"], grads)
+            new_state["momentum"] = bufs
+            if nesterov:
+                steps = tree_map(lambda g, b: ops.add(g, ops.multiply(b, momentum)), grads, bufs)
+            else:
+                steps = bufs
+        else:
+            steps = grads
+        new_params = tree_map(lambda p, s: ops.subtract(p, ops.multiply(s, _scalar(lr_t, p))), params, steps)
+        return new_params, new_state
+
+    return Optimizer(init, update, "sgd")
+
+
+def _adam(
+    lr: float | Schedule,
+    b1: float,
+    b2: float,
+    eps: float,
+    weight_decay: float,
+    decoupled: bool,
+    max_grad_norm: float | None,
+    name: str,
+) -> Optimizer:
+    def init(params: Any) -> Any:
+        return {"count": _count0(), "mu": _zeros_like_tree(params), "nu": _zeros_like_tree(params)}
+
+    def update(grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        grads = _prepare(grads, params, 0.0 if decoupled else weight_decay, max_grad_norm)
+        count = ops.add(state["count"], 1)
+        lr_t = _lr_at(lr, state["count"])
+        t = ops.astype(count, np.float64)
+        bc1 = ops.subtract(1.0, ops.power(b1, t))
+        bc2_sqrt = ops.sqrt(ops.subtract(1.0, ops.power(b2, t)))
+        step_size = ops.divide(lr_t, bc1)
+        p_leaves, td = tree_flatten(params)
+        g_leaves = tree_leaves(grads)
+        m_leaves = tree_leaves(state["mu"])
+        v_leaves = tree_leaves(state["nu"])
+        cache: dict = {}
+
+        def in_dtype(x: Any, dt: np.dtype) -> Any:
+            key = (id(x), dt)
+            if key not in cache:
+                cache[key] = cast(x, dt)
+            return cache[key]
+
+        new_p, new_m, new_v = [], [], []
+        for p, g, m, v in zip(p_leaves, g_leaves, m_leaves, v_leaves):
+            dt = dtype_of(p)
+            if decoupled and weight_decay:
+                p = ops.multiply(p, in_dtype(ops.subtract(1.0, ops.multiply(lr_t, weight_decay)), dt))
+            m = ops.add(ops.multiply(m, b1), ops.multiply(g, 1.0 - b1))
+            v = ops.add(ops.multiply(v, b2), ops.multiply(ops.multiply(g, g), 1.0 - b2))
+            denom = ops.add(ops.divide(ops.sqrt(v), in_dtype(bc2_sqrt, dt)), eps)
+            p = ops.subtract(p, ops.multiply(ops.divide(m, denom), in_dtype(step_size, dt)))
+            new_p.append(p)
+            new_m.append(m)
+            new_v.append(v)
+        mt, vt = tree_flatten(state["mu"])[1], tree_flatten(state["nu"])[1]
+        return tree_unflatten(td, new_p), {"count": count, "mu": tree_unflatten(mt, new_m), "nu": tree_unflatten(vt, new_v)}
+
+    return Optimizer(init, update, name)
+
+
+def adam(
+    lr: float | Schedule = 1e-3,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> Optimizer:
+    """Adam; ``weight_decay`` is L2 added to the gradient (PyTorch's ``Adam(weight_decay=...)``)."""
+    return _adam(lr, b1, b2, eps, weight_decay, False, max_grad_norm, "adam")
+
+
+def adamw(
+    lr: float | Schedule = 1e-3,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 1e-2,
+    max_grad_norm: float | None = None,
+) -> Optimizer:
+    """Adam with decoupled weight decay: ``p *= 1 - lr * weight_decay`` before the Adam step."""
+    return _adam(lr, b1, b2, eps, weight_decay, True, max_grad_norm, "adamw")
+
+
+def rmsprop(
+    lr: float | Schedule = 1e-2,
+    alpha: float = 0.99,
+    eps: float = 1e-8,
+    momentum: float = 0.0,
+    centered: bool = False,
+    weight_decay: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> Optimizer:
+    """RMSProp in PyTorch's form: ``v = alpha v + (1-alpha) g^2``, ``avg = sqrt(v - ga^2 if
+    centered else v) + eps``, step ``g / avg`` (through a momentum buffer if momentum > 0)."""
+
+    def init(params: Any) -> Any:
+        st: dict = {"count": _count0(), "nu": _zeros_like_tree(params)}
+        if centered:
+            st["g_avg"] = _zeros_like_tree(params)
+        if momentum:
+            st["momentum"] = _zeros_like_tree(params)
+        return st
+
+    def update(grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        grads = _prepare(grads, params, weight_decay, max_grad_norm)
+        lr_t = _lr_at(lr, state["count"])
+        new_state: dict = {"count": ops.add(state["count"], 1)}
+        nu = tree_map(lambda v, g: ops.add(ops.multiply(v, alpha), ops.multiply(ops.multiply(g, g), 1.0 - alpha)), state["nu"], grads)
+        new_state["nu"] = nu
+        if centered:
+            ga = tree_map(lambda a, g: ops.add(ops.multiply(a, alpha), ops.multiply(g, 1.0 - alpha)), state["g_avg"], grads)
+            new_state["g_avg"] = ga
+            avg = tree_map(lambda v, a: ops.add(ops.sqrt(ops.subtract(v, ops.multiply(a, a))), eps), nu, ga)
+        else:
+            avg = tree_map(lambda v: ops.add(ops.sqrt(v), eps), nu)
+        steps = tree_map(ops.divide, grads, avg)
+        if momentum:
+            steps = tree_map(lambda b, s: ops.add(ops.multiply(b, momentum), s), state["momentum"], steps)
+            new_state["momentum"] = steps
+        new_params = tree_map(lambda p, s: ops.subtract(p, ops.multiply(s, _scalar(lr_t, p))), params, steps)
+        return new_params, new_state
+
+    return Optimizer(init, update, "rmsprop")

@@ -1,0 +1,1408 @@
+"""Every primitive of the engine, with its shape/dtype rule, numpy kernel, code emitter,
+VJP rule and (where simple) JVP rule — adding a primitive touches only this module.
+
+The rule tables follow JAX's per-primitive design (``jax/_src/lax``); gradient formulas are
+the standard ones (Griewank & Walther, "Evaluating Derivatives", 2nd ed., ch. 3-4).  Broadcasting
+follows numpy semantics; reverse rules sum cotangents over broadcast axes.  Convolution uses
+im2col + matmul (Chellapilla et al., "High performance convolutional neural networks for
+document processing", 2006) in NCHW layout with OIHW weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import scipy.special
+from numpy.lib.stride_tricks import as_strided
+
+from .ir import ShapedArray, ShapeError, is_float
+from .tracing import Primitive, aval_of, bind, register
+
+# ============================================================================ helpers
+
+
+def shape_of(x: Any) -> tuple:
+    return aval_of(x).shape
+
+
+def dtype_of(x: Any) -> np.dtype:
+    return aval_of(x).dtype
+
+
+def _stand_in(av: ShapedArray) -> Any:
+    return {"b": False, "i": 0, "u": 0, "f": 0.0}[av.dtype.kind]
+
+
+def promote(avals: Sequence[ShapedArray], weak: Sequence[bool]) -> np.dtype:
+    """numpy's result type, with Python scalars weak (NEP 50)."""
+    parts = [_stand_in(av) if w else av.dtype for av, w in zip(avals, weak)]
+    return np.result_type(*parts)
+
+
+def broadcast_shapes(*shapes: tuple) -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"shapes {' and '.join(str(s) for s in shapes)} do not broadcast") from None
+
+
+def _floatify(dt: np.dtype) -> np.dtype:
+    return dt if is_float(dt) else np.dtype(np.float64)
+
+
+class Code:
+    """What an emitter returns: ``stmt`` writes into the buffer named ``{o}``; ``expr`` is a value."""
+
+    __slots__ = ("text", "kind")
+
+    def __init__(self, text: str, kind: str):
+        self.text = text
+        self.kind = kind
+
+
+def stmt(text: str) -> Code:
+    return Code(text, "stmt")
+
+
+def expr(text: str) -> Code:
+    return Code(text, "expr")
+
+
+def _define(
+    name: str,
+    rule: Callable,
+    impl: Callable,
+    emit: Callable | None,
+    vjp: Callable | None = None,
+    jvp: Callable | None = None,
+    differentiable: bool = True,
+) -> Primitive:
+    p = register(name)
+    p.abstract_eval = rule
+    p.impl = impl
+    p.emit = emit
+    p.vjp = vjp
+    p.jvp = jvp
+    p.differentiable = differentiable
+    return p
+
+
+# Internal binders used by the rules (public, numpy-named versions live in ops.py).
+
+
+def add(x, y):
+    return bind(add_p, x, y)
+
+
+def sub(x, y):
+    return bind(sub_p, x, y)
+
+
+def mul(x, y):
+    return bind(mul_p, x, y)
+
+
+def div(x, y):
+    return bind(div_p, x, y)
+
+
+def neg(x):
+    return bind(neg_p, x)
+
+
+def exp(x):
+    return bind(exp_p, x)
+
+
+def log(x):
+    return bind(log_p, x)
+
+
+def sign(x):
+    return bind(sign_p, x)
+
+
+def select(p, a, b):
+    return bind(select_p, p, a, b)
+
+
+def eq(x, y):
+    return bind(eq_p, x, y)
+
+
+def gt(x, y):
+    return bind(gt_p, x, y)
+
+
+def ge(x, y):
+    return bind(ge_p, x, y)
+
+
+def le(x, y):
+    return bind(le_p, x, y)
+
+
+def logical_and(x, y):
+    return bind(and_p, x, y)
+
+
+def cast(x, dtype):
+    dtype = np.dtype(dtype)
+    if dtype_of(x) == dtype and not isinstance(x, (bool, int, float)):
+        return x
+    return bind(cast_p, x, dtype=dtype)
+
+
+def reduce_sum(x, axes, keepdims=False):
+    return bind(reduce_sum_p, x, axes=tuple(axes), keepdims=bool(keepdims))
+
+
+def reshape(x, shape):
+    shape = tuple(int(s) for s in shape)
+    if shape_of(x) == shape:
+        return x
+    return bind(reshape_p, x, shape=shape)
+
+
+def broadcast_to(x, shape):
+    shape = tuple(int(s) for s in shape)
+    if shape_of(x) == shape and not isinstance(x, (bool, int, float)):
+        return x
+    return bind(broadcast_to_p, x, shape=shape)
+
+
+def transpose(x, perm):
+    perm = tuple(int(p) for p in perm)
+    if perm == tuple(range(len(perm))):
+        return x
+    return bind(transpose_p, x, perm=perm)
+
+
+def matmul(x, y):
+    return bind(matmul_p, x, y)
+
+
+def full(shape, dtype, value=0):
+    return bind(full_p, shape=tuple(int(s) for s in shape), dtype=np.dtype(dtype), value=value)
+
+
+def zeros_like_aval(av: ShapedArray):
+    return full(av.shape, av.dtype, 0)
+
+
+def unbroadcast(ct, shape: tuple):
+    """Sum ``ct`` over the axes along which a value of ``shape`` was broadcast."""
+    cs = shape_of(ct)
+    shape = tuple(shape)
+    if cs == shape:
+        return ct
+    lead = len(cs) - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and cs[i + lead] != 1)
+    r = reduce_sum(ct, axes) if axes else ct
+    return reshape(r, shape)
+
+
+def _bcast_tangent(t, shape):
+    return broadcast_to(t, shape) if shape_of(t) != tuple(shape) else t
+
+
+def _swap_last(x):
+    n = len(shape_of(x))
+    return transpose(x, tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+# ============================================================================ elementwise
+
+
+def _ew_rule(kind: str):
+    """Shape/dtype rule for elementwise primitives: broadcast shapes; dtype by ``kind``."""
+
+    def rule(avals, attrs, weak):
+        shape = broadcast_shapes(*[a.shape for a in avals])
+        if kind == "promote":
+            dt = promote(avals, weak)
+        elif kind == "float":
+            dt = _floatify(promote(avals, weak))
+        elif kind == "bool":
+            promote(avals, weak)
+            dt = np.dtype(np.bool_)
+        elif kind == "logical":
+            for a, w in zip(avals, weak):
+                if a.dtype != np.bool_:
+                    raise ShapeError(f"logical operations need bool operands, got {a.dtype}")
+            dt = np.dtype(np.bool_)
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+        return ShapedArray(shape, dt)
+
+    return rule
+
+
+def _ufunc_impl(uf):
+    def impl(*args, **attrs):
+        return uf(*args)
+
+    return impl
+
+
+def _ufunc_emit(uf_name: str):
+    def emit(ctx, ins, attrs, in_avals, out_aval):
+        return stmt(f"{uf_name}({', '.join(ins)}, out={{o}})")
+
+    return emit
+
+
+def _unary(name, uf, uf_name, kind, vjp_from_out=None, vjp_from_x=None):
+    """A unary elementwise primitive whose derivative is ``d(x, out)``; its JVP is the same
+    diagonal scaling as its VJP."""
+    d = vjp_from_out or vjp_from_x
+
+    def vjp(need, ct, out, x, **attrs):
+        return (d(ct, x, out),)
+
+    def jvp(tangents, out, x, **attrs):
+        t = tangents[0]
+        return d(t, x, out)
+
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None)
+
+
+neg_p = _unary("neg", np.negative, "np.negative", "promote", vjp_from_x=lambda ct, x, out: neg(ct))
+exp_p = _unary("exp", np.exp, "np.exp", "float", vjp_from_out=lambda ct, x, out: mul(ct, out))
+log_p = _unary("log", np.log, "np.log", "float", vjp_from_x=lambda ct, x, out: div(ct, x))
+log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)))
+tanh_p = _unary("tanh", np.tanh, "np.tanh", "float", vjp_from_out=lambda ct, x, out: mul(ct, sub(1.0, mul(out, out))))
+logistic_p = _unary(
+    "logistic", scipy.special.expit, "_expit", "float", vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out)))
+)
+sqrt_p = _unary("sqrt", np.sqrt, "np.sqrt", "float", vjp_from_out=lambda ct, x, out: div(ct, mul(out, 2.0)))
+sin_p = _unary("sin", np.sin, "np.sin", "float", vjp_from_x=lambda ct, x, out: mul(ct, bind(cos_p, x)))
+cos_p = _unary("cos", np.cos, "np.cos", "float", vjp_from_x=lambda ct, x, out: neg(mul(ct, bind(sin_p, x))))
+abs_p = _unary("abs", np.abs, "np.absolute", "promote", vjp_from_x=lambda ct, x, out: mul(ct, sign(x)))
+sign_p = _define("sign", _ew_rule("promote"), _ufunc_impl(np.sign), _ufunc_emit("np.sign"), differentiable=False)
+
+
+def _rsqrt_impl(x, **attrs):
+    return 1.0 / np.sqrt(x)
+
+
+def _rsqrt_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.sqrt({ins[0]}, out={{o}}); np.reciprocal({{o}}, out={{o}})")
+
+
+rsqrt_p = _define(
+    "rsqrt",
+    _ew_rule("float"),
+    _rsqrt_impl,
+    _rsqrt_emit,
+    vjp=lambda need, ct, out, x: (mul(ct, div(mul(out, -0.5), x)),),
+    jvp=lambda ts, out, x: mul(ts[0], div(mul(out, -0.5), x)),
+)
+
+
+def _relu_impl(x):
+    return np.maximum(x, 0)
+
+
+def _relu_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.maximum({ins[0]}, 0, out={{o}})")
+
+
+relu_p = _define(
+    "relu",
+    _ew_rule("promote"),
+    _relu_impl,
+    _relu_emit,
+    vjp=lambda need, ct, out, x: (select(gt(out, 0), ct, 0.0),),
+    jvp=lambda ts, out, x: select(gt(out, 0), ts[0], 0.0),
+)
+
+# ---------------------------------------------------------------------------- binary
+
+
+def _binary(name, uf, uf_name, kind, vjp=None, jvp=None, differentiable=True):
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable)
+
+
+def _add_vjp(need, ct, out, x, y):
+    return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(ct, shape_of(y)) if need[1] else None)
+
+
+def _sub_vjp(need, ct, out, x, y):
+    return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(neg(ct), shape_of(y)) if need[1] else None)
+
+
+def _mul_vjp(need, ct, out, x, y):
+    return (
+        unbroadcast(mul(ct, y), shape_of(x)) if need[0] else None,
+        unbroadcast(mul(ct, x), shape_of(y)) if need[1] else None,
+    )
+
+
+def _div_vjp(need, ct, out, x, y):
+    return (
+        unbroadcast(div(ct, y), shape_of(x)) if need[0] else None,
+        unbroadcast(neg(div(mul(ct, out), y)), shape_of(y)) if need[1] else None,
+    )
+
+
+def _pow_vjp(need, ct, out, x, y):
+    gx = gy = None
+    if need[0]:
+        if isinstance(y, (int, float)) and not isinstance(y, bool):
+            if y == 2:
+                d = mul(x, 2.0)
+            elif y == 1:
+                d = None
+            else:
+                d = mul(bind(pow_p, x, y - 1), y)
+        else:
+            d = mul(y, bind(pow_p, x, sub(y, 1)))
+        gx = unbroadcast(ct if d is None else mul(ct, d), shape_of(x))
+    if need[1]:
+        gy = unbroadcast(mul(ct, mul(out, log(x))), shape_of(y))
+    return (gx, gy)
+
+
+def _sum_tangents(out, *terms):
+    acc = None
+    for t in terms:
+        if t is None:
+            continue
+        t = _bcast_tangent(t, shape_of(out))
+        acc = t if acc is None else add(acc, t)
+    return acc
+
+
+def _add_jvp(ts, out, x, y):
+    return _sum_tangents(out, ts[0], ts[1])
+
+
+def _sub_jvp(ts, out, x, y):
+    return _sum_tangents(out, ts[0], None if ts[1] is None else neg(ts[1]))
+
+
+def _mul_jvp(ts, out, x, y):
+    return _sum_tangents(out, None if ts[0] is None else mul(ts[0], y), None if ts[1] is None else mul(x, ts[1]))
+
+
+def _div_jvp(ts, out, x, y):
+    return _sum_tangents(
+        out, None if ts[0] is None else div(ts[0], y), None if ts[1] is None else neg(div(mul(ts[1], out), y))
+    )
+
+
+def _pow_jvp(ts, out, x, y):
+    a = None if ts[0] is None else mul(ts[0], mul(y, bind(pow_p, x, sub(y, 1))))
+    b = None if ts[1] is None else mul(ts[1], mul(out, log(x)))
+    return _sum_tangents(out, a, b)
+
+
+def _minmax_weights(x, y, bigger: bool):
+    """Share of the cotangent going to x for maximum (bigger) / minimum; ties split 0.5/0.5."""
+    win = gt(x, y) if bigger else bind(lt_p, x, y)
+    dt = _floatify(np.result_type(dtype_of(x) if not isinstance(x, (int, float)) else dtype_of(y)))
+    return add(cast(win, dt), mul(cast(eq(x, y), dt), 0.5))
+
+
+def _minmax_vjp(bigger):
+    def vjp(need, ct, out, x, y):
+        w = _minmax_weights(x, y, bigger)
+        gx = unbroadcast(mul(ct, w), shape_of(x)) if need[0] else None
+        gy = unbroadcast(mul(ct, sub(1.0, w)), shape_of(y)) if need[1] else None
+        return (gx, gy)
+
+    return vjp
+
+
+def _minmax_jvp(bigger):
+    def jvp(ts, out, x, y):
+        w = _minmax_weights(x, y, bigger)
+        return _sum_tangents(out, None if ts[0] is None else mul(ts[0], w), None if ts[1] is None else mul(ts[1], sub(1.0, w)))
+
+    return jvp
+
+
+def _pow_emit(ctx, ins, attrs, in_avals, out_aval):
+    if ins[1] == "2":
+        return stmt(f"np.multiply({ins[0]}, {ins[0]}, out={{o}})")
+    return stmt(f"np.power({ins[0]}, {ins[1]}, out={{o}})")
+
+
+add_p = _binary("add", np.add, "np.add", "promote", _add_vjp, _add_jvp)
+sub_p = _binary("sub", np.subtract, "np.subtract", "promote", _sub_vjp, _sub_jvp)
+mul_p = _binary("mul", np.multiply, "np.multiply", "promote", _mul_vjp, _mul_jvp)
+div_p = _binary("div", np.true_divide, "np.true_divide", "float", _div_vjp, _div_jvp)
+pow_p = _define("pow", _ew_rule("promote"), _ufunc_impl(np.power), _pow_emit, _pow_vjp, _pow_jvp)
+max_p = _binary("maximum", np.maximum, "np.maximum", "promote", _minmax_vjp(True), _minmax_jvp(True))
+min_p = _binary("minimum", np.minimum, "np.minimum", "promote", _minmax_vjp(False), _minmax_jvp(False))
+eq_p = _binary("eq", np.equal, "np.equal", "bool", differentiable=False)
+ne_p = _binary("ne", np.not_equal, "np.not_equal", "bool", differentiable=False)
+lt_p = _binary("lt", np.less, "np.less", "bool", differentiable=False)
+le_p = _binary("le", np.less_equal, "np.less_equal", "bool", differentiable=False)
+gt_p = _binary("gt", np.greater, "np.greater", "bool", differentiable=False)
+ge_p = _binary("ge", np.greater_equal, "np.greater_equal", "bool", differentiable=False)
+and_p = _binary("and", np.logical_and, "np.logical_and", "logical", differentiable=False)
+or_p = _binary("or", np.logical_or, "np.logical_or", "logical", differentiable=False)
+not_p = _define("not", _ew_rule("logical"), _ufunc_impl(np.logical_not), _ufunc_emit("np.logical_not"), differentiable=False)
+
+
+# ---------------------------------------------------------------------------- select, cast, clip, stop_gradient
+
+
+def _select_rule(avals, attrs, weak):
+    if avals[0].dtype != np.bool_:
+        raise ShapeError(f"the condition must be bool, got {avals[0].dtype}")
+    shape = broadcast_shapes(*[a.shape for a in avals])
+    return ShapedArray(shape, promote(avals[1:], weak[1:]))
+
+
+def _select_impl(p, a, b):
+    return np.where(p, a, b)
+
+
+def _select_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.copyto({{o}}, {ins[2]}); np.copyto({{o}}, {ins[1]}, where={ins[0]})")
+
+
+def _select_vjp(need, ct, out, p, a, b):
+    return (
+        None,
+        unbroadcast(select(p, ct, 0.0), shape_of(a)) if need[1] else None,
+        unbroadcast(select(p, 0.0, ct), shape_of(b)) if need[2] else None,
+    )
+
+
+def _select_jvp(ts, out, p, a, b):
+    ta = full(shape_of(out), dtype_of(out), 0) if ts[1] is None else _bcast_tangent(ts[1], shape_of(out))
+    tb = full(shape_of(out), dtype_of(out), 0) if ts[2] is None else _bcast_tangent(ts[2], shape_of(out))
+    return select(p, ta, tb)
+
+
+select_p = _define("select", _select_rule, _select_impl, _select_emit, _select_vjp, _select_jvp)
+
+
+def _cast_rule(avals, attrs, weak):
+    return ShapedArray(avals[0].shape, attrs["dtype"])
+
+
+def _cast_impl(x, dtype):
+    return np.asarray(x).astype(dtype)
+
+
+def _cast_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.copyto({{o}}, {ins[0]}, casting='unsafe')")
+
+
+def _cast_vjp(need, ct, out, x, dtype):
+    return (cast(ct, dtype_of(x)) if is_float(dtype_of(x)) and is_float(dtype) else None,)
+
+
+def _cast_jvp(ts, out, x, dtype):
+    return cast(ts[0], dtype) if is_float(dtype) else None
+
+
+cast_p = _define("cast", _cast_rule, _cast_impl, _cast_emit, _cast_vjp, _cast_jvp)
+
+
+def _same_rule(avals, attrs, weak):
+    return avals[0]
+
+
+def _clip_impl(x, lo, hi):
+    return np.clip(x, lo, hi)
+
+
+def _clip_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.clip({ins[0]}, {attrs['lo']!r}, {attrs['hi']!r}, out={{o}})")
+
+
+def _clip_mask(x, lo, hi):
+    return logical_and(ge(x, lo), le(x, hi))
+
+
+clip_p = _define(
+    "clip",
+    _same_rule,
+    _clip_impl,
+    _clip_emit,
+    vjp=lambda need, ct, out, x, lo, hi: (select(_clip_mask(x, lo, hi), ct, 0.0),),
+    jvp=lambda ts, out, x, lo, hi: select(_clip_mask(x, lo, hi), ts[0], 0.0),
+)
+
+
+def _identity_emit(ctx, ins, attrs, in_avals, out_aval):
+    return expr(ins[0])
+
+
+stop_gradient_p = _define(
+    "stop_gradient", _same_rule, lambda x: np.array(x, copy=True), _identity_emit, differentiable=False
+)
+
+
+def _full_rule(avals, attrs, weak):
+    return ShapedArray(attrs["shape"], attrs["dtype"])
+
+
+def _full_impl(shape, dtype, value):
+    return np.full(shape, value, dtype)
+
+
+def _full_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"{{o}}.fill({attrs['value']!r})")
+
+
+full_p = _define("full", _full_rule, _full_impl, _full_emit, differentiable=False)
+
+
+# ============================================================================ reductions
+
+
+def _norm_axes(axes, ndim):
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < ndim:
+            raise ShapeError(f"axis {a} is out of range for an array of rank {ndim}")
+        out.append(a % ndim)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"repeated axis in {tuple(axes)}")
+    return tuple(sorted(out))
+
+
+def _reduce_rule(kind):
+    def rule(avals, attrs, weak):
+        av = avals[0]
+        axes = _norm_axes(attrs["axes"], av.ndim)
+        if attrs["keepdims"]:
+            shape = tuple(1 if i in axes else s for i, s in enumerate(av.shape))
+        else:
+            shape = tuple(s for i, s in enumerate(av.shape) if i not in axes)
+        dt = av.dtype
+        if kind == "sum" and dt.kind in "biu":
+            dt = np.dtype(np.int64)
+        if kind in ("max", "min") and any(av.shape[a] == 0 for a in axes):
+            raise ShapeError("max/min over an empty axis")
+        return ShapedArray(shape, dt)
+
+    return rule
+
+
+def _reduce_impl(uf):
+    def impl(x, axes, keepdims):
+        return uf.reduce(x, axis=tuple(axes), keepdims=keepdims)
+
+    return impl
+
+
+def _reduce_emit(uf_name):
+    def emit(ctx, ins, attrs, in_avals, out_aval):
+        return stmt(f"{uf_name}.reduce({ins[0]}, axis={tuple(attrs['axes'])!r}, keepdims={attrs['keepdims']}, out={{o}})")
+
+    return emit
+
+
+def _expand_reduced(ct, x_shape, axes, keepdims):
+    """Reshape a reduced cotangent so it broadcasts against the input again."""
+    axes = _norm_axes(axes, len(x_shape))
+    if not keepdims:
+        kshape = tuple(1 if i in axes else s for i, s in enumerate(x_shape))
+        ct = reshape(ct, kshape)
+    return ct
+
+
+def _sum_vjp(need, ct, out, x, axes, keepdims):
+    return (broadcast_to(_expand_reduced(ct, shape_of(x), axes, keepdims), shape_of(x)),)
+
+
+def _sum_jvp(ts, out, x, axes, keepdims):
+    return reduce_sum(ts[0], axes, keepdims)
+
+
+def _chooser_vjp(need, ct, out, x, axes, keepdims):
+    """Cotangent goes to the locations of the max/min, split evenly between ties."""
+    xs = shape_of(x)
+    o = _expand_reduced(out, xs, axes, keepdims)
+    c = _expand_reduced(ct, xs, axes, keepdims)
+    loc = cast(eq(x, o), dtype_of(x))
+    cnt = reduce_sum(loc, axes, keepdims=True)
+    return (mul(loc, div(c, cnt)),)
+
+
+def _chooser_jvp(ts, out, x, axes, keepdims):
+    xs = shape_of(x)
+    o = _expand_reduced(out, xs, axes, keepdims)
+    loc = cast(eq(x, o), dtype_of(x))
+    cnt = reduce_sum(loc, axes, keepdims=keepdims)
+    return div(reduce_sum(mul(ts[0], loc), axes, keepdims), cnt)
+
+
+reduce_sum_p = _define("reduce_sum", _reduce_rule("sum"), _reduce_impl(np.add), _reduce_emit("np.add"), _sum_vjp, _sum_jvp)
+reduce_max_p = _define(
+    "reduce_max", _reduce_rule("max"), _reduce_impl(np.maximum), _reduce_emit("np.maximum"), _chooser_vjp, _chooser_jvp
+)
+reduce_min_p = _define(
+    "reduce_min", _reduce_rule("min"), _reduce_impl(np.minimum), _reduce_emit("np.minimum"), _chooser_vjp, _chooser_jvp
+)
+
+
+def _argmax_rule(avals, attrs, weak):
+    av = avals[0]
+    (axis,) = _norm_axes((attrs["axis"],), av.ndim)
+    if av.shape[axis] == 0:
+        raise ShapeError("argmax over an empty axis")
+    if attrs["keepdims"]:
+        shape = tuple(1 if i == axis else s for i, s in enumerate(av.shape))
+    else:
+        shape = tuple(s for i, s in enumerate(av.shape) if i != axis)
+    return ShapedArray(shape, np.int64)
+
+
+def _argmax_impl(x, axis, keepdims):
+    return np.argmax(x, axis=axis, keepdims=keepdims)
+
+
+def _argmax_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.argmax({ins[0]}, axis={attrs['axis']}, keepdims={attrs['keepdims']}, out={{o}})")
+
+
+argmax_p = _define("argmax", _argmax_rule, _argmax_impl, _argmax_emit, differentiable=False)
+
+
+# ============================================================================ matmul
+
+
+def _matmul_rule(avals, attrs, weak):
+    a, b = avals
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError("matmul primitive needs operands of rank >= 2 (ops.matmul handles vectors)")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"contracting dimensions differ: {a.shape[-1]} vs {b.shape[-2]}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return ShapedArray(batch + (a.shape[-2], b.shape[-1]), promote(avals, weak))
+
+
+def _matmul_vjp(need, ct, out, x, y):
+    gx = unbroadcast(matmul(ct, _swap_last(y)), shape_of(x)) if need[0] else None
+    gy = unbroadcast(matmul(_swap_last(x), ct), shape_of(y)) if need[1] else None
+    return (gx, gy)
+
+
+def _matmul_jvp(ts, out, x, y):
+    a = None if ts[0] is None else matmul(ts[0], y)
+    b = None if ts[1] is None else matmul(x, ts[1])
+    return _sum_tangents(out, a, b)
+
+
+matmul_p = _define(
+    "matmul", _matmul_rule, _ufunc_impl(np.matmul), _ufunc_emit("np.matmul"), _matmul_vjp, _matmul_jvp
+)
+
+
+# ============================================================================ shapes (views)
+
+
+def _linear_jvp(prim):
+    """JVP of a primitive linear in its single array input: apply it to the tangent."""
+
+    def jvp(ts, out, x, **attrs):
+        return bind(prim, ts[0], **attrs)
+
+    return jvp
+
+
+def _transpose_rule(avals, attrs, weak):
+    av = avals[0]
+    perm = attrs["perm"]
+    if sorted(perm) != list(range(av.ndim)):
+        raise ShapeError(f"perm {perm} is not a permutation of the {av.ndim} axes")
+    return ShapedArray(tuple(av.shape[p] for p in perm), av.dtype)
+
+
+def _transpose_vjp(need, ct, out, x, perm):
+    inv = tuple(int(i) for i in np.argsort(perm))
+    return (transpose(ct, inv),)
+
+
+transpose_p = _define(
+    "transpose",
+    _transpose_rule,
+    lambda x, perm: np.transpose(x, perm),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.transpose({attrs['perm']!r})"),
+    _transpose_vjp,
+)
+transpose_p.jvp = _linear_jvp(transpose_p)
+
+
+def _reshape_rule(avals, attrs, weak):
+    av = avals[0]
+    shape = attrs["shape"]
+    if int(np.prod(shape, dtype=np.int64)) != av.size or any(s < 0 for s in shape):
+        raise ShapeError(f"cannot reshape {av.shape} ({av.size} elements) into {shape}")
+    return ShapedArray(shape, av.dtype)
+
+
+reshape_p = _define(
+    "reshape",
+    _reshape_rule,
+    lambda x, shape: np.reshape(x, shape),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({attrs['shape']!r})"),
+    lambda need, ct, out, x, shape: (reshape(ct, shape_of(x)),),
+)
+reshape_p.jvp = _linear_jvp(reshape_p)
+
+
+def _broadcast_rule(avals, attrs, weak):
+    av = avals[0]
+    shape = attrs["shape"]
+    lead = len(shape) - av.ndim
+    if lead < 0 or any(s != 1 and s != shape[lead + i] for i, s in enumerate(av.shape)):
+        raise ShapeError(f"cannot broadcast {av.shape} to {shape}")
+    dt = av.dtype
+    if weak[0]:
+        dt = np.result_type(_stand_in(av))
+    return ShapedArray(shape, dt)
+
+
+broadcast_to_p = _define(
+    "broadcast_to",
+    _broadcast_rule,
+    lambda x, shape: np.broadcast_to(x, shape),
+    lambda ctx, ins, attrs, ia, oa: expr(f"np.broadcast_to({ins[0]}, {attrs['shape']!r})"),
+    lambda need, ct, out, x, shape: (unbroadcast(ct, shape_of(x)),),
+)
+broadcast_to_p.jvp = _linear_jvp(broadcast_to_p)
+
+
+def _squeeze_rule(avals, attrs, weak):
+    av = avals[0]
+    axes = _norm_axes(attrs["axes"], av.ndim)
+    for a in axes:
+        if av.shape[a] != 1:
+            raise ShapeError(f"cannot squeeze axis {a} of size {av.shape[a]}")
+    return ShapedArray(tuple(s for i, s in enumerate(av.shape) if i not in axes), av.dtype)
+
+
+squeeze_p = _define(
+    "squeeze",
+    _squeeze_rule,
+    lambda x, axes: np.squeeze(x, axis=tuple(axes)),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
+    lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+)
+squeeze_p.jvp = _linear_jvp(squeeze_p)
+
+
+def _expand_dims_rule(avals, attrs, weak):
+    av = avals[0]
+    n = av.ndim + len(attrs["axes"])
+    axes = _norm_axes(attrs["axes"], n)
+    it = iter(av.shape)
+    return ShapedArray(tuple(1 if i in axes else next(it) for i in range(n)), av.dtype)
+
+
+expand_dims_p = _define(
+    "expand_dims",
+    _expand_dims_rule,
+    lambda x, axes: np.expand_dims(x, tuple(axes)),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
+    lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+)
+expand_dims_p.jvp = _linear_jvp(expand_dims_p)
+
+
+# ---------------------------------------------------------------------------- slice / pad
+
+
+def _slice_rule(avals, attrs, weak):
+    av = avals[0]
+    starts, limits, strides = attrs["starts"], attrs["limits"], attrs["strides"]
+    if not (len(starts) == len(limits) == len(strides) == av.ndim):
+        raise ShapeError(f"slice needs one start/limit/stride per axis of {av.shape}")
+    shape = []
+    for s, lo, hi, st in zip(av.shape, starts, limits, strides):
+        if not (0 <= lo <= hi <= s) or st < 1:
+            raise ShapeError(f"slice [{lo}:{hi}:{st}] is out of bounds for an axis of size {s}")
+        shape.append(max(0, (hi - lo + st - 1) // st))
+    return ShapedArray(tuple(shape), av.dtype)
+
+
+def _slices(starts, limits, strides):
+    return tuple(slice(a, b, c) for a, b, c in zip(starts, limits, strides))
+
+
+def _slice_impl(x, starts, limits, strides):
+    return x[_slices(starts, limits, strides)]
+
+
+def _slice_emit(ctx, ins, attrs, in_avals, out_aval):
+    name = ctx.const(_slices(attrs["starts"], attrs["limits"], attrs["strides"]))
+    return expr(f"{ins[0]}[{name}]")
+
+
+def _slice_vjp(need, ct, out, x, starts, limits, strides):
+    shape = shape_of(x)
+    lows = tuple(starts)
+    interior = tuple(s - 1 for s in strides)
+    n_out = shape_of(ct)
+    highs = tuple(dim - (lo + (n - 1) * st + 1) if n > 0 else dim - lo for dim, lo, n, st in zip(shape, lows, n_out, strides))
+    return (bind(pad_p, ct, low=lows, high=highs, interior=interior),)
+
+
+slice_p = _define("slice", _slice_rule, _slice_impl, _slice_emit, _slice_vjp)
+slice_p.jvp = _linear_jvp(slice_p)
+
+
+def _pad_rule(avals, attrs, weak):
+    av = avals[0]
+    low, high, interior = attrs["low"], attrs["high"], attrs["interior"]
+    if not (len(low) == len(high) == len(interior) == av.ndim):
+        raise ShapeError(f"pad needs low/high/interior for each axis of {av.shape}")
+    if min(low + high + interior, default=0) < 0:
+        raise ShapeError("pad amounts must be non-negative")
+    shape = tuple(lo + hi + s + max(0, s - 1) * it for s, lo, hi, it in zip(av.shape, low, high, interior))
+    return ShapedArray(shape, av.dtype)
+
+
+def _pad_index(in_shape, low, interior):
+    return tuple(slice(lo, lo + max(0, s - 1) * (it + 1) + 1, it + 1) for s, lo, it in zip(in_shape, low, interior))
+
+
+def _pad_impl(x, low, high, interior):
+    shape = _pad_rule([ShapedArray(x.shape, x.dtype)], dict(low=low, high=high, interior=interior), [False]).shape
+    out = np.zeros(shape, x.dtype)
+    out[_pad_index(x.shape, low, interior)] = x
+    return out
+
+
+def _pad_emit(ctx, ins, attrs, in_avals, out_aval):
+    name = ctx.const(_pad_index(in_avals[0].shape, attrs["low"], attrs["interior"]))
+    return stmt(f"{{o}}.fill(0); {{o}}[{name}] = {ins[0]}")
+
+
+def _pad_vjp(need, ct, out, x, low, high, interior):
+    shape = shape_of(x)
+    starts = tuple(low)
+    strides = tuple(i + 1 for i in interior)
+    limits = tuple(lo + max(0, s - 1) * st + 1 if s > 0 else lo for s, lo, st in zip(shape, starts, strides))
+    return (bind(slice_p, ct, starts=starts, limits=limits, strides=strides),)
+
+
+pad_p = _define("pad", _pad_rule, _pad_impl, _pad_emit, _pad_vjp)
+pad_p.jvp = _linear_jvp(pad_p)
+
+
+# ---------------------------------------------------------------------------- concatenate / stack
+
+
+def _concat_rule(avals, attrs, weak):
+    if not avals:
+        raise ShapeError("nothing to concatenate")
+    nd = avals[0].ndim
+    (axis,) = _norm_axes((attrs["axis"],), nd)
+    for a in avals:
+        if a.ndim != nd or any(s != t for i, (s, t) in enumerate(zip(a.shape, avals[0].shape)) if i != axis):
+            raise ShapeError(f"all shapes must agree except along axis {axis}: {[x.shape for x in avals]}")
+    shape = list(avals[0].shape)
+    shape[axis] = sum(a.shape[axis] for a in avals)
+    return ShapedArray(tuple(shape), promote(avals, weak))
+
+
+def _concat_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.concatenate(({', '.join(ins)},), axis={attrs['axis']}, out={{o}})")
+
+
+def _concat_vjp(need, ct, out, *xs, axis):
+    nd = len(shape_of(ct))
+    axis = axis % nd
+    res = []
+    off = 0
+    cshape = shape_of(ct)
+    for x, nd_ in zip(xs, need):
+        n = shape_of(x)[axis]
+        if nd_:
+            starts = tuple(off if i == axis else 0 for i in range(nd))
+            limits = tuple(off + n if i == axis else cshape[i] for i in range(nd))
+            res.append(bind(slice_p, ct, starts=starts, limits=limits, strides=(1,) * nd))
+        else:
+            res.append(None)
+        off += n
+    return tuple(res)
+
+
+def _concat_jvp(ts, out, *xs, axis):
+    ts = [zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)]
+    return bind(concatenate_p, *ts, axis=axis)
+
+
+concatenate_p = _define(
+    "concatenate", _concat_rule, lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_emit, _concat_vjp, _concat_jvp
+)
+
+
+def _stack_rule(avals, attrs, weak):
+    if not avals:
+        raise ShapeError("nothing to stack")
+    for a in avals:
+        if a.shape != avals[0].shape:
+            raise ShapeError(f"all shapes must be equal: {[x.shape for x in avals]}")
+    nd = avals[0].ndim + 1
+    (axis,) = _norm_axes((attrs["axis"],), nd)
+    shape = list(avals[0].shape)
+    shape.insert(axis, len(avals))
+    return ShapedArray(tuple(shape), promote(avals, weak))
+
+
+def _stack_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.stack(({', '.join(ins)},), axis={attrs['axis']}, out={{o}})")
+
+
+def _stack_vjp(need, ct, out, *xs, axis):
+    cshape = shape_of(ct)
+    nd = len(cshape)
+    axis = axis % nd
+    res = []
+    for i, nd_ in enumerate(need):
+        if not nd_:
+            res.append(None)
+            continue
+        starts = tuple(i if a == axis else 0 for a in range(nd))
+        limits = tuple(i + 1 if a == axis else cshape[a] for a in range(nd))
+        s = bind(slice_p, ct, starts=starts, limits=limits, strides=(1,) * nd)
+        res.append(reshape(s, shape_of(xs[i])))
+    return tuple(res)
+
+
+def _stack_jvp(ts, out, *xs, axis):
+    ts = [zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)]
+    return bind(stack_p, *ts, axis=axis)
+
+
+stack_p = _define("stack", _stack_rule, lambda *xs, axis: np.stack(xs, axis=axis), _stack_emit, _stack_vjp, _stack_jvp)
+
+
+# ============================================================================ gather / scatter / take / one_hot
+
+
+def _check_index(av: ShapedArray, what: str) -> None:
+    if av.dtype.kind not in "iu":
+        raise ShapeError(f"{what} indices must be integers, got {av.dtype}")
+
+
+def _gather_rule(avals, attrs, weak):
+    x, idx = avals
+    _check_index(idx, "gather")
+    (axis,) = _norm_axes((attrs["axis"],), x.ndim)
+    if idx.ndim != x.ndim or any(i != axis and idx.shape[i] != x.shape[i] for i in range(x.ndim)):
+        raise ShapeError(f"gather along axis {axis}: indices {idx.shape} must match {x.shape} except on that axis")
+    return ShapedArray(idx.shape, x.dtype)
+
+
+def _grid(idx_shape, axis):
+    """Open-grid index arrays for every axis but ``axis`` (``None`` at ``axis``)."""
+    nd = len(idx_shape)
+    g = []
+    for d in range(nd):
+        if d == axis:
+            g.append(None)
+        else:
+            sh = [1] * nd
+            sh[d] = idx_shape[d]
+            g.append(np.arange(idx_shape[d]).reshape(sh))
+    return g
+
+
+def _full_index(idx, axis):
+    g = _grid(idx.shape, axis % idx.ndim)
+    g[axis % idx.ndim] = idx
+    return tuple(g)
+
+
+def _gather_impl(x, idx, axis):
+    return np.take_along_axis(x, idx, axis=axis)
+
+
+def _gather_emit(ctx, ins, attrs, in_avals, out_aval):
+    axis = attrs["axis"] % in_avals[0].ndim
+    g = _grid(in_avals[1].shape, axis)
+    names = [ins[1] if a is None else ctx.const(a) for a in g]
+    return expr(f"{ins[0]}[{', '.join(names)},]")
+
+
+def _gather_vjp(need, ct, out, x, idx, axis):
+    return (bind(scatter_add_p, ct, idx, axis=axis, shape=shape_of(x)), None)
+
+
+def _gather_jvp(ts, out, x, idx, axis):
+    return bind(gather_p, ts[0], idx, axis=axis)
+
+
+gather_p = _define("gather", _gather_rule, _gather_impl, _gather_emit, _gather_vjp, _gather_jvp)
+
+
+def _scatter_rule(avals, attrs, weak):
+    upd, idx = avals
+    _check_index(idx, "scatter_add")
+    shape = attrs["shape"]
+    if upd.shape != idx.shape:
+        raise ShapeError(f"updates {upd.shape} and indices {idx.shape} must have the same shape")
+    (axis,) = _norm_axes((attrs["axis"],), len(shape))
+    if len(shape) != idx.ndim or any(i != axis and idx.shape[i] != shape[i] for i in range(len(shape))):
+        raise ShapeError(f"scatter_add along axis {axis}: indices {idx.shape} must match {shape} except on that axis")
+    return ShapedArray(shape, upd.dtype)
+
+
+def _scatter_impl(upd, idx, axis, shape):
+    out = np.zeros(shape, upd.dtype)
+    np.add.at(out, _full_index(idx, axis), upd)
+    return out
+
+
+def _scatter_emit(ctx, ins, attrs, in_avals, out_aval):
+    axis = attrs["axis"] % len(attrs["shape"])
+    g = _grid(in_avals[1].shape, axis)
+    names = ", ".join(ins[1] if a is None else ctx.const(a) for a in g)
+    if in_avals[1].shape[axis] == 1:  # one index per position: no duplicates, plain assignment
+        return stmt(f"{{o}}.fill(0); {{o}}[{names},] = {ins[0]}")
+    return stmt(f"{{o}}.fill(0); np.add.at({{o}}, ({names},), {ins[0]})")
+
+
+def _scatter_vjp(need, ct, out, upd, idx, axis, shape):
+    return (bind(gather_p, ct, idx, axis=axis), None)
+
+
+scatter_add_p = _define("scatter_add", _scatter_rule, _scatter_impl, _scatter_emit, _scatter_vjp)
+scatter_add_p.jvp = lambda ts, out, upd, idx, axis, shape: bind(scatter_add_p, ts[0], idx, axis=axis, shape=shape)
+
+
+def _take_rule(avals, attrs, weak):
+    x, idx = avals
+    _check_index(idx, "take")
+    (axis,) = _norm_axes((attrs["axis"],), x.ndim)
+    return ShapedArray(x.shape[:axis] + idx.shape + x.shape[axis + 1 :], x.dtype)
+
+
+def _take_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.take({ins[0]}, {ins[1]}, axis={attrs['axis']}, out={{o}})")
+
+
+def _take_vjp(need, ct, out, x, idx, axis):
+    return (bind(index_add_p, ct, idx, axis=axis % len(shape_of(x)), size=shape_of(x)[axis]), None)
+
+
+take_p = _define("take", _take_rule, lambda x, idx, axis: np.take(x, idx, axis=axis), _take_emit, _take_vjp)
+take_p.jvp = lambda ts, out, x, idx, axis: bind(take_p, ts[0], idx, axis=axis)
+
+
+def _index_add_rule(avals, attrs, weak):
+    upd, idx = avals
+    _check_index(idx, "index_add")
+    axis, size = attrs["axis"], attrs["size"]
+    if upd.shape[axis : axis + idx.ndim] != idx.shape:
+        raise ShapeError(f"index_add: updates {upd.shape} must contain the index shape {idx.shape} at axis {axis}")
+    return ShapedArray(upd.shape[:axis] + (size,) + upd.shape[axis + idx.ndim :], upd.dtype)
+
+
+def _index_add_impl(upd, idx, axis, size):
+    shape = upd.shape[:axis] + (size,) + upd.shape[axis + idx.ndim :]
+    out = np.zeros(shape, upd.dtype)
+    np.add.at(out, (slice(None),) * axis + (idx,), upd)
+    return out
+
+
+def _index_add_emit(ctx, ins, attrs, in_avals, out_aval):
+    pre = ctx.const((slice(None),) * attrs["axis"])
+    return stmt(f"{{o}}.fill(0); np.add.at({{o}}, {pre} + ({ins[1]},), {ins[0]})")
+
+
+index_add_p = _define(
+    "index_add",
+    _index_add_rule,
+    _index_add_impl,
+    _index_add_emit,
+    lambda need, ct, out, upd, idx, axis, size: (bind(take_p, ct, idx, axis=axis), None),
+)
+index_add_p.jvp = lambda ts, out, upd, idx, axis, size: bind(index_add_p, ts[0], idx, axis=axis, size=size)
+
+
+def _one_hot_rule(avals, attrs, weak):
+    _check_index(avals[0], "one_hot")
+    return ShapedArray(avals[0].shape + (attrs["num_classes"],), attrs["dtype"])
+
+
+def _one_hot_impl(x, num_classes, dtype):
+    return (np.asarray(x)[..., None] == np.arange(num_classes)).astype(dtype)
+
+
+def _one_hot_emit(ctx, ins, attrs, in_avals, out_aval):
+    ar = ctx.const(np.arange(attrs["num_classes"]))
+    return stmt(f"np.equal({ins[0]}[..., None], {ar}, out={{o}})")
+
+
+one_hot_p = _define("one_hot", _one_hot_rule, _one_hot_impl, _one_hot_emit, differentiable=False)
+
+
+# ============================================================================ convolution and pooling
+
+
+def conv_out_size(n: int, k: int, s: int, p: int, d: int) -> int:
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _pair(v) -> tuple:
+    return (int(v), int(v)) if np.isscalar(v) else tuple(int(a) for a in v)
+
+
+class Im2Col:
+    """im2col for fixed shapes: (N,C,H,W) -> (N, C*KH*KW, OH*OW), reusing a padded scratch buffer."""
+
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0):
+        n, c, h, w = x_shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+        self.oh, self.ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+        self.pad = ph > 0 or pw > 0
+        self.xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad_value, dtype)
+        self.inner = self.xp[:, :, ph : ph + h, pw : pw + w]
+        s = self.xp.strides
+        self.view = as_strided(
+            self.xp, (n, c, kh, kw, self.oh, self.ow), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False
+        )
+        self.cols_shape = (n, c * kh * kw, self.oh * self.ow)
+        self.geom = (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw)
+
+    def windows(self, x):
+        """Strided (N,C,KH,KW,OH,OW) view of the padded input (valid until the next call)."""
+        if self.pad:
+            self.inner[...] = x
+            return self.view
+        s = x.strides
+        n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw = self.geom
+        return as_strided(x, (n, c, kh, kw, self.oh, self.ow), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
+
+    def __call__(self, x, out):
+        np.copyto(out.reshape(self.view.shape), self.windows(x))
+        return out
+
+
+class Col2Im:
+    """The transpose of :class:`Im2Col`: scatter-add columns back into an (N,C,H,W) image."""
+
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation):
+        n, c, h, w = x_shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+        self.oh, self.ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+        self.acc = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype)
+        self.inner = self.acc[:, :, ph : ph + h, pw : pw + w]
+        self.targets = [
+            (i, j, self.acc[:, :, i * dh : i * dh + sh * (self.oh - 1) + 1 : sh, j * dw : j * dw + sw * (self.ow - 1) + 1 : sw])
+            for i in range(kh)
+            for j in range(kw)
+        ]
+        self.cols6 = (n, c, kh, kw, self.oh, self.ow)
+
+    def __call__(self, cols, out):
+        self.acc.fill(0)
+        c6 = cols.reshape(self.cols6)
+        for i, j, t in self.targets:
+            t += c6[:, :, i, j]
+        np.copyto(out, self.inner)
+        return out
+
+
+def _conv_geometry(x_shape, attrs, kernel):
+    if len(x_shape) != 4:
+        raise ShapeError(f"expected an NCHW input of rank 4, got shape {x_shape}")
+    n, c, h, w = x_shape
+    kh, kw = kernel
+    (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
+    oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+    if oh < 1 or ow < 1:
+        raise ShapeError(f"kernel {kernel} (dilation {(dh, dw)}) does not fit the padded input {(h + 2 * ph, w + 2 * pw)}")
+    return oh, ow
+
+
+def _im2col_rule(avals, attrs, weak):
+    av = avals[0]
+    oh, ow = _conv_geometry(av.shape, attrs, attrs["kernel"])
+    n, c = av.shape[:2]
+    kh, kw = attrs["kernel"]
+    return ShapedArray((n, c * kh * kw, oh * ow), av.dtype)
+
+
+def _im2col_kernel(av_shape, dtype, attrs):
+    return Im2Col(av_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs["pad_value"])
+
+
+def _im2col_impl(x, **attrs):
+    k = _im2col_kernel(x.shape, x.dtype, attrs)
+    return k(x, np.empty(k.cols_shape, x.dtype))
+
+
+def _im2col_emit(ctx, ins, attrs, in_avals, out_aval):
+    k = ctx.const(_im2col_kernel(in_avals[0].shape, in_avals[0].dtype, attrs))
+    return stmt(f"{k}({ins[0]}, {{o}})")
+
+
+def _im2col_vjp(need, ct, out, x, kernel, stride, padding, dilation, pad_value):
+    return (bind(col2im_p, ct, x_shape=shape_of(x), kernel=kernel, stride=stride, padding=padding, dilation=dilation),)
+
+
+im2col_p = _define("im2col", _im2col_rule, _im2col_impl, _im2col_emit, _im2col_vjp)
+
+
+def _col2im_rule(avals, attrs, weak):
+    x_shape = attrs["x_shape"]
+    exp_ = _im2col_rule([ShapedArray(x_shape, avals[0].dtype)], dict(attrs, pad_value=0.0), [False])
+    if avals[0].shape != exp_.shape:
+        raise ShapeError(f"col2im: columns {avals[0].shape} do not match image {x_shape} (expected {exp_.shape})")
+    return ShapedArray(x_shape, avals[0].dtype)
+
+
+def _col2im_kernel(x_shape, dtype, attrs):
+    return Col2Im(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
+
+
+def _col2im_impl(cols, **attrs):
+    k = _col2im_kernel(attrs["x_shape"], cols.dtype, attrs)
+    return k(cols, np.empty(attrs["x_shape"], cols.dtype))
+
+
+def _col2im_emit(ctx, ins, attrs, in_avals, out_aval):
+    k = ctx.const(_col2im_kernel(attrs["x_shape"], in_avals[0].dtype, attrs))
+    return stmt(f"{k}({ins[0]}, {{o}})")
+
+
+def _col2im_vjp(need, ct, out, cols, x_shape, kernel, stride, padding, dilation):
+    return (bind(im2col_p, ct, kernel=kernel, stride=stride, padding=padding, dilation=dilation, pad_value=0.0),)
+
+
+col2im_p = _define("col2im", _col2im_rule, _col2im_impl, _col2im_emit, _col2im_vjp)
+im2col_p.jvp = lambda ts, out, x, **a: bind(im2col_p, ts[0], **a)
+col2im_p.jvp = lambda ts, out, c, **a: bind(col2im_p, ts[0], **a)
+
+
+def _conv_rule(avals, attrs, weak):
+    x, w = avals
+    if w.ndim != 4:
+        raise ShapeError(f"expected OIHW weights of rank 4, got shape {w.shape}")
+    oh, ow = _conv_geometry(x.shape, attrs, w.shape[2:])
+    if x.shape[1] != w.shape[1]:
+        raise ShapeError(f"input has {x.shape[1]} channels but the weights expect {w.shape[1]}")
+    return ShapedArray((x.shape[0], w.shape[0], oh, ow), promote(avals, weak))
+
+
+class Conv2dKernel:
+    """conv2d = W(O, C*KH*KW) @ im2col(x)(N, C*KH*KW, OH*OW), reshaped to NCHW."""
+
+    def __init__(self, x_shape, w_shape, dtype, stride, padding, dilation):
+        self.im2col = Im2Col(x_shape, dtype, w_shape[2:], stride, padding, dilation)
+        self.cols = np.empty(self.im2col.cols_shape, dtype)
+        self.w2 = (w_shape[0], -1)
+        self.o3 = (x_shape[0], w_shape[0], self.im2col.oh * self.im2col.ow)
+
+    def __call__(self, x, w, out):
+        self.im2col(x, self.cols)
+        np.matmul(w.reshape(self.w2), self.cols, out=out.reshape(self.o3))
+        return out
+
+
+def _conv_kernel(x_shape, w_shape, dtype, attrs):
+    return Conv2dKernel(x_shape, w_shape, dtype, attrs["stride"], attrs["padding"], attrs["dilation"])
+
+
+def _conv_impl(x, w, **attrs):
+    dt = np.result_type(x.dtype, w.dtype)
+    k = _conv_kernel(x.shape, w.shape, dt, attrs)
+    out = np.empty((x.shape[0], w.shape[0], k.im2col.oh, k.im2col.ow), dt)
+    return k(x, w, out)
+
+
+def _conv_emit(ctx, ins, attrs, in_avals, out_aval):
+    k = ctx.const(_conv_kernel(in_avals[0].shape, in_avals[1].shape, out_aval.dtype, attrs))
+    return stmt(f"{k}({ins[0]}, {ins[1]}, {{o}})")
+
+
+def _conv_vjp(need, ct, out, x, w, stride, padding, dilation):
+    n = shape_of(x)[0]
+    o, c, kh, kw = shape_of(w)
+    cs = shape_of(ct)
+    geo = dict(kernel=(kh, kw), stride=stride, padding=padding, dilation=dilation)
+    ct2 = reshape(ct, (n, o, cs[2] * cs[3]))
+    gx = gw = None
+    if need[1]:
+        cols = bind(im2col_p, x, pad_value=0.0, **geo)
+        gw = reshape(reduce_sum(matmul(ct2, transpose(cols, (0, 2, 1))), (0,)), (o, c, kh, kw))
+    if need[0]:
+        w2t = transpose(reshape(w, (o, c * kh * kw)), (1, 0))
+        gx = bind(col2im_p, matmul(w2t, ct2), x_shape=shape_of(x), **geo)
+    return (gx, gw)
+
+
+def _conv_jvp(ts, out, x, w, stride, padding, dilation):
+    a = None if ts[0] is None else bind(conv2d_p, ts[0], w, stride=stride, padding=padding, dilation=dilation)
+    b = None if ts[1] is None else bind(conv2d_p, x, ts[1], stride=stride, padding=padding, dilation=dilation)
+    return _sum_tangents(out, a, b)
+
+
+conv2d_p = _define("conv2d", _conv_rule, _conv_impl, _conv_emit, _conv_vjp, _conv_jvp)
+
+
+def _pool_rule(avals, attrs, weak):
+    av = avals[0]
+    oh, ow = _conv_geometry(av.shape, dict(attrs, dilation=(1, 1)), attrs["kernel"])
+    return ShapedArray(av.shape[:2] + (oh, ow), av.dtype)
+
+
+class PoolKernel:
+    def __init__(self, x_shape, dtype, kernel, stride, padding, mode):
+        pad_value = -np.inf if mode == "max" else 0.0
+        if mode == "max" and np.dtype(dtype).kind != "f":
+            pad_value = np.iinfo(dtype).min
+        self.im2col = Im2Col(x_shape, dtype, kernel, stride, padding, (1, 1), pad_value)
+        self.mode = mode
+        self.scale = 1.0 / (kernel[0] * kernel[1])
+
+    def __call__(self, x, out):
+        win = self.im2col.windows(x)
+        if self.mode == "max":
+            np.maximum.reduce(win, axis=(2, 3), out=out)
+        else:
+            np.add.reduce(win, axis=(2, 3), out=out)
+            np.multiply(out, self.scale, out=out)
+        return out
+
+
+def _pool_def(mode):
+    def kernel(shape, dtype, attrs):
+        return PoolKernel(shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], mode)
+
+    def impl(x, **attrs):
+        k = kernel(x.shape, x.dtype, attrs)
+        return k(x, np.empty(x.shape[:2] + (k.im2col.oh, k.im2col.ow), x.dtype))
+
+    def emit(ctx, ins, attrs, in_avals, out_aval):
+        k = ctx.const(kernel(in_avals[0].shape, in_avals[0].dtype, attrs))
+        return stmt(f"{k}({ins[0]}, {{o}})")
+
+    def vjp(need, ct, out, x, kernel, stride, padding):
+        n, c, h, w = shape_of(x)
+        kh, kw = kernel
+        oh, ow = shape_of(out)[2:]
+        geo = dict(kernel=kernel, stride=stride, padding=padding, dilation=(1, 1))
+        ct5 = reshape(ct, (n, c, 1, oh, ow))
+        if mode == "max":
+            patches = reshape(bind(im2col_p, x, pad_value=-np.inf, **geo), (n, c, kh * kw, oh, ow))
+            loc = cast(eq(patches, reshape(out, (n, c, 1, oh, ow))), dtype_of(x))
+            cnt = reduce_sum(loc, (2,), keepdims=True)
+            g = mul(loc, div(ct5, cnt))
+        else:
+            g = broadcast_to(mul(ct5, 1.0 / (kh * kw)), (n, c, kh * kw, oh, ow))
+        return (bind(col2im_p, reshape(g, (n, c * kh * kw, oh * ow)), x_shape=(n, c, h, w), **geo),)
+
+    return impl, emit, vjp
+
+
+max_pool2d_p = _define("max_pool2d", _pool_rule, *_pool_def("max"))
+avg_pool2d_p = _define("avg_pool2d", _pool_rule, *_pool_def("avg"))
+avg_pool2d_p.jvp = lambda ts, out, x, **a: bind(avg_pool2d_p, ts[0], **a)
