@@ -166,7 +166,8 @@ def decode_update(encoding: Any, payload: Any, shapes: Mapping[str, tuple[int, .
             lo, scale = _number(entry, "lo", path), _number(entry, "scale", path)
             if scale < 0:
                 raise WireError(f"{path}.scale", f"must be >= 0, got {scale}")
-            out[name] = lo + scale * q.astype(np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                out[name] = lo + scale * q.astype(np.float64)
             if not np.isfinite(out[name]).all():
                 raise WireError(path, "dequantized values are not finite")
     return out
