@@ -172,3 +172,29 @@ def test_default_key_is_2048_bits_and_packs():
     assert packer.decrypt(fs, enc) == pytest.approx(np.rint(x * 2**24) / 2**24, abs=0)
     c = fk.encrypt_ints([42])[0]
     assert fs.decrypt_int(c) == sk.raw_decrypt(int(c)) == 42
+
+
+def test_key_holder_crt_encryption_is_valid_paillier(keys):
+    pk, sk, fk, fs = keys
+    obf = fs.obfuscators(20)
+    assert len(set(obf)) == 20
+    assert all(sk.raw_decrypt(int(r)) == 0 for r in obf)  # n-th residues: encryptions of 0
+    ms = [0, 1, pk.n - 1, 987654321]
+    assert [sk.raw_decrypt(int(c)) for c in fs.encrypt_ints(ms)] == ms
+
+
+def test_multi_exp_matches_separate_exponentiations(keys):
+    import gmpy2
+    import random
+
+    pk, sk, fk, fs = keys
+    rnd = random.Random(5)
+    cs = fk.encrypt_ints([rnd.randrange(1000) for _ in range(60)])
+    inv = [gmpy2.invert(c, fk.nsquare) for c in cs]
+    for bits in (3, 20, 45):
+        es = [rnd.randint(-(2**bits), 2**bits) for _ in cs]
+        es[3] = 0
+        ref = gmpy2.mpz(1)
+        for c, e in zip(cs, es):
+            ref = ref * gmpy2.powmod(c, e, fk.nsquare) % fk.nsquare
+        assert P.multi_exp(cs, inv, es, fk.nsquare) == ref
