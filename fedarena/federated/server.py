@@ -211,6 +211,17 @@ class FLServer:
         return cid  # type: ignore[return-value]
 
     def handle(self, msg: wire.Message, nbytes: int = 0) -> tuple[str, dict[str, Any]]:
+        try:
+            return self._dispatch(msg, nbytes)
+        except wire.WireError as e:  # a missing or mistyped field
+            self.rejections["malformed"] = self.rejections.get("malformed", 0) + 1
+            log.info("%s: refused %s: %s", self.server_id, msg.kind, e)
+            raise ProtocolError(e.field, e.reason, "malformed") from None
+        except ProtocolError as e:
+            log.info("%s: refused %s from %r: %s", self.server_id, msg.kind, msg.body.get("client_id"), e)
+            raise
+
+    def _dispatch(self, msg: wire.Message, nbytes: int) -> tuple[str, dict[str, Any]]:
         if msg.kind == "ping":
             return "pong", {"node": self.server_id}
         b = msg.body
@@ -288,11 +299,7 @@ class FLServer:
                                    "too_many_examples")
             if not math.isfinite(loss):
                 raise self._refuse("body.train_loss", "must be finite", "malformed")
-            try:
-                delta = decode_update(encoding, payload, self.shapes)
-            except wire.WireError as e:
-                self.rejections["malformed"] = self.rejections.get("malformed", 0) + 1
-                raise ProtocolError(e.field, e.reason, "malformed") from None
+            delta = decode_update(encoding, payload, self.shapes)
             norm = global_norm(delta)
             if not norm <= self.options.max_update_norm:
                 raise self._refuse("body.update", f"update norm {norm:.4g} exceeds the bound "

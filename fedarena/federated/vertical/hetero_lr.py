@@ -28,16 +28,21 @@ bound of the masked value.
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-import phe
 
-from fedarena.federated.vertical import messages as wmsg
-from fedarena.federated.vertical import packing
 from fedarena.federated.vertical import paillier as pl
+from fedarena.federated.vertical.masking import (
+    Decryptor,
+    DecryptedMsg,
+    Masker,
+    MaskedMsg,
+    PublicKeyMsg,
+    public_key_message,
+    read_public_key,
+)
 from fedarena.federated.vertical.messages import ProtocolError, message
 from fedarena.federated.vertical.timing import PhaseTimer
 
@@ -72,13 +77,6 @@ class HeteroLRConfig:
 # ----------------------------------------------------------------------------- messages
 
 
-@message("vlr.public_key")
-@dataclass(frozen=True)
-class PublicKeyMsg:
-    bits: int
-    n: bytes
-
-
 @message("vlr.batch")
 @dataclass(frozen=True)
 class BatchMsg:
@@ -108,110 +106,12 @@ class ResidualMsg:
     values: bytes
 
 
-@message("vlr.masked")
-@dataclass(frozen=True)
-class MaskedMsg:
-    """Masked encrypted values for the key holder; ``ciphertexts`` packs of ``slot_bits``-bit slots."""
-
-    count: int
-    slot_bits: int
-    ciphertexts: int
-    values: bytes
-
-
-@message("vlr.unmasked")
-@dataclass(frozen=True)
-class DecryptedMsg:
-    """The key holder's reply: the masked plaintexts (still masked), ``width`` bytes each."""
-
-    count: int
-    width: int
-    values: bytes
-
-
 @message("vlr.scores")
 @dataclass(frozen=True)
 class ScoresMsg:
     """B -> A at inference: B's partial linear scores x_B theta_B for the requested rows."""
 
     scores: np.ndarray
-
-
-def public_key_message(pk: phe.PaillierPublicKey) -> PublicKeyMsg:
-    bits = pk.n.bit_length()
-    return PublicKeyMsg(bits, pk.n.to_bytes((bits + 7) // 8, "big"))
-
-
-def read_public_key(m: PublicKeyMsg, min_bits: int) -> pl.FastPublicKey:
-    if m.bits < min_bits or m.bits % 8:
-        raise ProtocolError("vlr.public_key.bits", f"{m.bits}-bit key refused (need >= {min_bits}, multiple of 8)")
-    n = int.from_bytes(m.n, "big")
-    if n.bit_length() != m.bits or n % 2 == 0:
-        raise ProtocolError("vlr.public_key.n", f"modulus of {n.bit_length()} bits, declared {m.bits}, must be odd")
-    return pl.FastPublicKey(phe.PaillierPublicKey(n))
-
-
-# ----------------------------------------------------------------------------- masking and decryption
-
-
-class Decryptor:
-    """The key holder's side: decrypts masked values (coordinator C, or each party in the 2-party run)."""
-
-    def __init__(self, private_key: phe.PaillierPrivateKey, timer: PhaseTimer, max_values: int = 1 << 20) -> None:
-        self.sk = pl.FastPrivateKey(private_key)
-        self.timer = timer
-        self.max_values = max_values
-
-    def decrypt(self, m: MaskedMsg) -> DecryptedMsg:
-        wmsg.check_count(m.count, "vlr.masked.count", 0, self.max_values)
-        wmsg.check_count(m.ciphertexts, "vlr.masked.ciphertexts", 0, m.count)
-        wmsg.check_count(m.slot_bits, "vlr.masked.slot_bits", 0, self.sk.public.bits - 2)
-        if m.slot_bits:
-            per = (self.sk.public.bits - 2) // m.slot_bits
-            if m.ciphertexts != -(-m.count // per):
-                raise ProtocolError("vlr.masked.ciphertexts", f"{m.ciphertexts} packs cannot hold {m.count} values of {m.slot_bits} bits")
-        elif m.ciphertexts != m.count:
-            raise ProtocolError("vlr.masked.ciphertexts", "unpacked messages carry one ciphertext per value")
-        cv = pl.from_bytes(self.sk.public, m.values, m.ciphertexts, 0, "vlr.masked.values")
-        with self.timer("crypto"):
-            plains = self.sk.decrypt_ints(cv.cs)
-            if m.slot_bits:
-                plains = packing.unpack_ints(plains, m.slot_bits, m.count, self.sk.public.bits)
-        width = (self.sk.public.bits + 7) // 8
-        return DecryptedMsg(len(plains), width, wmsg.ints_to_blob(plains, width))
-
-
-class Masker:
-    """The owner's side: adds a uniform mask to encrypted values and removes it from the reply."""
-
-    def __init__(self, key: pl.FastPublicKey, cfg: HeteroLRConfig, timer: PhaseTimer) -> None:
-        self.key, self.cfg, self.timer = key, cfg, timer
-        self.slot_bits = cfg.value_bits + cfg.mask_bits + 2
-
-    def mask(self, v: pl.CipherVector) -> tuple[MaskedMsg, list[int]]:
-        cfg, n = self.cfg, int(self.key.n)
-        offset = 1 << cfg.value_bits  # makes every masked value positive when |value| < 2^value_bits
-        masks = [secrets.randbits(cfg.value_bits + cfg.mask_bits) for _ in v.cs]
-        with self.timer("crypto"):
-            cs = [self.key.add_int(c, r + offset) for c, r in zip(v.cs, masks)]
-            if cfg.pack_decryption:
-                cs = packing.pack_ciphertexts(self.key, cs, self.slot_bits)
-        blob = b"".join(int(c).to_bytes(self.key.width, "big") for c in cs)
-        return MaskedMsg(len(v.cs), self.slot_bits if cfg.pack_decryption else 0, len(cs), blob), [r + offset for r in masks]
-
-    def unmask(self, m: DecryptedMsg, masks: list[int], frac_bits: int) -> np.ndarray:
-        n = int(self.key.n)
-        width = (n.bit_length() + 7) // 8
-        if m.count != len(masks) or m.width != width:
-            raise ProtocolError("vlr.unmasked.count", f"{m.count} values of {m.width} bytes, expected {len(masks)} of {width}")
-        plains = wmsg.blob_to_ints(m.values, width, m.count, "vlr.unmasked.values")
-        out = []
-        for i, (p, r) in enumerate(zip(plains, masks)):
-            v = pl.to_signed((p - r) % n, n)
-            if abs(v) >= 1 << self.cfg.value_bits:
-                raise ProtocolError(f"vlr.unmasked.values[{i}]", "value outside the masked range (wrong reply or overflow)")
-            out.append(v)
-        return np.array([math.ldexp(float(v), -frac_bits) if abs(v) < 1 << 1000 else float("nan") for v in out])
 
 
 # ----------------------------------------------------------------------------- parties
@@ -251,7 +151,7 @@ class GuestA:
 
     def set_peer_key(self, m: PublicKeyMsg) -> None:
         self.peer_key = read_public_key(m, min_bits=min(self.cfg.key_bits, 2048))
-        self.masker = Masker(self.peer_key, self.cfg, self.timer)
+        self.masker = Masker(self.peer_key, self.cfg.value_bits, self.cfg.mask_bits, self.cfg.pack_decryption, self.timer)
 
     def make_own_key(self, key_bits: int) -> PublicKeyMsg:
         pk, sk = pl.generate_keypair(key_bits)
@@ -339,7 +239,7 @@ class HostB:
 
     def set_coordinator_key(self, m: PublicKeyMsg) -> None:
         self.enc_key = read_public_key(m, min_bits=min(self.cfg.key_bits, 2048))
-        self.masker = Masker(self.enc_key, self.cfg, self.timer)
+        self.masker = Masker(self.enc_key, self.cfg.value_bits, self.cfg.mask_bits, self.cfg.pack_decryption, self.timer)
 
     def make_own_key(self, key_bits: int) -> PublicKeyMsg:
         pk, sk = pl.generate_keypair(key_bits)
@@ -349,7 +249,7 @@ class HostB:
 
     def set_peer_key(self, m: PublicKeyMsg) -> None:
         self.peer_key = read_public_key(m, min_bits=min(self.cfg.key_bits, 2048))
-        self.masker = Masker(self.peer_key, self.cfg, self.timer)
+        self.masker = Masker(self.peer_key, self.cfg.value_bits, self.cfg.mask_bits, self.cfg.pack_decryption, self.timer)
 
     def receive_batch(self, m: BatchMsg) -> None:
         idx = np.asarray(m.indices)
@@ -481,7 +381,8 @@ class HeteroLR:
         self.epoch += 1
         for p in self.parties:
             p.timer.take()
-        stats = self.link.reset_stats() if self.link else None
+        if self.link:
+            self.link.reset_stats()
         losses, sizes = [], []
         for b, idx in enumerate(_batches(len(self.a.x), self.cfg, self.epoch)):
             losses.append(self.step(self.epoch, b, idx))

@@ -1,0 +1,71 @@
+"""In-process FL clusters for the federated tests: a real scheduler and FL-Servers on loopback gRPC."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedarena.federated import auth
+from fedarena.federated.protocol import RoundConfig
+from fedarena.federated.scheduler import RoundPolicy, Scheduler
+from fedarena.federated.server import FLServer, ServerOptions
+from fedarena.federated.task import TaskSpec, build_task
+from fedarena.federated.transport import Peer
+
+SMALL_TASK = TaskSpec(dataset="synthetic", num_clients=4, hidden=(8,), trainer="numpy", synthetic_features=10,
+                      synthetic_classes=3, synthetic_examples=400)
+
+
+class Cluster:
+    def __init__(self, tmp_path, policy, n_servers=2, tls=None, task=SMALL_TASK, server_options=None, limits=None):
+        import fedarena.federated.wire as wire
+
+        self.task = build_task(task)
+        self.secret = auth.new_secret()
+        self.limits = limits or wire.DEFAULT_LIMITS
+        self.tls = tls
+        self.scheduler = Scheduler(policy, self.task.trainer.init_params(0), self.secret, tmp_path / "state.fl",
+                                   evaluate=self.evaluate, tls=tls, client_tls=tls, limits=self.limits)
+        port = self.scheduler.start("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        opts = server_options or ServerOptions(sync_wait_s=0.2, max_update_norm=50.0)
+        self.servers = [FLServer(f"s{i}", self.address, self.secret, opts, tls=tls, scheduler_tls=tls,
+                                 limits=self.limits) for i in range(n_servers)]
+        for s in self.servers:
+            s.start("127.0.0.1:0")
+        self.peers = []
+
+    def evaluate(self, params):
+        loss, acc = self.task.trainer.evaluate(params, *self.task.test)
+        return {"test_loss": loss, "test_acc": acc}
+
+    def token(self, cid):
+        return auth.client_token(self.secret, cid)
+
+    def peer(self, server_index):
+        p = Peer(self.servers[server_index].address, tls=self.tls, limits=self.limits)
+        self.peers.append(p)
+        return p
+
+    def close(self):
+        for p in self.peers:
+            p.close()
+        for s in self.servers:
+            s.stop()
+        self.scheduler.stop()
+
+
+@pytest.fixture
+def make_cluster(tmp_path):
+    made = []
+
+    def make(policy=None, **kw):
+        policy = policy or RoundPolicy(rounds=3, window_seconds=60, start_clients=2, min_fraction=0.5,
+                                       round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+        c = Cluster(tmp_path, policy, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()

@@ -1,0 +1,263 @@
+"""Scheduler + two FL-Servers on real loopback gRPC (in-process): FedAvg, validation, server switching, TLS, resume."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from fedarena.federated import wire
+from fedarena.federated.client import FLClient
+from fedarena.federated.protocol import RoundConfig, model_bytes
+from fedarena.federated.scheduler import RoundPolicy, Scheduler, load_state
+from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
+
+
+
+def wait_until(pred, timeout=30.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise TimeoutError("condition not reached")
+
+
+def _register(peer, c, cid, n=10):
+    return peer.call("register", {"client_id": cid, "token": c.token(cid), "num_examples": n})
+
+
+def _task(peer, c, cid, have=-1):
+    return peer.call("get_task", {"client_id": cid, "token": c.token(cid), "have_version": have, "wait_s": 5.0})
+
+
+def _upload(c, cid, task, delta, **over):
+    body = {"client_id": cid, "token": c.token(cid), "round": task["round"], "model_version": task["model_version"],
+            "num_examples": 10, "nonce": os.urandom(16), "encoding": "dense",
+            "update": {k: np.asarray(v, np.float32) for k, v in delta.items()}, "train_loss": 0.5}
+    body.update(over)
+    return body
+
+
+def _client_rng(seed, rnd, cid):
+    return np.random.default_rng([seed, rnd, int.from_bytes(cid.encode()[:8], "little")])
+
+
+def test_fedavg_over_grpc_equals_local_weighted_average(make_cluster):
+    policy = RoundPolicy(rounds=1, window_seconds=60, start_clients=4, min_fraction=1.0,
+                         round_config=RoundConfig(epochs=2, batch_size=8, lr=0.1))
+    c = make_cluster(policy)
+    init = c.task.trainer.init_params(0)
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(4)]
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["reporting"] == 4 and row["close_reason"] == "all_reported"
+    assert sorted(row["servers"]) == ["s0", "s1"]  # both servers aggregated part of the clients
+    # oracle: every client's local training replayed here, then the example-weighted mean
+    num = {k: np.zeros(v.shape) for k, v in init.items()}
+    total = 0
+    for i in range(4):
+        x, y = c.task.clients[i]
+        local, _ = c.task.trainer.train(init, x, y, epochs=2, batch_size=8, lr=0.1, prox_mu=0.0,
+                                        rng=_client_rng(0, 1, f"c{i}"))
+        for k in init:
+            d = (local[k].astype(np.float64) - init[k].astype(np.float64)).astype(np.float32)
+            num[k] += len(x) * d.astype(np.float64)
+        total += len(x)
+    for k in init:
+        expect = (init[k].astype(np.float64) + num[k] / total).astype(np.float32)
+        np.testing.assert_allclose(c.scheduler.params[k], expect, rtol=1e-6, atol=1e-7)
+    assert all(cl.stats.uploads_accepted == 1 for cl in clients)
+    assert row["test_acc"] == pytest.approx(c.task.trainer.evaluate(c.scheduler.params, *c.task.test)[1])
+
+
+def test_every_bad_upload_gets_a_clear_error_and_changes_nothing(make_cluster):
+    c = make_cluster(limits=wire.Limits(max_message_bytes=200_000))
+    pa, pb = c.peer(0), c.peer(1)
+    _register(pa, c, "a")
+    _register(pb, c, "b")
+    wait_until(lambda: c.scheduler.phase == "open")
+    task = _task(pa, c, "a").body
+    assert task["round"] == 1 and task["model_version"] == 0
+    init = {k: v.copy() for k, v in task["params"].items()}
+    good = {k: np.full(v.shape, 0.01, np.float32) for k, v in init.items()}
+    name = sorted(init)[0]
+    bad_shape = dict(good, **{name: np.zeros((1, 1), np.float32)})
+    nan = dict(good, **{name: np.full(init[name].shape, np.nan, np.float32)})
+    f64 = dict(good, **{name: good[name].astype(np.float64)})
+    huge = {k: np.full(v.shape, 10.0, np.float32) for k, v in init.items()}
+    cases = [
+        (dict(token="0" * 64), "unauthenticated", "body.token"),
+        (dict(client_id="bad id!"), "unauthenticated", "body.client_id"),
+        (dict(round=2), "stale_round", "body.round"),
+        (dict(model_version=1), "stale_version", "body.model_version"),
+        (dict(nonce=b"short"), "malformed", "body.nonce"),
+        (dict(num_examples=0), "too_many_examples", "body.num_examples"),
+        (dict(num_examples=10**9), "too_many_examples", "body.num_examples"),
+        (dict(train_loss=float("inf")), "malformed", "body.train_loss"),
+        (dict(round="1"), "malformed", "body.round"),
+        (dict(encoding="zip"), "malformed", "body.encoding"),
+        (dict(update=bad_shape), "malformed", f"body.update.{name}"),
+        (dict(update=nan), "malformed", f"body.update.{name}"),
+        (dict(update=f64), "malformed", f"body.update.{name}"),
+        (dict(update=huge), "norm_bound", "body.update"),
+    ]
+    for over, code, field in cases:
+        with pytest.raises(RemoteError) as info:
+            pa.call("upload", _upload(c, "a", task, good, **over))
+        assert (info.value.code, info.value.field) == (code, field), over
+        assert info.value.reason  # a human-readable reason comes back
+    body = _upload(c, "a", task, good)
+    del body["round"]
+    with pytest.raises(RemoteError, match="body.round: missing required field"):
+        pa.call("upload", body)
+    # oversize: refused by the frame limit before anything is buffered
+    big = Peer(c.servers[0].address, limits=wire.Limits(max_message_bytes=10**7))
+    with pytest.raises(RemoteError) as info:
+        big.call("upload", _upload(c, "a", task, good, pad=b"x" * 300_000))
+    assert info.value.field.startswith("frame") and "exceed" in info.value.reason
+    big.close()
+    # a client that registered after the plan was made is not selected
+    _register(pa, c, "late")
+    with pytest.raises(RemoteError) as info:
+        pa.call("upload", _upload(c, "late", task, good))
+    assert info.value.code == "not_selected"
+    # nothing was counted, nothing aggregated, the model is unchanged
+    assert c.scheduler.admitted == {} and all(s.partial.weight == 0 for s in c.servers)
+    assert model_bytes(c.scheduler.params) == model_bytes(init)
+    # the server still serves: a good upload is accepted, its replay and a second upload are refused
+    body = _upload(c, "a", task, good)
+    assert pa.call("upload", body).kind == "ack"
+    with pytest.raises(RemoteError) as info:
+        pa.call("upload", body)
+    assert info.value.code == "replay"
+    with pytest.raises(RemoteError) as info:
+        pa.call("upload", _upload(c, "a", task, good))
+    assert info.value.code == "duplicate"
+    assert c.servers[0].rejections["malformed"] == 8  # nonce, loss, round type, encoding, shape, NaN, dtype, missing
+    # b uploads through the *other* server's peer; the round closes with exactly a's and b's updates
+    other = {k: np.full(v.shape, -0.03, np.float32) for k, v in init.items()}
+    assert pa.call("upload", _upload(c, "b", task, other, num_examples=30)).kind == "ack"
+    wait_until(lambda: c.scheduler.version == 1)
+    for k in init:
+        expect = (init[k].astype(np.float64) + (10 * 0.01 + 30 * np.float64(np.float32(-0.03))) / 40).astype(np.float32)
+        np.testing.assert_allclose(c.scheduler.params[k], expect, rtol=1e-6)
+
+
+def test_client_switching_server_gets_same_round_and_is_counted_once(make_cluster):
+    c = make_cluster()
+    p0, p1 = c.peer(0), c.peer(1)
+    _register(p0, c, "a")
+    _register(p1, c, "b")
+    wait_until(lambda: c.scheduler.phase == "open")
+    t0 = _task(p0, c, "a").body
+    _register(p1, c, "a")
+    t1 = _task(p1, c, "a").body
+    assert (t0["round"], t0["model_version"]) == (t1["round"], t1["model_version"])
+    assert model_bytes(t0["params"]) == model_bytes(t1["params"])
+    delta = {k: np.full(v.shape, 0.02, np.float32) for k, v in t0["params"].items()}
+    assert p1.call("upload", _upload(c, "a", t0, delta)).kind == "ack"
+    with pytest.raises(RemoteError) as info:  # same client, other server, fresh nonce: the global counter refuses
+        p0.call("upload", _upload(c, "a", t0, delta))
+    assert info.value.code == "duplicate"
+    assert c.scheduler.admitted == {"a": "s1"}
+
+
+def test_bad_token_is_refused_everywhere(make_cluster):
+    c = make_cluster()
+    p = c.peer(0)
+    for kind, extra in (("register", {"num_examples": 3}), ("get_task", {"have_version": -1})):
+        with pytest.raises(RemoteError) as info:
+            p.call(kind, {"client_id": "mallory", "token": c.token("alice"), **extra})
+        assert info.value.code == "unauthenticated" and "invalid authentication token" in info.value.reason
+    sched = Peer(c.address)
+    with pytest.raises(RemoteError) as info:
+        sched.call("assign", {"client_id": "mallory", "token": "x", "failed_server": ""})
+    assert info.value.code == "unauthenticated"
+    with pytest.raises(RemoteError) as info:
+        sched.call("status", {"cluster_token": c.token("alice")})
+    assert info.value.code == "unauthenticated"
+    with pytest.raises(RemoteError) as info:
+        sched.call("partial", {"cluster_token": "nope", "server_id": "s0"})
+    assert info.value.code == "unauthenticated"
+    sched.close()
+    assert "mallory" not in c.servers[0].clients
+
+
+def _self_signed(tmp_path):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return TLSFiles(cert_chain=str(tmp_path / "cert.pem"), private_key=str(tmp_path / "key.pem"),
+                    root_cert=str(tmp_path / "cert.pem"), server_name="localhost")
+
+
+def test_tls_deployment_trains_and_refuses_plaintext(make_cluster, tmp_path):
+    tls = _self_signed(tmp_path)
+    policy = RoundPolicy(rounds=1, window_seconds=60, start_clients=2, min_fraction=1.0,
+                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+    c = make_cluster(policy, tls=tls)
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer, tls=tls)
+               for i in range(2)]
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert c.scheduler.history[0]["outcome"] == "aggregated" and c.scheduler.version == 1
+    plain = Peer(c.servers[0].address)
+    with pytest.raises(TransportError):
+        plain.call("ping", {}, timeout=3)
+    plain.close()
+
+
+def test_scheduler_state_resumes_with_identical_model_bytes(make_cluster, tmp_path):
+    policy = RoundPolicy(rounds=2, window_seconds=60, start_clients=2, min_fraction=1.0,
+                         server_optimizer=__import__("fedarena.federated.strategy", fromlist=["x"]).ServerOptimizer(
+                             "fedadam", lr=0.05),
+                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+    c = make_cluster(policy)
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(2)]
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    saved_bytes = model_bytes(c.scheduler.params)
+    c.close()
+    state = load_state(tmp_path / "state.fl")
+    assert state["round"] == 3 and state["version"] == 2 and len(state["history"]) == 2
+    again = Scheduler(policy, c.task.trainer.init_params(99), c.secret, tmp_path / "state.fl")
+    assert model_bytes(again.params) == saved_bytes
+    assert (again.round, again.version, again.phase) == (3, 2, "done")
+    for k in again.opt_state["m"]:
+        np.testing.assert_array_equal(again.opt_state["m"][k], c.scheduler.opt_state["m"][k])
+    (tmp_path / "state.fl").write_bytes(b"\x93garbage")
+    with pytest.raises(wire.WireError):
+        Scheduler(policy, c.task.trainer.init_params(0), c.secret, tmp_path / "state.fl")
