@@ -101,9 +101,9 @@ def test_malformed_messages_are_rejected(small):
         m.a.receive_forward(H.ForwardMsg(3, fwd.frac_bits, fwd.u, fwd.u2))
     with pytest.raises(ProtocolError, match=r"vlr.forward.u\b|vlr.forward.u:"):
         m.a.receive_forward(H.ForwardMsg(4, fwd.frac_bits, fwd.u[:-1], fwd.u2))
-    with pytest.raises(ProtocolError, match="vlr.masked.ciphertexts"):
+    with pytest.raises(ProtocolError, match="vfl.masked.ciphertexts"):
         m.c.decryptor.decrypt(H.MaskedMsg(40, 120, 1, b""))
-    with pytest.raises(ProtocolError, match="vlr.public_key.bits"):
+    with pytest.raises(ProtocolError, match="vfl.public_key.bits"):
         H.read_public_key(H.PublicKeyMsg(512, bytes(64)), min_bits=1024)
     with pytest.raises(ProtocolError, match="vlr.scores.scores"):
         m.a.scores(np.arange(3), H.ScoresMsg(np.array([1.0, np.nan, 0.0])))
