@@ -9,10 +9,10 @@ clear ``error`` reply that is also logged, while the server keeps serving:
 1. token (HMAC, :mod:`fedarena.federated.auth`) -> ``unauthenticated``
 2. the round is open and ``round`` / ``model_version`` match -> ``stale_round`` / ``stale_version``
 3. the client is selected in this round -> ``not_selected``
-4. fresh 16-byte nonce (replays of an earlier message) -> ``replay``; one upload per round -> ``duplicate``
-5. ``num_examples`` in 1..``max_examples`` -> ``too_many_examples``; finite ``train_loss``
-6. payload names, dtypes, shapes, indices, finiteness (:func:`~fedarena.federated.stages.decode_update`)
-7. global L2 norm of the delta <= ``max_update_norm`` -> ``norm_bound``
+4. ``num_examples`` in 1..``max_examples`` -> ``too_many_examples``; finite ``train_loss``
+5. payload names, dtypes, shapes, indices, finiteness (:func:`~fedarena.federated.stages.decode_update`)
+6. global L2 norm of the delta <= ``max_update_norm`` -> ``norm_bound``
+7. fresh 16-byte nonce (replays of an earlier message) -> ``replay``; one upload per round -> ``duplicate``
 8. the scheduler's global counter admits it (one count per client per round over all servers)
 
 Accepted deltas enter this server's :class:`~fedarena.federated.strategy.PartialAggregate`
@@ -290,10 +290,6 @@ class FLServer:
                 raise self._refuse("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
             if len(nonce) != 16:
                 raise self._refuse("body.nonce", f"must be 16 bytes, got {len(nonce)}", "malformed")
-            if nonce in self.nonces:
-                raise self._refuse("body.nonce", "this message was already received (replay)", "replay")
-            if cid in self.uploaded:
-                raise self._refuse("body.client_id", f"client {cid} already uploaded in round {rnd}", "duplicate")
             if not 1 <= n <= self.options.max_examples:
                 raise self._refuse("body.num_examples", f"must lie in 1..{self.options.max_examples}, got {n}",
                                    "too_many_examples")
@@ -304,6 +300,10 @@ class FLServer:
             if not norm <= self.options.max_update_norm:
                 raise self._refuse("body.update", f"update norm {norm:.4g} exceeds the bound "
                                    f"{self.options.max_update_norm}", "norm_bound")
+            if nonce in self.nonces:
+                raise self._refuse("body.nonce", "this message was already received (replay)", "replay")
+            if cid in self.uploaded:
+                raise self._refuse("body.client_id", f"client {cid} already uploaded in round {rnd}", "duplicate")
             self.nonces[nonce] = None
             while len(self.nonces) > self.options.nonce_memory:
                 self.nonces.popitem(last=False)
@@ -313,6 +313,7 @@ class FLServer:
             except RemoteError as e:
                 raise self._refuse(e.field, e.reason, e.code) from None
             except TransportError as e:
+                self.nonces.pop(nonce, None)  # not counted anywhere: the client may retry this very message
                 raise self._refuse("server", f"scheduler unreachable ({e.code}); retry later", "unavailable") from None
             self.partial.add(cid, delta, n, loss)
             self.uploaded.add(cid)
