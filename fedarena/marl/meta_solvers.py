@@ -78,8 +78,9 @@ def _project_simplex(y: np.ndarray, floor: float) -> np.ndarray:
 
 
 def projected_replicator_dynamics(payoffs: np.ndarray, iterations: int = 5000, step: float = 1e-2,
-                                  gamma: float = 1e-6, average_last: float = 0.5) -> list[np.ndarray]:
-    """PRD from uniform strategies; returns the average of the last ``average_last`` fraction of steps."""
+                                  gamma: float = 1e-6, average_last: float = 1.0) -> list[np.ndarray]:
+    """PRD from uniform strategies; returns the average of the last ``average_last`` fraction of steps
+    (by default all of them: the time average converges in zero-sum tables where the iterates cycle)."""
     p = _check(payoffs)
     A, B = p[0], p[1]
     x = np.full(A.shape[0], 1.0 / A.shape[0])
