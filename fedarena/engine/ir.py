@@ -233,8 +233,9 @@ class Graph:
         def decl(v: Var) -> str:
             return f"{nm(v)}:{v.aval.str_short()}"
 
+        consts = ", ".join(decl(v) for v in self.constvars)
         ins = ", ".join(decl(v) for v in self.invars)
-        head = "{ lambda " + ", ".join(decl(v) for v in self.constvars) + "; " + ins + ". let" if self.constvars else "{ lambda " + ins + ". let"
+        head = "{ lambda " + consts + "; " + ins + ". let" if self.constvars else "{ lambda " + ins + ". let"
         lines = [head]
         for e in self.eqns:
             outs = " ".join(decl(v) for v in e.outputs)

@@ -29,7 +29,7 @@ def _is_weak(x: Any) -> bool:
 
 def _arr(x: Any) -> Any:
     """Leave tracers, arrays and Python scalars alone; turn lists and numpy scalars into arrays."""
-    if isinstance(x, (Tracer, np.ndarray)) or _is_weak(x):
+    if isinstance(x, (Tracer, np.ndarray, np.generic)) or _is_weak(x):
         return x
     return np.asarray(x)
 

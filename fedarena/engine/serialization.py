@@ -43,7 +43,7 @@ def _encode(tree: Any, path: str, leaves: dict, meta: dict) -> Any:
     if arr.dtype not in SUPPORTED_DTYPES:
         raise ParamsFileError(f"parameter {path}: dtype {arr.dtype} cannot be saved")
     name = f"p{len(leaves)}"
-    leaves[name] = np.ascontiguousarray(arr)
+    leaves[name] = np.array(arr, order="C", copy=True)
     meta[name] = {"path": path, "shape": list(arr.shape), "dtype": arr.dtype.str}
     return {"leaf": name}
 
