@@ -37,6 +37,14 @@ class BudgetMonitor:
         self.steps = 0
         self.history: list[float] = []  # epsilon after each step
 
+    def restore(self, steps: int, history: list[float] | None = None) -> None:
+        """Set the monitor to ``steps`` steps already taken (after resuming from a checkpoint)."""
+        if steps < 0:
+            raise ValueError(f"steps: must be >= 0, got {steps}")
+        self.steps = int(steps)
+        self._rdp = self.steps * self._per_step
+        self.history = list(history) if history is not None else []
+
     def epsilon_after(self, extra_steps: int = 0) -> float:
         if self.steps + extra_steps == 0:
             return 0.0

@@ -23,6 +23,7 @@ global learning rate, averaged over the clients (a sparse update).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ __all__ = [
     "expected_nu",
     "optimal_threshold",
     "sample_nu",
+    "top_k_set",
+    "select_dimensions",
     "signds_report",
     "signds_aggregate",
 ]
@@ -121,11 +124,18 @@ def optimal_threshold(cfg: SignDSConfig) -> int:
     return int(cfg.taus[int(np.argmax(expected_nu(cfg)))])
 
 
+@functools.lru_cache(maxsize=32)
+def _nu_cdf(cfg: SignDSConfig, threshold: int) -> np.ndarray:
+    """CDF of nu (cached per config and threshold: clients of a round share it)."""
+    cdf = np.cumsum(nu_probabilities(cfg, threshold))
+    cdf.setflags(write=False)
+    return cdf
+
+
 def sample_nu(cfg: SignDSConfig, rng: np.random.Generator, size: int | None = None,
               threshold: int | None = None) -> np.ndarray | int:
     """Draw ``nu`` by inverse-CDF sampling of ``P(nu = tau)`` (threshold defaults to ``nu_th*``)."""
-    th = optimal_threshold(cfg) if threshold is None else int(threshold)
-    cdf = np.cumsum(nu_probabilities(cfg, th))
+    cdf = _nu_cdf(cfg, optimal_threshold(cfg) if threshold is None else int(threshold))
     u = rng.random(size) * cdf[-1]
     idx = np.minimum(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)
     out = cfg.taus[idx]

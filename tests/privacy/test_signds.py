@@ -94,7 +94,7 @@ def test_selected_sets_follow_em_mds_and_exact_ratio_bound():
     # the sampler's output sets follow exactly these probabilities (chi-square over all 35 outputs)
     S = (1, 4)
     rng = np.random.default_rng(2)
-    n = 15_000
+    n = 40_000
     index = {J: i for i, J in enumerate(outputs)}
     counts = np.zeros(len(outputs))
     for _ in range(n):

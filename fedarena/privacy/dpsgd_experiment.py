@@ -1,0 +1,137 @@
+"""Experiment kind ``dpsgd_digits``: DP-SGD (Abadi et al. 2016) on scikit-learn's digits with an engine MLP,
+an RDP accountant (Mironov, Talwar, Zhang 2019) and a budget monitor that stops training at the epsilon budget.
+
+Every step logs epsilon spent so far (at the configured delta), the batch loss, the Poisson batch size and the
+fraction of clipped per-example gradients; every ``eval_every`` steps the test accuracy. When
+``noise_multiplier`` is 0 it is calibrated so that ``epochs`` epochs of steps spend exactly the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedarena import engine
+from fedarena.engine import nn, ops, optim
+from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.privacy.budget import BudgetMonitor, noise_multiplier_for_budget
+from fedarena.privacy.dpsgd import DPSGD, DPSGDConfig, poisson_batch
+
+
+@dataclass(frozen=True)
+class DPSGDDigitsConfig(ExperimentConfig):
+    epsilon_budget: float = param(8.0, "privacy budget epsilon; training stops before exceeding it")
+    delta: float = param(1e-5, "delta of the (epsilon, delta) guarantee")
+    batch_size: int = param(64, "expected Poisson batch size (sampling rate = batch_size / training-set size)")
+    epochs: float = param(15.0, "planned epochs; with noise_multiplier = 0 the noise is calibrated to spend the "
+                                "budget over this many epochs")
+    noise_multiplier: float = param(0.0, "noise std / clip norm; 0 calibrates it from the budget and epochs")
+    clip_norm: float = param(1.0, "per-example gradient L2 clip norm C")
+    lr: float = param(0.05, "SGD learning rate")
+    momentum: float = param(0.9, "SGD momentum")
+    hidden: tuple[int, ...] = param((128,), "hidden layer widths of the MLP")
+    test_fraction: float = param(0.2, "fraction of digits held out for testing (stratified)")
+    eval_every: int = param(25, "evaluate test accuracy every this many steps")
+
+
+def _data(cfg: DPSGDDigitsConfig):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    return train_test_split(x, y.astype(np.int64), test_size=cfg.test_fraction, random_state=cfg.seed, stratify=y)
+
+
+def run(cfg: DPSGDDigitsConfig, run) -> dict:
+    if cfg.batch_size < 1 or cfg.eval_every < 1 or cfg.epochs <= 0:
+        raise ValueError("batch_size, eval_every and epochs must be positive")
+    x_train, x_test, y_train, y_test = _data(cfg)
+    n = len(x_train)
+    q = cfg.batch_size / n
+    if not 0 < q <= 1:
+        raise ValueError(f"batch_size: {cfg.batch_size} exceeds the training-set size {n}")
+    planned = int(round(cfg.epochs / q))
+    sigma = cfg.noise_multiplier or noise_multiplier_for_budget(cfg.epsilon_budget, cfg.delta, q, planned)
+    mlp = nn.MLP([64, *[int(h) for h in cfg.hidden], 10], activation="tanh")
+
+    def loss_fn(params, x, y):
+        return ops.cross_entropy(mlp.apply(params, x), y)
+
+    dp = DPSGD(loss_fn, DPSGDConfig(cfg.clip_norm, sigma, q), n)
+    opt = optim.sgd(cfg.lr, momentum=cfg.momentum)
+    update = engine.jit(lambda g, s, p: opt.update(g, s, p))
+    batch_loss = engine.jit(loss_fn)
+    logits = engine.jit(lambda p, x: mlp.apply(p, x))
+    monitor = BudgetMonitor(cfg.epsilon_budget, cfg.delta, sigma, q)
+    params = mlp.init(cfg.seed)
+    state = opt.init(params)
+    start = 0
+    restored = run.restore()
+    if restored:
+        start, saved = restored
+        params = engine.tree_map(lambda a, b: np.asarray(b, dtype=a.dtype), params, saved["params"])
+        state = engine.tree_map(lambda a, b: np.asarray(b, dtype=np.asarray(a).dtype), state, saved["opt"])
+        monitor.restore(start, list(saved["epsilons"]))
+    total = monitor.max_steps()
+    run.logger.info("q=%.4f sigma=%.4f budget allows %d steps (%.1f epochs)", q, sigma, total, total * q)
+
+    def accuracy(p) -> float:
+        return float(np.mean(np.argmax(logits(p, x_test), axis=1) == y_test))
+
+    acc = accuracy(params)
+    with run.progress(total=total, initial=start, desc="dp-sgd") as bar:
+        while monitor.can_step():
+            step = monitor.steps + 1
+            rng = np.random.default_rng([cfg.seed, step])  # per-step stream: resumable without RNG state
+            idx = poisson_batch(rng, n, q)
+            grads, stats = dp.noisy_gradient(params, x_train[idx], y_train[idx], rng)
+            loss = float(batch_loss(params, x_train[idx], y_train[idx])) if len(idx) else float("nan")
+            params, state = update(grads, state, params)
+            eps = monitor.step()
+            row = dict(epsilon=eps, loss=loss, **stats)
+            if step % cfg.eval_every == 0:
+                acc = accuracy(params)
+                row["test_accuracy"] = acc
+            run.log(step, **row)
+            if run.should_checkpoint(step):
+                run.save_checkpoint(step, {"params": params, "opt": state, "epsilons": monitor.history})
+            bar.update(1, eps=eps, acc=acc)
+    acc = accuracy(params)
+    run.log(monitor.steps, test_accuracy=acc, epsilon=monitor.epsilon, final=1)
+    return {"test_accuracy": acc, "epsilon": monitor.epsilon, "delta": cfg.delta, "steps": monitor.steps,
+            "noise_multiplier": sigma, "sample_rate": q, "epochs": monitor.steps * q,
+            "stopped_by_budget": not monitor.can_step()}
+
+
+def plots(rows, cfg, report_dir) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return []
+    steps = [r["step"] for r in rows if "epsilon" in r]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax[0].plot(steps, [r["epsilon"] for r in rows if "epsilon" in r])
+    ax[0].axhline(cfg.epsilon_budget, color="r", ls="--", label="budget")
+    ax[0].set_title(f"epsilon spent (delta={cfg.delta:g})")
+    ax[0].legend()
+    acc = [(r["step"], r["test_accuracy"]) for r in rows if "test_accuracy" in r]
+    ax[1].plot([a for a, _ in acc], [b for _, b in acc], "o-", ms=3)
+    ax[1].set_title("test accuracy")
+    for a in ax:
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(report_dir) / "dpsgd.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [str(path)]
+
+
+EXPERIMENT = Experiment(config=DPSGDDigitsConfig, run=run, plots=plots,
+                        summary_keys=("test_accuracy", "epsilon", "steps"))
