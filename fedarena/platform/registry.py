@@ -21,6 +21,7 @@ KINDS: dict[str, tuple[str, str]] = {
         "fedarena.marl.matrix_dynamics:EXPERIMENT",
         "self-play (iterated best response) and fictitious play side by side on a two-player matrix game",
     ),
+    "dpsgd_digits": ("fedarena.privacy.dpsgd_experiment:EXPERIMENT", "DP-SGD on sklearn digits with an engine MLP, RDP accountant and a budget monitor that stops at the epsilon budget"),
     "fedavg_grpc": ("fedarena.federated.grpc_experiment:EXPERIMENT", "horizontal FL over real gRPC on loopback: scheduler, servers and client processes, time-limited FedAvg rounds"),
 }
 
