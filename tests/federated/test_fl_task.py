@@ -74,3 +74,21 @@ def test_task_is_deterministic_and_config_errors_name_fields():
         TaskSpec(dataset="mnist")
     with pytest.raises(ValueError, match="task.alpha"):
         TaskSpec(alpha=-1)
+
+
+@pytest.mark.parametrize("prox_mu", [0.0, 0.5])
+def test_engine_trainer_matches_numpy_reference(prox_mu):
+    from fedarena.federated.engine_trainer import EngineMLPTrainer
+
+    sizes = (10, 16, 3)
+    ref, eng = NumpyMLPTrainer(sizes), EngineMLPTrainer(sizes)
+    p = ref.init_params(3)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((37, 10)).astype(np.float32), rng.integers(0, 3, 37)
+    a, la = ref.train(p, x, y, epochs=3, batch_size=8, lr=0.05, prox_mu=prox_mu, rng=np.random.default_rng(7))
+    b, lb = eng.train(p, x, y, epochs=3, batch_size=8, lr=0.05, prox_mu=prox_mu, rng=np.random.default_rng(7))
+    assert la == pytest.approx(lb, rel=1e-4)
+    for k in p:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5)
+        assert b[k].dtype == np.float32
+    assert eng.evaluate(b, x, y) == pytest.approx(ref.evaluate(a, x, y), rel=1e-4)
