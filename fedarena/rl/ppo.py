@@ -1,0 +1,173 @@
+"""Proximal Policy Optimization (Schulman, Wolski, Dhariwal, Radford & Klimov, 2017, arXiv:1707.06347).
+
+Every detail is here, with the paper's names: the clipped surrogate objective L^CLIP (eq. 7), the
+value loss with optional clipping around the old value estimate, the entropy bonus (eq. 9:
+L = L^CLIP - c1 L^VF + c2 S), per-minibatch advantage normalisation, GAE(lambda) advantages
+(Schulman et al., 2016), K epochs of minibatch Adam updates per rollout (Algorithm 1), global
+gradient-norm clipping and linear learning-rate annealing (the implementation details catalogued by
+Huang et al., 2022, "The 37 implementation details of PPO"). One update step - loss, gradient,
+clipping, Adam - is compiled by ``fedarena.engine.jit`` into a single graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from fedarena import engine
+from fedarena.engine import ops
+from fedarena.rl.learning import adam_step, adam_init, clip_by_global_norm
+from fedarena.rl.networks import ActorCritic, torso_for
+from fedarena.rl.returns import gae
+from fedarena.rl.spaces import action_distribution, observation_adapter
+from fedarena.rl.workers import Learner, Weights
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    num_envs: int = 8
+    num_steps: int = 128
+    """rollout horizon T per environment; a rollout has num_envs * num_steps transitions"""
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    learning_rate: float = 2.5e-4
+    anneal_lr: bool = True
+    norm_adv: bool = True
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    squash: bool = False
+    """Box actions: tanh-squashed Gaussian instead of a clipped one"""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "num_envs": self.num_envs >= 1, "num_steps": self.num_steps >= 1,
+            "update_epochs": self.update_epochs >= 1, "num_minibatches": self.num_minibatches >= 1,
+            "gamma": 0.0 <= self.gamma <= 1.0, "gae_lambda": 0.0 <= self.gae_lambda <= 1.0,
+            "clip_coef": self.clip_coef > 0, "learning_rate": self.learning_rate > 0,
+            "max_grad_norm": self.max_grad_norm > 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"ppo.{name}: invalid value {getattr(self, name)!r}")
+        if (self.num_envs * self.num_steps) % self.num_minibatches:
+            raise ValueError(f"ppo.num_minibatches: {self.num_minibatches} does not divide the rollout size "
+                             f"{self.num_envs * self.num_steps}")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+
+class PPO:
+    """PPO for one gymnasium observation/action space pair: network, compiled update, rollout learning."""
+
+    def __init__(self, observation_space: Any, action_space: Any, config: PPOConfig, seed: int = 0) -> None:
+        self.config = config
+        self.adapter = observation_adapter(observation_space)
+        self.dist = action_distribution(action_space, squash=config.squash)
+        self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist)
+        self.rng = np.random.default_rng(seed)
+        params = self.net.init(self.rng)
+        self.learner = Learner(params, adam_init(params), self._update_rollout)
+        self.forward = engine.jit(self._forward)
+        self._step = engine.jit(self._train_step)
+        self.lr = config.learning_rate
+
+    # -- acting
+    def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
+        return self.net.policy(params, x), self.net.value(params, x)
+
+    def weights(self) -> Weights:
+        return self.learner.weights()
+
+    # -- learning
+    def loss(self, params: Any, mb: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """PPO's objective on one minibatch (to be minimised), and diagnostics."""
+        c = self.config
+        dist_inputs = self.net.policy(params, mb["obs"])
+        new_log_prob = self.dist.log_prob(*dist_inputs, mb["action"])
+        entropy = ops.mean(self.dist.entropy(*dist_inputs))
+        new_value = self.net.value(params, mb["obs"])
+        log_ratio = new_log_prob - mb["log_prob"]
+        ratio = ops.exp(log_ratio)
+        adv = mb["advantage"]
+        pg_loss = ops.mean(ops.maximum(-adv * ratio, -adv * ops.clip(ratio, 1.0 - c.clip_coef, 1.0 + c.clip_coef)))
+        v_loss_unclipped = ops.square(new_value - mb["value_target"])
+        if c.clip_vloss:
+            v_clipped = mb["value"] + ops.clip(new_value - mb["value"], -c.clip_coef, c.clip_coef)
+            v_loss = 0.5 * ops.mean(ops.maximum(v_loss_unclipped, ops.square(v_clipped - mb["value_target"])))
+        else:
+            v_loss = 0.5 * ops.mean(v_loss_unclipped)
+        loss = pg_loss - c.ent_coef * entropy + c.vf_coef * v_loss
+        approx_kl = ops.mean((ratio - 1.0) - log_ratio)  # Schulman's k3 estimator
+        clipfrac = ops.mean(ops.astype(ops.abs(ratio - 1.0) > c.clip_coef, np.float32))
+        return loss, {"pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy, "approx_kl": approx_kl,
+                      "clipfrac": clipfrac}
+
+    def _train_step(self, params: Any, opt_state: Any, mb: Mapping[str, Any], lr: Any) -> tuple[Any, Any, Any]:
+        (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, mb)
+        grads, grad_norm = clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = adam_step(params, grads, opt_state, lr)
+        aux = dict(aux, loss=loss, grad_norm=grad_norm)
+        return params, opt_state, aux
+
+    def prepare(self, rollout: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Flatten a time-major rollout (from :meth:`fedarena.rl.workers.Actor.rollout`) and add GAE."""
+        adv, targets = gae(rollout["reward"], rollout["value"], rollout["bootstrap_value"], rollout["discount"],
+                           self.config.gae_lambda)
+        t, n = rollout["reward"].shape
+        flat = lambda a: np.asarray(a).reshape((t * n,) + np.shape(a)[2:])  # noqa: E731
+        return {
+            "obs": flat(rollout["obs"]).astype(np.float32),
+            "action": self.dist.encode(flat(rollout["action"])),
+            "log_prob": flat(rollout["log_prob"]).astype(np.float32),
+            "value": flat(rollout["value"]).astype(np.float32),
+            "advantage": flat(adv).astype(np.float32),
+            "value_target": flat(targets).astype(np.float32),
+        }
+
+    def _update_rollout(self, params: Any, opt_state: Any, rollout: Mapping[str, Any]) -> tuple[Any, Any, dict]:
+        c = self.config
+        data = self.prepare(rollout)
+        n = data["obs"].shape[0]
+        mb_size = n // c.num_minibatches
+        lr = np.float32(self.lr)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(c.update_epochs):
+            perm = self.rng.permutation(n)
+            for start in range(0, n, mb_size):
+                idx = perm[start:start + mb_size]
+                mb = {k: v[idx] for k, v in data.items()}
+                if c.norm_adv:
+                    a = mb["advantage"]
+                    mb["advantage"] = ((a - a.mean()) / (a.std() + 1e-8)).astype(np.float32)
+                params, opt_state, aux = self._step(params, opt_state, mb, lr)
+                for k, v in aux.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                count += 1
+        metrics = {k: v / count for k, v in sums.items()}
+        var_y = float(np.var(data["value_target"]))
+        metrics["explained_variance"] = float("nan") if var_y == 0 else 1.0 - float(
+            np.var(data["value_target"] - data["value"])) / var_y
+        metrics["learning_rate"] = float(lr)
+        return params, opt_state, metrics
+
+    def update(self, rollout: Mapping[str, Any], progress: float = 0.0) -> dict[str, float]:
+        """Learn from one rollout; ``progress`` in [0, 1] (fraction of the step budget used) anneals the lr."""
+        if self.config.anneal_lr:
+            self.lr = self.config.learning_rate * max(0.0, 1.0 - progress)
+        return self.learner.update(rollout)
