@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-from scipy.optimize import linprog
 
 MetaSolver = Callable[[np.ndarray], list]
 
@@ -46,6 +45,8 @@ def zero_sum_nash(payoffs: np.ndarray) -> list[np.ndarray]:
 
 
 def _maximin(A: np.ndarray) -> np.ndarray:
+    from scipy.optimize import linprog  # imported here: scipy.optimize is slow to import
+
     m, n = A.shape
     # variables (x_1..x_m, v); minimize -v; constraints v - x^T A_j <= 0; sum x = 1
     c = np.zeros(m + 1)
