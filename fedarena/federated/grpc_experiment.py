@@ -52,6 +52,11 @@ class FedAvgGrpcConfig(ExperimentConfig):
     tls_root: str = param("", "PEM root certificate clients trust")
     timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")
 
+    def __post_init__(self) -> None:
+        _spec(self)  # every section validates its fields; a ValueError names the field
+        if self.num_servers < 1:
+            raise ValueError(f"num_servers: must be >= 1, got {self.num_servers}")
+
 
 def _spec(cfg: FedAvgGrpcConfig):
     from fedarena.federated.client import ClientOptions

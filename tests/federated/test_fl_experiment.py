@@ -1,0 +1,35 @@
+"""The fedavg_grpc experiment kind end to end: processes, run folder, metrics, report, config errors."""
+
+import json
+
+import pytest
+
+from fedarena.platform.config import ConfigError
+from fedarena.platform.runs import execute, read_metrics
+
+
+def test_fedavg_grpc_run_writes_metrics_and_report(tmp_path):
+    cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 3, "hidden": [8], "trainer": "engine",
+           "rounds": 3, "epochs": 1, "window_seconds": 30.0, "encoding": "q8", "server_optimizer": "fedyogi",
+           "server_lr": 0.05, "prox_mu": 0.01, "checkpoint": {"every": 1, "keep": 2}}
+    summary = execute(cfg, out=tmp_path / "run", quiet=True)
+    rows = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["reporting"] == 3 and r["selected"] == 3 and r["aggregated"] == 1
+        assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and 0.0 <= r["test_acc"] <= 1.0
+    assert [r["model_version"] for r in rows] == [1, 2, 3]
+    assert summary["model_version"] == 3 and summary["rounds_aggregated"] == 3
+    assert summary["test_acc"] == pytest.approx(rows[-1]["test_acc"])
+    report = tmp_path / "run" / "report"
+    assert (report / "federated.png").exists() and (report / "index.html").exists()
+    state = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert state["state"] == "completed"
+    assert not list((tmp_path / "run" / "deployment").glob("*.tmp*"))
+
+
+def test_fedavg_grpc_config_errors_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="server_optimizer"):
+        execute({"kind": "fedavg_grpc", "server_optimizer": "sgd"}, out=tmp_path / "a", quiet=True)
+    with pytest.raises(ConfigError, match="min_fraction"):
+        execute({"kind": "fedavg_grpc", "min_fraction": 1.5}, out=tmp_path / "b", quiet=True)
