@@ -138,17 +138,20 @@ def as_policy(game: Game | GameTree, policy: PolicyLike, players: tuple[int, ...
     against ``game``. With ``players`` given, only their information states are required (the others are
     filled with uniform play and not used by the caller)."""
     tree = game_tree(game)
+    needed = np.arange(tree.num_infostates) if players is None else np.flatnonzero(
+        np.isin(tree.infostate_player, players))
     if isinstance(policy, TabularPolicy):
         if policy.tree is not tree and policy.tree.infostates != tree.infostates:
             raise PolicyError(f"policy: belongs to game {policy.tree.game.name}, not {tree.game.name}")
+        if policy.probs.shape != tree.legal.shape:
+            raise PolicyError(f"policy: probs has shape {policy.probs.shape}, expected {tree.legal.shape}")
+        _check_rows(tree, policy.probs, needed)
         return policy if policy.tree is tree else TabularPolicy(tree, policy.probs)
     if isinstance(policy, np.ndarray):
         return policy_from_array(tree, policy)
     if not isinstance(policy, Mapping):
         raise PolicyError(f"policy: expected a TabularPolicy, a dict from information state to probabilities "
                           f"or an array, got {type(policy).__name__}")
-    needed = np.arange(tree.num_infostates) if players is None else np.flatnonzero(
-        np.isin(tree.infostate_player, players))
     missing = [tree.infostates[r] for r in needed if tree.infostates[r] not in policy]
     if missing:
         shown = ", ".join(f"'{m}'" for m in missing[:5]) + (", ..." if len(missing) > 5 else "")

@@ -113,7 +113,7 @@ class PSRO:
     def iteration(self) -> None:
         """Add one oracle response per player to the mixtures of the current meta-strategies."""
         sigma = self.meta_strategies
-        new = [self.oracle(self.tree, i, self.populations[1 - i], sigma[1 - i]) for i in range(2)]
+        new = [self.oracle(self.tree.game, i, self.populations[1 - i], sigma[1 - i]) for i in range(2)]
         for i in range(2):
             pol = as_policy(self.tree, new[i], players=(i,))
             self.populations[i].append(pol)
@@ -133,6 +133,11 @@ class PSRO:
 
     def exploitability(self) -> float:
         return exploitability(self.tree, self.joint_policy())
+
+    def run(self, iterations: int) -> "PSRO":
+        for _ in range(iterations):
+            self.iteration()
+        return self
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -157,3 +162,13 @@ class PSRO:
         self.iterations = int(state["iterations"])
         self.rng.bit_generator.state = state["rng"]
         self.meta_strategies = self.meta_solver(self.meta_game)
+
+
+def self_play(game: Game, **kwargs) -> PSRO:
+    """Self-play (iterated best response to the opponent's newest policy) as PSRO with the ``last`` meta-solver."""
+    return PSRO(game, meta_solver="last", **kwargs)
+
+
+def fictitious_self_play(game: Game, **kwargs) -> PSRO:
+    """Fictitious self-play (best response to the uniform mixture of all past policies) as PSRO with ``uniform``."""
+    return PSRO(game, meta_solver="uniform", **kwargs)

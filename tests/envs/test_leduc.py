@@ -119,3 +119,31 @@ def test_matches_openspiel_history_by_history():
         tab.policy_for_key(names[key])[:] = p
     expected = os_exploitability.exploitability(game, tab)
     assert exploitability(load_game("leduc_poker"), ours_policy) == pytest.approx(expected, abs=1e-12)
+
+
+def test_expected_returns_match_monte_carlo_play():
+    from fedarena.marl.best_response import expected_returns
+    from fedarena.marl.policy import uniform_policy
+
+    game = load_game("leduc_poker")
+    rng = np.random.default_rng(11)
+    u = uniform_policy(game)
+    probs = np.where(u.tree.legal, rng.random(u.probs.shape) + 0.1, 0.0)
+    probs /= probs.sum(axis=1, keepdims=True)
+    policy = {s: probs[i] for i, s in enumerate(u.infostates)}
+    n = 3000
+    out = np.empty((n, 2))
+    for k in range(n):
+        s = game.new_initial_state()
+        while not s.is_terminal():
+            if s.is_chance_node():
+                acts, ps = zip(*s.chance_outcomes())
+            else:
+                acts = s.legal_actions()
+                ps = [policy[s.information_state_string()][a] for a in acts]
+            j = min(int(np.searchsorted(np.cumsum(ps), rng.random(), side="right")), len(acts) - 1)
+            s.apply_action(acts[j])
+        out[k] = s.returns()
+    exact = expected_returns(game, policy)
+    se = out.std(axis=0, ddof=1) / np.sqrt(n)
+    assert np.all(np.abs(out.mean(axis=0) - exact) < 4 * se)

@@ -8,7 +8,8 @@ from fedarena.envs import load_game
 from fedarena.marl import exploitability
 from fedarena.marl.best_response import best_response, expected_returns
 from fedarena.marl.policy import uniform_policy
-from fedarena.marl.psro import PSRO, exact_best_response_oracle, mixture_policy
+from fedarena.envs.efg import Game
+from fedarena.marl.psro import PSRO, exact_best_response_oracle, fictitious_self_play, mixture_policy, self_play
 
 
 def test_nash_psro_reaches_exact_kuhn_equilibrium():
@@ -30,7 +31,7 @@ def test_nash_psro_reaches_exact_kuhn_equilibrium():
 
 def test_self_play_cycles_on_rock_paper_scissors():
     rps = load_game("rock_paper_scissors")
-    psro = PSRO(rps, meta_solver="last")
+    psro = self_play(rps)
     rows = []
     for _ in range(6):
         psro.iteration()
@@ -82,10 +83,11 @@ def test_custom_oracle_interface_and_checkpoint():
     calls = []
 
     def oracle(g, player, opponent_policies, opponent_weights):
+        assert isinstance(g, Game)  # learned oracles need the game itself, to play it
         calls.append((player, len(opponent_policies), np.asarray(opponent_weights).copy()))
         return exact_best_response_oracle(g, player, opponent_policies, opponent_weights)
 
-    psro = PSRO(game, meta_solver="uniform", oracle=oracle)
+    psro = fictitious_self_play(game, oracle=oracle)
     psro.iteration()
     psro.iteration()
     assert [c[:2] for c in calls] == [(0, 1), (1, 1), (0, 2), (1, 2)]
