@@ -86,7 +86,7 @@ class Actor:
 
     def rollout(self, num_steps: int) -> dict[str, Any]:
         """``num_steps`` steps of every environment; time-major arrays (T, num_envs, ...) plus
-        ``bootstrap_value`` (V of the last observation), ``version`` (oldest weight version used) and the
+        ``last_obs`` and ``bootstrap_value`` (the observation after the last step and its value), ``version`` (oldest weight version used) and the
         episode statistics finished during the rollout."""
         n = self.env.num_envs
         keys = ("obs", "action", "log_prob", "value", "reward", "discount")
@@ -115,7 +115,9 @@ class Actor:
             self.obs = step.obs
             self.env_steps += n
         result: dict[str, Any] = {k: np.stack(v) for k, v in traj.items()}
-        result["bootstrap_value"] = np.asarray(self.policy(self.adapter(self.obs))["value"], dtype=np.float64)
+        last_x = self.adapter(self.obs)
+        result["last_obs"] = last_x
+        result["bootstrap_value"] = np.asarray(self.policy(last_x)["value"], dtype=np.float64)
         result["version"] = int(min(versions))
         result["env_steps"] = num_steps * n
         returns, lengths = self.stats.drain()

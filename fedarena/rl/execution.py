@@ -1,0 +1,341 @@
+"""Where actors run: in-process (local synchronous), in worker processes, or as Ray actors.
+
+Each pool offers the same two calls: ``submit(i, weights)`` asks actor ``i`` for one rollout made
+with ``weights`` and ``next() -> (i, trajectory)`` returns whichever requested rollout finished first,
+so a synchronous learner (PPO: submit to all, take all) and an asynchronous one (IMPALA: resubmit
+each actor as soon as its trajectory arrives) drive every mode alike. Actors in worker processes
+receive weights and send trajectories through :mod:`fedarena.rl.wire` (no pickle). Ray actors are
+created with ``max_restarts``: when one dies its pending rollout fails, the pool counts a restart and
+submits again to the restarted actor (or to a fresh one if Ray gave up), and training continues.
+With ``inference_server=True`` (Ray mode) actors hold no weights: they send observations to one
+:class:`fedarena.rl.workers.InferenceServer` Ray actor that batches them (SEED RL).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedarena.rl import wire
+from fedarena.rl.workers import Actor, InferenceServer, LocalPolicy, Weights
+
+EXECUTION_MODES = ("local", "multiprocess", "ray")
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """Everything a (possibly remote) actor needs to build its environment and policy."""
+
+    algorithm: str
+    """``"ppo"`` or ``"impala"``: which network definition the actor evaluates"""
+    env_id: str
+    num_envs: int
+    rollout_length: int
+    seed: int
+    config: dict = field(default_factory=dict)
+    """the algorithm config's fields (JSON-able)"""
+    env_backend: str = "auto"
+
+
+def build_agent(algorithm: str, observation_space: Any, action_space: Any, config: dict, seed: int) -> Any:
+    """The algorithm object (network, compiled forward) for ``algorithm``."""
+    if algorithm == "ppo":
+        from fedarena.rl.ppo import PPO, PPOConfig
+
+        return PPO(observation_space, action_space, PPOConfig(**_tuples(config)), seed=seed)
+    if algorithm == "impala":
+        from fedarena.rl.impala import IMPALA, IMPALAConfig
+
+        return IMPALA(observation_space, action_space, IMPALAConfig(**_tuples(config)), seed=seed)
+    raise ValueError(f"algorithm: expected 'ppo' or 'impala', got '{algorithm}'")
+
+
+def _tuples(config: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+
+
+def config_dict(config: Any) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+
+
+def _limit_blas_threads() -> None:
+    """Small RL matrices run fastest on one BLAS thread, and workers must not oversubscribe the cores."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(1)
+    except ImportError:  # pragma: no cover - threadpoolctl ships with scikit-learn
+        pass
+
+
+class ActorWorker:
+    """One actor built from an :class:`ActorSpec` (used in-process, in a worker process and as a Ray actor)."""
+
+    def __init__(self, spec: ActorSpec, index: int, policy_client: Any = None) -> None:
+        from fedarena.envs.vector import make_vector_env
+
+        _limit_blas_threads()
+        self.spec, self.index = spec, index
+        env = make_vector_env(spec.env_id, spec.num_envs, seed=spec.seed + 1000 * index, backend=spec.env_backend)
+        self.agent = build_agent(spec.algorithm, env.observation_space, env.action_space, spec.config, spec.seed)
+        gamma = float(spec.config.get("gamma", 0.99))
+        if policy_client is None:
+            self.policy = LocalPolicy(self.agent.forward, self.agent.dist, self.agent.weights(),
+                                      seed=spec.seed + 7919 * (index + 1))
+        else:
+            self.policy = policy_client
+        self.actor = Actor(env, self.agent.adapter, self.agent.dist, self.policy, gamma, seed=spec.seed + 1000 * index)
+
+    def rollout(self, weights: Weights | None) -> dict[str, Any]:
+        if weights is not None and isinstance(self.policy, LocalPolicy):
+            self.policy.set_weights(weights)
+        traj = self.actor.rollout(self.spec.rollout_length)
+        traj["actor"] = self.index
+        return traj
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+# ------------------------------------------------------------------------------------------ local
+
+
+class LocalActorPool:
+    """Actors in this process; ``next`` runs the oldest submitted rollout to completion."""
+
+    def __init__(self, spec: ActorSpec, num_actors: int) -> None:
+        self.workers = [ActorWorker(spec, i) for i in range(num_actors)]
+        self._pending: deque[tuple[int, Weights]] = deque()
+        self.restarts = 0
+
+    def submit(self, i: int, weights: Weights) -> None:
+        self._pending.append((i, weights))
+
+    def next(self) -> tuple[int, dict[str, Any]]:
+        i, weights = self._pending.popleft()
+        return i, self.workers[i].rollout(weights)
+
+    def close(self) -> None:
+        self._pending.clear()
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+def _process_main(conn: Any, spec_dict: dict, index: int) -> None:
+    worker = ActorWorker(ActorSpec(**spec_dict), index)
+    while True:
+        try:
+            msg = wire.decode(conn.recv_bytes())
+        except EOFError:
+            return
+        if msg.get("cmd") == "stop":
+            return
+        weights = Weights(int(msg["version"]), msg["params"])
+        conn.send_bytes(wire.encode(worker.rollout(weights)))
+
+
+class ProcessActorPool:
+    """One worker process per actor (spawned), talking over pipes with the :mod:`fedarena.rl.wire` codec.
+    A worker that dies is started again and its rollout requested anew."""
+
+    def __init__(self, spec: ActorSpec, num_actors: int) -> None:
+        self.spec = spec
+        self._ctx = mp.get_context("spawn")
+        self.procs: list[Any] = [None] * num_actors
+        self.conns: list[Any] = [None] * num_actors
+        self._requests: dict[int, bytes] = {}
+        self.restarts = 0
+        for i in range(num_actors):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_process_main, args=(child, asdict(self.spec), i), daemon=True)
+        proc.start()
+        child.close()
+        self.procs[i], self.conns[i] = proc, parent
+
+    def submit(self, i: int, weights: Weights) -> None:
+        msg = wire.encode({"cmd": "rollout", "version": weights.version, "params": weights.params})
+        self._requests[i] = msg
+        try:
+            self.conns[i].send_bytes(msg)
+        except (BrokenPipeError, OSError):
+            self._restart(i)
+
+    def _restart(self, i: int) -> None:
+        self.restarts += 1
+        if self.procs[i] is not None and self.procs[i].is_alive():
+            self.procs[i].kill()
+        self._start(i)
+        self.conns[i].send_bytes(self._requests[i])
+
+    def next(self) -> tuple[int, dict[str, Any]]:
+        from multiprocessing.connection import wait
+
+        while True:
+            waiting = {self.conns[i]: i for i in self._requests}
+            if not waiting:
+                raise RuntimeError("next: no rollout was submitted")
+            for conn in wait(list(waiting), timeout=5.0):
+                i = waiting[conn]
+                try:
+                    data = conn.recv_bytes()
+                except (EOFError, OSError):
+                    self._restart(i)
+                    continue
+                del self._requests[i]
+                return i, wire.decode(data)
+            for i in list(self._requests):  # a worker killed without closing its pipe
+                if not self.procs[i].is_alive():
+                    self._restart(i)
+
+    def close(self) -> None:
+        for i, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(wire.encode({"cmd": "stop"}))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+
+
+# ------------------------------------------------------------------------------------------ Ray
+
+
+class _RemoteInferencePolicy:
+    """Policy of a Ray actor that asks a Ray-hosted InferenceServer (implements workers.Policy)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        import ray
+
+        out, self._version = ray.get(self.server.infer.remote(x))
+        return out
+
+
+class _InferenceHost:
+    """Body of the Ray actor hosting an InferenceServer (threaded: many actors wait in it at once)."""
+
+    def __init__(self, spec: ActorSpec, weights: Weights, max_batch: int, deadline_s: float) -> None:
+        from fedarena.envs.vector import make_vector_env
+
+        _limit_blas_threads()
+        env = make_vector_env(spec.env_id, 1, backend=spec.env_backend)
+        agent = build_agent(spec.algorithm, env.observation_space, env.action_space, spec.config, spec.seed)
+        self.server = InferenceServer(agent.forward, agent.dist, weights, max_batch, deadline_s, seed=spec.seed)
+
+    def infer(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
+        version = self.server.version
+        return self.server.infer(x), version
+
+    def set_weights(self, weights: Weights) -> None:
+        self.server.set_weights(weights)
+
+    def stats(self) -> dict[str, int]:
+        return {"batches": self.server.batches_served, "rows": self.server.rows_served}
+
+
+class _RayActorBody(ActorWorker):
+    def __init__(self, spec: ActorSpec, index: int, server: Any = None) -> None:
+        super().__init__(spec, index, None if server is None else _RemoteInferencePolicy(server))
+
+
+class RayActorPool:
+    """Actors as Ray actors (restarted by Ray on failure); optional Ray-hosted InferenceServer."""
+
+    def __init__(self, spec: ActorSpec, num_actors: int, inference_server: bool = False, initial: Weights | None = None,
+                 max_batch: int = 256, deadline_s: float = 0.002, max_restarts: int = 5) -> None:
+        import ray
+
+        self.spec, self.max_restarts = spec, max_restarts
+        self.restarts = 0
+        self.server = None
+        if inference_server:
+            host = ray.remote(num_cpus=0, max_concurrency=num_actors + 4)(_InferenceHost)
+            self.server = host.remote(spec, initial, max_batch, deadline_s)
+        self._cls = ray.remote(num_cpus=0, max_restarts=max_restarts)(_RayActorBody)
+        self.actors = [self._make(i) for i in range(num_actors)]
+        self._pending: dict[Any, tuple[int, Weights | None]] = {}
+
+    def _make(self, i: int) -> Any:
+        return self._cls.remote(self.spec, i, self.server)
+
+    def submit(self, i: int, weights: Weights) -> None:
+        import ray
+
+        if self.server is not None:
+            self.server.set_weights.remote(weights)
+            ref = self.actors[i].rollout.remote(None)
+            self._pending[ref] = (i, None)
+        else:
+            ref = self.actors[i].rollout.remote(weights)
+            self._pending[ref] = (i, weights)
+
+    def next(self) -> tuple[int, dict[str, Any]]:
+        import ray
+        from ray.exceptions import RayActorError
+
+        while True:
+            if not self._pending:
+                raise RuntimeError("next: no rollout was submitted")
+            ready, _ = ray.wait(list(self._pending), num_returns=1)
+            ref = ready[0]
+            i, weights = self._pending.pop(ref)
+            try:
+                return i, ray.get(ref)
+            except RayActorError:
+                # the actor died mid-rollout: Ray restarts it (up to max_restarts); otherwise make a new one
+                self.restarts += 1
+                if self.restarts > self.max_restarts:
+                    self.actors[i] = self._make(i)
+                ref = self.actors[i].rollout.remote(weights)
+                self._pending[ref] = (i, weights)
+
+    def actor_pid(self, i: int) -> int:
+        import ray
+
+        return int(ray.get(self.actors[i].pid.remote()))
+
+    def inference_stats(self) -> dict[str, int] | None:
+        import ray
+
+        return None if self.server is None else ray.get(self.server.stats.remote())
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        if self.server is not None:
+            ray.kill(self.server, no_restart=True)
+        self._pending.clear()
+
+
+def make_actor_pool(mode: str, spec: ActorSpec, num_actors: int, **ray_options: Any) -> Any:
+    """An actor pool for ``mode`` in :data:`EXECUTION_MODES`."""
+    if num_actors < 1:
+        raise ValueError(f"num_actors: must be >= 1, got {num_actors}")
+    if mode == "local":
+        return LocalActorPool(spec, num_actors)
+    if mode == "multiprocess":
+        return ProcessActorPool(spec, num_actors)
+    if mode == "ray":
+        return RayActorPool(spec, num_actors, **ray_options)
+    raise ValueError(f"execution: expected one of {EXECUTION_MODES}, got '{mode}'")

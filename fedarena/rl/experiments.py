@@ -1,0 +1,348 @@
+"""Experiment kinds ``ppo``, ``dqn`` and ``impala``: train on a gymnasium env id, log return curves and
+throughput, checkpoint and resume (weights, optimizer state, counters, RNG, replay buffer if asked).
+
+Metrics rows are written per iteration (a PPO rollout, an IMPALA trajectory, a DQN chunk of steps);
+``episode_return`` is the mean undiscounted return over the last ``window`` finished episodes. A run
+stops early once that mean reaches ``target_return`` (the CartPole-v1 convention is 475 over 100
+episodes in gymnasium's registry; issue 9 uses the last 20). Environments restart fresh on resume.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.rl.dqn import DQN, DQNConfig, run_dqn_steps
+from fedarena.rl.execution import EXECUTION_MODES, ActorSpec, build_agent, config_dict, make_actor_pool
+from fedarena.rl.impala import IMPALAConfig
+from fedarena.rl.ppo import PPOConfig
+from fedarena.rl.workers import EpisodeStats
+
+
+@dataclass(frozen=True)
+class RLConfig(ExperimentConfig):
+    env_id: str = param("CartPole-v1", "gymnasium environment id (batched numpy version used when one exists)")
+    env_backend: str = param("auto", "auto | batched | sync | async: how the vectorized environment is built")
+    total_steps: int = param(200_000, "environment-step budget (summed over all environments)")
+    target_return: float = param(475.0, "stop once the mean return of the last `window` episodes reaches this; 0 = never")
+    window: int = param(20, "episodes in the moving mean of the return")
+    execution: str = param("local", "where actors run: local | multiprocess | ray")
+    num_actors: int = param(1, "number of actors (each with its own vectorized environment)")
+
+    def __post_init__(self) -> None:
+        if self.execution not in EXECUTION_MODES:
+            raise ValueError(f"execution: expected one of {', '.join(EXECUTION_MODES)}, got '{self.execution}'")
+        if self.total_steps < 1 or self.window < 1 or self.num_actors < 1:
+            raise ValueError("total_steps, window, num_actors: must be >= 1")
+        if self.env_backend not in ("auto", "batched", "sync", "async"):
+            raise ValueError(f"env_backend: expected auto, batched, sync or async, got '{self.env_backend}'")
+
+
+@dataclass(frozen=True)
+class PPOExperimentConfig(RLConfig):
+    ppo: PPOConfig = param(doc="PPO hyper-parameters (fedarena.rl.ppo.PPOConfig)", factory=PPOConfig)
+
+
+@dataclass(frozen=True)
+class IMPALAExperimentConfig(RLConfig):
+    impala: IMPALAConfig = param(doc="IMPALA hyper-parameters (fedarena.rl.impala.IMPALAConfig)", factory=IMPALAConfig)
+    inference_server: bool = param(False, "ray mode: actors send observations to one batching InferenceServer")
+    inference_max_batch: int = param(256, "inference server: largest batch of observations per forward pass")
+    inference_deadline_ms: float = param(2.0, "inference server: longest wait for a batch to fill, in ms")
+
+
+@dataclass(frozen=True)
+class DQNExperimentConfig(RLConfig):
+    dqn: DQNConfig = param(doc="DQN hyper-parameters (fedarena.rl.dqn.DQNConfig)", factory=DQNConfig)
+    target_return: float = param(450.0, "stop once the mean return of the last `window` episodes reaches this; 0 = never")
+    steps_per_iteration: int = param(1000, "environment steps between metric rows / checkpoint opportunities")
+    checkpoint_replay: bool = param(True, "store the replay buffer in checkpoints (exact resume; larger files)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.execution != "local":
+            raise ValueError("execution: DQN runs its actor and learner in one process ('local')")
+
+
+class _Tracker:
+    """Moving-window return, time and steps at which the target was first reached, throughput."""
+
+    def __init__(self, window: int, target: float) -> None:
+        self.returns: deque[float] = deque(maxlen=window)
+        self.window, self.target = window, target
+        self.episodes = 0
+        self.reached_at: tuple[int, float] | None = None
+
+    def add(self, returns: Sequence[float], env_steps: int, wall: float) -> None:
+        for r in returns:
+            self.returns.append(float(r))
+            self.episodes += 1
+        if self.reached_at is None and self.done:
+            self.reached_at = (env_steps, wall)
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.returns)) if self.returns else float("nan")
+
+    @property
+    def done(self) -> bool:
+        return self.target > 0 and len(self.returns) >= self.window and self.mean >= self.target
+
+    def state(self) -> dict[str, Any]:
+        return {"returns": list(self.returns), "episodes": self.episodes,
+                "reached_at": list(self.reached_at) if self.reached_at else None}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.returns.extend(float(r) for r in state["returns"])
+        self.episodes = int(state["episodes"])
+        self.reached_at = tuple(state["reached_at"]) if state.get("reached_at") else None  # type: ignore[assignment]
+
+
+def _summary(tracker: _Tracker, env_steps: int, wall: float, steady_sps: float) -> dict[str, Any]:
+    return {
+        "reached_target": tracker.reached_at is not None,
+        "steps_to_target": tracker.reached_at[0] if tracker.reached_at else -1,
+        "time_to_target_s": tracker.reached_at[1] if tracker.reached_at else -1.0,
+        "final_return": tracker.mean,
+        "env_steps": env_steps,
+        "episodes": tracker.episodes,
+        "env_steps_per_second": steady_sps,
+    }
+
+
+def _rng_state(rng: np.random.Generator) -> dict:
+    return rng.bit_generator.state
+
+
+def _set_rng(rng: np.random.Generator, state: Mapping[str, Any]) -> None:
+    rng.bit_generator.state = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in state.items()}
+
+
+# ------------------------------------------------------------------------------------------ on-policy
+
+
+def _observation_action_spaces(cfg: RLConfig) -> tuple[Any, Any]:
+    from fedarena.envs.vector import make_vector_env
+
+    env = make_vector_env(cfg.env_id, 1, backend=cfg.env_backend)
+    spaces = (env.observation_space, env.action_space)
+    if hasattr(env, "close"):
+        env.close()
+    return spaces
+
+
+def _concat_envs(trajs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several actors' rollouts of equal length side by side, as one rollout over all their environments."""
+    if len(trajs) == 1:
+        return trajs[0]
+    out: dict[str, Any] = {}
+    for k in ("obs", "action", "log_prob", "value", "reward", "discount"):
+        out[k] = np.concatenate([t[k] for t in trajs], axis=1)
+    for k in ("bootstrap_value", "last_obs"):
+        out[k] = np.concatenate([t[k] for t in trajs], axis=0)
+    out["version"] = min(int(t["version"]) for t in trajs)
+    out["env_steps"] = sum(int(t["env_steps"]) for t in trajs)
+    out["episode_returns"] = np.concatenate([t["episode_returns"] for t in trajs])
+    return out
+
+
+def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, algorithm: str) -> dict[str, Any]:
+    from fedarena.rl.execution import _limit_blas_threads
+
+    _limit_blas_threads()
+    algo_cfg = cfg.ppo if algorithm == "ppo" else cfg.impala
+    obs_space, act_space = _observation_action_spaces(cfg)
+    agent = build_agent(algorithm, obs_space, act_space, config_dict(algo_cfg), cfg.seed)
+    rollout_length = algo_cfg.num_steps if algorithm == "ppo" else algo_cfg.unroll_length
+    tracker = _Tracker(cfg.window, cfg.target_return)
+    iteration, env_steps = 0, 0
+    restored = run.restore()
+    if restored:
+        iteration, state = restored
+        agent.learner.set_state(state["params"], state["opt_state"], int(state["version"]))
+        env_steps = int(state["env_steps"])
+        tracker.load(state["tracker"])
+        _set_rng(agent.rng, state["rng"])
+        if algorithm == "ppo":
+            agent.lr = float(state["lr"])
+    spec = ActorSpec(algorithm, cfg.env_id, algo_cfg.num_envs, rollout_length,
+                     cfg.seed + 7 * iteration, config_dict(algo_cfg), cfg.env_backend)
+    ray_options: dict[str, Any] = {}
+    if cfg.execution == "ray":
+        from fedarena.platform.cluster import init_ray
+
+        init_ray(cfg.cluster)
+        if algorithm == "impala" and cfg.inference_server:
+            ray_options = {"inference_server": True, "initial": agent.weights(),
+                           "max_batch": cfg.inference_max_batch, "deadline_s": cfg.inference_deadline_ms / 1000.0}
+    pool = make_actor_pool(cfg.execution, spec, cfg.num_actors, **ray_options)
+    t_start = run.elapsed
+    steady: list[tuple[int, float]] = []
+    summary_metrics: dict[str, float] = {}
+    try:
+        weights = agent.weights()
+        for i in range(cfg.num_actors):
+            pool.submit(i, weights)
+        with run.progress(total=cfg.total_steps, initial=env_steps, desc=algorithm) as bar:
+            while env_steps < cfg.total_steps and not tracker.done:
+                if algorithm == "ppo":
+                    trajs = [pool.next()[1] for _ in range(cfg.num_actors)]
+                    traj = _concat_envs(sorted(trajs, key=lambda t: int(t.get("actor", 0))))
+                    metrics = agent.update(traj, progress=env_steps / cfg.total_steps)
+                    weights = agent.weights()
+                    for i in range(cfg.num_actors):
+                        pool.submit(i, weights)
+                else:
+                    actor_index, traj = pool.next()
+                    metrics = agent.update(traj) or {"dropped_stale": 1.0}
+                    pool.submit(actor_index, agent.weights())
+                iteration += 1
+                env_steps += int(traj["env_steps"])
+                wall = run.elapsed
+                tracker.add(traj["episode_returns"], env_steps, wall)
+                steady.append((env_steps, wall))
+                sps = _window_rate(steady)
+                run.log(iteration, env_steps=env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
+                        env_steps_per_second=sps, policy_version=agent.learner.version,
+                        actor_restarts=getattr(pool, "restarts", 0), **metrics)
+                summary_metrics = metrics
+                if run.should_checkpoint(iteration):
+                    state = {"params": agent.learner.params, "opt_state": agent.learner.opt_state,
+                             "version": agent.learner.version, "env_steps": env_steps, "tracker": tracker.state(),
+                             "rng": _rng_state(agent.rng), "lr": float(getattr(agent, "lr", 0.0))}
+                    run.save_checkpoint(iteration, state)
+                bar.update(int(traj["env_steps"]), ret=round(tracker.mean, 1))
+    finally:
+        pool.close()
+    out = _summary(tracker, env_steps, run.elapsed, _window_rate(steady, whole=True))
+    out["actor_restarts"] = getattr(pool, "restarts", 0)
+    if algorithm == "impala":
+        out["dropped_stale"] = agent.dropped_stale
+    out["start_wall_s"] = t_start
+    out.update({f"last_{k}": v for k, v in summary_metrics.items() if k in ("loss", "entropy")})
+    return out
+
+
+def _window_rate(points: list[tuple[int, float]], whole: bool = False) -> float:
+    """Environment steps per second over the last 10 iterations (or all but the first, ``whole``)."""
+    if len(points) < 2:
+        return float("nan")
+    a = points[1] if whole and len(points) > 2 else points[max(0, len(points) - 11)]
+    b = points[-1]
+    return (b[0] - a[0]) / max(b[1] - a[1], 1e-9)
+
+
+def run_ppo(cfg: PPOExperimentConfig, run: Any) -> dict[str, Any]:
+    return _on_policy_run(cfg, run, "ppo")
+
+
+def run_impala(cfg: IMPALAExperimentConfig, run: Any) -> dict[str, Any]:
+    return _on_policy_run(cfg, run, "impala")
+
+
+# ------------------------------------------------------------------------------------------ DQN
+
+
+def run_dqn(cfg: DQNExperimentConfig, run: Any) -> dict[str, Any]:
+    from fedarena.envs.vector import make_vector_env
+    from fedarena.rl.execution import _limit_blas_threads
+
+    _limit_blas_threads()
+    c = cfg.dqn
+    env = make_vector_env(cfg.env_id, c.num_envs, seed=cfg.seed, backend=cfg.env_backend)
+    agent = DQN(env.observation_space, env.action_space, c, seed=cfg.seed)
+    tracker = _Tracker(cfg.window, cfg.target_return)
+    iteration = 0
+    restored = run.restore()
+    if restored:
+        iteration, state = restored
+        agent.learner.set_state(state["params"], state["opt_state"], int(state["version"]))
+        agent.target_params = state["target_params"]
+        agent.env_steps = int(state["env_steps"])
+        agent._last_train = int(state["last_train"])
+        agent._last_target_update = int(state["last_target_update"])
+        tracker.load(state["tracker"])
+        _set_rng(agent.rng, state["rng"])
+        if "replay" in state:
+            agent.replay.load_state_dict(state["replay"])
+    obs = env.reset(seed=cfg.seed + iteration)
+    stats = EpisodeStats()
+    ep = {"ret": np.zeros(c.num_envs), "len": np.zeros(c.num_envs, dtype=np.int64)}
+    steady: list[tuple[int, float]] = []
+    total = cfg.total_steps
+    per_iter = max(1, cfg.steps_per_iteration // c.num_envs)
+    metrics: dict[str, float] | None = None
+    with run.progress(total=total, initial=agent.env_steps, desc="dqn") as bar:
+        while agent.env_steps < total and not tracker.done:
+            before = agent.env_steps
+            obs, m = run_dqn_steps(agent, env, obs, per_iter, lambda s: s / total, stats, ep)
+            metrics = m or metrics
+            iteration += 1
+            wall = run.elapsed
+            returns, _ = stats.drain()
+            tracker.add(returns, agent.env_steps, wall)
+            steady.append((agent.env_steps, wall))
+            run.log(iteration, env_steps=agent.env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
+                    env_steps_per_second=_window_rate(steady), epsilon=agent.epsilon(agent.env_steps / total),
+                    replay_size=len(agent.replay), **(metrics or {}))
+            if run.should_checkpoint(iteration):
+                state = {"params": agent.learner.params, "opt_state": agent.learner.opt_state,
+                         "target_params": agent.target_params, "version": agent.learner.version,
+                         "env_steps": agent.env_steps, "last_train": agent._last_train,
+                         "last_target_update": agent._last_target_update, "tracker": tracker.state(),
+                         "rng": _rng_state(agent.rng)}
+                if cfg.checkpoint_replay:
+                    state["replay"] = agent.replay.state_dict()
+                run.save_checkpoint(iteration, state)
+            bar.update(agent.env_steps - before, ret=round(tracker.mean, 1))
+    return _summary(tracker, agent.env_steps, run.elapsed, _window_rate(steady, whole=True))
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def plots(rows: Sequence[Mapping[str, Any]], cfg: Any, report_dir: str) -> list[str]:
+    """Return vs environment steps, return vs wall time, and throughput vs environment steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "env_steps" in r]
+    if not rows:
+        return []
+    steps = np.array([r["env_steps"] for r in rows], dtype=float)
+    wall = np.array([r["wall_time"] for r in rows], dtype=float)
+    ret = np.array([r.get("episode_return", np.nan) for r in rows], dtype=float)
+    sps = np.array([r.get("env_steps_per_second", np.nan) for r in rows], dtype=float)
+    paths = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, x, xlabel in ((axes[0], steps, "environment steps"), (axes[1], wall, "wall time (s)")):
+        ax.plot(x, ret, lw=1.5)
+        if cfg.target_return > 0:
+            ax.axhline(cfg.target_return, color="k", ls="--", lw=0.8, label=f"target {cfg.target_return:g}")
+            ax.legend(fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"mean return (last {cfg.window} episodes)")
+        ax.grid(alpha=0.3)
+    axes[2].plot(steps, sps, lw=1.2, color="tab:green")
+    axes[2].set_xlabel("environment steps")
+    axes[2].set_ylabel("environment steps / s")
+    axes[2].grid(alpha=0.3)
+    fig.suptitle(f"{cfg.kind} on {cfg.env_id} (seed {cfg.seed}, {cfg.execution})")
+    fig.tight_layout()
+    paths.append(f"{report_dir}/return_and_throughput.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    return paths
+
+
+_SUMMARY = ("episode_return", "env_steps", "env_steps_per_second")
+PPO_EXPERIMENT = Experiment(config=PPOExperimentConfig, run=run_ppo, plots=plots, summary_keys=_SUMMARY)
+IMPALA_EXPERIMENT = Experiment(config=IMPALAExperimentConfig, run=run_impala, plots=plots, summary_keys=_SUMMARY)
+DQN_EXPERIMENT = Experiment(config=DQNExperimentConfig, run=run_dqn, plots=plots, summary_keys=_SUMMARY)

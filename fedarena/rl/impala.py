@@ -1,0 +1,131 @@
+"""IMPALA: importance-weighted actor-learner architecture with V-trace (Espeholt et al., 2018, ICML).
+
+Actors run a possibly stale copy of the policy mu and send trajectories stamped with the weight
+version; the learner evaluates its current policy pi on them and corrects the off-policyness with
+V-trace (section 4.1): value targets v_s and policy-gradient advantages rho_s (r_s + gamma v_{s+1} -
+V(x_s)) (section 4.2). Loss: -mean(log pi(a|x) * advantage) + baseline_cost * 0.5 mean((v_s - V(x))^2)
+- entropy_cost * mean(entropy). Trajectories more than ``max_policy_lag`` versions old are dropped.
+The paper optimises with RMSProp; this module uses Adam (the update rule is not part of the method).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from fedarena import engine
+from fedarena.engine import ops
+from fedarena.rl.learning import adam_init, adam_step, clip_by_global_norm
+from fedarena.rl.networks import ActorCritic, torso_for
+from fedarena.rl.returns import vtrace
+from fedarena.rl.spaces import action_distribution, observation_adapter
+from fedarena.rl.workers import Learner, Weights
+
+
+@dataclass(frozen=True)
+class IMPALAConfig:
+    num_envs: int = 8
+    """environments per actor"""
+    unroll_length: int = 32
+    gamma: float = 0.99
+    learning_rate: float = 1e-3
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    clip_rho_threshold: float = 1.0
+    clip_c_threshold: float = 1.0
+    clip_pg_rho_threshold: float = 1.0
+    max_grad_norm: float = 40.0
+    max_policy_lag: int = 20
+    """drop trajectories whose weights are more than this many learner versions old"""
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+
+    def __post_init__(self) -> None:
+        checks = {"num_envs": self.num_envs >= 1, "unroll_length": self.unroll_length >= 1,
+                  "gamma": 0.0 <= self.gamma <= 1.0, "learning_rate": self.learning_rate > 0,
+                  "max_policy_lag": self.max_policy_lag >= 0, "clip_rho_threshold": self.clip_rho_threshold > 0,
+                  "clip_c_threshold": self.clip_c_threshold > 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"impala.{name}: invalid value {getattr(self, name)!r}")
+
+
+class IMPALA:
+    """The IMPALA learner for one observation/action space pair (actors use :attr:`forward`)."""
+
+    def __init__(self, observation_space: Any, action_space: Any, config: IMPALAConfig, seed: int = 0) -> None:
+        self.config = config
+        self.adapter = observation_adapter(observation_space)
+        self.dist = action_distribution(action_space)
+        self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist)
+        self.rng = np.random.default_rng(seed)
+        params = self.net.init(self.rng)
+        self.learner = Learner(params, adam_init(params), self._learn)
+        self.forward = engine.jit(self._forward)
+        self._step = engine.jit(self._train_step)
+        self.dropped_stale = 0
+
+    def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
+        return self.net.policy(params, x), self.net.value(params, x)
+
+    def weights(self) -> Weights:
+        return self.learner.weights()
+
+    def loss(self, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        c = self.config
+        dist_inputs = self.net.policy(params, batch["obs"])
+        log_prob = self.dist.log_prob(*dist_inputs, batch["action"])
+        entropy = ops.mean(self.dist.entropy(*dist_inputs))
+        value = self.net.value(params, batch["obs"])
+        pg_loss = -ops.mean(log_prob * batch["pg_advantage"])
+        baseline_loss = 0.5 * ops.mean(ops.square(batch["vs"] - value))
+        loss = pg_loss + c.baseline_cost * baseline_loss - c.entropy_cost * entropy
+        return loss, {"pg_loss": pg_loss, "baseline_loss": baseline_loss, "entropy": entropy}
+
+    def _train_step(self, params: Any, opt_state: Any, batch: Mapping[str, Any], lr: Any) -> tuple[Any, Any, Any]:
+        (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, batch)
+        grads, grad_norm = clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = adam_step(params, grads, opt_state, lr)
+        return params, opt_state, dict(aux, loss=loss, grad_norm=grad_norm)
+
+    def vtrace_batch(self, params: Any, traj: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Evaluate pi and V on a trajectory and compute V-trace targets (numpy, outside the gradient)."""
+        c = self.config
+        obs = np.asarray(traj["obs"], dtype=np.float32)
+        t, n = obs.shape[:2]
+        flat_obs = obs.reshape((t * n,) + obs.shape[2:])
+        actions = np.asarray(traj["action"]).reshape((t * n,) + np.shape(traj["action"])[2:])
+        all_obs = np.concatenate([flat_obs, np.asarray(traj["last_obs"], dtype=np.float32)], axis=0)
+        dist_inputs, values = self.forward(params, all_obs)
+        values = np.asarray(values, dtype=np.float64)
+        inputs = tuple(np.asarray(a)[: t * n] if np.ndim(a) > 1 else np.asarray(a) for a in dist_inputs)
+        if len(inputs) == 2:
+            inputs = (inputs[0], np.broadcast_to(inputs[1], inputs[0].shape))
+        target_log_prob = self.dist.log_prob_np(*inputs, actions).reshape(t, n)
+        log_rhos = target_log_prob - np.asarray(traj["log_prob"], dtype=np.float64)
+        vt = vtrace(log_rhos, traj["discount"], traj["reward"], values[: t * n].reshape(t, n), values[t * n:],
+                    c.clip_rho_threshold, c.clip_c_threshold, c.clip_pg_rho_threshold)
+        return {"obs": flat_obs, "action": self.dist.encode(actions),
+                "vs": vt.vs.reshape(-1).astype(np.float32),
+                "pg_advantage": vt.pg_advantages.reshape(-1).astype(np.float32),
+                "mean_rho": np.float32(np.mean(vt.clipped_rhos))}
+
+    def _learn(self, params: Any, opt_state: Any, traj: Mapping[str, Any]) -> tuple[Any, Any, dict]:
+        batch = self.vtrace_batch(params, traj)
+        mean_rho = float(batch.pop("mean_rho"))
+        params, opt_state, aux = self._step(params, opt_state, batch, np.float32(self.config.learning_rate))
+        metrics = {k: float(v) for k, v in aux.items()}
+        metrics["mean_clipped_rho"] = mean_rho
+        return params, opt_state, metrics
+
+    def update(self, traj: Mapping[str, Any]) -> dict[str, float] | None:
+        """Learn from one actor trajectory, or drop it (returns None) when its weights are too stale."""
+        lag = self.learner.version - int(traj["version"])
+        if lag > self.config.max_policy_lag:
+            self.dropped_stale += 1
+            return None
+        metrics = self.learner.update(traj)
+        metrics["policy_lag"] = float(lag)
+        return metrics
