@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from fedarena.platform.experiment import Experiment
 
 KINDS: dict[str, tuple[str, str]] = {
+    "ppo": ("fedarena.rl.experiments:PPO_EXPERIMENT", "PPO (clipped objective, GAE) on a gymnasium env; local, multiprocess or Ray actors"),
+    "dqn": ("fedarena.rl.experiments:DQN_EXPERIMENT", "DQN with double/dueling/n-step/prioritized replay on a gymnasium env"),
+    "impala": ("fedarena.rl.experiments:IMPALA_EXPERIMENT", "IMPALA (V-trace) with asynchronous actors, optionally on Ray with an inference server"),
     "xfp": ("fedarena.marl.game_experiments:XFP_EXPERIMENT", "full-width extensive-form fictitious play (XFP) on Kuhn/Leduc/matrix games, exact exploitability per iteration"),
     "cfr": ("fedarena.marl.game_experiments:CFR_EXPERIMENT", "CFR / CFR+ reference equilibrium solver on Kuhn/Leduc/matrix games, exact exploitability of the average policy"),
     "psro": ("fedarena.marl.game_experiments:PSRO_EXPERIMENT", "PSRO with exact best responses, several meta-solvers (nash, prd, uniform, last...) compared in one report"),
