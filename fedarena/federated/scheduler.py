@@ -265,7 +265,7 @@ class Scheduler:
         row: dict[str, Any] = {
             "round": self.round, "selected": len(self.selected), "admitted": len(self.admitted),
             "reporting": len(total.clients), "needed": need, "close_reason": self.close_reason,
-            "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds,
+            "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
             "bytes_up": bytes_up, "bytes_down": bytes_down,
             "servers": sorted(self.partials),
         }
