@@ -267,7 +267,7 @@ class Scheduler:
             "reporting": len(total.clients), "needed": need, "close_reason": self.close_reason,
             "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
             "bytes_up": bytes_up, "bytes_down": bytes_down,
-            "servers": sorted(self.partials),
+            "servers": sorted(self.partials), "clients": sorted(total.clients),
         }
         if len(total.clients) >= need and total.weight > 0:
             delta = total.mean_delta()

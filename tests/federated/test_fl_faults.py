@@ -67,6 +67,10 @@ def test_dead_and_stalled_clients_do_not_stop_rounds(tmp_path, deployments):
     # training goes on with the survivors, and later rounds no longer wait for the dead
     st = d.wait_for(lambda s: any(r["round"] > killed_round and r["outcome"] == "aggregated"
                                   and r["close_reason"] == "all_reported" for r in s["history"]), 60)
+    assert not set(victims) & set(st["history"][-1]["clients"])
+    # a crashed client restarted with the same id rejoins and is aggregated again
+    d.start_client(2)
+    st = d.wait_for(lambda s: any(r["round"] > killed_round and victims[0] in r["clients"] for r in s["history"]), 60)
 
     # stall two clients (SIGSTOP) beyond the window: the round closes on its timer without them
     stalled = [client_name(5), client_name(6)]

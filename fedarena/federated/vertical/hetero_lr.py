@@ -59,6 +59,7 @@ class HeteroLRConfig:
     value_bits: int = 100
     mask_bits: int = 40
     pack_decryption: bool = True
+    pool_size: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -68,6 +69,7 @@ class HeteroLRConfig:
             "frac_bits": 8 <= self.frac_bits <= 64, "feature_frac_bits": 4 <= self.feature_frac_bits <= 32,
             "value_bits": self.frac_bits + self.feature_frac_bits + 8 <= self.value_bits <= self.key_bits // 2 - self.mask_bits - 4,
             "mask_bits": 20 <= self.mask_bits <= 128,
+            "pool_size": self.pool_size >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -230,6 +232,7 @@ class HostB:
         self.own: Decryptor | None = None
         self.peer_key: pl.FastPublicKey | None = None  # two parties: A's key
         self.masker: Masker | None = None
+        self.pool: pl.ObfuscationPool | None = None
         self._batch: np.ndarray | None = None
         self._u_b: np.ndarray | None = None
 
@@ -239,6 +242,9 @@ class HostB:
 
     def set_coordinator_key(self, m: PublicKeyMsg) -> None:
         self.enc_key = read_public_key(m, min_bits=min(self.cfg.key_bits, 2048))
+        if self.cfg.pool_size:  # B encrypts under C's key: precompute obfuscators on a background process
+            self.pool = pl.ObfuscationPool(int(self.enc_key.n), capacity=self.cfg.pool_size, workers=1)
+            self.enc_key = pl.FastPublicKey(self.enc_key.phe, self.pool)
         self.masker = Masker(self.enc_key, self.cfg.value_bits, self.cfg.mask_bits, self.cfg.pack_decryption, self.timer)
 
     def make_own_key(self, key_bits: int) -> PublicKeyMsg:
@@ -394,6 +400,11 @@ class HeteroLR:
         secs["comm"] = self.link.stats.seconds if self.link else 0.0
         nbytes = self.link.stats.total_bytes if self.link else 0
         return EpochReport(self.epoch, float(np.average(losses, weights=sizes)), secs, nbytes)
+
+    def close(self) -> None:
+        if self.b.pool is not None:
+            self.b.pool.close()
+            self.b.pool = None
 
     def predict(self, rows_a: np.ndarray, rows_b: np.ndarray | None = None) -> np.ndarray:
         """Joint inference: B sends only its partial scores x_B theta_B; A adds its own and the sigmoid."""

@@ -8,8 +8,8 @@ Party A (the *server*) holds an RSA key (n, e, d); party B (the *client*) holds 
 3. B -> A: y_i = H(b_i) * R_i^e mod n with fresh random R_i in Z_n^* (chunks).
 4. A -> B: y_i' = y_i^d mod n (CRT, on all cores).  B unblinds K_i = y_i' / R_i mod n, checks
    K_i^e = H(b_i) (a cheating or faulty A is caught), and keeps b_i whose H'(K_i) is among the t_j.
-5. B -> A: the matched tags; A maps them to its IDs. Both order the intersection by tag, which gives
-   the two parties the same row order for training without revealing anything else.
+5. B -> A: the matched tags; A maps them to its IDs. Both then order the shared IDs by their bytes,
+   which gives the two parties the same row order for training, whatever the key or input order.
 
 A sees only blinded values (uniform in Z_n^*) and the tags of shared IDs; B sees tags of A's IDs,
 which it cannot compute without d. Each party keeps O(chunk) big numbers in flight plus 32 bytes per
@@ -116,6 +116,13 @@ def _dedupe(ids: Iterable[str | bytes]) -> tuple[list, list[int], list[bytes]]:
             first[b] = pos
             values.append(x)
     return values, list(first.values()), list(first.keys())
+
+
+def _canonical(ids: list, positions: list[int], chosen: Sequence[int]) -> PsiResult:
+    """The shared IDs ordered by their canonical bytes: both parties know them, so both get the same
+    order, independent of the key and of either party's input order."""
+    order = sorted(chosen, key=lambda j: encode_id(ids[j]))
+    return PsiResult([ids[j] for j in order], [positions[j] for j in order])
 
 
 def _chunks(seq: Sequence, size: int) -> Iterator[Sequence]:
@@ -234,7 +241,7 @@ class PsiServer:
             raise ProtocolError(f"psi.matches.tags[{bad}]", "not a tag that A sent")
         shuffled_idx = sort[pos]
         dedup_idx = [self._order[int(j)] for j in shuffled_idx]
-        self._result = PsiResult([self._ids[j] for j in dedup_idx], [self._positions[j] for j in dedup_idx])
+        self._result = _canonical(self._ids, self._positions, dedup_idx)
         return self._result
 
     def close(self) -> None:
@@ -363,7 +370,7 @@ class PsiClient:
         if self._pending:
             raise ProtocolError("psi", f"{len(self._pending)} chunks still unanswered")
         self._matched.sort()
-        self._result = PsiResult([self._ids[j] for _, j in self._matched], [self._positions[j] for _, j in self._matched])
+        self._result = _canonical(self._ids, self._positions, [j for _, j in self._matched])
         return Matches(len(self._matched), b"".join(t for t, _ in self._matched))
 
     @property
