@@ -133,6 +133,25 @@ def _check_rows(tree: GameTree, p: np.ndarray, rows: np.ndarray | None = None) -
         raise PolicyError(f"policy['{tree.infostates[rows[r]]}']: probabilities sum to {sums[r]:.9g}, expected 1")
 
 
+def check_policy_batch(tree: GameTree, probs: np.ndarray, players: tuple[int, ...] | None = None,
+                       name: str = "policies") -> None:
+    """Validate a stack of policy arrays ``(K, S, A)`` at once; the error names the policy and the state."""
+    P = np.asarray(probs, dtype=np.float64)
+    if P.ndim != 3 or P.shape[1:] != tree.legal.shape:
+        raise PolicyError(f"{name}: expected arrays of shape {tree.legal.shape}, got {P.shape[1:]}")
+    rows = np.arange(tree.num_infostates) if players is None else np.flatnonzero(
+        np.isin(tree.infostate_player, players))
+    sub = P[:, rows]
+    ok = (np.isfinite(sub).all(axis=2) & (sub >= 0).all(axis=2) & ~((sub * ~tree.legal[rows]) > 0).any(axis=2)
+          & (np.abs(sub.sum(axis=2) - 1.0) <= PROB_TOLERANCE))
+    if not ok.all():
+        k = int(np.argmax(~ok.all(axis=1)))
+        try:
+            _check_rows(tree, P[k], rows)
+        except PolicyError as e:
+            raise PolicyError(f"{name}[{k}]: {e}") from None
+
+
 def as_policy(game: Game | GameTree, policy: PolicyLike, players: tuple[int, ...] | None = None) -> TabularPolicy:
     """``policy`` (a :class:`TabularPolicy`, a dict ``infostate -> probabilities`` or an array) validated
     against ``game``. With ``players`` given, only their information states are required (the others are

@@ -24,7 +24,7 @@ from fedarena.marl.best_response import best_response
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.game_tree import GameTree, game_tree
 from fedarena.marl.meta_solvers import MetaSolver, get_meta_solver
-from fedarena.marl.policy import PolicyLike, TabularPolicy, as_policy, uniform_policy
+from fedarena.marl.policy import PolicyLike, TabularPolicy, as_policy, check_policy_batch, uniform_policy
 from fedarena.marl.tree_walk import terminal_reach
 from fedarena.marl.xfp import mix_realization
 
@@ -41,19 +41,31 @@ def _check_mixture(policies: Sequence[TabularPolicy], weights: np.ndarray) -> np
     return w
 
 
-def mixture_policy(game: Game | GameTree, policies: Sequence[TabularPolicy], weights: np.ndarray) -> TabularPolicy:
+def _stack(tree: GameTree, policies: Sequence[PolicyLike], players: tuple[int, ...] | None) -> np.ndarray:
+    arrays = [p.probs if isinstance(p, TabularPolicy) and p.tree.infostates == tree.infostates
+              else as_policy(tree, p, players=players).probs for p in policies]
+    stacked = np.stack(arrays) if arrays else np.zeros((0,) + tree.legal.shape)
+    check_policy_batch(tree, stacked, players, name="opponent_policies")
+    return stacked
+
+
+def mixture_policy(game: Game | GameTree, policies: Sequence[PolicyLike], weights: np.ndarray,
+                   players: tuple[int, ...] | None = None) -> TabularPolicy:
     """The behavioural policy that plays like picking ``policies[k]`` with probability ``weights[k]`` once
-    at the start of the game (per player; Kuhn's theorem via realization weights)."""
+    at the start of the game (per player; Kuhn's theorem via realization weights). With ``players``,
+    only their rows are validated and meaningful."""
     tree = game_tree(game)
     w = _check_mixture(policies, weights)
-    return TabularPolicy(tree, mix_realization(tree, [as_policy(tree, p).probs for p in policies], w))
+    return TabularPolicy(tree, mix_realization(tree, _stack(tree, policies, players), w))
 
 
 def exact_best_response_oracle(game: Game | GameTree, player: int, opponent_policies: Sequence[TabularPolicy],
                                opponent_weights: np.ndarray) -> TabularPolicy:
     """An exact best response of ``player`` to the opponent's mixture (ties to the lowest action)."""
-    mix = mixture_policy(game, opponent_policies, opponent_weights)
-    return best_response(game, mix, player).policy
+    tree = game_tree(game)
+    others = tuple(p for p in range(tree.num_players) if p != player)
+    mix = mixture_policy(tree, opponent_policies, opponent_weights, players=others)
+    return best_response(tree, mix, player).policy
 
 
 class PSRO:
@@ -91,22 +103,25 @@ class PSRO:
         return tree.utilities[z].mean(axis=0)
 
     def _extend_meta_game(self) -> None:
+        """Fill the entries of the newest population members (exactly: one matrix product per new row or
+        column, ``sum_z chance(z) u(z) x_0(z) x_1(z)``; or by sampling ``sample_episodes`` plays)."""
         old = self.meta_game
         k0, k1 = len(self.populations[0]), len(self.populations[1])
+        o0, o1 = old.shape[1], old.shape[2]
         new = np.zeros((2, k0, k1))
-        new[:, : old.shape[1], : old.shape[2]] = old
-        if self.sample_episodes == 0:  # exact: new rows and columns in two matrix products
-            cu = self.tree.chance_reach[self.tree.terminals][:, None] * self.tree.utilities
-            R0, R1 = np.stack(self._reach[0]), np.stack(self._reach[1])
+        new[:, :o0, :o1] = old
+        R0, R1 = np.stack(self._reach[0]), np.stack(self._reach[1])
+        if self.sample_episodes == 0:
+            cu = self.tree.chance_reach[self.tree.terminals][:, None] * self.tree.utilities   # (T, 2)
             for p in range(2):
-                full = (R0 * cu[:, p]) @ R1.T
-                new[p, old.shape[1]:, :] = full[old.shape[1]:, :]
-                new[p, :, old.shape[2]:] = full[:, old.shape[2]:]
+                weighted = R0 * cu[:, p]
+                new[p, o0:, :] = weighted[o0:] @ R1.T
+                new[p, :o0, o1:] = weighted[:o0] @ R1[o1:].T
         else:
             for i in range(k0):
                 for j in range(k1):
-                    if i >= old.shape[1] or j >= old.shape[2]:
-                        new[:, i, j] = self._entry(self._reach[0][i], self._reach[1][j])
+                    if i >= o0 or j >= o1:
+                        new[:, i, j] = self._entry(R0[i], R1[j])
         self.meta_game = new
 
     # ------------------------------------------------------------------ iterations
@@ -126,9 +141,10 @@ class PSRO:
         """Each player's population mixed by its meta-strategy, as one behavioural policy."""
         probs = np.zeros_like(self.tree.uniform_probs())
         for p in range(2):
-            mix = mixture_policy(self.tree, self.populations[p], self.meta_strategies[p])
+            stacked = np.stack([pol.probs for pol in self.populations[p]])
+            mix = mix_realization(self.tree, stacked, self.meta_strategies[p])
             rows = self.tree.infostate_player == p
-            probs[rows] = mix.probs[rows]
+            probs[rows] = mix[rows]
         return TabularPolicy(self.tree, probs)
 
     def exploitability(self) -> float:

@@ -22,17 +22,19 @@ def edge_weights(tree: GameTree, probs: np.ndarray) -> np.ndarray:
 
 
 def player_reach(tree: GameTree, probs: np.ndarray, players: tuple[int, ...] | None = None) -> np.ndarray:
-    """``(len(players), N)``: each player's own contribution to the probability of reaching each node."""
+    """``(..., len(players), N)``: each player's own contribution to the probability of reaching each node.
+    ``probs`` may carry leading batch dimensions (several policies walked together)."""
     players = tuple(range(tree.num_players)) if players is None else tuple(players)
-    flat = probs.reshape(-1)
-    W = np.ones((len(players), tree.num_nodes))
+    batch = probs.shape[:-2]
+    flat = probs.reshape(batch + (-1,))
+    W = np.ones(batch + (len(players), tree.num_nodes))
     for k, p in enumerate(players):
         m = tree.edge_player == p
-        W[k, tree.edge_nodes[m]] = flat[tree.edge_sa[m]]
+        W[..., k, tree.edge_nodes[m]] = flat[..., tree.edge_sa[m]]
     R = np.ones_like(W)
     parent = tree.parent
     for lv in tree.levels[1:]:
-        R[:, lv.start:lv.stop] = R[:, parent[lv.start:lv.stop]] * W[:, lv.start:lv.stop]
+        R[..., lv.start:lv.stop] = R[..., parent[lv.start:lv.stop]] * W[..., lv.start:lv.stop]
     return R
 
 

@@ -19,21 +19,18 @@ from fedarena.marl.policy import PolicyLike, TabularPolicy, as_policy
 from fedarena.marl.tree_walk import player_reach
 
 
-def mix_realization(tree: GameTree, probs: list[np.ndarray], weights: np.ndarray) -> np.ndarray:
+def mix_realization(tree: GameTree, probs: list[np.ndarray] | np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The behavioural policy equivalent to playing policy ``k`` with probability ``weights[k]`` (for each
     player separately; Kuhn's theorem): realization-weighted average of the rows, kept from ``probs[0]``
-    where no policy of positive weight reaches an information state."""
-    rows_player, reps = tree.infostate_player, tree.infostate_node
-    num = np.zeros_like(probs[0])
-    den = np.zeros(tree.num_infostates)
-    for pk, wk in zip(probs, weights):
-        if wk == 0:
-            continue
-        R = player_reach(tree, pk)
-        x = wk * R[rows_player, reps]
-        num += x[:, None] * pk
-        den += x
-    out = np.array(probs[0], dtype=np.float64, copy=True)
+    where no policy of positive weight reaches an information state. All policies are walked together."""
+    stacked = np.asarray(probs, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    keep = w > 0
+    R = player_reach(tree, stacked[keep])                       # (K, P, N)
+    x = w[keep, None] * R[:, tree.infostate_player, tree.infostate_node]   # (K, S) realization weights
+    num = np.einsum("ks,ksa->sa", x, stacked[keep])
+    den = x.sum(axis=0)
+    out = stacked[0].copy()
     ok = den > 0
     out[ok] = num[ok] / den[ok, None]
     return out
