@@ -102,3 +102,18 @@ def test_custom_oracle_interface_and_checkpoint():
         PSRO(game, sample_episodes=-1)
     with pytest.raises(KeyError, match="meta-solver"):
         PSRO(game, meta_solver="best")
+
+
+def test_oracle_rejects_a_bad_opponent_policy_naming_it():
+    from fedarena.marl.policy import PolicyError, TabularPolicy
+
+    game = load_game("kuhn_poker")
+    u = uniform_policy(game)
+    bad = u.probs.copy()
+    bad[u.tree.infostate_index["1b"]] = [0.7, 0.7]
+    with pytest.raises(PolicyError, match=r"opponent_policies\[1\]: policy\['1b'\]: probabilities sum to 1.4"):
+        exact_best_response_oracle(game, 0, [u, TabularPolicy(u.tree, bad)], np.array([0.5, 0.5]))
+    # the responder's own rows are not used, so they are not checked
+    bad_own = u.probs.copy()
+    bad_own[u.tree.infostate_index["1pb"]] = [2.0, 0.0]
+    exact_best_response_oracle(game, 0, [TabularPolicy(u.tree, bad_own)], np.array([1.0]))
