@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from fedarena.federated import wire
-from fedarena.federated.protocol import RoundConfig
-from fedarena.federated.stages import Clip, GaussianLDP, UploadStage, encode_update
+from fedarena.federated.protocol import RoundConfig, params_shapes, signds_config
+from fedarena.federated.stages import Clip, GaussianLDP, UploadStage, encode_signds, encode_update
 from fedarena.federated.trainer import LocalTrainer
 from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
 
@@ -52,6 +52,10 @@ class ClientOptions:
     """consecutive transport failures before asking the scheduler for another server"""
     rpc_timeout_s: float = 30.0
     seed: int = 0
+    """seed of local training (minibatch order)"""
+    privacy_seed: int = -1
+    """seed of the upload stages' randomness (DP noise, SignDS, stochastic rounding); -1 = a fresh secret
+    seed from ``secrets`` for every upload (anything else is for reproducible tests only)"""
 
     def stages(self) -> list[UploadStage]:
         out: list[UploadStage] = []
@@ -197,11 +201,19 @@ class FLClient:
         self.stats.rounds_trained += 1
         delta = {k: (local[k].astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
                  for k in self.params}
+        cid_key = int.from_bytes(self.client_id.encode()[:8], "little")
+        prng = np.random.default_rng(secrets.randbits(128) if self.options.privacy_seed < 0
+                                     else [self.options.privacy_seed, rnd, cid_key])
         for stage in self.stages:
-            delta = stage(delta, rng)
-        payload = encode_update(delta, self.options.encoding, rng, self.options.topk_fraction)
+            delta = stage(delta, prng)
+        sds = signds_config(cfg, params_shapes(self.params))
+        if sds is not None:
+            encoding, payload = "signds", encode_signds(delta, sds, prng)
+        else:
+            encoding = self.options.encoding
+            payload = encode_update(delta, encoding, prng, self.options.topk_fraction)
         upload = {"round": rnd, "model_version": version, "num_examples": int(len(self.x)),
-                  "nonce": os.urandom(16), "encoding": self.options.encoding, "update": payload,
+                  "nonce": os.urandom(16), "encoding": encoding, "update": payload,
                   "train_loss": float(loss)}
         try:
             self._call_server("upload", upload, timeout=self.options.rpc_timeout_s)

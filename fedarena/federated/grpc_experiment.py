@@ -46,6 +46,10 @@ class FedAvgGrpcConfig(ExperimentConfig):
     ldp_epsilon: float = param(0.0, "local DP epsilon per upload (0 = off)")
     ldp_delta: float = param(1e-5, "local DP delta")
     ldp_clip_norm: float = param(1.0, "local DP clipping norm")
+    signds_k: int = param(0, "SignDS top-k size (0 = off); when on, clients upload SignDS reports")
+    signds_h: int = param(0, "SignDS number of reported dimensions h")
+    signds_epsilon: float = param(1.0, "SignDS epsilon per upload")
+    signds_lr: float = param(0.01, "SignDS global learning rate")
     max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
     tls_key: str = param("", "PEM private key of the nodes")
@@ -74,7 +78,9 @@ def _spec(cfg: FedAvgGrpcConfig):
         policy=RoundPolicy(
             rounds=cfg.rounds, clients_per_round=cfg.clients_per_round, min_fraction=cfg.min_fraction,
             window_seconds=cfg.window_seconds, start_clients=cfg.num_clients, selection=cfg.selection,
-            round_config=RoundConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, prox_mu=cfg.prox_mu),
+            round_config=RoundConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, prox_mu=cfg.prox_mu,
+                                     signds_k=cfg.signds_k, signds_h=cfg.signds_h,
+                                     signds_epsilon=cfg.signds_epsilon, signds_lr=cfg.signds_lr),
             server_optimizer=ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau),
             seed=cfg.seed,
         ),

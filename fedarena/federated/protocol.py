@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+import numpy as np
+
 from fedarena.federated import wire
 
 CLIENT_KINDS = ("register", "get_task", "upload", "ping")
@@ -47,6 +49,14 @@ class RoundConfig:
     lr: float = 0.1
     prox_mu: float = 0.0
     """FedProx proximal coefficient mu (0 = FedAvg local objective)"""
+    signds_k: int = 0
+    """SignDS top-k size (0 = SignDS off); when on, every client uploads a SignDS report"""
+    signds_h: int = 0
+    """SignDS output size h (number of reported dimensions)"""
+    signds_epsilon: float = 1.0
+    """SignDS local DP epsilon per upload"""
+    signds_lr: float = 0.01
+    """SignDS global learning rate: each reported dimension moves by sign * signds_lr / n"""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -57,6 +67,11 @@ class RoundConfig:
             raise ValueError(f"round.lr: must be > 0, got {self.lr}")
         if self.prox_mu < 0:
             raise ValueError(f"round.prox_mu: must be >= 0, got {self.prox_mu}")
+        if self.signds_k < 0 or (self.signds_k and not 0 < self.signds_h):
+            raise ValueError(f"round.signds_k/signds_h: need k >= 0 and, with k > 0, h > 0; got "
+                             f"{self.signds_k}, {self.signds_h}")
+        if self.signds_k and not (self.signds_epsilon > 0 and self.signds_lr > 0):
+            raise ValueError("round.signds_epsilon/signds_lr: must be > 0")
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,11 +84,25 @@ class RoundConfig:
                 batch_size=wire.field(body, "batch_size", int, where=where),
                 lr=wire.field(body, "lr", float, where=where),
                 prox_mu=wire.field(body, "prox_mu", float, where=where),
+                signds_k=wire.field(body, "signds_k", int, where=where, default=0),
+                signds_h=wire.field(body, "signds_h", int, where=where, default=0),
+                signds_epsilon=wire.field(body, "signds_epsilon", float, where=where, default=1.0),
+                signds_lr=wire.field(body, "signds_lr", float, where=where, default=0.01),
             )
         except ValueError as e:
             if isinstance(e, wire.WireError):
                 raise
             raise wire.WireError(where, str(e)) from None
+
+
+def signds_config(cfg: RoundConfig, shapes: Mapping[str, tuple[int, ...]]):
+    """The :class:`fedarena.privacy.signds.SignDSConfig` of a round (None when SignDS is off)."""
+    if not cfg.signds_k:
+        return None
+    from fedarena.privacy.signds import SignDSConfig
+
+    d = sum(int(np.prod(s)) for s in shapes.values())
+    return SignDSConfig(d=d, k=cfg.signds_k, h=cfg.signds_h, epsilon=cfg.signds_epsilon)
 
 
 def params_shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from fedarena.federated import auth, wire
-from fedarena.federated.protocol import CLIENT_KINDS, params_shapes
-from fedarena.federated.stages import decode_update, global_norm
+from fedarena.federated.protocol import CLIENT_KINDS, RoundConfig, params_shapes, signds_config
+from fedarena.federated.stages import decode_signds, decode_update, global_norm
 from fedarena.federated.strategy import PartialAggregate
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 
@@ -78,6 +78,8 @@ class FLServer:
         self.plan: dict[str, Any] = {"round": 0, "phase": "idle", "model_version": -1, "selected": [],
                                      "config": {}, "deadline_s": 0.0}
         self.selected: frozenset[str] = frozenset()
+        self.round_config = RoundConfig()
+        self.signds = None
         self.params: dict[str, np.ndarray] | None = None
         self.params_version = -1
         self.shapes: dict[str, tuple[int, ...]] = {}
@@ -172,6 +174,9 @@ class FLServer:
                 self.partial, self.partial_round = PartialAggregate(), rnd
                 self.uploaded = set()
                 self.bytes_up = self.bytes_down = 0
+            if phase == "open" and plan.get("config"):
+                self.round_config = RoundConfig.from_body(plan["config"])
+                self.signds = signds_config(self.round_config, self.shapes)
             self.plan = dict(plan)
             self.plan["received_at"] = time.monotonic()
             self.selected = frozenset(plan.get("selected", []))
@@ -295,7 +300,15 @@ class FLServer:
                                    "too_many_examples")
             if not math.isfinite(loss):
                 raise self._refuse("body.train_loss", "must be finite", "malformed")
-            delta = decode_update(encoding, payload, self.shapes)
+            if self.signds is not None:
+                if encoding != "signds":
+                    raise self._refuse("body.encoding", f"this round takes SignDS reports only, got {encoding!r}",
+                                       "malformed")
+                delta = decode_signds(payload, self.shapes, self.signds, self.round_config.signds_lr)
+                weight = 1  # SignDS averages the reports with equal weight (Jiang et al. 2022)
+            else:
+                delta = decode_update(encoding, payload, self.shapes)
+                weight = n
             norm = global_norm(delta)
             if not norm <= self.options.max_update_norm:
                 raise self._refuse("body.update", f"update norm {norm:.4g} exceeds the bound "
@@ -315,7 +328,7 @@ class FLServer:
             except TransportError as e:
                 self.nonces.pop(nonce, None)  # not counted anywhere: the client may retry this very message
                 raise self._refuse("server", f"scheduler unreachable ({e.code}); retry later", "unavailable") from None
-            self.partial.add(cid, delta, n, loss)
+            self.partial.add(cid, delta, weight, loss)
             self.uploaded.add(cid)
             self.bytes_up += nbytes
             return "ack", {"round": rnd, "clients_admitted": int(admitted.body.get("count", 0))}

@@ -17,8 +17,12 @@ Payload per tensor name, by encoding: ``dense``: array; ``topk``: ``{"indices": 
 :func:`decode_update` checks every name, dtype, shape, index range and finiteness before it builds
 a dense delta, and raises :class:`~fedarena.federated.wire.WireError` naming the offending field.
 
-Secure-aggregation masking and SignDS are not upload stages yet (they change the server's
-aggregation rule); see docs/architecture.md.
+``signds`` (SignDS, Jiang et al. 2022, from :mod:`fedarena.privacy.signds`) replaces the whole
+upload when the round config enables it: the flattened delta (tensors in sorted name order) becomes a
+report ``{"report": bytes}`` (sign byte + h uint32 indices); the server turns it into the dense delta
+``sign * signds_lr * 1[J]`` and averages reports with equal weight, which is exactly
+``signds_aggregate``. Secure-aggregation masking is not an upload stage yet (it needs extra protocol
+rounds between the clients); see docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 from fedarena.federated.wire import WireError, check_array
 
 Params = dict[str, np.ndarray]
-ENCODINGS = ("dense", "topk", "q8")
+ENCODINGS = ("dense", "topk", "q8", "signds")
 
 
 class UploadStage(Protocol):
@@ -86,8 +90,43 @@ class GaussianLDP:
         return out
 
 
+def flatten(delta: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The tensors of ``delta`` in sorted name order, raveled and concatenated (float64)."""
+    names = sorted(delta)
+    return np.concatenate([np.asarray(delta[k], np.float64).ravel() for k in names]) if names else np.zeros(0)
+
+
+def encode_signds(delta: Params, signds_cfg: Any, rng: np.random.Generator) -> dict[str, Any]:
+    from fedarena.privacy.signds import signds_report
+
+    return {"report": signds_report(flatten(delta), signds_cfg, rng).to_bytes()}
+
+
+def decode_signds(payload: Any, shapes: Mapping[str, tuple[int, ...]], signds_cfg: Any, lr: float,
+                  where: str = "body.update") -> Params:
+    """Validate a SignDS report and return its dense delta ``sign * lr * 1[J]`` split into the model's tensors."""
+    from fedarena.privacy.signds import SignDSReport
+
+    if signds_cfg is None:
+        raise WireError("body.encoding", "signds uploads are not enabled in this round")
+    if not isinstance(payload, dict) or set(payload) != {"report"} or not isinstance(payload["report"], bytes):
+        raise WireError(where, "expected a map with exactly 'report' (bytes)")
+    try:
+        rep = SignDSReport.from_bytes(payload["report"], signds_cfg)
+    except ValueError as e:
+        raise WireError(f"{where}.report", str(e)) from None
+    flat = np.zeros(signds_cfg.d, np.float64)
+    flat[rep.indices.astype(np.int64)] = rep.sign * lr
+    out, i = {}, 0
+    for name in sorted(shapes):
+        n = int(np.prod(shapes[name]))
+        out[name] = flat[i : i + n].reshape(shapes[name])
+        i += n
+    return out
+
+
 def encode_update(delta: Params, encoding: str, rng: np.random.Generator, topk_fraction: float = 0.1) -> dict[str, Any]:
-    """The upload payload of ``delta`` in ``encoding`` (see module docstring)."""
+    """The upload payload of ``delta`` in ``encoding`` (dense, topk or q8; see module docstring)."""
     if encoding == "dense":
         return {k: np.asarray(v, np.float32) for k, v in delta.items()}
     if encoding == "topk":
@@ -128,6 +167,8 @@ def _number(entry: Mapping[str, Any], key: str, path: str) -> float:
 
 def decode_update(encoding: Any, payload: Any, shapes: Mapping[str, tuple[int, ...]], where: str = "body.update") -> Params:
     """Validate an uploaded payload against the model's tensor ``shapes`` and return the dense float64 delta."""
+    if encoding == "signds":
+        raise WireError("body.encoding", "signds uploads are not enabled in this round")
     if encoding not in ENCODINGS:
         raise WireError("body.encoding", f"unknown encoding {encoding!r} (one of {', '.join(ENCODINGS)})")
     if not isinstance(payload, dict):

@@ -38,12 +38,12 @@ def test_fedavg_grpc_config_errors_name_the_field(tmp_path):
 def test_fedavg_grpc_resume_continues_from_the_last_round(tmp_path):
     cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 2, "hidden": [8], "trainer": "numpy",
            "rounds": 2, "epochs": 1, "window_seconds": 30.0, "checkpoint": {"every": 1, "keep": 2}}
-    execute(cfg, out=tmp_path / "run", quiet=True)
+    execute(cfg, out=tmp_path / "run", quiet=True, report=False)
     from fedarena.federated.protocol import model_bytes
     from fedarena.federated.scheduler import load_state
 
     before = load_state(tmp_path / "run" / "deployment" / "scheduler_state.fl")
-    summary = execute(None, overrides=["rounds=4"], resume=tmp_path / "run", quiet=True)
+    summary = execute(None, overrides=["rounds=4"], resume=tmp_path / "run", quiet=True, report=False)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["model_version"] for r in rows] == [1, 2, 3, 4] and summary["model_version"] == 4

@@ -261,3 +261,58 @@ def test_scheduler_state_resumes_with_identical_model_bytes(make_cluster, tmp_pa
     (tmp_path / "state.fl").write_bytes(b"\x93garbage")
     with pytest.raises(wire.WireError):
         Scheduler(policy, c.task.trainer.init_params(0), c.secret, tmp_path / "state.fl")
+
+
+def test_signds_rounds_aggregate_exactly_like_signds_aggregate(make_cluster):
+    from fedarena.federated.client import ClientOptions
+    from fedarena.federated.protocol import params_shapes, signds_config
+    from fedarena.federated.stages import flatten
+    from fedarena.privacy.signds import signds_aggregate, signds_report
+
+    cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, signds_k=10, signds_h=5, signds_epsilon=1.0, signds_lr=0.02)
+    policy = RoundPolicy(rounds=1, window_seconds=60, start_clients=3, min_fraction=1.0, round_config=cfg)
+    c = make_cluster(policy)
+    init = c.task.trainer.init_params(0)
+    opts = ClientOptions(privacy_seed=5)
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer, opts)
+               for i in range(3)]
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert c.scheduler.history[0]["reporting"] == 3
+    sds = signds_config(cfg, params_shapes(init))
+    reports = []
+    for i in range(3):
+        x, y = c.task.clients[i]
+        local, _ = c.task.trainer.train(init, x, y, epochs=1, batch_size=8, lr=0.1, prox_mu=0.0,
+                                        rng=_client_rng(0, 1, f"c{i}"))
+        delta = {k: (local[k].astype(np.float64) - init[k].astype(np.float64)).astype(np.float32) for k in init}
+        prng = np.random.default_rng([5, 1, int.from_bytes(f"c{i}".encode()[:8], "little")])
+        reports.append(signds_report(flatten(delta), sds, prng))
+    expect_flat = flatten(init) + signds_aggregate(reports, sds.d, 0.02)
+    np.testing.assert_allclose(flatten(c.scheduler.params), expect_flat.astype(np.float32), rtol=1e-6, atol=1e-7)
+    assert np.count_nonzero(flatten(c.scheduler.params) != flatten(init)) <= 3 * 5  # only reported dimensions moved
+
+
+def test_signds_round_refuses_dense_uploads_and_bad_reports(make_cluster):
+    cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, signds_k=10, signds_h=5)
+    c = make_cluster(RoundPolicy(rounds=2, window_seconds=60, start_clients=2, round_config=cfg))
+    p = c.peer(0)
+    _register(p, c, "a")
+    _register(p, c, "b")
+    wait_until(lambda: c.scheduler.phase == "open")
+    task = _task(p, c, "a").body
+    dense = {k: np.zeros(v.shape, np.float32) for k, v in task["params"].items()}
+    with pytest.raises(RemoteError, match="SignDS reports only"):
+        p.call("upload", _upload(c, "a", task, dense))
+    for report, reason in ((b"\x01" + b"\x00" * 3, "expected 21 bytes"), (b"\x07" + b"\x00" * 20, "sign byte"),
+                           (b"\x01" + np.array([1, 1, 2, 3, 4], "<u4").tobytes(), "distinct"),
+                           (b"\x01" + np.array([1, 2, 3, 4, 10**6], "<u4").tobytes(), "out of range")):
+        body = _upload(c, "a", task, dense, encoding="signds")
+        body["update"] = {"report": report}
+        with pytest.raises(RemoteError, match=reason) as info:
+            p.call("upload", body)
+        assert info.value.field == "body.update.report"
+    assert c.scheduler.admitted == {}
