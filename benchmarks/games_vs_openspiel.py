@@ -17,7 +17,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 
 
 def timed(fn, repeats: int) -> float:

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from fedarena.envs import (TERMINAL, MatrixGame, load_game, load_matrix_game, matrix_game_from_table,
+from fedarena.envs import (TERMINAL, load_game, load_matrix_game, matrix_game_from_table,
                            matrix_to_extensive)
 from fedarena.envs.matrix import MATRIX_GAMES
 

@@ -1,6 +1,5 @@
 """Kuhn poker rules (Kuhn, 1950): deals, legal actions, information states and payoffs."""
 
-import itertools
 
 import numpy as np
 import pytest

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from fedarena.envs import load_game
-from fedarena.marl import exploitability
 from fedarena.marl.best_response import best_response, expected_returns
 from fedarena.marl.policy import uniform_policy
 from fedarena.envs.efg import Game
