@@ -42,11 +42,16 @@ def poisson_batch(rng: np.random.Generator, dataset_size: int, sample_rate: floa
     return np.flatnonzero(rng.random(dataset_size) < sample_rate)
 
 
-def per_example_gradients(loss_fn: Callable[..., Any]) -> Callable[[Any, np.ndarray, np.ndarray], list[Any]]:
-    """``fn(params, x, y) -> [grad pytree of example i]``; ``loss_fn(params, x, y)`` must be a per-batch mean."""
+def per_example_gradients(loss_fn: Callable[..., Any], use_vmap: bool | None = None
+                          ) -> Callable[[Any, np.ndarray, np.ndarray], list[Any]]:
+    """``fn(params, x, y) -> [grad pytree of example i]``; ``loss_fn(params, x, y)`` must be a per-batch mean.
+
+    ``use_vmap``: None uses ``engine.vmap`` when the engine has it; False forces the loop."""
     grad1 = engine.jit(engine.grad(loss_fn))
     vmap = getattr(engine, "vmap", None)
-    if vmap is not None:
+    if use_vmap and vmap is None:
+        raise ValueError("use_vmap: the engine has no vmap")
+    if vmap is not None and use_vmap is not False:
         batched = engine.jit(vmap(lambda p, xi, yi: engine.grad(loss_fn)(p, xi[None], yi[None]),
                                   in_axes=(None, 0, 0)))
 

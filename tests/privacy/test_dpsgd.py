@@ -50,6 +50,23 @@ def test_clipped_per_example_sum_matches_torch():
         np.testing.assert_allclose(layer["b"], tb.numpy(), rtol=1e-9, atol=1e-12)
 
 
+def test_vmap_path_matches_loop():
+    from fedarena import engine
+
+    if not hasattr(engine, "vmap"):
+        pytest.skip("engine.vmap not available yet: per-example gradients use the loop")
+    mlp, params, x, y = _model()
+
+    def loss_fn(p, xb, yb):
+        return ops.cross_entropy(mlp.apply(p, xb), yb)
+
+    by_vmap = per_example_gradients(loss_fn, use_vmap=True)(params, x, y)
+    by_loop = per_example_gradients(loss_fn, use_vmap=False)(params, x, y)
+    for gv, gl in zip(by_vmap, by_loop):
+        for a, b in zip(engine.tree_leaves(gv), engine.tree_leaves(gl)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
 def test_noise_scale_and_normalisation():
     mlp, params, x, y = _model()
     def loss_fn(p, xb, yb):
