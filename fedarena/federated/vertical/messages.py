@@ -49,11 +49,13 @@ _PLAIN = {int: int, float: float, str: str, bytes: bytes, bool: bool, np.ndarray
 
 def encode(msg: Any) -> bytes:
     """Encode a registered message dataclass as one wire envelope."""
-    kind = getattr(type(msg), "KIND", None)
-    if kind is None or _REGISTRY.get(kind) is not type(msg):
-        raise TypeError(f"{type(msg).__name__} is not a registered vertical-FL message")
-    body = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    kind, body = body_of(msg)
     return wire.encode(kind, body)
+
+
+def kinds() -> frozenset[str]:
+    """Every registered vertical-FL message kind (those of the modules imported so far)."""
+    return frozenset(_REGISTRY)
 
 
 def decode(data: bytes, expected: type | tuple[type, ...] | None = None) -> Any:
@@ -66,7 +68,14 @@ def decode(data: bytes, expected: type | tuple[type, ...] | None = None) -> Any:
         env = wire.decode(data, kinds=_REGISTRY.keys())
     except wire.WireError as e:
         raise ProtocolError(e.field, e.reason) from None
-    cls = _REGISTRY[env.kind]
+    return from_envelope(env, expected)
+
+
+def from_envelope(env: wire.Message, expected: type | tuple[type, ...] | None = None) -> Any:
+    """The message dataclass of an already decoded envelope; checks kind, field set and field types."""
+    cls = _REGISTRY.get(env.kind)
+    if cls is None:
+        raise ProtocolError("kind", f"unknown message kind {env.kind!r}")
     if expected is not None:
         allowed = expected if isinstance(expected, tuple) else (expected,)
         if cls not in allowed:
@@ -84,6 +93,14 @@ def decode(data: bytes, expected: type | tuple[type, ...] | None = None) -> Any:
         except wire.WireError as e:
             raise ProtocolError(e.field, e.reason) from None
     return cls(**values)
+
+
+def body_of(msg: Any) -> tuple[str, dict]:
+    """(kind, body) of a registered message, for transports that take them separately."""
+    kind = getattr(type(msg), "KIND", None)
+    if kind is None or _REGISTRY.get(kind) is not type(msg):
+        raise TypeError(f"{type(msg).__name__} is not a registered vertical-FL message")
+    return kind, {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
 
 
 # ----------------------------------------------------------------------------- big-integer blobs

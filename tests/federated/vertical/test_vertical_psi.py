@@ -4,6 +4,7 @@ one run at the 2048-bit default)."""
 import hashlib
 import random
 
+import numpy as np
 import pytest
 
 from fedarena.federated.vertical import messages, psi
@@ -207,3 +208,24 @@ def test_tag_stream_checks_and_hostile_bytes(key):
             messages.decode(junk, psi.Signed)
     with pytest.raises(ProtocolError, match="kind"):
         messages.decode(messages.encode(psi.Matches(0, b"")), psi.Signed)
+
+
+def test_psi_and_hetero_lr_messages_over_grpc(key):
+    from fedarena.federated.vertical import hetero_lr as H
+    from fedarena.federated.vertical.channel import GrpcLink
+
+    link = GrpcLink()
+    try:
+        ra, rb = psi.intersect(["u1", "u2", "u3", "ü4"], ["ü4", "u2", "x"], key=key, chunk_size=2, workers=1,
+                               transfer=link.transfer)
+        assert ra.ids == rb.ids == ["u2", "ü4"]
+        rng = np.random.default_rng(0)
+        xa, xb, y = rng.normal(size=(20, 3)), rng.normal(size=(20, 2)), rng.integers(0, 2, 20)
+        cfg = H.HeteroLRConfig(epochs=1, batch_size=10, key_bits=1024)
+        over_grpc = H.HeteroLR(xa, y, xb, cfg, transfer=link.transfer)
+        in_process = H.HeteroLR(xa, y, xb, cfg)
+        assert over_grpc.train_epoch().loss == in_process.train_epoch().loss
+        assert np.array_equal(over_grpc.b.state.theta, in_process.b.state.theta)
+        assert link.stats.total_bytes > 0
+    finally:
+        link.close()
