@@ -206,6 +206,9 @@ class FLClient:
                                      else [self.options.privacy_seed, rnd, cid_key])
         for stage in self.stages:
             delta = stage(delta, prng)
+        if cfg.secagg:
+            self._run_secure(body, cfg, rnd, delta)
+            return
         sds = signds_config(cfg, params_shapes(self.params))
         if sds is not None:
             encoding, payload = "signds", encode_signds(delta, sds, prng)
@@ -221,6 +224,37 @@ class FLClient:
         except RemoteError as e:
             self.stats.uploads_refused[e.code] = self.stats.uploads_refused.get(e.code, 0) + 1
             log.info("%s: upload for round %d refused: %s", self.client_id, rnd, e)
+
+    def _run_secure(self, body: dict[str, Any], cfg: RoundConfig, rnd: int, delta: dict[str, np.ndarray]) -> None:
+        from fedarena.federated.secure_round import client_input, run_client, secagg_params
+        from fedarena.federated.stages import flatten
+
+        party = wire.field(body, "secagg_party", int)
+        n_selected = wire.field(body, "secagg_selected", int)
+        x = client_input(flatten(delta), len(self.x), cfg.secagg_weight_scale)
+        if x[-1] > cfg.secagg_clip:
+            log.warning("%s: %d examples exceed secagg_weight_scale * secagg_clip; weight is clipped",
+                        self.client_id, len(self.x))
+        params = secagg_params(cfg, n_selected, x.size)
+        deadline = time.monotonic() + wire.field(body, "deadline_s", float) + 4 * cfg.secagg_stage_seconds
+
+        def send(data: bytes) -> None:
+            self._call_server("secagg_send", {"round": rnd, "message": data}, timeout=self.options.rpc_timeout_s)
+
+        def poll(stage: int) -> bytes | None:
+            reply = self._call_server("secagg_poll", {"round": rnd, "stage": stage, "wait_s": 1.0},
+                                      timeout=self.options.rpc_timeout_s)
+            return wire.field(reply.body, "message", bytes) if reply.kind == "secagg" else None
+
+        try:
+            if run_client(send, poll, params, party, rnd, x, deadline):
+                self.stats.uploads_accepted += 1
+        except RemoteError as e:
+            self.stats.uploads_refused[e.code] = self.stats.uploads_refused.get(e.code, 0) + 1
+            log.info("%s: secure round %d: %s", self.client_id, rnd, e)
+        except (ValueError, RuntimeError) as e:  # the SecAgg client refused a message or the round lacks survivors
+            self.stats.uploads_refused["secagg"] = self.stats.uploads_refused.get("secagg", 0) + 1
+            log.warning("%s: secure round %d: %s", self.client_id, rnd, e)
 
     def close(self) -> None:
         self.scheduler.close()

@@ -50,6 +50,10 @@ class FedAvgGrpcConfig(ExperimentConfig):
     signds_h: int = param(0, "SignDS number of reported dimensions h")
     signds_epsilon: float = param(1.0, "SignDS epsilon per upload")
     signds_lr: float = param(0.01, "SignDS global learning rate")
+    secagg: bool = param(False, "secure aggregation (SecAgg) of every round's updates")
+    secagg_threshold: float = param(0.5, "SecAgg Shamir threshold as a fraction of the selected clients")
+    secagg_neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
+    secagg_stage_seconds: float = param(10.0, "window of each SecAgg stage after the first")
     max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
     tls_key: str = param("", "PEM private key of the nodes")
@@ -80,7 +84,10 @@ def _spec(cfg: FedAvgGrpcConfig):
             window_seconds=cfg.window_seconds, start_clients=cfg.num_clients, selection=cfg.selection,
             round_config=RoundConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, prox_mu=cfg.prox_mu,
                                      signds_k=cfg.signds_k, signds_h=cfg.signds_h,
-                                     signds_epsilon=cfg.signds_epsilon, signds_lr=cfg.signds_lr),
+                                     signds_epsilon=cfg.signds_epsilon, signds_lr=cfg.signds_lr,
+                                     secagg=cfg.secagg, secagg_threshold=cfg.secagg_threshold,
+                                     secagg_neighbours=cfg.secagg_neighbours,
+                                     secagg_stage_seconds=cfg.secagg_stage_seconds),
             server_optimizer=ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau),
             seed=cfg.seed,
         ),

@@ -18,12 +18,16 @@ FL-Server -> FL-Scheduler (every request carries ``server_id`` and ``cluster_tok
   ``admit``     {round, client_id}                              -> ``admitted`` {count}
   ``partial``   {round, weight, clients, sums, loss_sum, bytes_up, bytes_down} -> ``ack`` {}
   ``get_model`` {version}                                       -> ``model`` {version, params}
+Secure-aggregation rounds (``config.secagg``; see :mod:`fedarena.federated.secure_round`): the task also
+carries ``secagg_party``; client -> server ``secagg_send`` {round, message: bytes} -> ``ack`` and
+``secagg_poll`` {round, stage, wait_s} -> ``secagg`` {message} | ``wait``; the server relays them to the
+scheduler as ``secagg_up`` / ``secagg_down`` {client_id, round, ...}.
 Observer -> FL-Scheduler: ``status`` {cluster_token} -> ``status`` {round, model_version, phase, history,
   servers, clients}; ``get_model`` as above.  Anyone -> node: ``ping`` {} -> ``pong`` {node}.
 
 Any request may instead get ``error`` {code, field, reason}. Codes: ``malformed`` (wire/field
 problems), ``unauthenticated``, ``stale_round``, ``stale_version``, ``not_selected``, ``replay``,
-``duplicate``, ``norm_bound``, ``too_many_examples``, ``unavailable``, ``internal``.
+``duplicate``, ``norm_bound``, ``too_many_examples``, ``unavailable``, ``dropped``, ``aborted``, ``internal``.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ import numpy as np
 
 from fedarena.federated import wire
 
-CLIENT_KINDS = ("register", "get_task", "upload", "ping")
-SCHEDULER_KINDS = ("assign", "server_join", "sync", "admit", "partial", "get_model", "status", "ping")
+CLIENT_KINDS = ("register", "get_task", "upload", "secagg_send", "secagg_poll", "ping")
+SCHEDULER_KINDS = ("assign", "server_join", "sync", "admit", "partial", "get_model", "status", "secagg_up",
+                   "secagg_down", "ping")
 PHASES = ("idle", "open", "closing", "done")
 
 
@@ -57,6 +62,20 @@ class RoundConfig:
     """SignDS local DP epsilon per upload"""
     signds_lr: float = 0.01
     """SignDS global learning rate: each reported dimension moves by sign * signds_lr / n"""
+    secagg: bool = False
+    """secure aggregation (SecAgg, Bonawitz et al. 2017) of the round's updates"""
+    secagg_threshold: float = 0.5
+    """Shamir threshold as a fraction of the selected clients (at least 2)"""
+    secagg_neighbours: int = 0
+    """SecAgg+ neighbourhood size (even; 0 = every pair of clients masks, plain SecAgg)"""
+    secagg_clip: float = 1.0
+    """per-coordinate clipping of the secure input before fixed-point quantization"""
+    secagg_scale: float = 4194304.0
+    """fixed-point scale of the secure input (2^22)"""
+    secagg_weight_scale: float = 10000.0
+    """W: a client inputs [Delta * n / W, n / W]; n must not exceed W * secagg_clip"""
+    secagg_stage_seconds: float = 10.0
+    """window of each secure-aggregation stage after the first"""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -72,6 +91,15 @@ class RoundConfig:
                              f"{self.signds_k}, {self.signds_h}")
         if self.signds_k and not (self.signds_epsilon > 0 and self.signds_lr > 0):
             raise ValueError("round.signds_epsilon/signds_lr: must be > 0")
+        if self.secagg and self.signds_k:
+            raise ValueError("round.secagg: cannot be combined with SignDS (signds_k > 0)")
+        if self.secagg and not (0 < self.secagg_threshold <= 1):
+            raise ValueError(f"round.secagg_threshold: must lie in (0, 1], got {self.secagg_threshold}")
+        if self.secagg and not (self.secagg_clip > 0 and self.secagg_scale > 0 and self.secagg_weight_scale > 0
+                                and self.secagg_stage_seconds > 0):
+            raise ValueError("round.secagg_clip/scale/weight_scale/stage_seconds: must be > 0")
+        if self.secagg_neighbours < 0 or self.secagg_neighbours % 2:
+            raise ValueError(f"round.secagg_neighbours: must be even and >= 0, got {self.secagg_neighbours}")
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +116,13 @@ class RoundConfig:
                 signds_h=wire.field(body, "signds_h", int, where=where, default=0),
                 signds_epsilon=wire.field(body, "signds_epsilon", float, where=where, default=1.0),
                 signds_lr=wire.field(body, "signds_lr", float, where=where, default=0.01),
+                secagg=wire.field(body, "secagg", bool, where=where, default=False),
+                secagg_threshold=wire.field(body, "secagg_threshold", float, where=where, default=0.5),
+                secagg_neighbours=wire.field(body, "secagg_neighbours", int, where=where, default=0),
+                secagg_clip=wire.field(body, "secagg_clip", float, where=where, default=1.0),
+                secagg_scale=wire.field(body, "secagg_scale", float, where=where, default=4194304.0),
+                secagg_weight_scale=wire.field(body, "secagg_weight_scale", float, where=where, default=10000.0),
+                secagg_stage_seconds=wire.field(body, "secagg_stage_seconds", float, where=where, default=10.0),
             )
         except ValueError as e:
             if isinstance(e, wire.WireError):

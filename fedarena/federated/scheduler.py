@@ -33,6 +33,7 @@ import numpy as np
 
 from fedarena.federated import auth, wire
 from fedarena.federated.protocol import PHASES, SCHEDULER_KINDS, RoundConfig, params_shapes
+from fedarena.federated.secure_round import SecureRound
 from fedarena.federated.strategy import PartialAggregate, ServerOptimizer
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 
@@ -148,6 +149,7 @@ class Scheduler:
         self.deadline = 0.0
         self.admitted: dict[str, str] = {}
         self.partials: dict[str, tuple[PartialAggregate, int, int]] = {}
+        self.secure: SecureRound | None = None
         self.history: list[dict[str, Any]] = []
         self.params = {k: np.asarray(v) for k, v in initial_params.items()}
         self.opt_state = policy.server_optimizer.init(self.params)
@@ -230,9 +232,27 @@ class Scheduler:
                     self.selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
                     self.admitted, self.partials = {}, {}
                     self.opened_at, self.deadline = now, now + p.window_seconds
+                    self.secure = None
+                    if p.round_config.secagg:
+                        dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
+                        self.secure = SecureRound.open(p.round_config, self.round, self.selected, dim, self.deadline)
                     self.phase = "open"
                     log.info("scheduler: round %d open, %d clients selected", self.round, k)
                     self.cond.notify_all()
+                    continue
+                if self.phase == "open" and self.secure is not None:
+                    sec = self.secure
+                    if sec.due(now):
+                        sec.close_stage(now)
+                        self.cond.notify_all()
+                    if sec.finished:
+                        self.close_reason = "secagg_done" if sec.result is not None else "secagg_aborted"
+                        self.closed_at = now
+                        self.phase = "closing"
+                        self._finish_round()
+                        self.cond.notify_all()
+                    else:
+                        self.cond.wait(max(0.0, min(0.2, sec.deadline - now)))
                     continue
                 if self.phase == "open":
                     if len(self.admitted) >= len(self.selected) or now >= self.deadline:
@@ -261,6 +281,8 @@ class Scheduler:
             total.merge(part)
             bytes_up += up
             bytes_down += down
+        if self.secure is not None:
+            return self._finish_secure_round()
         need = max(1, math.ceil(p.min_fraction * len(self.selected)))
         row: dict[str, Any] = {
             "round": self.round, "selected": len(self.selected), "admitted": len(self.admitted),
@@ -287,6 +309,69 @@ class Scheduler:
         self.phase = "done" if self.round > p.rounds else "idle"
         self.selected, self.admitted, self.partials = [], {}, {}
         self._save()
+
+    def _finish_secure_round(self) -> None:
+        p, sec = self.policy, self.secure
+        assert sec is not None
+        row: dict[str, Any] = {
+            "round": self.round, "selected": len(self.selected), "admitted": 0, "reporting": 0,
+            "needed": sec.server.config.threshold, "close_reason": self.close_reason,
+            "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
+            "bytes_up": 0, "bytes_down": 0, "servers": [], "clients": [], "secagg_stage": sec.stage,
+        }
+        if sec.result is not None:
+            flat, weight, survivors = sec.mean_delta()
+            delta, i = {}, 0
+            for name in sorted(self._shapes):
+                n = int(np.prod(self._shapes[name]))
+                delta[name] = flat[i : i + n].reshape(self._shapes[name])
+                i += n
+            self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
+            self.version += 1
+            inverse = {v: k for k, v in sec.ids.items()}
+            row.update(outcome="aggregated", reporting=survivors,
+                       clients=sorted(inverse[u] for u in sec.result.survivors))
+        else:
+            row.update(outcome="abandoned", abort_reason=sec.aborted)
+        row["model_version"] = self.version
+        if self.evaluate is not None:
+            row.update({k: float(v) for k, v in self.evaluate(self.params).items()})
+        self.history.append(row)
+        log.info("scheduler: secure round %d %s (%d/%d survivors)", self.round, row["outcome"], row["reporting"],
+                 len(self.selected))
+        self.round += 1
+        self.phase = "done" if self.round > p.rounds else "idle"
+        self.selected, self.admitted, self.partials, self.secure = [], {}, {}, None
+        self._save()
+
+    def _secagg_up(self, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        rnd = wire.field(b, "round", int)
+        cid = wire.field(b, "client_id", str)
+        data = wire.field(b, "message", bytes)
+        with self.cond:
+            if self.secure is None or rnd != self.round or self.phase != "open":
+                raise ProtocolError("body.round", f"round {rnd} is not an open secure round", "stale_round")
+            self.secure.receive(cid, data)
+            self.cond.notify_all()
+            return "ack", {}
+
+    def _secagg_down(self, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        rnd = wire.field(b, "round", int)
+        cid = wire.field(b, "client_id", str)
+        stage = wire.field(b, "stage", int)
+        wait_s = min(max(wire.field(b, "wait_s", float, default=0.0), 0.0), 5.0)
+        end = time.monotonic() + wait_s
+        with self.cond:
+            while True:
+                if self.secure is None or rnd != self.round:
+                    raise ProtocolError("body.round", f"round {rnd} is not an open secure round", "stale_round")
+                data = self.secure.message_for(cid, stage)
+                if data is not None:
+                    return "secagg", {"message": data}
+                left = end - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return "wait", {"round": rnd, "stage": self.secure.stage}
+                self.cond.wait(left)
 
     # -------------------------------------------------------------- request handling
 
@@ -331,6 +416,10 @@ class Scheduler:
             return self._admit(server_id, b)
         if msg.kind == "partial":
             return self._partial(server_id, b)
+        if msg.kind == "secagg_up":
+            return self._secagg_up(b)
+        if msg.kind == "secagg_down":
+            return self._secagg_down(b)
         raise ProtocolError("kind", f"unsupported request kind {msg.kind!r}", "malformed")
 
     def _plan(self) -> dict[str, Any]:

@@ -243,6 +243,8 @@ class FLServer:
             return self._get_task(cid, b)
         if msg.kind == "upload":
             return self._upload(cid, b, nbytes)
+        if msg.kind in ("secagg_send", "secagg_poll"):
+            return self._secagg(msg.kind, cid, b, nbytes)
         raise ProtocolError("kind", f"unsupported request kind {msg.kind!r}", "malformed")
 
     def _get_task(self, cid: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -263,6 +265,9 @@ class FLServer:
                     left = plan["deadline_s"] - (time.monotonic() - plan["received_at"])
                     body: dict[str, Any] = {"round": plan["round"], "model_version": plan["model_version"],
                                             "config": plan["config"], "deadline_s": max(0.0, left)}
+                    if self.round_config.secagg:
+                        body["secagg_party"] = sorted(self.selected).index(cid) + 1
+                        body["secagg_selected"] = len(self.selected)
                     if have != plan["model_version"]:
                         body["params"] = self.params
                         self.bytes_down += self.model_size
@@ -272,6 +277,38 @@ class FLServer:
                     return "wait", {"round": plan["round"], "reason": f"round {plan['round']} is {plan['phase']}"
                                     + ("" if cid in self.selected or plan["phase"] != "open" else "; not selected")}
                 self.cond.wait(left)
+
+    def _secagg(self, kind: str, cid: str, b: dict[str, Any], nbytes: int) -> tuple[str, dict[str, Any]]:
+        """Relay a secure-aggregation message to / from the scheduler (which holds the SecAgg server)."""
+        rnd = wire.field(b, "round", int)
+        with self.cond:
+            plan, selected, secure = dict(self.plan), self.selected, self.round_config.secagg
+        if plan["phase"] != "open" or rnd != plan["round"] or not secure:
+            raise self._refuse("body.round", f"round {rnd} is not an open secure round (current round "
+                               f"{plan['round']} is {plan['phase']})", "stale_round")
+        if cid not in selected:
+            raise self._refuse("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
+        common = {"server_id": self.server_id, "cluster_token": self.cluster_token, "round": rnd, "client_id": cid}
+        if kind == "secagg_send":
+            body = dict(common, message=wire.field(b, "message", bytes))
+            timeout = 30.0
+        else:
+            wait_s = min(max(wire.field(b, "wait_s", float, default=0.0), 0.0), self.options.max_wait_s)
+            body = dict(common, stage=wire.field(b, "stage", int), wait_s=wait_s)
+            timeout = wait_s + 30.0
+        try:
+            reply = self.scheduler.call("secagg_up" if kind == "secagg_send" else "secagg_down", body, timeout=timeout)
+        except RemoteError as e:
+            raise self._refuse(e.field, e.reason, e.code) from None
+        except TransportError as e:
+            raise self._refuse("server", f"scheduler unreachable ({e.code}); retry later", "unavailable") from None
+        with self.cond:
+            if kind == "secagg_send":
+                self.uploaded.add(cid)  # taking part: get_task no longer offers this round's task
+                self.bytes_up += nbytes
+            elif reply.kind == "secagg":
+                self.bytes_down += len(reply.body.get("message", b""))
+        return reply.kind, reply.body
 
     def _upload(self, cid: str, b: dict[str, Any], nbytes: int) -> tuple[str, dict[str, Any]]:
         rnd = wire.field(b, "round", int)
@@ -293,6 +330,9 @@ class FLServer:
                                    f"{plan['model_version']}", "stale_version")
             if cid not in selected:
                 raise self._refuse("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
+            if self.round_config.secagg:
+                raise self._refuse("body.encoding", "this round uses secure aggregation (send secagg_send messages)",
+                                   "malformed")
             if len(nonce) != 16:
                 raise self._refuse("body.nonce", f"must be 16 bytes, got {len(nonce)}", "malformed")
             if not 1 <= n <= self.options.max_examples:

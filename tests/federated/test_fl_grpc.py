@@ -316,3 +316,94 @@ def test_signds_round_refuses_dense_uploads_and_bad_reports(make_cluster):
             p.call("upload", body)
         assert info.value.field == "body.update.report"
     assert c.scheduler.admitted == {}
+
+
+def _replayed_weighted_mean(c, init, ids, epochs, lr):
+    num = {k: np.zeros(v.shape) for k, v in init.items()}
+    total = 0
+    for i in ids:
+        x, y = c.task.clients[i]
+        local, _ = c.task.trainer.train(init, x, y, epochs=epochs, batch_size=8, lr=lr, prox_mu=0.0,
+                                        rng=_client_rng(0, 1, f"c{i}"))
+        for k in init:
+            num[k] += len(x) * (local[k].astype(np.float64) - init[k].astype(np.float64)).astype(np.float32)
+        total += len(x)
+    return {k: init[k].astype(np.float64) + num[k] / total for k in init}
+
+
+def test_secure_aggregation_round_matches_plain_fedavg_and_survives_a_dropout(make_cluster):
+    cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, secagg=True, secagg_threshold=0.5, secagg_stage_seconds=3.0)
+    policy = RoundPolicy(rounds=1, window_seconds=20, start_clients=4, min_fraction=0.5, round_config=cfg)
+    c = make_cluster(policy)
+    init = c.task.trainer.init_params(0)
+    # client c3 is driven by hand: it advertises its keys, then vanishes (a SecAgg dropout after stage 0)
+    p = c.peer(1)
+    _register(p, c, "c3")
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(3)]
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    wait_until(lambda: c.scheduler.phase == "open")
+    task = _task(p, c, "c3").body
+    from fedarena.federated.secure_round import secagg_params
+    from fedarena.privacy.secagg import SecAggClient, encode
+
+    dim = sum(v.size for v in init.values()) + 1
+    ghost = SecAggClient(task["secagg_party"], secagg_params(cfg, 4, dim), task["round"])
+    p.call("secagg_send", {"client_id": "c3", "token": c.token("c3"), "round": 1,
+                           "message": encode(ghost.advertise_keys())})
+    with pytest.raises(RemoteError) as info:  # plain uploads are refused in a secure round
+        p.call("upload", _upload(c, "c3", task, {k: np.zeros(v.shape) for k, v in init.items()}))
+    assert "secure aggregation" in info.value.reason
+    for t in threads:
+        t.join(60)
+    row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["close_reason"] == "secagg_done"
+    assert row["reporting"] == 3 and row["clients"] == ["c0", "c1", "c2"]
+    expect = _replayed_weighted_mean(c, init, range(3), 1, 0.1)
+    # the only error is fixed-point rounding, at most 1/(2 scale) per coordinate of each of the 3 inputs, in the
+    # weighted sum and in the weight; divided by the weight sum_i n_i / W (plus float32 storage of the model)
+    weight = sum(len(c.task.clients[i][1]) for i in range(3)) / cfg.secagg_weight_scale
+    mean_abs = max(np.abs(expect[k] - init[k]).max() for k in init)
+    bound = 3 * 0.5 / cfg.secagg_scale * (1 + mean_abs) / weight + 1e-6
+    for k in init:
+        np.testing.assert_allclose(c.scheduler.params[k], expect[k].astype(np.float32), rtol=0, atol=bound)
+    assert any(np.abs(c.scheduler.params[k] - init[k]).max() > 1e-3 for k in init)  # it did move
+    # no FL-Server ever held an individual update: the partial aggregates stayed empty
+    assert all(s.partial.weight == 0 for s in c.servers)
+
+
+def test_secure_round_below_threshold_is_abandoned_without_releasing_anything(make_cluster):
+    cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, secagg=True, secagg_threshold=1.0, secagg_stage_seconds=1.0)
+    c = make_cluster(RoundPolicy(rounds=1, window_seconds=20, start_clients=3, round_config=cfg))
+    init = c.task.trainer.init_params(0)
+    p = c.peer(0)
+    _register(p, c, "c2")
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(2)]
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    wait_until(lambda: c.scheduler.phase == "open")
+    task = _task(p, c, "c2").body
+    from fedarena.federated.secure_round import secagg_params
+    from fedarena.privacy.secagg import SecAggClient, encode
+
+    ghost = SecAggClient(task["secagg_party"], secagg_params(cfg, 3, sum(v.size for v in init.values()) + 1), 1)
+    p.call("secagg_send", {"client_id": "c2", "token": c.token("c2"), "round": 1,
+                           "message": encode(ghost.advertise_keys())})
+    with pytest.raises(RemoteError) as info:  # a second stage-0 message from the same client
+        p.call("secagg_send", {"client_id": "c2", "token": c.token("c2"), "round": 1,
+                               "message": encode(SecAggClient(task["secagg_party"], ghost.config, 1)
+                                                 .advertise_keys())})
+    assert info.value.code == "rejected"
+    with pytest.raises(RemoteError) as info:  # impersonation: c2's token, another party's message
+        other = SecAggClient(task["secagg_party"] % 3 + 1, ghost.config, 1)
+        p.call("secagg_send", {"client_id": "c2", "token": c.token("c2"), "round": 1,
+                               "message": encode(other.advertise_keys())})
+    assert info.value.code == "rejected" and "party" in info.value.reason
+    for t in threads:
+        t.join(60)
+    row = c.scheduler.history[0]
+    assert row["outcome"] == "abandoned" and row["close_reason"] == "secagg_aborted"
+    assert "threshold" in row["abort_reason"]
+    assert c.scheduler.version == 0 and model_bytes(c.scheduler.params) == model_bytes(init)
