@@ -317,7 +317,9 @@ class Scheduler:
             "round": self.round, "selected": len(self.selected), "admitted": 0, "reporting": 0,
             "needed": sec.server.config.threshold, "close_reason": self.close_reason,
             "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
-            "bytes_up": 0, "bytes_down": 0, "servers": [], "clients": [], "secagg_stage": sec.stage,
+            # SecAgg messages as relayed, plus one model download (wire size) per client that took part
+            "bytes_up": sec.bytes_up, "bytes_down": sec.bytes_down + self._model_wire_bytes() * len(sec.server.state.keys),
+            "servers": [], "clients": [], "secagg_stage": sec.stage,
         }
         if sec.result is not None:
             flat, weight, survivors = sec.mean_delta()
@@ -343,6 +345,12 @@ class Scheduler:
         self.phase = "done" if self.round > p.rounds else "idle"
         self.selected, self.admitted, self.partials, self.secure = [], {}, {}, None
         self._save()
+
+    def _model_wire_bytes(self) -> int:
+        if getattr(self, "_model_size_version", None) != self.version:
+            self._model_size = len(wire.encode("params", {"params": self.params}, self.limits))
+            self._model_size_version = self.version
+        return self._model_size
 
     def _secagg_up(self, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rnd = wire.field(b, "round", int)

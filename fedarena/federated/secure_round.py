@@ -67,6 +67,8 @@ class SecureRound:
     expected: set[int]
     result: Any = None
     aborted: str = ""
+    bytes_up: int = 0
+    bytes_down: int = 0
 
     @classmethod
     def open(cls, cfg: Any, round_id: int, selected: list[str], dimension: int,
@@ -128,6 +130,7 @@ class SecureRound:
             self.server.receive(data)
         except (SecAggError, ValueError) as e:
             raise ProtocolError("body.message", str(e), "rejected") from None
+        self.bytes_up += len(data)
 
     def message_for(self, client_id: str, stage: int) -> bytes | None:
         """The scheduler's message opening ``stage`` for this client; None while that stage is not open yet."""
@@ -145,6 +148,7 @@ class SecureRound:
                                 "stale_round")
         if u not in self.outbox:
             raise ProtocolError("body.client_id", f"client {client_id} was dropped before stage {stage}", "dropped")
+        self.bytes_down += len(self.outbox[u])
         return self.outbox[u]
 
     def mean_delta(self) -> tuple[np.ndarray, float, int]:

@@ -371,6 +371,7 @@ def test_secure_aggregation_round_matches_plain_fedavg_and_survives_a_dropout(ma
     assert any(np.abs(c.scheduler.params[k] - init[k]).max() > 1e-3 for k in init)  # it did move
     # no FL-Server ever held an individual update: the partial aggregates stayed empty
     assert all(s.partial.weight == 0 for s in c.servers)
+    assert row["bytes_up"] > 0 and row["bytes_down"] > 4 * sum(v.nbytes for v in init.values())
 
 
 def test_secure_round_below_threshold_is_abandoned_without_releasing_anything(make_cluster):
