@@ -313,3 +313,11 @@ def test_config_validation():
         SecAggServer(SecAggConfig(dimension=4, threshold=5), 0, range(1, 5))
     with pytest.raises(ValueError, match="dimension"):
         SecAggConfig(dimension=0, threshold=2)
+
+
+def test_secagg_plus_aborts_when_a_neighbourhood_lacks_shares():
+    # ring of degree 2: each mask seed has 3 holders (the client and its two neighbours) and needs all 3;
+    # a survivor that does not answer the unmasking request leaves its own seed with 2 shares
+    cfg = SecAggConfig(dimension=D, threshold=3, scale=2.0**10, modulus_bits=24, num_neighbours=2)
+    with pytest.raises(InsufficientSurvivorsError, match="mask seed b_u of client 4 has 2 shares"):
+        secure_aggregate(make_inputs(10), cfg, dropouts={"unmask": {4}})
