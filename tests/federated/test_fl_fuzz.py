@@ -99,7 +99,7 @@ def test_fuzzed_messages_never_crash_or_change_the_model(make_cluster):
     partial_before = model_bytes(srv.partial.sums), srv.partial.weight, list(srv.partial.clients)
     admitted_before = dict(c.scheduler.admitted)
     valid = wire.encode("upload", base)
-    kinds = ["upload", "register", "get_task", "ping", "sync", "admit", "", "x" * 300]
+    kinds = ["upload", "register", "get_task", "secagg_send", "secagg_poll", "ping", "sync", "admit", "", "x" * 300]
 
     rng = np.random.default_rng(1234)
     outcome = {"error": 0, "dropped": 0, "reply": 0}
