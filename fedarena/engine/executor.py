@@ -19,6 +19,14 @@ import scipy.special
 from .ir import Graph, Literal, UnknownPrimitiveError, Var
 
 _VIEW_PRIMS = frozenset({"transpose", "reshape", "broadcast_to", "squeeze", "expand_dims", "slice", "stop_gradient"})
+_ELEMENTWISE = frozenset(
+    {
+        "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
+        "not", "neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "sin", "cos",
+        "relu", "select", "cast", "clip",
+    }
+)
+_CLIP = getattr(getattr(np, "_core", np).umath, "clip", None) or np.clip
 
 
 def dead_code_elimination(graph: Graph) -> Graph:
@@ -69,18 +77,35 @@ class Executable:
 
     def _build(self):
         g = self.graph
-        ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty}
+        ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": _CLIP}
         ctx = _EmitContext(ns)
         names: dict[Var, str] = {}
-        static: set[Var] = set()  # values known once the executable is built
-        is_output = {a for a in g.outvars if isinstance(a, Var)}
+        storage: dict[Var, str] = {}  # input | const | buffer | fresh (allocated per call)
+        root: dict[Var, Var] = {}  # the variable whose memory a view aliases
+        static: set[Var] = set()  # values known once the executable is built (constant folding)
+        outs = {a for a in g.outvars if isinstance(a, Var)}
+        consumers: dict[Var, list] = {}
+        for e in g.eqns:
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    consumers.setdefault(a, []).append(e)
+        escapes = set(outs)  # variables whose memory reaches an output through views
+        for e in reversed(g.eqns):
+            if e.prim.name in _VIEW_PRIMS and e.outputs[0] in escapes and isinstance(e.inputs[0], Var):
+                escapes.add(e.inputs[0])
         for i, v in enumerate(g.invars):
             names[v] = f"i{i}"
+            storage[v] = "input"
         for c, v in zip(g.consts, g.constvars):
             names[v] = ctx.const(c)
+            storage[v] = "const"
             static.add(v)
-        setup: list[str] = []
         body: list[str] = []
+        setup: list[str] = []
+
+        def run_now(line: str) -> None:
+            setup.append(line)
+            exec(line, ns)  # noqa: S102 - our own generated code
 
         def atom(a: Any) -> str:
             if isinstance(a, Literal):
@@ -95,31 +120,78 @@ class Executable:
         for n, e in enumerate(g.eqns):
             if e.prim.emit is None:
                 raise UnknownPrimitiveError(f"primitive {e.prim.name!r} has no numpy kernel")
-            ins = [atom(a) for a in e.inputs]
             out = e.outputs[0]
+            pname = e.prim.name
+            x0 = e.inputs[0] if e.inputs else None
+            if (
+                pname == "broadcast_to"
+                and out not in outs
+                and all(c.prim.name in _ELEMENTWISE for c in consumers.get(out, ()))
+            ):
+                # ufuncs writing into a full-shape `out` broadcast by themselves: no op needed
+                names[out] = atom(x0)
+                if isinstance(x0, Var):
+                    storage[out] = storage[x0]
+                    root[out] = root.get(x0, x0)
+                    if x0 in static:
+                        static.add(out)
+                else:
+                    storage[out] = "const"
+                    static.add(out)
+                continue
+            ins = [atom(a) for a in e.inputs]
+            if pname in _ELEMENTWISE and len(e.inputs) > 1:
+                # give lower-rank operands the output's rank: numpy's fast loops need equal ranks
+                for k, a in enumerate(e.inputs):
+                    if isinstance(a, Var) and 0 < a.aval.ndim < out.aval.ndim:
+                        shp = (1,) * (out.aval.ndim - a.aval.ndim) + a.aval.shape
+                        if names[a] in ns:
+                            ins[k] = ctx.const(ns[names[a]].reshape(shp))
+                        else:
+                            ins[k] = f"{names[a]}.reshape({shp!r})"
             code = e.prim.emit(ctx, ins, e.attrs, [a.aval for a in e.inputs], out.aval)
             all_static = all(not isinstance(a, Var) or a in static for a in e.inputs)
             name = f"v{n}"
             if code.kind == "expr":
-                if all_static and e.prim.name in _VIEW_PRIMS | {"gather"}:
-                    ns_name = ctx.const(None)
-                    setup.append(f"{ns_name} = {code.text}")
-                    names[out] = ns_name
+                if pname in _VIEW_PRIMS and isinstance(x0, Var):
+                    base = root.get(x0, x0)
+                    root[out] = base
+                    storage[out] = storage[x0]
+                    if storage[x0] in ("buffer", "const") and names[x0] in ns:
+                        trial = eval(code.text, ns)  # noqa: S307 - our own generated code
+                        if np.shares_memory(trial, ns[names[base]]):
+                            hoisted = ctx.const(trial)
+                            names[out] = hoisted
+                            setup.append(f"{hoisted} = {code.text}")
+                            if all_static:
+                                static.add(out)
+                            continue
+                    body.append(f"{name} = {code.text}")
+                    names[out] = name
+                    continue
+                storage[out] = "fresh"
+                if all_static:
+                    hoisted = ctx.const(None)
+                    run_now(f"{hoisted} = {code.text}")
+                    names[out] = hoisted
                     static.add(out)
+                    storage[out] = "const"
                 else:
                     body.append(f"{name} = {code.text}")
                     names[out] = name
                 continue
-            if out in is_output and not all_static:
+            if (out in escapes) and not all_static:
                 body.append(f"{name} = _empty({out.aval.shape!r}, np.{out.aval.dtype.name})")
                 body.append(code.text.replace("{o}", name))
                 names[out] = name
+                storage[out] = "fresh"
                 continue
             buf = ctx.const(np.empty(out.aval.shape, out.aval.dtype))
             names[out] = buf
+            storage[out] = "buffer"
             line = code.text.replace("{o}", buf)
             if all_static:
-                setup.append(line)
+                run_now(line)
                 static.add(out)
             else:
                 body.append(line)
@@ -128,21 +200,20 @@ class Executable:
         for a in g.outvars:
             if isinstance(a, Literal):
                 rets.append(f"np.asarray({atom(a)}, np.{a.aval.dtype.name})")
-            elif a in g.invars:
+                continue
+            st = storage[a]
+            if a in g.invars:
                 rets.append(names[a])
-            elif a in static or names[a].startswith("_k"):
-                rets.append(f"{names[a]}.copy()")
-            elif _produced_by_expr(g, a):
-                rets.append(f"np.array({names[a]})")
+            elif st == "fresh" and a not in static:
+                rets.append(names[a])
             else:
-                rets.append(names[a])
+                rets.append(f"np.array({names[a]})")
         args = ", ".join(f"i{i}" for i in range(len(g.invars)))
-        src = ["def _setup():"] + [f"    global {_targets(l)}" for l in setup if _targets(l)] + [f"    {l}" for l in setup] + ["    pass"]
+        src = ["# setup (run once per buffer set):"] + [f"#   {l}" for l in setup]
         src += [f"def _run({args}):"] + [f"    {l}" for l in body] + [f"    return [{', '.join(rets)}]"]
         self.source = "\n".join(src)
         code_obj = compile(self.source, "<fedarena.engine compiled graph>", "exec")
-        exec(code_obj, ns)
-        ns["_setup"]()
+        exec(code_obj, ns)  # noqa: S102
         return ns["_run"]
 
     def __call__(self, *args: Any) -> list:
@@ -155,18 +226,6 @@ class Executable:
             return run(*args)
         finally:
             pool.append(run)
-
-
-def _targets(line: str) -> str:
-    head = line.split("=", 1)[0].strip() if "=" in line.split("(", 1)[0] else ""
-    return head if head.startswith("_k") and head.isidentifier() else ""
-
-
-def _produced_by_expr(g: Graph, v: Var) -> bool:
-    for e in g.eqns:
-        if v in e.outputs:
-            return e.prim.emit is not None and e.prim.name in _VIEW_PRIMS | {"gather", "stop_gradient"}
-    return False
 
 
 def compile_graph(graph: Graph, validate: bool = True) -> Executable:

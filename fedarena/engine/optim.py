@@ -12,6 +12,7 @@ Pascanu et al. (ICML 2013) with PyTorch's ``clip_grad_norm_`` constant (1e-6).
 from __future__ import annotations
 
 import math
+from builtins import sum as builtins_sum
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -161,6 +162,26 @@ def sgd(
     return Optimizer(init, update, "sgd")
 
 
+def _flat(leaves: list) -> Any:
+    """Concatenate the raveled leaves into one vector (one kernel call)."""
+    return ops.concatenate([ops.reshape(x, (-1,)) for x in leaves], axis=0) if len(leaves) > 1 else ops.reshape(leaves[0], (-1,))
+
+
+def _unflat(flat: Any, like: list) -> list:
+    out, off = [], 0
+    for x in like:
+        shp = ops.shape(x)
+        n = int(np.prod(shp, dtype=np.int64))
+        out.append(ops.reshape(ops.slice_axis(flat, off, off + n), shp))
+        off += n
+    return out
+
+
+def _fusable(p_leaves: list) -> bool:
+    dts = {np.dtype(dtype_of(p)) for p in p_leaves}
+    return len(p_leaves) > 0 and len(dts) == 1
+
+
 def _adam(
     lr: float | Schedule,
     b1: float,
@@ -170,9 +191,29 @@ def _adam(
     decoupled: bool,
     max_grad_norm: float | None,
     name: str,
+    fused: bool,
 ) -> Optimizer:
+    """Adam / AdamW.  With ``fused`` (default) and parameters of one dtype, the moments are kept
+    as single flat vectors and the update runs on the concatenated gradient — the same
+    arithmetic per element, far fewer kernel calls (like PyTorch's multi-tensor/fused Adam)."""
+
     def init(params: Any) -> Any:
+        leaves = tree_leaves(params)
+        if fused and _fusable(leaves):
+            n = int(builtins_sum(np.size(p) for p in leaves))
+            dt = np.dtype(dtype_of(leaves[0]))
+            return {"count": _count0(), "mu": np.zeros(n, dt), "nu": np.zeros(n, dt)}
         return {"count": _count0(), "mu": _zeros_like_tree(params), "nu": _zeros_like_tree(params)}
+
+    def _step(p, g, m, v, lr_t, step_size, bc2_sqrt, in_dtype):
+        dt = dtype_of(p)
+        if decoupled and weight_decay:
+            p = ops.multiply(p, in_dtype(ops.subtract(1.0, ops.multiply(lr_t, weight_decay)), dt))
+        m = ops.add(ops.multiply(m, b1), ops.multiply(g, 1.0 - b1))
+        v = ops.add(ops.multiply(v, b2), ops.multiply(ops.multiply(g, g), 1.0 - b2))
+        denom = ops.add(ops.divide(ops.sqrt(v), in_dtype(bc2_sqrt, dt)), eps)
+        p = ops.subtract(p, ops.multiply(ops.divide(m, denom), in_dtype(step_size, dt)))
+        return p, m, v
 
     def update(grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
         grads = _prepare(grads, params, 0.0 if decoupled else weight_decay, max_grad_norm)
@@ -184,29 +225,25 @@ def _adam(
         step_size = ops.divide(lr_t, bc1)
         p_leaves, td = tree_flatten(params)
         g_leaves = tree_leaves(grads)
-        m_leaves = tree_leaves(state["mu"])
-        v_leaves = tree_leaves(state["nu"])
         cache: dict = {}
 
         def in_dtype(x: Any, dt: np.dtype) -> Any:
-            key = (id(x), dt)
+            key = (id(x), np.dtype(dt))
             if key not in cache:
                 cache[key] = cast(x, dt)
             return cache[key]
 
+        if fused and _fusable(p_leaves) and not isinstance(state["mu"], (dict, list, tuple)):
+            p, m, v = _step(_flat(p_leaves), _flat(g_leaves), state["mu"], state["nu"], lr_t, step_size, bc2_sqrt, in_dtype)
+            return tree_unflatten(td, _unflat(p, p_leaves)), {"count": count, "mu": m, "nu": v}
+        m_leaves, mt = tree_flatten(state["mu"])
+        v_leaves, vt = tree_flatten(state["nu"])
         new_p, new_m, new_v = [], [], []
         for p, g, m, v in zip(p_leaves, g_leaves, m_leaves, v_leaves):
-            dt = dtype_of(p)
-            if decoupled and weight_decay:
-                p = ops.multiply(p, in_dtype(ops.subtract(1.0, ops.multiply(lr_t, weight_decay)), dt))
-            m = ops.add(ops.multiply(m, b1), ops.multiply(g, 1.0 - b1))
-            v = ops.add(ops.multiply(v, b2), ops.multiply(ops.multiply(g, g), 1.0 - b2))
-            denom = ops.add(ops.divide(ops.sqrt(v), in_dtype(bc2_sqrt, dt)), eps)
-            p = ops.subtract(p, ops.multiply(ops.divide(m, denom), in_dtype(step_size, dt)))
+            p, m, v = _step(p, g, m, v, lr_t, step_size, bc2_sqrt, in_dtype)
             new_p.append(p)
             new_m.append(m)
             new_v.append(v)
-        mt, vt = tree_flatten(state["mu"])[1], tree_flatten(state["nu"])[1]
         return tree_unflatten(td, new_p), {"count": count, "mu": tree_unflatten(mt, new_m), "nu": tree_unflatten(vt, new_v)}
 
     return Optimizer(init, update, name)
@@ -219,9 +256,11 @@ def adam(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     max_grad_norm: float | None = None,
+    fused: bool = True,
 ) -> Optimizer:
-    """Adam; ``weight_decay`` is L2 added to the gradient (PyTorch's ``Adam(weight_decay=...)``)."""
-    return _adam(lr, b1, b2, eps, weight_decay, False, max_grad_norm, "adam")
+    """Adam; ``weight_decay`` is L2 added to the gradient (PyTorch's ``Adam(weight_decay=...)``).
+    ``fused``: keep the moments as flat vectors (see :func:`_adam`)."""
+    return _adam(lr, b1, b2, eps, weight_decay, False, max_grad_norm, "adam", fused)
 
 
 def adamw(
@@ -231,9 +270,10 @@ def adamw(
     eps: float = 1e-8,
     weight_decay: float = 1e-2,
     max_grad_norm: float | None = None,
+    fused: bool = True,
 ) -> Optimizer:
     """Adam with decoupled weight decay: ``p *= 1 - lr * weight_decay`` before the Adam step."""
-    return _adam(lr, b1, b2, eps, weight_decay, True, max_grad_norm, "adamw")
+    return _adam(lr, b1, b2, eps, weight_decay, True, max_grad_norm, "adamw", fused)
 
 
 def rmsprop(

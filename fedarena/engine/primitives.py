@@ -248,7 +248,9 @@ def _ufunc_impl(uf):
 
 def _ufunc_emit(uf_name: str):
     def emit(ctx, ins, attrs, in_avals, out_aval):
-        return stmt(f"{uf_name}({', '.join(ins)}, out={{o}})")
+        if uf_name in ("np.maximum", "np.minimum"):  # numpy deprecates positional out for these
+            return stmt(f"{uf_name}({', '.join(ins)}, out={{o}})")
+        return stmt(f"{uf_name}({', '.join(ins)}, {{o}})")  # positional out: cheaper than out=
 
     return emit
 
@@ -288,7 +290,7 @@ def _rsqrt_impl(x, **attrs):
 
 
 def _rsqrt_emit(ctx, ins, attrs, in_avals, out_aval):
-    return stmt(f"np.sqrt({ins[0]}, out={{o}}); np.reciprocal({{o}}, out={{o}})")
+    return stmt(f"np.sqrt({ins[0]}, {{o}}); np.reciprocal({{o}}, {{o}})")
 
 
 rsqrt_p = _define(
@@ -314,8 +316,8 @@ relu_p = _define(
     _ew_rule("promote"),
     _relu_impl,
     _relu_emit,
-    vjp=lambda need, ct, out, x: (select(gt(out, 0), ct, 0.0),),
-    jvp=lambda ts, out, x: select(gt(out, 0), ts[0], 0.0),
+    vjp=lambda need, ct, out, x: (mul(ct, gt(out, 0)),),
+    jvp=lambda ts, out, x: mul(ts[0], gt(out, 0)),
 )
 
 # ---------------------------------------------------------------------------- binary
@@ -400,17 +402,18 @@ def _pow_jvp(ts, out, x, y):
 
 
 def _minmax_weights(x, y, bigger: bool):
-    """Share of the cotangent going to x for maximum (bigger) / minimum; ties split 0.5/0.5."""
+    """Share of the cotangent going to x for maximum (bigger) / minimum; ties split 0.5/0.5
+    (PyTorch's convention).  bool masks multiply as 0/1."""
     win = gt(x, y) if bigger else bind(lt_p, x, y)
-    dt = _floatify(np.result_type(dtype_of(x) if not isinstance(x, (int, float)) else dtype_of(y)))
-    return add(cast(win, dt), mul(cast(eq(x, y), dt), 0.5))
+    dt = _floatify(dtype_of(y) if isinstance(x, (bool, int, float)) else dtype_of(x))
+    return add(mul(eq(x, y), dt.type(0.5)), win)
 
 
 def _minmax_vjp(bigger):
     def vjp(need, ct, out, x, y):
-        w = _minmax_weights(x, y, bigger)
-        gx = unbroadcast(mul(ct, w), shape_of(x)) if need[0] else None
-        gy = unbroadcast(mul(ct, sub(1.0, w)), shape_of(y)) if need[1] else None
+        gx_full = mul(ct, _minmax_weights(x, y, bigger))
+        gx = unbroadcast(gx_full, shape_of(x)) if need[0] else None
+        gy = unbroadcast(sub(ct, gx_full), shape_of(y)) if need[1] else None
         return (gx, gy)
 
     return vjp
@@ -426,8 +429,8 @@ def _minmax_jvp(bigger):
 
 def _pow_emit(ctx, ins, attrs, in_avals, out_aval):
     if ins[1] == "2":
-        return stmt(f"np.multiply({ins[0]}, {ins[0]}, out={{o}})")
-    return stmt(f"np.power({ins[0]}, {ins[1]}, out={{o}})")
+        return stmt(f"np.multiply({ins[0]}, {ins[0]}, {{o}})")
+    return stmt(f"np.power({ins[0]}, {ins[1]}, {{o}})")
 
 
 add_p = _binary("add", np.add, "np.add", "promote", _add_vjp, _add_jvp)
@@ -467,10 +470,11 @@ def _select_emit(ctx, ins, attrs, in_avals, out_aval):
 
 
 def _select_vjp(need, ct, out, p, a, b):
+    # ct * mask (bool as 0/1) instead of select: much faster in numpy, equal for finite ct.
     return (
         None,
-        unbroadcast(select(p, ct, 0.0), shape_of(a)) if need[1] else None,
-        unbroadcast(select(p, 0.0, ct), shape_of(b)) if need[2] else None,
+        unbroadcast(mul(ct, p), shape_of(a)) if need[1] else None,
+        unbroadcast(mul(ct, bind(not_p, p)), shape_of(b)) if need[2] else None,
     )
 
 
@@ -515,7 +519,9 @@ def _clip_impl(x, lo, hi):
 
 
 def _clip_emit(ctx, ins, attrs, in_avals, out_aval):
-    return stmt(f"np.clip({ins[0]}, {attrs['lo']!r}, {attrs['hi']!r}, out={{o}})")
+    lo = attrs["lo"] if np.isfinite(attrs["lo"]) else ctx.const(attrs["lo"])
+    hi = attrs["hi"] if np.isfinite(attrs["hi"]) else ctx.const(attrs["hi"])
+    return stmt(f"_clip({ins[0]}, {lo!r}, {hi!r}, {{o}})" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else f"_clip({ins[0]}, {lo}, {hi}, {{o}})")
 
 
 def _clip_mask(x, lo, hi):
@@ -527,8 +533,8 @@ clip_p = _define(
     _same_rule,
     _clip_impl,
     _clip_emit,
-    vjp=lambda need, ct, out, x, lo, hi: (select(_clip_mask(x, lo, hi), ct, 0.0),),
-    jvp=lambda ts, out, x, lo, hi: select(_clip_mask(x, lo, hi), ts[0], 0.0),
+    vjp=lambda need, ct, out, x, lo, hi: (mul(ct, _clip_mask(x, lo, hi)),),
+    jvp=lambda ts, out, x, lo, hi: mul(ts[0], _clip_mask(x, lo, hi)),
 )
 
 
@@ -598,7 +604,9 @@ def _reduce_impl(uf):
 
 def _reduce_emit(uf_name):
     def emit(ctx, ins, attrs, in_avals, out_aval):
-        return stmt(f"{uf_name}.reduce({ins[0]}, axis={tuple(attrs['axes'])!r}, keepdims={attrs['keepdims']}, out={{o}})")
+        axes = tuple(attrs["axes"])
+        ax = axes[0] if len(axes) == 1 else axes
+        return stmt(f"{uf_name}.reduce({ins[0]}, {ax!r}, None, {{o}}, {attrs['keepdims']})")
 
     return emit
 
@@ -695,9 +703,14 @@ def _matmul_jvp(ts, out, x, y):
     return _sum_tangents(out, a, b)
 
 
-matmul_p = _define(
-    "matmul", _matmul_rule, _ufunc_impl(np.matmul), _ufunc_emit("np.matmul"), _matmul_vjp, _matmul_jvp
-)
+def _matmul_emit(ctx, ins, attrs, in_avals, out_aval):
+    a, b = in_avals
+    if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == out_aval.dtype:
+        return stmt(f"np.dot({ins[0]}, {ins[1]}, {{o}})")  # much lower call overhead than matmul
+    return stmt(f"np.matmul({ins[0]}, {ins[1]}, {{o}})")
+
+
+matmul_p = _define("matmul", _matmul_rule, _ufunc_impl(np.matmul), _matmul_emit, _matmul_vjp, _matmul_jvp)
 
 
 # ============================================================================ shapes (views)
@@ -1137,7 +1150,7 @@ def _one_hot_impl(x, num_classes, dtype):
 
 def _one_hot_emit(ctx, ins, attrs, in_avals, out_aval):
     ar = ctx.const(np.arange(attrs["num_classes"]))
-    return stmt(f"np.equal({ins[0]}[..., None], {ar}, out={{o}})")
+    return stmt(f"np.equal({ins[0]}[..., None], {ar}, {{o}})")
 
 
 one_hot_p = _define("one_hot", _one_hot_rule, _one_hot_impl, _one_hot_emit, differentiable=False)
