@@ -165,11 +165,24 @@ class Scheduler:
     # -------------------------------------------------------------- persistence
 
     def _restore(self, s: dict[str, Any]) -> None:
-        self.round = int(s["round"])
-        self.version = int(s["version"])
-        self.params = dict(s["params"])
-        self.opt_state = {k: dict(v) for k, v in s["opt_state"].items()}
-        self.history = list(s["history"])
+        where = f"{self.state_path}"
+        rnd = wire.field(s, "round", int, where=where)
+        version = wire.field(s, "version", int, where=where)
+        params = wire.field(s, "params", dict, where=where)
+        opt_state = wire.field(s, "opt_state", dict, where=where)
+        history = wire.field(s, "history", list, where=where)
+        want = {k: (v.shape, v.dtype.str) for k, v in self.params.items()}
+        got = {k: (getattr(v, "shape", None), getattr(getattr(v, "dtype", None), "str", None)) for k, v in params.items()}
+        if want != got:
+            raise wire.WireError(f"{where}.params", f"saved model {got} does not match the task's model {want}")
+        if set(opt_state) != set(self.opt_state):
+            raise wire.WireError(f"{where}.opt_state", f"saved optimizer state {sorted(opt_state)} does not match "
+                                 f"server optimizer '{self.policy.server_optimizer.name}' ({sorted(self.opt_state)})")
+        if not (1 <= rnd and 0 <= version < rnd and len(history) == rnd - 1):
+            raise wire.WireError(where, f"inconsistent round state: round {rnd}, version {version}, "
+                                 f"{len(history)} history rows")
+        self.round, self.version, self.params, self.history = rnd, version, dict(params), list(history)
+        self.opt_state = {k: dict(v) for k, v in opt_state.items()}
         if self.round > self.policy.rounds:
             self.phase = "done"
         log.info("scheduler: resumed at round %d, model version %d", self.round, self.version)

@@ -408,3 +408,27 @@ def test_secure_round_below_threshold_is_abandoned_without_releasing_anything(ma
     assert row["outcome"] == "abandoned" and row["close_reason"] == "secagg_aborted"
     assert "threshold" in row["abort_reason"]
     assert c.scheduler.version == 0 and model_bytes(c.scheduler.params) == model_bytes(init)
+
+
+def test_state_file_of_another_model_or_optimizer_is_refused(tmp_path):
+    from fedarena.federated import auth
+    from fedarena.federated.scheduler import save_state
+    from fedarena.federated.strategy import ServerOptimizer
+    from fedarena.federated.trainer import mlp_init
+
+    params = mlp_init((4, 3), 0)
+    path = tmp_path / "s.fl"
+    save_state(path, {"round": 2, "version": 1, "params": params, "opt_state": {}, "history": [{"round": 1}]})
+    secret = auth.new_secret()
+    ok = Scheduler(RoundPolicy(), mlp_init((4, 3), 9), secret, path)
+    assert model_bytes(ok.params) == model_bytes(params) and ok.round == 2
+    with pytest.raises(wire.WireError, match="does not match the task's model"):
+        Scheduler(RoundPolicy(), mlp_init((4, 5, 3), 0), secret, path)
+    with pytest.raises(wire.WireError, match="server optimizer 'fedadam'"):
+        Scheduler(RoundPolicy(server_optimizer=ServerOptimizer("fedadam")), mlp_init((4, 3), 0), secret, path)
+    save_state(path, {"round": 2, "version": 1, "params": params, "opt_state": {}, "history": []})
+    with pytest.raises(wire.WireError, match="inconsistent round state"):
+        Scheduler(RoundPolicy(), mlp_init((4, 3), 0), secret, path)
+    save_state(path, {"round": 2, "params": params})
+    with pytest.raises(wire.WireError, match="version: missing required field"):
+        Scheduler(RoundPolicy(), mlp_init((4, 3), 0), secret, path)
