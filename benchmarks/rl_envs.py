@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=256)
     parser.add_argument("--steps", type=int, default=200, help="action batches per timing loop")
     parser.add_argument("--seconds", type=float, default=2.0, help="minimum time per measurement")
+    parser.add_argument("--gpu-envs", type=int, nargs="*", default=[],
+                        help="also time the cupy build at these batch sizes (needs cupy and a CUDA device)")
     args = parser.parse_args()
     n = args.num_envs
     print(f"num_envs={n}")
@@ -60,6 +62,24 @@ def main() -> None:
         except Exception:  # gymnasium has no vector entry point for this id
             pass
         print(f"{env_id:<12} {ours_rate:>18,.0f} {sync_rate:>18,.0f} {ours_rate / sync_rate:>6.1f}x  {entry:>22}")
+    for m in args.gpu_envs:
+        import cupy as cp
+
+        for env_id in ("CartPole-v1", "Acrobot-v1"):
+            nact = 2 if env_id == "CartPole-v1" else 3
+            actions = cp.asarray(np.random.default_rng(0).integers(nact, size=(20, m)))
+            gpu = BatchedClassicControl(env_id, m, seed=0, xp=cp)
+            gpu.reset()
+            cpu = BatchedClassicControl(env_id, m, seed=0)
+            cpu.reset()
+
+            def step_sync(a):
+                gpu.step(a)
+                cp.cuda.Device().synchronize()
+
+            g = _rate(step_sync, actions, m, args.seconds)
+            c = _rate(cpu.step, cp.asnumpy(actions), m, args.seconds)
+            print(f"{env_id:<12} cupy {m:>9,} envs: {g:>15,.0f} steps/s   numpy same size: {c:>13,.0f}   ratio {g / c:.1f}x")
 
 
 if __name__ == "__main__":
