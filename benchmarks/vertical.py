@@ -74,72 +74,84 @@ def bench_paillier(bits: int, n_plain: int, n_fast: int, workers: int) -> dict:
     xs = rng.uniform(-8, 8, max(n_plain, n_fast))
     r: dict = {"key_bits": bits}
 
-    # plain phe (gmpy2 inside phe)
-    t0 = time.perf_counter()
-    enc = [pk.encrypt(float(v)) for v in xs[:n_plain]]
-    r["phe_encrypt"] = _rate(n_plain, time.perf_counter() - t0)
+    # encryption: the paths are timed in interleaved rounds, so load changes on a shared machine hit
+    # them alike; each path encrypts the same values
+    ms = P.encode(xs[:n_fast], 24, pk.n)
+    layout = K.make_layout(bits, value_bound=8.0, frac_bits=24, headroom_bits=10)
+    r["packed_slots"] = layout.slots
+    r["packed_slot_bits"] = layout.slot_bits
+    packer = K.SlotPacker(fk, layout)  # no pool: one obfuscator computed per ciphertext, end to end
+    vals = rng.uniform(-8, 8, n_fast * layout.slots)
+    rounds = 10
+    t = {"phe_encrypt": 0.0, "fast_encrypt_no_pool": 0.0, "keyholder_crt_encrypt": 0.0, "packed_encrypt_no_pool": 0.0}
+    enc, cs, cs_k, pe = [], [], [], []
+    for i in range(rounds):
+        lo, hi = i * n_plain // rounds, (i + 1) * n_plain // rounds
+        t0 = time.perf_counter()
+        enc += [pk.encrypt(float(v)) for v in xs[lo:hi]]
+        t["phe_encrypt"] += time.perf_counter() - t0
+        lo, hi = i * n_fast // rounds, (i + 1) * n_fast // rounds
+        t0 = time.perf_counter()
+        cs += fk.encrypt_ints(ms[lo:hi])
+        t["fast_encrypt_no_pool"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cs_k += fs.encrypt_ints(ms[lo:hi])
+        t["keyholder_crt_encrypt"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pe += packer.encrypt(vals[lo * layout.slots : hi * layout.slots])
+        t["packed_encrypt_no_pool"] += time.perf_counter() - t0
+    r["phe_encrypt"] = _rate(n_plain, t["phe_encrypt"])
+    r["fast_encrypt_no_pool"] = _rate(n_fast, t["fast_encrypt_no_pool"])
+    r["keyholder_crt_encrypt"] = _rate(n_fast, t["keyholder_crt_encrypt"])
+    r["packed_encrypt_no_pool"] = _rate(len(vals), t["packed_encrypt_no_pool"])
     t0 = time.perf_counter()
     for a, b in zip(enc, enc[1:] + enc[:1]):
         _ = a + b
     r["phe_add"] = _rate(n_plain, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    dec = [sk.decrypt(c) for c in enc]
-    r["phe_decrypt"] = _rate(n_plain, time.perf_counter() - t0)
+    dec, out, t_phe, t_crt = [], [], 0.0, 0.0
+    for i in range(rounds):  # interleaved, as for encryption
+        t0 = time.perf_counter()
+        dec += [sk.decrypt(c) for c in enc[i * n_plain // rounds : (i + 1) * n_plain // rounds]]
+        t_phe += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out += fs.decrypt_ints(cs[i * n_fast // rounds : (i + 1) * n_fast // rounds])
+        t_crt += time.perf_counter() - t0
+    r["phe_decrypt"] = _rate(n_plain, t_phe)
+    r["crt_decrypt"] = _rate(n_fast, t_crt)
     assert np.allclose(dec, xs[:n_plain])
 
-    # accelerated, non-key-holder: obfuscators from a pool (hot path), or computed end to end
-    ms = P.encode(xs[:n_fast], 24, pk.n)
-    t0 = time.perf_counter()
-    cs = fk.encrypt_ints(ms)  # no pool: one r^n per value, raw gmpy2 arithmetic
-    r["fast_encrypt_no_pool"] = _rate(n_fast, time.perf_counter() - t0)
-    pool = P.ObfuscationPool(pk.n, capacity=n_fast, batch=32, workers=workers, background=False)
+    # obfuscation pool on `workers` processes: fill rate (after the processes are up), then the hot path
+    pool = P.ObfuscationPool(pk.n, capacity=n_fast, batch=16, workers=workers, background=False)
+    pool.fill(16 * workers)
+    pool.take(len(pool))
     t0 = time.perf_counter()
     pool.fill()
     fill_s = time.perf_counter() - t0
     r["pool_fill_per_s"] = _rate(n_fast, fill_s)
     fkp = P.FastPublicKey(pk, pool)
     t0 = time.perf_counter()
-    cs = fkp.encrypt_ints(ms)
+    cs_p = fkp.encrypt_ints(ms)
     hot = time.perf_counter() - t0
     r["fast_encrypt_pool_hot"] = _rate(n_fast, hot)
     r["fast_encrypt_pool_incl_fill"] = _rate(n_fast, hot + fill_s)
-    pool.close()
-    # key holder: CRT obfuscators
+    assert fs.decrypt_ints(cs_p[:3]) == ms[:3]
+    assert fs.decrypt_ints(cs_k[:3]) == ms[:3]
+    pool.fill(len(pe))
     t0 = time.perf_counter()
-    cs_k = fs.encrypt_ints(ms)
-    r["keyholder_crt_encrypt"] = _rate(n_fast, time.perf_counter() - t0)
+    pe2 = K.SlotPacker(fkp, layout).encrypt(vals)
+    hot = time.perf_counter() - t0
+    pool.close()
+    r["packed_encrypt_pool_hot"] = _rate(len(vals), hot)
+    r["packed_encrypt_pool_incl_fill"] = _rate(len(vals), hot + fill_s * len(pe) / n_fast)
     t0 = time.perf_counter()
     nsq = fk.nsquare
     for a, b in zip(cs, cs[1:] + cs[:1]):
         _ = a * b % nsq
     r["fast_add"] = _rate(n_fast, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    out = fs.decrypt_ints(cs)
-    r["crt_decrypt"] = _rate(n_fast, time.perf_counter() - t0)
     assert [P.to_signed(m, pk.n) for m in out[:10]] == [P.to_signed(m, pk.n) for m in ms[:10]]
     assert fs.decrypt_ints(cs_k[:3]) == ms[:3]
 
-    # packed (values per second; each ciphertext holds `slots` values)
-    layout = K.make_layout(bits, value_bound=8.0, frac_bits=24, headroom_bits=10)
-    r["packed_slots"] = layout.slots
-    r["packed_slot_bits"] = layout.slot_bits
-    n_vals = n_fast * layout.slots
-    vals = rng.uniform(-8, 8, n_vals)
-    packer = K.SlotPacker(fk, layout)  # no pool: obfuscator computed per ciphertext, end to end
-    t0 = time.perf_counter()
-    pe = packer.encrypt(vals)
-    r["packed_encrypt_no_pool"] = _rate(n_vals, time.perf_counter() - t0)
-    pool = P.ObfuscationPool(pk.n, capacity=len(pe), batch=32, workers=workers, background=False)
-    t0 = time.perf_counter()
-    pool.fill()
-    fill_s = time.perf_counter() - t0
-    packer_p = K.SlotPacker(P.FastPublicKey(pk, pool), layout)
-    t0 = time.perf_counter()
-    pe2 = packer_p.encrypt(vals)
-    hot = time.perf_counter() - t0
-    pool.close()
-    r["packed_encrypt_pool_hot"] = _rate(n_vals, hot)
-    r["packed_encrypt_pool_incl_fill"] = _rate(n_vals, hot + fill_s)
+    n_vals = len(vals)
     t0 = time.perf_counter()
     ps = [packer.add(a, b) for a, b in zip(pe, pe2)]
     r["packed_add"] = _rate(n_vals, time.perf_counter() - t0)
