@@ -182,7 +182,11 @@ class FLClient:
                 break
             if reply.kind != "task":
                 continue
-            self._run_task(reply.body)
+            try:
+                self._run_task(reply.body)
+            except (wire.WireError, ValueError, ArithmeticError) as e:  # a task we cannot use: skip this round
+                log.warning("%s: unusable task: %s", self.client_id, e)
+                self._backoff()
         return self.stats
 
     def _run_task(self, body: dict[str, Any]) -> None:
@@ -190,7 +194,9 @@ class FLClient:
         version = wire.field(body, "model_version", int)
         cfg = RoundConfig.from_body(wire.field(body, "config", dict))
         if "params" in body:
-            self.params = {k: np.asarray(v) for k, v in wire.field(body, "params", dict).items()}
+            params = wire.field(body, "params", dict)
+            self.params = {k: wire.check_array(v, f"body.params.{k}", dtype="float32", finite=True)
+                           for k, v in params.items()}
             self.version = version
         if self.params is None or self.version != version:
             self.version = -1  # we lack the model: ask again and get it sent
@@ -218,12 +224,18 @@ class FLClient:
         upload = {"round": rnd, "model_version": version, "num_examples": int(len(self.x)),
                   "nonce": os.urandom(16), "encoding": encoding, "update": payload,
                   "train_loss": float(loss)}
-        try:
-            self._call_server("upload", upload, timeout=self.options.rpc_timeout_s)
-            self.stats.uploads_accepted += 1
-        except RemoteError as e:
-            self.stats.uploads_refused[e.code] = self.stats.uploads_refused.get(e.code, 0) + 1
-            log.info("%s: upload for round %d refused: %s", self.client_id, rnd, e)
+        for attempt in range(5):
+            try:
+                self._call_server("upload", upload, timeout=self.options.rpc_timeout_s)
+                self.stats.uploads_accepted += 1
+                return
+            except RemoteError as e:
+                if e.code == "unavailable" and attempt < 4:  # the server could not reach the scheduler: retry
+                    self._backoff()
+                    continue
+                self.stats.uploads_refused[e.code] = self.stats.uploads_refused.get(e.code, 0) + 1
+                log.info("%s: upload for round %d refused: %s", self.client_id, rnd, e)
+                return
 
     def _run_secure(self, body: dict[str, Any], cfg: RoundConfig, rnd: int, delta: dict[str, np.ndarray]) -> None:
         from fedarena.federated.secure_round import client_input, run_client, secagg_params
