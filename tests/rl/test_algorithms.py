@@ -102,7 +102,7 @@ def test_ppo_loss_and_gradient_match_torch(clip_vloss):
     tloss = pg - 0.01 * entropy + 0.5 * vloss
     tloss.backward()
     assert float(loss) == pytest.approx(tloss.item(), rel=1e-4)
-    assert float(aux["entropy"]) == pytest.approx(float(entropy), rel=1e-4)
+    assert float(aux["entropy"]) == pytest.approx(entropy.item(), rel=1e-4)
     _grads_close(grads, tp)
 
 
