@@ -27,6 +27,19 @@ def _rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else float("inf")
 
 
+def _cpu_seconds() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def bench_rsa(bits: int, n_ops: int) -> dict:
     from fedarena.federated.vertical.rsa_blind import CrtSigner, generate_key
 
@@ -54,14 +67,17 @@ def bench_psi(n_ids: int, bits: int, workers: int, overlap: float) -> dict:
     rng.shuffle(ids_a)
     rng.shuffle(ids_b)
     link = Link()
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     ra, rb = psi.intersect(ids_a, ids_b, key_bits=bits, workers=workers, chunk_size=2048, transfer=link.transfer)
     wall = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0  # this process + the (joined) worker processes
     exact = set(ra.ids) == set(ids_a) & set(ids_b) and ra.ids == rb.ids
     total = len(ids_a) + len(ids_b)
     return {"ids_a": len(ids_a), "ids_b": len(ids_b), "shared": len(ra.ids), "exact": exact, "seconds": wall,
             "ids_per_s": _rate(total, wall), "ids_per_s_per_core": _rate(total, wall) / workers,
-            "bytes": link.stats.total_bytes, "workers": workers}
+            "bytes": link.stats.total_bytes, "workers": workers, "cpu_seconds": cpu,
+            "ids_per_cpu_second": _rate(total, cpu), "peak_rss_mb": _peak_rss_mb()}
 
 
 def bench_paillier(bits: int, n_plain: int, n_fast: int, workers: int) -> dict:
@@ -233,8 +249,9 @@ def main() -> None:
     if "psi" not in args.skip:
         s = res["psi"] = bench_psi(args.psi_ids, args.psi_bits, args.workers, args.overlap)
         print(f"PSI {s['ids_a']} x {s['ids_b']} IDs, {args.psi_bits}-bit, {s['workers']} workers: {s['seconds']:.1f}s, "
-              f"{s['ids_per_s']:.0f} IDs/s ({s['ids_per_s_per_core']:.0f} per core), exact={s['exact']}, "
-              f"{s['bytes'] / 1e6:.1f} MB", flush=True)
+              f"{s['ids_per_s']:.0f} IDs/s ({s['ids_per_s_per_core']:.0f} per core of wall time; "
+              f"{s['ids_per_cpu_second']:.0f} per CPU-second used), exact={s['exact']}, {s['bytes'] / 1e6:.1f} MB sent, "
+              f"peak RSS of the driver {s['peak_rss_mb']:.0f} MB", flush=True)
     if "epoch" not in args.skip:
         e = res["epoch"] = bench_epoch(args.paillier_bits)
         for k in ("three_party", "three_party_pool", "two_party"):
