@@ -226,65 +226,79 @@ class Scheduler:
         return sorted(c for c, info in self.clients.items() if now - info["last_seen"] <= self.policy.availability_s)
 
     def _coordinate(self) -> None:
-        p = self.policy
         while not self._stop.is_set():
-            with self.cond:
-                now = time.monotonic()
-                self._live_servers(now)
-                if self.phase == "done":
-                    self.cond.wait(0.5)
-                    continue
-                if self.phase == "idle":
-                    cands = self._candidates(now)
-                    need = p.start_clients if not self.history else 1
-                    if len(cands) < max(1, need) or not self._live_servers(now):
-                        self.cond.wait(0.05)
-                        continue
-                    k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
-                    rng = np.random.default_rng([p.seed, self.round])
-                    self.selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
-                    self.admitted, self.partials = {}, {}
-                    self.opened_at, self.deadline = now, now + p.window_seconds
-                    self.secure = None
-                    if p.round_config.secagg:
-                        dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
+            try:
+                self._coordinate_step()
+            except Exception:  # noqa: BLE001 - e.g. a failed state write: log, keep the round state, retry
+                log.exception("scheduler: coordinator step failed; retrying")
+                self._stop.wait(0.5)
+
+    def _coordinate_step(self) -> None:
+        p = self.policy
+        with self.cond:
+            now = time.monotonic()
+            self._live_servers(now)
+            if self.phase == "done":
+                self.cond.wait(0.5)
+                return
+            if self.phase == "idle":
+                cands = self._candidates(now)
+                need = p.start_clients if not self.history else 1
+                if p.round_config.secagg:
+                    need = max(need, 2)  # secure aggregation needs at least two clients
+                if len(cands) < max(1, need) or not self._live_servers(now):
+                    self.cond.wait(0.05)
+                    return
+                k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
+                rng = np.random.default_rng([p.seed, self.round])
+                self.selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
+                self.admitted, self.partials = {}, {}
+                self.opened_at, self.deadline = now, now + p.window_seconds
+                self.secure = None
+                if p.round_config.secagg:
+                    dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
+                    try:
                         self.secure = SecureRound.open(p.round_config, self.round, self.selected, dim, self.deadline)
-                    self.phase = "open"
-                    log.info("scheduler: round %d open, %d clients selected", self.round, k)
+                    except ValueError as e:  # e.g. more clients than the fixed-point range can sum exactly
+                        log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
+                        self.cond.wait(1.0)
+                        return
+                self.phase = "open"
+                log.info("scheduler: round %d open, %d clients selected", self.round, k)
+                self.cond.notify_all()
+                return
+            if self.phase == "open" and self.secure is not None:
+                sec = self.secure
+                if sec.due(now):
+                    sec.close_stage(now)
                     self.cond.notify_all()
-                    continue
-                if self.phase == "open" and self.secure is not None:
-                    sec = self.secure
-                    if sec.due(now):
-                        sec.close_stage(now)
-                        self.cond.notify_all()
-                    if sec.finished:
-                        self.close_reason = "secagg_done" if sec.result is not None else "secagg_aborted"
-                        self.closed_at = now
-                        self.phase = "closing"
-                        self._finish_round()
-                        self.cond.notify_all()
-                    else:
-                        self.cond.wait(max(0.0, min(0.2, sec.deadline - now)))
-                    continue
-                if self.phase == "open":
-                    if len(self.admitted) >= len(self.selected) or now >= self.deadline:
-                        self.close_reason = "all_reported" if len(self.admitted) >= len(self.selected) else "deadline"
-                        self.closed_at = now
-                        self.phase = "closing"
-                        self.grace_until = now + p.partial_grace_s
-                        self.cond.notify_all()
-                    else:
-                        self.cond.wait(min(0.5, self.deadline - now))
-                    continue
-                if self.phase == "closing":
-                    live = set(self._live_servers(now))
-                    expected = {s for s in self.admitted.values() if s in live}
-                    if expected - set(self.partials) and now < self.grace_until:
-                        self.cond.wait(min(0.2, self.grace_until - now))
-                        continue
+                if sec.finished:
+                    self.close_reason = "secagg_done" if sec.result is not None else "secagg_aborted"
+                    self.closed_at = now
+                    self.phase = "closing"
                     self._finish_round()
                     self.cond.notify_all()
+                else:
+                    self.cond.wait(max(0.0, min(0.2, sec.deadline - now)))
+                return
+            if self.phase == "open":
+                if len(self.admitted) >= len(self.selected) or now >= self.deadline:
+                    self.close_reason = "all_reported" if len(self.admitted) >= len(self.selected) else "deadline"
+                    self.closed_at = now
+                    self.phase = "closing"
+                    self.grace_until = now + p.partial_grace_s
+                    self.cond.notify_all()
+                else:
+                    self.cond.wait(min(0.5, self.deadline - now))
+                return
+            if self.phase == "closing":
+                live = set(self._live_servers(now))
+                expected = {s for s in self.admitted.values() if s in live}
+                if expected - set(self.partials) and now < self.grace_until:
+                    self.cond.wait(min(0.2, self.grace_until - now))
+                    return
+                self._finish_round()
+                self.cond.notify_all()
 
     def _finish_round(self) -> None:
         p = self.policy

@@ -155,6 +155,9 @@ class FLServer:
                 log.info("%s: scheduler unreachable (%s); retrying", self.server_id, e)
                 time.sleep(delay)
                 delay = min(2.0, delay * 2)
+            except Exception:  # noqa: BLE001 - the sync thread must survive anything a plan does
+                log.exception("%s: sync failed; retrying", self.server_id)
+                time.sleep(0.5)
 
     def _apply_plan(self, plan: dict[str, Any]) -> None:
         version = wire.field(plan, "model_version", int)
