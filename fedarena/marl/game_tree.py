@@ -33,6 +33,7 @@ class Level:
     child_start: int            # children of this level's non-terminals are nodes [child_start, child_stop)
     child_stop: int
     child_parent_local: np.ndarray   # parent of each child, minus ``start``
+    parent_ids: np.ndarray           # parent of each node of this level (absolute ids)
     # per player p: the p-nodes of this level, the information states they belong to, and their children
     player_nodes: tuple[np.ndarray, ...]
     player_infosets: tuple[np.ndarray, ...]        # global ids of the information states of this level
@@ -67,6 +68,8 @@ class GameTree:
     edge_nodes: np.ndarray        # nodes entered by a player's move
     edge_sa: np.ndarray           # infoset * A + action of those moves
     edge_player: np.ndarray       # who moved
+    player_edge_nodes: tuple[np.ndarray, ...] = ()   # per player: the nodes entered by that player's moves
+    player_edge_sa: tuple[np.ndarray, ...] = ()      # per player: infoset * A + action of those moves
 
     @property
     def num_nodes(self) -> int:
@@ -195,7 +198,7 @@ def _build(game: Game) -> GameTree:
                 local_sa = np.zeros(0, dtype=np.int64)
             pn.append(nodes), pi.append(uniq), pli.append(local.astype(np.int64)), pc.append(children)
             pe.append(edges), pes.append(local_sa.astype(np.int64))
-        levels.append(Level(s0, m, s1, c0, c1, (kid_parent - s0).astype(np.int64),
+        levels.append(Level(s0, m, s1, c0, c1, (kid_parent - s0).astype(np.int64), parent_a[s0:s1].copy(),
                             tuple(pn), tuple(pi), tuple(pli), tuple(pc), tuple(pe), tuple(pes)))
 
     terminals = np.flatnonzero(actor_a == TERMINAL)
@@ -209,6 +212,8 @@ def _build(game: Game) -> GameTree:
         infostate_player=np.asarray(is_player, dtype=np.int64), infostate_level=np.asarray(is_level, dtype=np.int64),
         infostate_node=np.asarray(is_node, dtype=np.int64), legal=legal_m,
         edge_nodes=edge_nodes, edge_sa=edge_sa, edge_player=edge_player,
+        player_edge_nodes=tuple(edge_nodes[edge_player == p] for p in range(P)),
+        player_edge_sa=tuple(edge_sa[edge_player == p] for p in range(P)),
     )
 
 

@@ -27,14 +27,21 @@ def player_reach(tree: GameTree, probs: np.ndarray, players: tuple[int, ...] | N
     players = tuple(range(tree.num_players)) if players is None else tuple(players)
     batch = probs.shape[:-2]
     flat = probs.reshape(batch + (-1,))
+    if not batch:  # one policy: 1-D walks per player are the cheapest gathers
+        out = np.ones((len(players), tree.num_nodes))
+        for k, p in enumerate(players):
+            w = np.ones(tree.num_nodes)
+            w[tree.player_edge_nodes[p]] = flat[tree.player_edge_sa[p]]
+            r = out[k]
+            for lv in tree.levels[1:]:
+                np.multiply(r[lv.parent_ids], w[lv.start:lv.stop], out=r[lv.start:lv.stop])
+        return out
     W = np.ones(batch + (len(players), tree.num_nodes))
     for k, p in enumerate(players):
-        m = tree.edge_player == p
-        W[..., k, tree.edge_nodes[m]] = flat[..., tree.edge_sa[m]]
+        W[..., k, tree.player_edge_nodes[p]] = flat[..., tree.player_edge_sa[p]]
     R = np.ones_like(W)
-    parent = tree.parent
     for lv in tree.levels[1:]:
-        R[..., lv.start:lv.stop] = R[..., parent[lv.start:lv.stop]] * W[..., lv.start:lv.stop]
+        np.multiply(R[..., lv.parent_ids], W[..., lv.start:lv.stop], out=R[..., lv.start:lv.stop])
     return R
 
 
