@@ -582,11 +582,22 @@ def getitem(x: Array, key: Any) -> Array:
 # ============================================================================ convolution and pooling
 
 
-def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any = 1) -> Array:
-    """2-d cross-correlation, NCHW input, OIHW weights (PyTorch's ``conv2d`` without bias)."""
-    return bind(
-        P.conv2d_p, _arr(x), _arr(w), stride=P._pair(stride), padding=P._pair(padding), dilation=P._pair(dilation)
-    )
+def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any = 1, lowered: bool = True) -> Array:
+    """2-d cross-correlation, NCHW input, OIHW weights (PyTorch's ``conv2d`` without bias).
+
+    ``lowered=True`` (default) writes it as ``im2col`` + ``matmul`` equations, so the backward
+    pass reuses the forward's columns; ``lowered=False`` binds the single ``conv2d`` primitive.
+    """
+    x, w = _arr(x), _arr(w)
+    attrs = dict(stride=P._pair(stride), padding=P._pair(padding), dilation=P._pair(dilation))
+    if not lowered:
+        return bind(P.conv2d_p, x, w, **attrs)
+    out_aval = P.abstract_eval_conv(aval_of(x), aval_of(w), attrs)  # shape checks with a conv2d message
+    n = shape(x)[0]
+    o, c, kh, kw = shape(w)
+    cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, **attrs)
+    y = bind(P.matmul_p, P.reshape(w, (o, c * kh * kw)), cols)
+    return P.reshape(y, out_aval.shape)
 
 
 def max_pool2d(x: Array, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Array:

@@ -182,6 +182,19 @@ def _fusable(p_leaves: list) -> bool:
     return len(p_leaves) > 0 and len(dts) == 1
 
 
+FUSE_MAX_ELEMENTS = 1 << 16
+
+
+def _fuse(fused: bool | str, leaves: list) -> bool:
+    """Flat state for small models (kernel-call overhead dominates); per-leaf for large ones
+    (concatenating would add two passes over the parameters)."""
+    if not fused or not _fusable(leaves):
+        return False
+    if fused == "auto":
+        return builtins_sum(int(np.prod(ops.shape(p), dtype=np.int64)) for p in leaves) <= FUSE_MAX_ELEMENTS
+    return True
+
+
 def _adam(
     lr: float | Schedule,
     b1: float,
@@ -199,19 +212,21 @@ def _adam(
 
     def init(params: Any) -> Any:
         leaves = tree_leaves(params)
-        if fused and _fusable(leaves):
+        if _fuse(fused, leaves):
             n = int(builtins_sum(np.size(p) for p in leaves))
             dt = np.dtype(dtype_of(leaves[0]))
             return {"count": _count0(), "mu": np.zeros(n, dt), "nu": np.zeros(n, dt)}
         return {"count": _count0(), "mu": _zeros_like_tree(params), "nu": _zeros_like_tree(params)}
 
-    def _step(p, g, m, v, lr_t, step_size, bc2_sqrt, in_dtype):
+    def _step(p, g, m, v, lr_t, step_size, eps_hat, in_dtype):
         dt = dtype_of(p)
         if decoupled and weight_decay:
             p = ops.multiply(p, in_dtype(ops.subtract(1.0, ops.multiply(lr_t, weight_decay)), dt))
         m = ops.add(ops.multiply(m, b1), ops.multiply(g, 1.0 - b1))
         v = ops.add(ops.multiply(v, b2), ops.multiply(ops.multiply(g, g), 1.0 - b2))
-        denom = ops.add(ops.divide(ops.sqrt(v), in_dtype(bc2_sqrt, dt)), eps)
+        # lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps) == (lr sqrt(bc2)/bc1) * m / (sqrt(v) + eps sqrt(bc2)):
+        # the same Algorithm 1 step with one pass fewer over the parameters.
+        denom = ops.add(ops.sqrt(v), in_dtype(eps_hat, dt))
         p = ops.subtract(p, ops.multiply(ops.divide(m, denom), in_dtype(step_size, dt)))
         return p, m, v
 
@@ -222,7 +237,8 @@ def _adam(
         t = ops.astype(count, np.float64)
         bc1 = ops.subtract(1.0, ops.power(b1, t))
         bc2_sqrt = ops.sqrt(ops.subtract(1.0, ops.power(b2, t)))
-        step_size = ops.divide(lr_t, bc1)
+        step_size = ops.divide(ops.multiply(lr_t, bc2_sqrt), bc1)
+        eps_hat = ops.multiply(bc2_sqrt, eps)
         p_leaves, td = tree_flatten(params)
         g_leaves = tree_leaves(grads)
         cache: dict = {}
@@ -233,14 +249,14 @@ def _adam(
                 cache[key] = cast(x, dt)
             return cache[key]
 
-        if fused and _fusable(p_leaves) and not isinstance(state["mu"], (dict, list, tuple)):
-            p, m, v = _step(_flat(p_leaves), _flat(g_leaves), state["mu"], state["nu"], lr_t, step_size, bc2_sqrt, in_dtype)
+        if not isinstance(state["mu"], (dict, list, tuple)):  # flat state made by init()
+            p, m, v = _step(_flat(p_leaves), _flat(g_leaves), state["mu"], state["nu"], lr_t, step_size, eps_hat, in_dtype)
             return tree_unflatten(td, _unflat(p, p_leaves)), {"count": count, "mu": m, "nu": v}
         m_leaves, mt = tree_flatten(state["mu"])
         v_leaves, vt = tree_flatten(state["nu"])
         new_p, new_m, new_v = [], [], []
         for p, g, m, v in zip(p_leaves, g_leaves, m_leaves, v_leaves):
-            p, m, v = _step(p, g, m, v, lr_t, step_size, bc2_sqrt, in_dtype)
+            p, m, v = _step(p, g, m, v, lr_t, step_size, eps_hat, in_dtype)
             new_p.append(p)
             new_m.append(m)
             new_v.append(v)
@@ -256,10 +272,11 @@ def adam(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     max_grad_norm: float | None = None,
-    fused: bool = True,
+    fused: bool | str = "auto",
 ) -> Optimizer:
     """Adam; ``weight_decay`` is L2 added to the gradient (PyTorch's ``Adam(weight_decay=...)``).
-    ``fused``: keep the moments as flat vectors (see :func:`_adam`)."""
+    ``fused``: keep the moments as flat vectors (``"auto"``: when the model has at most
+    65536 parameters; see :func:`_adam`)."""
     return _adam(lr, b1, b2, eps, weight_decay, False, max_grad_norm, "adam", fused)
 
 
@@ -270,7 +287,7 @@ def adamw(
     eps: float = 1e-8,
     weight_decay: float = 1e-2,
     max_grad_norm: float | None = None,
-    fused: bool = True,
+    fused: bool | str = "auto",
 ) -> Optimizer:
     """Adam with decoupled weight decay: ``p *= 1 - lr * weight_decay`` before the Adam step."""
     return _adam(lr, b1, b2, eps, weight_decay, True, max_grad_norm, "adamw", fused)

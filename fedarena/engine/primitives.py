@@ -605,6 +605,16 @@ def _reduce_impl(uf):
 def _reduce_emit(uf_name):
     def emit(ctx, ins, attrs, in_avals, out_aval):
         axes = tuple(attrs["axes"])
+        av = in_avals[0]
+        if uf_name == "np.add" and av.ndim == 2 and len(axes) == 1 and is_float(av.dtype) and out_aval.dtype == av.dtype:
+            # a row/column sum of a matrix is a matrix-vector product: BLAS is far cheaper than ufunc.reduce
+            n = av.shape[axes[0]]
+            kd = attrs["keepdims"]
+            if axes[0] == 1:
+                ones = ctx.const(np.ones((n, 1) if kd else (n,), av.dtype))
+                return stmt(f"np.dot({ins[0]}, {ones}, {{o}})")
+            ones = ctx.const(np.ones((1, n) if kd else (n,), av.dtype))
+            return stmt(f"np.dot({ones}, {ins[0]}, {{o}})")
         ax = axes[0] if len(axes) == 1 else axes
         return stmt(f"{uf_name}.reduce({ins[0]}, {ax!r}, None, {{o}}, {attrs['keepdims']})")
 
@@ -1303,6 +1313,16 @@ def _conv_rule(avals, attrs, weak):
     if x.shape[1] != w.shape[1]:
         raise ShapeError(f"input has {x.shape[1]} channels but the weights expect {w.shape[1]}")
     return ShapedArray((x.shape[0], w.shape[0], oh, ow), promote(avals, weak))
+
+
+def abstract_eval_conv(x_aval: ShapedArray, w_aval: ShapedArray, attrs: dict) -> ShapedArray:
+    """The conv2d shape rule, raising a ShapeError that names conv2d, the shapes and the user line."""
+    from .tracing import user_source
+
+    try:
+        return _conv_rule([x_aval, w_aval], attrs, [False, False])
+    except ShapeError as exc:
+        raise ShapeError(f"conv2d: {exc}; inputs: {x_aval.str_short()}, {w_aval.str_short()} (at {user_source()})") from None
 
 
 class Conv2dKernel:

@@ -104,6 +104,12 @@ CASES = [
         lambda r: [_r(r, 2, 3, 7, 6), _r(r, 4, 3, 3, 3)],
     ),
     (
+        "conv2d_primitive",
+        lambda x, w: ops.conv2d(x, w, stride=(1, 2), padding=1, lowered=False),
+        lambda x, w: __import__("torch").nn.functional.conv2d(x, w, stride=(1, 2), padding=1),
+        lambda r: [_r(r, 2, 3, 6, 7), _r(r, 2, 3, 3, 2)],
+    ),
+    (
         "conv2d_dilated",
         lambda x, w: ops.conv2d(x, w, stride=1, padding=(2, 1), dilation=2),
         lambda x, w: __import__("torch").nn.functional.conv2d(x, w, stride=1, padding=(2, 1), dilation=2),

@@ -47,6 +47,8 @@ OPTIMIZERS = [
     ("adam", lambda: optim.adam(0.05), lambda t: lambda ps: t.optim.Adam(ps, lr=0.05)),
     ("adam_l2", lambda: optim.adam(0.05, b1=0.8, b2=0.99, eps=1e-6, weight_decay=0.1), lambda t: lambda ps: t.optim.Adam(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)),
     ("adamw", lambda: optim.adamw(0.05, weight_decay=0.1), lambda t: lambda ps: t.optim.AdamW(ps, lr=0.05, weight_decay=0.1)),
+    ("adam_per_leaf", lambda: optim.adam(0.05, fused=False), lambda t: lambda ps: t.optim.Adam(ps, lr=0.05)),
+    ("adamw_per_leaf", lambda: optim.adamw(0.05, weight_decay=0.1, fused=False), lambda t: lambda ps: t.optim.AdamW(ps, lr=0.05, weight_decay=0.1)),
     ("rmsprop", lambda: optim.rmsprop(0.01), lambda t: lambda ps: t.optim.RMSprop(ps, lr=0.01)),
     ("rmsprop_centered_momentum", lambda: optim.rmsprop(0.01, centered=True, momentum=0.5), lambda t: lambda ps: t.optim.RMSprop(ps, lr=0.01, centered=True, momentum=0.5)),
 ]
@@ -71,6 +73,9 @@ def test_optimizer_matches_torch(name, ours, theirs):
     for k in ("a", "b"):
         np.testing.assert_allclose(p[k], want[k], rtol=1e-9, atol=1e-12)
     assert int(state["count"]) == 6
+    if name.startswith("adam"):
+        flat = not name.endswith("per_leaf")
+        assert isinstance(state["mu"], np.ndarray) == flat and isinstance(state["nu"], np.ndarray) == flat
 
 
 def test_global_norm_clipping_matches_torch():
