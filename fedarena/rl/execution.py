@@ -5,8 +5,8 @@ with ``weights`` and ``next() -> (i, trajectory)`` returns whichever requested r
 so a synchronous learner (PPO: submit to all, take all) and an asynchronous one (IMPALA: resubmit
 each actor as soon as its trajectory arrives) drive every mode alike. Actors in worker processes
 receive weights and send trajectories through :mod:`fedarena.rl.wire` (no pickle). Ray actors are
-created with ``max_restarts``: when one dies its pending rollout fails, the pool counts a restart and
-submits again to the restarted actor (or to a fresh one if Ray gave up), and training continues.
+supervised by the pool: when one dies its pending rollout fails, the pool starts a fresh Ray actor in its
+place, requests the same rollout again, and training continues.
 With ``inference_server=True`` (Ray mode) actors hold no weights: they send observations to one
 :class:`fedarena.rl.workers.InferenceServer` Ray actor that batches them (SEED RL).
 """
@@ -258,35 +258,50 @@ class _RayActorBody(ActorWorker):
 
 
 class RayActorPool:
-    """Actors as Ray actors (restarted by Ray on failure); optional Ray-hosted InferenceServer."""
+    """Actors as Ray actors; optional Ray-hosted InferenceServer. An actor whose process dies is replaced by a
+    fresh Ray actor (at most ``max_restarts`` times per actor) and its rollout is requested again."""
 
     def __init__(self, spec: ActorSpec, num_actors: int, inference_server: bool = False, initial: Weights | None = None,
-                 max_batch: int = 256, deadline_s: float = 0.002, max_restarts: int = 5) -> None:
+                 max_batch: int = 256, deadline_s: float = 0.002, max_restarts: int = 10) -> None:
         import ray
 
         self.spec, self.max_restarts = spec, max_restarts
         self.restarts = 0
+        self._deaths = [0] * num_actors
         self.server = None
         if inference_server:
             host = ray.remote(num_cpus=0, max_concurrency=num_actors + 4)(_InferenceHost)
             self.server = host.remote(spec, initial, max_batch, deadline_s)
-        self._cls = ray.remote(num_cpus=0, max_restarts=max_restarts)(_RayActorBody)
+        self._cls = ray.remote(num_cpus=0, max_restarts=0)(_RayActorBody)
         self.actors = [self._make(i) for i in range(num_actors)]
         self._pending: dict[Any, tuple[int, Weights | None]] = {}
 
     def _make(self, i: int) -> Any:
         return self._cls.remote(self.spec, i, self.server)
 
-    def submit(self, i: int, weights: Weights) -> None:
-        import ray
+    def _request(self, i: int, weights: Weights | None) -> None:
+        ref = self.actors[i].rollout.remote(weights)
+        self._pending[ref] = (i, weights)
 
+    def submit(self, i: int, weights: Weights) -> None:
         if self.server is not None:
             self.server.set_weights.remote(weights)
-            ref = self.actors[i].rollout.remote(None)
-            self._pending[ref] = (i, None)
+            self._request(i, None)
         else:
-            ref = self.actors[i].rollout.remote(weights)
-            self._pending[ref] = (i, weights)
+            self._request(i, weights)
+
+    def _replace(self, i: int) -> None:
+        import ray
+
+        self._deaths[i] += 1
+        self.restarts += 1
+        if self._deaths[i] > self.max_restarts:
+            raise RuntimeError(f"actor {i} died {self._deaths[i]} times (max_restarts={self.max_restarts})")
+        try:
+            ray.kill(self.actors[i], no_restart=True)
+        except Exception:  # already gone
+            pass
+        self.actors[i] = self._make(i)
 
     def next(self) -> tuple[int, dict[str, Any]]:
         import ray
@@ -301,12 +316,8 @@ class RayActorPool:
             try:
                 return i, ray.get(ref)
             except RayActorError:
-                # the actor died mid-rollout: Ray restarts it (up to max_restarts); otherwise make a new one
-                self.restarts += 1
-                if self.restarts > self.max_restarts:
-                    self.actors[i] = self._make(i)
-                ref = self.actors[i].rollout.remote(weights)
-                self._pending[ref] = (i, weights)
+                self._replace(i)  # the actor's process died: start a new one and ask it for the same rollout
+                self._request(i, weights)
 
     def actor_pid(self, i: int) -> int:
         import ray
