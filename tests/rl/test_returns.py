@@ -95,3 +95,25 @@ def test_shape_mismatch_is_reported():
         gae(np.zeros((3, 2)), np.zeros((3, 2)), np.zeros(2), np.zeros((2, 2)), 0.9)
     with pytest.raises(ValueError, match="log_rhos"):
         vtrace(np.zeros((3, 1)), np.zeros((3, 2)), np.zeros((3, 2)), np.zeros((3, 2)), np.zeros(2))
+
+
+def test_rollout_buffer_gae_and_minibatches():
+    from fedarena.rl.rollout import RolloutBuffer
+
+    rng = np.random.default_rng(7)
+    r, v, b, d = _episode_data(rng, T=16, N=3)
+    buf = RolloutBuffer(16, 3)
+    for t in range(16):
+        buf.add(obs=rng.normal(size=(3, 4)), reward=r[t], value=v[t], discount=d[t], step=np.full(3, t))
+    assert buf.full
+    with pytest.raises(ValueError, match="full"):
+        buf.add(reward=r[0], value=v[0], discount=d[0])
+    buf.compute_advantages(b, 0.9)
+    np.testing.assert_allclose(buf.data["advantage"], _gae_by_definition(r, v, b, d, 0.9), rtol=1e-5, atol=1e-5)
+    seen = []
+    for mb in buf.minibatches(10, np.random.default_rng(0)):
+        assert mb["obs"].shape[1:] == (4,) and len(mb["step"]) <= 10
+        seen += list(zip(mb["step"].tolist(), mb["advantage"].tolist()))
+    assert len(seen) == 48 and sorted(s for s, _ in seen) == sorted(list(range(16)) * 3)
+    with pytest.raises(ValueError, match="leading size"):
+        RolloutBuffer(2, 3).add(reward=np.zeros(2))
