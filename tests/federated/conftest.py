@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from fedarena.federated import auth
+from fedarena.federated import auth, wire
 from fedarena.federated.protocol import RoundConfig
 from fedarena.federated.scheduler import RoundPolicy, Scheduler
 from fedarena.federated.server import FLServer, ServerOptions
@@ -17,20 +16,21 @@ SMALL_TASK = TaskSpec(dataset="synthetic", num_clients=4, hidden=(8,), trainer="
 
 
 class Cluster:
-    def __init__(self, tmp_path, policy, n_servers=2, tls=None, task=SMALL_TASK, server_options=None, limits=None):
-        import fedarena.federated.wire as wire
-
+    def __init__(self, tmp_path, policy, n_servers=2, tls=None, task=SMALL_TASK, server_options=None, limits=None,
+                 chunk_bytes=wire.DEFAULT_CHUNK_BYTES):
+        self.chunk_bytes = chunk_bytes
         self.task = build_task(task)
         self.secret = auth.new_secret()
         self.limits = limits or wire.DEFAULT_LIMITS
         self.tls = tls
         self.scheduler = Scheduler(policy, self.task.trainer.init_params(0), self.secret, tmp_path / "state.fl",
-                                   evaluate=self.evaluate, tls=tls, client_tls=tls, limits=self.limits)
+                                   evaluate=self.evaluate, tls=tls, client_tls=tls, limits=self.limits,
+                                   chunk_bytes=chunk_bytes)
         port = self.scheduler.start("127.0.0.1:0")
         self.address = f"127.0.0.1:{port}"
         opts = server_options or ServerOptions(sync_wait_s=0.2, max_update_norm=50.0)
         self.servers = [FLServer(f"s{i}", self.address, self.secret, opts, tls=tls, scheduler_tls=tls,
-                                 limits=self.limits) for i in range(n_servers)]
+                                 limits=self.limits, chunk_bytes=chunk_bytes) for i in range(n_servers)]
         for s in self.servers:
             s.start("127.0.0.1:0")
         self.peers = []
@@ -43,7 +43,7 @@ class Cluster:
         return auth.client_token(self.secret, cid)
 
     def peer(self, server_index):
-        p = Peer(self.servers[server_index].address, tls=self.tls, limits=self.limits)
+        p = Peer(self.servers[server_index].address, tls=self.tls, limits=self.limits, chunk_bytes=self.chunk_bytes)
         self.peers.append(p)
         return p
 

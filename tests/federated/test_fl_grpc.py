@@ -432,3 +432,22 @@ def test_state_file_of_another_model_or_optimizer_is_refused(tmp_path):
     save_state(path, {"round": 2, "params": params})
     with pytest.raises(wire.WireError, match="version: missing required field"):
         Scheduler(RoundPolicy(), mlp_init((4, 3), 0), secret, path)
+
+
+def test_models_and_uploads_stream_in_many_small_frames(make_cluster):
+    policy = RoundPolicy(rounds=1, window_seconds=60, start_clients=2, min_fraction=1.0,
+                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+    c = make_cluster(policy, chunk_bytes=128)  # the ~500-byte model travels in several frames each way
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer,
+                        chunk_bytes=128) for i in range(2)]
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["reporting"] == 2
+    assert row["bytes_up"] > 4 * 128 and row["bytes_down"] > 4 * 128
+    expect = _replayed_weighted_mean(c, c.task.trainer.init_params(0), range(2), 1, 0.1)
+    for k, v in expect.items():
+        np.testing.assert_allclose(c.scheduler.params[k], v.astype(np.float32), rtol=1e-6, atol=1e-7)
