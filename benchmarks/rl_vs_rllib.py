@@ -46,7 +46,7 @@ def fedarena_side(seed: int, launched: float, max_steps: int, anneal: bool) -> d
                     gamma=HP["gamma"], gae_lambda=HP["lam"], clip_coef=HP["clip"], vf_coef=HP["vf_coef"],
                     max_grad_norm=HP["max_grad_norm"], hidden=tuple(HP["hidden"]), anneal_lr=anneal)
     env = make_vector_env("CartPole-v1", cfg.num_envs, seed=seed)
-    agent = PPO(env.observation_space, env.action_space, cfg, seed=seed)
+    agent = PPO(env.observation_space, env.action_space, cfg, seed=seed, total_steps=max_steps)
     policy = LocalPolicy(agent.forward, agent.dist, agent.weights(), seed=seed + 1)
     actor = Actor(env, agent.adapter, agent.dist, policy, cfg.gamma, seed=seed)
     returns: list[float] = []
@@ -59,7 +59,7 @@ def fedarena_side(seed: int, launched: float, max_steps: int, anneal: bool) -> d
         if len(returns) >= WINDOW and np.mean(returns[-WINDOW:]) >= TARGET:
             rate = (steps - first[0]) / (now - first[1]) if first else float("nan")
             return {"reached": True, "steps": steps, "time_s": now - launched, "steady_sps": rate}
-        agent.update(traj, progress=steps / max_steps)
+        agent.update(traj)
         policy.set_weights(agent.weights())
         if first is None:
             first = (steps, time.time())

@@ -18,8 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedarena import engine
-from fedarena.engine import ops, tree_map
-from fedarena.rl.learning import adam_init, adam_step, clip_by_global_norm
+from fedarena.engine import ops, optim, tree_map
 from fedarena.rl.networks import QNetwork, torso_for
 from fedarena.rl.nstep import NStepAccumulator
 from fedarena.rl.replay import PrioritizedReplayBuffer, ReplayBuffer
@@ -85,7 +84,8 @@ class DQN:
         self.rng = np.random.default_rng(seed)
         params = self.q.init(self.rng)
         self.target_params = tree_map(np.copy, params)
-        self.learner = Learner(params, adam_init(params), self._learn)
+        self.optimizer = optim.adam(config.learning_rate, eps=1e-5)
+        self.learner = Learner(params, self.optimizer.init(params), self._learn)
         if config.prioritized:
             self.replay: ReplayBuffer = PrioritizedReplayBuffer(config.buffer_size, alpha=config.alpha, seed=self.rng)
         else:
@@ -130,17 +130,16 @@ class DQN:
         loss = ops.mean(batch["weights"] * ops.huber(q_taken, target, delta=self.config.huber_delta, reduction="none"))
         return loss, {"td_error": td, "q_mean": ops.mean(q_taken)}
 
-    def _train_step(self, params: Any, target_params: Any, opt_state: Any, batch: Mapping[str, Any],
-                    lr: Any) -> tuple[Any, Any, Any]:
+    def _train_step(self, params: Any, target_params: Any, opt_state: Any,
+                    batch: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, target_params, batch)
-        grads, grad_norm = clip_by_global_norm(grads, self.config.max_grad_norm)
-        params, opt_state = adam_step(params, grads, opt_state, lr)
+        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = self.optimizer.update(grads, opt_state, params)
         return params, opt_state, dict(aux, loss=loss, grad_norm=grad_norm)
 
     def _learn(self, params: Any, opt_state: Any, batch: Mapping[str, Any]) -> tuple[Any, Any, dict]:
         feed = {k: batch[k] for k in ("obs", "action", "reward", "discount", "next_obs", "weights")}
-        params, opt_state, aux = self._step(params, self.target_params, opt_state, feed,
-                                            np.float32(self.config.learning_rate))
+        params, opt_state, aux = self._step(params, self.target_params, opt_state, feed)
         td = np.asarray(aux.pop("td_error"))
         if isinstance(self.replay, PrioritizedReplayBuffer):
             self.replay.update_priorities(batch["indices"], np.abs(td))

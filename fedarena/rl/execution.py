@@ -41,12 +41,13 @@ class ActorSpec:
     env_backend: str = "auto"
 
 
-def build_agent(algorithm: str, observation_space: Any, action_space: Any, config: dict, seed: int) -> Any:
+def build_agent(algorithm: str, observation_space: Any, action_space: Any, config: dict, seed: int,
+                total_steps: int | None = None) -> Any:
     """The algorithm object (network, compiled forward) for ``algorithm``."""
     if algorithm == "ppo":
         from fedarena.rl.ppo import PPO, PPOConfig
 
-        return PPO(observation_space, action_space, PPOConfig(**_tuples(config)), seed=seed)
+        return PPO(observation_space, action_space, PPOConfig(**_tuples(config)), seed=seed, total_steps=total_steps)
     if algorithm == "impala":
         from fedarena.rl.impala import IMPALA, IMPALAConfig
 

@@ -157,7 +157,7 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
     _limit_blas_threads()
     algo_cfg = cfg.ppo if algorithm == "ppo" else cfg.impala
     obs_space, act_space = _observation_action_spaces(cfg)
-    agent = build_agent(algorithm, obs_space, act_space, config_dict(algo_cfg), cfg.seed)
+    agent = build_agent(algorithm, obs_space, act_space, config_dict(algo_cfg), cfg.seed, cfg.total_steps)
     rollout_length = algo_cfg.num_steps if algorithm == "ppo" else algo_cfg.unroll_length
     tracker = _Tracker(cfg.window, cfg.target_return)
     iteration, env_steps = 0, 0
@@ -168,8 +168,6 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
         env_steps = int(state["env_steps"])
         tracker.load(state["tracker"])
         _set_rng(agent.rng, state["rng"])
-        if algorithm == "ppo":
-            agent.lr = float(state["lr"])
     spec = ActorSpec(algorithm, cfg.env_id, algo_cfg.num_envs, rollout_length,
                      cfg.seed + 7 * iteration, config_dict(algo_cfg), cfg.env_backend)
     ray_options: dict[str, Any] = {}
@@ -193,7 +191,7 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
                 if algorithm == "ppo":
                     trajs = [pool.next()[1] for _ in range(cfg.num_actors)]
                     traj = _concat_envs(sorted(trajs, key=lambda t: int(t.get("actor", 0))))
-                    metrics = agent.update(traj, progress=env_steps / cfg.total_steps)
+                    metrics = agent.update(traj)
                     weights = agent.weights()
                     for i in range(cfg.num_actors):
                         pool.submit(i, weights)
@@ -214,7 +212,7 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
                 if run.should_checkpoint(iteration):
                     state = {"params": agent.learner.params, "opt_state": agent.learner.opt_state,
                              "version": agent.learner.version, "env_steps": env_steps, "tracker": tracker.state(),
-                             "rng": _rng_state(agent.rng), "lr": float(getattr(agent, "lr", 0.0))}
+                             "rng": _rng_state(agent.rng)}
                     run.save_checkpoint(iteration, state)
                 bar.update(int(traj["env_steps"]), ret=round(tracker.mean, 1))
     finally:

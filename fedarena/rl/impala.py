@@ -16,8 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedarena import engine
-from fedarena.engine import ops
-from fedarena.rl.learning import adam_init, adam_step, clip_by_global_norm
+from fedarena.engine import ops, optim
 from fedarena.rl.networks import ActorCritic, torso_for
 from fedarena.rl.returns import vtrace
 from fedarena.rl.spaces import action_distribution, observation_adapter
@@ -62,7 +61,8 @@ class IMPALA:
         self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist)
         self.rng = np.random.default_rng(seed)
         params = self.net.init(self.rng)
-        self.learner = Learner(params, adam_init(params), self._learn)
+        self.optimizer = optim.adam(config.learning_rate, eps=1e-5)
+        self.learner = Learner(params, self.optimizer.init(params), self._learn)
         self.forward = engine.jit(self._forward)
         self._step = engine.jit(self._train_step)
         self.dropped_stale = 0
@@ -84,10 +84,10 @@ class IMPALA:
         loss = pg_loss + c.baseline_cost * baseline_loss - c.entropy_cost * entropy
         return loss, {"pg_loss": pg_loss, "baseline_loss": baseline_loss, "entropy": entropy}
 
-    def _train_step(self, params: Any, opt_state: Any, batch: Mapping[str, Any], lr: Any) -> tuple[Any, Any, Any]:
+    def _train_step(self, params: Any, opt_state: Any, batch: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, batch)
-        grads, grad_norm = clip_by_global_norm(grads, self.config.max_grad_norm)
-        params, opt_state = adam_step(params, grads, opt_state, lr)
+        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = self.optimizer.update(grads, opt_state, params)
         return params, opt_state, dict(aux, loss=loss, grad_norm=grad_norm)
 
     def vtrace_batch(self, params: Any, traj: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -115,7 +115,7 @@ class IMPALA:
     def _learn(self, params: Any, opt_state: Any, traj: Mapping[str, Any]) -> tuple[Any, Any, dict]:
         batch = self.vtrace_batch(params, traj)
         mean_rho = float(batch.pop("mean_rho"))
-        params, opt_state, aux = self._step(params, opt_state, batch, np.float32(self.config.learning_rate))
+        params, opt_state, aux = self._step(params, opt_state, batch)
         metrics = {k: float(v) for k, v in aux.items()}
         metrics["mean_clipped_rho"] = mean_rho
         return params, opt_state, metrics

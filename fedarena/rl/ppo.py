@@ -17,8 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from fedarena import engine
-from fedarena.engine import ops
-from fedarena.rl.learning import adam_step, adam_init, clip_by_global_norm
+from fedarena.engine import ops, optim
 from fedarena.rl.networks import ActorCritic, torso_for
 from fedarena.rl.returns import gae
 from fedarena.rl.spaces import action_distribution, observation_adapter
@@ -74,17 +73,25 @@ class PPOConfig:
 class PPO:
     """PPO for one gymnasium observation/action space pair: network, compiled update, rollout learning."""
 
-    def __init__(self, observation_space: Any, action_space: Any, config: PPOConfig, seed: int = 0) -> None:
+    def __init__(self, observation_space: Any, action_space: Any, config: PPOConfig, seed: int = 0,
+                 total_steps: int | None = None) -> None:
+        """``total_steps``: the run's environment-step budget; with ``anneal_lr`` the learning rate falls
+        linearly to 0 over the updates that budget allows (engine.optim.linear on the update count)."""
         self.config = config
         self.adapter = observation_adapter(observation_space)
         self.dist = action_distribution(action_space, squash=config.squash)
         self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist)
         self.rng = np.random.default_rng(seed)
         params = self.net.init(self.rng)
-        self.learner = Learner(params, adam_init(params), self._update_rollout)
+        self.total_updates = None
+        lr: Any = config.learning_rate
+        if config.anneal_lr and total_steps:
+            self.total_updates = -(-int(total_steps) // config.batch_size) * config.update_epochs * config.num_minibatches
+            lr = optim.linear(config.learning_rate, 0.0, self.total_updates)
+        self.optimizer = optim.adam(lr, eps=1e-5)
+        self.learner = Learner(params, self.optimizer.init(params), self._update_rollout)
         self.forward = engine.jit(self._forward)
         self._step = engine.jit(self._train_step)
-        self.lr = config.learning_rate
 
     # -- acting
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
@@ -117,10 +124,10 @@ class PPO:
         return loss, {"pg_loss": pg_loss, "v_loss": v_loss, "entropy": entropy, "approx_kl": approx_kl,
                       "clipfrac": clipfrac}
 
-    def _train_step(self, params: Any, opt_state: Any, mb: Mapping[str, Any], lr: Any) -> tuple[Any, Any, Any]:
+    def _train_step(self, params: Any, opt_state: Any, mb: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, mb)
-        grads, grad_norm = clip_by_global_norm(grads, self.config.max_grad_norm)
-        params, opt_state = adam_step(params, grads, opt_state, lr)
+        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = self.optimizer.update(grads, opt_state, params)
         aux = dict(aux, loss=loss, grad_norm=grad_norm)
         return params, opt_state, aux
 
@@ -144,7 +151,6 @@ class PPO:
         data = self.prepare(rollout)
         n = data["obs"].shape[0]
         mb_size = n // c.num_minibatches
-        lr = np.float32(self.lr)
         sums: dict[str, float] = {}
         count = 0
         for _ in range(c.update_epochs):
@@ -155,7 +161,7 @@ class PPO:
                 if c.norm_adv:
                     a = mb["advantage"]
                     mb["advantage"] = ((a - a.mean()) / (a.std() + 1e-8)).astype(np.float32)
-                params, opt_state, aux = self._step(params, opt_state, mb, lr)
+                params, opt_state, aux = self._step(params, opt_state, mb)
                 for k, v in aux.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
@@ -163,11 +169,15 @@ class PPO:
         var_y = float(np.var(data["value_target"]))
         metrics["explained_variance"] = float("nan") if var_y == 0 else 1.0 - float(
             np.var(data["value_target"] - data["value"])) / var_y
-        metrics["learning_rate"] = float(lr)
+        metrics["learning_rate"] = self.learning_rate(int(opt_state["count"]))
         return params, opt_state, metrics
 
-    def update(self, rollout: Mapping[str, Any], progress: float = 0.0) -> dict[str, float]:
-        """Learn from one rollout; ``progress`` in [0, 1] (fraction of the step budget used) anneals the lr."""
-        if self.config.anneal_lr:
-            self.lr = self.config.learning_rate * max(0.0, 1.0 - progress)
+    def learning_rate(self, updates_done: int) -> float:
+        """The learning rate of the next update after ``updates_done`` updates."""
+        if self.total_updates is None:
+            return self.config.learning_rate
+        return self.config.learning_rate * max(0.0, 1.0 - updates_done / self.total_updates)
+
+    def update(self, rollout: Mapping[str, Any]) -> dict[str, float]:
+        """Learn from one rollout (``update_epochs`` passes of minibatch updates)."""
         return self.learner.update(rollout)
