@@ -24,6 +24,7 @@ from .ir import (
 )
 from .jit import jit, make_graph
 from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .threads import get_num_threads, set_num_threads
 from .tracing import PRIMITIVES, Tracer
 
 __all__ = [
@@ -39,12 +40,14 @@ __all__ = [
     "UnknownPrimitiveError",
     "UnsupportedDtypeError",
     "ParamsFileError",
+    "get_num_threads",
     "grad",
     "initializers",
     "load_params",
     "nn",
     "optim",
     "save_params",
+    "set_num_threads",
     "hvp",
     "jit",
     "jvp",

@@ -596,7 +596,8 @@ def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any 
     n = shape(x)[0]
     o, c, kh, kw = shape(w)
     cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, **attrs)
-    y = bind(P.matmul_p, P.reshape(w, (o, c * kh * kw)), cols)
+    w2 = P.reshape(P.transpose(w, (0, 2, 3, 1)), (o, kh * kw * c))  # rows in im2col's (kh, kw, c) order
+    y = bind(P.matmul_p, w2, cols)
     return P.reshape(y, out_aval.shape)
 
 

@@ -1178,7 +1178,8 @@ def _pair(v) -> tuple:
 
 
 class Im2Col:
-    """im2col for fixed shapes: (N,C,H,W) -> (N, C*KH*KW, OH*OW), reusing a padded scratch buffer."""
+    """im2col for fixed shapes: (N,C,H,W) -> (N, KH*KW*C, OH*OW), rows ordered (kh, kw, c) so that
+    each kernel offset's block is contiguous; reuses a padded scratch buffer."""
 
     def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0):
         n, c, h, w = x_shape
@@ -1187,48 +1188,65 @@ class Im2Col:
         self.pad = ph > 0 or pw > 0
         self.xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad_value, dtype)
         self.inner = self.xp[:, :, ph : ph + h, pw : pw + w]
-        s = self.xp.strides
-        self.view = as_strided(
-            self.xp, (n, c, kh, kw, self.oh, self.ow), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False
-        )
-        self.cols_shape = (n, c * kh * kw, self.oh * self.ow)
-        self.geom = (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw)
+        self.geom = (kh, kw, sh, sw, dh, dw)
+        self.view = self._view(self.xp)
+        self.cols_shape = (n, kh * kw * c, self.oh * self.ow)
+
+    def _view(self, xp):
+        n, c = xp.shape[:2]
+        s = xp.strides
+        kh, kw, sh, sw, dh, dw = self.geom
+        return as_strided(xp, (n, kh, kw, c, self.oh, self.ow), (s[0], s[2] * dh, s[3] * dw, s[1], s[2] * sh, s[3] * sw), writeable=False)
 
     def windows(self, x):
-        """Strided (N,C,KH,KW,OH,OW) view of the padded input (valid until the next call)."""
+        """Strided (N, KH, KW, C, OH, OW) view of the padded input (valid until the next call)."""
         if self.pad:
             self.inner[...] = x
             return self.view
-        s = x.strides
-        n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw = self.geom
-        return as_strided(x, (n, c, kh, kw, self.oh, self.ow), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
+        return self._view(x)
 
     def __call__(self, x, out):
-        np.copyto(out.reshape(self.view.shape), self.windows(x))
+        win = self.windows(x)
+        np.copyto(out.reshape(win.shape), win)
         return out
 
 
 class Col2Im:
-    """The transpose of :class:`Im2Col`: scatter-add columns back into an (N,C,H,W) image."""
+    """The transpose of :class:`Im2Col`: scatter-add columns back into an (N,C,H,W) image.
+
+    Strided kernels are accumulated per stride phase into contiguous planes, then interleaved.
+    """
 
     def __init__(self, x_shape, dtype, kernel, stride, padding, dilation):
         n, c, h, w = x_shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-        self.oh, self.ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
-        self.acc = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype)
-        self.inner = self.acc[:, :, ph : ph + h, pw : pw + w]
+        oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+        hp, wp = h + 2 * ph, w + 2 * pw
+        hq = max(-(-hp // sh), (dh * (kh - 1)) // sh + oh)
+        wq = max(-(-wp // sw), (dw * (kw - 1)) // sw + ow)
+        self.acc = np.zeros((sh, sw, n, c, hq, wq), dtype)
         self.targets = [
-            (i, j, self.acc[:, :, i * dh : i * dh + sh * (self.oh - 1) + 1 : sh, j * dw : j * dw + sw * (self.ow - 1) + 1 : sw])
+            (i, j, self.acc[(i * dh) % sh, (j * dw) % sw, :, :, (i * dh) // sh : (i * dh) // sh + oh, (j * dw) // sw : (j * dw) // sw + ow])
             for i in range(kh)
             for j in range(kw)
         ]
-        self.cols6 = (n, c, kh, kw, self.oh, self.ow)
+        self.phased = sh > 1 or sw > 1
+        if self.phased:
+            self.full = np.empty((n, c, hq * sh, wq * sw), dtype)
+            self.phases = [(self.full[:, :, a::sh, b::sw], self.acc[a, b]) for a in range(sh) for b in range(sw)]
+            self.inner = self.full[:, :, ph : ph + h, pw : pw + w]
+        else:
+            self.inner = self.acc[0, 0, :, :, ph : ph + h, pw : pw + w]
+        self.cols6 = (n, kh, kw, c, oh, ow)
 
     def __call__(self, cols, out):
         self.acc.fill(0)
         c6 = cols.reshape(self.cols6)
         for i, j, t in self.targets:
-            t += c6[:, :, i, j]
+            np.add(t, c6[:, i, j], t)
+        if self.phased:
+            for dst, src in self.phases:
+                np.copyto(dst, src)
         np.copyto(out, self.inner)
         return out
 
@@ -1336,7 +1354,7 @@ class Conv2dKernel:
 
     def __call__(self, x, w, out):
         self.im2col(x, self.cols)
-        np.matmul(w.reshape(self.w2), self.cols, out=out.reshape(self.o3))
+        np.matmul(w.transpose(0, 2, 3, 1).reshape(self.w2), self.cols, out=out.reshape(self.o3))
         return out
 
 
@@ -1365,9 +1383,10 @@ def _conv_vjp(need, ct, out, x, w, stride, padding, dilation):
     gx = gw = None
     if need[1]:
         cols = bind(im2col_p, x, pad_value=0.0, **geo)
-        gw = reshape(reduce_sum(matmul(ct2, transpose(cols, (0, 2, 1))), (0,)), (o, c, kh, kw))
+        gw2 = reduce_sum(matmul(ct2, transpose(cols, (0, 2, 1))), (0,))
+        gw = transpose(reshape(gw2, (o, kh, kw, c)), (0, 3, 1, 2))
     if need[0]:
-        w2t = transpose(reshape(w, (o, c * kh * kw)), (1, 0))
+        w2t = transpose(reshape(transpose(w, (0, 2, 3, 1)), (o, kh * kw * c)), (1, 0))
         gx = bind(col2im_p, matmul(w2t, ct2), x_shape=shape_of(x), **geo)
     return (gx, gw)
 
@@ -1399,9 +1418,9 @@ class PoolKernel:
     def __call__(self, x, out):
         win = self.im2col.windows(x)
         if self.mode == "max":
-            np.maximum.reduce(win, axis=(2, 3), out=out)
+            np.maximum.reduce(win, axis=(1, 2), out=out)
         else:
-            np.add.reduce(win, axis=(2, 3), out=out)
+            np.add.reduce(win, axis=(1, 2), out=out)
             np.multiply(out, self.scale, out=out)
         return out
 
@@ -1423,15 +1442,15 @@ def _pool_def(mode):
         kh, kw = kernel
         oh, ow = shape_of(out)[2:]
         geo = dict(kernel=kernel, stride=stride, padding=padding, dilation=(1, 1))
-        ct5 = reshape(ct, (n, c, 1, oh, ow))
+        ct5 = reshape(ct, (n, 1, c, oh, ow))
         if mode == "max":
-            patches = reshape(bind(im2col_p, x, pad_value=-np.inf, **geo), (n, c, kh * kw, oh, ow))
-            loc = cast(eq(patches, reshape(out, (n, c, 1, oh, ow))), dtype_of(x))
-            cnt = reduce_sum(loc, (2,), keepdims=True)
+            patches = reshape(bind(im2col_p, x, pad_value=-np.inf, **geo), (n, kh * kw, c, oh, ow))
+            loc = cast(eq(patches, reshape(out, (n, 1, c, oh, ow))), dtype_of(x))
+            cnt = reduce_sum(loc, (1,), keepdims=True)
             g = mul(loc, div(ct5, cnt))
         else:
-            g = broadcast_to(mul(ct5, 1.0 / (kh * kw)), (n, c, kh * kw, oh, ow))
-        return (bind(col2im_p, reshape(g, (n, c * kh * kw, oh * ow)), x_shape=(n, c, h, w), **geo),)
+            g = broadcast_to(mul(ct5, 1.0 / (kh * kw)), (n, kh * kw, c, oh, ow))
+        return (bind(col2im_p, reshape(g, (n, kh * kw * c, oh * ow)), x_shape=(n, c, h, w), **geo),)
 
     return impl, emit, vjp
 
