@@ -221,7 +221,7 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
     out["actor_restarts"] = getattr(pool, "restarts", 0)
     if algorithm == "impala":
         out["dropped_stale"] = agent.dropped_stale
-    out["start_wall_s"] = t_start
+    out["startup_s"] = t_start  # Ray start-up and actor creation included
     out.update({f"last_{k}": v for k, v in summary_metrics.items() if k in ("loss", "entropy")})
     return out
 

@@ -96,3 +96,23 @@ def test_action_distributions_for_spaces():
         action_distribution(spaces.Text(5))
     with pytest.raises(ValueError, match="start"):
         action_distribution(spaces.Discrete(3, start=1))
+
+
+def test_cnn_torso_matches_torch_convolutions():
+    from fedarena.rl.networks import ActorCritic, torso_for
+
+    space = spaces.Box(0, 255, (36, 36, 4), dtype=np.uint8)
+    adapter = observation_adapter(space)
+    net = ActorCritic(torso_for(adapter, (32,)), Categorical(3))
+    params = net.init(np.random.default_rng(0))
+    obs = np.random.default_rng(1).integers(0, 256, size=(2, 36, 36, 4)).astype(np.uint8)
+    x = adapter(obs)
+    (logits,) = net.policy(params, x)
+    p = params["pi"]["torso"]
+    h = torch.tensor(x)
+    for i, s in enumerate((4, 2, 1)):
+        h = torch.relu(torch.nn.functional.conv2d(h, torch.tensor(p[f"c{i}"]["w"]), stride=s)
+                       + torch.tensor(p[f"c{i}"]["b"]))
+    h = torch.relu(h.reshape(2, -1) @ torch.tensor(p["fc"]["w"]) + torch.tensor(p["fc"]["b"]))
+    ref = h @ torch.tensor(params["pi"]["head"]["w"]) + torch.tensor(params["pi"]["head"]["b"])
+    np.testing.assert_allclose(np.asarray(logits), ref.numpy(), rtol=1e-4, atol=1e-5)

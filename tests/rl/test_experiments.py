@@ -62,3 +62,14 @@ def test_bad_execution_mode_is_a_config_error(tmp_path):
         execute(dict(PPO, execution="gpu"), out=tmp_path / "bad", quiet=True, report=False)
     with pytest.raises(ConfigError, match="dqn.gamma"):
         execute(dict(DQN, dqn=dict(DQN["dqn"], gamma=2.0)), out=tmp_path / "bad2", quiet=True, report=False)
+
+
+@pytest.mark.parametrize("env_id,squash", [("Pendulum-v1", True), ("Pendulum-v1", False), ("MountainCar-v0", False)])
+def test_ppo_runs_on_other_gymnasium_spaces(tmp_path, env_id, squash):
+    """Box actions (squashed or clipped Gaussian) and another Discrete env through gymnasium's vector env."""
+    cfg = dict(PPO, env_id=env_id, total_steps=128, env_backend="sync", checkpoint={"every": 0, "keep": 1},
+               ppo=dict(PPO["ppo"], squash=squash))
+    summary = execute(cfg, out=tmp_path / "run", quiet=True, report=False)
+    assert summary["env_steps"] == 128
+    rows = _rows(tmp_path / "run")
+    assert all(np.isfinite(r["loss"]) for r in rows)
