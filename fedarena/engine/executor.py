@@ -143,8 +143,9 @@ class Executable:
             if pname in _ELEMENTWISE and len(e.inputs) > 1:
                 # give lower-rank operands the output's rank: numpy's fast loops need equal ranks
                 for k, a in enumerate(e.inputs):
-                    if isinstance(a, Var) and 0 < a.aval.ndim < out.aval.ndim:
-                        shp = (1,) * (out.aval.ndim - a.aval.ndim) + a.aval.shape
+                    if isinstance(a, Var) and a.aval.ndim > 0 and (a.aval.ndim < out.aval.ndim or (a.aval.size == 1 < out.aval.size)):
+                        # a one-element operand as 0-d (numpy's scalar fast path), otherwise equal ranks
+                        shp = () if a.aval.size == 1 else (1,) * (out.aval.ndim - a.aval.ndim) + a.aval.shape
                         if names[a] in ns:
                             ins[k] = ctx.const(ns[names[a]].reshape(shp))
                         else:
