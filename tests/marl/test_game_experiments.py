@@ -59,3 +59,17 @@ def test_psro_resume_with_sampled_payoffs_is_deterministic(tmp_path):
         assert resumed[f"{m}/exploitability"] == straight[f"{m}/exploitability"]
     other_seed = execute({**cfg, "iterations": 6, "seed": 5}, out=tmp_path / "c", quiet=True, report=False)
     assert other_seed["nash/exploitability"] != straight["nash/exploitability"]
+
+
+@pytest.mark.parametrize("name,kind", [("kuhn_xfp", "xfp"), ("kuhn_psro", "psro"), ("leduc_psro", "psro"),
+                                       ("leduc_cfr", "cfr")])
+def test_shipped_configs_resolve(name, kind):
+    from pathlib import Path
+
+    from fedarena.platform.runs import resolve
+
+    path = Path(__file__).resolve().parents[2] / "experiments" / f"{name}.yaml"
+    _, cfg = resolve(path)
+    assert cfg.kind == kind
+    if name == "kuhn_psro":
+        assert cfg.meta_solvers == ["nash", "prd", "uniform", "last"]
