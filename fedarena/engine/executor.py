@@ -140,7 +140,40 @@ class Executable:
                     static.add(out)
                 continue
             ins = [atom(a) for a in e.inputs]
-            if pname in _ELEMENTWISE and len(e.inputs) > 1:
+            out_shape_used = None
+            if (
+                pname in _ELEMENTWISE
+                and len(e.inputs) > 1
+                and out not in escapes
+                and not all(not isinstance(a, Var) or a in static for a in e.inputs)
+            ):
+                # An operand computed per call with as many elements as the output but another shape
+                # (e.g. a (64,) bias added to a (1, 64) row): compute in *its* shape, through views of
+                # the output buffer and of the other (persistent) operands made once at build time.
+                size = out.aval.size
+                percall = {a.aval.shape for a in e.inputs if isinstance(a, Var) and names[a] not in ns and a.aval.size == size}
+                fits = all(not isinstance(a, Var) or a.aval.size in (size, 1) for a in e.inputs)
+                if len(percall) == 1 and fits and size > 1:
+                    tgt = next(iter(percall))
+                    if tgt != out.aval.shape:
+                        new_ins = list(ins)
+                        ok = True
+                        for k, a in enumerate(e.inputs):
+                            if not isinstance(a, Var) or a.aval.shape == tgt:
+                                continue
+                            shp = () if a.aval.size == 1 else tgt
+                            if names[a] in ns:
+                                view = _safe_view(ns[names[a]], shp, storage.get(a))
+                                if view is None:
+                                    ok = False
+                                    break
+                                new_ins[k] = ctx.const(view)
+                            else:
+                                new_ins[k] = f"{names[a]}.reshape({shp!r})"
+                        if ok:
+                            ins = new_ins
+                            out_shape_used = tgt
+            if pname in _ELEMENTWISE and len(e.inputs) > 1 and out_shape_used is None:
                 # give lower-rank operands the output's rank: numpy's fast loops need equal ranks
                 for k, a in enumerate(e.inputs):
                     if isinstance(a, Var) and a.aval.ndim > 0 and (a.aval.ndim < out.aval.ndim or (a.aval.size == 1 < out.aval.size)):
@@ -182,15 +215,22 @@ class Executable:
                     names[out] = name
                 continue
             if (out in escapes) and not all_static:
-                body.append(f"{name} = _empty({out.aval.shape!r}, np.{out.aval.dtype.name})")
-                body.append(code.text.replace("{o}", name))
+                same_dtype = all(
+                    isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs
+                )
+                if code.alloc is not None and out.aval.ndim > 0 and same_dtype:
+                    body.append(f"{name} = {code.alloc}")  # let the ufunc allocate its result
+                else:
+                    body.append(f"{name} = _empty({out.aval.shape!r}, np.{out.aval.dtype.name})")
+                    body.append(code.text.replace("{o}", name))
                 names[out] = name
                 storage[out] = "fresh"
                 continue
             buf = ctx.const(np.empty(out.aval.shape, out.aval.dtype))
             names[out] = buf
             storage[out] = "buffer"
-            line = code.text.replace("{o}", buf)
+            target = buf if out_shape_used is None else ctx.const(ns[buf].reshape(out_shape_used))
+            line = code.text.replace("{o}", target)
             if all_static:
                 run_now(line)
                 static.add(out)
@@ -227,6 +267,15 @@ class Executable:
             return run(*args)
         finally:
             pool.append(run)
+
+
+def _safe_view(arr: np.ndarray, shape: tuple, storage: str | None) -> np.ndarray | None:
+    """``arr.reshape(shape)`` if it can be made once at build time: always for constants, and for
+    buffers only when it is a view (so it sees every later write)."""
+    v = arr.reshape(shape)
+    if storage == "const" or np.shares_memory(v, arr):
+        return v
+    return None
 
 
 def compile_graph(graph: Graph, validate: bool = True) -> Executable:

@@ -52,13 +52,15 @@ def _floatify(dt: np.dtype) -> np.dtype:
 
 
 class Code:
-    """What an emitter returns: ``stmt`` writes into the buffer named ``{o}``; ``expr`` is a value."""
+    """What an emitter returns: ``stmt`` writes into the buffer named ``{o}``; ``expr`` is a value;
+    ``alloc`` (optional) is an expression computing the same result into a new array."""
 
-    __slots__ = ("text", "kind")
+    __slots__ = ("text", "kind", "alloc")
 
-    def __init__(self, text: str, kind: str):
+    def __init__(self, text: str, kind: str, alloc: str | None = None):
         self.text = text
         self.kind = kind
+        self.alloc = alloc
 
 
 def stmt(text: str) -> Code:
@@ -250,7 +252,7 @@ def _ufunc_emit(uf_name: str):
     def emit(ctx, ins, attrs, in_avals, out_aval):
         if uf_name in ("np.maximum", "np.minimum"):  # numpy deprecates positional out for these
             return stmt(f"{uf_name}({', '.join(ins)}, out={{o}})")
-        return stmt(f"{uf_name}({', '.join(ins)}, {{o}})")  # positional out: cheaper than out=
+        return Code(f"{uf_name}({', '.join(ins)}, {{o}})", "stmt", f"{uf_name}({', '.join(ins)})")  # positional out
 
     return emit
 
