@@ -94,11 +94,11 @@ class PSRO:
         self.iterations = 0
 
     # ------------------------------------------------------------------ empirical game
-    def _entry(self, r0: np.ndarray, r1: np.ndarray) -> np.ndarray:
+    def _sampled_entry(self, r0: np.ndarray, r1: np.ndarray) -> np.ndarray:
+        """Mean payoffs of ``sample_episodes`` plays, each a terminal history drawn from its exact probability
+        ``chance(z) x_0(z) x_1(z)`` under the two policies (the same distribution as playing them out)."""
         tree = self.tree
         prob = tree.chance_reach[tree.terminals] * r0 * r1
-        if self.sample_episodes == 0:
-            return prob @ tree.utilities
         z = self.rng.choice(len(prob), size=self.sample_episodes, p=prob / prob.sum())
         return tree.utilities[z].mean(axis=0)
 
@@ -121,7 +121,7 @@ class PSRO:
             for i in range(k0):
                 for j in range(k1):
                     if i >= o0 or j >= o1:
-                        new[:, i, j] = self._entry(R0[i], R1[j])
+                        new[:, i, j] = self._sampled_entry(R0[i], R1[j])
         self.meta_game = new
 
     # ------------------------------------------------------------------ iterations
