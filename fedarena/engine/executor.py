@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.special
 
-from .ir import Graph, Literal, UnknownPrimitiveError, Var
+from .ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
 
 _VIEW_PRIMS = frozenset({"transpose", "reshape", "broadcast_to", "squeeze", "expand_dims", "slice", "stop_gradient"})
 _ELEMENTWISE = frozenset(
@@ -183,7 +183,30 @@ class Executable:
                             ins[k] = ctx.const(ns[names[a]].reshape(shp))
                         else:
                             ins[k] = f"{names[a]}.reshape({shp!r})"
-            code = e.prim.emit(ctx, ins, e.attrs, [a.aval for a in e.inputs], out.aval)
+            emit_attrs, emit_in, emit_out = e.attrs, [a.aval for a in e.inputs], out.aval
+            if (
+                pname in ("reduce_max", "reduce_min", "reduce_sum")
+                and out_shape_used is None
+                and out not in escapes
+                and isinstance(x0, Var)
+                and 1 in x0.aval.shape
+                and not (pname == "reduce_sum" and x0.aval.ndim == 2 and len(e.attrs["axes"]) == 1)
+                and not all(not isinstance(a, Var) or a in static for a in e.inputs)
+            ):
+                # reduce the operand with its unit axes dropped (numpy's simpler, faster loops)
+                axes = set(e.attrs["axes"])
+                keep = [i for i, d in enumerate(x0.aval.shape) if d != 1]
+                new_axes = tuple(k for k, i in enumerate(keep) if i in axes)
+                in_shape = tuple(x0.aval.shape[i] for i in keep)
+                out_sq = tuple(d for i, d in enumerate(x0.aval.shape) if i in keep and i not in axes)
+                if new_axes:
+                    view = _safe_view(ns[names[x0]], in_shape, storage.get(x0)) if names[x0] in ns else None
+                    ins = [ctx.const(view) if view is not None else f"{names[x0]}.reshape({in_shape!r})"]
+                    emit_attrs = dict(e.attrs, axes=new_axes, keepdims=False)
+                    emit_in = [ShapedArray(in_shape, x0.aval.dtype)]
+                    emit_out = ShapedArray(out_sq, out.aval.dtype)
+                    out_shape_used = out_sq
+            code = e.prim.emit(ctx, ins, emit_attrs, emit_in, emit_out)
             all_static = all(not isinstance(a, Var) or a in static for a in e.inputs)
             name = f"v{n}"
             if code.kind == "expr":
