@@ -13,8 +13,8 @@ Client -> FL-Scheduler
   ``assign``    {client_id, token, failed_server}               -> ``assignment`` {server_id, address}
 FL-Server -> FL-Scheduler (every request carries ``server_id`` and ``cluster_token``)
   ``server_join`` {address}                                     -> ``joined`` {}
-  ``sync``      {known_round, known_phase, clients, wait_s}     -> ``plan`` {round, model_version, phase,
-                selected, config, deadline_s, rounds}
+  ``sync``      {known_round, known_phase, known_version, clients, wait_s} -> ``plan`` {round, model_version,
+                phase, selected, config, deadline_s, rounds, params? (when known_version is stale)}
   ``admit``     {round, client_id}                              -> ``admitted`` {count}
   ``partial``   {round, weight, clients, sums, loss_sum, bytes_up, bytes_down} -> ``ack`` {}
   ``get_model`` {version}                                       -> ``model`` {version, params}

@@ -242,30 +242,8 @@ class Scheduler:
                 self.cond.wait(0.5)
                 return
             if self.phase == "idle":
-                cands = self._candidates(now)
-                need = p.start_clients if not self.history else 1
-                if p.round_config.secagg:
-                    need = max(need, 2)  # secure aggregation needs at least two clients
-                if len(cands) < max(1, need) or not self._live_servers(now):
+                if not self._open_round(now):
                     self.cond.wait(0.05)
-                    return
-                k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
-                rng = np.random.default_rng([p.seed, self.round])
-                self.selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
-                self.admitted, self.partials = {}, {}
-                self.opened_at, self.deadline = now, now + p.window_seconds
-                self.secure = None
-                if p.round_config.secagg:
-                    dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
-                    try:
-                        self.secure = SecureRound.open(p.round_config, self.round, self.selected, dim, self.deadline)
-                    except ValueError as e:  # e.g. more clients than the fixed-point range can sum exactly
-                        log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
-                        self.cond.wait(1.0)
-                        return
-                self.phase = "open"
-                log.info("scheduler: round %d open, %d clients selected", self.round, k)
-                self.cond.notify_all()
                 return
             if self.phase == "open" and self.secure is not None:
                 sec = self.secure
@@ -299,6 +277,34 @@ class Scheduler:
                     return
                 self._finish_round()
                 self.cond.notify_all()
+
+    def _open_round(self, now: float) -> bool:
+        """Open the next round if enough clients and a server are there (call with ``cond`` held)."""
+        p = self.policy
+        cands = self._candidates(now)
+        need = p.start_clients if not self.history else 1
+        if p.round_config.secagg:
+            need = max(need, 2)  # secure aggregation needs at least two clients
+        if len(cands) < max(1, need) or not self._live_servers(now):
+            return False
+        k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
+        rng = np.random.default_rng([p.seed, self.round])
+        selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
+        secure = None
+        if p.round_config.secagg:
+            dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
+            try:
+                secure = SecureRound.open(p.round_config, self.round, selected, dim, now + p.window_seconds)
+            except ValueError as e:  # e.g. more clients than the fixed-point range can sum exactly
+                log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
+                return False
+        self.selected, self.secure = selected, secure
+        self.admitted, self.partials = {}, {}
+        self.opened_at, self.deadline = now, now + p.window_seconds
+        self.phase = "open"
+        log.info("scheduler: round %d open, %d clients selected", self.round, k)
+        self.cond.notify_all()
+        return True
 
     def _finish_round(self) -> None:
         p = self.policy
@@ -336,6 +342,8 @@ class Scheduler:
         self.phase = "done" if self.round > p.rounds else "idle"
         self.selected, self.admitted, self.partials = [], {}, {}
         self._save()
+        if self.phase == "idle":
+            self._open_round(time.monotonic())
 
     def _finish_secure_round(self) -> None:
         p, sec = self.policy, self.secure
@@ -372,6 +380,8 @@ class Scheduler:
         self.phase = "done" if self.round > p.rounds else "idle"
         self.selected, self.admitted, self.partials, self.secure = [], {}, {}, None
         self._save()
+        if self.phase == "idle":
+            self._open_round(time.monotonic())
 
     def _model_wire_bytes(self) -> int:
         if getattr(self, "_model_size_version", None) != self.version:
@@ -489,7 +499,10 @@ class Scheduler:
                 if left <= 0:
                     break
                 self.cond.wait(left)
-            return "plan", self._plan()
+            plan = self._plan()
+            if self.phase == "open" and wire.field(b, "known_version", int, default=-1) != self.version:
+                plan["params"] = self.params  # saves the server a get_model round trip
+            return "plan", plan
 
     def _admit(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rnd = wire.field(b, "round", int)

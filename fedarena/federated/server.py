@@ -141,7 +141,8 @@ class FLServer:
             try:
                 reply = self.scheduler.call("sync", {
                     "server_id": self.server_id, "cluster_token": self.cluster_token, "known_round": known[0],
-                    "known_phase": known[1], "clients": clients, "wait_s": self.options.sync_wait_s,
+                    "known_phase": known[1], "known_version": self.params_version, "clients": clients,
+                    "wait_s": self.options.sync_wait_s,
                 }, timeout=self.options.sync_wait_s + 10)
                 self._apply_plan(reply.body)
                 delay = 0.05
@@ -164,9 +165,12 @@ class FLServer:
         phase = wire.field(plan, "phase", str)
         rnd = wire.field(plan, "round", int)
         if phase == "open" and version != self.params_version:
-            reply = self.scheduler.call("get_model", {"cluster_token": self.cluster_token, "version": version},
-                                        timeout=30)
-            params = wire.field(reply.body, "params", dict)
+            if "params" in plan:
+                params = wire.field(plan, "params", dict)
+            else:
+                reply = self.scheduler.call("get_model", {"cluster_token": self.cluster_token, "version": version},
+                                            timeout=30)
+                params = wire.field(reply.body, "params", dict)
             with self.cond:
                 self.params = {k: np.asarray(v) for k, v in params.items()}
                 self.params_version = version
@@ -180,7 +184,7 @@ class FLServer:
             if phase == "open" and plan.get("config"):
                 self.round_config = RoundConfig.from_body(plan["config"])
                 self.signds = signds_config(self.round_config, self.shapes)
-            self.plan = dict(plan)
+            self.plan = {k: v for k, v in plan.items() if k != "params"}
             self.plan["received_at"] = time.monotonic()
             self.selected = frozenset(plan.get("selected", []))
             self.cond.notify_all()
