@@ -595,10 +595,15 @@ def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any 
     out_aval = P.abstract_eval_conv(aval_of(x), aval_of(w), attrs)  # shape checks with a conv2d message
     n = shape(x)[0]
     o, c, kh, kw = shape(w)
-    cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, **attrs)
+    rp = P.conv_row_pad(shape(x)[3], kw, attrs["stride"][1], attrs["padding"][1], attrs["dilation"][1])
+    cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, row_pad=rp, **attrs)
     w2 = P.reshape(P.transpose(w, (0, 2, 3, 1)), (o, kh * kw * c))  # rows in im2col's (kh, kw, c) order
     y = bind(P.matmul_p, w2, cols)
-    return P.reshape(y, out_aval.shape)
+    _, _, oh, ow = out_aval.shape
+    y = P.reshape(y, (n, o, oh, ow + rp))
+    if rp:  # drop the zero padding columns (see primitives.Col2Im)
+        y = bind(P.slice_p, y, starts=(0, 0, 0, 0), limits=(n, o, oh, ow), strides=(1, 1, 1, 1))
+    return y
 
 
 def max_pool2d(x: Array, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Array:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import weakref
+
 import numpy as np
 import scipy.special
 from numpy.lib.stride_tricks import as_strided
@@ -1183,7 +1185,7 @@ class Im2Col:
     """im2col for fixed shapes: (N,C,H,W) -> (N, KH*KW*C, OH*OW), rows ordered (kh, kw, c) so that
     each kernel offset's block is contiguous; reuses a padded scratch buffer."""
 
-    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0):
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0, row_pad=0):
         n, c, h, w = x_shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
         self.oh, self.ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
@@ -1192,7 +1194,10 @@ class Im2Col:
         self.inner = self.xp[:, :, ph : ph + h, pw : pw + w]
         self.geom = (kh, kw, sh, sw, dh, dw)
         self.view = self._view(self.xp)
-        self.cols_shape = (n, kh * kw * c, self.oh * self.ow)
+        self.row_pad = row_pad
+        self.cols_shape = (n, kh * kw * c, self.oh * (self.ow + row_pad))
+        self.cols6 = (n, kh, kw, c, self.oh, self.ow + row_pad)
+        self._zeroed = None  # weak reference to the last output whose padding columns were zeroed
 
     def _view(self, xp):
         n, c = xp.shape[:2]
@@ -1209,8 +1214,22 @@ class Im2Col:
 
     def __call__(self, x, out):
         win = self.windows(x)
-        np.copyto(out.reshape(win.shape), win)
+        if not self.row_pad:
+            np.copyto(out.reshape(win.shape), win)
+            return out
+        c6 = out.reshape(self.cols6)
+        np.copyto(c6[..., : self.ow], win)
+        if self._zeroed is None or self._zeroed() is not out:
+            c6[..., self.ow :] = 0  # padding columns stay zero in a reused buffer
+            self._zeroed = weakref.ref(out)
         return out
+
+
+def conv_row_pad(w: int, kw: int, sw: int, pw: int, dw: int) -> int:
+    """Zero columns appended to each output row of im2col so that col2im can add whole rows
+    as one contiguous span (see :class:`Col2Im`)."""
+    ow = conv_out_size(w, kw, sw, pw, dw)
+    return max((dw * (kw - 1)) // sw, -(-(w + 2 * pw) // sw) - ow, 0)
 
 
 class Col2Im:
@@ -1219,11 +1238,30 @@ class Col2Im:
     Strided kernels are accumulated per stride phase into contiguous planes, then interleaved.
     """
 
-    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation):
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, row_pad=0):
         n, c, h, w = x_shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
         oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
         hp, wp = h + 2 * ph, w + 2 * pw
+        self.row_pad = row_pad
+        if row_pad:
+            # rows padded with zeros to the plane width: every kernel offset adds one contiguous
+            # span of oh * wq elements per (n, c) plane (the zeros land harmlessly on the next row)
+            wq = ow + row_pad
+            hq = max(-(-hp // sh), (dh * (kh - 1)) // sh + oh) + 1
+            self.acc = np.zeros((sh, sw, n, c, hq * wq), dtype)
+            self.targets = []
+            for i in range(kh):
+                for j in range(kw):
+                    off = ((i * dh) // sh) * wq + (j * dw) // sw
+                    self.targets.append((i, j, self.acc[(i * dh) % sh, (j * dw) % sw, :, :, off : off + oh * wq]))
+            planes = self.acc.reshape(sh, sw, n, c, hq, wq)
+            self.full = np.empty((n, c, hq * sh, wq * sw), dtype)
+            self.phases = [(self.full[:, :, a::sh, b::sw], planes[a, b]) for a in range(sh) for b in range(sw)]
+            self.phased = True
+            self.inner = self.full[:, :, ph : ph + h, pw : pw + w]
+            self.cols6 = (n, kh, kw, c, oh * wq)
+            return
         hq = max(-(-hp // sh), (dh * (kh - 1)) // sh + oh)
         wq = max(-(-wp // sw), (dw * (kw - 1)) // sw + ow)
         self.acc = np.zeros((sh, sw, n, c, hq, wq), dtype)
@@ -1270,11 +1308,13 @@ def _im2col_rule(avals, attrs, weak):
     oh, ow = _conv_geometry(av.shape, attrs, attrs["kernel"])
     n, c = av.shape[:2]
     kh, kw = attrs["kernel"]
-    return ShapedArray((n, c * kh * kw, oh * ow), av.dtype)
+    return ShapedArray((n, c * kh * kw, oh * (ow + attrs.get("row_pad", 0))), av.dtype)
 
 
 def _im2col_kernel(av_shape, dtype, attrs):
-    return Im2Col(av_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs["pad_value"])
+    return Im2Col(
+        av_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs["pad_value"], attrs.get("row_pad", 0)
+    )
 
 
 def _im2col_impl(x, **attrs):
@@ -1287,8 +1327,9 @@ def _im2col_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _im2col_vjp(need, ct, out, x, kernel, stride, padding, dilation, pad_value):
-    return (bind(col2im_p, ct, x_shape=shape_of(x), kernel=kernel, stride=stride, padding=padding, dilation=dilation),)
+def _im2col_vjp(need, ct, out, x, kernel, stride, padding, dilation, pad_value, row_pad=0):
+    rp = {"row_pad": row_pad} if row_pad else {}
+    return (bind(col2im_p, ct, x_shape=shape_of(x), kernel=kernel, stride=stride, padding=padding, dilation=dilation, **rp),)
 
 
 im2col_p = _define("im2col", _im2col_rule, _im2col_impl, _im2col_emit, _im2col_vjp)
@@ -1303,7 +1344,7 @@ def _col2im_rule(avals, attrs, weak):
 
 
 def _col2im_kernel(x_shape, dtype, attrs):
-    return Col2Im(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
+    return Col2Im(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs.get("row_pad", 0))
 
 
 def _col2im_impl(cols, **attrs):
@@ -1316,8 +1357,9 @@ def _col2im_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _col2im_vjp(need, ct, out, cols, x_shape, kernel, stride, padding, dilation):
-    return (bind(im2col_p, ct, kernel=kernel, stride=stride, padding=padding, dilation=dilation, pad_value=0.0),)
+def _col2im_vjp(need, ct, out, cols, x_shape, kernel, stride, padding, dilation, row_pad=0):
+    rp = {"row_pad": row_pad} if row_pad else {}
+    return (bind(im2col_p, ct, kernel=kernel, stride=stride, padding=padding, dilation=dilation, pad_value=0.0, **rp),)
 
 
 col2im_p = _define("col2im", _col2im_rule, _col2im_impl, _col2im_emit, _col2im_vjp)
