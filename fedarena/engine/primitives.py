@@ -1500,5 +1500,20 @@ def _pool_def(mode):
 
 
 max_pool2d_p = _define("max_pool2d", _pool_rule, *_pool_def("max"))
+
+
+def _max_pool_jvp(ts, out, x, kernel, stride, padding):
+    """Tangent of the window maximum: the tangent at the arg-max (averaged over ties)."""
+    n, c, h, w = shape_of(x)
+    kh, kw = kernel
+    oh, ow = shape_of(out)[2:]
+    geo = dict(kernel=kernel, stride=stride, padding=padding, dilation=(1, 1))
+    patches = reshape(bind(im2col_p, x, pad_value=-np.inf, **geo), (n, kh * kw, c, oh, ow))
+    loc = cast(eq(patches, reshape(out, (n, 1, c, oh, ow))), dtype_of(x))
+    t_patches = reshape(bind(im2col_p, ts[0], pad_value=0.0, **geo), (n, kh * kw, c, oh, ow))
+    return div(reduce_sum(mul(t_patches, loc), (1,)), reduce_sum(loc, (1,)))
+
+
+max_pool2d_p.jvp = _max_pool_jvp
 avg_pool2d_p = _define("avg_pool2d", _pool_rule, *_pool_def("avg"))
 avg_pool2d_p.jvp = lambda ts, out, x, **a: bind(avg_pool2d_p, ts[0], **a)

@@ -272,3 +272,59 @@ def test_int_and_bool_ops_in_jit():
     assert oh.dtype == np.float32
     np.testing.assert_array_equal(land, [True, False])
     assert s == 4 and s.dtype == np.int64
+
+
+def test_keyword_arguments_and_concurrent_calls():
+    import threading
+
+    f = engine.jit(lambda x, *, scale: ops.tanh(x) * scale)
+    x = np.linspace(-1, 1, 6).reshape(2, 3)
+    np.testing.assert_allclose(f(x, scale=np.float64(2.0)), 2 * np.tanh(x))
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            a = rng.standard_normal((2, 3))
+            if not np.allclose(f(a, scale=np.float64(seed)), np.tanh(a) * seed):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors  # each concurrently running thread gets its own buffer set
+
+
+def test_blas_thread_control():
+    before = engine.get_num_threads()
+    engine.set_num_threads(1)
+    try:
+        if before is not None:
+            assert engine.get_num_threads() == 1
+    finally:
+        engine.set_num_threads(None)
+    assert engine.get_num_threads() == before
+    with pytest.raises(ValueError):
+        engine.set_num_threads(0)
+
+
+def test_make_graph_of_train_step_validates_and_dce_keeps_outputs():
+    from fedarena.engine import nn, optim
+
+    mlp = nn.MLP([3, 4, 2])
+    opt = optim.adam(1e-2)
+    p = mlp.init(0)
+
+    def step(p, s, x, y):
+        loss, g = engine.value_and_grad(lambda p: ops.cross_entropy(mlp.apply(p, x), y))(p)
+        p, s = opt.update(g, s, p)
+        return p, s, loss
+
+    args = (p, opt.init(p), np.ones((5, 3), np.float32), np.zeros(5, np.int64))
+    g = engine.make_graph(step)(*args)
+    g.validate()
+    prims = {e.prim.name for e in g.eqns}
+    assert {"matmul", "tanh", "reduce_max", "gather", "scatter_add", "concatenate", "sqrt"} <= prims
+    assert len(g.outvars) == len(engine.tree_leaves(step(*args)))
