@@ -29,7 +29,7 @@ class RLConfig(ExperimentConfig):
     env_id: str = param("CartPole-v1", "gymnasium environment id (batched numpy version used when one exists)")
     env_backend: str = param("auto", "auto | batched | sync | async: how the vectorized environment is built")
     total_steps: int = param(200_000, "environment-step budget (summed over all environments)")
-    target_return: float = param(475.0, "stop once the mean return of the last `window` episodes reaches this; 0 = never")
+    target_return: float | None = param(475.0, "stop once the mean return of the last `window` episodes reaches this; null = never")
     window: int = param(20, "episodes in the moving mean of the return")
     execution: str = param("local", "where actors run: local | multiprocess | ray")
     num_actors: int = param(1, "number of actors (each with its own vectorized environment)")
@@ -59,7 +59,7 @@ class IMPALAExperimentConfig(RLConfig):
 @dataclass(frozen=True)
 class DQNExperimentConfig(RLConfig):
     dqn: DQNConfig = param(doc="DQN hyper-parameters (fedarena.rl.dqn.DQNConfig)", factory=DQNConfig)
-    target_return: float = param(450.0, "stop once the mean return of the last `window` episodes reaches this; 0 = never")
+    target_return: float | None = param(450.0, "stop once the mean return of the last `window` episodes reaches this; null = never")
     steps_per_iteration: int = param(1000, "environment steps between metric rows / checkpoint opportunities")
     checkpoint_replay: bool = param(True, "store the replay buffer in checkpoints (exact resume; larger files)")
 
@@ -72,7 +72,7 @@ class DQNExperimentConfig(RLConfig):
 class _Tracker:
     """Moving-window return, time and steps at which the target was first reached, throughput."""
 
-    def __init__(self, window: int, target: float) -> None:
+    def __init__(self, window: int, target: float | None) -> None:
         self.returns: deque[float] = deque(maxlen=window)
         self.window, self.target = window, target
         self.episodes = 0
@@ -91,7 +91,7 @@ class _Tracker:
 
     @property
     def done(self) -> bool:
-        return self.target > 0 and len(self.returns) >= self.window and self.mean >= self.target
+        return self.target is not None and len(self.returns) >= self.window and self.mean >= self.target
 
     def state(self) -> dict[str, Any]:
         return {"returns": list(self.returns), "episodes": self.episodes,
@@ -322,7 +322,7 @@ def plots(rows: Sequence[Mapping[str, Any]], cfg: Any, report_dir: str) -> list[
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, x, xlabel in ((axes[0], steps, "environment steps"), (axes[1], wall, "wall time (s)")):
         ax.plot(x, ret, lw=1.5)
-        if cfg.target_return > 0:
+        if cfg.target_return is not None:
             ax.axhline(cfg.target_return, color="k", ls="--", lw=0.8, label=f"target {cfg.target_return:g}")
             ax.legend(fontsize=8)
         ax.set_xlabel(xlabel)

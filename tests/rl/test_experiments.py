@@ -7,10 +7,10 @@ import pytest
 
 from fedarena.platform.runs import execute
 
-PPO = {"kind": "ppo", "env_id": "CartPole-v1", "seed": 1, "total_steps": 256, "target_return": 0,
+PPO = {"kind": "ppo", "env_id": "CartPole-v1", "seed": 1, "total_steps": 256, "target_return": None,
        "checkpoint": {"every": 1, "keep": 2},
        "ppo": {"num_envs": 4, "num_steps": 32, "num_minibatches": 2, "update_epochs": 1, "hidden": [16]}}
-DQN = {"kind": "dqn", "env_id": "CartPole-v1", "seed": 2, "total_steps": 400, "target_return": 0,
+DQN = {"kind": "dqn", "env_id": "CartPole-v1", "seed": 2, "total_steps": 400, "target_return": None,
        "steps_per_iteration": 200, "checkpoint": {"every": 1, "keep": 2},
        "dqn": {"num_envs": 2, "buffer_size": 1000, "batch_size": 16, "learning_starts": 100, "hidden": [16],
                "train_frequency": 8}}
@@ -73,3 +73,16 @@ def test_ppo_runs_on_other_gymnasium_spaces(tmp_path, env_id, squash):
     assert summary["env_steps"] == 128
     rows = _rows(tmp_path / "run")
     assert all(np.isfinite(r["loss"]) for r in rows)
+
+
+def test_negative_targets_stop_runs():
+    from fedarena.rl.experiments import _Tracker
+
+    t = _Tracker(window=3, target=-100.0)
+    t.add([-500.0, -90.0, -80.0], env_steps=10, wall=1.0)
+    assert not t.done  # mean -223
+    t.add([-95.0], env_steps=20, wall=2.0)
+    assert t.done and t.reached_at == (20, 2.0)
+    never = _Tracker(window=1, target=None)
+    never.add([1e9], env_steps=1, wall=0.1)
+    assert not never.done
