@@ -89,6 +89,26 @@ class Executable:
             for a in e.inputs:
                 if isinstance(a, Var):
                     consumers.setdefault(a, []).append(e)
+        # Memory planning: a buffer is reused by a later variable of the same shape and dtype once
+        # every variable aliasing it (through views) has had its last use.
+        alias_root: dict[Var, Var] = {}
+        last_use: dict[Var, int] = {}
+        sticky: set[Var] = set()  # buffers a kernel relies on keeping (im2col's zeroed padding)
+        for n_, e in enumerate(g.eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    r = alias_root.get(a, a)
+                    last_use[r] = n_
+            if e.prim.name in _VIEW_PRIMS and e.inputs and isinstance(e.inputs[0], Var):
+                alias_root[e.outputs[0]] = alias_root.get(e.inputs[0], e.inputs[0])
+            if e.prim.name == "im2col":
+                sticky.add(e.outputs[0])
+        for a in outs:
+            last_use[alias_root.get(a, a)] = len(g.eqns)
+        release_at: dict[int, list] = {}
+        for r, k in last_use.items():
+            release_at.setdefault(k, []).append(r)
+        pool: dict[tuple, list] = {}
         escapes = set(outs)  # variables whose memory reaches an output through views
         for e in reversed(g.eqns):
             if e.prim.name in _VIEW_PRIMS and e.outputs[0] in escapes and isinstance(e.inputs[0], Var):
@@ -118,6 +138,9 @@ class Executable:
             return names[a]
 
         for n, e in enumerate(g.eqns):
+            for r in release_at.get(n - 1, ()):
+                if storage.get(r) == "buffer" and r not in static and r not in sticky:
+                    pool.setdefault((r.aval.shape, r.aval.dtype), []).append(names[r])
             if e.prim.emit is None:
                 raise UnknownPrimitiveError(f"primitive {e.prim.name!r} has no numpy kernel")
             out = e.outputs[0]
@@ -249,7 +272,11 @@ class Executable:
                 names[out] = name
                 storage[out] = "fresh"
                 continue
-            buf = ctx.const(np.empty(out.aval.shape, out.aval.dtype))
+            free = pool.get((out.aval.shape, out.aval.dtype))
+            if free and not all_static and out not in sticky:
+                buf = free.pop()
+            else:
+                buf = ctx.const(np.empty(out.aval.shape, out.aval.dtype))
             names[out] = buf
             storage[out] = "buffer"
             target = buf if out_shape_used is None else ctx.const(ns[buf].reshape(out_shape_used))
