@@ -328,3 +328,29 @@ def test_make_graph_of_train_step_validates_and_dce_keeps_outputs():
     prims = {e.prim.name for e in g.eqns}
     assert {"matmul", "tanh", "reduce_max", "gather", "scatter_add", "concatenate", "sqrt"} <= prims
     assert len(g.outvars) == len(engine.tree_leaves(step(*args)))
+
+
+def test_executor_reuses_buffers_and_stays_correct():
+    def chain(x, w):
+        h = x
+        for i in range(12):
+            h = ops.tanh(h @ w + float(i)) * 0.5 + h  # many same-shaped temporaries
+        return ops.sum(h), h
+
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((4, 4)), rng.standard_normal((4, 4)) * 0.3
+    f = engine.jit(chain)
+    s, h = f(x, w)
+    want_h = x
+    for i in range(12):
+        want_h = np.tanh(want_h @ w + i) * 0.5 + want_h
+    np.testing.assert_allclose(h, want_h, rtol=1e-12)
+    np.testing.assert_allclose(s, want_h.sum(), rtol=1e-12)
+    exe = f._fast[0][1]
+    ns = exe._pool[0].__globals__
+    buffers = [v for k, v in ns.items() if k.startswith("_k") and isinstance(v, np.ndarray) and v.shape == (4, 4)]
+    assert len(buffers) < len(exe.graph.eqns) / 3  # lifetimes let temporaries share memory
+    g = engine.jit(engine.grad(lambda x: chain(x, w)[0]))(x)  # backward through the same planner
+    eps = 1e-6
+    fd = np.array([(chain(x + eps * e, w)[0] - chain(x - eps * e, w)[0]) / (2 * eps) for e in np.eye(16).reshape(16, 4, 4)]).reshape(4, 4)
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
