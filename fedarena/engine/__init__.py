@@ -23,6 +23,7 @@ from .ir import (
     UnsupportedDtypeError,
 )
 from .jit import jit, make_graph
+from .vmap import vmap
 from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .threads import get_num_threads, set_num_threads
 from .tracing import PRIMITIVES, Tracer
@@ -59,4 +60,5 @@ __all__ = [
     "tree_unflatten",
     "value_and_grad",
     "vjp",
+    "vmap",
 ]
