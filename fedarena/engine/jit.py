@@ -166,6 +166,34 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
     return "\n".join(lines), ns
 
 
+def _fast_call_source(guard_src: str, exe: Executable, out_tree: tuple) -> tuple[str, dict]:
+    """``fast(args, kwargs)``: the guard, the compiled schedule and the output pytree in one
+    generated function (returns the ``_MISS`` sentinel when the guard fails)."""
+    bsrc, ns = _builder_source(out_tree)
+    build_expr = bsrc.split("return ", 1)[1]
+    lines = guard_src.replace("return None", "return _MISS").split("\n")
+    ret = lines[-3]  # "    return [n1, n2, ...]"
+    arrays = ret.strip()[len("return [") : -1]
+    body = lines[1:-3] + [
+        "  except (KeyError, IndexError, TypeError):",
+        "    return _MISS",
+        "  try:",
+        "    run = _pool.pop()",
+        "  except IndexError:",
+        "    run = _exe._build()",
+        "  try:",
+        f"    o = run({arrays})",
+        "  finally:",
+        "    _pool.append(run)",
+        f"  return {build_expr}",
+    ]
+    ns.update({"_MISS": _MISS, "_pool": exe._pool, "_exe": exe})
+    return "\n".join(["def fast(args, kwargs):"] + body), ns
+
+
+_MISS = object()
+
+
 def _builder_source(treedef: tuple) -> tuple[str, dict]:
     """Python source of ``build(outs) -> pytree`` for an output tree definition."""
     ns: dict[str, Any] = {}
@@ -222,8 +250,9 @@ class Jitted:
             entry = _Entry(Executable(graph), out_tree, graph)
             self._cache[key] = entry
             gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args))
-            bsrc, bns = _builder_source(out_tree)
-            fast = (_compile_fn(gsrc, gns, "guard"), entry.executable, _compile_fn(bsrc, bns, "build"))
+            fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
+            fns.update(gns)
+            fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)
             self._fast.insert(0, fast)
             del self._fast[4:]
         return entry, arrays
@@ -231,10 +260,10 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _TRACE_STACK:
             return self.fn(*args, **kwargs)  # inside another transformation: inline
-        for guard, exe, build in self._fast:
-            arrays = guard(args, kwargs)
-            if arrays is not None:
-                return build(exe(*arrays))
+        for fast, _ in self._fast:
+            out = fast(args, kwargs)
+            if out is not _MISS:
+                return out
         entry, arrays = self._lookup(args, kwargs)
         return tree_unflatten(entry.out_tree, entry.executable(*arrays))
 
