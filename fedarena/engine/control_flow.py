@@ -510,7 +510,7 @@ def _scan_batch(prim, vals, batched, size, *, body, n_carry, n_x, length, revers
 
     c_out, ys = scan_flat(bbody, vals[:nc], xs, vals[nc + nx :], length, reverse)
     dt = _pack_dtype(layout)
-    rows = [P.reshape(_cast(c, dt), (size, -1 if False else int(np.prod(aval_of(c).shape[1:], dtype=np.int64)))) for c in c_out]
+    rows = [P.reshape(_cast(c, dt), (size, int(np.prod(aval_of(c).shape[1:], dtype=np.int64)))) for c in c_out]
     for y in ys:
         s = aval_of(y).shape  # (T, B, ...)
         y = P.transpose(y, (1, 0) + tuple(range(2, len(s))))
@@ -678,3 +678,174 @@ def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> An
     if len(out_td) >= 2 and out_td[0] != out_td[1]:
         raise ShapeError("cond: the branches return different pytree structures")
     return tree_unflatten(out_td[0], outs)
+
+
+# ============================================================================ while_loop
+
+while_p = register("while")
+
+
+def _while_rule(avals, attrs, weak):
+    nc = attrs["n_carry"]
+    cg, bg = attrs["cond"], attrs["body"]
+    if [v.aval for v in bg.invars] != list(avals) or [v.aval for v in cg.invars] != list(avals):
+        raise ShapeError("while_loop: operands do not match the cond/body inputs")
+    if [a.aval for a in bg.outvars] != list(avals[:nc]):
+        raise ShapeError("while_loop: the body must return the carry with unchanged types")
+    layout = attrs["layout"]
+    return ShapedArray((_total(layout),), _pack_dtype(layout))
+
+
+def _while_np(ins, cond, body, n_carry, layout, out):
+    c_run, b_run = _compiled(cond), _compiled(body)
+    carry = list(ins[:n_carry])
+    consts = list(ins[n_carry:])
+    while bool(c_run(*carry, *consts)[0]):
+        carry = b_run(*carry, *consts)
+    return _write_packed(out, carry)
+
+
+class _WhileKernel:
+    def __init__(self, attrs):
+        self.attrs = attrs
+
+    def __call__(self, *args):
+        *ins, out = args
+        return _while_np(ins, out=out, **self.attrs)
+
+
+def _while_impl(*ins, cond, body, n_carry, layout):
+    out = np.empty((_total(layout),), _pack_dtype(layout))
+    return _while_np([np.asarray(a) for a in ins], cond, body, n_carry, layout, out)
+
+
+while_p.abstract_eval = _while_rule
+while_p.impl = _while_impl
+while_p.emit = lambda ctx, ins, attrs, ia, oa: P.stmt(f"{ctx.const(_WhileKernel(attrs))}({', '.join(ins)}, {{o}})")
+
+
+def _bind_while(cond_fn: Callable[[list], Any], body_fn: Callable[[list], list], init: Sequence[Any], consts: Sequence[Any] = ()) -> list:
+    init = [_as_value(c) for c in init]
+    consts = [_as_value(c) for c in consts]
+    nc = len(init)
+    c_av = [aval_of(c) for c in init]
+    avals = c_av + [aval_of(c) for c in consts]
+
+    def cflat(a):
+        p = _as_value(cond_fn(a))
+        pav = aval_of(p)
+        if pav.shape != () or pav.dtype.kind not in "biu":
+            raise ShapeError(f"while_loop: cond_fun must return a scalar bool, got {pav.str_short()}")
+        return [p]
+
+    def bflat(a):
+        return _coerce_outs(list(body_fn(a)), c_av, "while_loop")
+
+    (cg, bg), caps = _unify([_trace_fn(cflat, avals), _trace_fn(bflat, avals)], len(avals))
+    layout = _layout(c_av)
+    packed = bind(while_p, *init, *consts, *caps, cond=cg, body=bg, n_carry=nc, layout=layout)
+    return _unpack(packed, layout)
+
+
+def _while_vjp(need, ct, out, *ins, **attrs):
+    raise EngineError(
+        "while_loop: reverse-mode differentiation is not supported (the trip count is only known at run "
+        "time, so the backward pass cannot size the stored intermediates); use scan(fn, init, xs, length=N) "
+        "with a fixed number of steps, or fori_loop with Python-int bounds (which lowers to scan)"
+    )
+
+
+def _while_jvp(ts, out, *ins, cond, body, n_carry, layout):
+    nc = n_carry
+    n = len(ins)
+    dt = _pack_dtype(layout)
+    tans = [
+        t if t is not None else P.zeros_like_aval(ShapedArray(aval_of(a).shape, aval_of(a).dtype if is_float(aval_of(a).dtype) else np.float64))
+        for t, a in zip(ts, ins)
+    ]
+    tc, tk = tans[:nc], tans[nc:]
+
+    def cf(a):
+        return _eval(cond, list(a[:nc]) + list(a[2 * nc : 2 * nc + n - nc]))[0]
+
+    def bf(a):
+        prim_c, tan_c = a[:nc], a[nc : 2 * nc]
+        prim_k, tan_k = a[2 * nc : 2 * nc + n - nc], a[2 * nc + n - nc :]
+        outs, touts = _graph_jvp(body, list(prim_c) + list(prim_k), list(tan_c) + list(tan_k))
+        return list(outs) + [_fit(t, aval_of(x)) for t, x in zip(touts, tan_c)]
+
+    res = _bind_while(cf, bf, list(ins[:nc]) + tc, list(ins[nc:]) + tk)
+    return _pack(res[nc:], dt)
+
+
+def _while_batch(prim, vals, batched, size, *, cond, body, n_carry, layout):
+    from .vmap import vmap
+
+    nc = n_carry
+    dt = _pack_dtype(layout)
+    vals = [v if b else P.broadcast_to(_as_value(v), (size,) + aval_of(v).shape) for v, b in zip(vals, batched)]
+    vc = vmap(lambda *a: _eval(cond, a)[0])
+    vb = vmap(lambda *a: _eval(body, a))
+
+    def cf(a):
+        p = P.cast(vc(*a), np.int64)
+        return P.gt(bind(P.reduce_max_p, p, axes=(0,), keepdims=False), 0)
+
+    def bf(a):
+        p = P.cast(vc(*a), np.bool_)
+        new = vb(*a)
+        res = []
+        for nv, old in zip(new, a[:nc]):
+            nd = len(aval_of(old).shape)
+            res.append(P.select(P.reshape(p, (size,) + (1,) * (nd - 1)), nv, old))
+        return res
+
+    # the carry of a batched loop is (carry..., consts...) so the body sees consts too
+    out = _bind_while(cf, bf, vals[:nc], vals[nc:])
+    return _pack_rows(out, size, dt)
+
+
+while_p.vjp = _while_vjp
+while_p.jvp = _while_jvp
+while_p.batch = _while_batch
+
+
+def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any) -> Any:
+    """``while cond_fun(val): val = body_fun(val)`` as one equation.  Forward mode (``jvp``) is
+    supported; reverse mode raises an error that points to ``scan``/``fori_loop``."""
+    leaves, td = tree_flatten(init_val)
+
+    def cf(a):
+        return cond_fun(tree_unflatten(td, a[: len(leaves)]))
+
+    def bf(a):
+        out = body_fun(tree_unflatten(td, a[: len(leaves)]))
+        ol, otd = tree_flatten(out)
+        if otd != td:
+            raise ShapeError("while_loop: body_fun must return a value with the structure of init_val")
+        return ol
+
+    return tree_unflatten(td, _bind_while(cf, bf, leaves))
+
+
+def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_val: Any) -> Any:
+    """``for i in range(lower, upper): val = body_fun(i, val)``.  With Python-int bounds it lowers
+    to ``scan`` (reverse-mode differentiable); with traced bounds to ``while_loop``."""
+    static = all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) for b in (lower, upper))
+    if static:
+        lo, hi = int(lower), int(upper)
+        if hi <= lo:
+            return init_val
+        idx = np.arange(lo, hi, dtype=np.int64)
+        carry, _ = scan(lambda c, i: (body_fun(i, c), None), init_val, idx)
+        return carry
+    i0 = _as_value(lower)
+    if aval_of(i0).dtype.kind not in "iu":
+        raise ShapeError("fori_loop: bounds must be integers")
+    i0 = P.cast(i0, np.int64)
+    hi = P.cast(_as_value(upper), np.int64)
+    _, val = while_loop(lambda s: bind(P.lt_p, s[0], hi), lambda s: (P.add(s[0], np.int64(1)), body_fun(s[0], s[1])), (i0, init_val))
+    return val
+
+
+__all__ = ["cond", "fori_loop", "scan", "scan_flat", "while_loop"]

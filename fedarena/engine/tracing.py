@@ -158,9 +158,10 @@ class new_trace:
 _CONTROL_FLOW_MSG = (
     "cannot use a traced value as a Python {what} (Python control flow such as `if`, `while`, "
     "`and`/`or`, int()/float() needs a concrete value, but this value is only known when the "
-    "compiled graph runs). Use ops.where(cond, a, b) / ops.maximum / ops.clip for data-dependent "
-    "selection, the engine's control-flow primitives for data-dependent loops and branches, or "
-    "mark the argument static with jit(fn, static_argnums=...)."
+    "compiled graph runs). Use the engine's control-flow primitives instead: ops.where(cond, a, b) "
+    "(also ops.maximum / ops.minimum / ops.clip) for data-dependent selection; loops over a static "
+    "count unroll in Python; or mark the argument static with jit(fn, static_argnums=...). "
+    "(Graph-level cond/scan primitives are not available yet.)"
 )
 
 
