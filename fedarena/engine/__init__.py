@@ -24,6 +24,7 @@ from .ir import (
 )
 from .jit import jit, make_graph
 from .vmap import vmap
+from .control_flow import cond, fori_loop, scan, while_loop
 from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .threads import get_num_threads, set_num_threads
 from .tracing import PRIMITIVES, Tracer
@@ -61,4 +62,8 @@ __all__ = [
     "value_and_grad",
     "vjp",
     "vmap",
+    "cond",
+    "fori_loop",
+    "scan",
+    "while_loop",
 ]
