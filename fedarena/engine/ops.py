@@ -595,7 +595,7 @@ def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any 
     out_aval = P.abstract_eval_conv(aval_of(x), aval_of(w), attrs)  # shape checks with a conv2d message
     n = shape(x)[0]
     o, c, kh, kw = shape(w)
-    rp = P.conv_row_pad(shape(x)[3], kw, attrs["stride"][1], attrs["padding"][1], attrs["dilation"][1])
+    rp = P.conv_row_pad(shape(x)[3], kw, attrs["stride"][1], attrs["padding"][1], attrs["dilation"][1]) if attrs["stride"] != (1, 1) else 0
     cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, row_pad=rp, **attrs)
     w2 = P.reshape(P.transpose(w, (0, 2, 3, 1)), (o, kh * kw * c))  # rows in im2col's (kh, kw, c) order
     y = bind(P.matmul_p, w2, cols)
