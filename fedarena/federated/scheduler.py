@@ -32,7 +32,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from fedarena.federated import auth, wire
-from fedarena.federated.protocol import PHASES, SCHEDULER_KINDS, RoundConfig, params_shapes
+from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
 from fedarena.federated.secure_round import SecureRound
 from fedarena.federated.strategy import PartialAggregate, ServerOptimizer
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve

@@ -69,3 +69,32 @@ def make_cluster(tmp_path):
     yield make
     for c in made:
         c.close()
+
+
+@pytest.fixture
+def self_signed_tls(tmp_path):
+    """A self-signed certificate for 'localhost' (PEM files in tmp_path) as TLSFiles for nodes and clients."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    from fedarena.federated.transport import TLSFiles
+
+    return TLSFiles(cert_chain=str(tmp_path / "cert.pem"), private_key=str(tmp_path / "key.pem"),
+                    root_cert=str(tmp_path / "cert.pem"), server_name="localhost")

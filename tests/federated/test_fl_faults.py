@@ -131,3 +131,17 @@ def test_dead_server_moves_clients_and_dead_deployment_resumes_identically(tmp_p
     st = d2.wait_for(lambda s: any(r["round"] == state["round"] for r in s["history"]), 120)
     row = _row(st, state["round"])
     assert row["outcome"] == "aggregated" and row["model_version"] == state["version"] + 1
+
+
+def test_tls_process_deployment_trains(tmp_path, deployments, self_signed_tls):
+    import dataclasses
+
+    tls = self_signed_tls
+    spec = _spec(2)
+    spec = dataclasses.replace(spec, tls=tls, policy=dataclasses.replace(spec.policy, rounds=2))
+    d = Deployment(tmp_path / "dep", spec)
+    deployments.append(d)
+    d.start()
+    st = d.wait_for(lambda s: s["phase"] == "done", 120)
+    assert [r["outcome"] for r in st["history"]] == ["aggregated", "aggregated"]
+    assert all(r["reporting"] == 2 for r in st["history"])

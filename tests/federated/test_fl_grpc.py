@@ -12,7 +12,7 @@ from fedarena.federated import wire
 from fedarena.federated.client import FLClient
 from fedarena.federated.protocol import RoundConfig, model_bytes
 from fedarena.federated.scheduler import RoundPolicy, Scheduler, load_state
-from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
+from fedarena.federated.transport import Peer, RemoteError, TransportError
 
 
 
@@ -193,33 +193,8 @@ def test_bad_token_is_refused_everywhere(make_cluster):
     assert "mallory" not in c.servers[0].clients
 
 
-def _self_signed(tmp_path):
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
-    return TLSFiles(cert_chain=str(tmp_path / "cert.pem"), private_key=str(tmp_path / "key.pem"),
-                    root_cert=str(tmp_path / "cert.pem"), server_name="localhost")
-
-
-def test_tls_deployment_trains_and_refuses_plaintext(make_cluster, tmp_path):
-    tls = _self_signed(tmp_path)
+def test_tls_deployment_trains_and_refuses_plaintext(make_cluster, self_signed_tls):
+    tls = self_signed_tls
     policy = RoundPolicy(rounds=1, window_seconds=60, start_clients=2, min_fraction=1.0,
                          round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
     c = make_cluster(policy, tls=tls)
