@@ -150,8 +150,10 @@ class Executable:
                 pname == "broadcast_to"
                 and out not in outs
                 and all(c.prim.name in _ELEMENTWISE for c in consumers.get(out, ()))
+                and not any(c.outputs[0] in escapes for c in consumers.get(out, ()))
             ):
                 # ufuncs writing into a full-shape `out` broadcast by themselves: no op needed
+                # (not when the consumer's result escapes: that one is allocated by the ufunc)
                 names[out] = atom(x0)
                 if isinstance(x0, Var):
                     storage[out] = storage[x0]

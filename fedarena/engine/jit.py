@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import passes as _passes
 from .executor import Executable
 from .ir import EngineError, Graph, ShapedArray, check_dtype
 from .pytree import tree_flatten, tree_unflatten
@@ -228,9 +229,10 @@ def _compile_fn(src: str, ns: dict, name: str):
 class Jitted:
     """A jit-compiled function; call it like the original."""
 
-    def __init__(self, fn: Callable, static_argnums: Sequence[int] = ()):
+    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None):
         self.fn = fn
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
+        self.passes = passes  # see passes.resolve: None -> the default pipeline, () -> none
         self._cache: dict = {}
         self._fast: list = []  # (guard, executable, build) for recently used signatures
         functools.update_wrapper(self, fn)
@@ -247,6 +249,9 @@ class Jitted:
             except TypeError:
                 raise EngineError(f"jit: static arguments must be hashable, got {static!r}") from None
             graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args))
+            pipeline = _passes.resolve(self.passes)
+            if pipeline is not None:
+                graph = pipeline(graph)
             entry = _Entry(Executable(graph), out_tree, graph)
             self._cache[key] = entry
             gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args))
@@ -280,16 +285,18 @@ class Jitted:
         return len(self._cache)
 
 
-def jit(fn: Callable | None = None, static_argnums: int | Sequence[int] = ()) -> Any:
+def jit(fn: Callable | None = None, static_argnums: int | Sequence[int] = (), passes: Any = None) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
     Usable as ``jit(fn)``, ``jit(fn, static_argnums=(1,))`` or as a decorator ``@jit``.
+    ``passes``: graph passes run before compilation (``None``: ``passes.DEFAULT_PIPELINE``;
+    ``()``: none; a list of ``Graph -> Graph`` functions or a ``passes.Pipeline``).
     """
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     if fn is None:
-        return lambda f: Jitted(f, static_argnums)
-    return Jitted(fn, static_argnums)
+        return lambda f: Jitted(f, static_argnums, passes)
+    return Jitted(fn, static_argnums, passes)
 
 
 def make_graph(fn: Callable, static_argnums: int | Sequence[int] = ()) -> Callable[..., Graph]:
