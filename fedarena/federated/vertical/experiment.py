@@ -265,7 +265,7 @@ def _plots(rows, report_dir, metric: str, baseline: str | None, name: str) -> li
     for a in ax:
         a.set_xlabel("epoch")
         a.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.04, right=0.99, wspace=0.25, bottom=0.14)
     path = Path(report_dir) / f"{name}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
