@@ -104,6 +104,67 @@ class ActorWorker:
         return os.getpid()
 
 
+class LearnerHost:
+    """The learner of an on-policy run as one object: in-process, or (Ray mode) the body of a Ray actor.
+
+    Holds the algorithm (PPO or IMPALA), consumes trajectories, publishes versioned weights and exports
+    or restores its checkpoint state (weights, optimizer state, version, RNG, dropped-trajectory count).
+    """
+
+    def __init__(self, algorithm: str, env_id: str, env_backend: str, config: dict, seed: int,
+                 total_steps: int | None = None) -> None:
+        from fedarena.envs.vector import make_vector_env
+
+        _limit_blas_threads()
+        env = make_vector_env(env_id, 1, backend=env_backend)
+        self.agent = build_agent(algorithm, env.observation_space, env.action_space, config, seed, total_steps)
+        if hasattr(env, "close"):
+            env.close()
+
+    def update(self, traj: dict[str, Any]) -> dict[str, float] | None:
+        return self.agent.update(traj)
+
+    def weights(self) -> Weights:
+        return self.agent.weights()
+
+    def version(self) -> int:
+        return self.agent.learner.version
+
+    def dropped_stale(self) -> int:
+        return int(getattr(self.agent, "dropped_stale", 0))
+
+    def state(self) -> dict[str, Any]:
+        learner = self.agent.learner
+        return {"params": learner.params, "opt_state": learner.opt_state, "version": learner.version,
+                "rng": self.agent.rng.bit_generator.state, "dropped_stale": self.dropped_stale()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.agent.learner.set_state(state["params"], state["opt_state"], int(state["version"]))
+        self.agent.rng.bit_generator.state = {k: (dict(v) if isinstance(v, dict) else v) for k, v in state["rng"].items()}
+        if hasattr(self.agent, "dropped_stale"):
+            self.agent.dropped_stale = int(state.get("dropped_stale", 0))
+
+
+class RemoteLearner:
+    """A :class:`LearnerHost` running as a Ray actor, called with the same method names (blocking)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import ray
+
+        self._actor = ray.remote(num_cpus=0)(LearnerHost).remote(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        import ray
+
+        method = getattr(self._actor, name)
+        return lambda *a, **k: ray.get(method.remote(*a, **k))
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self._actor, no_restart=True)
+
+
 # ------------------------------------------------------------------------------------------ local
 
 

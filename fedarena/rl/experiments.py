@@ -18,7 +18,7 @@ import numpy as np
 
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.rl.dqn import DQN, DQNConfig, run_dqn_steps
-from fedarena.rl.execution import EXECUTION_MODES, ActorSpec, build_agent, config_dict, make_actor_pool
+from fedarena.rl.execution import EXECUTION_MODES, ActorSpec, config_dict, make_actor_pool
 from fedarena.rl.impala import IMPALAConfig
 from fedarena.rl.ppo import PPOConfig
 from fedarena.rl.workers import EpisodeStats
@@ -126,16 +126,6 @@ def _set_rng(rng: np.random.Generator, state: Mapping[str, Any]) -> None:
 # ------------------------------------------------------------------------------------------ on-policy
 
 
-def _observation_action_spaces(cfg: RLConfig) -> tuple[Any, Any]:
-    from fedarena.envs.vector import make_vector_env
-
-    env = make_vector_env(cfg.env_id, 1, backend=cfg.env_backend)
-    spaces = (env.observation_space, env.action_space)
-    if hasattr(env, "close"):
-        env.close()
-    return spaces
-
-
 def _concat_envs(trajs: list[dict[str, Any]]) -> dict[str, Any]:
     """Several actors' rollouts of equal length side by side, as one rollout over all their environments."""
     if len(trajs) == 1:
@@ -152,38 +142,39 @@ def _concat_envs(trajs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, algorithm: str) -> dict[str, Any]:
-    from fedarena.rl.execution import _limit_blas_threads
+    from fedarena.rl.execution import LearnerHost, RemoteLearner, _limit_blas_threads
 
     _limit_blas_threads()
     algo_cfg = cfg.ppo if algorithm == "ppo" else cfg.impala
-    obs_space, act_space = _observation_action_spaces(cfg)
-    agent = build_agent(algorithm, obs_space, act_space, config_dict(algo_cfg), cfg.seed, cfg.total_steps)
     rollout_length = algo_cfg.num_steps if algorithm == "ppo" else algo_cfg.unroll_length
+    learner_args = (algorithm, cfg.env_id, cfg.env_backend, config_dict(algo_cfg), cfg.seed, cfg.total_steps)
+    if cfg.execution == "ray":
+        from fedarena.platform.cluster import init_ray
+
+        init_ray(cfg.cluster)
+        learner: Any = RemoteLearner(*learner_args)  # actors, learner (and inference server) are Ray actors
+    else:
+        learner = LearnerHost(*learner_args)
     tracker = _Tracker(cfg.window, cfg.target_return)
     iteration, env_steps = 0, 0
     restored = run.restore()
     if restored:
         iteration, state = restored
-        agent.learner.set_state(state["params"], state["opt_state"], int(state["version"]))
+        learner.load(state["learner"])
         env_steps = int(state["env_steps"])
         tracker.load(state["tracker"])
-        _set_rng(agent.rng, state["rng"])
     spec = ActorSpec(algorithm, cfg.env_id, algo_cfg.num_envs, rollout_length,
                      cfg.seed + 7 * iteration, config_dict(algo_cfg), cfg.env_backend)
     ray_options: dict[str, Any] = {}
-    if cfg.execution == "ray":
-        from fedarena.platform.cluster import init_ray
-
-        init_ray(cfg.cluster)
-        if algorithm == "impala" and cfg.inference_server:
-            ray_options = {"inference_server": True, "initial": agent.weights(),
-                           "max_batch": cfg.inference_max_batch, "deadline_s": cfg.inference_deadline_ms / 1000.0}
+    if cfg.execution == "ray" and algorithm == "impala" and cfg.inference_server:
+        ray_options = {"inference_server": True, "initial": learner.weights(),
+                       "max_batch": cfg.inference_max_batch, "deadline_s": cfg.inference_deadline_ms / 1000.0}
     pool = make_actor_pool(cfg.execution, spec, cfg.num_actors, **ray_options)
     t_start = run.elapsed
     steady: list[tuple[int, float]] = []
     summary_metrics: dict[str, float] = {}
     try:
-        weights = agent.weights()
+        weights = learner.weights()
         for i in range(cfg.num_actors):
             pool.submit(i, weights)
         with run.progress(total=cfg.total_steps, initial=env_steps, desc=algorithm) as bar:
@@ -191,14 +182,15 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
                 if algorithm == "ppo":
                     trajs = [pool.next()[1] for _ in range(cfg.num_actors)]
                     traj = _concat_envs(sorted(trajs, key=lambda t: int(t.get("actor", 0))))
-                    metrics = agent.update(traj)
-                    weights = agent.weights()
+                    metrics = learner.update(traj)
+                    weights = learner.weights()
                     for i in range(cfg.num_actors):
                         pool.submit(i, weights)
                 else:
                     actor_index, traj = pool.next()
-                    metrics = agent.update(traj) or {"dropped_stale": 1.0}
-                    pool.submit(actor_index, agent.weights())
+                    metrics = learner.update(traj) or {"dropped_stale": 1.0}
+                    weights = learner.weights()
+                    pool.submit(actor_index, weights)
                 iteration += 1
                 env_steps += int(traj["env_steps"])
                 wall = run.elapsed
@@ -206,21 +198,21 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
                 steady.append((env_steps, wall))
                 sps = _window_rate(steady)
                 run.log(iteration, env_steps=env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
-                        env_steps_per_second=sps, policy_version=agent.learner.version,
+                        env_steps_per_second=sps, policy_version=weights.version,
                         actor_restarts=getattr(pool, "restarts", 0), **metrics)
                 summary_metrics = metrics
                 if run.should_checkpoint(iteration):
-                    state = {"params": agent.learner.params, "opt_state": agent.learner.opt_state,
-                             "version": agent.learner.version, "env_steps": env_steps, "tracker": tracker.state(),
-                             "rng": _rng_state(agent.rng)}
-                    run.save_checkpoint(iteration, state)
+                    run.save_checkpoint(iteration, {"learner": learner.state(), "env_steps": env_steps,
+                                                    "tracker": tracker.state()})
                 bar.update(int(traj["env_steps"]), ret=round(tracker.mean, 1))
+        out = _summary(tracker, env_steps, run.elapsed, _window_rate(steady, whole=True))
+        out["actor_restarts"] = getattr(pool, "restarts", 0)
+        if algorithm == "impala":
+            out["dropped_stale"] = learner.dropped_stale()
     finally:
         pool.close()
-    out = _summary(tracker, env_steps, run.elapsed, _window_rate(steady, whole=True))
-    out["actor_restarts"] = getattr(pool, "restarts", 0)
-    if algorithm == "impala":
-        out["dropped_stale"] = agent.dropped_stale
+        if isinstance(learner, RemoteLearner):
+            learner.close()
     out["startup_s"] = t_start  # Ray start-up and actor creation included
     out.update({f"last_{k}": v for k, v in summary_metrics.items() if k in ("loss", "entropy")})
     return out

@@ -39,8 +39,8 @@ def test_ppo_run_then_resume_continues_counters_and_weights(tmp_path):
     # the resumed learner started from the checkpointed weights and Adam state (count = 2 updates x 2 minibatches)
     step4, state4 = ckpt.load_newest_valid(out / "checkpoints")
     assert step4 == 4
-    assert float(saved["experiment"]["opt_state"]["count"]) == 4.0
-    assert float(state4["experiment"]["opt_state"]["count"]) == 8.0
+    assert float(saved["experiment"]["learner"]["opt_state"]["count"]) == 4.0
+    assert float(state4["experiment"]["learner"]["opt_state"]["count"]) == 8.0
 
 
 def test_dqn_resume_restores_the_replay_buffer(tmp_path):
