@@ -25,6 +25,9 @@ from .ir import (
 from .jit import jit, make_graph
 from .vmap import vmap
 from .control_flow import cond, fori_loop, scan, while_loop
+from . import passes
+from .inspection import inspect
+from .profiler import profile
 from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .threads import get_num_threads, set_num_threads
 from .tracing import PRIMITIVES, Tracer
@@ -66,4 +69,7 @@ __all__ = [
     "fori_loop",
     "scan",
     "while_loop",
+    "inspect",
+    "passes",
+    "profile",
 ]
