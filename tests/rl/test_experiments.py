@@ -86,3 +86,17 @@ def test_negative_targets_stop_runs():
     never = _Tracker(window=1, target=None)
     never.add([1e9], env_steps=1, wall=0.1)
     assert not never.done
+
+
+def test_impala_on_ray_with_remote_learner_resumes(tmp_path, ray_session):
+    """Actors and learner as Ray actors; a resumed run continues the learner's weight versions."""
+    cfg = {"kind": "impala", "env_id": "CartPole-v1", "seed": 3, "total_steps": 128, "target_return": None,
+           "execution": "ray", "num_actors": 2, "checkpoint": {"every": 1, "keep": 2},
+           "impala": {"num_envs": 4, "unroll_length": 16, "hidden": [16]}}
+    out = tmp_path / "impala"
+    execute(cfg, out=out, quiet=True, report=False)
+    execute(None, ["total_steps=256"], resume=out, quiet=True, report=False)
+    rows = _rows(out)
+    assert [r["env_steps"] for r in rows] == [64, 128, 192, 256]
+    assert [r["policy_version"] for r in rows] == [1, 2, 3, 4]
+    assert all(np.isfinite(r["loss"]) for r in rows)
