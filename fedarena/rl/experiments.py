@@ -9,7 +9,6 @@ episodes in gymnasium's registry; issue 9 uses the last 20). Environments restar
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence

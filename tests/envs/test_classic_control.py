@@ -62,7 +62,7 @@ def test_batched_env_lockstep_with_gymnasium_including_autoreset(env_id):
     """Run the batched env and n gymnasium envs side by side; after each auto-reset copy the new state over."""
     n, steps = 6, 700 if env_id == "CartPole-v1" else 520
     venv = BatchedClassicControl(env_id, n, seed=3)
-    obs = venv.reset()
+    venv.reset()
     gyms = [gym.make(env_id) for _ in range(n)]
     for i, g in enumerate(gyms):
         g.reset(seed=i)
