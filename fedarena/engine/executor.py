@@ -26,6 +26,8 @@ _ELEMENTWISE = frozenset(
         "relu", "select", "cast", "clip",
     }
 )
+_OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_SMALL = 2048  # elements; below this, allocation beats numpy's out= argument handling
 _CLIP = getattr(getattr(np, "_core", np).umath, "clip", None) or np.clip
 
 
@@ -109,6 +111,7 @@ class Executable:
         for r, k in last_use.items():
             release_at.setdefault(k, []).append(r)
         pool: dict[tuple, list] = {}
+        phys: dict[Var, tuple] = {}  # shape of the array a name holds when it differs (elided broadcasts)
         escapes = set(outs)  # variables whose memory reaches an output through views
         for e in reversed(g.eqns):
             if e.prim.name in _VIEW_PRIMS and e.outputs[0] in escapes and isinstance(e.inputs[0], Var):
@@ -155,6 +158,7 @@ class Executable:
                 # ufuncs writing into a full-shape `out` broadcast by themselves: no op needed
                 # (not when the consumer's result escapes: that one is allocated by the ufunc)
                 names[out] = atom(x0)
+                phys[out] = phys.get(x0, x0.aval.shape) if isinstance(x0, Var) else ()
                 if isinstance(x0, Var):
                     storage[out] = storage[x0]
                     root[out] = root.get(x0, x0)
@@ -262,6 +266,21 @@ class Executable:
                     body.append(f"{name} = {code.text}")
                     names[out] = name
                 continue
+            if (
+                pname in _OPERATORS
+                and code.alloc is not None
+                and not all_static
+                and out_shape_used is None
+                and 0 < out.aval.ndim
+                and out.aval.size <= _SMALL
+                and all(isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs)
+                and _result_shape(e.inputs, phys) == out.aval.shape  # an elided broadcast must not shrink it
+            ):
+                # tiny operands: the ndarray operator (which allocates) is cheaper than a ufunc call with out
+                body.append(f"{name} = {ins[0]} {_OPERATORS[pname]} {ins[1]}")
+                names[out] = name
+                storage[out] = "fresh"
+                continue
             if (out in escapes) and not all_static:
                 same_dtype = all(
                     isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs
@@ -319,6 +338,11 @@ class Executable:
             return run(*args)
         finally:
             pool.append(run)
+
+
+def _result_shape(inputs, phys: dict) -> tuple:
+    """numpy's broadcast result shape of the arrays the operands' names actually hold."""
+    return tuple(np.broadcast_shapes(*[phys.get(a, a.aval.shape) if isinstance(a, Var) else () for a in inputs]))
 
 
 def _safe_view(arr: np.ndarray, shape: tuple, storage: str | None) -> np.ndarray | None:
