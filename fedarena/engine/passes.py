@@ -175,8 +175,8 @@ _RESHAPES = ("reshape", "squeeze", "expand_dims")
 def algebraic_simplification(graph: Graph, assume_finite: bool = False) -> Graph:
     """Rewrite ``x*1, 1*x, x/1, x+0, 0+x, x-0, x**1, --x``, casts to the same dtype, identity
     transposes, transpose-of-transpose, chains of reshape/squeeze/expand_dims, broadcasts to the
-    same shape, and ``sum(broadcast_to(x), broadcast axes) -> x * n``; with ``assume_finite``
-    also ``x*0 -> 0``.  Only rewrites that keep the result's shape and dtype exactly."""
+    same shape, ``sum(broadcast_to(x), broadcast axes) -> x * n`` and matmuls contracting a single
+    element (outer products) -> broadcast multiplies; with ``assume_finite`` also ``x*0 -> 0``.  Only rewrites that keep the result's shape and dtype exactly."""
     P_ = PRIMITIVES
     const_vals = {v: np.asarray(c) for v, c in zip(graph.constvars, graph.consts)}
     producer: dict[Var, Eqn] = {}
@@ -263,6 +263,12 @@ def algebraic_simplification(graph: Graph, assume_finite: bool = False) -> Graph
                 rep = src
             elif src is not ins[0]:
                 emit(P_["reshape"], [src], dict(shape=out.aval.shape), out, e.source)
+                continue
+        elif name == "matmul":
+            a, b = ins
+            if isinstance(a, Var) and isinstance(b, Var) and a.aval.shape[-1] == 1:
+                # a contraction over one element is an outer product: a broadcast multiply
+                emit(P_["mul"], [a, b], {}, out, e.source)
                 continue
         elif name == "reduce_sum":
             p = producer.get(ins[0]) if isinstance(ins[0], Var) else None

@@ -127,8 +127,26 @@ def _elementwise_rule(prim, vals, batched, size, **attrs):
 
 @batch_rule("matmul")
 def _matmul_rule(prim, vals, batched, size, **attrs):
+    x, y = vals
+    bx, by = batched
+    if bx and not by and _ndim(y) == 2:
+        # (B, ..., m, k) @ (k, n): one GEMM over all rows instead of B small ones
+        s = _shape(x)
+        out = bind(prim, P.reshape(x, (int(np.prod(s[:-1], dtype=np.int64)), s[-1])), y, **attrs)
+        return P.reshape(out, s[:-1] + (_shape(y)[1],))
+    if by and not bx and _ndim(x) == 2 and _ndim(y) == 3:
+        # (m, k) @ (B, k, n): fold the batch into the columns
+        b, k, n = _shape(y)
+        yc = P.reshape(P.transpose(y, (1, 0, 2)), (k, b * n))
+        out = P.reshape(bind(prim, x, yc, **attrs), (_shape(x)[0], b, n))
+        return P.transpose(out, (1, 0, 2))
     r = _unbatched_rank(vals, batched)
-    return bind(prim, *_aligned(vals, batched, r), **attrs)
+    x, y = _aligned(vals, batched, r)
+    if _shape(x)[-1] == 1 and _ndim(x) >= 2 and _ndim(y) >= 2:
+        # contraction over one element (per-example outer products in backward passes): a
+        # broadcast multiply is an order of magnitude cheaper than B tiny GEMMs
+        return P.mul(x, y)
+    return bind(prim, x, y, **attrs)
 
 
 @batch_rule("one_hot")

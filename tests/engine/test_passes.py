@@ -309,3 +309,13 @@ def test_broadcast_feeding_an_output_keeps_its_shape():
         f = engine.jit(lambda x: ops.broadcast_to(ops.tanh(x), (3, 4)) * 5.0, passes=p)
         x = np.linspace(-1, 1, 3).reshape(3, 1)
         np.testing.assert_allclose(f(x), np.broadcast_to(np.tanh(x), (3, 4)) * 5.0)
+
+
+def test_outer_product_matmul_becomes_broadcast_multiply():
+    x, y, o = V(5, 3, 1), V(5, 1, 4), V(5, 3, 4)
+    g = Graph([x, y], [], [], [eq("matmul", [x, y], o)], [o])
+    g2 = passes.algebraic_simplification(g)
+    assert prims(g2) == ["mul"]
+    rng = np.random.default_rng(6)
+    xv, yv = rng.standard_normal((5, 3, 1)), rng.standard_normal((5, 1, 4))
+    np.testing.assert_allclose(run(g2, xv, yv)[0], xv @ yv, rtol=1e-14)
