@@ -2,7 +2,8 @@
 
 Prints, with the median over interleaved rounds (each round times every contender back to back):
   1. the PPO-sized and CNN training steps of ``engine_vs_torch.py`` with the default pass pipeline
-     on vs off (time per call, equations, planned vs unplanned intermediate bytes) and against
+     on vs off vs default + elementwise fusion (time per call, equations, planned vs unplanned
+     intermediate bytes) and against
      PyTorch eager (``torch.set_num_threads(1)``);
   2. a vmapped local-SGD step for 256 federated clients (each its own MLP 8 -> 32 -> 4 and batch
      of 16) vs a Python loop over the clients calling the jitted single-client step (target: >= 10x)
@@ -30,24 +31,28 @@ import engine_vs_torch as EV  # noqa: E402  (the core benchmark's models and ste
 
 from fedarena import engine  # noqa: E402
 from fedarena.engine import nn, ops  # noqa: E402
+from fedarena.engine.fusion import FUSION_PIPELINE  # noqa: E402
 from fedarena.engine.memory_plan import plan_memory  # noqa: E402
 
 
-def per_call(fn, reps: int) -> float:
-    t0 = time.perf_counter()
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def per_call(fn, reps: int, clock=time.perf_counter) -> float:
+    t0 = clock()
     for _ in range(reps):
         fn()
-    return (time.perf_counter() - t0) / reps
+    return (clock() - t0) / reps
 
 
-def interleaved(fns: dict, reps: dict, rounds: int) -> dict:
+def interleaved(fns: dict, reps: dict, rounds: int, clock=time.perf_counter) -> dict:
     for k, f in fns.items():
         for _ in range(2):
             f()
     samples = {k: [] for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
-            samples[k].append(per_call(f, reps[k]))
+            samples[k].append(per_call(f, reps[k], clock))
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -113,6 +118,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall",
+        help="wall: perf_counter; cpu: this thread's CPU time (robust on a loaded machine; everything runs on 1 thread)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -138,7 +147,7 @@ def main() -> None:
         ("ppo", EV.ppo_step, (p0, EV.ppo_opt.init(p0)) + batch, 200),
         ("cnn", EV.cnn_step, (cp0, EV.cnn_opt.init(cp0), x, y), 10),
     ):
-        for mode, passes in (("on", None), ("off", ())):
+        for mode, passes in (("on", None), ("fusion", FUSION_PIPELINE), ("off", ())):
             j = engine.jit(step, passes=passes)
             t0 = time.perf_counter()
             g = j.graph(*a0)
@@ -197,7 +206,8 @@ def main() -> None:
     fns["pe_torch"] = lambda: t_pe(tpp, tPX, tPY)
     reps.update(pe_ours=max(1, int(50 * scale)), pe_torch=max(1, int(50 * scale)))
 
-    med = interleaved(fns, reps, args.rounds)
+    med = interleaved(fns, reps, args.rounds, CLOCKS[args.clock])
+    print(f"clock: {args.clock}; median of {args.rounds} interleaved rounds; torch {torch.__version__}, 1 thread each")
 
     print("== 1. training steps: default passes on vs off, vs PyTorch eager (1 thread)")
     print(f"{'step':<5} {'passes':<6} {'eqns':>5} {'compile s':>9} {'us/call':>9} {'torch/ours':>10}  memory plan")
@@ -206,8 +216,8 @@ def main() -> None:
         ratio = med[(name, "torch")] / t
         print(f"{name:<5} {mode:<6} {n_eq:>5} {cs:>9.3f} {t * 1e6:>9.1f} {ratio:>9.2f}x  {plan.report()}")
     for name in ("ppo", "cnn"):
-        print(f"{name}: PyTorch eager {med[(name, 'torch')] * 1e6:.1f} us/call; passes on/off time ratio "
-              f"{med[(name, 'off')] / med[(name, 'on')]:.2f}x")
+        print(f"{name}: PyTorch eager {med[(name, 'torch')] * 1e6:.1f} us/call; time off/on {med[(name, 'off')] / med[(name, 'on')]:.2f}x, "
+              f"off/fusion {med[(name, 'off')] / med[(name, 'fusion')]:.2f}x")
     print()
     print(f"== 2. local SGD step for {N_CLIENTS} clients (MLP {C_IN}->{C_HID}->{C_OUT}, batch {C_BATCH} each)")
     print(f"vmapped (one program): {med['clients_vmap'] * 1e3:.2f} ms; Python loop over clients: {med['clients_loop'] * 1e3:.2f} ms "

@@ -304,6 +304,74 @@ def algebraic_simplification(graph: Graph, assume_finite: bool = False) -> Graph
     return dead_code_elimination(g)
 
 
+# ----------------------------------------------------------------------------- small reductions
+
+_REDUCE_TO_BINARY = {"reduce_max": "maximum", "reduce_min": "minimum", "reduce_sum": "add"}
+
+
+@dataclass(frozen=True)
+class UnrollSmallReductions:
+    """Rewrite a float max/min/sum over one axis of at most ``max_axis`` elements, whose result
+    has at least ``min_elements`` elements, as a chain of elementwise maximum/minimum/add over
+    slices of that axis (strength reduction: numpy's reduction loop over a short inner axis costs
+    tens of times more per element than a binary ufunc over the slices, e.g. the softmax max/sum
+    over 4 actions of a vmapped batch).  Sums then add in sequential order."""
+
+    max_axis: int = 8
+    min_elements: int = 1024
+
+    @property
+    def __name__(self) -> str:  # pipeline history / inspect
+        return "unroll_small_reductions"
+
+    def __call__(self, graph: Graph) -> Graph:
+        eqns: list = []
+        for e in graph.eqns:
+            name = e.prim.name
+            if name in _REDUCE_TO_BINARY and isinstance(e.inputs[0], Var):
+                x = e.inputs[0]
+                out = e.outputs[0]
+                axes = tuple(int(a) % max(x.aval.ndim, 1) for a in e.attrs["axes"])
+                if (
+                    len(axes) == 1
+                    and is_float(x.aval.dtype)
+                    and x.aval.dtype == out.aval.dtype
+                    and 1 <= x.aval.shape[axes[0]] <= self.max_axis
+                    and out.aval.size >= self.min_elements
+                ):
+                    eqns.extend(_unrolled(e, x, out, axes[0]))
+                    continue
+            eqns.append(e)
+        return Graph(graph.invars, graph.constvars, graph.consts, eqns, graph.outvars)
+
+
+def _unrolled(e: Eqn, x: Var, out: Var, axis: int) -> list:
+    nd = x.aval.ndim
+    n = x.aval.shape[axis]
+    kshape = tuple(1 if i == axis else d for i, d in enumerate(x.aval.shape))
+    res: list = []
+    slices = []
+    for k in range(n):
+        v = Var(ShapedArray(kshape, x.aval.dtype))
+        starts = tuple(k if i == axis else 0 for i in range(nd))
+        limits = tuple(k + 1 if i == axis else d for i, d in enumerate(x.aval.shape))
+        res.append(Eqn(PRIMITIVES["slice"], [x], [v], dict(starts=starts, limits=limits, strides=(1,) * nd), e.source))
+        slices.append(v)
+    keep = out.aval.shape == kshape
+    acc = slices[0]
+    binop = PRIMITIVES[_REDUCE_TO_BINARY[e.prim.name]]
+    for k in range(1, n):
+        v = out if (k == n - 1 and keep) else Var(ShapedArray(kshape, x.aval.dtype))
+        res.append(Eqn(binop, [acc, slices[k]], [v], {}, e.source))
+        acc = v
+    if acc is not out:
+        res.append(Eqn(PRIMITIVES["reshape"], [acc], [out], dict(shape=out.aval.shape), e.source))
+    return res
+
+
+unroll_small_reductions = UnrollSmallReductions()
+
+
 # ----------------------------------------------------------------------------- pipeline
 
 
@@ -331,7 +399,13 @@ def pass_name(p: Any) -> str:
     return getattr(p, "__name__", type(p).__name__)
 
 
-DEFAULT_PASSES: tuple = (constant_folding, algebraic_simplification, common_subexpression_elimination, dead_code_elimination)
+DEFAULT_PASSES: tuple = (
+    constant_folding,
+    algebraic_simplification,
+    common_subexpression_elimination,
+    unroll_small_reductions,
+    dead_code_elimination,
+)
 DEFAULT_PIPELINE = Pipeline(DEFAULT_PASSES)
 
 
@@ -354,9 +428,11 @@ __all__ = [
     "DEFAULT_PIPELINE",
     "Pipeline",
     "Simplify",
+    "UnrollSmallReductions",
     "algebraic_simplification",
     "common_subexpression_elimination",
     "constant_folding",
     "dead_code_elimination",
     "resolve",
+    "unroll_small_reductions",
 ]

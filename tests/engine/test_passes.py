@@ -261,12 +261,14 @@ def test_property_optimised_graph_computes_the_same(seed):
         passes.Pipeline((passes.constant_folding,)),
         passes.Pipeline((passes.algebraic_simplification,)),
         passes.Pipeline((passes.dead_code_elimination,)),
+        passes.Pipeline((passes.UnrollSmallReductions(min_elements=1),)),
     ]
     ref = Executable(g)(x, y)
     for p in pipelines:
         g2 = p(g)
         g2.validate()
-        assert len(g2.eqns) <= len(g.eqns)
+        if p is not pipelines[-1]:  # unrolling reductions adds equations, the others never do
+            assert len(g2.eqns) <= len(g.eqns)
         for u, v in zip(ref, Executable(g2)(x, y)):
             np.testing.assert_allclose(v, u, rtol=1e-6, atol=1e-12)
 
@@ -289,7 +291,7 @@ def test_property_optimised_graph_computes_the_same(seed):
 
 def test_property_programs_exercise_the_passes():
     """The random programs are not trivially unoptimisable: over the seeds each pass fires."""
-    fired = {"cse": 0, "fold": 0, "simplify": 0}
+    fired = {"cse": 0, "fold": 0, "simplify": 0, "unroll": 0}
     for seed in range(12):
         rng = np.random.default_rng(seed)
         fn = _random_program(rng, n_ops=8)
@@ -299,6 +301,7 @@ def test_property_programs_exercise_the_passes():
         fired["cse"] += len(passes.common_subexpression_elimination(g).eqns) < n
         fired["fold"] += len(passes.constant_folding(g).eqns) < n
         fired["simplify"] += len(passes.algebraic_simplification(g).eqns) < n
+        fired["unroll"] += len(passes.UnrollSmallReductions(min_elements=1)(g).eqns) > n
     assert all(v >= 3 for v in fired.values()), fired
 
 
@@ -319,3 +322,21 @@ def test_outer_product_matmul_becomes_broadcast_multiply():
     rng = np.random.default_rng(6)
     xv, yv = rng.standard_normal((5, 3, 1)), rng.standard_normal((5, 1, 4))
     np.testing.assert_allclose(run(g2, xv, yv)[0], xv @ yv, rtol=1e-14)
+
+
+@pytest.mark.parametrize("prim, ref", [("reduce_max", np.max), ("reduce_min", np.min), ("reduce_sum", np.sum)])
+@pytest.mark.parametrize("keepdims", [True, False])
+def test_small_axis_reductions_unrolled(prim, ref, keepdims):
+    x = V(64, 3, 40)
+    o = V(64, 1, 40) if keepdims else V(64, 40)
+    g = Graph([x], [], [], [eq(prim, [x], o, axes=(1,), keepdims=keepdims)], [o])
+    g2 = passes.unroll_small_reductions(g)
+    g2.validate()
+    assert prim not in prims(g2) and prims(g2).count("slice") == 3
+    xv = np.random.default_rng(7).standard_normal((64, 3, 40))
+    np.testing.assert_allclose(run(g2, xv)[0], ref(xv, axis=1, keepdims=keepdims), rtol=1e-14)
+    # small results and long axes are left to numpy's reduction
+    x2, o2 = V(4, 3), V(4)
+    assert prims(passes.unroll_small_reductions(Graph([x2], [], [], [eq(prim, [x2], o2, axes=(1,), keepdims=False)], [o2]))) == [prim]
+    x3, o3 = V(2000, 30), V(2000)
+    assert prims(passes.unroll_small_reductions(Graph([x3], [], [], [eq(prim, [x3], o3, axes=(1,), keepdims=False)], [o3]))) == [prim]
