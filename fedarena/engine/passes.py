@@ -165,6 +165,47 @@ class Simplify:
         return algebraic_simplification(graph, self.assume_finite)
 
 
+def _weak_number(a: Any) -> float | None:
+    if isinstance(a, Literal) and a.weak and isinstance(a.value, (int, float)) and not isinstance(a.value, bool):
+        return a.value
+    return None
+
+
+def _fold_scalar_chain(e: Eqn, ins: list, producer: dict, uses: dict) -> list | None:
+    """``(x*c1)*c2 -> x*(c1*c2)``, ``-(x*c) -> x*(-c)``, ``(-x)*c -> x*(-c)`` for Python-number
+    constants (weak literals keep the operand's dtype), when the inner product is used only here."""
+    if not is_float(e.outputs[0].aval.dtype):
+        return None
+    if e.prim.name == "neg":
+        inner_v, c = ins[0], -1.0
+    else:
+        a, b = ins
+        c = _weak_number(b)
+        inner_v = a
+        if c is None:
+            c, inner_v = _weak_number(a), b
+        if c is None:
+            return None
+    if not isinstance(inner_v, Var) or uses.get(inner_v, 0) != 1:
+        return None
+    p = producer.get(inner_v)
+    if p is None or p.outputs[0].aval != e.outputs[0].aval:
+        return None
+    if p.prim.name == "neg":
+        x, c2 = p.inputs[0], -1.0
+    elif p.prim.name == "mul":
+        x, c2 = p.inputs[0], _weak_number(p.inputs[1])
+        if c2 is None:
+            c2, x = _weak_number(p.inputs[0]), p.inputs[1]
+        if c2 is None:
+            return None
+    else:
+        return None
+    if not isinstance(x, Var) or x.aval.dtype != e.outputs[0].aval.dtype:
+        return None
+    return [x, Literal(float(c) * float(c2), weak=True)]
+
+
 def _is_identity_perm(perm: Sequence[int]) -> bool:
     return tuple(perm) == tuple(range(len(perm)))
 
@@ -175,14 +216,23 @@ _RESHAPES = ("reshape", "squeeze", "expand_dims")
 def algebraic_simplification(graph: Graph, assume_finite: bool = False) -> Graph:
     """Rewrite ``x*1, 1*x, x/1, x+0, 0+x, x-0, x**1, --x``, casts to the same dtype, identity
     transposes, transpose-of-transpose, chains of reshape/squeeze/expand_dims, broadcasts to the
-    same shape, ``sum(broadcast_to(x), broadcast axes) -> x * n`` and matmuls contracting a single
-    element (outer products) -> broadcast multiplies; with ``assume_finite`` also ``x*0 -> 0``.  Only rewrites that keep the result's shape and dtype exactly."""
+    same shape, ``sum(broadcast_to(x), broadcast axes) -> x * n``, matmuls contracting a single
+    element (outer products) -> broadcast multiplies, and chains of scalar multiplies and negations
+    into one multiply (``(x*a)*b -> x*(ab)``, ``-(x*a) -> x*(-a)``; the product of the constants is
+    rounded once, so results can differ in the last bit); with ``assume_finite`` also ``x*0 -> 0``.  Only rewrites that keep the result's shape and dtype exactly."""
     P_ = PRIMITIVES
     const_vals = {v: np.asarray(c) for v, c in zip(graph.constvars, graph.consts)}
     producer: dict[Var, Eqn] = {}
     subst: dict[Var, Any] = {}
     eqns: list[Eqn] = []
     outset = {a for a in graph.outvars if isinstance(a, Var)}
+    uses: dict = {}
+    for e in graph.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                uses[a] = uses.get(a, 0) + 1
+    for a in outset:
+        uses[a] = uses.get(a, 0) + 1
     inset = set(graph.invars)  # outputs are fresh arrays: never rewrite an output into an input
 
     def s(a: Any) -> Any:
@@ -204,6 +254,11 @@ def algebraic_simplification(graph: Graph, assume_finite: bool = False) -> Graph
         out = e.outputs[0]
         name = e.prim.name
         rep: Any = None
+        if name in ("mul", "neg"):
+            folded = _fold_scalar_chain(e, ins, producer, uses)
+            if folded is not None:
+                emit(P_["mul"], folded, {}, out, e.source)
+                continue
         if name == "mul":
             a, b = ins
             if _is_scalar_const(b, const_vals, 1.0) and same(a, out):

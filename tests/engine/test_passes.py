@@ -340,3 +340,22 @@ def test_small_axis_reductions_unrolled(prim, ref, keepdims):
     assert prims(passes.unroll_small_reductions(Graph([x2], [], [], [eq(prim, [x2], o2, axes=(1,), keepdims=False)], [o2]))) == [prim]
     x3, o3 = V(2000, 30), V(2000)
     assert prims(passes.unroll_small_reductions(Graph([x3], [], [], [eq(prim, [x3], o3, axes=(1,), keepdims=False)], [o3]))) == [prim]
+
+
+def test_scalar_multiply_chains_fold_into_one_multiply():
+    x, a, b, c, d = V(4), V(4), V(4), V(4), V(4)
+    g = Graph(
+        [x],
+        [],
+        [],
+        [eq("tanh", [x], a), eq("mul", [a, W(0.5)], b), eq("neg", [b], c), eq("mul", [W(3), c], d)],
+        [d],
+    )
+    g2 = passes.Pipeline((passes.algebraic_simplification,))(g)
+    assert prims(g2) == ["tanh", "mul"]
+    assert g2.eqns[1].inputs[1].value == -1.5
+    xv = np.linspace(-2, 2, 4)
+    np.testing.assert_allclose(run(g2, xv)[0], -1.5 * np.tanh(xv), rtol=1e-15)
+    # an inner product with another use is not folded (it must be computed anyway)
+    g3 = Graph([x], [], [], [eq("tanh", [x], a), eq("mul", [a, W(0.5)], b), eq("neg", [b], c)], [b, c])
+    assert prims(passes.algebraic_simplification(g3)) == ["tanh", "mul", "neg"]
