@@ -12,6 +12,8 @@ target; steady-state throughput is environment steps per second after the first 
 
 RLlib pins an older gymnasium than fedarena's environment, so its side runs with a separate
 interpreter (``--rllib-python``, default ``$FEDARENA_RLLIB_PYTHON`` or /work/venv-rllib/bin/python).
+``--rllib-profile rllib-tuned`` instead gives RLlib its own tuned CartPole example (4000-step batches),
+since RLlib's per-iteration overhead makes small batches slow for it.
 Acceptance (issue 9): fedarena >= 5x faster in wall time to the target.
 
     python benchmarks/rl_vs_rllib.py --seeds 0 1 2
@@ -67,12 +69,25 @@ def fedarena_side(seed: int, launched: float, max_steps: int, anneal: bool) -> d
             "steady_sps": (steps - first[0]) / (time.time() - first[1])}
 
 
-def rllib_side(seed: int, launched: float, max_steps: int) -> dict:
+def rllib_side(seed: int, launched: float, max_steps: int, profile: str = "same") -> dict:
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if profile == "rllib-tuned":
+        # RLlib's own CartPole PPO example (tuned_examples/ppo/cartpole_ppo.py): default 4000-step train batch,
+        # lr 3e-4, 6 epochs, vf_loss_coeff 0.01, one shared linear 32-unit layer
+        config = (
+            PPOConfig()
+            .environment("CartPole-v1")
+            .training(lr=0.0003, num_epochs=6, vf_loss_coeff=0.01)
+            .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[32], fcnet_activation="linear",
+                                                       vf_share_layers=True))
+            .reporting(metrics_num_episodes_for_smoothing=WINDOW)
+            .debugging(seed=seed)
+        )
+        return _train_rllib(config, launched, max_steps)
     config = (
         PPOConfig()
         .environment("CartPole-v1")
@@ -87,6 +102,12 @@ def rllib_side(seed: int, launched: float, max_steps: int) -> dict:
         .reporting(metrics_num_episodes_for_smoothing=WINDOW)
         .debugging(seed=seed)
     )
+    return _train_rllib(config, launched, max_steps)
+
+
+def _train_rllib(config, launched: float, max_steps: int) -> dict:
+    import ray
+
     algo = config.build_algo()
     first = None
     steps = 0
@@ -110,10 +131,10 @@ def rllib_side(seed: int, launched: float, max_steps: int) -> dict:
         ray.shutdown()
 
 
-def _child(python: str, side: str, seed: int, max_steps: int, anneal: bool) -> dict:
+def _child(python: str, side: str, seed: int, max_steps: int, anneal: bool, profile: str = "same") -> dict:
     launched = time.time()
     cmd = [python, os.path.abspath(__file__), "--side", side, "--seed", str(seed), "--launched", repr(launched),
-           "--max-steps", str(max_steps)] + ([] if anneal else ["--no-anneal"])
+           "--max-steps", str(max_steps), "--rllib-profile", profile] + ([] if anneal else ["--no-anneal"])
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -128,6 +149,9 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=200_000)
     parser.add_argument("--no-anneal", action="store_true", help="constant learning rate on the fedarena side")
     parser.add_argument("--rllib-python", default=os.environ.get("FEDARENA_RLLIB_PYTHON", "/work/venv-rllib/bin/python"))
+    parser.add_argument("--rllib-profile", choices=["same", "rllib-tuned"], default="same",
+                        help="RLlib hyper-parameters: the same as fedarena's (default) or RLlib's own tuned CartPole "
+                             "example (4000-step batches; fedarena keeps its settings)")
     parser.add_argument("--side", choices=["fedarena", "rllib"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -136,10 +160,11 @@ def main() -> None:
         print(json.dumps(fedarena_side(args.seed, args.launched, args.max_steps, not args.no_anneal)))
         return
     if args.side == "rllib":
-        print(json.dumps(rllib_side(args.seed, args.launched, args.max_steps)))
+        print(json.dumps(rllib_side(args.seed, args.launched, args.max_steps, args.rllib_profile)))
         return
     have_rllib = os.path.exists(args.rllib_python)
-    print(f"PPO on CartPole-v1 to mean return {TARGET:g} over the last {WINDOW} episodes; hyper-parameters {HP}")
+    print(f"PPO on CartPole-v1 to mean return {TARGET:g} over the last {WINDOW} episodes; hyper-parameters {HP}"
+          f"; RLlib profile: {args.rllib_profile}")
     print(f"{'seed':>4} {'side':<9} {'reached':>7} {'env steps':>10} {'wall s':>8} {'steady steps/s':>15}")
     ratios = []
     for seed in args.seeds:
@@ -149,7 +174,7 @@ def main() -> None:
         if not have_rllib:
             print(f"     RLlib side skipped: {args.rllib_python} does not exist (pip install 'ray[rllib]' there)")
             continue
-        theirs = _child(args.rllib_python, "rllib", seed, args.max_steps, True)
+        theirs = _child(args.rllib_python, "rllib", seed, args.max_steps, True, args.rllib_profile)
         print(f"{seed:>4} {'RLlib ' + theirs.get('version', ''):<9} {str(theirs['reached']):>7} {theirs['steps']:>10} "
               f"{theirs['time_s']:>8.1f} {theirs['steady_sps']:>15,.0f}", flush=True)
         if ours["reached"] and theirs["reached"]:
