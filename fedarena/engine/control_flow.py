@@ -151,14 +151,12 @@ class _Compiled:
         return self._exe(*args)
 
 
-_COMPILED: dict[int, _Compiled] = {}
-
-
 def _compiled(graph: Graph) -> _Compiled:
-    c = _COMPILED.get(id(graph))
-    if c is None or c.graph is not graph:
+    """The sub-graph's compiled form, cached on the graph object (dies with it)."""
+    c = getattr(graph, "_compiled_body", None)
+    if c is None:
         c = _Compiled(graph)
-        _COMPILED[id(graph)] = c
+        graph._compiled_body = c  # type: ignore[attr-defined]
     return c
 
 
