@@ -177,12 +177,13 @@ def main() -> None:
         help="wall: perf_counter; cpu: this thread's CPU time (robust on a shared, loaded machine; "
         "only meaningful for single-threaded runs, so torch's default-thread column is skipped)",
     )
+    ap.add_argument("--blas-threads", type=int, default=1, help="numpy BLAS threads for fedarena (engine.set_num_threads)")
     args = ap.parse_args()
     import torch
 
     clock = CLOCKS[args.clock]
     scale = 0.25 if args.quick else 1.0
-    engine.set_num_threads(1)  # the engine's setting for small networks (one BLAS thread per worker)
+    engine.set_num_threads(args.blas_threads)  # 1: the engine's setting for small networks (one per worker)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((BATCH, OBS)).astype(np.float32)
     act = rng.integers(0, ACT, BATCH)
@@ -262,7 +263,7 @@ def main() -> None:
     torch.set_num_threads(default_threads)
     med = {key: statistics.median(v) for key, v in samples.items()}
 
-    print(f"fedarena.engine (numpy {np.__version__}, 1 BLAS thread) vs PyTorch {torch.__version__} eager, CPU")
+    print(f"fedarena.engine (numpy {np.__version__}, {args.blas_threads} BLAS thread(s)) vs PyTorch {torch.__version__} eager, CPU")
     print(f"clock: {args.clock}; median over {args.rounds} interleaved rounds of the mean time per call")
     print(f"PPO step graph: {n_eqns} equations; trace+compile {compile_s * 1e3:.1f} ms (target < 500 ms)")
     print(f"same loss: PPO {float(our_loss):.6f} vs torch {t_loss:.6f}; CNN {float(our_cnn_loss):.6f} vs torch {t_cnn_loss:.6f}")
