@@ -427,6 +427,46 @@ def _unrolled(e: Eqn, x: Var, out: Var, axis: int) -> list:
 unroll_small_reductions = UnrollSmallReductions()
 
 
+@dataclass(frozen=True)
+class SumsAsMatmul:
+    """Rewrite a float sum over the last or second-to-last axis of an array of rank >= 3 (and at
+    least ``min_elements`` elements) as a matmul with a ones vector: BLAS runs these 4-6x faster
+    than numpy's reduction loop (e.g. bias gradients of a vmapped batch).  Rank 2 is left to the
+    executor, which already lowers it to ``np.dot``.  The summation order changes (BLAS order)."""
+
+    min_elements: int = 4096
+
+    @property
+    def __name__(self) -> str:
+        return "sums_as_matmul"
+
+    def __call__(self, graph: Graph) -> Graph:
+        eqns: list = []
+        constvars, consts = list(graph.constvars), list(graph.consts)
+        for e in graph.eqns:
+            x = e.inputs[0] if e.inputs else None
+            if e.prim.name == "reduce_sum" and isinstance(x, Var) and x.aval.ndim >= 3 and is_float(x.aval.dtype):
+                out = e.outputs[0]
+                nd = x.aval.ndim
+                axes = tuple(int(a) % nd for a in e.attrs["axes"])
+                if len(axes) == 1 and axes[0] >= nd - 2 and x.aval.size >= self.min_elements and out.aval.dtype == x.aval.dtype:
+                    n = x.aval.shape[axes[0]]
+                    ones = Var(ShapedArray((n, 1) if axes[0] == nd - 1 else (1, n), x.aval.dtype))
+                    constvars.append(ones)
+                    consts.append(np.ones(ones.aval.shape, x.aval.dtype))
+                    mshape = x.aval.shape[:-1] + (1,) if axes[0] == nd - 1 else x.aval.shape[:-2] + (1, x.aval.shape[-1])
+                    m = Var(ShapedArray(mshape, x.aval.dtype))
+                    ins = [x, ones] if axes[0] == nd - 1 else [ones, x]
+                    eqns.append(Eqn(PRIMITIVES["matmul"], ins, [m], {}, e.source))
+                    eqns.append(Eqn(PRIMITIVES["reshape"], [m], [out], dict(shape=out.aval.shape), e.source))
+                    continue
+            eqns.append(e)
+        return Graph(graph.invars, constvars, consts, eqns, graph.outvars)
+
+
+sums_as_matmul = SumsAsMatmul()
+
+
 # ----------------------------------------------------------------------------- pipeline
 
 
@@ -459,6 +499,7 @@ DEFAULT_PASSES: tuple = (
     algebraic_simplification,
     common_subexpression_elimination,
     unroll_small_reductions,
+    sums_as_matmul,
     dead_code_elimination,
 )
 DEFAULT_PIPELINE = Pipeline(DEFAULT_PASSES)
@@ -483,11 +524,13 @@ __all__ = [
     "DEFAULT_PIPELINE",
     "Pipeline",
     "Simplify",
+    "SumsAsMatmul",
     "UnrollSmallReductions",
     "algebraic_simplification",
     "common_subexpression_elimination",
     "constant_folding",
     "dead_code_elimination",
     "resolve",
+    "sums_as_matmul",
     "unroll_small_reductions",
 ]

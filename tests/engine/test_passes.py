@@ -359,3 +359,23 @@ def test_scalar_multiply_chains_fold_into_one_multiply():
     # an inner product with another use is not folded (it must be computed anyway)
     g3 = Graph([x], [], [], [eq("tanh", [x], a), eq("mul", [a, W(0.5)], b), eq("neg", [b], c)], [b, c])
     assert prims(passes.algebraic_simplification(g3)) == ["tanh", "mul", "neg"]
+
+
+@pytest.mark.parametrize("axis, keepdims", [(2, False), (1, False), (2, True), (-2, True)])
+def test_sums_over_inner_axes_become_matmuls(axis, keepdims):
+    shape = (6, 20, 30)
+    x = V(*shape)
+    ax = axis % 3
+    oshape = tuple(1 if i == ax else d for i, d in enumerate(shape)) if keepdims else tuple(d for i, d in enumerate(shape) if i != ax)
+    o = V(*oshape)
+    g = Graph([x], [], [], [eq("reduce_sum", [x], o, axes=(axis,), keepdims=keepdims)], [o])
+    g2 = passes.SumsAsMatmul(min_elements=1)(g)
+    g2.validate()
+    assert prims(g2) == ["matmul", "reshape"]
+    xv = np.random.default_rng(8).standard_normal(shape)
+    np.testing.assert_allclose(run(g2, xv)[0], xv.sum(axis=axis, keepdims=keepdims), rtol=1e-12, atol=1e-12)
+    # leading axes, rank 2 and small arrays stay reductions
+    o0 = V(20, 30)
+    g0 = Graph([x], [], [], [eq("reduce_sum", [x], o0, axes=(0,), keepdims=False)], [o0])
+    assert prims(passes.SumsAsMatmul(min_elements=1)(g0)) == ["reduce_sum"]
+    assert prims(passes.sums_as_matmul(g)) == ["reduce_sum"]  # 3600 elements < default 4096
