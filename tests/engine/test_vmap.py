@@ -152,3 +152,27 @@ def test_vmapped_training_step_over_256_clients_equals_one_by_one():
             np.testing.assert_allclose(a[c], b, rtol=1e-9, atol=1e-12)
         for a, b in zip(engine.tree_leaves(new_s), engine.tree_leaves(s_c)):
             np.testing.assert_allclose(a[c], b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_take_and_its_gradient_with_batched_indices(axis):
+    """take with both operands batched (flattened-offset rule) and its transpose index_add."""
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((4, 5, 6, 3))
+    n = X.shape[axis + 1]
+    I = rng.integers(0, n, size=(4, 2, 3))
+    w = rng.standard_normal(np.take(X[0], I[0], axis=axis).shape)
+
+    def f(x, i):
+        return ops.take(x, i, axis=axis)
+
+    got = engine.vmap(f)(X, I)
+    np.testing.assert_allclose(got, np.stack([np.take(X[b], I[b], axis=axis) for b in range(4)]))
+    g = engine.grad(lambda x, i: ops.sum(f(x, i) * w))
+    ref = np.stack([g(X[b], I[b]) for b in range(4)])
+    np.testing.assert_allclose(engine.vmap(g)(X, I), ref, rtol=1e-12)
+    np.testing.assert_allclose(engine.jit(engine.vmap(g))(X, I), ref, rtol=1e-12)
+    # indices batched, table shared (an embedding looked up per example)
+    np.testing.assert_allclose(
+        engine.vmap(f, in_axes=(None, 0))(X[0], I), np.stack([np.take(X[0], I[b], axis=axis) for b in range(4)])
+    )
