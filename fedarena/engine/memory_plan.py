@@ -9,7 +9,8 @@ with sublinear memory cost", 2016, sec. 3 for in-place and sharing in dataflow g
 takes the buffer of an elementwise operand that dies at that equation (in-place), otherwise the
 smallest free buffer of the same dtype that is large enough, otherwise a new one.  "Unplanned" is
 one buffer per intermediate value (what a naive executor allocates); "planned" is the total size of
-the buffers after reuse; "lower bound" is the most bytes ever live at once.
+the buffers after reuse; "lower bound" is the most bytes ever live at once between two equations
+(values defined before and read after that point), which no plan can beat.
 """
 
 from __future__ import annotations
@@ -124,8 +125,10 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     n = len(graph.eqns)
     delta = [0] * (n + 2)
     for v, (s, t) in interval.items():
+        # live on [s, t): after equation s wrote it, until equation t has read it (an output may
+        # take a dying operand's buffer, so the two need not coexist)
         delta[s] += nbytes(v)
-        delta[t + 1] -= nbytes(v)
+        delta[max(t, s + 1)] -= nbytes(v)
     cur = peak = 0
     for d in delta:
         cur += d

@@ -87,3 +87,13 @@ def test_profile_reports_equations_and_chrome_trace(tmp_path):
     assert [t for t, _ in prof.lines] == body and all(s >= 0 for _, s in prof.lines)
     assert sum(s for _, s in prof.lines) < 50 * prof.compiled_seconds + 1e-3
     assert any(e["cat"] == "compiled line" for e in trace["traceEvents"])
+
+
+def test_lower_bound_is_a_bound_for_in_place_chains():
+    def f(x):
+        return ops.sum(ops.tanh(x) * 2.0) + ops.sum(x)
+
+    g = engine.make_graph(f)(np.ones((50, 20)))
+    plan = plan_memory(g)
+    check_plan(g, plan)
+    assert plan.lower_bound_bytes <= plan.planned_bytes <= plan.unplanned_bytes
