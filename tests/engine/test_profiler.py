@@ -85,7 +85,6 @@ def test_profile_reports_equations_and_chrome_trace(tmp_path):
     # line-by-line timings of the real compiled schedule: every body line of the source appears
     body = [l.strip() for l in j.source(*args).split("\n") if l.startswith("    ") and not l.strip().startswith("return")]
     assert [t for t, _ in prof.lines] == body and all(s >= 0 for _, s in prof.lines)
-    assert sum(s for _, s in prof.lines) < 50 * prof.compiled_seconds + 1e-3
     assert any(e["cat"] == "compiled line" for e in trace["traceEvents"])
 
 
