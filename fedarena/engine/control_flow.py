@@ -233,7 +233,7 @@ def scan_flat(
     c_av = [aval_of(c) for c in carry]
     x_av = [ShapedArray(aval_of(x).shape[1:], aval_of(x).dtype) for x in xs]
     k_av = [aval_of(c) for c in consts]
-    nc, nx, nk = len(carry), len(xs), len(consts)
+    nc, nx = len(carry), len(xs)
 
     def flat(ins: list) -> list:
         new_c, ys = body_fn(ins[:nc], ins[nc : nc + nx], ins[nc + nx :])

@@ -11,15 +11,15 @@ touches at most a couple of buffers), and it is the same node a GPU backend turn
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.special
 
 from . import primitives as P
 from .executor import _CLIP, _EmitContext
-from .ir import Eqn, Graph, Literal, ShapedArray, ShapeError, Var
-from .tracing import aval_of, bind, register
+from .ir import Eqn, Graph, Literal, ShapeError, Var
+from .tracing import register
 
 FUSIBLE = frozenset(
     {

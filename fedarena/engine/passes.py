@@ -11,7 +11,7 @@ value numbering, copy propagation and dead code).  ``jit(fn, passes=...)`` runs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
