@@ -441,7 +441,7 @@ def _scan_jvp(ts, out, *ins, body, n_carry, n_x, length, reverse, layout):
         tc_out = [touts[i] for i in idx_c]
         return list(outs[:nc]) + tc_out, list(outs[nc:]) + [touts[j] for j in range(nc, n_out) if out_float[j]]
 
-    c_out, ys = scan_flat(jbody, carry_join(ins[:nc], tc), list(ins[nc : nc + nx]) + tx, list(ins[nc + nx :]) + tk, length, reverse)
+    c_out, ys = scan_flat(jbody, list(ins[:nc]) + tc, list(ins[nc : nc + nx]) + tx, list(ins[nc + nx :]) + tk, length, reverse)
     t_c = dict(zip(idx_c, c_out[nc:]))
     t_y = ys[n_out - nc :]
     it = iter(t_y)
@@ -455,10 +455,6 @@ def _scan_jvp(ts, out, *ins, body, n_carry, n_x, length, reverse, layout):
         else:
             pieces.append(P.zeros_like_aval(ShapedArray((length,) + body.outvars[j].aval.shape, _pack_dtype(layout))))
     return _pack(pieces, _pack_dtype(layout))
-
-
-def carry_join(carry: Sequence[Any], tangents: Sequence[Any]) -> list:
-    return list(carry) + list(tangents)
 
 
 def _graph_jvp(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:
