@@ -176,3 +176,27 @@ def test_take_and_its_gradient_with_batched_indices(axis):
     np.testing.assert_allclose(
         engine.vmap(f, in_axes=(None, 0))(X[0], I), np.stack([np.take(X[0], I[b], axis=axis) for b in range(4)])
     )
+
+
+def test_vmapped_adam_with_global_norm_clipping_equals_per_client_steps():
+    """Adam's flat moment vectors, step counter and per-client global-norm clipping under vmap."""
+    mlp = nn.MLP([5, 8, 3], activation="relu")
+    opt = optim.adam(1e-2, max_grad_norm=0.5)
+
+    def step(p, s, x, y):
+        l, g = engine.value_and_grad(lambda p: ops.cross_entropy(mlp.apply(p, x), y))(p)
+        p, s = opt.update(g, s, p)
+        return p, s, l
+
+    ps = [mlp.init(i, dtype=np.float64) for i in range(4)]
+    stacked = (engine.tree_map(lambda *a: np.stack(a), *ps), engine.tree_map(lambda *a: np.stack(a), *[opt.init(p) for p in ps]))
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((4, 8, 5)), rng.integers(0, 3, (4, 8))
+    vstep, one = engine.jit(engine.vmap(step)), engine.jit(step)
+    singles = [(ps[i], opt.init(ps[i])) for i in range(4)]
+    for _ in range(3):
+        *stacked, _ = vstep(*stacked, X, Y)
+        singles = [one(*singles[i], X[i], Y[i])[:2] for i in range(4)]
+    for i in range(4):
+        for u, v in zip(engine.tree_leaves(stacked), engine.tree_leaves(singles[i])):
+            np.testing.assert_allclose(u[i], v, rtol=1e-10, atol=1e-14)
