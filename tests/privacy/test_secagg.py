@@ -317,7 +317,9 @@ def test_config_validation():
 
 def test_secagg_plus_aborts_when_a_neighbourhood_lacks_shares():
     # ring of degree 2: each mask seed has 3 holders (the client and its two neighbours) and needs all 3;
-    # a survivor that does not answer the unmasking request leaves its own seed with 2 shares
+    # a survivor that does not answer the unmasking request leaves its own seed and the seeds of its two
+    # (randomly drawn) neighbours with 2 shares each: 3 secrets, the lowest-numbered of them named first
     cfg = SecAggConfig(dimension=D, threshold=3, scale=2.0**10, modulus_bits=24, num_neighbours=2)
-    with pytest.raises(InsufficientSurvivorsError, match="mask seed b_u of client 4 has 2 shares"):
+    with pytest.raises(InsufficientSurvivorsError,
+                       match=r"mask seed b_u of client \d+ has 2 shares, threshold is 3 \(3 secrets cannot be rebuilt\)"):
         secure_aggregate(make_inputs(10), cfg, dropouts={"unmask": {4}})
