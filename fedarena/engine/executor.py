@@ -11,12 +11,13 @@ networks of RL the cost of a step is dominated by interpreter dispatch, not arit
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.special
 
 from .ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
+from .passes import dead_code_elimination
 
 _VIEW_PRIMS = frozenset({"transpose", "reshape", "broadcast_to", "squeeze", "expand_dims", "slice", "stop_gradient"})
 _ELEMENTWISE = frozenset(
@@ -29,18 +30,6 @@ _ELEMENTWISE = frozenset(
 _OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _SMALL = 2048  # elements; below this, allocation beats numpy's out= argument handling
 _CLIP = getattr(getattr(np, "_core", np).umath, "clip", None) or np.clip
-
-
-def dead_code_elimination(graph: Graph) -> Graph:
-    """Drop equations whose outputs never reach a graph output."""
-    needed = {a for a in graph.outvars if isinstance(a, Var)}
-    kept = []
-    for e in reversed(graph.eqns):
-        if any(o in needed for o in e.outputs):
-            kept.append(e)
-            needed.update(a for a in e.inputs if isinstance(a, Var))
-    kept.reverse()
-    return Graph(graph.invars, graph.constvars, graph.consts, kept, graph.outvars)
 
 
 class _EmitContext:

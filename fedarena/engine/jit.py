@@ -18,7 +18,7 @@ from . import passes as _passes
 from .executor import Executable
 from .ir import EngineError, Graph, ShapedArray, check_dtype
 from .pytree import tree_flatten, tree_unflatten
-from .tracing import _TRACE_STACK, Tracer, current_trace, trace_flat
+from .tracing import _TRACE_STACK, Tracer, trace_flat
 
 _PY_SCALARS = (bool, int, float)
 
@@ -157,7 +157,7 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
     dyn_pos = [i for i in range(n_args) if i not in static_argnums]
     for pos, c in zip(dyn_pos, dyn_td[1]):
         walk(c, f"args[{pos}]")
-    lines.append(f"    kw = kwargs")
+    lines.append("    kw = kwargs")
     walk(kw_td, "kw")
     for pos, val in zip(static_argnums, static):
         lines.append(f"    if args[{pos}] != {const(val)}: return None")

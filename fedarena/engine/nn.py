@@ -288,7 +288,6 @@ class GRUCell(Module):
         }
 
     def apply(self, params: Params, x: Any, h: Any) -> Any:
-        H = self.hidden_size
         gi = ops.add(ops.matmul(x, params["w_ih"]), params["b_ih"])
         gh = ops.add(ops.matmul(h, params["w_hh"]), params["b_hh"])
         ir, iz, in_ = ops.split(gi, 3, axis=-1)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_sha
 from fedarena.federated.secure_round import SecureRound
 from fedarena.federated.strategy import PartialAggregate, ServerOptimizer
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
+from fedarena.platform.checkpoint import write_atomic
 
 log = logging.getLogger("fedarena.federated.scheduler")
 
@@ -82,18 +82,7 @@ class RoundPolicy:
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
     """Atomically replace ``path`` with the wire encoding of ``state``."""
-    data = wire.encode("fl_state", state, wire.Limits(max_message_bytes=2**31 - 1))
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, wire.encode("fl_state", state, wire.Limits(max_message_bytes=2**31 - 1)))
 
 
 def load_state(path: Path) -> dict[str, Any] | None:

@@ -93,9 +93,9 @@ def gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> fl
     return max(0.0, _diff(float(special.log_ndtr(a - b)), _log_exp_eps_phi(eps, -a - b)))
 
 
-def _grow_bracket(f, lo: float = 0.0, hi: float = 1.0) -> float:
+def _grow_bracket(f, hi: float = 1.0) -> float:
     while f(hi) < 0:
-        lo, hi = hi, hi * 2.0
+        hi *= 2.0
         if hi > 1e300:
             raise ArithmeticError("analytic Gaussian calibration: no bracket found")
     return hi
