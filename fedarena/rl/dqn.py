@@ -19,6 +19,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim, tree_map
+from fedarena.platform.experiment import param
 from fedarena.rl.networks import QNetwork, torso_for
 from fedarena.rl.nstep import NStepAccumulator
 from fedarena.rl.replay import PrioritizedReplayBuffer, ReplayBuffer
@@ -28,34 +29,28 @@ from fedarena.rl.workers import EpisodeStats, Learner, Weights
 
 @dataclass(frozen=True)
 class DQNConfig:
-    num_envs: int = 4
-    buffer_size: int = 50_000
-    batch_size: int = 64
-    learning_rate: float = 1e-3
-    gamma: float = 0.99
-    n_step: int = 3
-    double: bool = True
-    dueling: bool = True
-    prioritized: bool = True
-    alpha: float = 0.6
-    """prioritized replay: priority exponent"""
-    beta_start: float = 0.4
-    """prioritized replay: importance-sampling exponent, annealed linearly to 1 over the run"""
-    target_update_interval: int = 500
-    """environment steps between copies of the online network into the target network"""
-    tau: float = 1.0
-    """target update rate (1 = hard copy)"""
-    learning_starts: int = 1000
-    train_frequency: int = 4
-    """environment steps (summed over envs) between gradient phases"""
-    gradient_steps: int = 1
-    exploration_fraction: float = 0.2
-    """fraction of the step budget over which epsilon decays linearly"""
-    epsilon_start: float = 1.0
-    epsilon_final: float = 0.02
-    max_grad_norm: float = 10.0
-    huber_delta: float = 1.0
-    hidden: tuple[int, ...] = (128, 128)
+    num_envs: int = param(4, "parallel environments")
+    buffer_size: int = param(50_000, "replay buffer capacity in transitions")
+    batch_size: int = param(64, "transitions per gradient step")
+    learning_rate: float = param(1e-3, "Adam learning rate")
+    gamma: float = param(0.99, "discount factor")
+    n_step: int = param(3, "n of the n-step return targets")
+    double: bool = param(True, "double DQN targets (van Hasselt et al. 2016)")
+    dueling: bool = param(True, "dueling value/advantage heads (Wang et al. 2016)")
+    prioritized: bool = param(True, "prioritized replay (Schaul et al. 2016) instead of uniform")
+    alpha: float = param(0.6, "prioritized replay: priority exponent")
+    beta_start: float = param(0.4, "prioritized replay: importance-sampling exponent, annealed linearly to 1 over the run")
+    target_update_interval: int = param(500, "environment steps between copies of the online network into the target network")
+    tau: float = param(1.0, "target update rate (1 = hard copy)")
+    learning_starts: int = param(1000, "environment steps collected before learning begins")
+    train_frequency: int = param(4, "environment steps (summed over envs) between gradient phases")
+    gradient_steps: int = param(1, "gradient steps per gradient phase")
+    exploration_fraction: float = param(0.2, "fraction of the step budget over which epsilon decays linearly")
+    epsilon_start: float = param(1.0, "initial epsilon of epsilon-greedy exploration")
+    epsilon_final: float = param(0.02, "final epsilon of epsilon-greedy exploration")
+    max_grad_norm: float = param(10.0, "global gradient-norm clipping threshold")
+    huber_delta: float = param(1.0, "Huber loss threshold of the TD error")
+    hidden: tuple[int, ...] = param((128, 128), "hidden layer sizes of the Q network")
 
     def __post_init__(self) -> None:
         checks = {

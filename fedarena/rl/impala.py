@@ -17,6 +17,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.platform.experiment import param
 from fedarena.rl.networks import ActorCritic, torso_for
 from fedarena.rl.returns import vtrace
 from fedarena.rl.spaces import action_distribution, observation_adapter
@@ -25,21 +26,19 @@ from fedarena.rl.workers import Learner, Weights
 
 @dataclass(frozen=True)
 class IMPALAConfig:
-    num_envs: int = 8
-    """environments per actor"""
-    unroll_length: int = 32
-    gamma: float = 0.99
-    learning_rate: float = 1e-3
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    clip_rho_threshold: float = 1.0
-    clip_c_threshold: float = 1.0
-    clip_pg_rho_threshold: float = 1.0
-    max_grad_norm: float = 40.0
-    max_policy_lag: int = 20
-    """drop trajectories whose weights are more than this many learner versions old"""
-    hidden: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
+    num_envs: int = param(8, "environments per actor")
+    unroll_length: int = param(32, "steps per trajectory an actor sends to the learner")
+    gamma: float = param(0.99, "discount factor")
+    learning_rate: float = param(1e-3, "learner learning rate")
+    baseline_cost: float = param(0.5, "value (baseline) loss coefficient")
+    entropy_cost: float = param(0.01, "entropy bonus coefficient")
+    clip_rho_threshold: float = param(1.0, "V-trace rho-bar: truncation of the importance weights in the value targets")
+    clip_c_threshold: float = param(1.0, "V-trace c-bar: truncation of the trace-cutting coefficients")
+    clip_pg_rho_threshold: float = param(1.0, "truncation of the importance weights in the policy gradient")
+    max_grad_norm: float = param(40.0, "global gradient-norm clipping threshold")
+    max_policy_lag: int = param(20, "drop trajectories whose weights are more than this many learner versions old")
+    hidden: tuple[int, ...] = param((64, 64), "hidden layer sizes of the actor-critic MLP")
+    activation: str = param("tanh", "hidden activation: tanh or relu")
 
     def __post_init__(self) -> None:
         checks = {"num_envs": self.num_envs >= 1, "unroll_length": self.unroll_length >= 1,

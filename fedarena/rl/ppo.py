@@ -18,6 +18,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.platform.experiment import param
 from fedarena.rl.networks import ActorCritic, torso_for
 from fedarena.rl.returns import gae
 from fedarena.rl.spaces import action_distribution, observation_adapter
@@ -26,25 +27,23 @@ from fedarena.rl.workers import Learner, Weights
 
 @dataclass(frozen=True)
 class PPOConfig:
-    num_envs: int = 8
-    num_steps: int = 128
-    """rollout horizon T per environment; a rollout has num_envs * num_steps transitions"""
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    clip_coef: float = 0.2
-    clip_vloss: bool = True
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    learning_rate: float = 2.5e-4
-    anneal_lr: bool = True
-    norm_adv: bool = True
-    hidden: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    squash: bool = False
-    """Box actions: tanh-squashed Gaussian instead of a clipped one"""
+    num_envs: int = param(8, "parallel environments per actor")
+    num_steps: int = param(128, "rollout horizon T per environment; a rollout has num_envs * num_steps transitions")
+    gamma: float = param(0.99, "discount factor")
+    gae_lambda: float = param(0.95, "GAE lambda (Schulman et al. 2016)")
+    update_epochs: int = param(4, "passes over each rollout (K epochs)")
+    num_minibatches: int = param(4, "minibatches per epoch")
+    clip_coef: float = param(0.2, "PPO ratio clipping epsilon")
+    clip_vloss: bool = param(True, "clip the value loss around the old values as well")
+    ent_coef: float = param(0.0, "entropy bonus coefficient")
+    vf_coef: float = param(0.5, "value loss coefficient")
+    max_grad_norm: float = param(0.5, "global gradient-norm clipping threshold")
+    learning_rate: float = param(2.5e-4, "Adam learning rate (initial value when annealed)")
+    anneal_lr: bool = param(True, "decay the learning rate linearly to 0 over the update budget")
+    norm_adv: bool = param(True, "normalise advantages per minibatch")
+    hidden: tuple[int, ...] = param((64, 64), "hidden layer sizes of the actor and critic MLPs")
+    activation: str = param("tanh", "hidden activation: tanh or relu")
+    squash: bool = param(False, "Box actions: tanh-squashed Gaussian instead of a clipped one")
 
     def __post_init__(self) -> None:
         checks = {
