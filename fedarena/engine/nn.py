@@ -163,29 +163,29 @@ class Conv2d(Module):
 
 
 @dataclass(frozen=True)
-class MaxPool2d(Module):
+class _Pool2d(Module):
+    """A parameter-free 2-d pooling layer over NCHW input; subclasses name the pooling op."""
+
     kernel_size: int | tuple = 2
     stride: int | tuple | None = None
     padding: int | tuple = 0
+    _pool = staticmethod(ops.max_pool2d)
 
     def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
         return None
 
     def apply(self, params: Params, x: Any) -> Any:
-        return ops.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+        return self._pool(x, self.kernel_size, self.stride, self.padding)
 
 
 @dataclass(frozen=True)
-class AvgPool2d(Module):
-    kernel_size: int | tuple = 2
-    stride: int | tuple | None = None
-    padding: int | tuple = 0
+class MaxPool2d(_Pool2d):
+    _pool = staticmethod(ops.max_pool2d)
 
-    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
-        return None
 
-    def apply(self, params: Params, x: Any) -> Any:
-        return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+@dataclass(frozen=True)
+class AvgPool2d(_Pool2d):
+    _pool = staticmethod(ops.avg_pool2d)
 
 
 @dataclass(frozen=True)
