@@ -224,4 +224,7 @@ def plots(rows, cfg: MatrixDynamicsConfig, report_dir: str) -> list[str]:
     return paths
 
 
-EXPERIMENT = Experiment(config=MatrixDynamicsConfig, run=run, plots=plots)
+EXPERIMENT = Experiment(
+    config=MatrixDynamicsConfig, run=run, plots=plots,
+    summary_keys=tuple(f"{a}/exploitability_{w}" for a in ("selfplay", "fictitious_play") for w in ("current", "average")),
+)

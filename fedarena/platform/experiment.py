@@ -59,4 +59,4 @@ class Experiment:
     run: Callable[[Any, Any], Mapping[str, Any]]
     plots: PlotFn | None = None
     summary_keys: tuple[str, ...] = ()
-    """Metric names shown in the final summary and the report's table (all scalars when empty)."""
+    """Metric names whose latest values the report shows in a table beside the final summary."""

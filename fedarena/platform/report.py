@@ -78,12 +78,19 @@ def render(run_dir: str | Path, experiment=None, config=None) -> Path:
         status = {}
     summary = status.get("summary", {})
     index = report_dir / "index.html"
-    index.write_text(_html(run_dir, config, summary, status.get("state", "unknown"), rows, images), encoding="utf-8")
+    latest = {k: next((r[k] for r in reversed(rows) if k in r), None) for k in experiment.summary_keys}
+    index.write_text(_html(run_dir, config, summary, latest, status.get("state", "unknown"), rows, images),
+                     encoding="utf-8")
     return index
 
 
-def _html(run_dir: Path, config, summary: Mapping[str, Any], state: str, rows, images: Sequence[str]) -> str:
+def _html(run_dir: Path, config, summary: Mapping[str, Any], latest: Mapping[str, Any], state: str, rows,
+          images: Sequence[str]) -> str:
     esc = html.escape
+    latest_table = "".join(
+        f"<tr><th>{esc(str(k))}</th><td>{esc(_fmt(v))}</td></tr>" for k, v in latest.items() if v is not None
+    )
+    latest_html = f"<h2>Latest metrics</h2><table>{latest_table}</table>" if latest_table else ""
     table = "".join(
         f"<tr><th>{esc(str(k))}</th><td>{esc(_fmt(v))}</td></tr>" for k, v in summary.items()
     ) or "<tr><td>(no summary: the run has not completed)</td></tr>"
@@ -101,6 +108,7 @@ figure{{margin:1.5em 0}} pre{{background:#f6f6f6;padding:1em}}</style></head><bo
 <p>kind <b>{esc(config.kind)}</b> &middot; state <b>{esc(state)}</b> &middot; last step {esc(str(last))} &middot;
 {len(rows)} metric rows (<a href="../metrics.csv">metrics.csv</a>, <a href="../metrics.jsonl">metrics.jsonl</a>)</p>
 <h2>Final numbers</h2><table>{table}</table>
+{latest_html}
 <h2>Plots</h2>{figs or "<p>(no metrics yet)</p>"}
 <h2>Config</h2><pre>{esc(cfgmod.dump_yaml(config))}</pre>
 </body></html>

@@ -41,6 +41,8 @@ def test_run_folder_layout(tmp_path):
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     html = (out / "report/index.html").read_text()
     assert "exploitability.png" in html and "fictitious_play/exploitability_average" in html
+    latest = html.split("<h2>Latest metrics</h2>", 1)[1].split("</table>", 1)[0]
+    assert "<th>selfplay/exploitability_current</th><td>0</td>" in latest  # step 20: both defect
     # both dynamics settle on mutual defection
     assert rows[-1]["fictitious_play/p0_current"] == [0, 1] and rows[-1]["selfplay/p1_current"] == [0, 1]
     assert summary["fictitious_play/exploitability_current"] == 0.0
