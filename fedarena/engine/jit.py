@@ -127,8 +127,9 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
                     lines.append(f"    if type({var}) is ndarray: return None")
                     lines.append(f"    {var} = np.asarray({var})")
                     ns["np"] = np
+                # exact type only: an ndarray subclass misses here and takes the slow path (np.asarray)
                 lines.append(
-                    f"    if type({var}) is not ndarray and not isinstance({var}, ndarray) or {var}.shape != {arr.shape!r} or {var}.dtype is not {const(arr.dtype)}: return None"
+                    f"    if type({var}) is not ndarray or {var}.shape != {arr.shape!r} or {var}.dtype is not {const(arr.dtype)}: return None"
                 )
                 out.append(var)
             return
@@ -157,8 +158,11 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
     dyn_pos = [i for i in range(n_args) if i not in static_argnums]
     for pos, c in zip(dyn_pos, dyn_td[1]):
         walk(c, f"args[{pos}]")
-    lines.append("    kw = kwargs")
-    walk(kw_td, "kw")
+    if kw_td[0] == "d" and not kw_td[1]:
+        lines.append("    if kwargs: return None")
+    else:
+        lines.append("    kw = kwargs")
+        walk(kw_td, "kw")
     for pos, val in zip(static_argnums, static):
         lines.append(f"    if args[{pos}] != {const(val)}: return None")
     lines.append(f"    return [{', '.join(out)}]")
@@ -193,6 +197,10 @@ def _fast_call_source(guard_src: str, exe: Executable, out_tree: tuple) -> tuple
 
 
 _MISS = object()
+
+
+def _always_miss(args: tuple, kwargs: dict) -> object:
+    return _MISS
 
 
 def _builder_source(treedef: tuple) -> tuple[str, dict]:
@@ -234,7 +242,8 @@ class Jitted:
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
         self.passes = passes  # see passes.resolve: None -> the default pipeline, () -> none
         self._cache: dict = {}
-        self._fast: list = []  # (guard, executable, build) for recently used signatures
+        self._fast: list = []  # (fast call, executable) for recently used signatures, newest first
+        self._fast0: Callable = _always_miss  # self._fast[0]'s fast call
         functools.update_wrapper(self, fn)
 
     def _lookup(self, args: tuple, kwargs: dict):
@@ -260,12 +269,16 @@ class Jitted:
             fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)
             self._fast.insert(0, fast)
             del self._fast[4:]
+            self._fast0 = fast[0]
         return entry, arrays
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._fast0(args, kwargs)  # the most recent signature: guard + compiled code
+        if out is not _MISS:
+            return out
         if _TRACE_STACK:
             return self.fn(*args, **kwargs)  # inside another transformation: inline
-        for fast, _ in self._fast:
+        for fast, _ in self._fast[1:]:
             out = fast(args, kwargs)
             if out is not _MISS:
                 return out

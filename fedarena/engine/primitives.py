@@ -606,6 +606,10 @@ def _reduce_impl(uf):
     return impl
 
 
+_ARG_OF = {"np.maximum": "argmax", "np.minimum": "argmin"}
+_TINY_REDUCE = 32  # elements
+
+
 def _reduce_emit(uf_name):
     def emit(ctx, ins, attrs, in_avals, out_aval):
         axes = tuple(attrs["axes"])
@@ -619,6 +623,10 @@ def _reduce_emit(uf_name):
                 return stmt(f"np.dot({ins[0]}, {ones}, {{o}})")
             ones = ctx.const(np.ones((1, n) if kd else (n,), av.dtype))
             return stmt(f"np.dot({ones}, {ins[0]}, {{o}})")
+        if uf_name in _ARG_OF and av.ndim == 1 and 0 < av.size <= _TINY_REDUCE and out_aval.ndim == 0 and out_aval.dtype == av.dtype:
+            # max/min of a handful of elements (a single observation's logits): indexing at argmax
+            # skips ufunc.reduce's setup, ~3x cheaper; argmax stops at the first NaN, as max propagates it
+            return stmt(f"{{o}}[()] = {ins[0]}[{ins[0]}.{_ARG_OF[uf_name]}()]")
         ax = axes[0] if len(axes) == 1 else axes
         return stmt(f"{uf_name}.reduce({ins[0]}, {ax!r}, None, {{o}}, {attrs['keepdims']})")
 
