@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .ir import Eqn, Graph, Literal, ShapedArray, Var, is_float
+from .native import select_native_kernels
 from .tracing import PRIMITIVES, Primitive
 
 Pass = Callable[[Graph], Graph]
@@ -500,6 +501,7 @@ DEFAULT_PASSES: tuple = (
     common_subexpression_elimination,
     unroll_small_reductions,
     sums_as_matmul,
+    select_native_kernels,
     dead_code_elimination,
 )
 DEFAULT_PIPELINE = Pipeline(DEFAULT_PASSES)

@@ -1,0 +1,210 @@
+"""Operator selection into native kernels (engine/native.py, engine/_native.c): the C kernels
+against numpy, the pass's pattern matching (what it must and must not rewrite), the numpy
+fallback when an operand is not a contiguous float buffer, and the new nodes' VJPs against
+finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedarena import engine
+from fedarena.engine import native, nn, ops
+from fedarena.engine.executor import Executable
+from fedarena.engine.ir import Eqn, Graph, ShapedArray, Var
+from fedarena.engine.tracing import PRIMITIVES
+
+needs_native = pytest.mark.skipif(not native.available(), reason="native kernels not built")
+
+
+def V(*shape, dtype=np.float64):
+    return Var(ShapedArray(shape, dtype))
+
+
+def eq(name, ins, out, **attrs):
+    return Eqn(PRIMITIVES[name], ins, [out], attrs, None)
+
+
+def prims(g):
+    return [e.prim.name for e in g.eqns]
+
+
+TOL = {np.float32: 2e-6, np.float64: 1e-13}
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m,k,n", [(1, 8, 64), (1, 64, 64), (3, 17, 5), (4, 64, 33), (2, 1, 1), (1, 64, 16)])
+@pytest.mark.parametrize("bias,relu", [(True, False), (False, False), (True, True)])
+def test_dense_kernel_matches_numpy(dtype, m, k, n, bias, relu):
+    rng = np.random.default_rng(m * 100 + k + n)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    w = rng.standard_normal((k, n)).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    out = np.full((m, n), np.nan, dtype)
+    assert native._native.dense(x, w, b if bias else None, out, m, k, n, int(relu), dtype == np.float64)
+    ref = x.astype(np.float64) @ w.astype(np.float64) + (b if bias else 0)
+    ref = np.maximum(ref, 0) if relu else ref
+    np.testing.assert_allclose(out, ref, rtol=TOL[dtype] * k, atol=TOL[dtype] * k * 4)
+
+
+@needs_native
+def test_dense_kernel_declines_what_it_cannot_read_and_touches_nothing():
+    x = np.ones((2, 3), np.float32)
+    w = np.ones((3, 4), np.float32)
+    out = np.zeros((2, 4), np.float32)
+    d = native._native.dense
+    assert not d(np.asfortranarray(np.ones((2, 3), np.float32)), w, None, out, 2, 3, 4, 0, False)
+    assert not d(x.astype(np.float64), w, None, out, 2, 3, 4, 0, False)  # wrong element type
+    assert not d(x, w, None, out, 2, 3, 5, 0, False)  # sizes disagree with the buffers
+    assert not d(x, w, None, out[:, :2], 2, 3, 2, 0, False)  # non-contiguous output
+    ro = np.zeros((2, 4), np.float32)
+    ro.flags.writeable = False
+    assert not d(x, w, None, ro, 2, 3, 4, 0, False)
+    big = np.zeros(8, np.float32)
+    assert not d(big[:6].reshape(2, 3), w, None, big[:8].reshape(2, 4), 2, 3, 4, 0, False)  # aliasing
+    assert (out == 0).all() and (ro == 0).all()
+    with pytest.raises(ValueError):
+        d(x, w, None, out, -2, 3, 4, 0, False)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_kernel_matches_numpy_including_extremes(dtype):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 7)).astype(dtype) * 30
+    x[1, 3] = 1e4  # one dominating logit
+    x[2] = -np.inf
+    x[2, 0] = 0.0
+    x[3, 4] = np.nan
+    out = np.empty_like(x)
+    assert native._native.softmax(x, out, 5, 7, dtype == np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        ref = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(out, ref, rtol=10 * TOL[dtype], atol=10 * TOL[dtype])
+    assert np.isnan(out[3]).all() and np.isnan(ref[3]).all()
+
+
+# ----------------------------------------------------------------------------- the pass
+
+
+def _mlp_policy(params, obs):
+    h = nn.MLP([8, 64, 64], activation="tanh", output_activation="tanh").apply(params["body"], obs)
+    return ops.softmax(nn.Linear(64, 4).apply(params["pi"], h)), nn.Linear(64, 1).apply(params["v"], h)
+
+
+def _policy_params(dtype):
+    rng = np.random.default_rng(0)
+    p = {
+        "body": nn.MLP([8, 64, 64], activation="tanh", output_activation="tanh").init(rng),
+        "pi": nn.Linear(64, 4).init(rng),
+        "v": nn.Linear(64, 1).init(rng),
+    }
+    return engine.tree_map(lambda a: a.astype(dtype), p)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_policy_forward_uses_native_nodes_and_matches_unoptimised(dtype):
+    params = _policy_params(dtype)
+    obs = np.random.default_rng(1).standard_normal((1, 8)).astype(dtype)
+    fast = engine.jit(_mlp_policy)
+    plain = engine.jit(_mlp_policy, passes=())
+    g = fast.graph(params, obs)
+    assert prims(g).count("dense") == 4 and prims(g).count("softmax") == 1 and "matmul" not in prims(g)
+    for a, b in zip(fast(params, obs), plain(params, obs)):
+        np.testing.assert_allclose(a, b, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    # a Fortran-ordered weight cannot be read by the kernel: the numpy fallback gives the same answer
+    p2 = engine.tree_map(lambda a: a, params)
+    p2["body"][1]["w"] = np.asfortranarray(params["body"][1]["w"])
+    for a, b in zip(fast(p2, obs), plain(params, obs)):
+        np.testing.assert_allclose(a, b, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@needs_native
+def test_large_operands_stay_on_blas():
+    params = _policy_params(np.float32)
+    obs = np.zeros((64, 8), np.float32)
+    g = engine.jit(_mlp_policy).graph(params, obs)
+    assert "dense" not in prims(g)
+    assert prims(g).count("softmax") == 1  # 64x4: one native call still beats five numpy calls
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("FEDARENA_NATIVE", "0")
+    assert not native.available()
+    params = _policy_params(np.float32)
+    g = engine.jit(_mlp_policy).graph(params, np.zeros((1, 8), np.float32))
+    assert "dense" not in prims(g)
+
+
+@needs_native
+def test_pass_leaves_chains_whose_inner_values_escape():
+    x, w, b = V(1, 4), V(4, 3), V(3)
+    y, z = V(1, 3), V(1, 3)
+    # the matmul result is also a graph output: fusing would lose it
+    g = Graph([x, w, b], [], [], [eq("matmul", [x, w], y), eq("add", [y, b], z)], [z, y])
+    assert prims(native.select_native_kernels(g)) == ["matmul", "add"]
+    # a bias that is not a (N,) / (1, N) row vector is not a dense-layer bias
+    c = V(1, 1)
+    g = Graph([x, w, c], [], [], [eq("matmul", [x, w], y), eq("add", [y, c], z)], [z])
+    assert prims(native.select_native_kernels(g)) == ["matmul", "add"]
+    # matmul + relu without a bias is a dense node
+    r = V(1, 3)
+    g = Graph([x, w], [], [], [eq("matmul", [x, w], y), eq("relu", [y], r)], [r])
+    g2 = native.select_native_kernels(g)
+    assert prims(g2) == ["dense"] and g2.eqns[0].attrs == {"bias": False, "relu": True}
+    xv = np.array([[1.0, -2.0, 3.0, 0.5]])
+    wv = np.random.default_rng(0).standard_normal((4, 3))
+    np.testing.assert_allclose(Executable(g2)(xv, wv)[0], np.maximum(xv @ wv, 0), rtol=1e-13)
+
+
+@needs_native
+def test_softmax_whose_max_is_used_elsewhere_is_left_alone():
+    def f(x):
+        m = ops.max(x, axis=-1, keepdims=True)
+        e = ops.exp(x - m)
+        return e / ops.sum(e, axis=-1, keepdims=True), m
+
+    g = engine.jit(f).graph(np.zeros((2, 3)))
+    assert "softmax" not in prims(g)
+    g = engine.jit(lambda x: ops.softmax(x)).graph(np.zeros((2, 3)))
+    assert prims(g) == ["softmax"]
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+def _fd_grad(f, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = eps
+        g[i] = (f(x + d) - f(x - d)) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_dense_vjp_matches_finite_differences(relu):
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal((2, 3)), rng.standard_normal((3, 4)), rng.standard_normal(4)
+    ct = rng.standard_normal((2, 4))
+
+    def f(x, w, b):
+        return ops.sum(engine.tracing.bind(native.dense_p, x, w, b, bias=True, relu=relu) * ct)
+
+    gx, gw, gb = engine.grad(f, argnums=(0, 1, 2))(x, w, b)
+    np.testing.assert_allclose(gx, _fd_grad(lambda v: f(v, w, b), x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(gw, _fd_grad(lambda v: f(x, v, b), w), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(gb, _fd_grad(lambda v: f(x, w, v), b), rtol=1e-6, atol=1e-8)
+
+
+def test_softmax_vjp_matches_finite_differences():
+    rng = np.random.default_rng(4)
+    x, ct = rng.standard_normal((3, 5)), rng.standard_normal((3, 5))
+
+    def f(x):
+        return ops.sum(engine.tracing.bind(native.softmax_p, x) * ct)
+
+    np.testing.assert_allclose(engine.grad(f)(x), _fd_grad(f, x), rtol=1e-6, atol=1e-8)
