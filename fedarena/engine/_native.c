@@ -200,11 +200,287 @@ static PyObject *py_softmax(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_TRUE;
 }
 
+
+/* ------------------------------------------------------------------------------------------
+ * Elementwise virtual machine: runs a fused elementwise program (fusion.py) in one call.
+ *
+ * The program is a list of instructions over registers: the inputs, the constants, then
+ * temporaries.  The output is computed in blocks of VM_BLOCK elements so every temporary stays
+ * in L1 (the interpreter design of numexpr; Cooke & Hochberg, 2009).  An input is read in full
+ * (same shape as the output), as a scalar, as a row vector repeated along the leading axes
+ * (index i % C) or as a column repeated along the last axis (index i / C).  Booleans are 0/1.
+ * ------------------------------------------------------------------------------------------ */
+#define VM_BLOCK 256
+#define VM_MAX_REGS 64
+#define VM_MAX_INPUTS 32
+
+enum {
+    OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_NEG, OP_EXP, OP_LOG, OP_LOG1P, OP_TANH, OP_LOGISTIC,
+    OP_SQRT, OP_RSQRT, OP_ABS, OP_SIGN, OP_MAX, OP_MIN, OP_POW, OP_SQUARE, OP_EQ, OP_NE, OP_LT,
+    OP_LE, OP_GT, OP_GE, OP_AND, OP_OR, OP_NOT, OP_SELECT, OP_CLIP, OP_RELU, OP_SIN, OP_COS,
+    OP_COPY, OP_NONZERO, N_OPS
+};
+enum { MODE_FULL = 0, MODE_SCALAR = 1, MODE_ROW = 2, MODE_COL = 3 };
+
+/* x86-64: an AVX2 clone of the VM's loops, picked at load time when the CPU has it */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VM_TARGETS __attribute__((target_clones("avx2", "default")))
+#else
+#define VM_TARGETS
+#endif
+
+#define VM_LOOP(EXPR) for (Py_ssize_t i = 0; i < len; i++) { d[i] = (EXPR); } break;
+
+#define DEFINE_VM(T, SUFFIX, EXP, LOG, LOG1P, TANH, SQRT, FABS, POW, SIN, COS)                     \
+    VM_TARGETS static void vm_step_##SUFFIX(int op, T *d, const T *a, const T *b, const T *c,         \
+                                 Py_ssize_t len)                                                    \
+    {                                                                                               \
+        switch (op) {                                                                               \
+        case OP_ADD: VM_LOOP(a[i] + b[i])                                                           \
+        case OP_SUB: VM_LOOP(a[i] - b[i])                                                           \
+        case OP_MUL: VM_LOOP(a[i] * b[i])                                                           \
+        case OP_DIV: VM_LOOP(a[i] / b[i])                                                           \
+        case OP_NEG: VM_LOOP(-a[i])                                                                 \
+        case OP_EXP: VM_LOOP(EXP(a[i]))                                                             \
+        case OP_LOG: VM_LOOP(LOG(a[i]))                                                             \
+        case OP_LOG1P: VM_LOOP(LOG1P(a[i]))                                                         \
+        case OP_TANH: VM_LOOP(TANH(a[i]))                                                           \
+        case OP_LOGISTIC: VM_LOOP(a[i] >= 0 ? 1 / (1 + EXP(-a[i])) : EXP(a[i]) / (1 + EXP(a[i])))   \
+        case OP_SQRT: VM_LOOP(SQRT(a[i]))                                                           \
+        case OP_RSQRT: VM_LOOP(1 / SQRT(a[i]))                                                      \
+        case OP_ABS: VM_LOOP(FABS(a[i]))                                                            \
+        case OP_SIGN: VM_LOOP(a[i] > 0 ? (T)1 : a[i] < 0 ? (T)-1 : a[i])                            \
+        case OP_MAX: VM_LOOP(a[i] != a[i] ? a[i] : b[i] != b[i] ? b[i] : a[i] >= b[i] ? a[i] : b[i]) \
+        case OP_MIN: VM_LOOP(a[i] != a[i] ? a[i] : b[i] != b[i] ? b[i] : a[i] <= b[i] ? a[i] : b[i]) \
+        case OP_POW: VM_LOOP(POW(a[i], b[i]))                                                       \
+        case OP_SQUARE: VM_LOOP(a[i] * a[i])                                                        \
+        case OP_EQ: VM_LOOP(a[i] == b[i])                                                           \
+        case OP_NE: VM_LOOP(a[i] != b[i])                                                           \
+        case OP_LT: VM_LOOP(a[i] < b[i])                                                            \
+        case OP_LE: VM_LOOP(a[i] <= b[i])                                                           \
+        case OP_GT: VM_LOOP(a[i] > b[i])                                                            \
+        case OP_GE: VM_LOOP(a[i] >= b[i])                                                           \
+        case OP_AND: VM_LOOP(a[i] != 0 && b[i] != 0)                                                \
+        case OP_OR: VM_LOOP(a[i] != 0 || b[i] != 0)                                                 \
+        case OP_NOT: VM_LOOP(a[i] == 0)                                                             \
+        case OP_SELECT: VM_LOOP(a[i] != 0 ? b[i] : c[i])                                            \
+        case OP_CLIP: VM_LOOP(a[i] != a[i] ? a[i] : a[i] < b[i] ? b[i] : a[i] > c[i] ? c[i] : a[i]) \
+        case OP_RELU: VM_LOOP(a[i] > 0 ? a[i] : (a[i] == a[i] ? 0 : a[i]))                          \
+        case OP_SIN: VM_LOOP(SIN(a[i]))                                                             \
+        case OP_COS: VM_LOOP(COS(a[i]))                                                             \
+        case OP_COPY: VM_LOOP(a[i])                                                                 \
+        case OP_NONZERO: VM_LOOP(a[i] != 0)                                                         \
+        default: break;                                                                             \
+        }                                                                                           \
+    }
+
+DEFINE_VM(float, f32, expf, logf, log1pf, tanhf, sqrtf, fabsf, powf, sinf, cosf)
+DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
+
+/* elementwise(program, consts, modes, n, C, double, out, *inputs) -> bool
+ *   program: int32 [n_regs_temp_start, result_reg, then (op, dst, a, b, c) per instruction]
+ *   consts:  float64 constants, registers n_inputs .. n_inputs + len(consts) - 1
+ *   modes:   one byte per input (MODE_*) */
+
+#define DEFINE_VM_RUN(T, SUFFIX)                                                                   \
+    static void vm_run_##SUFFIX(const int *prog, Py_ssize_t ninstr, const double *consts,          \
+                                Py_ssize_t nc, const unsigned char *modes, Py_ssize_t ni,          \
+                                Py_buffer *views, Py_ssize_t n, Py_ssize_t C, Py_ssize_t temp0,    \
+                                Py_ssize_t result)                                                 \
+    {                                                                                              \
+        /* one set of registers is enough: the caller holds the GIL for the whole run */       \
+        static T regs[VM_MAX_REGS][VM_BLOCK];                                                      \
+        const T *ptr[VM_MAX_REGS];                                                                 \
+        T *out = (T *)views[0].buf;                                                                \
+        for (Py_ssize_t k = 0; k < nc; k++) {                                                      \
+            for (int i = 0; i < VM_BLOCK; i++) regs[ni + k][i] = (T)consts[k];                     \
+            ptr[ni + k] = regs[ni + k];                                                            \
+        }                                                                                          \
+        for (Py_ssize_t k = 0; k < ni; k++)                                                        \
+            if (modes[k] == MODE_SCALAR) {                                                         \
+                const T v = *(const T *)views[1 + k].buf;                                          \
+                for (int i = 0; i < VM_BLOCK; i++) regs[k][i] = v;                                 \
+                ptr[k] = regs[k];                                                                  \
+            }                                                                                      \
+        for (Py_ssize_t r = temp0; r < VM_MAX_REGS; r++) ptr[r] = regs[r];                         \
+        for (Py_ssize_t s0 = 0; s0 < n; s0 += VM_BLOCK) {                                          \
+            const Py_ssize_t len = n - s0 < VM_BLOCK ? n - s0 : VM_BLOCK;                          \
+            for (Py_ssize_t k = 0; k < ni; k++) {                                                  \
+                const T *base = (const T *)views[1 + k].buf;                                       \
+                switch (modes[k]) {                                                                \
+                case MODE_FULL: ptr[k] = base + s0; break;                                         \
+                case MODE_ROW: { /* element i of the block is base[(s0 + i) % C] */               \
+                    Py_ssize_t c = s0 % C, i = 0;                                                  \
+                    while (i < len) {                                                              \
+                        Py_ssize_t run = C - c < len - i ? C - c : len - i;                        \
+                        memcpy(regs[k] + i, base + c, run * sizeof(T));                            \
+                        i += run;                                                                  \
+                        c = 0;                                                                     \
+                    }                                                                              \
+                    ptr[k] = regs[k];                                                              \
+                    break;                                                                         \
+                }                                                                                  \
+                case MODE_COL: { /* element i of the block is base[(s0 + i) / C] */                \
+                    Py_ssize_t r = s0 / C, c = s0 % C, i = 0;                                      \
+                    while (i < len) {                                                              \
+                        Py_ssize_t run = C - c < len - i ? C - c : len - i;                        \
+                        const T v = base[r];                                                       \
+                        for (Py_ssize_t j = 0; j < run; j++) regs[k][i + j] = v;                   \
+                        i += run;                                                                  \
+                        c = 0;                                                                     \
+                        r++;                                                                       \
+                    }                                                                              \
+                    ptr[k] = regs[k];                                                              \
+                    break;                                                                         \
+                }                                                                                  \
+                default: break;                                                                    \
+                }                                                                                  \
+            }                                                                                      \
+            for (Py_ssize_t q = 0; q < ninstr; q++) {                                              \
+                const int *ins = prog + 2 + 5 * q;                                                 \
+                T *d = (ins[1] == result && q == ninstr - 1) ? out + s0 : regs[ins[1]];            \
+                vm_step_##SUFFIX(ins[0], d, ptr[ins[2]], ptr[ins[3]], ptr[ins[4]], len);           \
+                ptr[ins[1]] = d;                                                                   \
+            }                                                                                      \
+            if (ptr[result] != out + s0)                                                           \
+                memcpy(out + s0, ptr[result], len * sizeof(T));                                    \
+            ptr[result] = regs[result];                                                            \
+        }                                                                                          \
+    }
+
+DEFINE_VM_RUN(float, f32)
+DEFINE_VM_RUN(double, f64)
+
+static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 7 || nargs - 7 > VM_MAX_INPUTS) {
+        PyErr_SetString(PyExc_TypeError, "elementwise(program, consts, modes, n, C, double, out, *inputs)");
+        return NULL;
+    }
+    Py_ssize_t ni = nargs - 7;
+    Py_ssize_t s[2];
+    if (!as_sizes(args + 3, 2, s))
+        return NULL;
+    Py_ssize_t n = s[0], C = s[1];
+    int dbl = PyObject_IsTrue(args[5]);
+    if (dbl < 0)
+        return NULL;
+    if (!PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "elementwise: program, consts and modes must be bytes");
+        return NULL;
+    }
+    const int *prog = (const int *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t plen = PyBytes_GET_SIZE(args[0]) / (Py_ssize_t)sizeof(int);
+    const double *consts = (const double *)PyBytes_AS_STRING(args[1]);
+    Py_ssize_t nc = PyBytes_GET_SIZE(args[1]) / (Py_ssize_t)sizeof(double);
+    const unsigned char *modes = (const unsigned char *)PyBytes_AS_STRING(args[2]);
+    if (PyBytes_GET_SIZE(args[2]) != ni || plen < 2 || (plen - 2) % 5 != 0 || C <= 0 || n % C != 0) {
+        PyErr_SetString(PyExc_ValueError, "elementwise: malformed program");
+        return NULL;
+    }
+    Py_ssize_t temp0 = prog[0], result = prog[1], ninstr = (plen - 2) / 5;
+    if (temp0 != ni + nc || result < temp0 || result >= VM_MAX_REGS) {
+        PyErr_SetString(PyExc_ValueError, "elementwise: malformed register layout");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < ninstr; k++) {
+        const int *ins = prog + 2 + 5 * k;
+        if (ins[0] < 0 || ins[0] >= N_OPS || ins[1] < temp0 || ins[1] >= VM_MAX_REGS)
+            goto malformed;
+        for (int j = 2; j < 5; j++)
+            if (ins[j] < 0 || ins[j] >= VM_MAX_REGS)
+                goto malformed;
+    }
+    Py_ssize_t it = dbl ? sizeof(double) : sizeof(float);
+    char fmt = dbl ? 'd' : 'f';
+    Py_buffer views[VM_MAX_INPUTS + 1];
+    Py_ssize_t got = 0;
+    if (!borrow(args[6], &views[0], 1, n * it, fmt))
+        Py_RETURN_FALSE;
+    got = 1;
+    for (Py_ssize_t k = 0; k < ni; k++) {
+        Py_ssize_t want = modes[k] == MODE_FULL ? n : modes[k] == MODE_SCALAR ? 1 : modes[k] == MODE_ROW ? C : n / C;
+        if (modes[k] > MODE_COL || !borrow(args[7 + k], &views[1 + k], 0, want * it, fmt)) {
+            for (Py_ssize_t j = 0; j < got; j++)
+                PyBuffer_Release(&views[j]);
+            Py_RETURN_FALSE;
+        }
+        got++;
+    }
+    if (dbl)
+        vm_run_f64(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result);
+    else
+        vm_run_f32(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result);
+    for (Py_ssize_t j = 0; j < got; j++)
+        PyBuffer_Release(&views[j]);
+    Py_RETURN_TRUE;
+malformed:
+    PyErr_SetString(PyExc_ValueError, "elementwise: malformed instruction");
+    return NULL;
+}
+
+
+/* rowreduce(x, out, R, C, op, double) -> bool: out[r] = max (op 0) or min (op 1) of row r of an
+ * R x C matrix, NaN-propagating like np.maximum.reduce.  numpy's reduction over a short last
+ * axis (the 4 logits of a batch of observations) costs ~70 ns per row; this is one pass. */
+#define DEFINE_ROWREDUCE(T, SUFFIX)                                                                \
+    static void rowreduce_##SUFFIX(const T *x, T *o, Py_ssize_t R, Py_ssize_t C, int op)           \
+    {                                                                                              \
+        for (Py_ssize_t r = 0; r < R; r++) {                                                       \
+            const T *xr = x + r * C;                                                               \
+            T m = xr[0];                                                                           \
+            for (Py_ssize_t c = 1; c < C && m == m; c++) {                                         \
+                const T v = xr[c];                                                                 \
+                if (v != v || (op == 0 ? v > m : v < m)) m = v;                                    \
+            }                                                                                      \
+            o[r] = m;                                                                              \
+        }                                                                                          \
+    }
+DEFINE_ROWREDUCE(float, f32)
+DEFINE_ROWREDUCE(double, f64)
+
+static PyObject *py_rowreduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "rowreduce(x, out, R, C, op, double) takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t s[3];
+    if (!as_sizes(args + 2, 3, s))
+        return NULL;
+    Py_ssize_t R = s[0], C = s[1], op = s[2];
+    int dbl = PyObject_IsTrue(args[5]);
+    if (dbl < 0)
+        return NULL;
+    if (C == 0 || op > 1)
+        Py_RETURN_FALSE;
+    Py_ssize_t it = dbl ? sizeof(double) : sizeof(float);
+    char fmt = dbl ? 'd' : 'f';
+    Py_buffer vx, vo;
+    if (!borrow(args[0], &vx, 0, R * C * it, fmt))
+        Py_RETURN_FALSE;
+    if (!borrow(args[1], &vo, 1, R * it, fmt)) {
+        PyBuffer_Release(&vx);
+        Py_RETURN_FALSE;
+    }
+    if (dbl)
+        rowreduce_f64(vx.buf, vo.buf, R, C, (int)op);
+    else
+        rowreduce_f32(vx.buf, vo.buf, R, C, (int)op);
+    PyBuffer_Release(&vx);
+    PyBuffer_Release(&vo);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"dense", (PyCFunction)(void (*)(void))py_dense, METH_FASTCALL,
      "dense(x, w, b, out, M, K, N, act, double) -> bool: out = x @ w + b (relu if act == 1)"},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_FASTCALL,
      "softmax(x, out, R, C, double) -> bool: row-wise softmax"},
+    {"rowreduce", (PyCFunction)(void (*)(void))py_rowreduce, METH_FASTCALL,
+     "rowreduce(x, out, R, C, op, double) -> bool: max (op 0) / min (op 1) of each row"},
+    {"elementwise", (PyCFunction)(void (*)(void))py_elementwise, METH_FASTCALL,
+     "elementwise(program, consts, modes, n, C, double, out, *inputs) -> bool: run a fused program"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,11 +11,12 @@ touches at most a couple of buffers), and it is the same node a GPU backend turn
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import scipy.special
 
+from . import native
 from . import primitives as P
 from .executor import _CLIP, _EmitContext
 from .ir import Eqn, Graph, Literal, ShapeError, Var
@@ -25,7 +26,7 @@ FUSIBLE = frozenset(
     {
         "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
         "not", "neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "sin", "cos",
-        "relu", "select", "clip",
+        "relu", "select", "clip", "broadcast_to",
     }
 )
 
@@ -131,7 +132,22 @@ def _fused_impl(*ins, body):
 
 def _fused_emit(ctx, ins, attrs, in_avals, out_aval):
     k = ctx.const(FusedKernel(attrs["body"]))
-    return P.stmt(f"{k}({', '.join(ins)}{', ' if ins else ''}{{o}})")
+    call = f"{k}({', '.join(ins)}{', ' if ins else ''}{{o}})"
+    prog = native.elementwise_program(attrs["body"])
+    if prog is not None and all(_contiguous_or_unknown(ctx, name) for name in ins):
+        # one call into the native VM; the generated numpy function if an operand is unreadable
+        vm = ctx.const(native._native.elementwise)
+        p, c, m = ctx.const(prog.program), ctx.const(prog.consts), ctx.const(prog.modes)
+        args = f"{p}, {c}, {m}, {prog.n}, {prog.C}, {prog.double}, {{o}}" + "".join(f", {a}" for a in ins)
+        return P.stmt(f"if not {vm}({args}): {call}")
+    return P.stmt(call)
+
+
+def _contiguous_or_unknown(ctx, name: str) -> bool:
+    """False for an operand known at build time (a buffer view or constant) that the VM cannot
+    read; per-call values are checked by the VM itself."""
+    v = ctx.ns.get(name)
+    return not isinstance(v, np.ndarray) or v.flags.c_contiguous
 
 
 def _fused_vjp(need, ct, out, *ins, body):
@@ -163,9 +179,12 @@ fused_p.jvp = _fused_jvp
 fused_p.batch = _fused_batch
 
 
-def elementwise_fusion(graph: Graph, min_size: int = 2) -> Graph:
+def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph], bool] | None = None) -> Graph:
     """Replace every maximal tree of at least ``min_size`` fusible equations (same output shape
-    and dtype, inner values used only inside the tree) by one ``fused_elementwise`` equation."""
+    and dtype, inner values used only inside the tree) by one ``fused_elementwise`` equation.
+    ``accept(body)``, if given, decides per tree whether to fuse it (the default pipeline fuses
+    only what the native VM runs).  A ``broadcast_to`` whose only consumer is in the tree joins
+    it, so the tree reads the small operand instead of a strided view."""
     uses: dict = {}
     for e in graph.eqns:
         for a in e.inputs:
@@ -181,7 +200,7 @@ def elementwise_fusion(graph: Graph, min_size: int = 2) -> Graph:
         producer[e.outputs[0]] = i
     for i, e in enumerate(graph.eqns):
         o = e.outputs[0]
-        if e.prim.name not in FUSIBLE or o.aval.ndim == 0 or len(e.outputs) != 1:
+        if e.prim.name not in FUSIBLE or len(e.outputs) != 1 or _int_cast(e):
             continue
         gid = i
         group_of[i] = gid
@@ -201,7 +220,7 @@ def elementwise_fusion(graph: Graph, min_size: int = 2) -> Graph:
     eqns: list = []
     for i, e in enumerate(graph.eqns):
         gid = group_of.get(i)
-        if gid is None or len(members[gid]) < min_size:
+        if gid is None or len(members[gid]) < min_size or (len(members[gid]) == 2 and _only_broadcast(graph, members[gid])):
             eqns.append(e)
             continue
         if gid != i:
@@ -220,10 +239,48 @@ def elementwise_fusion(graph: Graph, min_size: int = 2) -> Graph:
             for k in idx
         ]
         body = Graph(sub_in, [], [], sub_eqns, [e.outputs[0]])
+        if accept is not None and not accept(body):
+            eqns.extend(graph.eqns[k] for k in idx)
+            continue
         # the fused node defines the root's variable (consumers need no renaming); the body keeps
         # its own copy of the root equation, which is fine because a sub-graph is its own scope
         eqns.append(Eqn(fused_p, ext, [e.outputs[0]], {"body": body}, e.source))
     return Graph(graph.invars, graph.constvars, graph.consts, eqns, graph.outvars)
+
+
+def _int_cast(e: Eqn) -> bool:
+    """A cast from integers stays outside fused trees (the step count of an optimizer): the tree
+    then holds one float type, which the native VM runs."""
+    return e.prim.name == "cast" and isinstance(e.inputs[0], Var) and e.inputs[0].aval.dtype.kind in "iu"
+
+
+def _only_broadcast(graph: Graph, idx: list) -> bool:
+    """A broadcast and its one consumer alone are not worth a fused node."""
+    return any(graph.eqns[k].prim.name == "broadcast_to" for k in idx)
+
+
+def _vm_worth(body: Graph) -> bool:
+    """A tree the VM runs, of two or more equations, or a single broadcasting operation on a
+    larger array (numpy's loop over a row- or column-broadcast operand is ~2x slower than the
+    VM's blocked copy)."""
+    prog = native.elementwise_program(body)
+    if prog is None:
+        return False
+    if len(body.eqns) >= 2:
+        return True
+    return prog.n >= _VM_SINGLE_MIN and any(m in (native._MODE["row"], native._MODE["col"]) for m in prog.modes)
+
+
+_VM_SINGLE_MIN = 1024
+
+
+def default_elementwise_fusion(graph: Graph) -> Graph:
+    """The default pipeline's fusion: only trees the native elementwise VM runs in one call (on
+    the numpy kernels alone a fused tree is no faster than its equations), and nothing when the
+    native kernels are unavailable."""
+    if not native.available():
+        return graph
+    return elementwise_fusion(graph, min_size=1, accept=_vm_worth)
 
 
 def fused_sources(graph: Graph) -> list[str]:
@@ -231,13 +288,13 @@ def fused_sources(graph: Graph) -> list[str]:
     return [FusedKernel(e.attrs["body"]).source for e in graph.eqns if e.prim is fused_p]
 
 
-__all__ = ["FUSIBLE", "FUSION_PIPELINE", "FusedKernel", "elementwise_fusion", "fused_p", "fused_sources"]
+__all__ = ["FUSIBLE", "FUSION_PIPELINE", "FusedKernel", "default_elementwise_fusion", "elementwise_fusion", "fused_p", "fused_sources"]
 
 
 def _fusion_pipeline():
-    from .passes import DEFAULT_PASSES, Pipeline
+    from .passes import DEFAULT_PASSES, Pipeline, pass_name
 
-    return Pipeline(DEFAULT_PASSES + (elementwise_fusion,))
+    return Pipeline(tuple(p for p in DEFAULT_PASSES if pass_name(p) != "fuse_elementwise") + (elementwise_fusion,))
 
 
 FUSION_PIPELINE = _fusion_pipeline()

@@ -253,4 +253,160 @@ def _match_softmax(e: Eqn, uses: dict, outs: set, producer: dict, replace: dict,
     replace[id(e)] = Eqn(softmax_p, [q], [out], {}, e.source)
 
 
-__all__ = ["DENSE_MAX_INPUT", "DENSE_MAX_MACS", "SOFTMAX_MAX_ELEMENTS", "available", "dense_p", "select_native_kernels", "softmax_p"]
+# ----------------------------------------------------------------------------- fused elementwise
+
+# opcodes of the elementwise virtual machine in _native.c (same order as its enum)
+_OPS = (
+    "add sub mul div neg exp log log1p tanh logistic sqrt rsqrt abs sign maximum minimum pow square "
+    "eq ne lt le gt ge and or not select clip relu sin cos copy nonzero"
+).split()
+OPCODE = {name: k for k, name in enumerate(_OPS)}
+_TRANSCENDENTAL = frozenset({"exp", "log", "log1p", "tanh", "logistic", "pow", "sin", "cos"})
+_PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
+_MODE = {"full": 0, "scalar": 1, "row": 2, "col": 3}
+VM_MAX_REGS, VM_MAX_INPUTS = 64, 32
+# numpy's SIMD exp/tanh/log beat the VM's scalar libm calls on long arrays: fused bodies with a
+# transcendental function run in the VM only up to this many elements
+VM_MAX_TRANSCENDENTAL_ELEMENTS = 512
+
+
+class ElementwiseProgram:
+    """A fused elementwise body compiled for the VM: ``program``/``consts``/``modes`` bytes and
+    the output's element count ``n`` and last-axis length ``C`` (see ``_native.c``)."""
+
+    __slots__ = ("program", "consts", "modes", "n", "C", "double")
+
+    def __init__(self, program: bytes, consts: bytes, modes: bytes, n: int, C: int, double: bool):
+        self.program, self.consts, self.modes, self.n, self.C, self.double = program, consts, modes, n, C, double
+
+
+def _input_mode(shape: tuple, out_shape: tuple) -> str | None:
+    n = int(np.prod(out_shape, dtype=np.int64))
+    size = int(np.prod(shape, dtype=np.int64))
+    if shape == out_shape:
+        return "full"
+    if size == 1:
+        return "scalar"
+    if len(shape) > len(out_shape) or not out_shape:
+        return None
+    padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    c = out_shape[-1]
+    if padded == (1,) * (len(out_shape) - 1) + (c,):
+        return "row"
+    if len(out_shape) >= 2 and padded == tuple(out_shape[:-1]) + (1,) and size * c == n:
+        return "col"
+    return None
+
+
+def elementwise_program(body: Graph) -> ElementwiseProgram | None:
+    """Compile a fused elementwise body (fusion.py) for the native VM, or ``None`` when it uses
+    something the VM does not do: dtypes other than one float type (booleans only as
+    intermediate masks), broadcasts other than scalar/row/column, or a transcendental function
+    on a long array."""
+    if not available() or len(body.outvars) != 1 or not isinstance(body.outvars[0], Var):
+        return None
+    out = body.outvars[0]
+    dt = out.aval.dtype
+    if dt not in DENSE_MAX_MACS or out.aval.size == 0:
+        return None
+    shape = out.aval.shape
+    n = out.aval.size
+    if len(body.invars) > VM_MAX_INPUTS:
+        return None
+    modes = []
+    reg: dict = {}
+    for k, v in enumerate(body.invars):
+        mode = _input_mode(v.aval.shape, shape)
+        if mode is None or v.aval.dtype != dt:
+            return None
+        modes.append(_MODE[mode])
+        reg[v] = k
+    consts: list = []
+    const_reg: dict = {}
+
+    def constant(value: float) -> int:
+        value = float(value)
+        key = (value, np.signbit(value)) if value == value else ("nan",)
+        if key not in const_reg:
+            const_reg[key] = len(body.invars) + len(consts)
+            consts.append(value)
+        return const_reg[key]
+
+    # constants are numbered first (registers ni .. ni+nc-1), so collect them in a first pass
+    ops: list = []
+    alias: dict = {}  # broadcast_to of an input: the input itself, read in its own mode
+    inner = {x.outputs[0] for x in body.eqns}
+    for e in body.eqns:
+        name = e.prim.name
+        o = e.outputs[0]
+        if name == "broadcast_to":
+            a = e.inputs[0]
+            if not isinstance(a, Var) or a not in reg or o.aval.shape != shape or o.aval.dtype != dt:
+                return None
+            alias[o] = a
+            continue
+        if o.aval.shape != shape or (o.aval.dtype != dt and not (o.aval.dtype == np.bool_ and name in _PREDICATES | {"cast"})):
+            return None
+        if name in _TRANSCENDENTAL and n > VM_MAX_TRANSCENDENTAL_ELEMENTS:
+            return None
+        operands = []
+        for a in e.inputs:
+            if isinstance(a, Var):
+                a = alias.get(a, a)
+                if a.aval.dtype != dt and a.aval.dtype != np.bool_:
+                    return None
+                if a not in reg and a not in inner:
+                    return None
+                operands.append(a)
+            else:
+                if a.aval.dtype.kind not in "biuf":
+                    return None
+                operands.append(constant(a.value))
+        if name == "cast":
+            target = np.dtype(e.attrs["dtype"]) if "dtype" in e.attrs else o.aval.dtype
+            op = "copy" if target == dt else "nonzero" if target == np.bool_ else None
+            if op is None or e.inputs[0].aval.dtype not in (dt, np.dtype(np.bool_)):
+                return None
+        elif name == "clip":
+            op = "clip"
+            operands += [constant(e.attrs["lo"]), constant(e.attrs["hi"])]
+        elif name == "pow" and not isinstance(e.inputs[1], Var) and float(e.inputs[1].value) == 2.0:
+            op, operands = "square", operands[:1]
+        elif name in OPCODE and name not in ("copy", "nonzero", "square"):
+            op = name
+        else:
+            return None
+        if o.aval.dtype == np.bool_ and op not in _PREDICATES | {"nonzero"}:
+            return None
+        ops.append((op, o, operands))
+    ni, nc = len(body.invars), len(consts)
+    temp0 = ni + nc
+    last_use: dict = {}
+    for q, (_, _, operands) in enumerate(ops):
+        for a in operands:
+            if isinstance(a, Var):
+                last_use[a] = q
+    free: list = []
+    next_temp = temp0
+    words = []
+    for q, (op, o, operands) in enumerate(ops):
+        srcs = [reg[a] if isinstance(a, Var) else a for a in operands]
+        for a in operands:  # operands dying here free their temporaries (the VM runs in place safely)
+            if isinstance(a, Var) and last_use.get(a) == q and reg[a] >= temp0 and reg[a] not in free:
+                free.append(reg[a])
+        if free:
+            dst = free.pop()
+        else:
+            dst, next_temp = next_temp, next_temp + 1
+            if dst >= VM_MAX_REGS:
+                return None
+        reg[o] = dst
+        srcs += [0] * (3 - len(srcs))
+        words += [OPCODE[op], dst, *srcs[:3]]
+    if out not in reg or reg[out] < temp0:
+        return None
+    program = np.array([temp0, reg[out], *words], np.int32).tobytes()
+    return ElementwiseProgram(program, np.array(consts, np.float64).tobytes(), bytes(modes), n, shape[-1] if shape else 1, dt == np.float64)
+
+
+__all__ = ["DENSE_MAX_INPUT", "DENSE_MAX_MACS", "ElementwiseProgram", "elementwise_program", "SOFTMAX_MAX_ELEMENTS", "available", "dense_p", "select_native_kernels", "softmax_p"]

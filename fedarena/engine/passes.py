@@ -495,6 +495,15 @@ def pass_name(p: Any) -> str:
     return getattr(p, "__name__", type(p).__name__)
 
 
+def fuse_elementwise(graph: Graph) -> Graph:
+    """Elementwise fusion as the default pipeline runs it: trees the native VM executes in one
+    call (``fusion.default_elementwise_fusion``; imported here lazily because the fusion module
+    builds on the executor, which builds on this module)."""
+    from .fusion import default_elementwise_fusion
+
+    return default_elementwise_fusion(graph)
+
+
 DEFAULT_PASSES: tuple = (
     constant_folding,
     algebraic_simplification,
@@ -502,6 +511,7 @@ DEFAULT_PASSES: tuple = (
     unroll_small_reductions,
     sums_as_matmul,
     select_native_kernels,
+    fuse_elementwise,
     dead_code_elimination,
 )
 DEFAULT_PIPELINE = Pipeline(DEFAULT_PASSES)
@@ -532,6 +542,7 @@ __all__ = [
     "common_subexpression_elimination",
     "constant_folding",
     "dead_code_elimination",
+    "fuse_elementwise",
     "resolve",
     "sums_as_matmul",
     "unroll_small_reductions",

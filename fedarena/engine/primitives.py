@@ -623,6 +623,23 @@ def _reduce_emit(uf_name):
                 return stmt(f"np.dot({ins[0]}, {ones}, {{o}})")
             ones = ctx.const(np.ones((1, n) if kd else (n,), av.dtype))
             return stmt(f"np.dot({ones}, {ins[0]}, {{o}})")
+        if (
+            uf_name in _ARG_OF
+            and av.ndim == 2
+            and axes in ((1,), (-1,))
+            and 1 < av.shape[1] <= _TINY_REDUCE
+            and av.dtype in (np.float32, np.float64)
+            and out_aval.dtype == av.dtype
+        ):
+            from . import native  # the native kernels build on this module
+
+            if native.available():
+                # max/min over a short last axis (a batch's logits): one native pass, ~5x cheaper
+                fn = ctx.const(native._native.rowreduce)
+                r, c = av.shape
+                op = 0 if uf_name == "np.maximum" else 1
+                fallback = f"{uf_name}.reduce({ins[0]}, 1, None, {{o}}, {attrs['keepdims']})"
+                return stmt(f"if not {fn}({ins[0]}, {{o}}, {r}, {c}, {op}, {av.dtype == np.float64}): {fallback}")
         if uf_name in _ARG_OF and av.ndim == 1 and 0 < av.size <= _TINY_REDUCE and out_aval.ndim == 0 and out_aval.dtype == av.dtype:
             # max/min of a handful of elements (a single observation's logits): indexing at argmax
             # skips ufunc.reduce's setup, ~3x cheaper; argmax stops at the first NaN, as max propagates it
