@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 import scipy.special
 
 from . import native
@@ -133,21 +134,28 @@ def _fused_impl(*ins, body):
 def _fused_emit(ctx, ins, attrs, in_avals, out_aval):
     k = ctx.const(FusedKernel(attrs["body"]))
     call = f"{k}({', '.join(ins)}{', ' if ins else ''}{{o}})"
-    prog = native.elementwise_program(attrs["body"])
-    if prog is not None and all(_contiguous_or_unknown(ctx, name) for name in ins):
+    # operands known at build time (constants, buffer views): a broadcast of one value is passed
+    # as a one-element view of it; another non-contiguous one keeps the numpy function
+    vm_ins = list(ins)
+    scalars = set()
+    readable = True
+    for k, name in enumerate(ins):
+        v = ctx.ns.get(name)
+        if not isinstance(v, np.ndarray) or v.flags.c_contiguous:
+            continue
+        if v.size and not any(v.strides):
+            scalars.add(k)
+            vm_ins[k] = ctx.const(as_strided(v, shape=(1,), strides=(0,)))
+        else:
+            readable = False
+    prog = native.elementwise_program(attrs["body"], frozenset(scalars)) if readable else None
+    if prog is not None:
         # one call into the native VM; the generated numpy function if an operand is unreadable
         vm = ctx.const(native._native.elementwise)
         p, c, m = ctx.const(prog.program), ctx.const(prog.consts), ctx.const(prog.modes)
-        args = f"{p}, {c}, {m}, {prog.n}, {prog.C}, {prog.double}, {{o}}" + "".join(f", {a}" for a in ins)
+        args = f"{p}, {c}, {m}, {prog.n}, {prog.C}, {prog.double}, {{o}}" + "".join(f", {a}" for a in vm_ins)
         return P.stmt(f"if not {vm}({args}): {call}")
     return P.stmt(call)
-
-
-def _contiguous_or_unknown(ctx, name: str) -> bool:
-    """False for an operand known at build time (a buffer view or constant) that the VM cannot
-    read; per-call values are checked by the VM itself."""
-    v = ctx.ns.get(name)
-    return not isinstance(v, np.ndarray) or v.flags.c_contiguous
 
 
 def _fused_vjp(need, ct, out, *ins, body):
@@ -240,12 +248,37 @@ def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph]
         ]
         body = Graph(sub_in, [], [], sub_eqns, [e.outputs[0]])
         if accept is not None and not accept(body):
-            eqns.extend(graph.eqns[k] for k in idx)
+            # not the whole tree: each equation alone, if that is accepted (a broadcasting add
+            # whose consumer, a tanh over a long array, the VM would run slower than numpy)
+            for k in idx:
+                single = _single_body(graph.eqns[k])
+                eqns.append(Eqn(fused_p, single.invars_outer, [graph.eqns[k].outputs[0]], {"body": single.body}, graph.eqns[k].source) if single and accept(single.body) else graph.eqns[k])
             continue
         # the fused node defines the root's variable (consumers need no renaming); the body keeps
         # its own copy of the root equation, which is fine because a sub-graph is its own scope
         eqns.append(Eqn(fused_p, ext, [e.outputs[0]], {"body": body}, e.source))
     return Graph(graph.invars, graph.constvars, graph.consts, eqns, graph.outvars)
+
+
+class _Single:
+    __slots__ = ("body", "invars_outer")
+
+    def __init__(self, body: Graph, invars_outer: list):
+        self.body, self.invars_outer = body, invars_outer
+
+
+def _single_body(e: Eqn) -> _Single | None:
+    """One fusible equation as a fused body of its own (its variable operands become inputs)."""
+    if e.prim.name not in FUSIBLE or e.prim.name == "broadcast_to":
+        return None
+    outer = []
+    for a in e.inputs:
+        if isinstance(a, Var) and a not in outer:
+            outer.append(a)
+    inner = [Var(a.aval) for a in outer]
+    ren = dict(zip(outer, inner))
+    eq = Eqn(e.prim, [ren.get(a, a) if isinstance(a, Var) else a for a in e.inputs], e.outputs, e.attrs, e.source)
+    return _Single(Graph(inner, [], [], [eq], [e.outputs[0]]), outer)
 
 
 def _int_cast(e: Eqn) -> bool:
@@ -271,7 +304,7 @@ def _vm_worth(body: Graph) -> bool:
     return prog.n >= _VM_SINGLE_MIN and any(m in (native._MODE["row"], native._MODE["col"]) for m in prog.modes)
 
 
-_VM_SINGLE_MIN = 1024
+_VM_SINGLE_MIN = 64
 
 
 def default_elementwise_fusion(graph: Graph) -> Graph:

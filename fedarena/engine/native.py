@@ -298,11 +298,12 @@ def _input_mode(shape: tuple, out_shape: tuple) -> str | None:
     return None
 
 
-def elementwise_program(body: Graph) -> ElementwiseProgram | None:
+def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> ElementwiseProgram | None:
     """Compile a fused elementwise body (fusion.py) for the native VM, or ``None`` when it uses
     something the VM does not do: dtypes other than one float type (booleans only as
     intermediate masks), broadcasts other than scalar/row/column, or a transcendental function
-    on a long array."""
+    on a long array.  ``scalar_inputs``: positions of inputs passed as one element (operands
+    known to be broadcasts of a single value)."""
     if not available() or len(body.outvars) != 1 or not isinstance(body.outvars[0], Var):
         return None
     out = body.outvars[0]
@@ -316,7 +317,7 @@ def elementwise_program(body: Graph) -> ElementwiseProgram | None:
     modes = []
     reg: dict = {}
     for k, v in enumerate(body.invars):
-        mode = _input_mode(v.aval.shape, shape)
+        mode = "scalar" if k in scalar_inputs else _input_mode(v.aval.shape, shape)
         if mode is None or v.aval.dtype != dt:
             return None
         modes.append(_MODE[mode])
