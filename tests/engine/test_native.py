@@ -208,3 +208,167 @@ def test_softmax_vjp_matches_finite_differences():
         return ops.sum(engine.tracing.bind(native.softmax_p, x) * ct)
 
     np.testing.assert_allclose(engine.grad(f)(x), _fd_grad(f, x), rtol=1e-6, atol=1e-8)
+
+
+# ----------------------------------------------------------------------------- elementwise VM
+
+from fedarena.engine import fusion  # noqa: E402
+from fedarena.engine.ir import Literal  # noqa: E402
+
+_UNARY = ["neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "relu", "sin", "cos"]
+_BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]
+_COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
+
+
+def _vm_run(body, *inputs):
+    prog = native.elementwise_program(body)
+    assert prog is not None, "the VM should take this body"
+    out = np.full(body.outvars[0].aval.shape, 123.0, body.outvars[0].aval.dtype)
+    assert native._native.elementwise(prog.program, prog.consts, prog.modes, prog.n, prog.C, prog.double, out, *inputs)
+    return out
+
+
+def _ref(body, *inputs):
+    return fusion.FusedKernel(body)(*inputs, np.empty(body.outvars[0].aval.shape, body.outvars[0].aval.dtype))
+
+
+def _special_values(rng, shape, dtype):
+    x = rng.standard_normal(shape) * 3
+    flat = x.reshape(-1)
+    flat[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30][: flat.size]
+    return x.astype(dtype)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", _UNARY)
+def test_vm_unary_ops_match_numpy(name, dtype):
+    x, m, y = V(300, dtype=dtype), V(300, dtype=dtype), V(300, dtype=dtype)
+    body = Graph([x], [], [], [eq(name, [x], m), eq("mul", [m, Literal(2.0, weak=True)], y)], [y])
+    xv = _special_values(np.random.default_rng(0), (300,), dtype)
+    with np.errstate(all="ignore"):
+        ref = _ref(body, xv)
+        got = _vm_run(body, xv)
+    rtol = 4e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * 1e-3)
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", _BINARY + _COMPARE)
+def test_vm_binary_ops_match_numpy_with_every_broadcast_mode(name, dtype):
+    rng = np.random.default_rng(1)
+    shape = (37, 11)  # blocks of 256 do not divide rows: row/column indices wrap inside a block
+    for other_shape in [(37, 11), (), (11,), (1, 11), (37, 1)]:
+        x, b = V(*shape, dtype=dtype), V(*other_shape, dtype=dtype)
+        m, y = V(*shape, dtype=np.bool_ if name in _COMPARE else dtype), V(*shape, dtype=dtype)
+        tail = eq("select", [m, x, Literal(-1.0, weak=True)], y) if name in _COMPARE else eq("add", [m, x], y)
+        body = Graph([x, b], [], [], [eq(name, [x, b], m), tail], [y])
+        xv = _special_values(rng, shape, dtype)
+        bv = np.abs(_special_values(rng, other_shape, dtype)) if name == "pow" else _special_values(rng, other_shape, dtype)
+        if name != "pow" and bv.size > 1:
+            bv.reshape(-1)[-1] = xv.reshape(-1)[-1]  # ties for the comparisons
+        with np.errstate(all="ignore"):
+            ref = _ref(body, xv, bv)
+            got = _vm_run(body, xv, bv)
+        rtol = 4e-6 if dtype == np.float32 else 1e-14
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * 1e-3, err_msg=f"{name} with {other_shape}")
+
+
+@needs_native
+def test_vm_select_clip_logic_and_casts():
+    x, p, q, c, s, n, y = V(50), V(50, dtype=np.bool_), V(50, dtype=np.bool_), V(50), V(50), V(50, dtype=np.bool_), V(50)
+    body = Graph(
+        [x],
+        [],
+        [],
+        [
+            eq("gt", [x, Literal(0.0, weak=True)], p),
+            eq("lt", [x, Literal(2.0, weak=True)], q),
+            eq("and", [p, q], n),
+            eq("clip", [x], c, lo=-0.5, hi=1.5),
+            eq("select", [n, c, x], s),
+            eq("mul", [s, s], y),
+        ],
+        [y],
+    )
+    xv = _special_values(np.random.default_rng(2), (50,), np.float64)
+    np.testing.assert_array_equal(_vm_run(body, xv), _ref(body, xv))
+
+
+@needs_native
+def test_vm_declines_what_it_cannot_run():
+    # a boolean result, an integer operand, an unsupported broadcast, a long transcendental
+    x, y = V(8), V(8, dtype=np.bool_)
+    assert native.elementwise_program(Graph([x], [], [], [eq("gt", [x, Literal(0.0, weak=True)], y)], [y])) is None
+    i, z = V(8, dtype=np.int64), V(8)
+    assert native.elementwise_program(Graph([i, x], [], [], [eq("add", [x, i], z)], [z])) is None
+    a, b, o = V(4, 3, 2), V(4, 1, 2), V(4, 3, 2)
+    assert native.elementwise_program(Graph([a, b], [], [], [eq("add", [a, b], o)], [o])) is None
+    big, t = V(100_000), V(100_000)
+    assert native.elementwise_program(Graph([big], [], [], [eq("tanh", [big], t)], [t])) is None
+    assert native.elementwise_program(Graph([big], [], [], [eq("sqrt", [big], t)], [t])) is not None
+
+
+@needs_native
+def test_vm_rejects_hostile_programs_without_touching_memory():
+    ew = native._native.elementwise
+    out = np.zeros(4)
+    x = np.ones(4)
+    good = np.array([2, 2, native.OPCODE["add"], 2, 0, 1, 0], np.int32).tobytes()
+    consts = np.array([1.0]).tobytes()
+    assert ew(good, consts, bytes([0]), 4, 4, True, out, x) and (out == 2).all()
+    out[:] = 0
+    bad = [
+        np.array([2, 2, 99, 2, 0, 1, 0], np.int32).tobytes(),  # unknown opcode
+        np.array([2, 2, native.OPCODE["add"], 1000, 0, 1, 0], np.int32).tobytes(),  # register out of range
+        np.array([2, 2, native.OPCODE["add"], 2, -5, 1, 0], np.int32).tobytes(),
+        np.array([5, 5, native.OPCODE["add"], 5, 0, 1, 0], np.int32).tobytes(),  # inconsistent layout
+        good[:-2],  # truncated
+    ]
+    for prog in bad:
+        with pytest.raises(ValueError):
+            ew(prog, consts, bytes([0]), 4, 4, True, out, x)
+    with pytest.raises(ValueError):
+        ew(good, consts, bytes([0]), 4, 3, True, out, x)  # n not a multiple of C
+    assert not ew(good, consts, bytes([0]), 5, 5, True, out, x)  # sizes disagree with the buffers
+    assert not ew(good, consts, bytes([7]), 4, 4, True, out, x)  # unknown input mode
+    assert (out == 0).all()
+
+
+@needs_native
+def test_vm_runs_in_place_when_the_output_is_an_input():
+    x, a, y = V(1000), V(1000), V(1000)
+    body = Graph([x], [], [], [eq("mul", [x, x], a), eq("sub", [a, x], y)], [y])
+    prog = native.elementwise_program(body)
+    xv = np.random.default_rng(3).standard_normal(1000)
+    expect = xv * xv - xv
+    assert native._native.elementwise(prog.program, prog.consts, prog.modes, prog.n, prog.C, prog.double, xv, xv)
+    np.testing.assert_allclose(xv, expect, rtol=1e-15)
+
+
+@needs_native
+def test_default_pipeline_fuses_only_what_the_vm_runs_and_matches_unfused():
+    def step(w, g, m):
+        m2 = m * 0.9 + g * 0.1
+        return w - 0.01 * m2 / (ops.sqrt(m2 * m2) + 1e-8), m2, ops.tanh(w @ w.T + g)
+
+    rng = np.random.default_rng(4)
+    args = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3)]
+    jf, jp = engine.jit(step), engine.jit(step, passes=())
+    names = prims(jf.graph(*args))
+    assert "fused_elementwise" in names and "tanh" in names  # tanh over 4096 elements stays in numpy
+    for a, b in zip(jf(*args), jp(*args)):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-6)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_native_row_max_and_min_match_numpy(dtype):
+    x = _special_values(np.random.default_rng(5), (40, 6), dtype)
+    x[7, 3] = np.nan
+    for fn, ref in ((ops.max, np.max), (ops.min, np.min)):
+        got = engine.jit(lambda v: fn(v, axis=1))(x)
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(got, ref(x, axis=1))
