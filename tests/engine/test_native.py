@@ -9,24 +9,13 @@ import numpy as np
 import pytest
 
 from fedarena import engine
-from fedarena.engine import native, nn, ops
+from fedarena.engine import fusion, native, nn, ops
 from fedarena.engine.executor import Executable
-from fedarena.engine.ir import Eqn, Graph, ShapedArray, Var
-from fedarena.engine.tracing import PRIMITIVES
+from fedarena.engine.ir import Graph, Literal
+
+from .graphs import V, eq, prims
 
 needs_native = pytest.mark.skipif(not native.available(), reason="native kernels not built")
-
-
-def V(*shape, dtype=np.float64):
-    return Var(ShapedArray(shape, dtype))
-
-
-def eq(name, ins, out, **attrs):
-    return Eqn(PRIMITIVES[name], ins, [out], attrs, None)
-
-
-def prims(g):
-    return [e.prim.name for e in g.eqns]
 
 
 TOL = {np.float32: 2e-6, np.float64: 1e-13}
@@ -211,9 +200,6 @@ def test_softmax_vjp_matches_finite_differences():
 
 
 # ----------------------------------------------------------------------------- elementwise VM
-
-from fedarena.engine import fusion  # noqa: E402
-from fedarena.engine.ir import Literal  # noqa: E402
 
 _UNARY = ["neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "relu", "sin", "cos"]
 _BINARY = ["add", "sub", "mul", "div", "maximum", "minimum", "pow"]

@@ -11,20 +11,9 @@ import pytest
 from fedarena import engine
 from fedarena.engine import ops, passes
 from fedarena.engine.executor import Executable
-from fedarena.engine.ir import Eqn, Graph, Literal, ShapedArray, Var
-from fedarena.engine.tracing import PRIMITIVES
+from fedarena.engine.ir import Graph, Literal
 
-
-def V(*shape, dtype=np.float64):
-    return Var(ShapedArray(shape, dtype))
-
-
-def eq(name, ins, out, **attrs):
-    return Eqn(PRIMITIVES[name], ins, [out], attrs, None)
-
-
-def prims(g):
-    return [e.prim.name for e in g.eqns]
+from .graphs import V, eq, prims
 
 
 def run(g, *args):
