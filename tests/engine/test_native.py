@@ -5,6 +5,8 @@ finite differences."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,13 @@ from fedarena.engine.ir import Graph, Literal
 from .graphs import V, eq, prims
 
 needs_native = pytest.mark.skipif(not native.available(), reason="native kernels not built")
+
+
+def test_native_kernels_built_where_required():
+    """CI sets FEDARENA_REQUIRE_NATIVE=1 (it has a C compiler): a silently failed build of the
+    optional extension would otherwise skip every native test below."""
+    if os.environ.get("FEDARENA_REQUIRE_NATIVE") == "1":
+        assert native._native is not None, "fedarena.engine._native was not built"
 
 
 TOL = {np.float32: 2e-6, np.float64: 1e-13}
