@@ -91,7 +91,23 @@ def _dense_vjp(need, ct, out, x, w, *b, bias: bool, relu: bool):
     return tuple(gs)
 
 
-dense_p = _define("dense", _dense_rule, _dense_impl, _dense_emit, _dense_vjp)
+def _dense_jvp(ts, out, x, w, *b, bias: bool, relu: bool):
+    terms = []
+    if ts[0] is not None:
+        terms.append(P.matmul(ts[0], w))
+    if ts[1] is not None:
+        terms.append(P.matmul(x, ts[1]))
+    if bias and ts[2] is not None:
+        terms.append(P.broadcast_to(P.reshape(ts[2], (1, P.shape_of(out)[1])), P.shape_of(out)))
+    if not terms:
+        return None
+    t = terms[0]
+    for u in terms[1:]:
+        t = P.add(t, u)
+    return P.mul(t, P.gt(out, 0)) if relu else t
+
+
+dense_p = _define("dense", _dense_rule, _dense_impl, _dense_emit, _dense_vjp, _dense_jvp)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -127,7 +143,12 @@ def _softmax_vjp(need, ct, out, x):
     return (P.mul(out, P.sub(ct, s)),)
 
 
-softmax_p = _define("softmax", _softmax_rule, _softmax_impl, _softmax_emit, _softmax_vjp)
+def _softmax_jvp(ts, out, x):
+    # the same linear map as the VJP (the softmax Jacobian is symmetric)
+    return _softmax_vjp((True,), ts[0], out, x)[0]
+
+
+softmax_p = _define("softmax", _softmax_rule, _softmax_impl, _softmax_emit, _softmax_vjp, _softmax_jvp)
 
 
 # ----------------------------------------------------------------------------- the pass

@@ -367,3 +367,49 @@ def test_native_row_max_and_min_match_numpy(dtype):
         got = engine.jit(lambda v: fn(v, axis=1))(x)
         with np.errstate(invalid="ignore"):
             np.testing.assert_array_equal(got, ref(x, axis=1))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_dense_jvp_matches_finite_differences(relu):
+    rng = np.random.default_rng(6)
+    x, w, b = rng.standard_normal((2, 3)), rng.standard_normal((3, 4)), rng.standard_normal(4)
+    tx, tw, tb = rng.standard_normal((2, 3)), rng.standard_normal((3, 4)), rng.standard_normal(4)
+
+    def f(x, w, b):
+        return engine.tracing.bind(native.dense_p, x, w, b, bias=True, relu=relu)
+
+    _, t = engine.jvp(f, (x, w, b), (tx, tw, tb))
+    eps = 1e-6
+    fd = (_dense_impl_np(x + eps * tx, w + eps * tw, b + eps * tb, relu) - _dense_impl_np(x - eps * tx, w - eps * tw, b - eps * tb, relu)) / (2 * eps)
+    np.testing.assert_allclose(t, fd, rtol=1e-6, atol=1e-8)
+
+
+def _dense_impl_np(x, w, b, relu):
+    y = x @ w + b
+    return np.maximum(y, 0) if relu else y
+
+
+def test_softmax_jvp_matches_finite_differences():
+    rng = np.random.default_rng(7)
+    x, tx = rng.standard_normal((3, 5)), rng.standard_normal((3, 5))
+    _, t = engine.jvp(lambda v: engine.tracing.bind(native.softmax_p, v), (x,), (tx,))
+    eps = 1e-6
+    sm = native._softmax_impl
+    np.testing.assert_allclose(t, (sm(x + eps * tx) - sm(x - eps * tx)) / (2 * eps), rtol=1e-6, atol=1e-9)
+
+
+def test_dense_and_softmax_vjps_match_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    x, w, b = rng.standard_normal((3, 5)), rng.standard_normal((5, 4)), rng.standard_normal(4)
+    ct = rng.standard_normal((3, 4))
+
+    def ours(x, w, b):
+        y = engine.tracing.bind(native.dense_p, x, w, b, bias=True, relu=True)
+        return ops.sum(engine.tracing.bind(native.softmax_p, y) * ct)
+
+    grads = engine.grad(ours, argnums=(0, 1, 2))(x, w, b)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    (torch.softmax(torch.relu(tx @ tw + tb), -1) * torch.tensor(ct)).sum().backward()
+    for g, t in zip(grads, (tx, tw, tb)):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-10, atol=1e-12)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fedarena import engine
-from fedarena.engine import ops, passes
+from fedarena.engine import native, ops, passes
 from fedarena.engine.executor import Executable
 from fedarena.engine.ir import Graph, Literal
 
@@ -235,6 +235,8 @@ _OPS = [
     ("gather", lambda a, b, r: ops.broadcast_to(ops.take_along_axis(a, np.array([[1], [0], [3]]), axis=1), (3, 4)) + b),
     ("clip", lambda a, b, r: ops.clip(a, -0.7, 0.9)),
     ("softmax", lambda a, b, r: ops.softmax(a, axis=-1) + b),
+    ("dense", lambda a, b, r: ops.relu(a @ r.standard_normal((4, 4)) + r.standard_normal(4)) * 0.3 + b),
+    ("adam_like", lambda a, b, r: a - 0.1 * (a * 0.9 + b * 0.1) / (ops.sqrt(b * b * 0.5 + 0.1) + 1e-3)),
 ]
 
 
@@ -250,6 +252,8 @@ def test_property_optimised_graph_computes_the_same(seed):
         passes.Pipeline((passes.constant_folding,)),
         passes.Pipeline((passes.algebraic_simplification,)),
         passes.Pipeline((passes.dead_code_elimination,)),
+        passes.Pipeline((native.select_native_kernels,)),
+        passes.Pipeline((passes.fuse_elementwise,)),
         passes.Pipeline((passes.UnrollSmallReductions(min_elements=1),)),
     ]
     ref = Executable(g)(x, y)
@@ -281,6 +285,8 @@ def test_property_optimised_graph_computes_the_same(seed):
 def test_property_programs_exercise_the_passes():
     """The random programs are not trivially unoptimisable: over the seeds each pass fires."""
     fired = {"cse": 0, "fold": 0, "simplify": 0, "unroll": 0}
+    if native.available():
+        fired.update(native=0, fuse=0)
     for seed in range(12):
         rng = np.random.default_rng(seed)
         fn = _random_program(rng, n_ops=8)
@@ -291,6 +297,9 @@ def test_property_programs_exercise_the_passes():
         fired["fold"] += len(passes.constant_folding(g).eqns) < n
         fired["simplify"] += len(passes.algebraic_simplification(g).eqns) < n
         fired["unroll"] += len(passes.UnrollSmallReductions(min_elements=1)(g).eqns) > n
+        if native.available():
+            fired["native"] += len(native.select_native_kernels(g).eqns) < n
+            fired["fuse"] += len(passes.fuse_elementwise(g).eqns) < n
     assert all(v >= 3 for v in fired.values()), fired
 
 
