@@ -406,13 +406,14 @@ def vmap(fn: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
     ``in_axes``: an int (the mapped axis of every input), ``None`` (not mapped), or a tuple with one
     entry per positional argument (each an int, ``None`` or a pytree of those matching the argument).
     ``out_axes``: an int, or a pytree prefix of the output of ints.  All mapped inputs must have the
-    same size along their mapped axis.
+    same size along their mapped axis.  Keyword arguments are mapped over their leading axis (JAX's
+    convention: ``in_axes`` describes the positional arguments only).
     """
 
-    def wrapped(*args: Any):
-        axes = _axes_for(in_axes, args)
+    def wrapped(*args: Any, **kwargs: Any):
+        axes = _axes_for(in_axes, args) + [0] * len(tree_flatten(kwargs)[0])
         flat, arg_trees = [], []
-        for a in args:
+        for a in (*args, kwargs):
             leaves, td = tree_flatten(a)
             arg_trees.append((td, len(leaves)))
             flat.extend(leaves)
@@ -451,7 +452,7 @@ def vmap(fn: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
                 full[k] = t
             it = iter(full)
             rebuilt = [tree_unflatten(td, [next(it) for _ in range(n)]) for td, n in arg_trees]
-            out = fn(*rebuilt)
+            out = fn(*rebuilt[:-1], **rebuilt[-1])
             leaves, td = tree_flatten(out)
             out_tree.append(td)
             return leaves

@@ -200,3 +200,16 @@ def test_vmapped_adam_with_global_norm_clipping_equals_per_client_steps():
     for i in range(4):
         for u, v in zip(engine.tree_leaves(stacked), engine.tree_leaves(singles[i])):
             np.testing.assert_allclose(u[i], v, rtol=1e-10, atol=1e-14)
+
+
+def test_keyword_arguments_are_mapped_over_their_leading_axis():
+    rng = np.random.default_rng(11)
+    w, xs, bs = rng.standard_normal((3, 2)), rng.standard_normal((5, 4, 3)), rng.standard_normal((5, 2))
+
+    def f(w, x, bias=None):
+        return ops.tanh(x @ w + bias)
+
+    got = engine.vmap(f, in_axes=(None, 0))(w, xs, bias=bs)
+    np.testing.assert_allclose(got, np.stack([np.tanh(xs[i] @ w + bs[i]) for i in range(5)]), rtol=1e-12)
+    with pytest.raises(engine.EngineError, match="different sizes"):
+        engine.vmap(f, in_axes=(None, 0))(w, xs, bias=bs[:3])
