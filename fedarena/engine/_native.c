@@ -286,10 +286,10 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
     static void vm_run_##SUFFIX(const int *prog, Py_ssize_t ninstr, const double *consts,          \
                                 Py_ssize_t nc, const unsigned char *modes, Py_ssize_t ni,          \
                                 Py_buffer *views, Py_ssize_t n, Py_ssize_t C, Py_ssize_t temp0,    \
-                                Py_ssize_t result)                                                 \
+                                Py_ssize_t result, Py_ssize_t nregs)                               \
     {                                                                                              \
-        /* one set of registers is enough: the caller holds the GIL for the whole run */       \
-        static T regs[VM_MAX_REGS][VM_BLOCK];                                                      \
+        /* registers on this call's stack (at most 64 x 256 elements): no shared state */          \
+        T regs[nregs][VM_BLOCK];                                                                   \
         const T *ptr[VM_MAX_REGS];                                                                 \
         T *out = (T *)views[0].buf;                                                                \
         for (Py_ssize_t k = 0; k < nc; k++) {                                                      \
@@ -302,7 +302,7 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
                 for (int i = 0; i < VM_BLOCK; i++) regs[k][i] = v;                                 \
                 ptr[k] = regs[k];                                                                  \
             }                                                                                      \
-        for (Py_ssize_t r = temp0; r < VM_MAX_REGS; r++) ptr[r] = regs[r];                         \
+        for (Py_ssize_t r = temp0; r < nregs; r++) ptr[r] = regs[r];                               \
         for (Py_ssize_t s0 = 0; s0 < n; s0 += VM_BLOCK) {                                          \
             const Py_ssize_t len = n - s0 < VM_BLOCK ? n - s0 : VM_BLOCK;                          \
             for (Py_ssize_t k = 0; k < ni; k++) {                                                  \
@@ -383,13 +383,17 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, "elementwise: malformed register layout");
         return NULL;
     }
+    Py_ssize_t nregs = result + 1; /* registers in use: every index read or written, plus one */
     for (Py_ssize_t k = 0; k < ninstr; k++) {
         const int *ins = prog + 2 + 5 * k;
         if (ins[0] < 0 || ins[0] >= N_OPS || ins[1] < temp0 || ins[1] >= VM_MAX_REGS)
             goto malformed;
-        for (int j = 2; j < 5; j++)
+        for (int j = 1; j < 5; j++) {
             if (ins[j] < 0 || ins[j] >= VM_MAX_REGS)
                 goto malformed;
+            if (ins[j] + 1 > nregs)
+                nregs = ins[j] + 1;
+        }
     }
     Py_ssize_t it = dbl ? sizeof(double) : sizeof(float);
     char fmt = dbl ? 'd' : 'f';
@@ -408,9 +412,9 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         got++;
     }
     if (dbl)
-        vm_run_f64(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result);
+        vm_run_f64(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result, nregs);
     else
-        vm_run_f32(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result);
+        vm_run_f32(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result, nregs);
     for (Py_ssize_t j = 0; j < got; j++)
         PyBuffer_Release(&views[j]);
     Py_RETURN_TRUE;
