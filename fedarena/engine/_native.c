@@ -249,7 +249,7 @@ enum { MODE_FULL = 0, MODE_SCALAR = 1, MODE_ROW = 2, MODE_COL = 3 };
         case OP_SQRT: VM_LOOP(SQRT(a[i]))                                                           \
         case OP_RSQRT: VM_LOOP(1 / SQRT(a[i]))                                                      \
         case OP_ABS: VM_LOOP(FABS(a[i]))                                                            \
-        case OP_SIGN: VM_LOOP(a[i] > 0 ? (T)1 : a[i] < 0 ? (T)-1 : a[i])                            \
+        case OP_SIGN: VM_LOOP(a[i] != a[i] ? a[i] : a[i] > 0 ? (T)1 : a[i] < 0 ? (T)-1 : a[i])      \
         case OP_MAX: VM_LOOP(a[i] != a[i] ? a[i] : b[i] != b[i] ? b[i] : a[i] >= b[i] ? a[i] : b[i]) \
         case OP_MIN: VM_LOOP(a[i] != a[i] ? a[i] : b[i] != b[i] ? b[i] : a[i] <= b[i] ? a[i] : b[i]) \
         case OP_POW: VM_LOOP(POW(a[i], b[i]))                                                       \
