@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import weakref
-
 import numpy as np
 import scipy.special
 from numpy.lib.stride_tricks import as_strided
@@ -1185,7 +1183,7 @@ class Im2Col:
     """im2col for fixed shapes: (N,C,H,W) -> (N, KH*KW*C, OH*OW), rows ordered (kh, kw, c) so that
     each kernel offset's block is contiguous; reuses a padded scratch buffer."""
 
-    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0, row_pad=0):
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0):
         n, c, h, w = x_shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
         self.oh, self.ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
@@ -1194,10 +1192,7 @@ class Im2Col:
         self.inner = self.xp[:, :, ph : ph + h, pw : pw + w]
         self.geom = (kh, kw, sh, sw, dh, dw)
         self.view = self._view(self.xp)
-        self.row_pad = row_pad
-        self.cols_shape = (n, kh * kw * c, self.oh * (self.ow + row_pad))
-        self.cols6 = (n, kh, kw, c, self.oh, self.ow + row_pad)
-        self._zeroed = None  # weak reference to the last output whose padding columns were zeroed
+        self.cols_shape = (n, kh * kw * c, self.oh * self.ow)
 
     def _view(self, xp):
         n, c = xp.shape[:2]
@@ -1213,23 +1208,100 @@ class Im2Col:
         return self._view(x)
 
     def __call__(self, x, out):
-        win = self.windows(x)
-        if not self.row_pad:
-            np.copyto(out.reshape(win.shape), win)
-            return out
-        c6 = out.reshape(self.cols6)
-        np.copyto(c6[..., : self.ow], win)
-        if self._zeroed is None or self._zeroed() is not out:
-            c6[..., self.ow :] = 0  # padding columns stay zero in a reused buffer
-            self._zeroed = weakref.ref(out)
+        np.copyto(out.reshape(self.view.shape), self.windows(x))
         return out
 
 
-def conv_row_pad(w: int, kw: int, sw: int, pw: int, dw: int) -> int:
-    """Zero columns appended to each output row of im2col so that col2im can add whole rows
-    as one contiguous span (see :class:`Col2Im`)."""
-    ow = conv_out_size(w, kw, sw, pw, dw)
-    return max((dw * (kw - 1)) // sw, -(-(w + 2 * pw) // sw) - ow, 0)
+class PhaseGeometry:
+    """The phase-plane ("polyphase") layout of a strided convolution.
+
+    The padded input is split into SH*SW phase planes, plane (a, b) holding the padded pixels
+    (SH*q + a, SW*r + b) on a (HQ, WQ) grid, HQ = ceil(Hp/SH), WQ = ceil(Wp/SW).  Kernel offset
+    (i, j) then reads plane ((i*DH) % SH, (j*DW) % SW) shifted by ((i*DH)//SH, (j*DW)//SW): a
+    stride-1 window, and over the flattened planes a single contiguous span of N*C*HQ*WQ elements
+    starting at ``off = di*WQ + dj``.  So im2col is one contiguous copy per kernel offset (and
+    col2im one contiguous add) instead of N*C*OH strided rows.  The price: the columns have
+    HQ*WQ >= OH*OW entries per image; the entries with q >= OH or r >= OW are padding (they read
+    whatever lies at the shifted position: finite when the input is).  The same trick is the
+    sub-pixel / polyphase decomposition of strided convolutions (e.g. Shi et al., CVPR 2016).
+    """
+
+    def __init__(self, x_shape, kernel, stride, padding, dilation):
+        n, c, h, w = x_shape
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+        self.n, self.c, self.h, self.w, self.sh, self.sw, self.pw = n, c, h, w, sh, sw, pw
+        self.oh, self.ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+        self.hq, self.wq = -(-(h + 2 * ph) // sh), -(-(w + 2 * pw) // sw)
+        self.plane = self.hq * self.wq
+        self.size = n * c * self.plane  # one phase, all images and channels
+        self.kk = kh * kw
+        self.cols_shape = (n, kh * kw * c, self.plane)
+        # (phase row, phase col, span offset) of each kernel offset, in (kh, kw) order
+        self.taps = [((i * dh) % sh, (j * dw) % sw, ((i * dh) // sh) * self.wq + (j * dw) // sw) for i in range(kh) for j in range(kw)]
+        self.length = self.size + max(off for _, _, off in self.taps)
+        # (a, b, plane rows, plane cols, image rows, image cols) of every phase that holds pixels
+        self.parts = []
+        for a in range(sh):
+            qa, xa, na = self._phase(sh, ph, a, h)
+            for b in range(sw):
+                rb, xb, nb = self._phase(sw, pw, b, w)
+                if na and nb:
+                    self.parts.append((a, b, slice(qa, qa + na), slice(rb, rb + nb), slice(xa, None, sh), slice(xb, None, sw)))
+
+    @staticmethod
+    def _phase(s, p, a, size):
+        """First plane index, first image index and count of the pixels of phase ``a``."""
+        q0 = max(0, -(-(p - a) // s))
+        x0 = s * q0 + a - p
+        return q0, x0, len(range(x0, size, s))
+
+    def planes(self, flat):
+        """(SH, SW, N, C, HQ, WQ) view of a (SH, SW, length) phase buffer."""
+        return flat[:, :, : self.size].reshape(self.sh, self.sw, self.n, self.c, self.hq, self.wq)
+
+
+class PhaseIm2Col(PhaseGeometry):
+    """im2col in the phase-plane layout: (N,C,H,W) -> (N, KH*KW*C, HQ*WQ) (see PhaseGeometry)."""
+
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0):
+        super().__init__(x_shape, kernel, stride, padding, dilation)
+        self.flat = np.full((self.sh, self.sw, self.length), pad_value, dtype)
+        pl = self.planes(self.flat)
+        self.src = [self.flat[a, b, off : off + self.size].reshape(self.n, self.c * self.plane) for a, b, off in self.taps]
+        self.o3 = (self.n, self.kk, self.c * self.plane)
+        self.fill = [(pl[a, b, :, :, qs, rs], (Ellipsis, xs, ys)) for a, b, qs, rs, xs, ys in self.parts]
+
+    def __call__(self, x, out):
+        for dst, idx in self.fill:
+            np.copyto(dst, x[idx])
+        o = out.reshape(self.o3)
+        for t, src in enumerate(self.src):
+            np.copyto(o[:, t], src)
+        return out
+
+
+class PhaseCol2Im(PhaseGeometry):
+    """The transpose of :class:`PhaseIm2Col` for columns whose padding entries are zero (as
+    conv2d's backward pass produces them): one contiguous add per kernel offset into the phase
+    planes (a padding entry lands on some other position and adds nothing), then the planes are
+    interleaved into the image."""
+
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation):
+        super().__init__(x_shape, kernel, stride, padding, dilation)
+        self.acc = np.zeros((self.sh, self.sw, self.length), dtype)
+        pl = self.planes(self.acc)
+        self.dst = [self.acc[a, b, off : off + self.size].reshape(self.n, self.c * self.plane) for a, b, off in self.taps]
+        self.o3 = (self.n, self.kk, self.c * self.plane)
+        self.out_parts = [((Ellipsis, xs, ys), pl[a, b, :, :, qs, rs]) for a, b, qs, rs, xs, ys in self.parts]
+
+    def __call__(self, cols, out):
+        self.acc.fill(0)
+        c3 = cols.reshape(self.o3)
+        for t, dst in enumerate(self.dst):
+            np.add(dst, c3[:, t], dst)
+        for idx, src in self.out_parts:
+            np.copyto(out[idx], src)
+        return out
 
 
 class Col2Im:
@@ -1238,30 +1310,11 @@ class Col2Im:
     Strided kernels are accumulated per stride phase into contiguous planes, then interleaved.
     """
 
-    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, row_pad=0):
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation):
         n, c, h, w = x_shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
         oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
         hp, wp = h + 2 * ph, w + 2 * pw
-        self.row_pad = row_pad
-        if row_pad:
-            # rows padded with zeros to the plane width: every kernel offset adds one contiguous
-            # span of oh * wq elements per (n, c) plane (the zeros land harmlessly on the next row)
-            wq = ow + row_pad
-            hq = max(-(-hp // sh), (dh * (kh - 1)) // sh + oh) + 1
-            self.acc = np.zeros((sh, sw, n, c, hq * wq), dtype)
-            self.targets = []
-            for i in range(kh):
-                for j in range(kw):
-                    off = ((i * dh) // sh) * wq + (j * dw) // sw
-                    self.targets.append((i, j, self.acc[(i * dh) % sh, (j * dw) % sw, :, :, off : off + oh * wq]))
-            planes = self.acc.reshape(sh, sw, n, c, hq, wq)
-            self.full = np.empty((n, c, hq * sh, wq * sw), dtype)
-            self.phases = [(self.full[:, :, a::sh, b::sw], planes[a, b]) for a in range(sh) for b in range(sw)]
-            self.phased = True
-            self.inner = self.full[:, :, ph : ph + h, pw : pw + w]
-            self.cols6 = (n, kh, kw, c, oh * wq)
-            return
         hq = max(-(-hp // sh), (dh * (kh - 1)) // sh + oh)
         wq = max(-(-wp // sw), (dw * (kw - 1)) // sw + ow)
         self.acc = np.zeros((sh, sw, n, c, hq, wq), dtype)
@@ -1306,15 +1359,17 @@ def _conv_geometry(x_shape, attrs, kernel):
 def _im2col_rule(avals, attrs, weak):
     av = avals[0]
     oh, ow = _conv_geometry(av.shape, attrs, attrs["kernel"])
-    n, c = av.shape[:2]
+    n, c, h, w = av.shape
     kh, kw = attrs["kernel"]
-    return ShapedArray((n, c * kh * kw, oh * (ow + attrs.get("row_pad", 0))), av.dtype)
+    if attrs.get("phased"):
+        (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
+        return ShapedArray((n, c * kh * kw, -(-(h + 2 * ph) // sh) * -(-(w + 2 * pw) // sw)), av.dtype)
+    return ShapedArray((n, c * kh * kw, oh * ow), av.dtype)
 
 
 def _im2col_kernel(av_shape, dtype, attrs):
-    return Im2Col(
-        av_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs["pad_value"], attrs.get("row_pad", 0)
-    )
+    cls = PhaseIm2Col if attrs.get("phased") else Im2Col
+    return cls(av_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs["pad_value"])
 
 
 def _im2col_impl(x, **attrs):
@@ -1327,12 +1382,18 @@ def _im2col_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _im2col_vjp(need, ct, out, x, kernel, stride, padding, dilation, pad_value, row_pad=0):
-    rp = {"row_pad": row_pad} if row_pad else {}
-    return (bind(col2im_p, ct, x_shape=shape_of(x), kernel=kernel, stride=stride, padding=padding, dilation=dilation, **rp),)
+def _im2col_vjp(need, ct, out, x, kernel, stride, padding, dilation, pad_value, phased=False):
+    ph = {"phased": True} if phased else {}
+    return (bind(col2im_p, ct, x_shape=shape_of(x), kernel=kernel, stride=stride, padding=padding, dilation=dilation, **ph),)
 
 
 im2col_p = _define("im2col", _im2col_rule, _im2col_impl, _im2col_emit, _im2col_vjp)
+# im2col(x; kernel, stride, padding, dilation, pad_value, phased=False): the convolution
+# windows of an NCHW image as columns (N, KH*KW*C, L), rows in (kh, kw, c) order.  Plain: L = OH*OW.
+# ``phased=True``: the phase-plane layout of :class:`PhaseGeometry`, L = HQ*WQ, whose entries with
+# q >= OH or r >= OW are padding with unspecified (finite for finite x) values; its transpose
+# (``col2im(phased=True)``) assumes those entries of its input are zero, which conv2d's backward
+# pass guarantees (the cotangent is zero-padded), so use it only as ops.conv2d does.
 
 
 def _col2im_rule(avals, attrs, weak):
@@ -1344,7 +1405,8 @@ def _col2im_rule(avals, attrs, weak):
 
 
 def _col2im_kernel(x_shape, dtype, attrs):
-    return Col2Im(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs.get("row_pad", 0))
+    cls = PhaseCol2Im if attrs.get("phased") else Col2Im
+    return cls(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
 
 
 def _col2im_impl(cols, **attrs):
@@ -1357,9 +1419,9 @@ def _col2im_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _col2im_vjp(need, ct, out, cols, x_shape, kernel, stride, padding, dilation, row_pad=0):
-    rp = {"row_pad": row_pad} if row_pad else {}
-    return (bind(im2col_p, ct, kernel=kernel, stride=stride, padding=padding, dilation=dilation, pad_value=0.0, **rp),)
+def _col2im_vjp(need, ct, out, cols, x_shape, kernel, stride, padding, dilation, phased=False):
+    ph = {"phased": True} if phased else {}
+    return (bind(im2col_p, ct, kernel=kernel, stride=stride, padding=padding, dilation=dilation, pad_value=0.0, **ph),)
 
 
 col2im_p = _define("col2im", _col2im_rule, _col2im_impl, _col2im_emit, _col2im_vjp)

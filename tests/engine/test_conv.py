@@ -1,0 +1,103 @@
+"""conv2d kernels: the plain and phase-plane im2col/col2im against PyTorch's conv2d and its
+gradients over strides, paddings, dilations and channel counts, and the phase-plane kernels
+checked directly (they equal the plain columns at the real positions; col2im is their adjoint)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedarena import engine
+from fedarena.engine import ops
+from fedarena.engine import primitives as P
+
+# (N, C, H, W), (O, KH, KW), stride, padding, dilation
+GEOMETRIES = [
+    ((3, 2, 9, 9), (4, 3, 3), (2, 2), (1, 1), (1, 1)),
+    ((2, 8, 28, 28), (16, 3, 3), (2, 2), (1, 1), (1, 1)),
+    ((2, 3, 11, 10), (5, 3, 2), (2, 3), (1, 2), (1, 1)),
+    ((2, 3, 13, 12), (2, 3, 3), (3, 2), (0, 1), (2, 1)),
+    ((2, 2, 7, 8), (3, 2, 2), (1, 2), (1, 0), (1, 2)),
+    ((1, 1, 12, 12), (2, 5, 5), (4, 4), (2, 2), (1, 1)),
+    ((2, 4, 10, 10), (3, 1, 1), (2, 2), (0, 0), (1, 1)),
+    ((2, 3, 8, 9), (4, 4, 4), (2, 2), (1, 1), (1, 1)),
+    ((2, 2, 7, 6), (3, 3, 3), (2, 2), (1, 1), (1, 1)),  # phase planes too wasteful: plain columns
+    ((2, 3, 9, 8), (4, 3, 3), (1, 1), (1, 1), (1, 1)),  # stride 1: plain columns
+    ((1, 2, 9, 10), (2, 3, 2), (1, 1), (2, 1), (2, 3)),
+]
+IDS = [f"x{g[0]}_k{g[1]}_s{g[2]}_p{g[3]}_d{g[4]}" for g in GEOMETRIES]
+
+
+def _phased(x_shape, kernel, stride, padding, dilation) -> bool:
+    n, c, h, w = x_shape
+    oh, ow = P.conv_out_size(h, kernel[0], stride[0], padding[0], dilation[0]), P.conv_out_size(w, kernel[1], stride[1], padding[1], dilation[1])
+    hq, wq = -(-(h + 2 * padding[0]) // stride[0]), -(-(w + 2 * padding[1]) // stride[1])
+    return stride != (1, 1) and hq * wq <= ops.PHASED_MAX_OVERHEAD * oh * ow
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-4)], ids=["float64", "float32"])
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=IDS)
+def test_conv2d_and_gradients_match_torch(geom, dtype, tol):
+    torch = pytest.importorskip("torch")
+    x_shape, (o, kh, kw), stride, padding, dilation = geom
+    rng = np.random.default_rng(sum(x_shape) + o * kh * kw)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal((o, x_shape[1], kh, kw)).astype(dtype)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, dilation=dilation)
+    ct = rng.standard_normal(tuple(ty.shape)).astype(dtype)
+    ty.backward(torch.tensor(ct))
+
+    def loss(x, w):
+        y = ops.conv2d(x, w, stride, padding, dilation)
+        return ops.sum(ops.multiply(y, ct)), y
+
+    step = engine.jit(engine.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    for _ in range(2):  # the second call runs on reused buffers
+        (_, y), (gx, gw) = step(x, w)
+        scale = lambda a: np.abs(a).max() + 1  # noqa: E731
+        assert np.abs(y - ty.detach().numpy()).max() <= tol * scale(y)
+        assert np.abs(gx - tx.grad.numpy()).max() <= tol * scale(gx)
+        assert np.abs(gw - tw.grad.numpy()).max() <= tol * scale(gw)
+    # the path taken is the one the geometry asks for
+    prims = {e.prim.name: e.attrs for e in step.graph(x, w).eqns if e.prim.name in ("im2col", "col2im")}
+    assert bool(prims["im2col"].get("phased")) == _phased(x_shape, (kh, kw), stride, padding, dilation)
+    assert bool(prims["col2im"].get("phased")) == _phased(x_shape, (kh, kw), stride, padding, dilation)
+
+
+@pytest.mark.parametrize("geom", [g for g in GEOMETRIES if g[2] != (1, 1)], ids=[i for g, i in zip(GEOMETRIES, IDS) if g[2] != (1, 1)])
+def test_phase_kernels_equal_plain_columns_and_are_adjoint(geom):
+    x_shape, (_, kh, kw), stride, padding, dilation = geom
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(x_shape)
+    plain = P.Im2Col(x_shape, np.float64, (kh, kw), stride, padding, dilation)
+    phase = P.PhaseIm2Col(x_shape, np.float64, (kh, kw), stride, padding, dilation)
+    oh, ow = plain.oh, plain.ow
+    want = plain(x, np.empty(plain.cols_shape)).reshape(x_shape[0], -1, oh, ow)
+    for _ in range(2):
+        got = phase(x, np.full(phase.cols_shape, np.nan)).reshape(x_shape[0], -1, phase.hq, phase.wq)
+        np.testing.assert_array_equal(got[..., :oh, :ow], want)
+        assert np.isfinite(got).all()
+    # col2im is the adjoint of im2col on columns that are zero at the padding positions
+    c = np.zeros(phase.cols_shape).reshape(got.shape)
+    c[..., :oh, :ow] = rng.standard_normal(want.shape)
+    c = c.reshape(phase.cols_shape)
+    col2im = P.PhaseCol2Im(x_shape, np.float64, (kh, kw), stride, padding, dilation)
+    for _ in range(2):
+        back = col2im(c, np.full(x_shape, np.nan))
+        np.testing.assert_allclose(np.vdot(back, x), np.vdot(c, phase(x, np.empty(phase.cols_shape))), rtol=1e-12)
+        plain_back = P.Col2Im(x_shape, np.float64, (kh, kw), stride, padding, dilation)(
+            np.ascontiguousarray(c.reshape(got.shape)[..., :oh, :ow]).reshape(plain.cols_shape), np.empty(x_shape)
+        )
+        np.testing.assert_allclose(back, plain_back, rtol=1e-12, atol=1e-12)
+
+
+def test_phased_conv_jvp_matches_torch_forward_difference():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((2, 3, 9, 9)), rng.standard_normal((4, 3, 3, 3))
+    tx, tw = rng.standard_normal(x.shape), rng.standard_normal(w.shape)
+    _, t_out = engine.jvp(lambda a, b: ops.conv2d(a, b, 2, 1), (x, w), (tx, tw))
+    conv = lambda a, b: torch.nn.functional.conv2d(torch.tensor(a), torch.tensor(b), stride=2, padding=1).numpy()  # noqa: E731
+    want = conv(tx, w) + conv(x, tw)  # the conv is bilinear
+    np.testing.assert_allclose(t_out, want, rtol=1e-10, atol=1e-10)
