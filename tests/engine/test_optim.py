@@ -78,6 +78,50 @@ def test_optimizer_matches_torch(name, ours, theirs):
         assert isinstance(state["mu"], np.ndarray) == flat and isinstance(state["nu"], np.ndarray) == flat
 
 
+@pytest.mark.parametrize("name,ours,theirs", [o for o in OPTIMIZERS if o[0] in ("adam", "adam_l2", "adamw")], ids=["adam", "adam_l2", "adamw"])
+def test_adam_buckets_layout_matches_torch(name, ours, theirs, monkeypatch):
+    """A "large" model under fused="auto": small leaves share one vector, large ones stay apart."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(optim, "FUSE_MAX_ELEMENTS", 4)
+    monkeypatch.setattr(optim, "SMALL_LEAF_ELEMENTS", 2)
+    params, x, y = _quadratic_problem(np.float64)  # "a": 6 elements (large), "b": 2 (small)
+    opt = ours()
+    state = opt.init(params)
+    assert [np.shape(m) for m in state["mu"]] == [(2,), (3, 2)] and [np.shape(v) for v in state["nu"]] == [(2,), (3, 2)]
+
+    @engine.jit
+    def step(p, s, x, y):
+        return opt.update(engine.grad(_loss)(p, x, y), s, p)
+
+    p = params
+    for _ in range(6):
+        p, state = step(p, state, x, y)
+    want = _torch_run(theirs(torch), params, x, y, 6)
+    for k in ("a", "b"):
+        np.testing.assert_allclose(p[k], want[k], rtol=1e-9, atol=1e-12)
+    assert [np.shape(m) for m in state["mu"]] == [(2,), (3, 2)]
+
+
+def test_adam_on_a_single_large_array():
+    """Parameters that are one bare array above FUSE_MAX_ELEMENTS (per-leaf layout of one leaf)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((257, 256))  # more than FUSE_MAX_ELEMENTS, and not flat
+    target = rng.standard_normal(w.shape)
+    opt = optim.adam(0.1)
+    step = engine.jit(lambda p, s: opt.update(engine.grad(lambda q: ops.sum((q - target) ** 2))(p), s, p))
+    p, s = w, opt.init(w)
+    for _ in range(3):
+        p, s = step(p, s)
+    tw = torch.tensor(w, requires_grad=True)
+    topt = torch.optim.Adam([tw], lr=0.1)
+    for _ in range(3):
+        topt.zero_grad()
+        ((tw - torch.tensor(target)) ** 2).sum().backward()
+        topt.step()
+    np.testing.assert_allclose(p, tw.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_global_norm_clipping_matches_torch():
     torch = pytest.importorskip("torch")
     params, x, y = _quadratic_problem(np.float64)
