@@ -8,10 +8,13 @@ Measures the median time per call of
       -> ReLU -> Linear(3136 -> 64) -> ReLU -> Linear(64 -> 10) on 1x28x28, batch 32,
       cross-entropy, backward, Adam;
 against PyTorch eager with ``torch.set_num_threads(1)`` and with the default thread count, and
-prints the ratios (torch time / fedarena time; > 1 means fedarena is faster).  Also reports the
-trace + compile time of the PPO step and checks that both sides compute the same loss.
+prints the ratios (torch time / fedarena time; > 1 means fedarena is faster).  By default each
+column runs fedarena with the same number of threads as torch (numpy's BLAS threads through
+``engine.set_num_threads``); ``--blas-threads N`` fixes fedarena's count for all columns instead.
+Also reports the trace + compile time of the PPO step and checks that both sides compute the same
+loss.
 
-Run:  python benchmarks/engine_vs_torch.py [--quick]
+Run:  python benchmarks/engine_vs_torch.py [--quick] [--blas-threads N]
 """
 
 from __future__ import annotations
@@ -177,13 +180,17 @@ def main() -> None:
         help="wall: perf_counter; cpu: this thread's CPU time (robust on a shared, loaded machine; "
         "only meaningful for single-threaded runs, so torch's default-thread column is skipped)",
     )
-    ap.add_argument("--blas-threads", type=int, default=1, help="numpy BLAS threads for fedarena (engine.set_num_threads)")
+    ap.add_argument(
+        "--blas-threads", type=int, default=None,
+        help="numpy BLAS threads for fedarena in every column (engine.set_num_threads); default: the same "
+        "number as the torch column it is compared with",
+    )
     args = ap.parse_args()
     import torch
 
     clock = CLOCKS[args.clock]
     scale = 0.25 if args.quick else 1.0
-    engine.set_num_threads(args.blas_threads)  # 1: the engine's setting for small networks (one per worker)
+    engine.set_num_threads(args.blas_threads or 1)  # 1: the engine's setting for small networks (one per worker)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((BATCH, OBS)).astype(np.float32)
     act = rng.integers(0, ACT, BATCH)
@@ -241,40 +248,49 @@ def main() -> None:
     reps = {"ppo": max(1, int(200 * scale)), "fwd": max(1, int(2000 * scale)), "cnn": max(1, int(10 * scale))}
     ours_fns = {"ppo": ours_ppo, "fwd": ours_fwd, "cnn": ours_cnn}
 
-    # warm up everything, then interleave: each round times ours and torch back to back, so load
-    # changes on a shared machine hit both sides alike; the median over rounds is reported.
+    def ours_threads(th: int) -> int:
+        return args.blas_threads or th
+
+    # warm up everything, then interleave: each round times ours and torch back to back with the
+    # same thread count, so load changes on a shared machine hit both sides alike; the median over
+    # rounds is reported.
     for k in ours_fns:
-        for _ in range(3):
-            ours_fns[k]()
         for th in thread_settings:
+            engine.set_num_threads(ours_threads(th))
             torch.set_num_threads(th)
             for _ in range(3):
+                ours_fns[k]()
                 t_fns[th][k]()
-    samples: dict = {("ours", k): [] for k in ours_fns}
+    samples: dict = {}
     for th in thread_settings:
         for k in ours_fns:
+            samples[("ours", th, k)] = []
             samples[(th, k)] = []
     for _ in range(args.rounds):
         for k in ours_fns:
-            samples[("ours", k)].append(time_per_call(ours_fns[k], reps[k], clock))
             for th in thread_settings:
+                engine.set_num_threads(ours_threads(th))
                 torch.set_num_threads(th)
+                samples[("ours", th, k)].append(time_per_call(ours_fns[k], reps[k], clock))
                 samples[(th, k)].append(time_per_call(t_fns[th][k], reps[k], clock))
     torch.set_num_threads(default_threads)
+    engine.set_num_threads(None)
     med = {key: statistics.median(v) for key, v in samples.items()}
 
-    print(f"fedarena.engine (numpy {np.__version__}, {args.blas_threads} BLAS thread(s)) vs PyTorch {torch.__version__} eager, CPU")
+    ours_desc = f"{args.blas_threads} BLAS thread(s) in every column" if args.blas_threads else "BLAS threads = the torch column's threads"
+    print(f"fedarena.engine (numpy {np.__version__}, {ours_desc}) vs PyTorch {torch.__version__} eager, CPU")
     print(f"clock: {args.clock}; median over {args.rounds} interleaved rounds of the mean time per call")
     print(f"PPO step graph: {n_eqns} equations; trace+compile {compile_s * 1e3:.1f} ms (target < 500 ms)")
     print(f"same loss: PPO {float(our_loss):.6f} vs torch {t_loss:.6f}; CNN {float(our_cnn_loss):.6f} vs torch {t_cnn_loss:.6f}")
     names = {"ppo": "(a) PPO train step  B=64", "fwd": "(b) actor forward   B=1 ", "cnn": "(c) CNN train step  B=32"}
     targets = {"ppo": 5.0, "fwd": 4.0, "cnn": 1.0}
-    header = f"{'':26s}{'fedarena':>12s}" + "".join(f"{f'torch {t}thr':>12s}{'ratio':>8s}" for t in thread_settings)
+    header = f"{'':26s}" + "".join(f"{f'ours {ours_threads(t)}thr':>12s}{f'torch {t}thr':>12s}{'ratio':>8s}" for t in thread_settings)
     print(header)
     for k in ("ppo", "fwd", "cnn"):
-        row = f"{names[k]:26s}{med[('ours', k)] * 1e6:10.1f}us"
+        row = f"{names[k]:26s}"
         for th in thread_settings:
-            row += f"{med[(th, k)] * 1e6:10.1f}us{med[(th, k)] / med[('ours', k)]:7.2f}x"
+            ours = med[("ours", th, k)]
+            row += f"{ours * 1e6:10.1f}us{med[(th, k)] * 1e6:10.1f}us{med[(th, k)] / ours:7.2f}x"
         row += f"   target >= {targets[k]:.0f}x"
         print(row)
     print("ratio = torch time / fedarena time (> 1: fedarena is faster)")
