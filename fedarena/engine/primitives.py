@@ -1208,7 +1208,7 @@ class Im2Col:
         return self._view(x)
 
     def __call__(self, x, out):
-        np.copyto(out.reshape(self.view.shape), self.windows(x))
+        np.copyto(_reshaped(out, self.view.shape), self.windows(x))
         return out
 
 
@@ -1274,7 +1274,7 @@ class PhaseIm2Col(PhaseGeometry):
     def __call__(self, x, out):
         for dst, idx in self.fill:
             np.copyto(dst, x[idx])
-        o = out.reshape(self.o3)
+        o = _reshaped(out, self.o3)
         for t, src in enumerate(self.src):
             np.copyto(o[:, t], src)
         return out
@@ -1296,7 +1296,7 @@ class PhaseCol2Im(PhaseGeometry):
 
     def __call__(self, cols, out):
         self.acc.fill(0)
-        c3 = cols.reshape(self.o3)
+        c3 = _reshaped(cols, self.o3)
         for t, dst in enumerate(self.dst):
             np.add(dst, c3[:, t], dst)
         for idx, src in self.out_parts:
@@ -1334,13 +1334,37 @@ class Col2Im:
 
     def __call__(self, cols, out):
         self.acc.fill(0)
-        c6 = cols.reshape(self.cols6)
+        c6 = _reshaped(cols, self.cols6)
         for i, j, t in self.targets:
             np.add(t, c6[:, i, j], t)
         if self.phased:
             for dst, src in self.phases:
                 np.copyto(dst, src)
         np.copyto(out, self.inner)
+        return out
+
+
+def _reshaped(a, shape):
+    """A view of ``a`` with ``shape``; raises instead of silently copying (kernels write into it)."""
+    v = a.view()
+    v.shape = shape
+    return v
+
+
+class BiasRow:
+    """An im2col/col2im kernel on columns with one extra, constant last row: im2col writes
+    ``value`` there (1 in the forward pass, so a GEMM with the bias as an extra weight column
+    adds the bias and its weight gradient sums the output gradient: no separate passes), col2im
+    ignores it (the row does not depend on the image)."""
+
+    def __init__(self, kernel, value=None):
+        self.kernel, self.value = kernel, value
+
+    def __call__(self, a, out):
+        if self.value is None:  # col2im: drop the row
+            return self.kernel(a[:, :-1], out)
+        self.kernel(a, out[:, :-1])
+        out[:, -1] = self.value
         return out
 
 
@@ -1361,20 +1385,22 @@ def _im2col_rule(avals, attrs, weak):
     oh, ow = _conv_geometry(av.shape, attrs, attrs["kernel"])
     n, c, h, w = av.shape
     kh, kw = attrs["kernel"]
+    rows = c * kh * kw + (attrs.get("bias_row") is not None)
     if attrs.get("phased"):
         (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
-        return ShapedArray((n, c * kh * kw, -(-(h + 2 * ph) // sh) * -(-(w + 2 * pw) // sw)), av.dtype)
-    return ShapedArray((n, c * kh * kw, oh * ow), av.dtype)
+        return ShapedArray((n, rows, -(-(h + 2 * ph) // sh) * -(-(w + 2 * pw) // sw)), av.dtype)
+    return ShapedArray((n, rows, oh * ow), av.dtype)
 
 
 def _im2col_kernel(av_shape, dtype, attrs):
     cls = PhaseIm2Col if attrs.get("phased") else Im2Col
-    return cls(av_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs["pad_value"])
+    k = cls(av_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], attrs["pad_value"])
+    return k if attrs.get("bias_row") is None else BiasRow(k, attrs["bias_row"])
 
 
 def _im2col_impl(x, **attrs):
     k = _im2col_kernel(x.shape, x.dtype, attrs)
-    return k(x, np.empty(k.cols_shape, x.dtype))
+    return k(x, np.empty(_im2col_rule([ShapedArray(x.shape, x.dtype)], attrs, [False]).shape, x.dtype))
 
 
 def _im2col_emit(ctx, ins, attrs, in_avals, out_aval):
@@ -1382,14 +1408,30 @@ def _im2col_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _im2col_vjp(need, ct, out, x, kernel, stride, padding, dilation, pad_value, phased=False):
-    ph = {"phased": True} if phased else {}
-    return (bind(col2im_p, ct, x_shape=shape_of(x), kernel=kernel, stride=stride, padding=padding, dilation=dilation, **ph),)
+def _col2im_attrs(attrs):
+    """The col2im attributes of the transpose of an im2col (and back: _im2col_attrs)."""
+    out = {k: attrs[k] for k in ("kernel", "stride", "padding", "dilation")}
+    if attrs.get("phased"):
+        out["phased"] = True
+    if attrs.get("bias_row") is not None:
+        out["bias_row"] = 0.0
+    return out
+
+
+def _im2col_vjp(need, ct, out, x, **attrs):
+    return (bind(col2im_p, ct, x_shape=shape_of(x), **_col2im_attrs(attrs)),)
+
+
+def _im2col_jvp(ts, out, x, **attrs):
+    if attrs.get("bias_row") is not None:
+        attrs = dict(attrs, bias_row=0.0)  # the constant row has no tangent
+    return bind(im2col_p, ts[0], **attrs)
 
 
 im2col_p = _define("im2col", _im2col_rule, _im2col_impl, _im2col_emit, _im2col_vjp)
-# im2col(x; kernel, stride, padding, dilation, pad_value, phased=False): the convolution
-# windows of an NCHW image as columns (N, KH*KW*C, L), rows in (kh, kw, c) order.  Plain: L = OH*OW.
+# im2col(x; kernel, stride, padding, dilation, pad_value, phased=False, bias_row=None): the
+# convolution windows of an NCHW image as columns (N, KH*KW*C, L), rows in (kh, kw, c) order, plus
+# a last row of constant ``bias_row`` if given (see BiasRow).  Plain: L = OH*OW.
 # ``phased=True``: the phase-plane layout of :class:`PhaseGeometry`, L = HQ*WQ, whose entries with
 # q >= OH or r >= OW are padding with unspecified (finite for finite x) values; its transpose
 # (``col2im(phased=True)``) assumes those entries of its input are zero, which conv2d's backward
@@ -1406,7 +1448,8 @@ def _col2im_rule(avals, attrs, weak):
 
 def _col2im_kernel(x_shape, dtype, attrs):
     cls = PhaseCol2Im if attrs.get("phased") else Col2Im
-    return cls(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
+    k = cls(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
+    return k if attrs.get("bias_row") is None else BiasRow(k)
 
 
 def _col2im_impl(cols, **attrs):
@@ -1419,13 +1462,12 @@ def _col2im_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _col2im_vjp(need, ct, out, cols, x_shape, kernel, stride, padding, dilation, phased=False):
-    ph = {"phased": True} if phased else {}
-    return (bind(im2col_p, ct, kernel=kernel, stride=stride, padding=padding, dilation=dilation, pad_value=0.0, **ph),)
+def _col2im_vjp(need, ct, out, cols, x_shape, **attrs):
+    return (bind(im2col_p, ct, pad_value=0.0, **attrs),)
 
 
 col2im_p = _define("col2im", _col2im_rule, _col2im_impl, _col2im_emit, _col2im_vjp)
-im2col_p.jvp = lambda ts, out, x, **a: bind(im2col_p, ts[0], **a)
+im2col_p.jvp = _im2col_jvp
 col2im_p.jvp = lambda ts, out, c, **a: bind(col2im_p, ts[0], **a)
 
 

@@ -43,24 +43,33 @@ def test_conv2d_and_gradients_match_torch(geom, dtype, tol):
     rng = np.random.default_rng(sum(x_shape) + o * kh * kw)
     x = rng.standard_normal(x_shape).astype(dtype)
     w = rng.standard_normal((o, x_shape[1], kh, kw)).astype(dtype)
-    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
-    ty = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, dilation=dilation)
+    b = rng.standard_normal(o).astype(dtype)
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    ty = torch.nn.functional.conv2d(tx, tw, tb, stride=stride, padding=padding, dilation=dilation)
     ct = rng.standard_normal(tuple(ty.shape)).astype(dtype)
     ty.backward(torch.tensor(ct))
 
-    def loss(x, w):
-        y = ops.conv2d(x, w, stride, padding, dilation)
+    def loss(x, w, b):
+        y = ops.conv2d(x, w, stride, padding, dilation, bias=b)
         return ops.sum(ops.multiply(y, ct)), y
 
-    step = engine.jit(engine.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    step = engine.jit(engine.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
     for _ in range(2):  # the second call runs on reused buffers
-        (_, y), (gx, gw) = step(x, w)
+        (_, y), (gx, gw, gb) = step(x, w, b)
         scale = lambda a: np.abs(a).max() + 1  # noqa: E731
         assert np.abs(y - ty.detach().numpy()).max() <= tol * scale(y)
         assert np.abs(gx - tx.grad.numpy()).max() <= tol * scale(gx)
         assert np.abs(gw - tw.grad.numpy()).max() <= tol * scale(gw)
-    # the path taken is the one the geometry asks for
-    prims = {e.prim.name: e.attrs for e in step.graph(x, w).eqns if e.prim.name in ("im2col", "col2im")}
+        assert np.abs(gb - tb.grad.numpy()).max() <= tol * scale(gb)
+    # without bias, eagerly (kernels called through the primitives' impl)
+    (_, y0), (gx0, gw0) = engine.value_and_grad(lambda x, w: loss(x, w, None), argnums=(0, 1), has_aux=True)(x, w)
+    tb_y = ty.detach().numpy() - b.reshape(1, -1, 1, 1)
+    assert np.abs(y0 - tb_y).max() <= tol * scale(y0)
+    assert np.abs(gx0 - tx.grad.numpy()).max() <= tol * scale(gx0)
+    assert np.abs(gw0 - tw.grad.numpy()).max() <= tol * scale(gw0)
+    # the path taken is the one the geometry asks for; the bias rides in the GEMM
+    prims = {e.prim.name: e.attrs for e in step.graph(x, w, b).eqns if e.prim.name in ("im2col", "col2im")}
+    assert prims["im2col"]["bias_row"] == 1.0 and "bias_row" in prims["col2im"]
     assert bool(prims["im2col"].get("phased")) == _phased(x_shape, (kh, kw), stride, padding, dilation)
     assert bool(prims["col2im"].get("phased")) == _phased(x_shape, (kh, kw), stride, padding, dilation)
 
@@ -92,12 +101,36 @@ def test_phase_kernels_equal_plain_columns_and_are_adjoint(geom):
         np.testing.assert_allclose(back, plain_back, rtol=1e-12, atol=1e-12)
 
 
-def test_phased_conv_jvp_matches_torch_forward_difference():
+@pytest.mark.parametrize("stride", [1, 2], ids=["plain", "phased"])
+def test_conv_with_bias_jvp_matches_torch(stride):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
-    x, w = rng.standard_normal((2, 3, 9, 9)), rng.standard_normal((4, 3, 3, 3))
-    tx, tw = rng.standard_normal(x.shape), rng.standard_normal(w.shape)
-    _, t_out = engine.jvp(lambda a, b: ops.conv2d(a, b, 2, 1), (x, w), (tx, tw))
-    conv = lambda a, b: torch.nn.functional.conv2d(torch.tensor(a), torch.tensor(b), stride=2, padding=1).numpy()  # noqa: E731
-    want = conv(tx, w) + conv(x, tw)  # the conv is bilinear
-    np.testing.assert_allclose(t_out, want, rtol=1e-10, atol=1e-10)
+    x, w, b = rng.standard_normal((2, 3, 9, 9)), rng.standard_normal((4, 3, 3, 3)), rng.standard_normal(4)
+    tx, tw, tb = rng.standard_normal(x.shape), rng.standard_normal(w.shape), rng.standard_normal(b.shape)
+    for fn in (lambda a, c, d: ops.conv2d(a, c, stride, 1, bias=d), engine.jit(lambda a, c, d: ops.conv2d(a, c, stride, 1, bias=d))):
+        out, t_out = engine.jvp(fn, (x, w, b), (tx, tw, tb))
+        conv = lambda a, c, d: torch.nn.functional.conv2d(torch.tensor(a), torch.tensor(c), torch.tensor(d), stride=stride, padding=1).numpy()  # noqa: E731
+        np.testing.assert_allclose(out, conv(x, w, b), rtol=1e-10, atol=1e-10)
+        want = conv(tx, w, tb) + conv(x, tw, np.zeros_like(b))  # bilinear in (x, w), linear in b
+        np.testing.assert_allclose(t_out, want, rtol=1e-10, atol=1e-10)
+
+
+def test_conv_bias_shape_is_checked():
+    with pytest.raises(Exception, match="bias"):
+        ops.conv2d(np.zeros((1, 2, 5, 5)), np.zeros((3, 2, 3, 3)), bias=np.zeros(2))
+
+
+@pytest.mark.parametrize("stride", [1, 2], ids=["plain", "phased"])
+def test_vmap_of_conv_with_bias_and_its_gradient(stride):
+    rng = np.random.default_rng(5)
+    xs, w, b = rng.standard_normal((3, 2, 2, 9, 9)), rng.standard_normal((4, 2, 3, 3)), rng.standard_normal(4)
+
+    def f(x, w, b):
+        return ops.sum(ops.tanh(ops.conv2d(x, w, stride, 1, bias=b)))
+
+    g = engine.grad(f, argnums=(0, 1, 2))
+    got = engine.vmap(g, in_axes=(0, None, None))(xs, w, b)
+    for i in range(3):
+        want = g(xs[i], w, b)
+        for a, e in zip(got, want):
+            np.testing.assert_allclose(a[i], e, rtol=1e-10, atol=1e-12)
