@@ -618,13 +618,13 @@ def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any 
         extra["bias_row"] = 1.0
         w2 = concatenate([w2, reshape(b, (o, 1))], axis=1)
     cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, **attrs, **extra)
-    y = bind(P.matmul_p, w2, cols)
-    if phased:
+    if phased:  # w2 @ cols, whose input gradient skips the columns (see primitives.conv_gemm_p)
+        y = bind(P.conv_gemm_p, w2, cols, x, kernel=(kh, kw), **attrs, **extra)
         y = P.reshape(y, (n, o, hq, wq))
         if (hq, wq) != (oh, ow):
             y = bind(P.slice_p, y, starts=(0, 0, 0, 0), limits=(n, o, oh, ow), strides=(1, 1, 1, 1))
         return y
-    return P.reshape(y, (n, o, oh, ow))
+    return P.reshape(bind(P.matmul_p, w2, cols), (n, o, oh, ow))
 
 
 def max_pool2d(x: Array, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Array:

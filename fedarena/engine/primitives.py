@@ -1296,9 +1296,59 @@ class PhaseCol2Im(PhaseGeometry):
 
     def __call__(self, cols, out):
         self.acc.fill(0)
-        c3 = _reshaped(cols, self.o3)
+        c3 = cols.reshape(self.o3)
         for t, dst in enumerate(self.dst):
             np.add(dst, c3[:, t], dst)
+        for idx, src in self.out_parts:
+            np.copyto(out[idx], src)
+        return out
+
+
+class ConvInputGrad(PhaseGeometry):
+    """The input gradient of a phase-plane convolution, col2im(W2^T @ ct), without the columns.
+
+    ``ct`` (N, O, HQ*WQ) is the output gradient, zero at the padding positions; ``w2`` (O, K) the
+    GEMM weights in im2col's (kh, kw, c) row order (a trailing bias column is ignored).  With the
+    phase planes laid out (C, N, HQ*WQ), kernel offset t adds W_t^T @ ct to one contiguous
+    (C, N*HQ*WQ) span of them, so each offset is one GEMM that accumulates in place (BLAS
+    ``gemm`` with beta = 1): no (N, K, HQ*WQ) column buffer is written and read back, and no
+    separate add passes.  Then the planes are interleaved into the image as in PhaseCol2Im.
+    """
+
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, out_channels):
+        super().__init__(x_shape, kernel, stride, padding, dilation)
+        n, c, o, pl = self.n, self.c, out_channels, self.plane
+        self.o = o
+        self.ct = np.empty((o, n, pl), dtype)  # the gradient with (N, O) swapped: a (O, N*P) matrix
+        self.wt = np.empty((self.kk, c, o), dtype)  # W_t^T per offset; W_t = wt[t].T is Fortran-ordered
+        self.acc = np.zeros((self.sh, self.sw, self.length), dtype)  # planes as (C, N, HQ, WQ)
+        span = c * n * pl
+        self.dst = [self.acc[a, b, off : off + span].reshape(c, n * pl) for a, b, off in self.taps]
+        planes = self.acc[:, :, : self.size].reshape(self.sh, self.sw, c, n, self.hq, self.wq)
+        self.out_parts = [((Ellipsis, xs, ys), planes[a, b, :, :, qs, rs].transpose(1, 0, 2, 3)) for a, b, qs, rs, xs, ys in self.parts]
+        dt = np.dtype(dtype)
+        self.gemm = None
+        if dt in (np.dtype(np.float32), np.dtype(np.float64)):
+            from scipy.linalg import blas
+
+            self.gemm = blas.sgemm if dt == np.float32 else blas.dgemm
+        self.tmp = None if self.gemm is not None else np.empty((c, n * pl), dtype)
+
+    def __call__(self, ct, w2, out):
+        np.copyto(self.ct, ct.reshape(self.n, self.o, self.plane).transpose(1, 0, 2), casting="unsafe")
+        k = self.kk * self.c
+        np.copyto(self.wt, w2[:, :k].reshape(self.o, self.kk, self.c).transpose(1, 2, 0), casting="unsafe")
+        self.acc.fill(0)
+        a = self.ct.reshape(self.o, -1)
+        for t, dst in enumerate(self.dst):
+            if self.gemm is not None:
+                # Fortran view: dst^T (N*P, C) += ct^T (N*P, O) @ W_t (O, C), in place
+                r = self.gemm(1.0, a.T, self.wt[t].T, 1.0, dst.T, overwrite_c=True)
+                if r.ctypes.data != dst.ctypes.data:  # pragma: no cover - a BLAS wrapper that copied
+                    raise RuntimeError("conv input gradient: BLAS gemm did not accumulate in place")
+            else:
+                np.matmul(self.wt[t], a, self.tmp)
+                np.add(dst, self.tmp, dst)
         for idx, src in self.out_parts:
             np.copyto(out[idx], src)
         return out
@@ -1334,7 +1384,7 @@ class Col2Im:
 
     def __call__(self, cols, out):
         self.acc.fill(0)
-        c6 = _reshaped(cols, self.cols6)
+        c6 = cols.reshape(self.cols6)
         for i, j, t in self.targets:
             np.add(t, c6[:, i, j], t)
         if self.phased:
@@ -1469,6 +1519,119 @@ def _col2im_vjp(need, ct, out, cols, x_shape, **attrs):
 col2im_p = _define("col2im", _col2im_rule, _col2im_impl, _col2im_emit, _col2im_vjp)
 im2col_p.jvp = _im2col_jvp
 col2im_p.jvp = lambda ts, out, c, **a: bind(col2im_p, ts[0], **a)
+
+
+# conv_gemm(w2, cols, x; geometry) = w2 @ cols, where cols must be im2col(x, phased=True, ...) with
+# the same geometry (ops.conv2d builds it so).  It is w2 @ im2col(x) with the columns computed once:
+# its derivatives treat it as that function of (w2, x), so the input gradient skips the columns
+# (conv_input_grad: GEMMs accumulating into the image's phase planes) and the cols operand gets
+# no cotangent or tangent of its own.
+
+
+def _conv_gemm_rule(avals, attrs, weak):
+    w2, cols, x = avals
+    want = _im2col_rule([x], dict(attrs, pad_value=0.0), [False]).shape
+    if cols.shape != want or w2.ndim != 2 or w2.shape[1] != want[1]:
+        raise ShapeError(f"conv_gemm: weights {w2.shape} and columns {cols.shape} do not fit image {x.shape} (columns {want})")
+    return ShapedArray((cols.shape[0], w2.shape[0], cols.shape[2]), promote(avals[:2], weak[:2]))
+
+
+def _conv_gemm_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.matmul({ins[0]}, {ins[1]}, {{o}})")
+
+
+def _geometry(attrs):
+    return {k: attrs[k] for k in ("kernel", "stride", "padding", "dilation")}
+
+
+def _conv_gemm_vjp(need, ct, out, w2, cols, x, **attrs):
+    g_w2 = reduce_sum(matmul(ct, transpose(cols, (0, 2, 1))), (0,)) if need[0] else None
+    g_x = bind(conv_input_grad_p, ct, w2, x_shape=shape_of(x), **_geometry(attrs)) if need[2] else None
+    return (g_w2, None, g_x)
+
+
+def _conv_gemm_jvp(ts, out, w2, cols, x, **attrs):
+    a = None if ts[0] is None else matmul(ts[0], cols)
+    b = None
+    if ts[2] is not None:
+        extra = {"bias_row": 0.0} if attrs.get("bias_row") is not None else {}
+        b = matmul(w2, bind(im2col_p, ts[2], pad_value=0.0, phased=True, **_geometry(attrs), **extra))
+    return _sum_tangents(out, a, b)
+
+
+def _conv_gemm_batch(prim, vals, batched, size, **attrs):
+    w2, cols, x = vals
+    if not batched[0] and batched[1] and batched[2]:
+        cs, xs = shape_of(cols), shape_of(x)
+        out = bind(prim, w2, reshape(cols, (cs[0] * cs[1],) + cs[2:]), reshape(x, (xs[0] * xs[1],) + xs[2:]), **attrs)
+        return reshape(out, (cs[0], cs[1]) + shape_of(out)[1:])
+    # weights batched (or cols/x not both): plain batched matmuls on the columns
+    w = reshape(w2, (size, 1) + shape_of(w2)[1:]) if batched[0] else w2
+    c = cols if batched[1] else broadcast_to(cols, (size,) + shape_of(cols))
+    return matmul(w, c)
+
+
+conv_gemm_p = _define("conv_gemm", _conv_gemm_rule, lambda w2, cols, x, **a: np.matmul(w2, cols), _conv_gemm_emit, _conv_gemm_vjp, _conv_gemm_jvp)
+conv_gemm_p.batch = _conv_gemm_batch
+
+
+def _conv_input_grad_rule(avals, attrs, weak):
+    ct, w2 = avals
+    x_shape = attrs["x_shape"]
+    geo = PhaseGeometry(x_shape, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
+    if ct.shape != (x_shape[0], w2.shape[0], geo.plane) or w2.ndim != 2 or w2.shape[1] not in (geo.kk * geo.c, geo.kk * geo.c + 1):
+        raise ShapeError(f"conv_input_grad: gradient {ct.shape} and weights {w2.shape} do not fit image {x_shape}")
+    return ShapedArray(tuple(x_shape), promote(avals, weak))
+
+
+def _conv_input_grad_kernel(x_shape, dtype, attrs, out_channels):
+    return ConvInputGrad(x_shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], out_channels)
+
+
+def _conv_input_grad_impl(ct, w2, **attrs):
+    dt = np.result_type(ct.dtype, w2.dtype)
+    return _conv_input_grad_kernel(attrs["x_shape"], dt, attrs, w2.shape[0])(ct, w2, np.empty(attrs["x_shape"], dt))
+
+
+def _conv_input_grad_emit(ctx, ins, attrs, in_avals, out_aval):
+    k = ctx.const(_conv_input_grad_kernel(attrs["x_shape"], out_aval.dtype, attrs, in_avals[1].shape[0]))
+    return stmt(f"{k}({ins[0]}, {ins[1]}, {{o}})")
+
+
+def _conv_input_grad_vjp(need, g, out, ct, w2, x_shape, **geo):
+    # conv_input_grad(ct, w2) = col2im(w2[:, :K]^T @ ct): transpose through im2col of g
+    extra = {"bias_row": 0.0} if shape_of(w2)[1] != geo["kernel"][0] * geo["kernel"][1] * x_shape[1] else {}
+    cols = bind(im2col_p, g, pad_value=0.0, phased=True, **geo, **extra)
+    g_ct = matmul(w2, cols) if need[0] else None
+    g_w2 = reduce_sum(matmul(ct, transpose(cols, (0, 2, 1))), (0,)) if need[1] else None
+    return (g_ct, g_w2)
+
+
+def _conv_input_grad_jvp(ts, out, ct, w2, **attrs):
+    a = None if ts[0] is None else bind(conv_input_grad_p, ts[0], w2, **attrs)
+    b = None if ts[1] is None else bind(conv_input_grad_p, ct, ts[1], **attrs)
+    return _sum_tangents(out, a, b)
+
+
+def _conv_input_grad_batch(prim, vals, batched, size, **attrs):
+    ct, w2 = vals
+    xs = tuple(attrs["x_shape"])
+    if batched[0] and not batched[1]:
+        cs = shape_of(ct)
+        out = bind(prim, reshape(ct, (cs[0] * cs[1],) + cs[2:]), w2, **dict(attrs, x_shape=(size * xs[0],) + xs[1:]))
+        return reshape(out, (size,) + xs)
+    outs = []
+    for i in range(size):
+        c = reshape(bind(slice_p, ct, starts=(i, 0, 0, 0), limits=(i + 1,) + shape_of(ct)[1:], strides=(1, 1, 1, 1)), shape_of(ct)[1:]) if batched[0] else ct
+        w = reshape(bind(slice_p, w2, starts=(i, 0, 0), limits=(i + 1,) + shape_of(w2)[1:], strides=(1, 1, 1)), shape_of(w2)[1:]) if batched[1] else w2
+        outs.append(bind(prim, c, w, **attrs))
+    return bind(stack_p, *outs, axis=0)
+
+
+conv_input_grad_p = _define(
+    "conv_input_grad", _conv_input_grad_rule, _conv_input_grad_impl, _conv_input_grad_emit, _conv_input_grad_vjp, _conv_input_grad_jvp
+)
+conv_input_grad_p.batch = _conv_input_grad_batch
 
 
 def _conv_rule(avals, attrs, weak):

@@ -68,10 +68,14 @@ def test_conv2d_and_gradients_match_torch(geom, dtype, tol):
     assert np.abs(gx0 - tx.grad.numpy()).max() <= tol * scale(gx0)
     assert np.abs(gw0 - tw.grad.numpy()).max() <= tol * scale(gw0)
     # the path taken is the one the geometry asks for; the bias rides in the GEMM
-    prims = {e.prim.name: e.attrs for e in step.graph(x, w, b).eqns if e.prim.name in ("im2col", "col2im")}
-    assert prims["im2col"]["bias_row"] == 1.0 and "bias_row" in prims["col2im"]
-    assert bool(prims["im2col"].get("phased")) == _phased(x_shape, (kh, kw), stride, padding, dilation)
-    assert bool(prims["col2im"].get("phased")) == _phased(x_shape, (kh, kw), stride, padding, dilation)
+    eqns = step.graph(x, w, b).eqns
+    names = [e.prim.name for e in eqns]
+    im2col = next(e.attrs for e in eqns if e.prim.name == "im2col")
+    assert im2col["bias_row"] == 1.0
+    if _phased(x_shape, (kh, kw), stride, padding, dilation):
+        assert im2col["phased"] and "conv_gemm" in names and "conv_input_grad" in names and "col2im" not in names
+    else:
+        assert not im2col.get("phased") and "col2im" in names and "conv_input_grad" not in names
 
 
 @pytest.mark.parametrize("geom", [g for g in GEOMETRIES if g[2] != (1, 1)], ids=[i for g, i in zip(GEOMETRIES, IDS) if g[2] != (1, 1)])
@@ -134,3 +138,43 @@ def test_vmap_of_conv_with_bias_and_its_gradient(stride):
         want = g(xs[i], w, b)
         for a, e in zip(got, want):
             np.testing.assert_allclose(a[i], e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5), (np.float16, 2e-2)], ids=["float64", "float32", "float16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("geom", [g for g in GEOMETRIES if g[2] != (1, 1)][:4], ids=[i for g, i in zip(GEOMETRIES, IDS) if g[2] != (1, 1)][:4])
+def test_conv_input_grad_kernel_equals_col2im_of_the_gemm(geom, bias, dtype, tol):
+    """ConvInputGrad (BLAS gemm accumulating in place; a matmul + add fallback for other dtypes)
+    against the two-step col2im(W2^T @ ct)."""
+    x_shape, (o, kh, kw), stride, padding, dilation = geom
+    rng = np.random.default_rng(11)
+    k = P.ConvInputGrad(x_shape, dtype, (kh, kw), stride, padding, dilation, o)
+    assert (k.gemm is None) == (dtype == np.float16)
+    ct = np.zeros((x_shape[0], o, k.hq, k.wq))
+    ct[..., : k.oh, : k.ow] = rng.standard_normal((x_shape[0], o, k.oh, k.ow))
+    ct = ct.reshape(x_shape[0], o, -1)
+    w2 = rng.standard_normal((o, kh * kw * x_shape[1] + bias))
+    want = P.PhaseCol2Im(x_shape, np.float64, (kh, kw), stride, padding, dilation)(w2[:, : kh * kw * x_shape[1]].T @ ct, np.empty(x_shape))
+    for _ in range(2):
+        got = k(ct.astype(dtype), w2.astype(dtype), np.full(x_shape, np.nan, dtype))
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_second_order_through_a_phased_conv_matches_finite_differences():
+    """hvp differentiates conv_input_grad (the first-order input gradient) once more."""
+    rng = np.random.default_rng(2)
+    args = (rng.standard_normal((2, 2, 9, 9)), rng.standard_normal((3, 2, 3, 3)), rng.standard_normal(3))
+    vecs = tuple(rng.standard_normal(a.shape) for a in args)
+
+    def f(x, w, b):
+        return ops.sum(ops.tanh(ops.conv2d(x, w, 2, 1, bias=b)) ** 2)
+
+    got = engine.hvp(f, args, vecs)
+    g = engine.grad(f, argnums=(0, 1, 2))
+    eps = 1e-5
+    plus = g(*(a + eps * v for a, v in zip(args, vecs)))
+    minus = g(*(a - eps * v for a, v in zip(args, vecs)))
+    for h, gp, gm in zip(got, plus, minus):
+        np.testing.assert_allclose(h, (gp - gm) / (2 * eps), rtol=1e-5, atol=1e-7)
+    assert "conv_input_grad" in [e.prim.name for e in engine.jit(g).graph(*args).eqns]
