@@ -8,13 +8,15 @@ Measures the median time per call of
       -> ReLU -> Linear(3136 -> 64) -> ReLU -> Linear(64 -> 10) on 1x28x28, batch 32,
       cross-entropy, backward, Adam;
 against PyTorch eager with ``torch.set_num_threads(1)`` and with the default thread count, and
-prints the ratios (torch time / fedarena time; > 1 means fedarena is faster).  By default each
-column runs fedarena with the same number of threads as torch (numpy's BLAS threads through
-``engine.set_num_threads``); ``--blas-threads N`` fixes fedarena's count for all columns instead.
+prints the ratios (torch time / fedarena time; > 1 means fedarena is faster).  fedarena runs with
+one BLAS thread in every column by default (the engine's setting for RL/FL workers; on this
+benchmark a second BLAS thread does not help it); ``--blas-threads N`` sets another count, and
+``--blas-threads match`` gives it the torch column's count (numpy's BLAS threads through
+``engine.set_num_threads``).
 Also reports the trace + compile time of the PPO step and checks that both sides compute the same
 loss.
 
-Run:  python benchmarks/engine_vs_torch.py [--quick] [--blas-threads N]
+Run:  python benchmarks/engine_vs_torch.py [--quick] [--blas-threads N|match]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fedarena.engine import nn, ops, optim
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+SETTLE_S = 0.3  # pause before a multi-threaded measurement (see main's settle)
 
 
 def time_per_call(fn, reps: int, clock) -> float:
@@ -181,16 +184,20 @@ def main() -> None:
         "only meaningful for single-threaded runs, so torch's default-thread column is skipped)",
     )
     ap.add_argument(
-        "--blas-threads", type=int, default=None,
-        help="numpy BLAS threads for fedarena in every column (engine.set_num_threads); default: the same "
-        "number as the torch column it is compared with",
+        "--blas-threads", default="1",
+        help="numpy BLAS threads for fedarena in every column (engine.set_num_threads), or 'match': the "
+        "same number as the torch column it is compared with",
     )
     args = ap.parse_args()
+    if args.blas_threads != "match":
+        if not args.blas_threads.isdigit() or int(args.blas_threads) < 1:
+            ap.error(f"--blas-threads: expected a positive integer or 'match', got {args.blas_threads!r}")
+        args.blas_threads = int(args.blas_threads)
     import torch
 
     clock = CLOCKS[args.clock]
     scale = 0.25 if args.quick else 1.0
-    engine.set_num_threads(args.blas_threads or 1)  # 1: the engine's setting for small networks (one per worker)
+    engine.set_num_threads(1 if args.blas_threads == "match" else args.blas_threads)  # 1: the engine's setting for small networks (one per worker)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((BATCH, OBS)).astype(np.float32)
     act = rng.integers(0, ACT, BATCH)
@@ -249,7 +256,7 @@ def main() -> None:
     ours_fns = {"ppo": ours_ppo, "fwd": ours_fwd, "cnn": ours_cnn}
 
     def ours_threads(th: int) -> int:
-        return args.blas_threads or th
+        return th if args.blas_threads == "match" else args.blas_threads
 
     # warm up everything, then interleave: each round times ours and torch back to back with the
     # same thread count, so load changes on a shared machine hit both sides alike; the median over
@@ -266,18 +273,27 @@ def main() -> None:
         for k in ours_fns:
             samples[("ours", th, k)] = []
             samples[(th, k)] = []
+    def settle(th: int) -> None:
+        """Multi-threaded runs: let the other side's idle worker threads stop spinning first
+        (OpenBLAS and OpenMP workers busy-wait for a while after a parallel call, and a spinning
+        thread takes a core the next measurement needs)."""
+        if th > 1 or ours_threads(th) > 1:
+            time.sleep(SETTLE_S)
+
     for _ in range(args.rounds):
         for k in ours_fns:
             for th in thread_settings:
                 engine.set_num_threads(ours_threads(th))
                 torch.set_num_threads(th)
+                settle(th)
                 samples[("ours", th, k)].append(time_per_call(ours_fns[k], reps[k], clock))
+                settle(th)
                 samples[(th, k)].append(time_per_call(t_fns[th][k], reps[k], clock))
     torch.set_num_threads(default_threads)
     engine.set_num_threads(None)
     med = {key: statistics.median(v) for key, v in samples.items()}
 
-    ours_desc = f"{args.blas_threads} BLAS thread(s) in every column" if args.blas_threads else "BLAS threads = the torch column's threads"
+    ours_desc = "BLAS threads = the torch column's threads" if args.blas_threads == "match" else f"{args.blas_threads} BLAS thread(s) in every column"
     print(f"fedarena.engine (numpy {np.__version__}, {ours_desc}) vs PyTorch {torch.__version__} eager, CPU")
     print(f"clock: {args.clock}; median over {args.rounds} interleaved rounds of the mean time per call")
     print(f"PPO step graph: {n_eqns} equations; trace+compile {compile_s * 1e3:.1f} ms (target < 500 ms)")
