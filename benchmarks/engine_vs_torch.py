@@ -273,19 +273,22 @@ def main() -> None:
         for k in ours_fns:
             samples[("ours", th, k)] = []
             samples[(th, k)] = []
-    def settle(th: int) -> None:
-        """Multi-threaded runs: let the other side's idle worker threads stop spinning first
-        (OpenBLAS and OpenMP workers busy-wait for a while after a parallel call, and a spinning
-        thread takes a core the next measurement needs)."""
-        if th > 1 or ours_threads(th) > 1:
+    last = {"threads": 1}
+
+    def settle(threads: int) -> None:
+        """Before a multi-threaded measurement, or after one: let idle worker threads stop
+        spinning first (OpenBLAS and OpenMP workers busy-wait for a while after a parallel call,
+        and a spinning thread takes a core the next measurement needs)."""
+        if threads > 1 or last["threads"] > 1:
             time.sleep(SETTLE_S)
+        last["threads"] = threads
 
     for _ in range(args.rounds):
         for k in ours_fns:
             for th in thread_settings:
                 engine.set_num_threads(ours_threads(th))
                 torch.set_num_threads(th)
-                settle(th)
+                settle(ours_threads(th))
                 samples[("ours", th, k)].append(time_per_call(ours_fns[k], reps[k], clock))
                 settle(th)
                 samples[(th, k)].append(time_per_call(t_fns[th][k], reps[k], clock))
