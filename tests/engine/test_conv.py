@@ -178,3 +178,20 @@ def test_second_order_through_a_phased_conv_matches_finite_differences():
     for h, gp, gm in zip(got, plus, minus):
         np.testing.assert_allclose(h, (gp - gm) / (2 * eps), rtol=1e-5, atol=1e-7)
     assert "conv_input_grad" in [e.prim.name for e in engine.jit(g).graph(*args).eqns]
+
+
+@pytest.mark.parametrize("stride", [1, 2], ids=["plain", "phased"])
+def test_vmap_over_weights_of_conv_and_its_input_gradient(stride):
+    """Per-example weights: conv_gemm/conv_input_grad batch with the weights batched too."""
+    rng = np.random.default_rng(6)
+    x, ws, b = rng.standard_normal((2, 2, 9, 9)), rng.standard_normal((3, 4, 2, 3, 3)), rng.standard_normal(4)
+
+    def f(w, x):
+        return ops.sum(ops.tanh(ops.conv2d(x, w, stride, 1, bias=b)))
+
+    gx = engine.grad(f, argnums=1)
+    got = engine.vmap(gx, in_axes=(0, None))(ws, x)
+    got_y = engine.vmap(lambda w: ops.conv2d(x, w, stride, 1, bias=b))(ws)
+    for i in range(3):
+        np.testing.assert_allclose(got[i], gx(ws[i], x), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got_y[i], ops.conv2d(x, ws[i], stride, 1, bias=b), rtol=1e-12, atol=1e-12)
