@@ -255,3 +255,44 @@ def test_cnn_ten_adam_steps_match_torch(dtype, tol):
     for i in (6, 8):
         assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy().T) < tol
     assert _rel_err(new[0]["w"], params[0]["w"]) > 100 * tol
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-6), (np.float32, 1e-4)], ids=["float64", "float32"])
+def test_strided_cnn_ten_adam_steps_match_torch_with_bucketed_state(dtype, tol, monkeypatch):
+    """The benchmark's CNN shape, smaller: a phase-plane strided conv with bias in the GEMM, and
+    Adam's "buckets" state (FUSE_MAX_ELEMENTS lowered so this model counts as large)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(optim, "FUSE_MAX_ELEMENTS", 1000)
+    monkeypatch.setattr(optim, "SMALL_LEAF_ELEMENTS", 300)
+    tdt = torch.float64 if dtype == np.float64 else torch.float32
+    model = nn.Sequential([
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(6 * 6 * 6, 10), nn.ReLU(), nn.Linear(10, 4),
+    ])
+    params = model.init(5, dtype)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((8, 1, 12, 12)).astype(dtype)
+    y = rng.integers(0, 4, 8)
+    tmodel = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 6, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(216, 10), torch.nn.ReLU(), torch.nn.Linear(10, 4),
+    ).to(tdt)
+    with torch.no_grad():
+        for i in (0, 2):
+            tmodel[i].weight.copy_(torch.tensor(params[i]["w"]))
+            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
+        for i in (5, 7):
+            tmodel[i].weight.copy_(torch.tensor(params[i]["w"].T))
+            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
+    state = optim.adam(0.01).init(params)
+    assert isinstance(state["mu"], list) and len(state["mu"]) == 2  # small leaves + the 216x10 weight
+    new, loss = _train_ours(model, params, x, y, "ce", 10, 0.01)
+    tloss = _torch_adam_run(tmodel, x, y, "ce", 10, 0.01)
+    assert loss == pytest.approx(tloss, rel=tol)
+    for i in (0, 2):
+        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy()) < tol
+        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
+    for i in (5, 7):
+        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy().T) < tol
+        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
+    assert _rel_err(new[2]["w"], params[2]["w"]) > 100 * tol
