@@ -1323,7 +1323,16 @@ class ConvInputGrad(PhaseGeometry):
         self.wt = np.empty((self.kk, c, o), dtype)  # W_t^T per offset; W_t = wt[t].T is Fortran-ordered
         self.acc = np.zeros((self.sh, self.sw, self.length), dtype)  # planes as (C, N, HQ, WQ)
         span = c * n * pl
-        self.dst = [self.acc[a, b, off : off + span].reshape(c, n * pl) for a, b, off in self.taps]
+        # the first offset-0 kernel offset of a phase overwrites its whole span (gemm beta = 0), so
+        # only phases without one are zeroed per call (phases with no kernel offset stay zero)
+        self.dst, self.beta, self.zero, seen = [], [], [], set()
+        for t in sorted(range(self.kk), key=lambda t: self.taps[t][2]):
+            a, b, off = self.taps[t]
+            self.dst.append((t, self.acc[a, b, off : off + span].reshape(c, n * pl)))
+            self.beta.append(0.0 if off == 0 and (a, b) not in seen else 1.0)
+            if (a, b) not in seen and off != 0:
+                self.zero.append(self.acc[a, b])
+            seen.add((a, b))
         planes = self.acc[:, :, : self.size].reshape(self.sh, self.sw, c, n, self.hq, self.wq)
         self.out_parts = [((Ellipsis, xs, ys), planes[a, b, :, :, qs, rs].transpose(1, 0, 2, 3)) for a, b, qs, rs, xs, ys in self.parts]
         dt = np.dtype(dtype)
@@ -1338,17 +1347,20 @@ class ConvInputGrad(PhaseGeometry):
         np.copyto(self.ct, ct.reshape(self.n, self.o, self.plane).transpose(1, 0, 2), casting="unsafe")
         k = self.kk * self.c
         np.copyto(self.wt, w2[:, :k].reshape(self.o, self.kk, self.c).transpose(1, 2, 0), casting="unsafe")
-        self.acc.fill(0)
+        for plane in self.zero:
+            plane.fill(0)
         a = self.ct.reshape(self.o, -1)
-        for t, dst in enumerate(self.dst):
+        for (t, dst), beta in zip(self.dst, self.beta):
             if self.gemm is not None:
-                # Fortran view: dst^T (N*P, C) += ct^T (N*P, O) @ W_t (O, C), in place
-                r = self.gemm(1.0, a.T, self.wt[t].T, 1.0, dst.T, overwrite_c=True)
+                # Fortran view: dst^T (N*P, C) = ct^T (N*P, O) @ W_t (O, C) + beta dst^T, in place
+                r = self.gemm(1.0, a.T, self.wt[t].T, beta, dst.T, overwrite_c=True)
                 if r.ctypes.data != dst.ctypes.data:  # pragma: no cover - a BLAS wrapper that copied
                     raise RuntimeError("conv input gradient: BLAS gemm did not accumulate in place")
-            else:
+            elif beta:
                 np.matmul(self.wt[t], a, self.tmp)
                 np.add(dst, self.tmp, dst)
+            else:
+                np.matmul(self.wt[t], a, dst)
         for idx, src in self.out_parts:
             np.copyto(out[idx], src)
         return out
