@@ -8,10 +8,15 @@ Measures the median time per call of
       -> ReLU -> Linear(3136 -> 64) -> ReLU -> Linear(64 -> 10) on 1x28x28, batch 32,
       cross-entropy, backward, Adam;
 against PyTorch eager with ``torch.set_num_threads(1)`` and with the default thread count, and
-prints the ratios (torch time / fedarena time; > 1 means fedarena is faster).  Also reports the
-trace + compile time of the PPO step and checks that both sides compute the same loss.
+prints the ratios (torch time / fedarena time; > 1 means fedarena is faster).  fedarena runs with
+one BLAS thread in every column by default (the engine's setting for RL/FL workers; on this
+benchmark a second BLAS thread does not help it); ``--blas-threads N`` sets another count, and
+``--blas-threads match`` gives it the torch column's count (numpy's BLAS threads through
+``engine.set_num_threads``).
+Also reports the trace + compile time of the PPO step and checks that both sides compute the same
+loss.
 
-Run:  python benchmarks/engine_vs_torch.py [--quick]
+Run:  python benchmarks/engine_vs_torch.py [--quick] [--blas-threads N|match]
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from fedarena.engine import nn, ops, optim
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+SETTLE_S = 0.3  # pause before a multi-threaded measurement (see main's settle)
 
 
 def time_per_call(fn, reps: int, clock) -> float:
@@ -177,13 +183,21 @@ def main() -> None:
         help="wall: perf_counter; cpu: this thread's CPU time (robust on a shared, loaded machine; "
         "only meaningful for single-threaded runs, so torch's default-thread column is skipped)",
     )
-    ap.add_argument("--blas-threads", type=int, default=1, help="numpy BLAS threads for fedarena (engine.set_num_threads)")
+    ap.add_argument(
+        "--blas-threads", default="1",
+        help="numpy BLAS threads for fedarena in every column (engine.set_num_threads), or 'match': the "
+        "same number as the torch column it is compared with",
+    )
     args = ap.parse_args()
+    if args.blas_threads != "match":
+        if not args.blas_threads.isdigit() or int(args.blas_threads) < 1:
+            ap.error(f"--blas-threads: expected a positive integer or 'match', got {args.blas_threads!r}")
+        args.blas_threads = int(args.blas_threads)
     import torch
 
     clock = CLOCKS[args.clock]
     scale = 0.25 if args.quick else 1.0
-    engine.set_num_threads(args.blas_threads)  # 1: the engine's setting for small networks (one per worker)
+    engine.set_num_threads(1 if args.blas_threads == "match" else args.blas_threads)  # 1: the engine's setting for small networks (one per worker)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((BATCH, OBS)).astype(np.float32)
     act = rng.integers(0, ACT, BATCH)
@@ -241,40 +255,61 @@ def main() -> None:
     reps = {"ppo": max(1, int(200 * scale)), "fwd": max(1, int(2000 * scale)), "cnn": max(1, int(10 * scale))}
     ours_fns = {"ppo": ours_ppo, "fwd": ours_fwd, "cnn": ours_cnn}
 
-    # warm up everything, then interleave: each round times ours and torch back to back, so load
-    # changes on a shared machine hit both sides alike; the median over rounds is reported.
+    def ours_threads(th: int) -> int:
+        return th if args.blas_threads == "match" else args.blas_threads
+
+    # warm up everything, then interleave: each round times ours and torch back to back with the
+    # same thread count, so load changes on a shared machine hit both sides alike; the median over
+    # rounds is reported.
     for k in ours_fns:
-        for _ in range(3):
-            ours_fns[k]()
         for th in thread_settings:
+            engine.set_num_threads(ours_threads(th))
             torch.set_num_threads(th)
             for _ in range(3):
+                ours_fns[k]()
                 t_fns[th][k]()
-    samples: dict = {("ours", k): [] for k in ours_fns}
+    samples: dict = {}
     for th in thread_settings:
         for k in ours_fns:
+            samples[("ours", th, k)] = []
             samples[(th, k)] = []
+    last = {"threads": 1}
+
+    def settle(threads: int) -> None:
+        """Before a multi-threaded measurement, or after one: let idle worker threads stop
+        spinning first (OpenBLAS and OpenMP workers busy-wait for a while after a parallel call,
+        and a spinning thread takes a core the next measurement needs)."""
+        if threads > 1 or last["threads"] > 1:
+            time.sleep(SETTLE_S)
+        last["threads"] = threads
+
     for _ in range(args.rounds):
         for k in ours_fns:
-            samples[("ours", k)].append(time_per_call(ours_fns[k], reps[k], clock))
             for th in thread_settings:
+                engine.set_num_threads(ours_threads(th))
                 torch.set_num_threads(th)
+                settle(ours_threads(th))
+                samples[("ours", th, k)].append(time_per_call(ours_fns[k], reps[k], clock))
+                settle(th)
                 samples[(th, k)].append(time_per_call(t_fns[th][k], reps[k], clock))
     torch.set_num_threads(default_threads)
+    engine.set_num_threads(None)
     med = {key: statistics.median(v) for key, v in samples.items()}
 
-    print(f"fedarena.engine (numpy {np.__version__}, {args.blas_threads} BLAS thread(s)) vs PyTorch {torch.__version__} eager, CPU")
+    ours_desc = "BLAS threads = the torch column's threads" if args.blas_threads == "match" else f"{args.blas_threads} BLAS thread(s) in every column"
+    print(f"fedarena.engine (numpy {np.__version__}, {ours_desc}) vs PyTorch {torch.__version__} eager, CPU")
     print(f"clock: {args.clock}; median over {args.rounds} interleaved rounds of the mean time per call")
     print(f"PPO step graph: {n_eqns} equations; trace+compile {compile_s * 1e3:.1f} ms (target < 500 ms)")
     print(f"same loss: PPO {float(our_loss):.6f} vs torch {t_loss:.6f}; CNN {float(our_cnn_loss):.6f} vs torch {t_cnn_loss:.6f}")
     names = {"ppo": "(a) PPO train step  B=64", "fwd": "(b) actor forward   B=1 ", "cnn": "(c) CNN train step  B=32"}
     targets = {"ppo": 5.0, "fwd": 4.0, "cnn": 1.0}
-    header = f"{'':26s}{'fedarena':>12s}" + "".join(f"{f'torch {t}thr':>12s}{'ratio':>8s}" for t in thread_settings)
+    header = f"{'':26s}" + "".join(f"{f'ours {ours_threads(t)}thr':>12s}{f'torch {t}thr':>12s}{'ratio':>8s}" for t in thread_settings)
     print(header)
     for k in ("ppo", "fwd", "cnn"):
-        row = f"{names[k]:26s}{med[('ours', k)] * 1e6:10.1f}us"
+        row = f"{names[k]:26s}"
         for th in thread_settings:
-            row += f"{med[(th, k)] * 1e6:10.1f}us{med[(th, k)] / med[('ours', k)]:7.2f}x"
+            ours = med[("ours", th, k)]
+            row += f"{ours * 1e6:10.1f}us{med[(th, k)] * 1e6:10.1f}us{med[(th, k)] / ours:7.2f}x"
         row += f"   target >= {targets[k]:.0f}x"
         print(row)
     print("ratio = torch time / fedarena time (> 1: fedarena is faster)")

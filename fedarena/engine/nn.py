@@ -156,10 +156,7 @@ class Conv2d(Module):
         return p
 
     def apply(self, params: Params, x: Any) -> Any:
-        y = ops.conv2d(x, params["w"], self.stride, self.padding, self.dilation)
-        if "b" in params:
-            y = ops.add(y, ops.reshape(params["b"], (1, -1, 1, 1)))
-        return y
+        return ops.conv2d(x, params["w"], self.stride, self.padding, self.dilation, bias=params.get("b"))
 
 
 @dataclass(frozen=True)

@@ -582,28 +582,49 @@ def getitem(x: Array, key: Any) -> Array:
 # ============================================================================ convolution and pooling
 
 
-def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any = 1, lowered: bool = True) -> Array:
-    """2-d cross-correlation, NCHW input, OIHW weights (PyTorch's ``conv2d`` without bias).
+PHASED_MAX_OVERHEAD = 1.5
+"""A strided conv2d uses phase-plane columns when they have at most this many times the OH*OW
+output positions (the extra ones are computed and dropped; the columns are copied 2-4x faster)."""
+
+
+def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any = 1, lowered: bool = True, bias: Array | None = None) -> Array:
+    """2-d cross-correlation, NCHW input, OIHW weights (PyTorch's ``conv2d``), plus ``bias`` (O,).
 
     ``lowered=True`` (default) writes it as ``im2col`` + ``matmul`` equations, so the backward
-    pass reuses the forward's columns; ``lowered=False`` binds the single ``conv2d`` primitive.
+    pass reuses the forward's columns; the bias rides in the GEMM as an extra weight column against
+    a constant row of ones in the columns (its gradient then comes out of the weight-gradient GEMM).
+    ``lowered=False`` binds the single ``conv2d`` primitive (and adds the bias after).
     """
     x, w = _arr(x), _arr(w)
     attrs = dict(stride=P._pair(stride), padding=P._pair(padding), dilation=P._pair(dilation))
     if not lowered:
-        return bind(P.conv2d_p, x, w, **attrs)
+        y = bind(P.conv2d_p, x, w, **attrs)
+        return y if bias is None else add(y, reshape(_arr(bias), (1, -1, 1, 1)))
     out_aval = P.abstract_eval_conv(aval_of(x), aval_of(w), attrs)  # shape checks with a conv2d message
     n = shape(x)[0]
     o, c, kh, kw = shape(w)
-    rp = P.conv_row_pad(shape(x)[3], kw, attrs["stride"][1], attrs["padding"][1], attrs["dilation"][1]) if attrs["stride"] != (1, 1) else 0
-    cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, row_pad=rp, **attrs)
-    w2 = P.reshape(P.transpose(w, (0, 2, 3, 1)), (o, kh * kw * c))  # rows in im2col's (kh, kw, c) order
-    y = bind(P.matmul_p, w2, cols)
+    # strided convolutions use the phase-plane columns (primitives.PhaseGeometry): (HQ, WQ) >=
+    # (OH, OW) positions per image, the extra ones cut off below; worth it unless they are many more
     _, _, oh, ow = out_aval.shape
-    y = P.reshape(y, (n, o, oh, ow + rp))
-    if rp:  # drop the zero padding columns (see primitives.Col2Im)
-        y = bind(P.slice_p, y, starts=(0, 0, 0, 0), limits=(n, o, oh, ow), strides=(1, 1, 1, 1))
-    return y
+    (sh, sw), (ph, pw) = attrs["stride"], attrs["padding"]
+    hq, wq = -(-(shape(x)[2] + 2 * ph) // sh), -(-(shape(x)[3] + 2 * pw) // sw)
+    phased = attrs["stride"] != (1, 1) and hq * wq <= PHASED_MAX_OVERHEAD * oh * ow
+    extra: dict = {"phased": True} if phased else {}
+    w2 = P.reshape(P.transpose(w, (0, 2, 3, 1)), (o, kh * kw * c))  # rows in im2col's (kh, kw, c) order
+    if bias is not None:
+        b = _arr(bias)
+        if shape(b) != (o,):
+            raise ShapeError(f"conv2d: bias of shape {shape(b)} does not match the {o} output channels")
+        extra["bias_row"] = 1.0
+        w2 = concatenate([w2, reshape(b, (o, 1))], axis=1)
+    cols = bind(P.im2col_p, x, kernel=(kh, kw), pad_value=0.0, **attrs, **extra)
+    if phased:  # w2 @ cols, whose input gradient skips the columns (see primitives.conv_gemm_p)
+        y = bind(P.conv_gemm_p, w2, cols, x, kernel=(kh, kw), **attrs, **extra)
+        y = P.reshape(y, (n, o, hq, wq))
+        if (hq, wq) != (oh, ow):
+            y = bind(P.slice_p, y, starts=(0, 0, 0, 0), limits=(n, o, oh, ow), strides=(1, 1, 1, 1))
+        return y
+    return P.reshape(bind(P.matmul_p, w2, cols), (n, o, oh, ow))
 
 
 def max_pool2d(x: Array, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Array:

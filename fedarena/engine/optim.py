@@ -183,16 +183,24 @@ def _fusable(p_leaves: list) -> bool:
 
 
 FUSE_MAX_ELEMENTS = 1 << 16
+SMALL_LEAF_ELEMENTS = 1 << 13
 
 
-def _fuse(fused: bool | str, leaves: list) -> bool:
-    """Flat state for small models (kernel-call overhead dominates); per-leaf for large ones
-    (concatenating would add two passes over the parameters)."""
+def _layout(fused: bool | str, leaves: list) -> str:
+    """How Adam keeps its moments: ``"flat"`` (one vector; small models, where kernel-call overhead
+    dominates), ``"buckets"`` (``fused="auto"`` and a large model: the leaves of at most
+    SMALL_LEAF_ELEMENTS share one vector, the large ones stay separate, since concatenating them
+    would add two passes over most of the parameters) or ``"leaves"`` (one array per leaf)."""
     if not fused or not _fusable(leaves):
-        return False
-    if fused == "auto":
-        return builtins_sum(int(np.prod(ops.shape(p), dtype=np.int64)) for p in leaves) <= FUSE_MAX_ELEMENTS
-    return True
+        return "leaves"
+    if fused == "auto" and builtins_sum(int(np.prod(ops.shape(p), dtype=np.int64)) for p in leaves) > FUSE_MAX_ELEMENTS:
+        return "buckets"
+    return "flat"
+
+
+def _small(leaves: list) -> list:
+    """Indices of the leaves that share the flat vector of the "buckets" layout."""
+    return [i for i, p in enumerate(leaves) if int(np.prod(ops.shape(p), dtype=np.int64)) <= SMALL_LEAF_ELEMENTS]
 
 
 def _adam(
@@ -208,15 +216,24 @@ def _adam(
 ) -> Optimizer:
     """Adam / AdamW.  With ``fused`` (default) and parameters of one dtype, the moments are kept
     as single flat vectors and the update runs on the concatenated gradient — the same
-    arithmetic per element, far fewer kernel calls (like PyTorch's multi-tensor/fused Adam)."""
+    arithmetic per element, far fewer kernel calls (like PyTorch's multi-tensor/fused Adam).
+    ``fused="auto"`` on a large model fuses only the small leaves (see :func:`_layout`); the
+    layout is a function of the parameters' shapes, so ``update`` re-derives it from ``params``."""
 
     def init(params: Any) -> Any:
         leaves = tree_leaves(params)
-        if _fuse(fused, leaves):
+        layout = _layout(fused, leaves)
+        if layout == "leaves":
+            return {"count": _count0(), "mu": _zeros_like_tree(params), "nu": _zeros_like_tree(params)}
+        dt = np.dtype(dtype_of(leaves[0]))
+        if layout == "flat":
             n = int(builtins_sum(np.size(p) for p in leaves))
-            dt = np.dtype(dtype_of(leaves[0]))
             return {"count": _count0(), "mu": np.zeros(n, dt), "nu": np.zeros(n, dt)}
-        return {"count": _count0(), "mu": _zeros_like_tree(params), "nu": _zeros_like_tree(params)}
+        small = _small(leaves)
+        vecs = ([np.zeros(int(builtins_sum(np.size(leaves[i]) for i in small)), dt)] if small else []) + [
+            np.zeros(np.shape(p), dt) for i, p in enumerate(leaves) if i not in small
+        ]
+        return {"count": _count0(), "mu": vecs, "nu": [v.copy() for v in vecs]}
 
     def _step(p, g, m, v, lr_t, step_size, eps_hat, in_dtype):
         dt = dtype_of(p)
@@ -249,9 +266,27 @@ def _adam(
                 cache[key] = cast(x, dt)
             return cache[key]
 
-        if not isinstance(state["mu"], (dict, list, tuple)):  # flat state made by init()
+        layout = _layout(fused, p_leaves)
+        if layout == "flat":
             p, m, v = _step(_flat(p_leaves), _flat(g_leaves), state["mu"], state["nu"], lr_t, step_size, eps_hat, in_dtype)
             return tree_unflatten(td, _unflat(p, p_leaves)), {"count": count, "mu": m, "nu": v}
+        if layout == "buckets":
+            small = _small(p_leaves)
+            large = [i for i in range(len(p_leaves)) if i not in small]
+            new_p = list(p_leaves)
+            new_m, new_v = [], []
+            if small:
+                sp = [p_leaves[i] for i in small]
+                p, m, v = _step(_flat(sp), _flat([g_leaves[i] for i in small]), state["mu"][0], state["nu"][0], lr_t, step_size, eps_hat, in_dtype)
+                for i, q in zip(small, _unflat(p, sp)):
+                    new_p[i] = q
+                new_m.append(m)
+                new_v.append(v)
+            for k, i in enumerate(large, start=1 if small else 0):
+                new_p[i], m, v = _step(p_leaves[i], g_leaves[i], state["mu"][k], state["nu"][k], lr_t, step_size, eps_hat, in_dtype)
+                new_m.append(m)
+                new_v.append(v)
+            return tree_unflatten(td, new_p), {"count": count, "mu": new_m, "nu": new_v}
         m_leaves, mt = tree_flatten(state["mu"])
         v_leaves, vt = tree_flatten(state["nu"])
         new_p, new_m, new_v = [], [], []
@@ -276,7 +311,7 @@ def adam(
 ) -> Optimizer:
     """Adam; ``weight_decay`` is L2 added to the gradient (PyTorch's ``Adam(weight_decay=...)``).
     ``fused``: keep the moments as flat vectors (``"auto"``: when the model has at most
-    65536 parameters; see :func:`_adam`)."""
+    65536 parameters, else only its small leaves'; see :func:`_layout`)."""
     return _adam(lr, b1, b2, eps, weight_decay, False, max_grad_norm, "adam", fused)
 
 

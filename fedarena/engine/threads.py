@@ -3,7 +3,8 @@
 For the small matrices of RL networks a multi-threaded BLAS mostly adds synchronisation cost (and
 is disastrous when other processes share the cores), so RL workers usually want one BLAS thread
 per process — the same advice PyTorch gives with ``torch.set_num_threads(1)``.  This goes through
-``threadpoolctl`` (installed with scikit-learn) and is a no-op if it is missing.
+``threadpoolctl`` (installed with scikit-learn) and is a no-op if it is missing.  The limit covers
+every BLAS loaded when it is set, so scipy's BLAS (used by the conv kernels) is loaded first.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def set_num_threads(n: int | None) -> None:
     if n is not None:
         if int(n) < 1:
             raise ValueError(f"number of threads must be >= 1, got {n}")
+        import scipy.linalg.blas  # noqa: F401  (its BLAS library must be loaded to be limited)
+
         _LIMITER = threadpoolctl.threadpool_limits(limits=int(n), user_api="blas")
 
 

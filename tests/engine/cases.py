@@ -107,6 +107,18 @@ CASES = [
         lambda r: [_r(r, 2, 3, 7, 6), _r(r, 4, 3, 3, 3)],
     ),
     (
+        "conv2d_phased",  # phase-plane columns (primitives.PhaseGeometry)
+        lambda x, w: ops.conv2d(x, w, stride=2, padding=1),
+        lambda x, w: __import__("torch").nn.functional.conv2d(x, w, stride=2, padding=1),
+        lambda r: [_r(r, 2, 3, 9, 9), _r(r, 4, 3, 3, 3)],
+    ),
+    (
+        "conv2d_phased_rect",
+        lambda x, w: ops.conv2d(x, w, stride=(2, 3), padding=(1, 2)),
+        lambda x, w: __import__("torch").nn.functional.conv2d(x, w, stride=(2, 3), padding=(1, 2)),
+        lambda r: [_r(r, 2, 2, 11, 10), _r(r, 3, 2, 3, 2)],
+    ),
+    (
         "conv2d_primitive",
         lambda x, w: ops.conv2d(x, w, stride=(1, 2), padding=1, lowered=False),
         lambda x, w: __import__("torch").nn.functional.conv2d(x, w, stride=(1, 2), padding=1),

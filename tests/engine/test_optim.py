@@ -78,6 +78,50 @@ def test_optimizer_matches_torch(name, ours, theirs):
         assert isinstance(state["mu"], np.ndarray) == flat and isinstance(state["nu"], np.ndarray) == flat
 
 
+@pytest.mark.parametrize("name,ours,theirs", [o for o in OPTIMIZERS if o[0] in ("adam", "adam_l2", "adamw")], ids=["adam", "adam_l2", "adamw"])
+def test_adam_buckets_layout_matches_torch(name, ours, theirs, monkeypatch):
+    """A "large" model under fused="auto": small leaves share one vector, large ones stay apart."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(optim, "FUSE_MAX_ELEMENTS", 4)
+    monkeypatch.setattr(optim, "SMALL_LEAF_ELEMENTS", 2)
+    params, x, y = _quadratic_problem(np.float64)  # "a": 6 elements (large), "b": 2 (small)
+    opt = ours()
+    state = opt.init(params)
+    assert [np.shape(m) for m in state["mu"]] == [(2,), (3, 2)] and [np.shape(v) for v in state["nu"]] == [(2,), (3, 2)]
+
+    @engine.jit
+    def step(p, s, x, y):
+        return opt.update(engine.grad(_loss)(p, x, y), s, p)
+
+    p = params
+    for _ in range(6):
+        p, state = step(p, state, x, y)
+    want = _torch_run(theirs(torch), params, x, y, 6)
+    for k in ("a", "b"):
+        np.testing.assert_allclose(p[k], want[k], rtol=1e-9, atol=1e-12)
+    assert [np.shape(m) for m in state["mu"]] == [(2,), (3, 2)]
+
+
+def test_adam_on_a_single_large_array():
+    """Parameters that are one bare array above FUSE_MAX_ELEMENTS (per-leaf layout of one leaf)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((257, 256))  # more than FUSE_MAX_ELEMENTS, and not flat
+    target = rng.standard_normal(w.shape)
+    opt = optim.adam(0.1)
+    step = engine.jit(lambda p, s: opt.update(engine.grad(lambda q: ops.sum((q - target) ** 2))(p), s, p))
+    p, s = w, opt.init(w)
+    for _ in range(3):
+        p, s = step(p, s)
+    tw = torch.tensor(w, requires_grad=True)
+    topt = torch.optim.Adam([tw], lr=0.1)
+    for _ in range(3):
+        topt.zero_grad()
+        ((tw - torch.tensor(target)) ** 2).sum().backward()
+        topt.step()
+    np.testing.assert_allclose(p, tw.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_global_norm_clipping_matches_torch():
     torch = pytest.importorskip("torch")
     params, x, y = _quadratic_problem(np.float64)
@@ -211,3 +255,44 @@ def test_cnn_ten_adam_steps_match_torch(dtype, tol):
     for i in (6, 8):
         assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy().T) < tol
     assert _rel_err(new[0]["w"], params[0]["w"]) > 100 * tol
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-6), (np.float32, 1e-4)], ids=["float64", "float32"])
+def test_strided_cnn_ten_adam_steps_match_torch_with_bucketed_state(dtype, tol, monkeypatch):
+    """The benchmark's CNN shape, smaller: a phase-plane strided conv with bias in the GEMM, and
+    Adam's "buckets" state (FUSE_MAX_ELEMENTS lowered so this model counts as large)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(optim, "FUSE_MAX_ELEMENTS", 1000)
+    monkeypatch.setattr(optim, "SMALL_LEAF_ELEMENTS", 300)
+    tdt = torch.float64 if dtype == np.float64 else torch.float32
+    model = nn.Sequential([
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(6 * 6 * 6, 10), nn.ReLU(), nn.Linear(10, 4),
+    ])
+    params = model.init(5, dtype)
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((8, 1, 12, 12)).astype(dtype)
+    y = rng.integers(0, 4, 8)
+    tmodel = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 6, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(216, 10), torch.nn.ReLU(), torch.nn.Linear(10, 4),
+    ).to(tdt)
+    with torch.no_grad():
+        for i in (0, 2):
+            tmodel[i].weight.copy_(torch.tensor(params[i]["w"]))
+            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
+        for i in (5, 7):
+            tmodel[i].weight.copy_(torch.tensor(params[i]["w"].T))
+            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
+    state = optim.adam(0.01).init(params)
+    assert isinstance(state["mu"], list) and len(state["mu"]) == 2  # small leaves + the 216x10 weight
+    new, loss = _train_ours(model, params, x, y, "ce", 10, 0.01)
+    tloss = _torch_adam_run(tmodel, x, y, "ce", 10, 0.01)
+    assert loss == pytest.approx(tloss, rel=tol)
+    for i in (0, 2):
+        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy()) < tol
+        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
+    for i in (5, 7):
+        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy().T) < tol
+        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
+    assert _rel_err(new[2]["w"], params[2]["w"]) > 100 * tol
