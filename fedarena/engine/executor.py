@@ -17,9 +17,10 @@ import numpy as np
 import scipy.special
 
 from .ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
+from .memory_plan import VIEW_PRIMITIVES, BufferPlanner, in_place_operands, nbytes
 from .passes import dead_code_elimination
 
-_VIEW_PRIMS = frozenset({"transpose", "reshape", "broadcast_to", "squeeze", "expand_dims", "slice", "stop_gradient"})
+_VIEW_PRIMS = VIEW_PRIMITIVES
 _ELEMENTWISE = frozenset(
     {
         "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
@@ -55,7 +56,9 @@ class _Instance:
 class Executable:
     """A compiled graph: ``exe(*flat_inputs) -> list of outputs`` (numpy arrays).
 
-    Each concurrently running thread gets its own buffer set, built on demand.
+    Each concurrently running thread gets its own buffer set, built on demand.  ``memory`` is the
+    :class:`~fedarena.engine.memory_plan.MemoryPlan` the generated code follows (bytes per buffer
+    set), ``source`` the generated code.
     """
 
     def __init__(self, graph: Graph, validate: bool = True):
@@ -80,26 +83,24 @@ class Executable:
             for a in e.inputs:
                 if isinstance(a, Var):
                     consumers.setdefault(a, []).append(e)
-        # Memory planning: a buffer is reused by a later variable of the same shape and dtype once
-        # every variable aliasing it (through views) has had its last use.
-        alias_root: dict[Var, Var] = {}
-        last_use: dict[Var, int] = {}
-        sticky: set[Var] = set()  # buffers a kernel relies on keeping (im2col's zeroed padding)
-        for n_, e in enumerate(g.eqns):
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    r = alias_root.get(a, a)
-                    last_use[r] = n_
-            if e.prim.name in _VIEW_PRIMS and e.inputs and isinstance(e.inputs[0], Var):
-                alias_root[e.outputs[0]] = alias_root.get(e.inputs[0], e.inputs[0])
-            if e.prim.name == "im2col":
-                sticky.add(e.outputs[0])
-        for a in outs:
-            last_use[alias_root.get(a, a)] = len(g.eqns)
-        release_at: dict[int, list] = {}
-        for r, k in last_use.items():
-            release_at.setdefault(k, []).append(r)
-        pool: dict[tuple, list] = {}
+        # Memory planning (memory_plan.BufferPlanner, the engine's one planner): every value this
+        # code keeps in a buffer asks the planner for one, in schedule order; a buffer is a byte
+        # array and each value a typed, reshaped view of it made once here.
+        planner = BufferPlanner(g)
+        sticky: set[Var] = {e.outputs[0] for e in g.eqns if e.prim.name == "im2col"}  # im2col keeps its zeroed padding
+        views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
+        fresh_bytes = 0  # bytes the generated code allocates per call
+
+        def buffer_for(n: int, out: Var, cands: tuple, dedicated: bool) -> str:
+            bid, _ = planner.assign(n, out, cands, dedicated)
+            base = ns.get(f"_b{bid}")
+            if base is None:
+                base = ns[f"_b{bid}"] = np.empty(planner.plan.buffer_bytes[bid], np.uint8)
+            key = (bid, out.aval.shape, out.aval.dtype)
+            if key not in views:
+                views[key] = ctx.const(base[: nbytes(out)].view(out.aval.dtype).reshape(out.aval.shape))
+            return views[key]
+
         phys: dict[Var, tuple] = {}  # shape of the array a name holds when it differs (elided broadcasts)
         escapes = set(outs)  # variables whose memory reaches an output through views
         for e in reversed(g.eqns):
@@ -130,9 +131,6 @@ class Executable:
             return names[a]
 
         for n, e in enumerate(g.eqns):
-            for r in release_at.get(n - 1, ()):
-                if storage.get(r) == "buffer" and r not in static and r not in sticky:
-                    pool.setdefault((r.aval.shape, r.aval.dtype), []).append(names[r])
             if e.prim.emit is None:
                 raise UnknownPrimitiveError(f"primitive {e.prim.name!r} has no numpy kernel")
             out = e.outputs[0]
@@ -254,6 +252,7 @@ class Executable:
                 else:
                     body.append(f"{name} = {code.text}")
                     names[out] = name
+                    fresh_bytes += nbytes(out)
                 continue
             if (
                 pname in _OPERATORS
@@ -269,6 +268,7 @@ class Executable:
                 body.append(f"{name} = {ins[0]} {_OPERATORS[pname]} {ins[1]}")
                 names[out] = name
                 storage[out] = "fresh"
+                fresh_bytes += nbytes(out)
                 continue
             if (out in escapes) and not all_static:
                 same_dtype = all(
@@ -281,12 +281,28 @@ class Executable:
                     body.append(code.text.replace("{o}", name))
                 names[out] = name
                 storage[out] = "fresh"
+                fresh_bytes += nbytes(out)
                 continue
-            free = pool.get((out.aval.shape, out.aval.dtype))
-            if free and not all_static and out not in sticky:
-                buf = free.pop()
-            else:
-                buf = ctx.const(np.empty(out.aval.shape, out.aval.dtype))
+            dedicated = all_static or out in sticky
+            cands: tuple = ()
+            if not dedicated:
+                # in place: an operand held in a buffer of its own (not a graph input, constant or
+                # output, none of which live in buffers) that the kernel may overwrite; the planner
+                # takes it only if it and every view of it die here.  No other operand may alias it.
+                cands = tuple(
+                    a
+                    for k in in_place_operands(pname, len(e.inputs))
+                    for a in (e.inputs[k],)
+                    if isinstance(a, Var)
+                    and storage.get(a) == "buffer"
+                    and a not in root
+                    and a not in static
+                    and a not in sticky
+                    and a.aval.size == out.aval.size
+                    and a.aval.dtype == out.aval.dtype
+                    and not any(isinstance(b, Var) and b is not a and root.get(b, b) is a for b in e.inputs)
+                )
+            buf = buffer_for(n, out, cands, dedicated)
             names[out] = buf
             storage[out] = "buffer"
             target = buf if out_shape_used is None else ctx.const(ns[buf].reshape(out_shape_used))
@@ -309,10 +325,13 @@ class Executable:
                 rets.append(names[a])
             else:
                 rets.append(f"np.array({names[a]})")
+                fresh_bytes += nbytes(a)
         args = ", ".join(f"i{i}" for i in range(len(g.invars)))
         src = ["# setup (run once per buffer set):"] + [f"#   {l}" for l in setup]
         src += [f"def _run({args}):"] + [f"    {l}" for l in body] + [f"    return [{', '.join(rets)}]"]
         self.source = "\n".join(src)
+        self.memory = planner.finish()
+        self.memory.fresh_bytes = fresh_bytes
         code_obj = compile(self.source, "<fedarena.engine compiled graph>", "exec")
         exec(code_obj, ns)  # noqa: S102
         return ns["_run"]

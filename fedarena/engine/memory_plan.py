@@ -1,16 +1,26 @@
 """Memory planning: liveness analysis of a graph's schedule, buffer assignment by lifetime with
-in-place reuse, and a report of planned vs unplanned peak bytes.
+in-place execution, and a report of planned vs unplanned bytes.
 
-Every equation output that is not a view owns a buffer; views (reshape, transpose, slices,
-broadcasts) alias the buffer of their operand and extend its lifetime.  Buffers are assigned
-greedily in schedule order (the interval-colouring / linear-scan view of register allocation;
-Poletto & Sarkar, "Linear scan register allocation", TOPLAS 1999; Chen et al., "Training deep nets
-with sublinear memory cost", 2016, sec. 3 for in-place and sharing in dataflow graphs): an output
-takes the buffer of an elementwise operand that dies at that equation (in-place), otherwise the
-smallest free buffer of the same dtype that is large enough, otherwise a new one.  "Unplanned" is
-one buffer per intermediate value (what a naive executor allocates); "planned" is the total size of
-the buffers after reuse; "lower bound" is the most bytes ever live at once between two equations
-(values defined before and read after that point), which no plan can beat.
+This is the one planner of the engine: :func:`plan_memory` analyses a graph on its own (every
+non-view equation output owns a buffer), and the numpy executor drives the same
+:class:`BufferPlanner` while it generates code, asking it for a buffer only for the values it
+really keeps in one (not for graph outputs, which get fresh arrays, nor for values it allocates per
+call) -- its plan (``Executable.memory``) is therefore exactly what the generated code holds.
+
+Views (reshape, transpose, slices, broadcasts) alias the buffer of their operand and extend its
+lifetime.  Buffers are byte ranges assigned greedily in schedule order (the interval-colouring /
+linear-scan view of register allocation; Poletto & Sarkar, "Linear scan register allocation",
+TOPLAS 1999; Chen et al., "Training deep nets with sublinear memory cost", 2016, sec. 3 for
+in-place and sharing in dataflow graphs): an output takes the buffer of an operand that dies at
+that equation when the primitive may write over that operand (in place), otherwise the smallest
+free buffer that is large enough (of any dtype: a value is a typed, reshaped view of a byte
+buffer), otherwise a new one.  Buffers holding values fixed at build time (constant folding) or
+that a kernel relies on keeping between calls are dedicated: never shared.
+
+"Unplanned" is one buffer per planned value (what a naive executor allocates); "planned" is the
+total size of the buffers after reuse; "lower bound" is the most bytes ever live at once between
+two equations (values defined before and read after that point, plus dedicated buffers), which no
+plan of these values can beat.
 """
 
 from __future__ import annotations
@@ -27,6 +37,21 @@ ELEMENTWISE = frozenset(
         "relu", "select", "cast", "clip", "fused_elementwise",
     }
 )
+# Which operands an equation may overwrite with its output (same size and dtype): the kernels of
+# these primitives are one ufunc pass (numpy ufuncs are safe when an input is exactly the output);
+# ``select`` copies its false operand into the output first, so only that one; rsqrt is
+# ``sqrt(x, out); reciprocal(out, out)``.  Fused elementwise kernels use the output as scratch
+# while they still read their inputs, so never.
+_ONE_PASS = frozenset(ELEMENTWISE - {"select", "fused_elementwise"})
+
+
+def in_place_operands(prim_name: str, n_inputs: int) -> tuple:
+    """Indices of the operands whose buffer the output of ``prim_name`` may take over."""
+    if prim_name in _ONE_PASS:
+        return tuple(range(n_inputs))
+    if prim_name == "select":
+        return (2,)
+    return ()
 
 
 def nbytes(v: Var) -> int:
@@ -35,29 +60,35 @@ def nbytes(v: Var) -> int:
 
 @dataclass
 class MemoryPlan:
-    """Result of :func:`plan_memory`."""
+    """A buffer assignment: from :func:`plan_memory` (analysis of a graph) or ``Executable.memory``
+    (what the executor's generated code holds, per concurrently running buffer set)."""
 
     buffer_of: dict = field(default_factory=dict)  # Var -> buffer id
-    buffer_bytes: list = field(default_factory=list)  # buffer id -> size
+    buffer_bytes: list = field(default_factory=list)  # buffer id -> size in bytes
     live: dict = field(default_factory=dict)  # Var (buffer owner) -> (first, last) equation index
     in_place: list = field(default_factory=list)  # equation indices computed in place
+    dedicated: set = field(default_factory=set)  # buffer ids never shared (build-time values, kernel state)
     unplanned_bytes: int = 0
     planned_bytes: int = 0
     lower_bound_bytes: int = 0
+    fresh_bytes: int | None = None  # executor only: bytes the generated code allocates each call (outputs, tiny temporaries)
 
     def report(self) -> str:
         saved = 1 - self.planned_bytes / self.unplanned_bytes if self.unplanned_bytes else 0.0
-        return (
+        text = (
             f"memory plan: {len(self.buffer_of)} intermediate values in {len(self.buffer_bytes)} buffers; "
             f"unplanned {self.unplanned_bytes:,} B, planned {self.planned_bytes:,} B ({saved:.0%} less), "
             f"live-bytes lower bound {self.lower_bound_bytes:,} B; {len(self.in_place)} equations in place"
         )
+        if self.fresh_bytes is not None:
+            text += f"; {self.fresh_bytes:,} B allocated per call (outputs, tiny temporaries)"
+        return text
 
 
 def liveness(graph: Graph) -> tuple[dict, dict]:
     """``(alias_root, interval)``: the buffer-owning variable behind each view, and for every
     buffer-owning equation output the (definition, last use) equation indices (graph outputs live
-    to the end)."""
+    to the end, index ``len(graph.eqns)``)."""
     root: dict = {}
     interval: dict = {}
     n = len(graph.eqns)
@@ -80,61 +111,108 @@ def liveness(graph: Graph) -> tuple[dict, dict]:
     return root, interval
 
 
+class BufferPlanner:
+    """Linear-scan buffer assignment over a graph's schedule, driven one equation output at a time
+    (in schedule order) by :func:`plan_memory` or by the executor; :meth:`finish` gives the plan."""
+
+    def __init__(self, graph: Graph):
+        self.root, self.interval = liveness(graph)
+        self.n = len(graph.eqns)
+        self.plan = MemoryPlan()
+        self._holder: dict = {}  # buffer id -> the variable whose value it currently holds
+        self._free: list = []  # buffer ids free for reuse
+        self._busy: list = []  # (last use, buffer id) of shared buffers in use
+
+    def _release_before(self, i: int) -> None:
+        keep = []
+        for t, b in self._busy:
+            if t < i:
+                self._free.append(b)
+            else:
+                keep.append((t, b))
+        self._busy = keep
+
+    def assign(self, i: int, v: Var, candidates: tuple = (), dedicated: bool = False) -> tuple[int, Var | None]:
+        """A buffer for ``v``, the output of equation ``i``: ``(buffer id, operand)`` where
+        ``operand`` is the candidate whose buffer ``v`` takes over in place (``None`` otherwise).
+        ``candidates``: operands the caller's kernel may overwrite (same size and dtype as ``v``,
+        each owning its buffer); one is taken only if its value (with every view of it) dies here.
+        ``dedicated``: a buffer of its own, never shared (values fixed at build time, kernel state)."""
+        self._release_before(i)
+        plan, size = self.plan, nbytes(v)
+        chosen, donor = None, None
+        if not dedicated:
+            for a in candidates:
+                b = plan.buffer_of.get(a)
+                if (
+                    b is not None
+                    and b not in plan.dedicated
+                    and self._holder.get(b) is a
+                    and self.interval.get(a, (0, -1))[1] == i
+                    and plan.buffer_bytes[b] >= size
+                ):
+                    chosen, donor = b, a
+                    self._busy = [(t, bb) for t, bb in self._busy if bb != b]
+                    plan.in_place.append(i)
+                    break
+            if chosen is None:
+                fits = [(plan.buffer_bytes[b], b) for b in self._free if plan.buffer_bytes[b] >= size]
+                if fits:
+                    chosen = min(fits)[1]
+                    self._free.remove(chosen)
+        if chosen is None:
+            chosen = len(plan.buffer_bytes)
+            plan.buffer_bytes.append(size)
+            if dedicated:
+                plan.dedicated.add(chosen)
+        plan.buffer_of[v] = chosen
+        s, t = self.interval.get(v, (i, i))
+        plan.live[v] = (s, t)
+        self._holder[chosen] = v
+        if not dedicated:
+            self._busy.append((t, chosen))
+        return chosen, donor
+
+    def finish(self) -> MemoryPlan:
+        plan = self.plan
+        plan.unplanned_bytes = sum(nbytes(v) for v in plan.buffer_of)
+        plan.planned_bytes = sum(plan.buffer_bytes)
+        delta = [0] * (self.n + 2)
+        fixed = 0
+        for v, b in plan.buffer_of.items():
+            if b in plan.dedicated:
+                fixed += nbytes(v)
+                continue
+            s, t = plan.live[v]
+            # live on [s, t): after equation s wrote it, until equation t has read it (an output
+            # may take a dying operand's buffer, so the two need not coexist)
+            delta[s] += nbytes(v)
+            delta[max(t, s + 1)] -= nbytes(v)
+        cur = peak = 0
+        for d in delta:
+            cur += d
+            peak = max(peak, cur)
+        plan.lower_bound_bytes = peak + fixed
+        return plan
+
+
 def plan_memory(graph: Graph) -> MemoryPlan:
-    """Assign every intermediate buffer by lifetime; see the module docstring."""
-    root, interval = liveness(graph)
-    plan = MemoryPlan(live=interval)
-    free: list = []  # (size, dtype, buffer id)
-    dtype_of: list = []
-    ending: dict = {}
-    for v, (s, t) in interval.items():
-        ending.setdefault(t, []).append(v)
+    """The plan of a graph on its own: every non-view equation output gets a buffer, elementwise
+    outputs in place over a dying operand of the same size and dtype; see the module docstring."""
+    planner = BufferPlanner(graph)
+    interval = planner.interval
     for i, e in enumerate(graph.eqns):
         o = e.outputs[0]
         if o not in interval:
             continue
-        size, dt = nbytes(o), o.aval.dtype
-        chosen = None
-        if e.prim.name in ELEMENTWISE:
-            for a in e.inputs:
-                if isinstance(a, Var) and a in interval and interval[a][1] == i and a in plan.buffer_of:
-                    b = plan.buffer_of[a]
-                    if plan.buffer_bytes[b] >= size and dtype_of[b] == dt and a.aval.shape == o.aval.shape:
-                        chosen = b
-                        plan.in_place.append(i)
-                        break
-        if chosen is None:
-            fits = [(plan.buffer_bytes[b], b) for (sz, d, b) in free if d == dt and sz >= size]
-            if fits:
-                _, chosen = min(fits)
-                free = [f for f in free if f[2] != chosen]
-        if chosen is None:
-            chosen = len(plan.buffer_bytes)
-            plan.buffer_bytes.append(size)
-            dtype_of.append(dt)
-        plan.buffer_of[o] = chosen
-        # release buffers whose owners die at this equation (after it has read them)
-        for v in ending.get(i, ()):
-            b = plan.buffer_of.get(v)
-            if b is not None and b != chosen:
-                free.append((plan.buffer_bytes[b], dtype_of[b], b))
-        if interval[o][1] == i and all(f[2] != chosen for f in free):  # dead on arrival
-            free.append((plan.buffer_bytes[chosen], dtype_of[chosen], chosen))
-    plan.unplanned_bytes = sum(nbytes(v) for v in interval)
-    plan.planned_bytes = sum(plan.buffer_bytes)
-    n = len(graph.eqns)
-    delta = [0] * (n + 2)
-    for v, (s, t) in interval.items():
-        # live on [s, t): after equation s wrote it, until equation t has read it (an output may
-        # take a dying operand's buffer, so the two need not coexist)
-        delta[s] += nbytes(v)
-        delta[max(t, s + 1)] -= nbytes(v)
-    cur = peak = 0
-    for d in delta:
-        cur += d
-        peak = max(peak, cur)
-    plan.lower_bound_bytes = peak
-    return plan
+        cands = tuple(
+            a
+            for k in in_place_operands(e.prim.name, len(e.inputs))
+            for a in (e.inputs[k],)
+            if isinstance(a, Var) and a in interval and a.aval.size == o.aval.size and a.aval.dtype == o.aval.dtype
+        )
+        planner.assign(i, o, cands)
+    return planner.finish()
 
 
 def check_plan(graph: Graph, plan: MemoryPlan) -> None:
@@ -143,6 +221,8 @@ def check_plan(graph: Graph, plan: MemoryPlan) -> None:
     for v, b in plan.buffer_of.items():
         by_buf.setdefault(b, []).append(plan.live[v])
     for b, ivs in by_buf.items():
+        if b in plan.dedicated and len(ivs) > 1:
+            raise AssertionError(f"dedicated buffer {b} holds {len(ivs)} values")
         ivs.sort()
         for (s1, t1), (s2, t2) in zip(ivs, ivs[1:]):
             if s2 < t1 or (s2 == t1 and s2 not in plan.in_place):
