@@ -61,9 +61,10 @@ class Executable:
     set), ``source`` the generated code.
     """
 
-    def __init__(self, graph: Graph, validate: bool = True):
+    def __init__(self, graph: Graph, validate: bool = True, reuse: bool = True):
         if validate:
             graph.validate()
+        self.reuse = reuse  # False: no buffer sharing, no in-place (one buffer per value; for testing)
         self.graph = dead_code_elimination(graph)
         self.source = ""
         self._pool: list = []
@@ -86,7 +87,7 @@ class Executable:
         # Memory planning (memory_plan.BufferPlanner, the engine's one planner): every value this
         # code keeps in a buffer asks the planner for one, in schedule order; a buffer is a byte
         # array and each value a typed, reshaped view of it made once here.
-        planner = BufferPlanner(g)
+        planner = BufferPlanner(g, self.reuse)
         sticky: set[Var] = {e.outputs[0] for e in g.eqns if e.prim.name == "im2col"}  # im2col keeps its zeroed padding
         views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
         fresh_bytes = 0  # bytes the generated code allocates per call
@@ -362,5 +363,5 @@ def _safe_view(arr: np.ndarray, shape: tuple, storage: str | None) -> np.ndarray
     return None
 
 
-def compile_graph(graph: Graph, validate: bool = True) -> Executable:
-    return Executable(graph, validate)
+def compile_graph(graph: Graph, validate: bool = True, reuse: bool = True) -> Executable:
+    return Executable(graph, validate, reuse)

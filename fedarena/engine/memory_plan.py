@@ -113,9 +113,11 @@ def liveness(graph: Graph) -> tuple[dict, dict]:
 
 class BufferPlanner:
     """Linear-scan buffer assignment over a graph's schedule, driven one equation output at a time
-    (in schedule order) by :func:`plan_memory` or by the executor; :meth:`finish` gives the plan."""
+    (in schedule order) by :func:`plan_memory` or by the executor; :meth:`finish` gives the plan.
+    ``reuse=False`` gives every value a buffer of its own (the unplanned baseline, for testing)."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, reuse: bool = True):
+        self.reuse = reuse
         self.root, self.interval = liveness(graph)
         self.n = len(graph.eqns)
         self.plan = MemoryPlan()
@@ -141,7 +143,7 @@ class BufferPlanner:
         self._release_before(i)
         plan, size = self.plan, nbytes(v)
         chosen, donor = None, None
-        if not dedicated:
+        if not dedicated and self.reuse:
             for a in candidates:
                 b = plan.buffer_of.get(a)
                 if (
