@@ -28,6 +28,10 @@ _ELEMENTWISE = frozenset(
         "relu", "select", "cast", "clip",
     }
 )
+# primitives emitted as one ufunc call on their operands, whose scalar literals become 0-d constants
+_SCALAR_CONST_PRIMS = frozenset(
+    {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "select"}
+)
 _OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _SMALL = 2048  # elements; below this, allocation beats numpy's out= argument handling
 _CLIP = getattr(getattr(np, "_core", np).umath, "clip", None) or np.clip
@@ -92,15 +96,15 @@ class Executable:
         views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
         fresh_bytes = 0  # bytes the generated code allocates per call
 
-        def buffer_for(n: int, out: Var, cands: tuple, dedicated: bool) -> str:
-            bid, _ = planner.assign(n, out, cands, dedicated)
+        def buffer_for(n: int, out: Var, cands: tuple, dedicated: bool) -> tuple[str, Var | None]:
+            bid, donor = planner.assign(n, out, cands, dedicated)
             base = ns.get(f"_b{bid}")
             if base is None:
                 base = ns[f"_b{bid}"] = np.empty(planner.plan.buffer_bytes[bid], np.uint8)
             key = (bid, out.aval.shape, out.aval.dtype)
             if key not in views:
                 views[key] = ctx.const(base[: nbytes(out)].view(out.aval.dtype).reshape(out.aval.shape))
-            return views[key]
+            return views[key], donor
 
         phys: dict[Var, tuple] = {}  # shape of the array a name holds when it differs (elided broadcasts)
         escapes = set(outs)  # variables whose memory reaches an output through views
@@ -131,6 +135,25 @@ class Executable:
                 return ctx.const(a.aval.dtype.type(val))
             return names[a]
 
+        scalar_consts: dict = {}
+
+        def ufunc_literal(a: Literal, operands: list) -> str | None:
+            """A literal operand of a ufunc as a 0-d array of the dtype numpy would convert it to
+            (NEP 50: a Python scalar takes the array operands' type): ufuncs take that path about
+            twice as fast as a Python scalar, which they must convert on every call."""
+            val = a.value
+            try:
+                dt = np.result_type(*[b.aval.dtype for b in operands if isinstance(b, Var)], val if a.weak else a.aval.dtype)
+                c = np.asarray(val, dt)
+            except (OverflowError, TypeError, ValueError):
+                return None
+            if c.item() != val and not (isinstance(val, float) and (math.isnan(val) or dt.kind == "f")):
+                return None  # a Python int that this dtype cannot hold exactly: keep numpy's own handling
+            key = (c.dtype.str, c.tobytes())
+            if key not in scalar_consts:
+                scalar_consts[key] = ctx.const(c)
+            return scalar_consts[key]
+
         for n, e in enumerate(g.eqns):
             if e.prim.emit is None:
                 raise UnknownPrimitiveError(f"primitive {e.prim.name!r} has no numpy kernel")
@@ -157,6 +180,10 @@ class Executable:
                     static.add(out)
                 continue
             ins = [atom(a) for a in e.inputs]
+            if pname in _SCALAR_CONST_PRIMS and any(isinstance(a, Var) for a in e.inputs):
+                for k, a in enumerate(e.inputs):
+                    if isinstance(a, Literal) and a.aval.ndim == 0:
+                        ins[k] = ufunc_literal(a, e.inputs) or ins[k]
             out_shape_used = None
             if (
                 pname in _ELEMENTWISE
@@ -303,10 +330,20 @@ class Executable:
                     and a.aval.dtype == out.aval.dtype
                     and not any(isinstance(b, Var) and b is not a and root.get(b, b) is a for b in e.inputs)
                 )
-            buf = buffer_for(n, out, cands, dedicated)
+            buf, donor = buffer_for(n, out, cands, dedicated)
             names[out] = buf
             storage[out] = "buffer"
             target = buf if out_shape_used is None else ctx.const(ns[buf].reshape(out_shape_used))
+            if donor is not None:
+                # in place: write through the very array object the operand is read from -- numpy
+                # takes its fast path only when input and output are the same object (two views of
+                # the same memory cost it an overlap analysis, ~0.2 us a call)
+                shape = out.aval.shape if out_shape_used is None else out_shape_used
+                for k, a in enumerate(e.inputs):
+                    arr = ns.get(ins[k]) if a is donor else None
+                    if isinstance(arr, np.ndarray) and arr.shape == shape and np.shares_memory(arr, ns[buf]):
+                        target = ins[k]
+                        break
             line = code.text.replace("{o}", target)
             if all_static:
                 run_now(line)
