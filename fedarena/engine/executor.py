@@ -71,10 +71,20 @@ class Executable:
         self.reuse = reuse  # False: no buffer sharing, no in-place (one buffer per value; for testing)
         self.graph = dead_code_elimination(graph)
         self.source = ""
+        self._packing = None  # the planner's offline buffer assignment, shared by every buffer set
         self._pool: list = []
         self._pool.append(self._build())
 
     def _build(self):
+        """A new buffer set and the generated function that runs on it."""
+        if self._packing is None and self.reuse:
+            # first pass: which values the code keeps in buffers, which run in place
+            probe = BufferPlanner(self.graph, True)
+            self._emit(probe)
+            self._packing = probe.pack()
+        return self._emit(BufferPlanner(self.graph, self.reuse, self._packing))
+
+    def _emit(self, planner: BufferPlanner):
         g = self.graph
         ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": _CLIP}
         ctx = _EmitContext(ns)
@@ -91,7 +101,6 @@ class Executable:
         # Memory planning (memory_plan.BufferPlanner, the engine's one planner): every value this
         # code keeps in a buffer asks the planner for one, in schedule order; a buffer is a byte
         # array and each value a typed, reshaped view of it made once here.
-        planner = BufferPlanner(g, self.reuse)
         sticky: set[Var] = {e.outputs[0] for e in g.eqns if e.prim.name == "im2col"}  # im2col keeps its zeroed padding
         views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
         fresh_bytes = 0  # bytes the generated code allocates per call

@@ -112,15 +112,22 @@ def liveness(graph: Graph) -> tuple[dict, dict]:
 
 
 class BufferPlanner:
-    """Linear-scan buffer assignment over a graph's schedule, driven one equation output at a time
-    (in schedule order) by :func:`plan_memory` or by the executor; :meth:`finish` gives the plan.
-    ``reuse=False`` gives every value a buffer of its own (the unplanned baseline, for testing)."""
+    """Buffer assignment over a graph's schedule, driven one equation output at a time (in schedule
+    order) by :func:`plan_memory` or by the executor; :meth:`finish` gives the plan.
 
-    def __init__(self, graph: Graph, reuse: bool = True):
+    Two passes: the first (``packing=None``) assigns online by linear scan and records each
+    request -- which values need a buffer and which run in place; :meth:`pack` then re-assigns
+    those values offline, largest first, and a second pass given ``packing=pack()`` replays that
+    assignment for the same requests.  ``reuse=False`` gives every value a buffer of its own (the
+    unplanned baseline, for testing)."""
+
+    def __init__(self, graph: Graph, reuse: bool = True, packing: tuple | None = None):
         self.reuse = reuse
         self.root, self.interval = liveness(graph)
         self.n = len(graph.eqns)
         self.plan = MemoryPlan()
+        self.requests: list = []  # (equation, value, in-place donor or None, dedicated)
+        self._packing = packing
         self._holder: dict = {}  # buffer id -> the variable whose value it currently holds
         self._free: list = []  # buffer ids free for reuse
         self._busy: list = []  # (last use, buffer id) of shared buffers in use
@@ -140,6 +147,8 @@ class BufferPlanner:
         ``candidates``: operands the caller's kernel may overwrite (same size and dtype as ``v``,
         each owning its buffer); one is taken only if its value (with every view of it) dies here.
         ``dedicated``: a buffer of its own, never shared (values fixed at build time, kernel state)."""
+        if self._packing is not None:
+            return self._replay(i, v)
         self._release_before(i)
         plan, size = self.plan, nbytes(v)
         chosen, donor = None, None
@@ -173,7 +182,63 @@ class BufferPlanner:
         self._holder[chosen] = v
         if not dedicated:
             self._busy.append((t, chosen))
+        self.requests.append((i, v, donor, dedicated))
         return chosen, donor
+
+    def pack(self) -> tuple:
+        """Offline re-assignment of the recorded requests: each value joins the group of the
+        operand it overwrites in place; groups (lifetime: the union of their members', size: the
+        largest member) are placed largest first into the smallest buffer whose groups' lifetimes
+        are disjoint from theirs, else a new one (the "greedy by size" shared-object strategy of
+        Pisarchyk & Lee, "Efficient memory management for deep neural net inference", 2020).
+        Largest first, no buffer ever needs to grow, which online assignment cannot avoid."""
+        plan = self.plan
+        group: dict = {}
+        for _, v, donor, _ in self.requests:
+            group[v] = group[donor] if donor is not None else v
+        members: dict = {}
+        for v, r in group.items():
+            members.setdefault(r, []).append(v)
+        items = []
+        for r, vs in members.items():
+            s = min(plan.live[v][0] for v in vs)
+            t = max(plan.live[v][1] for v in vs)
+            items.append((-max(nbytes(v) for v in vs), s, t, r, plan.buffer_of[r] in plan.dedicated))
+        items.sort(key=lambda it: it[:3])
+        sizes: list = []
+        spans: list = []  # buffer id -> [(first, last)] of its groups
+        dedicated: set = set()
+        buffer_of: dict = {}
+        for neg, s, t, r, ded in items:
+            best = None
+            if not ded:
+                for b, ivs in enumerate(spans):
+                    if b not in dedicated and all(t2 < s or t < s2 for s2, t2 in ivs) and (best is None or sizes[b] < sizes[best]):
+                        best = b
+            if best is None:
+                best = len(sizes)
+                sizes.append(-neg)
+                spans.append([])
+                if ded:
+                    dedicated.add(best)
+            spans[best].append((s, t))
+            for v in members[r]:
+                buffer_of[v] = best
+        return buffer_of, sizes, dedicated, {v: d for _, v, d, _ in self.requests}
+
+    def _replay(self, i: int, v: Var) -> tuple[int, Var | None]:
+        buffer_of, sizes, dedicated, donors = self._packing
+        plan = self.plan
+        if not plan.buffer_bytes:
+            plan.buffer_bytes = list(sizes)
+            plan.dedicated = set(dedicated)
+        b, donor = buffer_of[v], donors[v]
+        plan.buffer_of[v] = b
+        plan.live[v] = self.interval.get(v, (i, i))
+        if donor is not None:
+            plan.in_place.append(i)
+        self.requests.append((i, v, donor, b in dedicated))
+        return b, donor
 
     def finish(self) -> MemoryPlan:
         plan = self.plan
@@ -198,23 +263,28 @@ class BufferPlanner:
         return plan
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
+def plan_memory(graph: Graph, reuse: bool = True) -> MemoryPlan:
     """The plan of a graph on its own: every non-view equation output gets a buffer, elementwise
     outputs in place over a dying operand of the same size and dtype; see the module docstring."""
-    planner = BufferPlanner(graph)
-    interval = planner.interval
-    for i, e in enumerate(graph.eqns):
-        o = e.outputs[0]
-        if o not in interval:
-            continue
-        cands = tuple(
-            a
-            for k in in_place_operands(e.prim.name, len(e.inputs))
-            for a in (e.inputs[k],)
-            if isinstance(a, Var) and a in interval and a.aval.size == o.aval.size and a.aval.dtype == o.aval.dtype
-        )
-        planner.assign(i, o, cands)
-    return planner.finish()
+
+    def run(packing):
+        planner = BufferPlanner(graph, reuse, packing)
+        interval = planner.interval
+        for i, e in enumerate(graph.eqns):
+            o = e.outputs[0]
+            if o not in interval:
+                continue
+            cands = tuple(
+                a
+                for k in in_place_operands(e.prim.name, len(e.inputs))
+                for a in (e.inputs[k],)
+                if isinstance(a, Var) and a in interval and a.aval.size == o.aval.size and a.aval.dtype == o.aval.dtype
+            )
+            planner.assign(i, o, cands)
+        return planner
+
+    first = run(None)
+    return run(first.pack()).finish() if reuse else first.finish()
 
 
 def check_plan(graph: Graph, plan: MemoryPlan) -> None:
