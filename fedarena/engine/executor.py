@@ -109,7 +109,14 @@ class Executable:
             bid, donor = planner.assign(n, out, cands, dedicated)
             base = ns.get(f"_b{bid}")
             if base is None:
-                base = ns[f"_b{bid}"] = np.empty(planner.plan.buffer_bytes[bid], np.uint8)
+                size, off = planner.plan.buffer_bytes[bid], planner.plan.offset.get(bid)
+                if off is None:  # a block of its own (dedicated, or the first pass)
+                    base = np.empty(size, np.uint8)
+                else:  # a range of the arena
+                    if "_arena" not in ns:
+                        ns["_arena"] = np.empty(planner.plan.arena_bytes, np.uint8)
+                    base = ns["_arena"][off : off + size]
+                ns[f"_b{bid}"] = base
             key = (bid, out.aval.shape, out.aval.dtype)
             if key not in views:
                 views[key] = ctx.const(base[: nbytes(out)].view(out.aval.dtype).reshape(out.aval.shape))

@@ -54,6 +54,9 @@ def in_place_operands(prim_name: str, n_inputs: int) -> tuple:
     return ()
 
 
+ALIGN = 16  # bytes: arena offsets are multiples of this (the alignment of numpy's own allocations)
+
+
 def nbytes(v: Var) -> int:
     return v.aval.size * v.aval.dtype.itemsize
 
@@ -65,6 +68,8 @@ class MemoryPlan:
 
     buffer_of: dict = field(default_factory=dict)  # Var -> buffer id
     buffer_bytes: list = field(default_factory=list)  # buffer id -> size in bytes
+    offset: dict = field(default_factory=dict)  # buffer id -> byte offset in the arena (packed plans)
+    arena_bytes: int = 0  # size of the arena holding every non-dedicated buffer (packed plans)
     live: dict = field(default_factory=dict)  # Var (buffer owner) -> (first, last) equation index
     in_place: list = field(default_factory=list)  # equation indices computed in place
     dedicated: set = field(default_factory=set)  # buffer ids never shared (build-time values, kernel state)
@@ -186,12 +191,15 @@ class BufferPlanner:
         return chosen, donor
 
     def pack(self) -> tuple:
-        """Offline re-assignment of the recorded requests: each value joins the group of the
-        operand it overwrites in place; groups (lifetime: the union of their members', size: the
-        largest member) are placed largest first into the smallest buffer whose groups' lifetimes
-        are disjoint from theirs, else a new one (the "greedy by size" shared-object strategy of
-        Pisarchyk & Lee, "Efficient memory management for deep neural net inference", 2020).
-        Largest first, no buffer ever needs to grow, which online assignment cannot avoid."""
+        """Offline re-assignment of the recorded requests into one byte arena: each value joins
+        the block of the operand it overwrites in place; blocks (lifetime: the union of their
+        members', size: the largest member) are placed largest
+        first at the (aligned) offset of the smallest gap left by the already placed blocks whose
+        lifetimes overlap theirs, else above them all -- the "greedy by size for offset
+        calculation" strategy of Pisarchyk & Lee, "Efficient memory management for deep neural net
+        inference" (2020).  Dedicated values get blocks of their own outside the arena.  Should
+        alignment padding make the arena larger than one buffer per block (tiny graphs), every
+        block gets its own buffer instead."""
         plan = self.plan
         group: dict = {}
         for _, v, donor, _ in self.requests:
@@ -206,32 +214,42 @@ class BufferPlanner:
             items.append((-max(nbytes(v) for v in vs), s, t, r, plan.buffer_of[r] in plan.dedicated))
         items.sort(key=lambda it: it[:3])
         sizes: list = []
-        spans: list = []  # buffer id -> [(first, last)] of its groups
+        offset: dict = {}
         dedicated: set = set()
         buffer_of: dict = {}
+        placed: list = []  # (offset, end, first, last) of arena blocks
         for neg, s, t, r, ded in items:
-            best = None
-            if not ded:
-                for b, ivs in enumerate(spans):
-                    if b not in dedicated and all(t2 < s or t < s2 for s2, t2 in ivs) and (best is None or sizes[b] < sizes[best]):
-                        best = b
-            if best is None:
-                best = len(sizes)
-                sizes.append(-neg)
-                spans.append([])
-                if ded:
-                    dedicated.add(best)
-            spans[best].append((s, t))
+            b = len(sizes)
+            sizes.append(-neg)
+            if ded:
+                dedicated.add(b)
+            else:
+                size = -neg
+                busy = sorted((o, e) for o, e, s2, t2 in placed if not (t2 < s or t < s2))
+                best, top = None, 0
+                for o, e in busy:
+                    start = -(-top // ALIGN) * ALIGN
+                    if o - start >= size and (best is None or o - start < best[0]):
+                        best = (o - start, start)
+                    top = max(top, e)
+                off = -(-top // ALIGN) * ALIGN if best is None else best[1]
+                offset[b] = off
+                placed.append((off, off + size, s, t))
             for v in members[r]:
-                buffer_of[v] = best
-        return buffer_of, sizes, dedicated, {v: d for _, v, d, _ in self.requests}
+                buffer_of[v] = b
+        arena = max((e for _, e, _, _ in placed), default=0)
+        if arena > sum(sizes[b] for b in offset):
+            offset, arena = {}, 0
+        return buffer_of, sizes, dedicated, {v: d for _, v, d, _ in self.requests}, offset, arena
 
     def _replay(self, i: int, v: Var) -> tuple[int, Var | None]:
-        buffer_of, sizes, dedicated, donors = self._packing
+        buffer_of, sizes, dedicated, donors, offset, arena = self._packing
         plan = self.plan
         if not plan.buffer_bytes:
             plan.buffer_bytes = list(sizes)
             plan.dedicated = set(dedicated)
+            plan.offset = dict(offset)
+            plan.arena_bytes = arena
         b, donor = buffer_of[v], donors[v]
         plan.buffer_of[v] = b
         plan.live[v] = self.interval.get(v, (i, i))
@@ -243,7 +261,10 @@ class BufferPlanner:
     def finish(self) -> MemoryPlan:
         plan = self.plan
         plan.unplanned_bytes = sum(nbytes(v) for v in plan.buffer_of)
-        plan.planned_bytes = sum(plan.buffer_bytes)
+        if plan.arena_bytes:  # packed: the arena plus the dedicated blocks
+            plan.planned_bytes = plan.arena_bytes + sum(plan.buffer_bytes[b] for b in plan.dedicated)
+        else:
+            plan.planned_bytes = sum(plan.buffer_bytes)
         delta = [0] * (self.n + 2)
         fixed = 0
         for v, b in plan.buffer_of.items():
@@ -288,7 +309,19 @@ def plan_memory(graph: Graph, reuse: bool = True) -> MemoryPlan:
 
 
 def check_plan(graph: Graph, plan: MemoryPlan) -> None:
-    """Raise if two values whose lifetimes overlap share a buffer (except in-place handovers)."""
+    """Raise if two values whose lifetimes overlap share memory (a buffer, or bytes of the arena),
+    except in-place handovers, or if a buffer is smaller than a value it holds."""
+    for v, b in plan.buffer_of.items():
+        if nbytes(v) > plan.buffer_bytes[b]:
+            raise AssertionError(f"buffer {b} of {plan.buffer_bytes[b]} B holds a {nbytes(v)} B value")
+    if plan.offset:
+        items = [(plan.live[v], plan.offset[b], plan.offset[b] + nbytes(v), b) for v, b in plan.buffer_of.items() if b in plan.offset]
+        for k, ((s1, t1), o1, e1, b1) in enumerate(items):
+            if e1 > plan.arena_bytes:
+                raise AssertionError(f"buffer {b1} ends at {e1}, beyond the {plan.arena_bytes} B arena")
+            for (s2, t2), o2, e2, b2 in items[k + 1 :]:
+                if b1 != b2 and o1 < e2 and o2 < e1 and not (t1 < s2 or t2 < s1):
+                    raise AssertionError(f"buffers {b1} and {b2} overlap in the arena while both are live")
     by_buf: dict = {}
     for v, b in plan.buffer_of.items():
         by_buf.setdefault(b, []).append(plan.live[v])

@@ -15,7 +15,7 @@ from fedarena import engine
 from fedarena.engine import nn, ops, optim
 from fedarena.engine.executor import Executable
 from fedarena.engine.fusion import FUSION_PIPELINE
-from fedarena.engine.memory_plan import check_plan
+from fedarena.engine.memory_plan import check_plan, plan_memory
 from fedarena.engine.tracing import eval_graph
 
 from .test_passes import _random_program
@@ -34,8 +34,10 @@ def _eqn_index(exe, prim_name, k=0):
 
 
 def _bases(exe, run=None):
+    """The byte arrays a buffer set allocated: the arena and the blocks outside it."""
     ns = (run or exe._pool[-1]).__globals__
-    return {k: v for k, v in ns.items() if k.startswith("_b") and isinstance(v, np.ndarray)}
+    arrays = {k: v for k, v in ns.items() if k == "_arena" or k.startswith("_b") and isinstance(v, np.ndarray)}
+    return {k: v for k, v in arrays.items() if v.base is None}  # owners, not the arena's ranges
 
 
 # ----------------------------------------------------------------------------- in place, and its hazards
@@ -170,6 +172,9 @@ def test_property_planned_executor_equals_unplanned_and_interpreter(seed):
             assert unplanned.memory.planned_bytes == unplanned.memory.unplanned_bytes
             assert not unplanned.memory.in_place
             check_plan(planned.graph, planned.memory)
+            analysis = plan_memory(g)  # the same planner on the graph alone
+            check_plan(g, analysis)
+            assert analysis.lower_bound_bytes <= analysis.planned_bytes <= analysis.unplanned_bytes
             assert planned.memory.lower_bound_bytes <= planned.memory.planned_bytes <= planned.memory.unplanned_bytes
             assert planned.memory.unplanned_bytes == unplanned.memory.unplanned_bytes
             for _ in range(2):  # twice: nothing a call leaves in a buffer may leak into the next
@@ -218,13 +223,19 @@ def test_planned_bytes_are_the_bytes_the_compiled_code_holds():
     plan = exe.memory
     check_plan(exe.graph, plan)
     bases = _bases(exe)
-    assert len(bases) == len(plan.buffer_bytes)
+    outside = [b for b in range(len(plan.buffer_bytes)) if b not in plan.offset]
+    assert plan.arena_bytes > 0 and len(bases) == 1 + len(outside)
     assert sum(b.nbytes for b in bases.values()) == plan.planned_bytes
+    ns = exe._pool[-1].__globals__
+    arena = ns["_arena"]
+    for b, off in plan.offset.items():  # each block is its planned byte range of the arena
+        block = ns[f"_b{b}"]
+        assert block.base is arena and block.nbytes == plan.buffer_bytes[b]
+        assert block.__array_interface__["data"][0] - arena.__array_interface__["data"][0] == off
     assert plan.lower_bound_bytes <= plan.planned_bytes < 0.7 * plan.unplanned_bytes
     assert len(plan.in_place) >= 5
     # every persistent array a kernel call of the code writes into (its last argument) is a view
     # of one of those buffers
-    ns = exe._pool[-1].__globals__
     targets = set()
     for line in exe.source.split("\n"):
         if line.startswith("    ") and line.rstrip().endswith(")") and "=" not in line.split("(")[0]:
