@@ -80,8 +80,13 @@ class MemoryPlan:
 
     def report(self) -> str:
         saved = 1 - self.planned_bytes / self.unplanned_bytes if self.unplanned_bytes else 0.0
+        if self.arena_bytes:
+            k = len(self.buffer_bytes) - len(self.offset)
+            where = f"{len(self.offset)} blocks of one {self.arena_bytes:,} B arena" + (f" + {k} dedicated buffers" if k else "")
+        else:
+            where = f"{len(self.buffer_bytes)} buffers"
         text = (
-            f"memory plan: {len(self.buffer_of)} intermediate values in {len(self.buffer_bytes)} buffers; "
+            f"memory plan: {len(self.buffer_of)} intermediate values in {where}; "
             f"unplanned {self.unplanned_bytes:,} B, planned {self.planned_bytes:,} B ({saved:.0%} less), "
             f"live-bytes lower bound {self.lower_bound_bytes:,} B; {len(self.in_place)} equations in place"
         )
