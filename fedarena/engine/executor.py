@@ -299,35 +299,6 @@ class Executable:
                     names[out] = name
                     fresh_bytes += nbytes(out)
                 continue
-            if (
-                pname in _OPERATORS
-                and code.alloc is not None
-                and not all_static
-                and out_shape_used is None
-                and 0 < out.aval.ndim
-                and out.aval.size <= _SMALL
-                and all(isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs)
-                and _result_shape(e.inputs, phys) == out.aval.shape  # an elided broadcast must not shrink it
-            ):
-                # tiny operands: the ndarray operator (which allocates) is cheaper than a ufunc call with out
-                body.append(f"{name} = {ins[0]} {_OPERATORS[pname]} {ins[1]}")
-                names[out] = name
-                storage[out] = "fresh"
-                fresh_bytes += nbytes(out)
-                continue
-            if (out in escapes) and not all_static:
-                same_dtype = all(
-                    isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs
-                )
-                if code.alloc is not None and out.aval.ndim > 0 and same_dtype:
-                    body.append(f"{name} = {code.alloc}")  # let the ufunc allocate its result
-                else:
-                    body.append(f"{name} = _empty({out.aval.shape!r}, np.{out.aval.dtype.name})")
-                    body.append(code.text.replace("{o}", name))
-                names[out] = name
-                storage[out] = "fresh"
-                fresh_bytes += nbytes(out)
-                continue
             dedicated = all_static or out in sticky
             cands: tuple = ()
             if not dedicated:
@@ -347,6 +318,37 @@ class Executable:
                     and a.aval.dtype == out.aval.dtype
                     and not any(isinstance(b, Var) and b is not a and root.get(b, b) is a for b in e.inputs)
                 )
+            if (
+                pname in _OPERATORS
+                and not any(planner.dies_at(a, n) for a in cands)  # in place beats allocating
+                and code.alloc is not None
+                and not all_static
+                and out_shape_used is None
+                and 0 < out.aval.ndim
+                and out.aval.size <= _SMALL
+                and all(isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs)
+                and _result_shape(e.inputs, phys) == out.aval.shape  # an elided broadcast must not shrink it
+            ):
+                # tiny operands: the ndarray operator (which allocates) can be cheaper than a ufunc
+                # call with out (e.g. an outer-product broadcast), never than running in place
+                body.append(f"{name} = {ins[0]} {_OPERATORS[pname]} {ins[1]}")
+                names[out] = name
+                storage[out] = "fresh"
+                fresh_bytes += nbytes(out)
+                continue
+            if (out in escapes) and not all_static:
+                same_dtype = all(
+                    isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs
+                )
+                if code.alloc is not None and out.aval.ndim > 0 and same_dtype:
+                    body.append(f"{name} = {code.alloc}")  # let the ufunc allocate its result
+                else:
+                    body.append(f"{name} = _empty({out.aval.shape!r}, np.{out.aval.dtype.name})")
+                    body.append(code.text.replace("{o}", name))
+                names[out] = name
+                storage[out] = "fresh"
+                fresh_bytes += nbytes(out)
+                continue
             buf, donor = buffer_for(n, out, cands, dedicated)
             names[out] = buf
             storage[out] = "buffer"

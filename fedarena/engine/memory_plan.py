@@ -142,6 +142,10 @@ class BufferPlanner:
         self._free: list = []  # buffer ids free for reuse
         self._busy: list = []  # (last use, buffer id) of shared buffers in use
 
+    def dies_at(self, v: Var, i: int) -> bool:
+        """Whether buffer-owning ``v``, with every view of it, is last read by equation ``i``."""
+        return self.interval.get(v, (0, -1))[1] == i
+
     def _release_before(self, i: int) -> None:
         keep = []
         for t, b in self._busy:
@@ -169,7 +173,7 @@ class BufferPlanner:
                     b is not None
                     and b not in plan.dedicated
                     and self._holder.get(b) is a
-                    and self.interval.get(a, (0, -1))[1] == i
+                    and self.dies_at(a, i)
                     and plan.buffer_bytes[b] >= size
                 ):
                     chosen, donor = b, a
