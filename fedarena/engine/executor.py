@@ -17,7 +17,7 @@ import numpy as np
 import scipy.special
 
 from .ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
-from .memory_plan import VIEW_PRIMITIVES, BufferPlanner, in_place_operands, nbytes
+from .memory_plan import VIEW_PRIMITIVES, BufferPlanner, in_place_operands, nbytes, size_of
 from .passes import dead_code_elimination
 
 _VIEW_PRIMS = VIEW_PRIMITIVES
@@ -80,11 +80,11 @@ class Executable:
         if self._packing is None and self.reuse:
             # first pass: which values the code keeps in buffers, which run in place
             probe = BufferPlanner(self.graph, True)
-            self._emit(probe)
+            self._emit(probe, probe=True)
             self._packing = probe.pack()
         return self._emit(BufferPlanner(self.graph, self.reuse, self._packing))
 
-    def _emit(self, planner: BufferPlanner):
+    def _emit(self, planner: BufferPlanner, probe: bool = False):
         g = self.graph
         ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": _CLIP}
         ctx = _EmitContext(ns)
@@ -210,9 +210,9 @@ class Executable:
                 # An operand computed per call with as many elements as the output but another shape
                 # (e.g. a (64,) bias added to a (1, 64) row): compute in *its* shape, through views of
                 # the output buffer and of the other (persistent) operands made once at build time.
-                size = out.aval.size
-                percall = {a.aval.shape for a in e.inputs if isinstance(a, Var) and names[a] not in ns and a.aval.size == size}
-                fits = all(not isinstance(a, Var) or a.aval.size in (size, 1) for a in e.inputs)
+                size = size_of(out)
+                percall = {a.aval.shape for a in e.inputs if isinstance(a, Var) and names[a] not in ns and size_of(a) == size}
+                fits = all(not isinstance(a, Var) or size_of(a) in (size, 1) for a in e.inputs)
                 if len(percall) == 1 and fits and size > 1:
                     tgt = next(iter(percall))
                     if tgt != out.aval.shape:
@@ -221,7 +221,7 @@ class Executable:
                         for k, a in enumerate(e.inputs):
                             if not isinstance(a, Var) or a.aval.shape == tgt:
                                 continue
-                            shp = () if a.aval.size == 1 else tgt
+                            shp = () if size_of(a) == 1 else tgt
                             if names[a] in ns:
                                 view = _safe_view(ns[names[a]], shp, storage.get(a))
                                 if view is None:
@@ -238,11 +238,11 @@ class Executable:
                 # persistent lower-rank operand viewed with the output's rank once here (per-call
                 # operands keep their rank: a reshape per call costs more than it saves in numpy 2)
                 for k, a in enumerate(e.inputs):
-                    if isinstance(a, Var) and a.aval.ndim > 0 and (a.aval.ndim < out.aval.ndim or (a.aval.size == 1 < out.aval.size)):
-                        shp = () if a.aval.size == 1 else (1,) * (out.aval.ndim - a.aval.ndim) + a.aval.shape
+                    if isinstance(a, Var) and a.aval.ndim > 0 and (a.aval.ndim < out.aval.ndim or (size_of(a) == 1 < size_of(out))):
+                        shp = () if size_of(a) == 1 else (1,) * (out.aval.ndim - a.aval.ndim) + a.aval.shape
                         if names[a] in ns:
                             ins[k] = ctx.const(ns[names[a]].reshape(shp))
-                        elif a.aval.size == 1:
+                        elif size_of(a) == 1:
                             ins[k] = f"{names[a]}.reshape({shp!r})"
             emit_attrs, emit_in, emit_out = e.attrs, [a.aval for a in e.inputs], out.aval
             if (
@@ -314,7 +314,7 @@ class Executable:
                     and a not in root
                     and a not in static
                     and a not in sticky
-                    and a.aval.size == out.aval.size
+                    and size_of(a) == size_of(out)
                     and a.aval.dtype == out.aval.dtype
                     and not any(isinstance(b, Var) and b is not a and root.get(b, b) is a for b in e.inputs)
                 )
@@ -325,7 +325,7 @@ class Executable:
                 and not all_static
                 and out_shape_used is None
                 and 0 < out.aval.ndim
-                and out.aval.size <= _SMALL
+                and size_of(out) <= _SMALL
                 and all(isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs)
                 and _result_shape(e.inputs, phys) == out.aval.shape  # an elided broadcast must not shrink it
             ):
@@ -383,6 +383,8 @@ class Executable:
             else:
                 rets.append(f"np.array({names[a]})")
                 fresh_bytes += nbytes(a)
+        if probe:
+            return None
         args = ", ".join(f"i{i}" for i in range(len(g.invars)))
         src = ["# setup (run once per buffer set):"] + [f"#   {l}" for l in setup]
         src += [f"def _run({args}):"] + [f"    {l}" for l in body] + [f"    return [{', '.join(rets)}]"]
