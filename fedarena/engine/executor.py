@@ -33,6 +33,15 @@ _SCALAR_CONST_PRIMS = frozenset(
     {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "select"}
 )
 _OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+# 0-d equations computed on numpy scalars (Python operators follow numpy's rules for them)
+_SCALAR_EXPR = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
+    "neg": "(-{0})", "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})", "maximum": "np.maximum({0}, {1})", "minimum": "np.minimum({0}, {1})",
+    "exp": "np.exp({0})", "log": "np.log({0})", "log1p": "np.log1p({0})", "tanh": "np.tanh({0})", "sqrt": "np.sqrt({0})",
+    "sin": "np.sin({0})", "cos": "np.cos({0})", "abs": "np.absolute({0})", "sign": "np.sign({0})",
+    "logistic": "_expit({0})", "cast": None,
+}
 _SMALL = 2048  # elements; below this, allocation beats numpy's out= argument handling
 _CLIP = getattr(getattr(np, "_core", np).umath, "clip", None) or np.clip
 
@@ -170,6 +179,35 @@ class Executable:
                 scalar_consts[key] = ctx.const(c)
             return scalar_consts[key]
 
+        scalars: set[Var] = set()  # 0-d values held as numpy scalars
+
+        def scalar_expr(e: Any, out: Var) -> str | None:
+            """Python source computing ``e`` on numpy scalars, if it yields ``out``'s dtype."""
+            args, trial = [], []
+            for a in e.inputs:
+                if isinstance(a, Literal):
+                    args.append(atom(a))
+                    trial.append(args[-1])
+                elif a in scalars:
+                    args.append(names[a])
+                elif a in static:
+                    args.append(ctx.const(np.asarray(ns[names[a]])[()]))  # fixed at build time
+                else:
+                    args.append(f"{names[a]}[()]")  # a 0-d array the code made (buffer, output): its scalar
+                if isinstance(a, Var):
+                    trial.append(ctx.const(a.aval.dtype.type(1)))
+            form = _SCALAR_EXPR[e.prim.name]
+            if e.prim.name == "cast":
+                form = ctx.const(e.attrs["dtype"].type) + "({0})" if isinstance(e.attrs["dtype"], np.dtype) else ctx.const(np.dtype(e.attrs["dtype"]).type) + "({0})"
+            try:
+                with np.errstate(all="ignore"):
+                    got = eval(form.format(*trial), ns)  # noqa: S307 - our own generated code
+            except Exception:  # noqa: BLE001 - any failure: use the ufunc path
+                return None
+            if not isinstance(got, np.generic) or got.dtype != out.aval.dtype:
+                return None
+            return form.format(*args)
+
         for n, e in enumerate(g.eqns):
             if e.prim.emit is None:
                 raise UnknownPrimitiveError(f"primitive {e.prim.name!r} has no numpy kernel")
@@ -195,6 +233,32 @@ class Executable:
                     storage[out] = "const"
                     static.add(out)
                 continue
+            if (
+                pname in _SCALAR_EXPR
+                and out.aval.ndim == 0
+                and out not in sticky
+                and not all(not isinstance(a, Var) or a in static for a in e.inputs)
+                and all(isinstance(a, Literal) or a.aval.ndim == 0 and storage.get(a) != "input" for a in e.inputs)
+                and (out in outs or (out not in escapes and consumers.get(out)))
+                and all(c.prim.name in _SCALAR_EXPR and c.outputs[0].aval.ndim == 0 for c in consumers.get(out, ()))
+            ):
+                # Scalar arithmetic (loss scaling, Adam's bias corrections): numpy scalars and
+                # Python operators cost ~0.05 us a step against ~0.25 us for a ufunc writing a 0-d
+                # array, so a 0-d value read only by such steps is kept as a numpy scalar; a graph
+                # output gets a 0-d array of its own.  Same types as the ufuncs (NEP 50), checked
+                # here.  Not on graph inputs: callers may pass Python scalars there.
+                expr = scalar_expr(e, out)
+                if expr is not None:
+                    name = f"v{n}"
+                    if out in outs:
+                        body.append(f"{name} = np.asarray({expr})")
+                    else:
+                        body.append(f"{name} = {expr}")
+                        scalars.add(out)
+                    names[out] = name
+                    storage[out] = "fresh"
+                    fresh_bytes += nbytes(out)
+                    continue
             ins = [atom(a) for a in e.inputs]
             if pname in _SCALAR_CONST_PRIMS and any(isinstance(a, Var) for a in e.inputs):
                 for k, a in enumerate(e.inputs):
