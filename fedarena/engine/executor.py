@@ -17,6 +17,7 @@ import numpy as np
 import scipy.special
 
 from .ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
+from .primitives import Code
 from .memory_plan import VIEW_PRIMITIVES, BufferPlanner, in_place_operands, nbytes, size_of
 from .passes import dead_code_elimination
 
@@ -33,6 +34,7 @@ _SCALAR_CONST_PRIMS = frozenset(
     {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "select"}
 )
 _OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_UNROLL_REDUCE = {"reduce_max": "np.maximum", "reduce_min": "np.minimum"}
 # 0-d equations computed on numpy scalars (Python operators follow numpy's rules for them)
 _SCALAR_EXPR = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
@@ -331,7 +333,38 @@ class Executable:
                     emit_in = [ShapedArray(in_shape, x0.aval.dtype)]
                     emit_out = ShapedArray(out_sq, out.aval.dtype)
                     out_shape_used = out_sq
-            code = e.prim.emit(ctx, ins, emit_attrs, emit_in, emit_out)
+            code = None
+            if (
+                pname in _UNROLL_REDUCE
+                and out_shape_used is None
+                and out not in escapes
+                and isinstance(x0, Var)
+                and storage.get(x0) in ("buffer", "const")
+                and isinstance(ns.get(names[x0]), np.ndarray)
+                and ns[names[x0]].shape == x0.aval.shape  # not an elided broadcast's smaller array
+                and not all(not isinstance(a, Var) or a in static for a in e.inputs)
+                and len(e.attrs["axes"]) == 1
+                and x0.aval.dtype.kind == "f"
+                and x0.aval.dtype == out.aval.dtype
+            ):
+                # A max/min over a short axis of a persistent operand: one binary ufunc per element
+                # of that axis over views made here (strength reduction, exact for max/min; numpy's
+                # reduce loop over a short axis costs ~3.4 us for a (64, 4) max against ~1.0 us,
+                # but wins for results of under 4 elements).  Sums keep their kernel (a matmul).
+                ax = e.attrs["axes"][0] % x0.aval.ndim
+                k = x0.aval.shape[ax]
+                if 2 <= k <= 8 and size_of(out) >= 4:
+                    base = ns[names[x0]]
+                    red = tuple(d for i, d in enumerate(x0.aval.shape) if i != ax)
+                    views_ = [base[(slice(None),) * ax + (slice(j, j + 1),)].reshape(red) for j in range(k)]
+                    if all(np.shares_memory(v, base) for v in views_):  # views (see every later write), not copies
+                        parts = [ctx.const(v) for v in views_]
+                        uf = _UNROLL_REDUCE[pname]
+                        steps = [f"{uf}({parts[0]}, {parts[1]}, out={{o}})"] + [f"{uf}({{o}}, {p}, out={{o}})" for p in parts[2:]]
+                        code = Code("; ".join(steps), "stmt")
+                        out_shape_used = red
+            if code is None:
+                code = e.prim.emit(ctx, ins, emit_attrs, emit_in, emit_out)
             all_static = all(not isinstance(a, Var) or a in static for a in e.inputs)
             name = f"v{n}"
             if code.kind == "expr":
@@ -385,7 +418,7 @@ class Executable:
             if (
                 pname in _OPERATORS
                 and not any(planner.dies_at(a, n) for a in cands)  # in place beats allocating
-                and any(isinstance(a, Var) and 1 < size_of(a) < size_of(out) for a in e.inputs)  # a real broadcast
+                and (out in escapes or any(isinstance(a, Var) and 1 < size_of(a) < size_of(out) for a in e.inputs))
                 and code.alloc is not None
                 and not all_static
                 and out_shape_used is None
@@ -394,10 +427,11 @@ class Executable:
                 and all(isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs)
                 and _result_shape(e.inputs, phys) == out.aval.shape  # an elided broadcast must not shrink it
             ):
-                # tiny operands broadcast against each other (e.g. an outer product (64,1)*(1,4)):
-                # the ndarray operator, which allocates, beats a ufunc writing into a buffer
-                # (~1.4 vs ~2.0 us in numpy 2.4); without a broadcast, or in place, out= is as fast
-                # or faster and keeps the value in a buffer (whose views are then made at build time)
+                # tiny operands broadcast against each other (e.g. an outer product (64,1)*(1,4)),
+                # or a result the caller gets anyway: the ndarray operator, which allocates, beats a
+                # ufunc writing into a buffer (~1.4 vs ~2.0 us in numpy 2.4) or a ufunc call that
+                # allocates; otherwise out= is as fast or faster and keeps the value in a buffer
+                # (views of which are then made at build time), in place where it can
                 body.append(f"{name} = {ins[0]} {_OPERATORS[pname]} {ins[1]}")
                 names[out] = name
                 storage[out] = "fresh"
