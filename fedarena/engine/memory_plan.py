@@ -8,19 +8,24 @@ really keeps in one (not for graph outputs, which get fresh arrays, nor for valu
 call) -- its plan (``Executable.memory``) is therefore exactly what the generated code holds.
 
 Views (reshape, transpose, slices, broadcasts) alias the buffer of their operand and extend its
-lifetime.  Buffers are byte ranges assigned greedily in schedule order (the interval-colouring /
-linear-scan view of register allocation; Poletto & Sarkar, "Linear scan register allocation",
-TOPLAS 1999; Chen et al., "Training deep nets with sublinear memory cost", 2016, sec. 3 for
-in-place and sharing in dataflow graphs): an output takes the buffer of an operand that dies at
-that equation when the primitive may write over that operand (in place), otherwise the smallest
-free buffer that is large enough (of any dtype: a value is a typed, reshaped view of a byte
-buffer), otherwise a new one.  Buffers holding values fixed at build time (constant folding) or
-that a kernel relies on keeping between calls are dedicated: never shared.
+lifetime.  Planning takes two passes over the schedule.  The first assigns buffers greedily in
+schedule order (the interval-colouring / linear-scan view of register allocation; Poletto &
+Sarkar, "Linear scan register allocation", TOPLAS 1999; Chen et al., "Training deep nets with
+sublinear memory cost", 2016, sec. 3 for in-place and sharing in dataflow graphs): an output takes
+the buffer of an operand that dies at that equation when the primitive may write over that operand
+(in place), otherwise the smallest free buffer that is large enough, otherwise a new one.  It
+records which values need memory and which run in place.  The second (:meth:`BufferPlanner.pack`)
+places those values, with the values that overwrite them in place, at byte offsets of one arena,
+largest first, each in the smallest gap left by the values whose lifetimes overlap its own
+(Pisarchyk & Lee, "Efficient memory management for deep neural net inference", 2020); a value is
+a typed, reshaped view of its range of the arena, so any dtype reuses any bytes.  Values fixed at
+build time (constant folding) or that a kernel relies on keeping between calls get dedicated
+buffers outside the arena: never shared.
 
 "Unplanned" is one buffer per planned value (what a naive executor allocates); "planned" is the
-total size of the buffers after reuse; "lower bound" is the most bytes ever live at once between
-two equations (values defined before and read after that point, plus dedicated buffers), which no
-plan of these values can beat.
+arena plus the dedicated buffers (unpacked: the total size of the buffers); "lower bound" is the
+most bytes ever live at once between two equations (values defined before and read after that
+point, plus dedicated buffers), which no plan of these values can beat.
 """
 
 from __future__ import annotations
