@@ -336,7 +336,9 @@ def test_scalar_steps_compute_what_the_interpreter_computes():
         c = ops.sqrt(ops.maximum(b, 0.25)) ** 2.0 - ops.minimum(b, s)
         flag = ops.astype(a > 2.0, np.float32) + ops.astype(k + 1, np.float32)  # k: an input, never a scalar
         d = ops.astype(c * 3.0, np.float64) / 7.0
-        return b, c, flag, d, x * c  # c also feeds an array step
+        e = ops.astype(d * 2.0, np.float32)  # a 0-d cast read by an array step: item assignment
+        n = ops.astype(k * 3, np.float32)  # from an integer input
+        return b, c, flag, d, x * c, x * e + n  # c also feeds an array step
 
     rng = np.random.default_rng(9)
     x = rng.standard_normal((60, 50)).astype(np.float32)
@@ -345,6 +347,7 @@ def test_scalar_steps_compute_what_the_interpreter_computes():
     g = engine.passes.DEFAULT_PIPELINE(engine.make_graph(f)(x, s, k))
     exe = Executable(g)
     assert exe.source.count("[()]") >= 2  # the scalar path is exercised
+    assert exe.source.count("[()] = ") == 2  # and the 0-d casts into buffers
     want = eval_graph(g, [x, s, k])
     for _ in range(2):
         got = exe(x, s, k)
