@@ -365,6 +365,21 @@ class Executable:
                         out_shape_used = red
             if (
                 code is None
+                and pname == "mul"
+                and out_shape_used is None
+                and out not in escapes
+                and out.aval.ndim == 2
+                and out.aval.dtype in (np.float32, np.float64)
+                and all(isinstance(a, Var) and a.aval.dtype == out.aval.dtype and phys.get(a, a.aval.shape) == a.aval.shape for a in e.inputs)
+                and sorted(a.aval.shape for a in e.inputs) == sorted([(out.aval.shape[0], 1), (1, out.aval.shape[1])])
+                and min(out.aval.shape) > 1
+            ):
+                # an outer product (m,1)*(1,n): as a matmul with one inner term each element is the
+                # same single product, and BLAS writes it ~2x faster than the broadcasting ufunc
+                col, row = (ins[0], ins[1]) if e.inputs[0].aval.shape[1] == 1 else (ins[1], ins[0])
+                code = Code(f"np.dot({col}, {row}, {{o}})", "stmt")
+            if (
+                code is None
                 and pname == "cast"
                 and out.aval.ndim == 0
                 and out.aval.dtype.kind == "f"

@@ -372,3 +372,14 @@ def test_short_axis_max_and_min_of_a_buffer_are_unrolled_exactly():
     a, b = exe(x)
     np.testing.assert_array_equal(a, np.max(2 * x, axis=1, keepdims=True) - 1.0)
     np.testing.assert_array_equal(b, np.min((2 * x).T, axis=0) * 3.0)
+
+
+def test_outer_product_as_matmul_is_exact():
+    def f(u, v):
+        return ops.exp(ops.tanh(u) * ops.transpose(v, (1, 0)))  # (64,1) * (1,48) into a buffer
+
+    rng = np.random.default_rng(11)
+    u, v = rng.standard_normal((64, 1)).astype(np.float32), rng.standard_normal((48, 1)).astype(np.float32)
+    exe = _compile(f, u, v)
+    assert any(l.strip().startswith("np.dot(") for l in exe.source.split("\n"))
+    np.testing.assert_array_equal(exe(u, v)[0], np.exp(np.tanh(u) * v.T))
