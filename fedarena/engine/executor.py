@@ -6,6 +6,14 @@ of those buffers and anything computed only from constants are evaluated once wh
 executable is built (constant folding).  Graph outputs get fresh arrays every call, so callers
 may keep them.  This is the "low per-operation overhead" design of the issue: for the small
 networks of RL the cost of a step is dominated by interpreter dispatch, not arithmetic.
+
+Buffers come from the memory planner (:mod:`.memory_plan`): ranges of one byte arena shared by
+values whose lifetimes do not overlap, elementwise equations running in place over an operand
+that dies there.  Building takes two passes over the schedule (the first tells the planner which
+values need memory, the second emits code on the packed arena).  A few kernels are chosen here
+for dispatch cost: 0-d steps read only by 0-d steps run on numpy scalars with Python operators,
+scalar literals of ufuncs are typed 0-d constants, max/min over a short axis of a buffer become
+binary ufuncs over build-time views, outer products become a one-term matmul.
 """
 
 from __future__ import annotations
@@ -96,6 +104,8 @@ class Executable:
         return self._emit(BufferPlanner(self.graph, self.reuse, self._packing))
 
     def _emit(self, planner: BufferPlanner, probe: bool = False):
+        """Generate the code of one buffer set, taking buffers from ``planner`` (``probe``: only
+        to record the requests; no code is compiled)."""
         g = self.graph
         ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": _CLIP}
         ctx = _EmitContext(ns)
