@@ -2,8 +2,9 @@
 
 Prints, with the median over interleaved rounds (each round times every contender back to back):
   1. the PPO-sized and CNN training steps of ``engine_vs_torch.py`` with the default pass pipeline
-     on vs off vs default + elementwise fusion (time per call, equations, planned vs unplanned
-     intermediate bytes) and against
+     on vs off vs default + elementwise fusion (time per call, equations, and the executor's memory
+     plan: bytes of the buffers the compiled code holds vs one buffer per value, equations run in
+     place, bytes allocated per call) and against
      PyTorch eager (``torch.set_num_threads(1)``);
   2. a vmapped local-SGD step for 256 federated clients (each its own MLP 8 -> 32 -> 4 and batch
      of 16) vs a Python loop over the clients calling the jitted single-client step (target: >= 10x)
@@ -32,7 +33,6 @@ import engine_vs_torch as EV  # noqa: E402  (the core benchmark's models and ste
 from fedarena import engine  # noqa: E402
 from fedarena.engine import nn, ops  # noqa: E402
 from fedarena.engine.fusion import FUSION_PIPELINE  # noqa: E402
-from fedarena.engine.memory_plan import plan_memory  # noqa: E402
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
@@ -152,7 +152,8 @@ def main() -> None:
             t0 = time.perf_counter()
             g = j.graph(*a0)
             compile_s = time.perf_counter() - t0
-            plan = plan_memory(g)
+            # the memory plan the compiled code really follows (buffers it holds per buffer set)
+            plan = j._lookup(a0, {})[0].executable.memory
             rows.append((name, mode, len(g.eqns), plan, compile_s))
             state = {"a": a0}
 

@@ -1,6 +1,7 @@
 """``engine.inspect(fn)(*args)``: the IR before and after each pass, the schedule and the memory
 plan of a function, as text (the "dump after each pass" view of compilers such as LLVM's
-``-print-after-all`` or XLA's ``--xla_dump_hlo_pass_re``)."""
+``-print-after-all`` or XLA's ``--xla_dump_hlo_pass_re``).  The schedule and plan shown are the
+ones the numpy executor compiles: its buffer of every value, in-place equations, per-call bytes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any, Callable
 
 from . import passes as _passes
 from .ir import Graph
+from .executor import Executable
 from .jit import make_graph
-from .memory_plan import MemoryPlan, nbytes, plan_memory
+from .memory_plan import MemoryPlan, nbytes
 
 
 @dataclass
@@ -18,8 +20,9 @@ class Inspection:
     """What :func:`inspect` found; ``str()`` gives the full text report."""
 
     stages: list = field(default_factory=list)  # (name, Graph) — "traced" first
-    graph: Graph | None = None  # the final (optimised) graph
-    plan: MemoryPlan | None = None
+    graph: Graph | None = None  # the final (optimised) graph, as compiled
+    plan: MemoryPlan | None = None  # the executor's memory plan
+    source: str = ""  # the generated code
 
     def schedule(self) -> str:
         lines = ["schedule:"]
@@ -27,7 +30,7 @@ class Inspection:
         for i, e in enumerate(g.eqns):
             o = e.outputs[0]
             buf = self.plan.buffer_of.get(o) if self.plan else None
-            where = f"buf{buf}" if buf is not None else "view"
+            where = f"buf{buf}" if buf is not None else "-"
             src = f"  # {e.source}" if e.source else ""
             inplace = " (in place)" if self.plan and i in self.plan.in_place else ""
             lines.append(f"  [{i:3d}] {e.prim.name:<18} -> {o.aval.str_short():<14} {nbytes(o):>10,} B  {where}{inplace}{src}")
@@ -46,7 +49,8 @@ class Inspection:
 def inspect(fn: Callable, passes: Any = None, static_argnums: Any = (), printer: Callable[[str], Any] | None = print) -> Callable[..., Inspection]:
     """``inspect(fn)(*args)`` prints (with ``printer``; ``None`` to stay quiet) and returns an
     :class:`Inspection`: the traced IR, the IR after every pass of the pipeline ``passes``
-    (as for ``jit``), the schedule with buffer assignments, and the memory plan."""
+    (as for ``jit``), the schedule with the executor's buffer of each value ("-": a view, a value
+    allocated per call or a graph output), and the executor's memory plan."""
 
     def run(*args: Any, **kwargs: Any) -> Inspection:
         g = make_graph(fn, static_argnums)(*args, **kwargs)
@@ -54,7 +58,8 @@ def inspect(fn: Callable, passes: Any = None, static_argnums: Any = (), printer:
         pipeline = _passes.resolve(passes)
         if pipeline is not None:
             g = pipeline(g, history=stages)
-        res = Inspection(stages=stages, graph=g, plan=plan_memory(g))
+        exe = Executable(g)
+        res = Inspection(stages=stages, graph=exe.graph, plan=exe.memory, source=exe.source)
         if printer is not None:
             printer(str(res))
         return res

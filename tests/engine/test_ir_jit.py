@@ -348,8 +348,9 @@ def test_executor_reuses_buffers_and_stays_correct():
     np.testing.assert_allclose(s, want_h.sum(), rtol=1e-12)
     exe = f._fast[0][1]
     ns = exe._pool[0].__globals__
-    buffers = [v for k, v in ns.items() if k.startswith("_k") and isinstance(v, np.ndarray) and v.shape == (4, 4)]
-    assert len(buffers) < len(exe.graph.eqns) / 3  # lifetimes let temporaries share memory
+    plan = exe.memory  # lifetimes let temporaries share memory
+    assert plan.planned_bytes < plan.unplanned_bytes / 3 and len(plan.buffer_of) > 20
+    assert sum(v.nbytes for k, v in ns.items() if k == "_arena" or k.startswith("_b") and v.base is None) == plan.planned_bytes
     g = engine.jit(engine.grad(lambda x: chain(x, w)[0]))(x)  # backward through the same planner
     eps = 1e-6
     fd = np.array([(chain(x + eps * e, w)[0] - chain(x - eps * e, w)[0]) / (2 * eps) for e in np.eye(16).reshape(16, 4, 4)]).reshape(4, 4)
