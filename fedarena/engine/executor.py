@@ -123,7 +123,9 @@ class Executable:
         # Memory planning (memory_plan.BufferPlanner, the engine's one planner): every value this
         # code keeps in a buffer asks the planner for one, in schedule order; a buffer is a byte
         # array and each value a typed, reshaped view of it made once here.
-        sticky: set[Var] = {e.outputs[0] for e in g.eqns if e.prim.name == "im2col"}  # im2col keeps its zeroed padding
+        # values a kernel relies on keeping between calls (none today: im2col kernels write every
+        # column entry each call) would get dedicated buffers
+        sticky: set[Var] = set()
         views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
         fresh_bytes = 0  # bytes the generated code allocates per call
 
