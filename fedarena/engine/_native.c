@@ -207,8 +207,9 @@ static PyObject *py_softmax(PyObject *self, PyObject *const *args, Py_ssize_t na
  * The program is a list of instructions over registers: the inputs, the constants, then
  * temporaries.  The output is computed in blocks of VM_BLOCK elements so every temporary stays
  * in L1 (the interpreter design of numexpr; Cooke & Hochberg, 2009).  An input is read in full
- * (same shape as the output), as a scalar, as a row vector repeated along the leading axes
- * (index i % C) or as a column repeated along the last axis (index i / C).  Booleans are 0/1.
+ * (same shape as the output), as a scalar, or broadcast: output element p reads input element
+ * (p / S) * Cin + p % Cin, which covers a row repeated over leading axes (S = n), a column
+ * repeated along trailing axes (Cin = 1) and a row repeated over middle axes.  Booleans are 0/1.
  * ------------------------------------------------------------------------------------------ */
 #define VM_BLOCK 256
 #define VM_MAX_REGS 64
@@ -220,7 +221,7 @@ enum {
     OP_LE, OP_GT, OP_GE, OP_AND, OP_OR, OP_NOT, OP_SELECT, OP_CLIP, OP_RELU, OP_SIN, OP_COS,
     OP_COPY, OP_NONZERO, N_OPS
 };
-enum { MODE_FULL = 0, MODE_SCALAR = 1, MODE_ROW = 2, MODE_COL = 3 };
+enum { MODE_FULL = 0, MODE_SCALAR = 1, MODE_BCAST = 2 };
 
 /* x86-64: an AVX2 clone of the VM's loops, picked at load time when the CPU has it */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -277,15 +278,15 @@ enum { MODE_FULL = 0, MODE_SCALAR = 1, MODE_ROW = 2, MODE_COL = 3 };
 DEFINE_VM(float, f32, expf, logf, log1pf, tanhf, sqrtf, fabsf, powf, sinf, cosf)
 DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
 
-/* elementwise(program, consts, modes, n, C, double, out, *inputs) -> bool
+/* elementwise(program, consts, modes, bparams, n, double, out, *inputs) -> bool
  *   program: int32 [n_regs_temp_start, result_reg, then (op, dst, a, b, c) per instruction]
  *   consts:  float64 constants, registers n_inputs .. n_inputs + len(consts) - 1
- *   modes:   one byte per input (MODE_*) */
+ *   modes:   one byte per input (MODE_*); bparams: int64 (S, Cin) per input for MODE_BCAST */
 
 #define DEFINE_VM_RUN(T, SUFFIX)                                                                   \
     static void vm_run_##SUFFIX(const int *prog, Py_ssize_t ninstr, const double *consts,          \
-                                Py_ssize_t nc, const unsigned char *modes, Py_ssize_t ni,          \
-                                Py_buffer *views, Py_ssize_t n, Py_ssize_t C, Py_ssize_t temp0,    \
+                                Py_ssize_t nc, const unsigned char *modes, const long long *bparams, \
+                                Py_ssize_t ni, Py_buffer *views, Py_ssize_t n, Py_ssize_t temp0,   \
                                 Py_ssize_t result, Py_ssize_t nregs)                               \
     {                                                                                              \
         /* registers on this call's stack (at most 64 x 256 elements): no shared state */          \
@@ -309,26 +310,21 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
                 const T *base = (const T *)views[1 + k].buf;                                       \
                 switch (modes[k]) {                                                                \
                 case MODE_FULL: ptr[k] = base + s0; break;                                         \
-                case MODE_ROW: { /* element i of the block is base[(s0 + i) % C] */               \
-                    Py_ssize_t c = s0 % C, i = 0;                                                  \
+                case MODE_BCAST: { /* element p of the output reads base[(p / S) * Cin + p % Cin] */ \
+                    const Py_ssize_t S = bparams[2 * k], Cin = bparams[2 * k + 1];                 \
+                    Py_ssize_t i = 0;                                                              \
                     while (i < len) {                                                              \
-                        Py_ssize_t run = C - c < len - i ? C - c : len - i;                        \
-                        memcpy(regs[k] + i, base + c, run * sizeof(T));                            \
+                        const Py_ssize_t p = s0 + i, q = p / S, r = p % S;                         \
+                        Py_ssize_t run = S - r < len - i ? S - r : len - i;                        \
+                        if (Cin == 1) { /* one value repeated to the end of the outer block */     \
+                            const T v = base[q];                                                   \
+                            for (Py_ssize_t j = 0; j < run; j++) regs[k][i + j] = v;               \
+                        } else { /* a stretch of the inner row, up to its end */                   \
+                            const Py_ssize_t c = r % Cin;                                          \
+                            if (run > Cin - c) run = Cin - c;                                      \
+                            memcpy(regs[k] + i, base + q * Cin + c, run * sizeof(T));              \
+                        }                                                                          \
                         i += run;                                                                  \
-                        c = 0;                                                                     \
-                    }                                                                              \
-                    ptr[k] = regs[k];                                                              \
-                    break;                                                                         \
-                }                                                                                  \
-                case MODE_COL: { /* element i of the block is base[(s0 + i) / C] */                \
-                    Py_ssize_t r = s0 / C, c = s0 % C, i = 0;                                      \
-                    while (i < len) {                                                              \
-                        Py_ssize_t run = C - c < len - i ? C - c : len - i;                        \
-                        const T v = base[r];                                                       \
-                        for (Py_ssize_t j = 0; j < run; j++) regs[k][i + j] = v;                   \
-                        i += run;                                                                  \
-                        c = 0;                                                                     \
-                        r++;                                                                       \
                     }                                                                              \
                     ptr[k] = regs[k];                                                              \
                     break;                                                                         \
@@ -354,29 +350,41 @@ DEFINE_VM_RUN(double, f64)
 static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 7 || nargs - 7 > VM_MAX_INPUTS) {
-        PyErr_SetString(PyExc_TypeError, "elementwise(program, consts, modes, n, C, double, out, *inputs)");
+        PyErr_SetString(PyExc_TypeError, "elementwise(program, consts, modes, bparams, n, double, out, *inputs)");
         return NULL;
     }
     Py_ssize_t ni = nargs - 7;
-    Py_ssize_t s[2];
-    if (!as_sizes(args + 3, 2, s))
+    Py_ssize_t n = PyLong_AsSsize_t(args[4]);
+    if (n < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "elementwise: n must be non-negative");
         return NULL;
-    Py_ssize_t n = s[0], C = s[1];
+    }
     int dbl = PyObject_IsTrue(args[5]);
     if (dbl < 0)
         return NULL;
-    if (!PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) || !PyBytes_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "elementwise: program, consts and modes must be bytes");
-        return NULL;
-    }
+    for (int j = 0; j < 4; j++)
+        if (!PyBytes_Check(args[j])) {
+            PyErr_SetString(PyExc_TypeError, "elementwise: program, consts, modes and bparams must be bytes");
+            return NULL;
+        }
     const int *prog = (const int *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t plen = PyBytes_GET_SIZE(args[0]) / (Py_ssize_t)sizeof(int);
     const double *consts = (const double *)PyBytes_AS_STRING(args[1]);
     Py_ssize_t nc = PyBytes_GET_SIZE(args[1]) / (Py_ssize_t)sizeof(double);
     const unsigned char *modes = (const unsigned char *)PyBytes_AS_STRING(args[2]);
-    if (PyBytes_GET_SIZE(args[2]) != ni || plen < 2 || (plen - 2) % 5 != 0 || C <= 0 || n % C != 0) {
+    const long long *bparams = (const long long *)PyBytes_AS_STRING(args[3]);
+    if (PyBytes_GET_SIZE(args[2]) != ni || PyBytes_GET_SIZE(args[3]) != 2 * ni * (Py_ssize_t)sizeof(long long) ||
+        plen < 2 || (plen - 2) % 5 != 0 || PyBytes_GET_SIZE(args[0]) % (Py_ssize_t)sizeof(int) != 0) {
         PyErr_SetString(PyExc_ValueError, "elementwise: malformed program");
         return NULL;
+    }
+    for (Py_ssize_t k = 0; k < ni; k++) {
+        long long S = bparams[2 * k], Cin = bparams[2 * k + 1];
+        if (modes[k] > MODE_BCAST || (modes[k] == MODE_BCAST && (S <= 0 || Cin <= 0 || S % Cin != 0 || n % S != 0))) {
+            PyErr_SetString(PyExc_ValueError, "elementwise: malformed input mode");
+            return NULL;
+        }
     }
     Py_ssize_t temp0 = prog[0], result = prog[1], ninstr = (plen - 2) / 5;
     if (temp0 != ni + nc || result < temp0 || result >= VM_MAX_REGS) {
@@ -403,8 +411,8 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         Py_RETURN_FALSE;
     got = 1;
     for (Py_ssize_t k = 0; k < ni; k++) {
-        Py_ssize_t want = modes[k] == MODE_FULL ? n : modes[k] == MODE_SCALAR ? 1 : modes[k] == MODE_ROW ? C : n / C;
-        if (modes[k] > MODE_COL || !borrow(args[7 + k], &views[1 + k], 0, want * it, fmt)) {
+        Py_ssize_t want = modes[k] == MODE_FULL ? n : modes[k] == MODE_SCALAR ? 1 : (n / bparams[2 * k]) * bparams[2 * k + 1];
+        if (!borrow(args[7 + k], &views[1 + k], 0, want * it, fmt)) {
             for (Py_ssize_t j = 0; j < got; j++)
                 PyBuffer_Release(&views[j]);
             Py_RETURN_FALSE;
@@ -412,9 +420,9 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         got++;
     }
     if (dbl)
-        vm_run_f64(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result, nregs);
+        vm_run_f64(prog, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, result, nregs);
     else
-        vm_run_f32(prog, ninstr, consts, nc, modes, ni, views, n, C, temp0, result, nregs);
+        vm_run_f32(prog, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, result, nregs);
     for (Py_ssize_t j = 0; j < got; j++)
         PyBuffer_Release(&views[j]);
     Py_RETURN_TRUE;
@@ -484,7 +492,7 @@ static PyMethodDef methods[] = {
     {"rowreduce", (PyCFunction)(void (*)(void))py_rowreduce, METH_FASTCALL,
      "rowreduce(x, out, R, C, op, double) -> bool: max (op 0) / min (op 1) of each row"},
     {"elementwise", (PyCFunction)(void (*)(void))py_elementwise, METH_FASTCALL,
-     "elementwise(program, consts, modes, n, C, double, out, *inputs) -> bool: run a fused program"},
+     "elementwise(program, consts, modes, bparams, n, double, out, *inputs) -> bool: run a fused program"},
     {NULL, NULL, 0, NULL},
 };
 

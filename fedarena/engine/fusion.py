@@ -153,7 +153,8 @@ def _fused_emit(ctx, ins, attrs, in_avals, out_aval):
         # one call into the native VM; the generated numpy function if an operand is unreadable
         vm = ctx.const(native._native.elementwise)
         p, c, m = ctx.const(prog.program), ctx.const(prog.consts), ctx.const(prog.modes)
-        args = f"{p}, {c}, {m}, {prog.n}, {prog.C}, {prog.double}, {{o}}" + "".join(f", {a}" for a in vm_ins)
+        bp = ctx.const(prog.bparams)
+        args = f"{p}, {c}, {m}, {bp}, {prog.n}, {prog.double}, {{o}}" + "".join(f", {a}" for a in vm_ins)
         return P.stmt(f"if not {vm}({args}): {call}")
     return P.stmt(call)
 
@@ -301,7 +302,7 @@ def _vm_worth(body: Graph) -> bool:
         return False
     if len(body.eqns) >= 2:
         return True
-    return prog.n >= _VM_SINGLE_MIN and any(m in (native._MODE["row"], native._MODE["col"]) for m in prog.modes)
+    return prog.n >= _VM_SINGLE_MIN and native._MODE["bcast"] in prog.modes
 
 
 _VM_SINGLE_MIN = 64

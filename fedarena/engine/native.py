@@ -284,7 +284,7 @@ _OPS = (
 OPCODE = {name: k for k, name in enumerate(_OPS)}
 _TRANSCENDENTAL = frozenset({"exp", "log", "log1p", "tanh", "logistic", "pow", "sin", "cos"})
 _PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
-_MODE = {"full": 0, "scalar": 1, "row": 2, "col": 3}
+_MODE = {"full": 0, "scalar": 1, "bcast": 2}
 VM_MAX_REGS, VM_MAX_INPUTS = 64, 32
 # numpy's SIMD exp/tanh/log beat the VM's scalar libm calls on long arrays: fused bodies with a
 # transcendental function run in the VM only up to this many elements
@@ -292,30 +292,47 @@ VM_MAX_TRANSCENDENTAL_ELEMENTS = 512
 
 
 class ElementwiseProgram:
-    """A fused elementwise body compiled for the VM: ``program``/``consts``/``modes`` bytes and
-    the output's element count ``n`` and last-axis length ``C`` (see ``_native.c``)."""
+    """A fused elementwise body compiled for the VM: ``program``/``consts``/``modes``/``bparams``
+    bytes and the output's element count ``n`` (see ``_native.c``)."""
 
-    __slots__ = ("program", "consts", "modes", "n", "C", "double")
+    __slots__ = ("program", "consts", "modes", "bparams", "n", "double")
 
-    def __init__(self, program: bytes, consts: bytes, modes: bytes, n: int, C: int, double: bool):
-        self.program, self.consts, self.modes, self.n, self.C, self.double = program, consts, modes, n, C, double
+    def __init__(self, program: bytes, consts: bytes, modes: bytes, bparams: bytes, n: int, double: bool):
+        self.program, self.consts, self.modes, self.bparams, self.n, self.double = program, consts, modes, bparams, n, double
 
 
-def _input_mode(shape: tuple, out_shape: tuple) -> str | None:
-    n = int(np.prod(out_shape, dtype=np.int64))
+def _input_mode(shape: tuple, out_shape: tuple) -> tuple | None:
+    """How the VM reads an input of ``shape`` broadcast to ``out_shape``: ``("full",)``,
+    ``("scalar",)``, ``("bcast", S, Cin)`` (output element p reads input element
+    (p // S) * Cin + p % Cin), or None for a broadcast it cannot express."""
+    if tuple(shape) == tuple(out_shape):
+        return ("full",)
     size = int(np.prod(shape, dtype=np.int64))
-    if shape == out_shape:
-        return "full"
     if size == 1:
-        return "scalar"
-    if len(shape) > len(out_shape) or not out_shape:
+        return ("scalar",)
+    if len(shape) > len(out_shape):
         return None
     padded = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    c = out_shape[-1]
-    if padded == (1,) * (len(out_shape) - 1) + (c,):
-        return "row"
-    if len(out_shape) >= 2 and padded == tuple(out_shape[:-1]) + (1,) and size * c == n:
-        return "col"
+    # dims of the output: kept (K) or broadcast (B); size-1 output dims do not matter
+    kinds = []
+    for i, o in zip(padded, out_shape):
+        if o == 1:
+            continue
+        k = "K" if i == o else "B" if i == 1 else None
+        if k is None:
+            return None
+        if kinds and kinds[-1][0] == k:
+            kinds[-1][1] *= o
+        else:
+            kinds.append([k, o])
+    pattern = "".join(k for k, _ in kinds)
+    n = int(np.prod(out_shape, dtype=np.int64))
+    if pattern == "BK":  # a row repeated over leading axes
+        return ("bcast", n, kinds[1][1])
+    if pattern == "KB":  # a column repeated along trailing axes
+        return ("bcast", kinds[1][1], 1)
+    if pattern == "KBK":  # a row repeated over middle axes
+        return ("bcast", kinds[1][1] * kinds[2][1], kinds[2][1])
     return None
 
 
@@ -335,13 +352,14 @@ def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> 
     n = out.aval.size
     if len(body.invars) > VM_MAX_INPUTS:
         return None
-    modes = []
+    modes, bparams = [], []
     reg: dict = {}
     for k, v in enumerate(body.invars):
-        mode = "scalar" if k in scalar_inputs else _input_mode(v.aval.shape, shape)
+        mode = ("scalar",) if k in scalar_inputs else _input_mode(v.aval.shape, shape)
         if mode is None or v.aval.dtype != dt:
             return None
-        modes.append(_MODE[mode])
+        modes.append(_MODE[mode[0]])
+        bparams += list(mode[1:]) if mode[0] == "bcast" else [0, 0]
         reg[v] = k
     consts: list = []
     const_reg: dict = {}
@@ -428,7 +446,9 @@ def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> 
     if out not in reg or reg[out] < temp0:
         return None
     program = np.array([temp0, reg[out], *words], np.int32).tobytes()
-    return ElementwiseProgram(program, np.array(consts, np.float64).tobytes(), bytes(modes), n, shape[-1] if shape else 1, dt == np.float64)
+    return ElementwiseProgram(
+        program, np.array(consts, np.float64).tobytes(), bytes(modes), np.array(bparams, np.int64).tobytes(), n, dt == np.float64
+    )
 
 
 __all__ = ["DENSE_MAX_INPUT", "DENSE_MAX_MACS", "ElementwiseProgram", "elementwise_program", "SOFTMAX_MAX_ELEMENTS", "available", "dense_p", "select_native_kernels", "softmax_p"]

@@ -219,7 +219,7 @@ def _vm_run(body, *inputs):
     prog = native.elementwise_program(body)
     assert prog is not None, "the VM should take this body"
     out = np.full(body.outvars[0].aval.shape, 123.0, body.outvars[0].aval.dtype)
-    assert native._native.elementwise(prog.program, prog.consts, prog.modes, prog.n, prog.C, prog.double, out, *inputs)
+    assert native._native.elementwise(prog.program, prog.consts, prog.modes, prog.bparams, prog.n, prog.double, out, *inputs)
     return out
 
 
@@ -254,8 +254,10 @@ def test_vm_unary_ops_match_numpy(name, dtype):
 @pytest.mark.parametrize("name", _BINARY + _COMPARE)
 def test_vm_binary_ops_match_numpy_with_every_broadcast_mode(name, dtype):
     rng = np.random.default_rng(1)
-    shape = (37, 11)  # blocks of 256 do not divide rows: row/column indices wrap inside a block
-    for other_shape in [(37, 11), (), (11,), (1, 11), (37, 1)]:
+    # blocks of 256 elements do not divide the rows: row/column/middle indices wrap inside a block
+    cases = [((37, 11), s) for s in [(37, 11), (), (11,), (1, 11), (37, 1)]]
+    cases += [((5, 9, 7), s) for s in [(5, 1, 7), (1, 9, 7), (5, 1, 1), (5, 9, 1), (7,)]]
+    for shape, other_shape in cases:
         x, b = V(*shape, dtype=dtype), V(*other_shape, dtype=dtype)
         m, y = V(*shape, dtype=np.bool_ if name in _COMPARE else dtype), V(*shape, dtype=dtype)
         tail = eq("select", [m, x, Literal(-1.0, weak=True)], y) if name in _COMPARE else eq("add", [m, x], y)
@@ -268,7 +270,7 @@ def test_vm_binary_ops_match_numpy_with_every_broadcast_mode(name, dtype):
             ref = _ref(body, xv, bv)
             got = _vm_run(body, xv, bv)
         rtol = 4e-6 if dtype == np.float32 else 1e-14
-        np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * 1e-3, err_msg=f"{name} with {other_shape}")
+        np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * 1e-3, err_msg=f"{name} with {other_shape} into {shape}")
 
 
 @needs_native
@@ -299,7 +301,7 @@ def test_vm_declines_what_it_cannot_run():
     assert native.elementwise_program(Graph([x], [], [], [eq("gt", [x, Literal(0.0, weak=True)], y)], [y])) is None
     i, z = V(8, dtype=np.int64), V(8)
     assert native.elementwise_program(Graph([i, x], [], [], [eq("add", [x, i], z)], [z])) is None
-    a, b, o = V(4, 3, 2), V(4, 1, 2), V(4, 3, 2)
+    a, b, o = V(4, 3, 2), V(1, 3, 1), V(4, 3, 2)  # a column repeated over both outer and inner axes
     assert native.elementwise_program(Graph([a, b], [], [], [eq("add", [a, b], o)], [o])) is None
     big, t = V(100_000), V(100_000)
     assert native.elementwise_program(Graph([big], [], [], [eq("tanh", [big], t)], [t])) is None
@@ -313,7 +315,8 @@ def test_vm_rejects_hostile_programs_without_touching_memory():
     x = np.ones(4)
     good = np.array([2, 2, native.OPCODE["add"], 2, 0, 1, 0], np.int32).tobytes()
     consts = np.array([1.0]).tobytes()
-    assert ew(good, consts, bytes([0]), 4, 4, True, out, x) and (out == 2).all()
+    full = (bytes([0]), np.zeros(2, np.int64).tobytes())
+    assert ew(good, consts, *full, 4, True, out, x) and (out == 2).all()
     out[:] = 0
     bad = [
         np.array([2, 2, 99, 2, 0, 1, 0], np.int32).tobytes(),  # unknown opcode
@@ -324,11 +327,14 @@ def test_vm_rejects_hostile_programs_without_touching_memory():
     ]
     for prog in bad:
         with pytest.raises(ValueError):
-            ew(prog, consts, bytes([0]), 4, 4, True, out, x)
+            ew(prog, consts, *full, 4, True, out, x)
+    for mode, params in [(7, (0, 0)), (2, (0, 1)), (2, (3, 2)), (2, (3, 1))]:  # unknown mode, bad (S, Cin)
+        with pytest.raises(ValueError):
+            ew(good, consts, bytes([mode]), np.array(params, np.int64).tobytes(), 4, True, out, x)
     with pytest.raises(ValueError):
-        ew(good, consts, bytes([0]), 4, 3, True, out, x)  # n not a multiple of C
-    assert not ew(good, consts, bytes([0]), 5, 5, True, out, x)  # sizes disagree with the buffers
-    assert not ew(good, consts, bytes([7]), 4, 4, True, out, x)  # unknown input mode
+        ew(good, consts, bytes([0]), b"", 4, True, out, x)  # missing broadcast parameters
+    assert not ew(good, consts, *full, 5, True, out, x)  # sizes disagree with the buffers
+    assert not ew(good, consts, bytes([2]), np.array([4, 4], np.int64).tobytes(), 4, True, out, x[:3])
     assert (out == 0).all()
 
 
@@ -339,7 +345,7 @@ def test_vm_runs_in_place_when_the_output_is_an_input():
     prog = native.elementwise_program(body)
     xv = np.random.default_rng(3).standard_normal(1000)
     expect = xv * xv - xv
-    assert native._native.elementwise(prog.program, prog.consts, prog.modes, prog.n, prog.C, prog.double, xv, xv)
+    assert native._native.elementwise(prog.program, prog.consts, prog.modes, prog.bparams, prog.n, prog.double, xv, xv)
     np.testing.assert_allclose(xv, expect, rtol=1e-15)
 
 
