@@ -312,19 +312,26 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
                 case MODE_FULL: ptr[k] = base + s0; break;                                         \
                 case MODE_BCAST: { /* element p of the output reads base[(p / S) * Cin + p % Cin] */ \
                     const Py_ssize_t S = bparams[2 * k], Cin = bparams[2 * k + 1];                 \
-                    Py_ssize_t i = 0;                                                              \
+                    Py_ssize_t q = s0 / S, r = s0 % S, c = r % Cin, i = 0; /* divisions once */    \
+                    T *dst = regs[k];                                                              \
                     while (i < len) {                                                              \
-                        const Py_ssize_t p = s0 + i, q = p / S, r = p % S;                         \
                         Py_ssize_t run = S - r < len - i ? S - r : len - i;                        \
                         if (Cin == 1) { /* one value repeated to the end of the outer block */     \
                             const T v = base[q];                                                   \
-                            for (Py_ssize_t j = 0; j < run; j++) regs[k][i + j] = v;               \
+                            for (Py_ssize_t j = 0; j < run; j++) dst[i + j] = v;                   \
                         } else { /* a stretch of the inner row, up to its end */                   \
-                            const Py_ssize_t c = r % Cin;                                          \
                             if (run > Cin - c) run = Cin - c;                                      \
-                            memcpy(regs[k] + i, base + q * Cin + c, run * sizeof(T));              \
+                            const T *src = base + q * Cin + c;                                     \
+                            for (Py_ssize_t j = 0; j < run; j++) dst[i + j] = src[j];              \
+                            c += run;                                                              \
+                            if (c == Cin) c = 0;                                                   \
                         }                                                                          \
                         i += run;                                                                  \
+                        r += run;                                                                  \
+                        if (r == S) {                                                              \
+                            r = 0;                                                                 \
+                            q++;                                                                   \
+                        }                                                                          \
                     }                                                                              \
                     ptr[k] = regs[k];                                                              \
                     break;                                                                         \

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .ir import Eqn, Graph, Literal, ShapedArray, Var, is_float
+from .native import available as native_available
 from .native import select_native_kernels
 from .tracing import PRIMITIVES, Primitive
 
@@ -394,11 +395,22 @@ class UnrollSmallReductions:
                     and x.aval.dtype == out.aval.dtype
                     and 1 <= x.aval.shape[axes[0]] <= self.max_axis
                     and out.aval.size >= self.min_elements
+                    and not _last_axis_kernel(name, x, axes[0])
                 ):
                     eqns.extend(_unrolled(e, x, out, axes[0]))
                     continue
             eqns.append(e)
         return Graph(graph.invars, graph.constvars, graph.consts, eqns, graph.outvars)
+
+
+def _last_axis_kernel(name: str, x: Var, axis: int) -> bool:
+    """Whether a reduction over the last axis has a better kernel than unrolling: the native
+    row max/min, or (a sum of rank >= 3) ``sums_as_matmul``."""
+    if axis != x.aval.ndim - 1 or x.aval.ndim < 2:
+        return False
+    if name == "reduce_sum":
+        return x.aval.ndim >= 3 and x.aval.size >= sums_as_matmul.min_elements
+    return native_available() and x.aval.dtype in (np.float32, np.float64)
 
 
 def _unrolled(e: Eqn, x: Var, out: Var, axis: int) -> list:
@@ -455,9 +467,15 @@ class SumsAsMatmul:
                     ones = Var(ShapedArray((n, 1) if axes[0] == nd - 1 else (1, n), x.aval.dtype))
                     constvars.append(ones)
                     consts.append(np.ones(ones.aval.shape, x.aval.dtype))
-                    mshape = x.aval.shape[:-1] + (1,) if axes[0] == nd - 1 else x.aval.shape[:-2] + (1, x.aval.shape[-1])
-                    m = Var(ShapedArray(mshape, x.aval.dtype))
-                    ins = [x, ones] if axes[0] == nd - 1 else [ones, x]
+                    if axes[0] == nd - 1:  # rows of the flattened leading axes: one matrix-vector product
+                        rows = x.aval.size // n
+                        x2 = Var(ShapedArray((rows, n), x.aval.dtype))
+                        eqns.append(Eqn(PRIMITIVES["reshape"], [x], [x2], dict(shape=(rows, n)), e.source))
+                        m = Var(ShapedArray((rows, 1), x.aval.dtype))
+                        ins = [x2, ones]
+                    else:
+                        m = Var(ShapedArray(x.aval.shape[:-2] + (1, x.aval.shape[-1]), x.aval.dtype))
+                        ins = [ones, x]
                     eqns.append(Eqn(PRIMITIVES["matmul"], ins, [m], {}, e.source))
                     eqns.append(Eqn(PRIMITIVES["reshape"], [m], [out], dict(shape=out.aval.shape), e.source))
                     continue
