@@ -1076,8 +1076,67 @@ def _gather_impl(x, idx, axis):
     return np.take_along_axis(x, idx, axis=axis)
 
 
+class FlatIndex:
+    """Gather/scatter along ``axis`` through flat positions in the C-ordered array: position =
+    a constant offset per element of the other axes + index * stride.  One ``np.take`` or flat
+    assignment replaces fancy indexing with one index array per axis (~2-3x faster from ~1k
+    elements).  Used only while every index lies in [0, size of the axis): otherwise (negative
+    indices wrap, out-of-range ones raise) the fancy-indexing ``fallback`` runs."""
+
+    def __init__(self, x_shape, idx_shape, axis, dtype_kind="i"):
+        strides = np.cumprod((1,) + tuple(x_shape[::-1]))[:-1][::-1]
+        base = np.zeros(idx_shape, np.intp)
+        for d, g in enumerate(_grid(idx_shape, axis)):
+            if g is not None:
+                base = base + g * int(strides[d])
+        self.base, self.stride, self.limit = base, int(strides[axis]), int(x_shape[axis])
+        self.pos = np.empty(idx_shape, np.intp)
+        self.grid, self.axis = tuple(_grid(idx_shape, axis)), axis
+
+    def positions(self, idx):
+        """Flat positions, or None when an index is outside [0, limit)."""
+        u = idx.view(np.uint64 if idx.dtype.itemsize == 8 else np.uint32) if idx.dtype.kind == "i" else idx
+        if u.max() >= self.limit:
+            return None
+        if self.stride == 1:
+            np.add(idx, self.base, out=self.pos, casting="unsafe")
+        else:
+            np.multiply(idx, self.stride, out=self.pos, casting="unsafe")
+            np.add(self.pos, self.base, out=self.pos)
+        return self.pos
+
+    def full_index(self, idx):
+        g = list(self.grid)
+        g[self.axis] = idx
+        return tuple(g)
+
+    def gather(self, x, idx, out):
+        pos = self.positions(idx)
+        if pos is None:
+            out[...] = x[self.full_index(idx)]
+        else:
+            np.take(x, pos, out=out)
+        return out
+
+    def scatter(self, upd, idx, out):
+        """out = zeros with ``upd`` placed at the indices (one index per position: no duplicates)."""
+        out.fill(0)
+        pos = self.positions(idx)
+        if pos is None:
+            out[self.full_index(idx)] = upd
+        else:
+            out.reshape(-1)[pos] = upd
+        return out
+
+
+_FLAT_INDEX_MIN = 1024  # index elements; below, one fancy-indexing call is cheaper
+
+
 def _gather_emit(ctx, ins, attrs, in_avals, out_aval):
     axis = attrs["axis"] % in_avals[0].ndim
+    if in_avals[1].size >= _FLAT_INDEX_MIN and in_avals[1].dtype.kind in "iu" and in_avals[1].dtype.itemsize in (4, 8):
+        k = ctx.const(FlatIndex(in_avals[0].shape, in_avals[1].shape, axis))
+        return stmt(f"{k}.gather({ins[0]}, {ins[1]}, {{o}})")
     g = _grid(in_avals[1].shape, axis)
     names = [ins[1] if a is None else ctx.const(a) for a in g]
     return expr(f"{ins[0]}[{', '.join(names)},]")
@@ -1117,6 +1176,9 @@ def _scatter_emit(ctx, ins, attrs, in_avals, out_aval):
     g = _grid(in_avals[1].shape, axis)
     names = ", ".join(ins[1] if a is None else ctx.const(a) for a in g)
     if in_avals[1].shape[axis] == 1:  # one index per position: no duplicates, plain assignment
+        if in_avals[1].size >= _FLAT_INDEX_MIN and in_avals[1].dtype.kind in "iu" and in_avals[1].dtype.itemsize in (4, 8):
+            k = ctx.const(FlatIndex(tuple(attrs["shape"]), in_avals[1].shape, axis))
+            return stmt(f"{k}.scatter({ins[0]}, {ins[1]}, {{o}})")
         return stmt(f"{{o}}.fill(0); {{o}}[{names},] = {ins[0]}")
     return stmt(f"{{o}}.fill(0); np.add.at({{o}}, ({names},), {ins[0]})")
 
