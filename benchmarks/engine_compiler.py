@@ -153,7 +153,7 @@ def main() -> None:
             g = j.graph(*a0)
             compile_s = time.perf_counter() - t0
             # the memory plan the compiled code really follows (buffers it holds per buffer set)
-            plan = j._lookup(a0, {})[0].executable.memory
+            plan = j.memory(*a0)
             rows.append((name, mode, len(g.eqns), plan, compile_s))
             state = {"a": a0}
 

@@ -293,6 +293,11 @@ class Jitted:
         """The generated Python source of the compiled schedule for these arguments."""
         return self._lookup(args, kwargs)[0].executable.source
 
+    def memory(self, *args: Any, **kwargs: Any):
+        """The memory plan the compiled code for these arguments follows (``MemoryPlan``: planned
+        vs unplanned bytes, equations run in place; ``.report()`` for one line)."""
+        return self._lookup(args, kwargs)[0].executable.memory
+
     @property
     def cache_size(self) -> int:
         return len(self._cache)

@@ -389,3 +389,11 @@ def test_outer_product_as_matmul_is_exact(monkeypatch):
     exe = _compile(f, u, v)
     assert any(l.strip().startswith("np.dot(") for l in exe.source.split("\n"))
     np.testing.assert_array_equal(exe(u, v)[0], np.exp(np.tanh(u) * v.T))
+
+
+def test_jitted_memory_is_the_executables_plan():
+    step, args = _train_step()
+    j = engine.jit(step)
+    plan = j.memory(*args)
+    assert plan is j._lookup(args, {})[0].executable.memory
+    assert 0 < plan.planned_bytes <= plan.unplanned_bytes and "planned" in plan.report()
