@@ -302,6 +302,8 @@ def _vm_worth(body: Graph) -> bool:
         return False
     if len(body.eqns) >= 2:
         return True
+    if body.eqns[0].prim.name in _VM_SINGLE_ALWAYS:
+        return prog.n >= _VM_SINGLE_MIN
     return _VM_SINGLE_MIN <= prog.n <= _VM_SINGLE_MAX and native._MODE["bcast"] in prog.modes
 
 
@@ -309,6 +311,9 @@ def _vm_worth(body: Graph) -> bool:
 # numpy's broadcast loop runs at memory speed too (a (256, 16, 32) + (256, 1, 32) add: 37 us
 # either way, against 0.9 us vs 1.9 us for (64, 64) + (64,))
 _VM_SINGLE_MIN, _VM_SINGLE_MAX = 64, 32768
+# ...and single ops numpy runs slowly at any size: np.maximum(x, 0) goes through the scalar-
+# broadcast loop (76 us for 200k float32 against 23 us in the VM)
+_VM_SINGLE_ALWAYS = frozenset({"relu"})
 
 
 def default_elementwise_fusion(graph: Graph) -> Graph:
