@@ -223,6 +223,23 @@ def test_mlp_ten_adam_steps_match_torch(dtype, tol):
     assert _rel_err(new[0]["w"], params[0]["w"]) > 100 * tol  # the parameters did move
 
 
+def _load_into_torch(torch, tmodel, params, convs, linears):
+    """Copy our Sequential's parameters into the same-layout torch Sequential (Linear weights
+    are stored transposed in torch)."""
+    with torch.no_grad():
+        for i in convs + linears:
+            w = params[i]["w"].T if i in linears else params[i]["w"]
+            tmodel[i].weight.copy_(torch.tensor(w))
+            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
+
+
+def _assert_same_params(new, tmodel, convs, linears, tol):
+    for i in convs + linears:
+        w = tmodel[i].weight.detach().numpy()
+        assert _rel_err(new[i]["w"], w.T if i in linears else w) < tol
+        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-6), (np.float32, 1e-4)], ids=["float64", "float32"])
 def test_cnn_ten_adam_steps_match_torch(dtype, tol):
     torch = pytest.importorskip("torch")
@@ -239,21 +256,11 @@ def test_cnn_ten_adam_steps_match_torch(dtype, tol):
         torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(4, 6, 3, stride=2), torch.nn.ReLU(),
         torch.nn.Flatten(), torch.nn.Linear(24, 10), torch.nn.Tanh(), torch.nn.Linear(10, 4),
     ).to(tdt)
-    with torch.no_grad():
-        for i in (0, 3):
-            tmodel[i].weight.copy_(torch.tensor(params[i]["w"]))
-            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
-        for i in (6, 8):
-            tmodel[i].weight.copy_(torch.tensor(params[i]["w"].T))
-            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
+    _load_into_torch(torch, tmodel, params, convs=(0, 3), linears=(6, 8))
     new, loss = _train_ours(model, params, x, y, "ce", 10, 0.01)
     tloss = _torch_adam_run(tmodel, x, y, "ce", 10, 0.01)
     assert loss == pytest.approx(tloss, rel=tol)
-    for i in (0, 3):
-        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy()) < tol
-        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
-    for i in (6, 8):
-        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy().T) < tol
+    _assert_same_params(new, tmodel, convs=(0, 3), linears=(6, 8), tol=tol)
     assert _rel_err(new[0]["w"], params[0]["w"]) > 100 * tol
 
 
@@ -277,22 +284,11 @@ def test_strided_cnn_ten_adam_steps_match_torch_with_bucketed_state(dtype, tol, 
         torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 6, 3, stride=2, padding=1), torch.nn.ReLU(),
         torch.nn.Flatten(), torch.nn.Linear(216, 10), torch.nn.ReLU(), torch.nn.Linear(10, 4),
     ).to(tdt)
-    with torch.no_grad():
-        for i in (0, 2):
-            tmodel[i].weight.copy_(torch.tensor(params[i]["w"]))
-            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
-        for i in (5, 7):
-            tmodel[i].weight.copy_(torch.tensor(params[i]["w"].T))
-            tmodel[i].bias.copy_(torch.tensor(params[i]["b"]))
+    _load_into_torch(torch, tmodel, params, convs=(0, 2), linears=(5, 7))
     state = optim.adam(0.01).init(params)
     assert isinstance(state["mu"], list) and len(state["mu"]) == 2  # small leaves + the 216x10 weight
     new, loss = _train_ours(model, params, x, y, "ce", 10, 0.01)
     tloss = _torch_adam_run(tmodel, x, y, "ce", 10, 0.01)
     assert loss == pytest.approx(tloss, rel=tol)
-    for i in (0, 2):
-        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy()) < tol
-        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
-    for i in (5, 7):
-        assert _rel_err(new[i]["w"], tmodel[i].weight.detach().numpy().T) < tol
-        assert _rel_err(new[i]["b"], tmodel[i].bias.detach().numpy()) < tol
+    _assert_same_params(new, tmodel, convs=(0, 2), linears=(5, 7), tol=tol)
     assert _rel_err(new[2]["w"], params[2]["w"]) > 100 * tol
