@@ -87,7 +87,8 @@ class Torso:
                 x = _activate(dense(params[f"l{i}"], x), self.activation)
             return x
         for i, (_, _, s) in enumerate(NATURE_CNN):
-            x = ops.relu(ops.conv2d(x, params[f"c{i}"]["w"], stride=s) + params[f"c{i}"]["b"])
+            # the bias rides in the convolution's GEMM (stored (1, C, 1, 1) as before)
+            x = ops.relu(ops.conv2d(x, params[f"c{i}"]["w"], stride=s, bias=ops.reshape(params[f"c{i}"]["b"], (-1,))))
         x = ops.reshape(x, (x.shape[0], -1))
         return ops.relu(dense(params["fc"], x))
 
