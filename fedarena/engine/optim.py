@@ -198,6 +198,37 @@ def _layout(fused: bool | str, leaves: list) -> str:
     return "flat"
 
 
+def _state_shapes(layout: str, leaves: list) -> list:
+    """Shapes of the moment arrays ``init`` makes for ``leaves`` under ``layout``."""
+    if layout == "flat":
+        return [(int(builtins_sum(int(np.prod(ops.shape(p), dtype=np.int64)) for p in leaves)),)]
+    if layout == "buckets":
+        small = _small(leaves)
+        head = [(int(builtins_sum(int(np.prod(ops.shape(leaves[i]), dtype=np.int64)) for i in small)),)] if small else []
+        return head + [tuple(ops.shape(p)) for i, p in enumerate(leaves) if i not in small]
+    return [tuple(ops.shape(p)) for p in leaves]
+
+
+def _check_state(state: Any, layout: str, leaves: list, name: str) -> None:
+    """A clear error for an optimizer state that does not belong to these parameters (another
+    model's, or one saved by an older layout) instead of a shape error deep in the update."""
+    if not isinstance(state, dict) or not {"count", "mu", "nu"} <= set(state):
+        raise ValueError(f"{name}: the optimizer state must be the dict made by init(params) with 'count', 'mu', 'nu'")
+    want = _state_shapes(layout, leaves)
+    container = {"flat": "one array", "buckets": "a list", "leaves": "a tree like the parameters"}[layout]
+    for key in ("mu", "nu"):
+        m = state[key]
+        got = [tuple(ops.shape(x)) for x in tree_leaves(m)]
+        is_array = not isinstance(m, (dict, list, tuple))
+        kind_ok = is_array if layout == "flat" else isinstance(m, list) if layout == "buckets" else not is_array
+        if got != want or not kind_ok:
+            raise ValueError(
+                f"{name}: optimizer state {key!r} has moment arrays of shapes {got[:4]}{'...' if len(got) > 4 else ''}"
+                f" but these parameters need {container} of {want[:4]}{'...' if len(want) > 4 else ''} (layout {layout!r}): a state of"
+                " another model or of an older optimizer layout; make a new one with init(params)"
+            )
+
+
 def _small(leaves: list) -> list:
     """Indices of the leaves that share the flat vector of the "buckets" layout."""
     return [i for i, p in enumerate(leaves) if int(np.prod(ops.shape(p), dtype=np.int64)) <= SMALL_LEAF_ELEMENTS]
@@ -248,6 +279,8 @@ def _adam(
         return p, m, v
 
     def update(grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
+        layout = _layout(fused, tree_leaves(params))
+        _check_state(state, layout, tree_leaves(params), name)
         grads = _prepare(grads, params, 0.0 if decoupled else weight_decay, max_grad_norm)
         count = ops.add(state["count"], 1)
         lr_t = _lr_at(lr, state["count"])
@@ -266,7 +299,6 @@ def _adam(
                 cache[key] = cast(x, dt)
             return cache[key]
 
-        layout = _layout(fused, p_leaves)
         if layout == "flat":
             p, m, v = _step(_flat(p_leaves), _flat(g_leaves), state["mu"], state["nu"], lr_t, step_size, eps_hat, in_dtype)
             return tree_unflatten(td, _unflat(p, p_leaves)), {"count": count, "mu": m, "nu": v}

@@ -292,3 +292,19 @@ def test_strided_cnn_ten_adam_steps_match_torch_with_bucketed_state(dtype, tol, 
     assert loss == pytest.approx(tloss, rel=tol)
     _assert_same_params(new, tmodel, convs=(0, 2), linears=(5, 7), tol=tol)
     assert _rel_err(new[2]["w"], params[2]["w"]) > 100 * tol
+
+
+def test_adam_rejects_a_state_of_another_layout_with_a_clear_error(monkeypatch):
+    big = {"w": np.zeros((300, 300), np.float32), "b": np.zeros(300, np.float32)}  # 90k params: "buckets"
+    opt = optim.adam(1e-3)
+    grads = engine.tree_map(np.ones_like, big)
+    old_tree_state = {"count": np.zeros((), np.int64), "mu": engine.tree_map(np.zeros_like, big), "nu": engine.tree_map(np.zeros_like, big)}
+    with pytest.raises(ValueError, match="'mu' has moment arrays of shapes .* need a list of .*layout 'buckets'"):
+        opt.update(grads, old_tree_state, big)
+    small = {"w": np.zeros((3, 4), np.float32)}
+    with pytest.raises(ValueError, match="another model"):
+        opt.update({"w": np.ones((3, 4), np.float32)}, opt.init({"w": np.zeros((5, 4), np.float32)}), small)
+    with pytest.raises(ValueError, match="'count', 'mu', 'nu'"):
+        opt.update({"w": np.ones((3, 4), np.float32)}, {"mu": 0}, small)
+    new_p, _ = opt.update(grads, opt.init(big), big)  # the right state still works
+    assert new_p["w"].shape == (300, 300)
