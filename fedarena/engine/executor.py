@@ -123,9 +123,6 @@ class Executable:
         # Memory planning (memory_plan.BufferPlanner, the engine's one planner): every value this
         # code keeps in a buffer asks the planner for one, in schedule order; a buffer is a byte
         # array and each value a typed, reshaped view of it made once here.
-        # values a kernel relies on keeping between calls (none today: im2col kernels write every
-        # column entry each call) would get dedicated buffers
-        sticky: set[Var] = set()
         views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
         fresh_bytes = 0  # bytes the generated code allocates per call
 
@@ -251,7 +248,6 @@ class Executable:
             if (
                 pname in _SCALAR_EXPR
                 and out.aval.ndim == 0
-                and out not in sticky
                 and not all(not isinstance(a, Var) or a in static for a in e.inputs)
                 and all(isinstance(a, Literal) or a.aval.ndim == 0 and storage.get(a) != "input" for a in e.inputs)
                 and (out in outs or (out not in escapes and consumers.get(out)))
@@ -359,12 +355,7 @@ class Executable:
                 and len(e.attrs["axes"]) == 1
                 and x0.aval.dtype.kind == "f"
                 and x0.aval.dtype == out.aval.dtype
-                and not (
-                    native.available()
-                    and x0.aval.ndim >= 2
-                    and e.attrs["axes"][0] % x0.aval.ndim == x0.aval.ndim - 1
-                    and x0.aval.dtype in (np.float32, np.float64)
-                )
+                and not native.row_reduce_native(x0.aval, e.attrs["axes"][0])
             ):
                 # (a float max/min over the last axis is one native call instead: the reduce emitter)
                 # A max/min over a short axis of a persistent operand: one binary ufunc per element
@@ -442,7 +433,7 @@ class Executable:
                     names[out] = name
                     fresh_bytes += nbytes(out)
                 continue
-            dedicated = all_static or out in sticky
+            dedicated = all_static  # values fixed at build time keep a buffer of their own
             cands: tuple = ()
             if not dedicated:
                 # in place: an operand held in a buffer of its own (not a graph input, constant or
@@ -456,7 +447,6 @@ class Executable:
                     and storage.get(a) == "buffer"
                     and a not in root
                     and a not in static
-                    and a not in sticky
                     and size_of(a) == size_of(out)
                     and a.aval.dtype == out.aval.dtype
                     and not any(isinstance(b, Var) and b is not a and root.get(b, b) is a for b in e.inputs)

@@ -252,8 +252,11 @@ def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph]
             # not the whole tree: each equation alone, if that is accepted (a broadcasting add
             # whose consumer, a tanh over a long array, the VM would run slower than numpy)
             for k in idx:
-                single = _single_body(graph.eqns[k])
-                eqns.append(Eqn(fused_p, single.invars_outer, [graph.eqns[k].outputs[0]], {"body": single.body}, graph.eqns[k].source) if single and accept(single.body) else graph.eqns[k])
+                ek = graph.eqns[k]
+                single = _single_body(ek)
+                if single is not None and accept(single[0]):
+                    ek = Eqn(fused_p, single[1], [ek.outputs[0]], {"body": single[0]}, ek.source)
+                eqns.append(ek)
             continue
         # the fused node defines the root's variable (consumers need no renaming); the body keeps
         # its own copy of the root equation, which is fine because a sub-graph is its own scope
@@ -261,15 +264,8 @@ def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph]
     return Graph(graph.invars, graph.constvars, graph.consts, eqns, graph.outvars)
 
 
-class _Single:
-    __slots__ = ("body", "invars_outer")
-
-    def __init__(self, body: Graph, invars_outer: list):
-        self.body, self.invars_outer = body, invars_outer
-
-
-def _single_body(e: Eqn) -> _Single | None:
-    """One fusible equation as a fused body of its own (its variable operands become inputs)."""
+def _single_body(e: Eqn) -> tuple[Graph, list] | None:
+    """One fusible equation as a fused body of its own: ``(body, the operands it reads)``."""
     if e.prim.name not in FUSIBLE or e.prim.name == "broadcast_to":
         return None
     outer = []
@@ -279,7 +275,7 @@ def _single_body(e: Eqn) -> _Single | None:
     inner = [Var(a.aval) for a in outer]
     ren = dict(zip(outer, inner))
     eq = Eqn(e.prim, [ren.get(a, a) if isinstance(a, Var) else a for a in e.inputs], e.outputs, e.attrs, e.source)
-    return _Single(Graph(inner, [], [], [eq], [e.outputs[0]]), outer)
+    return Graph(inner, [], [], [eq], [e.outputs[0]]), outer
 
 
 def _int_cast(e: Eqn) -> bool:

@@ -1,4 +1,5 @@
-"""Operator selection for small operands: native dense-layer and softmax kernels.
+"""Operator selection into native kernels: small dense layers and softmaxes, fused elementwise
+trees, row max/min.
 
 The numpy backend pays ~0.3-1 us of call overhead per kernel, which dominates the small products
 of an RL actor's single-observation forward pass (a 1x64 row times a 64x64 matrix is ~4k
@@ -10,7 +11,9 @@ multiply-adds, far less than the call).  This pass finds
 whose operands are small, and replaces each with one ``dense`` / ``softmax`` node that the
 executor runs as a single call into the C kernels of ``_native.c`` (the backend's "operator
 selection" step: the same computation, a cheaper implementation chosen per shape; Chen et al.,
-"TVM", OSDI 2018, sec. 4).  Thresholds come from ``benchmarks/engine_vs_torch.py``-style
+"TVM", OSDI 2018, sec. 4).  ``elementwise_program`` compiles a fused elementwise tree
+(fusion.py) into a register program for the kernels' elementwise VM, and ``row_reduce_native``
+says when a max/min over the last axis runs as the native row kernel.  Thresholds come from ``benchmarks/engine_vs_torch.py``-style
 measurements: above them one BLAS call plus ufuncs is faster.  When the extension is not built,
 or ``FEDARENA_NATIVE=0`` is set, the pass changes nothing.  The generated code checks at run
 time that the operands are C-contiguous float buffers and otherwise runs the numpy kernels.
@@ -41,9 +44,25 @@ DENSE_MAX_INPUT = {np.dtype(np.float32): 512, np.dtype(np.float64): 256}
 SOFTMAX_MAX_ELEMENTS = 1024
 
 
+FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})  # the dtypes the kernels take
+ROW_REDUCE_MAX = 32  # longest last axis the native row max/min takes
+
+
 def available() -> bool:
     """Whether the native kernels are built and enabled (``FEDARENA_NATIVE`` not ``0``)."""
     return _native is not None and os.environ.get("FEDARENA_NATIVE", "1") != "0"
+
+
+def row_reduce_native(aval: ShapedArray, axis: int) -> bool:
+    """Whether a max/min of ``aval`` over ``axis`` runs as the native row kernel (the reduction
+    emitter's choice; the passes and the executor leave such reductions to it)."""
+    return (
+        available()
+        and aval.ndim >= 2
+        and axis % aval.ndim == aval.ndim - 1
+        and 1 < aval.shape[-1] <= ROW_REDUCE_MAX
+        and aval.dtype in FLOATS
+    )
 
 
 # ----------------------------------------------------------------------------- dense
@@ -155,7 +174,7 @@ softmax_p = _define("softmax", _softmax_rule, _softmax_impl, _softmax_emit, _sof
 
 
 def _float(v: Any) -> bool:
-    return isinstance(v, Var) and v.aval.dtype in DENSE_MAX_MACS
+    return isinstance(v, Var) and v.aval.dtype in FLOATS
 
 
 def select_native_kernels(graph: Graph) -> Graph:
@@ -339,14 +358,14 @@ def _input_mode(shape: tuple, out_shape: tuple) -> tuple | None:
 def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> ElementwiseProgram | None:
     """Compile a fused elementwise body (fusion.py) for the native VM, or ``None`` when it uses
     something the VM does not do: dtypes other than one float type (booleans only as
-    intermediate masks), broadcasts other than scalar/row/column, or a transcendental function
+    intermediate masks), a broadcast ``_input_mode`` cannot express, or a transcendental function
     on a long array.  ``scalar_inputs``: positions of inputs passed as one element (operands
     known to be broadcasts of a single value)."""
     if not available() or len(body.outvars) != 1 or not isinstance(body.outvars[0], Var):
         return None
     out = body.outvars[0]
     dt = out.aval.dtype
-    if dt not in DENSE_MAX_MACS or out.aval.size == 0:
+    if dt not in FLOATS or out.aval.size == 0:
         return None
     shape = out.aval.shape
     n = out.aval.size
@@ -451,4 +470,4 @@ def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> 
     )
 
 
-__all__ = ["DENSE_MAX_INPUT", "DENSE_MAX_MACS", "ElementwiseProgram", "elementwise_program", "SOFTMAX_MAX_ELEMENTS", "available", "dense_p", "select_native_kernels", "softmax_p"]
+__all__ = ["DENSE_MAX_INPUT", "DENSE_MAX_MACS", "FLOATS", "ElementwiseProgram", "elementwise_program", "SOFTMAX_MAX_ELEMENTS", "available", "row_reduce_native", "dense_p", "select_native_kernels", "softmax_p"]

@@ -17,8 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .ir import Eqn, Graph, Literal, ShapedArray, Var, is_float
-from .native import available as native_available
-from .native import select_native_kernels
+from .native import row_reduce_native, select_native_kernels
 from .tracing import PRIMITIVES, Primitive
 
 Pass = Callable[[Graph], Graph]
@@ -410,7 +409,7 @@ def _last_axis_kernel(name: str, x: Var, axis: int) -> bool:
         return False
     if name == "reduce_sum":
         return x.aval.ndim >= 3 and x.aval.size >= sums_as_matmul.min_elements
-    return native_available() and x.aval.dtype in (np.float32, np.float64)
+    return row_reduce_native(x.aval, axis)
 
 
 def _unrolled(e: Eqn, x: Var, out: Var, axis: int) -> list:

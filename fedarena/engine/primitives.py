@@ -605,7 +605,7 @@ def _reduce_impl(uf):
 
 
 _ARG_OF = {"np.maximum": "argmax", "np.minimum": "argmin"}
-_TINY_REDUCE = 32  # elements
+_TINY_REDUCE = 32  # elements of a 1-d max/min read at its argmax
 
 
 def _reduce_emit(uf_name):
@@ -621,26 +621,16 @@ def _reduce_emit(uf_name):
                 return stmt(f"np.dot({ins[0]}, {ones}, {{o}})")
             ones = ctx.const(np.ones((1, n) if kd else (n,), av.dtype))
             return stmt(f"np.dot({ones}, {ins[0]}, {{o}})")
-        if (
-            uf_name in _ARG_OF
-            and av.ndim >= 2
-            and len(axes) == 1
-            and axes[0] % av.ndim == av.ndim - 1
-            and 1 < av.shape[-1] <= _TINY_REDUCE
-            and av.dtype in (np.float32, np.float64)
-            and out_aval.dtype == av.dtype
-        ):
-            from . import native  # the native kernels build on this module
+        from . import native  # the native kernels build on this module
 
-            if native.available():
-                # max/min over a short last axis (a batch's logits): one native pass, ~5x cheaper
-                # than numpy's reduce loop or a chain of maximum calls over strided views
-                fn = ctx.const(native._native.rowreduce)
-                c = av.shape[-1]
-                r = av.size // c
-                op = 0 if uf_name == "np.maximum" else 1
-                fallback = f"{uf_name}.reduce({ins[0]}, {av.ndim - 1}, None, {{o}}, {attrs['keepdims']})"
-                return stmt(f"if not {fn}({ins[0]}, {{o}}, {r}, {c}, {op}, {av.dtype == np.float64}): {fallback}")
+        if uf_name in _ARG_OF and len(axes) == 1 and out_aval.dtype == av.dtype and native.row_reduce_native(av, axes[0]):
+            # max/min over a short last axis (a batch's logits): one native pass, ~5x cheaper
+            # than numpy's reduce loop or a chain of maximum calls over strided views
+            fn = ctx.const(native._native.rowreduce)
+            c = av.shape[-1]
+            op = 0 if uf_name == "np.maximum" else 1
+            fallback = f"{uf_name}.reduce({ins[0]}, {av.ndim - 1}, None, {{o}}, {attrs['keepdims']})"
+            return stmt(f"if not {fn}({ins[0]}, {{o}}, {av.size // c}, {c}, {op}, {av.dtype == np.float64}): {fallback}")
         if uf_name in _ARG_OF and av.ndim == 1 and 0 < av.size <= _TINY_REDUCE and out_aval.ndim == 0 and out_aval.dtype == av.dtype:
             # max/min of a handful of elements (a single observation's logits): indexing at argmax
             # skips ufunc.reduce's setup, ~3x cheaper; argmax stops at the first NaN, as max propagates it
@@ -1083,7 +1073,7 @@ class FlatIndex:
     elements).  Used only while every index lies in [0, size of the axis): otherwise (negative
     indices wrap, out-of-range ones raise) the fancy-indexing ``fallback`` runs."""
 
-    def __init__(self, x_shape, idx_shape, axis, dtype_kind="i"):
+    def __init__(self, x_shape, idx_shape, axis):
         strides = np.cumprod((1,) + tuple(x_shape[::-1]))[:-1][::-1]
         base = np.zeros(idx_shape, np.intp)
         for d, g in enumerate(_grid(idx_shape, axis)):
@@ -1132,9 +1122,13 @@ class FlatIndex:
 _FLAT_INDEX_MIN = 1024  # index elements; below, one fancy-indexing call is cheaper
 
 
+def _flat_index_pays(idx: ShapedArray) -> bool:
+    return idx.size >= _FLAT_INDEX_MIN and idx.dtype.kind in "iu" and idx.dtype.itemsize in (4, 8)
+
+
 def _gather_emit(ctx, ins, attrs, in_avals, out_aval):
     axis = attrs["axis"] % in_avals[0].ndim
-    if in_avals[1].size >= _FLAT_INDEX_MIN and in_avals[1].dtype.kind in "iu" and in_avals[1].dtype.itemsize in (4, 8):
+    if _flat_index_pays(in_avals[1]):
         k = ctx.const(FlatIndex(in_avals[0].shape, in_avals[1].shape, axis))
         return stmt(f"{k}.gather({ins[0]}, {ins[1]}, {{o}})")
     g = _grid(in_avals[1].shape, axis)
@@ -1176,7 +1170,7 @@ def _scatter_emit(ctx, ins, attrs, in_avals, out_aval):
     g = _grid(in_avals[1].shape, axis)
     names = ", ".join(ins[1] if a is None else ctx.const(a) for a in g)
     if in_avals[1].shape[axis] == 1:  # one index per position: no duplicates, plain assignment
-        if in_avals[1].size >= _FLAT_INDEX_MIN and in_avals[1].dtype.kind in "iu" and in_avals[1].dtype.itemsize in (4, 8):
+        if _flat_index_pays(in_avals[1]):
             k = ctx.const(FlatIndex(tuple(attrs["shape"]), in_avals[1].shape, axis))
             return stmt(f"{k}.scatter({ins[0]}, {ins[1]}, {{o}})")
         return stmt(f"{{o}}.fill(0); {{o}}[{names},] = {ins[0]}")
