@@ -19,8 +19,7 @@ places those values, with the values that overwrite them in place, at byte offse
 largest first, each in the smallest gap left by the values whose lifetimes overlap its own
 (Pisarchyk & Lee, "Efficient memory management for deep neural net inference", 2020); a value is
 a typed, reshaped view of its range of the arena, so any dtype reuses any bytes.  Values fixed at
-build time (constant folding) or that a kernel relies on keeping between calls get dedicated
-buffers outside the arena: never shared.
+build time (constant folding) get dedicated buffers outside the arena: never shared.
 
 "Unplanned" is one buffer per planned value (what a naive executor allocates); "planned" is the
 arena plus the dedicated buffers (unpacked: the total size of the buffers); "lower bound" is the
@@ -83,7 +82,7 @@ class MemoryPlan:
     arena_bytes: int = 0  # size of the arena holding every non-dedicated buffer (packed plans)
     live: dict = field(default_factory=dict)  # Var (buffer owner) -> (first, last) equation index
     in_place: list = field(default_factory=list)  # equation indices computed in place
-    dedicated: set = field(default_factory=set)  # buffer ids never shared (build-time values, kernel state)
+    dedicated: set = field(default_factory=set)  # buffer ids never shared (values fixed at build time)
     unplanned_bytes: int = 0
     planned_bytes: int = 0
     lower_bound_bytes: int = 0
@@ -171,7 +170,7 @@ class BufferPlanner:
         ``operand`` is the candidate whose buffer ``v`` takes over in place (``None`` otherwise).
         ``candidates``: operands the caller's kernel may overwrite (same size and dtype as ``v``,
         each owning its buffer); one is taken only if its value (with every view of it) dies here.
-        ``dedicated``: a buffer of its own, never shared (values fixed at build time, kernel state)."""
+        ``dedicated``: a buffer of its own, never shared (values fixed at build time)."""
         if self._packing is not None:
             return self._replay(i, v)
         self._release_before(i)

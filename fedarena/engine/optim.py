@@ -279,8 +279,9 @@ def _adam(
         return p, m, v
 
     def update(grads: Any, state: Any, params: Any) -> tuple[Any, Any]:
-        layout = _layout(fused, tree_leaves(params))
-        _check_state(state, layout, tree_leaves(params), name)
+        p_leaves, td = tree_flatten(params)
+        layout = _layout(fused, p_leaves)
+        _check_state(state, layout, p_leaves, name)
         grads = _prepare(grads, params, 0.0 if decoupled else weight_decay, max_grad_norm)
         count = ops.add(state["count"], 1)
         lr_t = _lr_at(lr, state["count"])
@@ -289,7 +290,6 @@ def _adam(
         bc2_sqrt = ops.sqrt(ops.subtract(1.0, ops.power(b2, t)))
         step_size = ops.divide(ops.multiply(lr_t, bc2_sqrt), bc1)
         eps_hat = ops.multiply(bc2_sqrt, eps)
-        p_leaves, td = tree_flatten(params)
         g_leaves = tree_leaves(grads)
         cache: dict = {}
 
