@@ -105,6 +105,7 @@ class FLClient:
         self.stages = options.stages()
         self.stats = ClientStats()
         self._delay = options.backoff_s
+        self._sat_out = -1  # a secure round this client refused to take part in (its update was not finite)
 
     # -------------------------------------------------------------- connection
 
@@ -192,6 +193,9 @@ class FLClient:
     def _run_task(self, body: dict[str, Any]) -> None:
         rnd = wire.field(body, "round", int)
         version = wire.field(body, "model_version", int)
+        if rnd == self._sat_out:  # the server offers the round again; training again would give the same update
+            self._backoff()
+            return
         cfg = RoundConfig.from_body(wire.field(body, "config", dict))
         if "params" in body:
             params = wire.field(body, "params", dict)
@@ -243,12 +247,18 @@ class FLClient:
 
         party = wire.field(body, "secagg_party", int)
         n_selected = wire.field(body, "secagg_selected", int)
-        x = client_input(flatten(delta), len(self.x), cfg.secagg_weight_scale)
-        if x[-1] > cfg.secagg_clip:
-            log.warning("%s: %d examples exceed secagg_weight_scale * secagg_clip; weight is clipped",
-                        self.client_id, len(self.x))
+        try:
+            x = client_input(flatten(delta), len(self.x), cfg)
+        except ValueError as e:  # a non-finite update: refused here, before anything is masked or sent
+            self.stats.uploads_refused["secagg"] = self.stats.uploads_refused.get("secagg", 0) + 1
+            log.warning("%s: secure round %d: %s; sitting this round out", self.client_id, rnd, e)
+            self._sat_out = rnd
+            return
+        if len(self.x) > cfg.secagg_max_examples:
+            log.warning("%s: %d examples exceed secagg_max_examples %d; the weight is clipped to it",
+                        self.client_id, len(self.x), cfg.secagg_max_examples)
         params = secagg_params(cfg, n_selected, x.size)
-        deadline = time.monotonic() + wire.field(body, "deadline_s", float) + 4 * cfg.secagg_stage_seconds
+        deadline = time.monotonic() + wire.field(body, "deadline_s", float) + 5 * cfg.secagg_stage_seconds
 
         def send(data: bytes) -> None:
             self._call_server("secagg_send", {"round": rnd, "message": data}, timeout=self.options.rpc_timeout_s)

@@ -65,15 +65,18 @@ class RoundConfig:
     secagg: bool = False
     """secure aggregation (SecAgg, Bonawitz et al. 2017) of the round's updates"""
     secagg_threshold: float = 0.5
-    """Shamir threshold as a fraction of the selected clients (at least 2)"""
+    """Shamir threshold t = floor(f * m) + 1 (at most m) for m share holders (selected clients, or k + 1 with SecAgg+);
+    f in [0.5, 1], so t > m / 2"""
     secagg_neighbours: int = 0
     """SecAgg+ neighbourhood size (even; 0 = every pair of clients masks, plain SecAgg)"""
     secagg_clip: float = 1.0
     """per-coordinate clipping of the secure input before fixed-point quantization"""
     secagg_scale: float = 4194304.0
     """fixed-point scale of the secure input (2^22)"""
-    secagg_weight_scale: float = 10000.0
-    """W: a client inputs [Delta * n / W, n / W]; n must not exceed W * secagg_clip"""
+    secagg_max_examples: int = 10000
+    """N: example counts are clipped to 1..N inside the masked vector (weight n / N)"""
+    secagg_consistency_check: bool = True
+    """the signed survivor-list round of Bonawitz et al. 2017 (malicious-server variant)"""
     secagg_stage_seconds: float = 10.0
     """window of each secure-aggregation stage after the first"""
 
@@ -93,11 +96,13 @@ class RoundConfig:
             raise ValueError("round.signds_epsilon/signds_lr: must be > 0")
         if self.secagg and self.signds_k:
             raise ValueError("round.secagg: cannot be combined with SignDS (signds_k > 0)")
-        if self.secagg and not (0 < self.secagg_threshold <= 1):
-            raise ValueError(f"round.secagg_threshold: must lie in (0, 1], got {self.secagg_threshold}")
-        if self.secagg and not (self.secagg_clip > 0 and self.secagg_scale > 0 and self.secagg_weight_scale > 0
-                                and self.secagg_stage_seconds > 0):
-            raise ValueError("round.secagg_clip/scale/weight_scale/stage_seconds: must be > 0")
+        if self.secagg and not (0.5 <= self.secagg_threshold <= 1):
+            raise ValueError(f"round.secagg_threshold: must lie in [0.5, 1] (t must exceed half of the share "
+                             f"holders), got {self.secagg_threshold}")
+        if self.secagg and not (self.secagg_clip > 0 and self.secagg_scale > 0 and self.secagg_stage_seconds > 0):
+            raise ValueError("round.secagg_clip/scale/stage_seconds: must be > 0")
+        if self.secagg and not (isinstance(self.secagg_max_examples, int) and self.secagg_max_examples >= 1):
+            raise ValueError(f"round.secagg_max_examples: must be an integer >= 1, got {self.secagg_max_examples!r}")
         if self.secagg_neighbours < 0 or self.secagg_neighbours % 2:
             raise ValueError(f"round.secagg_neighbours: must be even and >= 0, got {self.secagg_neighbours}")
 
@@ -121,7 +126,9 @@ class RoundConfig:
                 secagg_neighbours=wire.field(body, "secagg_neighbours", int, where=where, default=0),
                 secagg_clip=wire.field(body, "secagg_clip", float, where=where, default=1.0),
                 secagg_scale=wire.field(body, "secagg_scale", float, where=where, default=4194304.0),
-                secagg_weight_scale=wire.field(body, "secagg_weight_scale", float, where=where, default=10000.0),
+                secagg_max_examples=wire.field(body, "secagg_max_examples", int, where=where, default=10000),
+                secagg_consistency_check=wire.field(body, "secagg_consistency_check", bool, where=where,
+                                                    default=True),
                 secagg_stage_seconds=wire.field(body, "secagg_stage_seconds", float, where=where, default=10.0),
             )
         except ValueError as e:

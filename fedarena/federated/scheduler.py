@@ -32,7 +32,7 @@ import numpy as np
 
 from fedarena.federated import auth, wire
 from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
-from fedarena.federated.secure_round import SecureRound
+from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
 from fedarena.federated.strategy import PartialAggregate, ServerOptimizer
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 from fedarena.platform.checkpoint import write_atomic
@@ -75,6 +75,11 @@ class RoundPolicy:
             raise ValueError(f"selection: unknown '{self.selection}' (uniform or available)")
         if self.clients_per_round < 0:
             raise ValueError(f"clients_per_round: must be >= 0, got {self.clients_per_round}")
+        if self.round_config.secagg:
+            n = self.clients_per_round or self.start_clients
+            if n < 3:
+                raise ValueError(f"clients_per_round/start_clients: a secure round needs at least 3 clients, got {n}")
+            check_secure_config(self.round_config, n)
 
 
 # ----------------------------------------------------------------------------- state file
@@ -273,10 +278,12 @@ class Scheduler:
         cands = self._candidates(now)
         need = p.start_clients if not self.history else 1
         if p.round_config.secagg:
-            need = max(need, 2)  # secure aggregation needs at least two clients
+            need = max(need, 3)  # with two clients the sum and one's own input give the other's
         if len(cands) < max(1, need) or not self._live_servers(now):
             return False
         k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
+        if p.round_config.secagg:
+            k = min(k, capacity(p.round_config))  # more would overflow the fixed-point sum
         rng = np.random.default_rng([p.seed, self.round])
         selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
         secure = None
@@ -284,9 +291,10 @@ class Scheduler:
             dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
             try:
                 secure = SecureRound.open(p.round_config, self.round, selected, dim, now + p.window_seconds)
-            except ValueError as e:  # e.g. more clients than the fixed-point range can sum exactly
+            except ValueError as e:  # parameters that do not fit this selection: abandon the round, no retry storm
                 log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
-                return False
+                self._abandon_unopened(now, selected, str(e))
+                return True
         self.selected, self.secure = selected, secure
         self.admitted, self.partials = {}, {}
         self.opened_at, self.deadline = now, now + p.window_seconds
@@ -334,6 +342,18 @@ class Scheduler:
         if self.phase == "idle":
             self._open_round(time.monotonic())
 
+    def _abandon_unopened(self, now: float, selected: list[str], reason: str) -> None:
+        """Record a round that could not open as abandoned and move on (call with ``cond`` held)."""
+        row = {"round": self.round, "selected": len(selected), "admitted": 0, "reporting": 0, "needed": 0,
+               "close_reason": "not_opened", "duration_s": 0.0, "window_s": self.policy.window_seconds,
+               "closed_wall": time.time(), "bytes_up": 0, "bytes_down": 0, "servers": [], "clients": [],
+               "outcome": "abandoned", "abort_reason": reason, "model_version": self.version}
+        self.history.append(row)
+        self.round += 1
+        self.phase = "done" if self.round > self.policy.rounds else "idle"
+        self._save()
+        self.cond.notify_all()
+
     def _finish_secure_round(self) -> None:
         p, sec = self.policy, self.secure
         assert sec is not None
@@ -345,8 +365,15 @@ class Scheduler:
             "bytes_up": sec.bytes_up, "bytes_down": sec.bytes_down + self._model_wire_bytes() * len(sec.server.state.keys),
             "servers": [], "clients": [], "secagg_stage": sec.stage,
         }
+        decoded, reason = None, sec.aborted
         if sec.result is not None:
-            flat, weight, survivors = sec.mean_delta()
+            try:
+                decoded = sec.mean_delta()
+            except AggregateOutOfRange as e:  # some client masked out-of-range values: nothing is applied
+                reason = str(e)
+                log.warning("scheduler: secure round %d abandoned: %s", self.round, e)
+        if decoded is not None:
+            flat, examples, survivors = decoded
             delta, i = {}, 0
             for name in sorted(self._shapes):
                 n = int(np.prod(self._shapes[name]))
@@ -355,10 +382,10 @@ class Scheduler:
             self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
             self.version += 1
             inverse = {v: k for k, v in sec.ids.items()}
-            row.update(outcome="aggregated", reporting=survivors,
+            row.update(outcome="aggregated", reporting=survivors, examples=examples,
                        clients=sorted(inverse[u] for u in sec.result.survivors))
         else:
-            row.update(outcome="abandoned", abort_reason=sec.aborted)
+            row.update(outcome="abandoned", abort_reason=reason)
         row["model_version"] = self.version
         if self.evaluate is not None:
             row.update({k: float(v) for k, v in self.evaluate(self.params).items()})

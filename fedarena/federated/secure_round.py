@@ -1,25 +1,43 @@
 """Secure-aggregation rounds: SecAgg / SecAgg+ (fedarena.privacy.secagg) driven over the FL runtime.
 
 Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017
-(Figure 4, four stages), and Bell et al., CCS 2020 (SecAgg+ neighbour graphs), as implemented by
-:mod:`fedarena.privacy.secagg`. When a round's config sets ``secagg = true``:
+(Figure 4, plus the consistency-check round of their malicious-server protocol, on by default), and
+Bell et al., CCS 2020 (SecAgg+ neighbour graphs), as implemented by :mod:`fedarena.privacy.secagg`.
+When a round's config sets ``secagg = true``:
 
 * the selected clients are numbered 1..n in the plan's (sorted) order; the task tells each its number;
-* a client trains, forms its input ``x = [Delta * n_i / W, n_i / W]`` (the example-weighted delta and
-  its weight, ``W = secagg_weight_scale``) and runs the four client stages. Its messages (the secagg
-  binary format, carried as ``bytes`` inside wire envelopes) go to its FL-Server (``secagg_send``),
-  which checks the token, round and selection and relays them to the scheduler; it fetches the
-  scheduler's per-stage replies through the server (``secagg_poll``, long-poll);
+* a client trains and forms its input with bounded entries (:func:`client_input`): its example count is
+  clipped to ``1..N`` (``N = secagg_max_examples``), every delta coordinate to ``[-c, c]``
+  (``c = secagg_clip``), and it inputs ``x = [clip(Delta) * n / N, n / N]`` with the fixed-point scale
+  rounded down to a multiple of ``N``, so the weight coordinate is an exact whole number of examples.
+  A non-finite delta is refused before anything is masked (the client sits the round out);
+* its messages (the secagg binary format, carried as ``bytes`` inside wire envelopes) go to its
+  FL-Server (``secagg_send``), which checks the token, registration, round and selection and relays
+  them to the scheduler; it fetches the scheduler's per-stage replies through the server
+  (``secagg_poll``, long-poll);
 * the scheduler hosts the round's :class:`~fedarena.privacy.secagg.SecAggServer`: a stage closes when
   every expected client has sent its message or at the stage deadline (stage 0 at the round's window,
   which includes local training; later stages after ``secagg_stage_seconds``); clients that miss a
   stage are dropped and their masks are removed through the Shamir shares of the others;
-* the unmasked sum gives ``sum_i n_i Delta_i / W`` and ``sum_i n_i / W``; their ratio is the FedAvg
-  mean delta, applied with the server optimizer. Fewer than ``threshold`` survivors abort the round
-  (abandoned; no aggregate is ever released). No server sees an individual client's delta.
+* the unmasked sum gives ``S_j = sum_i n_i clip(Delta_ij)`` and ``K = sum_i n_i`` (in fixed point); the
+  scheduler refuses a sum that no set of bounded inputs can produce (``K`` not a whole number in
+  ``survivors..survivors * N``, or some ``|S_j| > c K``) and abandons the round; otherwise ``S / K`` is the
+  FedAvg mean delta, applied with the server optimizer. Fewer than ``threshold`` survivors abort the
+  round (abandoned; no aggregate is ever released).
 
-The masked sum is exact modulo 2^k; the only error is the fixed-point rounding of each input
-(``1 / (2 secagg_scale)`` per coordinate).
+The threshold is ``t = floor(secagg_threshold * m) + 1`` (at most ``m``), where ``m`` is the number of
+share holders of each secret: the number of selected clients for SecAgg, ``min(n, k + 1)`` for SecAgg+
+with ``k`` neighbours; ``secagg_threshold >= 0.5`` makes ``t > m / 2``.
+
+What is hidden from whom (see docs/security_secagg.md): no FL-Server or scheduler learns an individual
+client's delta, only the sum over at least ``t`` clients, provided fewer than ``2 t - m`` of each
+client's share holders collude with the scheduler (with none colluding, any t > m / 2 suffices), the
+scheduler cannot impersonate clients to one another in stage 0 (per-round signing keys travel through
+it; there is no PKI in the runtime), and the clients' own code is honest. A malicious client cannot read
+others' inputs but can bias the aggregate within the bounds above, or make the round be abandoned.
+
+The masked sum is exact modulo 2^32; the only error is the fixed-point rounding of each input
+(``1 / (2 scale)`` per coordinate).
 """
 
 from __future__ import annotations
@@ -33,7 +51,29 @@ import numpy as np
 
 from fedarena.federated.transport import ProtocolError
 
-STAGE_NAMES = ("advertise_keys", "share_keys", "masked_input", "unmask")
+STAGE_NAMES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask")
+
+
+class AggregateOutOfRange(ValueError):
+    """The unmasked sum cannot come from inputs inside the declared bounds (a client sent out-of-range values)."""
+
+
+def holders(cfg: Any, n_selected: int) -> int:
+    """Share holders of each secret: every selected client (SecAgg) or a neighbourhood of k + 1 (SecAgg+)."""
+    k = cfg.secagg_neighbours
+    return n_selected if not k or k >= n_selected - 1 else k + 1
+
+
+def threshold(cfg: Any, n_selected: int) -> int:
+    """``t = min(m, floor(secagg_threshold * m) + 1)`` for ``m`` share holders: a strict majority at 0.5."""
+    m = holders(cfg, n_selected)
+    return min(m, math.floor(cfg.secagg_threshold * m) + 1)
+
+
+def fixed_point_scale(cfg: Any) -> float:
+    """``secagg_scale`` rounded down to a multiple of ``N = secagg_max_examples`` (so ``n / N`` is exact)."""
+    n = int(cfg.secagg_max_examples)
+    return float(n * max(1, int(cfg.secagg_scale) // n))
 
 
 def secagg_params(cfg: Any, n_selected: int, dimension: int):
@@ -42,16 +82,84 @@ def secagg_params(cfg: Any, n_selected: int, dimension: int):
     from fedarena.privacy.secagg import SecAggConfig
 
     return SecAggConfig(
-        dimension=dimension, threshold=max(2, math.ceil(cfg.secagg_threshold * n_selected)),
-        clip=cfg.secagg_clip, scale=cfg.secagg_scale, modulus_bits=32,
-        num_neighbours=cfg.secagg_neighbours or None,
+        dimension=dimension, threshold=max(2, threshold(cfg, n_selected)),
+        clip=max(1.0, float(cfg.secagg_clip)), scale=fixed_point_scale(cfg), modulus_bits=32,
+        num_neighbours=cfg.secagg_neighbours or None, consistency_check=bool(cfg.secagg_consistency_check),
     )
 
 
-def client_input(delta_flat: np.ndarray, num_examples: int, weight_scale: float) -> np.ndarray:
-    """``[Delta * n / W, n / W]``: the client's secure-aggregation input."""
-    w = float(num_examples) / float(weight_scale)
-    return np.concatenate([np.asarray(delta_flat, np.float64) * w, [w]])
+def check_secure_config(cfg: Any, max_clients: int, where: str = "round") -> None:
+    """Refuse, with one line naming the field, a secure-round config that cannot run with up to ``max_clients``
+    selected clients (threshold, neighbourhood, fixed-point capacity). No-op when ``secagg`` is off."""
+    if not cfg.secagg:
+        return
+    if cfg.secagg_scale < cfg.secagg_max_examples:
+        raise ValueError(f"{where}.secagg_scale: {cfg.secagg_scale:g} is below secagg_max_examples "
+                         f"{cfg.secagg_max_examples}; example counts would not be whole numbers in fixed point")
+    if max_clients < 3:
+        raise ValueError(f"{where}.clients: a secure round needs at least 3 clients, got {max_clients}")
+    k = cfg.secagg_neighbours
+    if k and k < 2:
+        raise ValueError(f"{where}.secagg_neighbours: must be 0 or an even number >= 2, got {k}")
+    for n in sorted({3, max_clients}):
+        try:
+            secagg_params(cfg, n, 2).validate_for(n)
+        except ValueError as e:
+            msg = str(e)
+            if msg.startswith("modulus_bits"):
+                cap = capacity(cfg)
+                raise ValueError(f"{where}.secagg_scale: {n} clients x secagg_clip x secagg_scale overflow the "
+                                 f"32-bit masked sum (at most {cap} clients with secagg_clip={cfg.secagg_clip:g}, "
+                                 f"secagg_scale={cfg.secagg_scale:g}); lower secagg_scale or select fewer "
+                                 "clients") from None
+            if msg.startswith("threshold"):
+                raise ValueError(f"{where}.secagg_threshold: {msg.split(': ', 1)[1]}") from None
+            raise ValueError(f"{where}.{msg}") from None
+
+
+def capacity(cfg: Any) -> int:
+    """Most clients whose bounded inputs sum exactly in 32 bits."""
+    per = round(max(1.0, float(cfg.secagg_clip)) * fixed_point_scale(cfg))
+    return max(0, (2**31 - 1) // per)
+
+
+def client_input(delta_flat: np.ndarray, num_examples: int, cfg: Any) -> np.ndarray:
+    """``[clip(Delta, c) * n / N, n / N]`` with ``n`` clipped to ``1..N``: the client's secure-aggregation input.
+
+    Raises ValueError (naming the entries) when the delta has a NaN or infinite entry."""
+    d = np.asarray(delta_flat, np.float64).ravel()
+    bad = np.flatnonzero(~np.isfinite(d))
+    if bad.size:
+        raise ValueError(f"update: entries {bad[:5].tolist()} are not finite ({bad.size} NaN/inf); the client "
+                         "refuses to mask it")
+    big = int(cfg.secagg_max_examples)
+    n = min(max(1, int(num_examples)), big)
+    c = float(cfg.secagg_clip)
+    return np.concatenate([np.clip(d, -c, c) * (n / big), [n / big]])
+
+
+def decode_aggregate(cfg: Any, total: np.ndarray, survivors: int) -> tuple[np.ndarray, int]:
+    """Mean delta and example count from the unmasked modular sum; :class:`AggregateOutOfRange` when no set of
+    ``survivors`` inputs inside the bounds of :func:`client_input` sums to it."""
+    z = np.asarray(total, np.int64) % (1 << 32)
+    z = np.where(z >= (1 << 31), z - (1 << 32), z)
+    big = int(cfg.secagg_max_examples)
+    unit = int(fixed_point_scale(cfg)) // big  # fixed-point value of one example in the weight coordinate
+    w = int(z[-1])
+    if w % unit:
+        raise AggregateOutOfRange(f"aggregate.weight: {w / unit:.6g} is not a whole number of examples")
+    k = w // unit
+    if not survivors <= k <= survivors * big:
+        raise AggregateOutOfRange(f"aggregate.weight: {k} examples from {survivors} clients is outside "
+                                  f"{survivors}..{survivors * big} (each client declares 1..{big})")
+    limit = float(cfg.secagg_clip) * unit * k + survivors / 2.0
+    s = z[:-1].astype(np.float64)
+    over = np.flatnonzero(np.abs(s) > limit)
+    if over.size:
+        j = int(over[0])
+        raise AggregateOutOfRange(f"aggregate.update[{j}]: |sum| {abs(s[j]) / (unit * k):.6g} x examples exceeds "
+                                  f"secagg_clip {cfg.secagg_clip:g} x examples ({over.size} coordinates out of range)")
+    return s / w, k
 
 
 @dataclass
@@ -65,6 +173,7 @@ class SecureRound:
     stage_seconds: float
     outbox: dict[int, bytes]
     expected: set[int]
+    round_config: Any = None
     result: Any = None
     aborted: str = ""
     bytes_up: int = 0
@@ -77,11 +186,11 @@ class SecureRound:
 
         ids = {cid: i + 1 for i, cid in enumerate(sorted(selected))}
         server = SecAggServer(secagg_params(cfg, len(selected), dimension), round_id, sorted(ids.values()))
-        return cls(server, ids, 0, window_deadline, cfg.secagg_stage_seconds, {}, set(ids.values()))
+        return cls(server, ids, 0, window_deadline, cfg.secagg_stage_seconds, {}, set(ids.values()), cfg)
 
     def received(self) -> int:
         st = self.server.state
-        return len((st.keys, st.ciphertexts, st.masked, st.shares)[self.stage])
+        return len((st.keys, st.ciphertexts, st.masked, st.signatures, st.shares)[self.stage])
 
     @property
     def finished(self) -> bool:
@@ -93,6 +202,7 @@ class SecureRound:
 
     def close_stage(self, now: float) -> None:
         from fedarena.privacy.secagg import InsufficientSurvivorsError, encode
+        from fedarena.privacy.secagg.server import DONE
 
         try:
             out = self.server.close_stage()
@@ -100,13 +210,13 @@ class SecureRound:
             self.aborted = str(e)
             self.outbox = {}
             return
-        if self.stage == 3:
+        if self.server.state.stage == DONE:
             self.result = out
             self.outbox = {}
             return
         self.outbox = {u: encode(m) for u, m in out.items()}
         self.expected = set(out)
-        self.stage += 1
+        self.stage = self.server.state.stage
         self.deadline = now + self.stage_seconds
 
     def receive(self, client_id: str, data: bytes) -> None:
@@ -139,29 +249,30 @@ class SecureRound:
             raise ProtocolError("body.client_id", f"client {client_id} is not in this secure round", "not_selected")
         if self.aborted:
             raise ProtocolError("body.round", f"secure round aborted: {self.aborted}", "aborted")
-        if not 1 <= stage <= 3:
-            raise ProtocolError("body.stage", f"must be 1, 2 or 3, got {stage}", "malformed")
+        check = self.server.config.consistency_check
+        if not 1 <= stage <= 4 or (stage == 3 and not check):
+            raise ProtocolError("body.stage", f"must be 1, 2{', 3' if check else ''} or 4, got {stage}", "malformed")
         if self.stage < stage and not self.finished:
             return None
         if self.stage > stage or self.finished:
-            raise ProtocolError("body.stage", f"stage {stage} is over (now {STAGE_NAMES[min(self.stage, 3)]})",
+            raise ProtocolError("body.stage", f"stage {stage} is over (now {STAGE_NAMES[min(self.stage, 4)]})",
                                 "stale_round")
         if u not in self.outbox:
             raise ProtocolError("body.client_id", f"client {client_id} was dropped before stage {stage}", "dropped")
         self.bytes_down += len(self.outbox[u])
         return self.outbox[u]
 
-    def mean_delta(self) -> tuple[np.ndarray, float, int]:
-        """``(sum n_i Delta_i / sum n_i, sum n_i / W, survivors)`` from the unmasked sum."""
-        values = np.asarray(self.result.values, np.float64)
-        weight = float(values[-1])
-        if not weight > 0:
-            raise ValueError("weight: the unmasked weight is not positive")
-        return values[:-1] / weight, weight, len(self.result.survivors)
+    def mean_delta(self) -> tuple[np.ndarray, int, int]:
+        """``(sum n_i clip(Delta_i) / sum n_i, sum n_i, survivors)`` from the unmasked sum; raises
+        :class:`AggregateOutOfRange` for a sum outside the declared bounds."""
+        survivors = len(self.result.survivors)
+        mean, examples = decode_aggregate(self.round_config, self.result.total, survivors)
+        return mean, examples, survivors
 
 
 def run_client(send, poll, secagg_cfg: Any, party: int, round_id: int, x: np.ndarray, deadline: float) -> bool:
-    """Client side: the four stages. ``send(bytes)`` relays a message; ``poll(stage) -> bytes | None``.
+    """Client side: the four stages (five with the consistency check). ``send(bytes)`` relays a message;
+    ``poll(stage) -> bytes | None``.
 
     Returns True when the client completed its part (the sum may still be aborted by the scheduler).
     """
@@ -169,8 +280,11 @@ def run_client(send, poll, secagg_cfg: Any, party: int, round_id: int, x: np.nda
 
     client = SecAggClient(party, secagg_cfg, round_id)
     send(encode(client.advertise_keys()))
-    steps = (client.share_keys, lambda m: client.masked_input(m, x), client.unmask)
-    for stage, step in zip((1, 2, 3), steps):
+    steps = [(1, client.share_keys), (2, lambda m: client.masked_input(m, x))]
+    if secagg_cfg.consistency_check:
+        steps.append((3, client.consistency))
+    steps.append((4, client.unmask))
+    for stage, step in steps:
         data = None
         while data is None:
             if time.monotonic() > deadline:

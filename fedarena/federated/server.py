@@ -6,7 +6,7 @@ global model of the current version, and answers any client (a client may switch
 time and gets the same round and model). Uploads are validated in this order, each failure being a
 clear ``error`` reply that is also logged, while the server keeps serving:
 
-1. token (HMAC, :mod:`fedarena.federated.auth`) -> ``unauthenticated``
+1. token (HMAC, :mod:`fedarena.federated.auth`) and registration here (``register`` first) -> ``unauthenticated``
 2. the round is open and ``round`` / ``model_version`` match -> ``stale_round`` / ``stale_version``
 3. the client is selected in this round -> ``not_selected``
 4. ``num_examples`` in 1..``max_examples`` -> ``too_many_examples``; finite ``train_loss``
@@ -45,11 +45,15 @@ class ServerOptions:
     max_update_norm: float = 100.0
     """uploads whose delta has a larger global L2 norm are refused"""
     max_examples: int = 1_000_000
-    """largest num_examples a client may claim (bounds its FedAvg weight)"""
+    """largest num_examples a client may claim (bounds its FedAvg weight; deployments set it from the task)"""
     max_wait_s: float = 5.0
     """longest long-poll a client may ask for"""
     sync_wait_s: float = 1.0
     nonce_memory: int = 100_000
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_examples, bool) or not isinstance(self.max_examples, int) or self.max_examples < 1:
+            raise ValueError(f"server.max_examples: must be an integer >= 1, got {self.max_examples!r}")
 
 
 class FLServer:
@@ -222,6 +226,14 @@ class FLServer:
                                "unauthenticated")
         return cid  # type: ignore[return-value]
 
+    def _registered(self, cid: str) -> None:
+        """Uploads and secure-aggregation messages come only from clients that registered here."""
+        with self.cond:
+            known = cid in self.clients
+        if not known:
+            raise self._refuse("body.client_id", f"client {cid} is not registered here (send register)",
+                               "unauthenticated")
+
     def handle(self, msg: wire.Message, nbytes: int = 0) -> tuple[str, dict[str, Any]]:
         try:
             return self._dispatch(msg, nbytes)
@@ -249,8 +261,10 @@ class FLServer:
         if msg.kind == "get_task":
             return self._get_task(cid, b)
         if msg.kind == "upload":
+            self._registered(cid)
             return self._upload(cid, b, nbytes)
         if msg.kind in ("secagg_send", "secagg_poll"):
+            self._registered(cid)
             return self._secagg(msg.kind, cid, b, nbytes)
         raise ProtocolError("kind", f"unsupported request kind {msg.kind!r}", "malformed")
 
@@ -310,6 +324,10 @@ class FLServer:
         except TransportError as e:
             raise self._refuse("server", f"scheduler unreachable ({e.code}); retry later", "unavailable") from None
         with self.cond:
+            if self.partial_round != rnd:
+                # the round moved on while the scheduler answered: this client takes no part in the new round yet,
+                # so it must not be marked (that would lock it out of the new round's task)
+                return reply.kind, reply.body
             if kind == "secagg_send":
                 self.uploaded.add(cid)  # taking part: get_task no longer offers this round's task
                 self.bytes_up += nbytes

@@ -144,9 +144,9 @@ def test_every_bad_upload_gets_a_clear_error_and_changes_nothing(make_cluster):
         pa.call("upload", _upload(c, "a", task, good))
     assert info.value.code == "duplicate"
     assert c.servers[0].rejections["malformed"] == 8  # nonce, loss, round type, encoding, shape, NaN, dtype, missing
-    # b uploads through the *other* server's peer; the round closes with exactly a's and b's updates
+    # b uploads through its own (the other) server; the round closes with exactly a's and b's updates
     other = {k: np.full(v.shape, -0.03, np.float32) for k, v in init.items()}
-    assert pa.call("upload", _upload(c, "b", task, other, num_examples=30)).kind == "ack"
+    assert pb.call("upload", _upload(c, "b", task, other, num_examples=30)).kind == "ack"
     wait_until(lambda: c.scheduler.version == 1)
     for k in init:
         expect = (init[k].astype(np.float64) + (10 * 0.01 + 30 * np.float64(np.float32(-0.03))) / 40).astype(np.float32)
@@ -336,11 +336,16 @@ def test_secure_aggregation_round_matches_plain_fedavg_and_survives_a_dropout(ma
     assert row["outcome"] == "aggregated" and row["close_reason"] == "secagg_done"
     assert row["reporting"] == 3 and row["clients"] == ["c0", "c1", "c2"]
     expect = _replayed_weighted_mean(c, init, range(3), 1, 0.1)
-    # the only error is fixed-point rounding, at most 1/(2 scale) per coordinate of each of the 3 inputs, in the
-    # weighted sum and in the weight; divided by the weight sum_i n_i / W (plus float32 storage of the model)
-    weight = sum(len(c.task.clients[i][1]) for i in range(3)) / cfg.secagg_weight_scale
-    mean_abs = max(np.abs(expect[k] - init[k]).max() for k in init)
-    bound = 3 * 0.5 / cfg.secagg_scale * (1 + mean_abs) / weight + 1e-6
+    # the only error is fixed-point rounding: each of the 3 inputs' coordinates is rounded by at most 1/2 unit, the
+    # weight coordinate is exact (K examples of `unit` each), so the mean is off by at most 1.5 / (K unit) (plus
+    # float32 storage of the model); no delta coordinate reaches the clip
+    from fedarena.federated.secure_round import fixed_point_scale
+
+    examples = sum(len(c.task.clients[i][1]) for i in range(3))
+    unit = fixed_point_scale(cfg) / cfg.secagg_max_examples
+    assert row["examples"] == examples and unit == int(unit)
+    assert max(np.abs(expect[k] - init[k]).max() for k in init) < cfg.secagg_clip
+    bound = 3 * 0.5 / (examples * unit) + 1e-6
     for k in init:
         np.testing.assert_allclose(c.scheduler.params[k], expect[k].astype(np.float32), rtol=0, atol=bound)
     assert any(np.abs(c.scheduler.params[k] - init[k]).max() > 1e-3 for k in init)  # it did move

@@ -219,7 +219,7 @@ def test_honest_round_via_wire():
     (lambda b: b + b"\0", "trailing"),
     (lambda b: b"XYZ" + b[3:], "magic"),
     (lambda b: b[:4] + bytes([99]) + b[5:], "unknown message type"),
-    (lambda b: b[:3] + bytes([2]) + b[4:], "version"),
+    (lambda b: b[:3] + bytes([1]) + b[4:], "version"),
     (lambda b: b[:6], "header"),
 ])
 def test_malformed_bytes_rejected_and_round_continues(mutate, match):
@@ -283,7 +283,7 @@ def test_unknown_duplicate_replayed_wrong_round_rejected():
 
 
 def test_tampered_and_misaddressed_shares_fail_authentication_round_continues():
-    r = Round(n=6, t=3)
+    r = Round(n=6, t=4)
 
     def tamper(msgs):
         out = dict(msgs)

@@ -4,6 +4,10 @@ Bonawitz et al. (CCS 2017), Figure 4, server side, with dropout recovery: for a 
 sent no masked input, ``t`` surviving holders reveal shares of ``s_v^SK`` and the server removes the pairwise masks
 ``PRG(s_uv)`` from the survivors' inputs; for each survivor ``u`` it reconstructs ``b_u`` and removes
 ``PRG(b_u)``. SecAgg+ (Bell et al., CCS 2020) is the same with shares and masks restricted to a k-regular graph.
+With ``config.consistency_check`` the server runs the consistency-check round of the paper's malicious-server
+protocol between masked-input collection and unmasking: it sends every survivor the survivor list U3, collects
+their Ed25519 signatures of it (U4 = the clients that signed) and forwards all of them with the unmasking
+request; the clients verify them before revealing anything.
 
 The server is transport-independent: ``receive(message)`` checks one message (round, stage, sender, duplicates,
 lengths) and stores it or raises :class:`ProtocolError` without touching its state; ``close_stage()`` ends a stage
@@ -28,11 +32,13 @@ from fedarena.privacy.secagg.messages import (
     KEY_BYTES,
     SHARE_LEN,
     AdvertiseKeys,
+    ConsistencySignature,
     KeyBroadcast,
     MaskedInput,
     Message,
     ShareBroadcast,
     ShareKeys,
+    SurvivorList,
     UnmaskRequest,
     UnmaskShares,
     decode,
@@ -44,11 +50,15 @@ from fedarena.privacy.secagg.protocol import (
     ProtocolError,
     SecAggConfig,
     agree,
+    key_transcript,
+    survivor_transcript,
+    verify,
 )
 from fedarena.privacy.secagg.quantization import dequantize
 
-STAGES = ("advertise_keys", "share_keys", "masked_input", "unmask", "done", "aborted")
-_EXPECTED = {0: AdvertiseKeys, 1: ShareKeys, 2: MaskedInput, 3: UnmaskShares}
+STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask", "done", "aborted")
+DONE, ABORTED = 5, 6
+_EXPECTED = {0: AdvertiseKeys, 1: ShareKeys, 2: MaskedInput, 3: ConsistencySignature, 4: UnmaskShares}
 
 
 @dataclass(frozen=True)
@@ -67,10 +77,12 @@ class ServerState:
     stage: int = 0
     graph_seed: bytes = b""
     keys: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # U1: id -> (c_pk, s_pk)
+    signing: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # id -> (sig_pk, key signature)
     neighbours: dict[int, np.ndarray] = field(default_factory=dict)
     ciphertexts: dict[int, dict[int, bytes]] = field(default_factory=dict)  # U2: sender -> recipient -> ct
     masked: dict[int, np.ndarray] = field(default_factory=dict)  # U3
     dropped: tuple[int, ...] = ()  # U2 \ U3
+    signatures: dict[int, bytes] = field(default_factory=dict)  # U4: id -> signature of U3
     shares: dict[int, UnmaskShares] = field(default_factory=dict)  # U5
     rejected: list[str] = field(default_factory=list)  # reasons of rejected messages, for the log
 
@@ -109,7 +121,7 @@ class SecAggServer:
 
     def _check(self, msg) -> None:
         st, cfg = self.state, self.config
-        if st.stage >= 4:
+        if st.stage >= DONE:
             raise ProtocolError(f"round {self.round_id} is {self.stage_name}; no more messages accepted")
         expected = _EXPECTED[st.stage]
         name = type(msg).__name__
@@ -120,16 +132,25 @@ class SecAggServer:
             raise ProtocolError(f"{name}.round_id: {msg.round_id} is not the current round {self.round_id} "
                                 "(replayed or stale message)")
         u = msg.client_id
-        allowed = {0: self.client_ids, 1: st.keys, 2: st.ciphertexts, 3: st.masked}[st.stage]
+        unmaskers = st.signatures if cfg.consistency_check else st.masked
+        allowed = {0: self.client_ids, 1: st.keys, 2: st.ciphertexts, 3: st.masked, 4: unmaskers}[st.stage]
         if u not in allowed:
             raise ProtocolError(f"{name}.client_id: client {u} is unknown or not part of stage '{self.stage_name}'")
-        stored = {0: st.keys, 1: st.ciphertexts, 2: st.masked, 3: st.shares}[st.stage]
+        stored = {0: st.keys, 1: st.ciphertexts, 2: st.masked, 3: st.signatures, 4: st.shares}[st.stage]
         if u in stored:
             raise ProtocolError(f"{name}.client_id: duplicate message from client {u} in stage '{self.stage_name}'")
         if isinstance(msg, AdvertiseKeys):
             for fname in ("c_pk", "s_pk"):
                 if not isinstance(getattr(msg, fname), bytes) or len(getattr(msg, fname)) != KEY_BYTES:
                     raise ProtocolError(f"AdvertiseKeys.{fname}: client {u} sent a key that is not {KEY_BYTES} bytes")
+            if cfg.consistency_check and not verify(msg.sig_pk, msg.key_signature,
+                                                    key_transcript(self.round_id, u, msg.c_pk, msg.s_pk)):
+                raise ProtocolError(f"AdvertiseKeys.key_signature: client {u} sent no valid signature of its keys "
+                                    "(this round runs the consistency check)")
+        elif isinstance(msg, ConsistencySignature):
+            if not verify(st.signing[u][0], msg.signature, survivor_transcript(self.round_id, st.masked)):
+                raise ProtocolError(f"ConsistencySignature.signature: client {u}'s signature of the survivor list "
+                                    "does not verify")
         elif isinstance(msg, ShareKeys):
             want = set(int(v) for v in st.neighbours[u])
             got = set(msg.ciphertexts)
@@ -170,6 +191,10 @@ class SecAggServer:
         st = self.state
         if isinstance(msg, AdvertiseKeys):
             st.keys[msg.client_id] = (msg.c_pk, msg.s_pk)
+            if self.config.consistency_check:
+                st.signing[msg.client_id] = (msg.sig_pk, msg.key_signature)
+        elif isinstance(msg, ConsistencySignature):
+            st.signatures[msg.client_id] = msg.signature
         elif isinstance(msg, ShareKeys):
             st.ciphertexts[msg.client_id] = dict(msg.ciphertexts)
         elif isinstance(msg, MaskedInput):
@@ -179,7 +204,7 @@ class SecAggServer:
 
     # -- stage transitions -----------------------------------------------------------------------------------
     def _abort(self, reason: str) -> None:
-        self.state.stage = 5
+        self.state.stage = ABORTED
         raise InsufficientSurvivorsError(f"round {self.round_id} aborted: {reason}; no aggregate is released")
 
     def close_stage(self):
@@ -194,8 +219,10 @@ class SecAggServer:
             st.stage = 1
             out = {}
             for u in members.tolist():
-                ks = {v: st.keys[v] for v in [u] + st.neighbours[u].tolist()}
-                out[u] = KeyBroadcast(self.round_id, u, st.graph_seed, tuple(members.tolist()), ks)
+                parties = [u] + st.neighbours[u].tolist()
+                ks = {v: st.keys[v] for v in parties}
+                sg = {v: st.signing[v] for v in parties} if self.config.consistency_check else {}
+                out[u] = KeyBroadcast(self.round_id, u, st.graph_seed, tuple(members.tolist()), ks, sg)
             return out
         if st.stage == 1:
             if len(st.ciphertexts) < t:
@@ -212,13 +239,23 @@ class SecAggServer:
                 self._abort(f"{len(st.masked)} clients sent masked inputs, threshold is {t}")
             survivors = tuple(sorted(st.masked))
             st.dropped = tuple(sorted(set(st.ciphertexts) - set(st.masked)))
-            st.stage = 3
+            if self.config.consistency_check:
+                st.stage = 3
+                return {u: SurvivorList(self.round_id, u, survivors) for u in survivors}
+            st.stage = 4
             return {u: UnmaskRequest(self.round_id, u, survivors, st.dropped) for u in survivors}
         if st.stage == 3:
+            if len(st.signatures) < t:
+                self._abort(f"{len(st.signatures)} clients signed the survivor list, threshold is {t}")
+            survivors = tuple(sorted(st.masked))
+            st.stage = 4
+            sigs = dict(sorted(st.signatures.items()))
+            return {u: UnmaskRequest(self.round_id, u, survivors, st.dropped, sigs) for u in sorted(st.signatures)}
+        if st.stage == 4:
             if len(st.shares) < t:
                 self._abort(f"{len(st.shares)} clients answered the unmasking request, threshold is {t}")
             result = self._unmask()
-            st.stage = 4
+            st.stage = DONE
             return result
         raise ProtocolError(f"round {self.round_id} is {self.stage_name}; nothing to close")
 

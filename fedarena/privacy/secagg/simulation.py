@@ -16,7 +16,7 @@ from fedarena.privacy.secagg.messages import decode, encode
 from fedarena.privacy.secagg.protocol import SecAggConfig
 from fedarena.privacy.secagg.server import AggregateResult, SecAggServer
 
-DROP_STAGES = ("advertise_keys", "share_keys", "masked_input", "unmask")
+DROP_STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask")
 
 
 @dataclass
@@ -36,7 +36,7 @@ def secure_aggregate(inputs: dict[int, np.ndarray], config: SecAggConfig, *, rou
     """Aggregate ``inputs`` (client id -> float vector) with SecAgg / SecAgg+.
 
     ``dropouts[stage]`` is the set of clients that go silent instead of sending their message of ``stage``
-    (one of :data:`DROP_STAGES`). With ``wire=True`` every message is encoded to bytes and decoded on the
+    (one of :data:`DROP_STAGES`; ``consistency_check`` only matters with ``config.consistency_check``). With ``wire=True`` every message is encoded to bytes and decoded on the
     other side (sizes are counted either way). ``clock`` times the parties (wall clock by default;
     ``time.process_time`` gives CPU time on a shared machine)."""
     dropouts = {k: set(v) for k, v in (dropouts or {}).items()}
@@ -90,6 +90,12 @@ def secure_aggregate(inputs: dict[int, np.ndarray], config: SecAggConfig, *, rou
         m = down(u, stage_msgs[u])
         deliver_up(u, timed(u, clients[u].masked_input, m, inputs[u]))
     stage_msgs = close()
+    if config.consistency_check:
+        active = [u for u in stage_msgs if u not in dropouts.get("consistency_check", ())]
+        for u in active:
+            m = down(u, stage_msgs[u])
+            deliver_up(u, timed(u, clients[u].consistency, m))
+        stage_msgs = close()
     active = [u for u in stage_msgs if u not in dropouts.get("unmask", ())]
     for u in active:
         m = down(u, stage_msgs[u])
