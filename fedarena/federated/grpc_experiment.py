@@ -51,10 +51,14 @@ class FedAvgGrpcConfig(ExperimentConfig):
     signds_epsilon: float = param(1.0, "SignDS epsilon per upload")
     signds_lr: float = param(0.01, "SignDS global learning rate")
     secagg: bool = param(False, "secure aggregation (SecAgg) of every round's updates")
-    secagg_threshold: float = param(0.5, "SecAgg Shamir threshold as a fraction of the selected clients")
+    secagg_threshold: float = param(0.5, "SecAgg threshold t = floor(f * share holders) + 1, f in [0.5, 1]")
     secagg_neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
     secagg_stage_seconds: float = param(10.0, "window of each SecAgg stage after the first")
+    secagg_clip: float = param(1.0, "SecAgg: every update coordinate is clipped to [-clip, clip] before masking")
+    secagg_max_examples: int = param(10000, "SecAgg: example counts are clipped to 1..N inside the masked vector")
+    secagg_consistency_check: bool = param(True, "SecAgg: signed survivor-list round (malicious-server variant)")
     max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
+    max_examples: int = param(0, "largest example count a client may declare (0 = the task's largest shard)")
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
     tls_key: str = param("", "PEM private key of the nodes")
     tls_root: str = param("", "PEM root certificate clients trust")
@@ -76,9 +80,10 @@ def _spec(cfg: FedAvgGrpcConfig):
     from fedarena.federated.task import TaskSpec
     from fedarena.federated.transport import TLSFiles
 
+    task = TaskSpec(dataset=cfg.dataset, num_clients=cfg.num_clients, alpha=cfg.alpha, hidden=tuple(cfg.hidden),
+                    seed=cfg.seed, trainer=cfg.trainer)
     return DeploymentSpec(
-        task=TaskSpec(dataset=cfg.dataset, num_clients=cfg.num_clients, alpha=cfg.alpha, hidden=tuple(cfg.hidden),
-                      seed=cfg.seed, trainer=cfg.trainer),
+        task=task,
         policy=RoundPolicy(
             rounds=cfg.rounds, clients_per_round=cfg.clients_per_round, min_fraction=cfg.min_fraction,
             window_seconds=cfg.window_seconds, start_clients=cfg.num_clients, selection=cfg.selection,
@@ -87,11 +92,13 @@ def _spec(cfg: FedAvgGrpcConfig):
                                      signds_epsilon=cfg.signds_epsilon, signds_lr=cfg.signds_lr,
                                      secagg=cfg.secagg, secagg_threshold=cfg.secagg_threshold,
                                      secagg_neighbours=cfg.secagg_neighbours,
-                                     secagg_stage_seconds=cfg.secagg_stage_seconds),
+                                     secagg_stage_seconds=cfg.secagg_stage_seconds, secagg_clip=cfg.secagg_clip,
+                                     secagg_max_examples=cfg.secagg_max_examples,
+                                     secagg_consistency_check=cfg.secagg_consistency_check),
             server_optimizer=ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau),
             seed=cfg.seed,
         ),
-        server=ServerOptions(max_update_norm=cfg.max_update_norm),
+        server=ServerOptions(max_update_norm=cfg.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=cfg.encoding, topk_fraction=cfg.topk_fraction, clip_norm=cfg.clip_norm,
                              ldp_epsilon=cfg.ldp_epsilon, ldp_delta=cfg.ldp_delta, ldp_clip_norm=cfg.ldp_clip_norm,
                              seed=cfg.seed),
@@ -100,6 +107,17 @@ def _spec(cfg: FedAvgGrpcConfig):
         tls=TLSFiles(cert_chain=cfg.tls_cert, private_key=cfg.tls_key, root_cert=cfg.tls_root,
                      server_name="localhost" if cfg.tls_root else ""),
     )
+
+
+def _max_examples(cfg: FedAvgGrpcConfig, task) -> int:
+    """The servers' bound on declared example counts: the config's, or the largest shard of the task's split."""
+    if cfg.max_examples < 0:
+        raise ValueError(f"max_examples: must be >= 0, got {cfg.max_examples}")
+    if cfg.max_examples:
+        return cfg.max_examples
+    from fedarena.federated.task import max_shard
+
+    return max_shard(task)  # the split every node rebuilds from the same TaskSpec
 
 
 _METRICS = ("test_acc", "test_loss", "train_loss", "reporting", "selected", "bytes_up", "bytes_down",

@@ -84,7 +84,9 @@ def secagg_params(cfg: Any, n_selected: int, dimension: int):
     return SecAggConfig(
         dimension=dimension, threshold=max(2, threshold(cfg, n_selected)),
         clip=max(1.0, float(cfg.secagg_clip)), scale=fixed_point_scale(cfg), modulus_bits=32,
-        num_neighbours=cfg.secagg_neighbours or None, consistency_check=bool(cfg.secagg_consistency_check),
+        # a neighbourhood of k >= n - 1 is every client: plain SecAgg
+        num_neighbours=cfg.secagg_neighbours if holders(cfg, n_selected) < n_selected else None,
+        consistency_check=bool(cfg.secagg_consistency_check),
     )
 
 

@@ -98,15 +98,25 @@ def make_trainer(spec: TaskSpec, sizes: tuple[int, ...]) -> LocalTrainer:
     return EngineMLPTrainer(sizes)
 
 
-def build_task(spec: TaskSpec) -> Task:
-    """Deterministically build the split, test set and trainer of ``spec``."""
+def _split(spec: TaskSpec):
     x, y = _dataset(spec)
     rng = np.random.default_rng([spec.seed, 11])
     order = rng.permutation(len(x))
     n_test = int(round(spec.test_fraction * len(x)))
     test_idx, train_idx = order[:n_test], order[n_test:]
+    parts = dirichlet_split(y[train_idx], spec.num_clients, spec.alpha, rng, spec.min_examples)
+    return x, y, test_idx, train_idx, parts
+
+
+def max_shard(spec: TaskSpec) -> int:
+    """The largest number of training examples one client of ``spec`` holds (the bound servers put on claims)."""
+    return max(len(p) for p in _split(spec)[4])
+
+
+def build_task(spec: TaskSpec) -> Task:
+    """Deterministically build the split, test set and trainer of ``spec``."""
+    x, y, test_idx, train_idx, parts = _split(spec)
     xtr, ytr = x[train_idx], y[train_idx]
-    parts = dirichlet_split(ytr, spec.num_clients, spec.alpha, rng, spec.min_examples)
     n_classes = int(y.max()) + 1
     sizes = (x.shape[1], *spec.hidden, n_classes)
     return Task(spec, [(xtr[p], ytr[p]) for p in parts], (x[test_idx], y[test_idx]), make_trainer(spec, sizes), sizes)

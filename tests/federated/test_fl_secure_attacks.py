@@ -1,0 +1,259 @@
+"""Attacks on the FL runtime by hostile participants, on real loopback gRPC (issue 17, findings 1, 3, 4, 6, 11).
+
+Each test performs the attack through the nodes' public requests (a hand-driven client speaking the protocol)
+and asserts the fixed behaviour: the attacked round is abandoned cleanly and the next one opens, the global model
+is unchanged by the attacker, the error names the field, and the stored state keeps every round.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from fedarena.federated.client import FLClient
+from fedarena.federated.protocol import RoundConfig, model_bytes
+from fedarena.federated.scheduler import RoundPolicy, load_state
+from fedarena.federated.secure_round import capacity, fixed_point_scale, run_client, secagg_params, threshold
+from fedarena.federated.server import ServerOptions
+from fedarena.federated.task import TaskSpec
+from fedarena.federated.transport import RemoteError
+from fedarena.privacy.secagg.messages import UnmaskShares
+
+
+def wait_until(pred, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise TimeoutError("condition not reached")
+
+
+def _register(peer, c, cid, n=10):
+    return peer.call("register", {"client_id": cid, "token": c.token(cid), "num_examples": n})
+
+
+def _task(peer, c, cid, rnd):
+    while True:
+        reply = peer.call("get_task", {"client_id": cid, "token": c.token(cid), "have_version": -1, "wait_s": 2.0})
+        if reply.kind == "task" and reply.body["round"] == rnd:
+            return reply.body
+
+
+def _drive(peer, c, cid, task, x, cfg):
+    """Take part in a secure round by hand with the masked input ``x`` (any vector the SecAgg client accepts)."""
+    params = secagg_params(cfg, task["secagg_selected"], x.size)
+    base = {"client_id": cid, "token": c.token(cid), "round": task["round"]}
+
+    def send(data):
+        peer.call("secagg_send", dict(base, message=data))
+
+    def poll(stage):
+        reply = peer.call("secagg_poll", dict(base, stage=stage, wait_s=1.0))
+        return reply.body["message"] if reply.kind == "secagg" else None
+
+    return run_client(send, poll, params, task["secagg_party"], task["round"], x, time.monotonic() + 60)
+
+
+def _start(clients):
+    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+    for t in threads:
+        t.start()
+    return threads
+
+
+SECURE = RoundConfig(epochs=1, batch_size=8, lr=0.1, secagg=True, secagg_stage_seconds=5.0)
+
+
+def test_out_of_range_masked_inputs_abandon_the_round_and_the_next_one_opens(make_cluster, tmp_path):
+    """Finding 1: a selected client masks a weight of -N examples, then one example carrying the largest values; each
+    attacked round is abandoned with the model untouched, and the following round aggregates."""
+    c = make_cluster(RoundPolicy(rounds=3, window_seconds=30, start_clients=4, round_config=SECURE))
+    init = {k: v.copy() for k, v in c.task.trainer.init_params(0).items()}
+    dim = sum(v.size for v in init.values()) + 1
+    p = c.peer(0)
+    _register(p, c, "c3")
+    honest = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(3)]
+    threads = _start(honest)
+    big = SECURE.secagg_max_examples
+    negative = np.zeros(dim)
+    negative[-1] = -1.0  # weight -N: the sum of weights goes negative (the old code then froze in 'closing')
+    extreme = np.ones(dim)
+    extreme[-1] = 1.0 / big  # one example whose every coordinate is N times the clip
+    for rnd, x in ((1, negative), (2, extreme)):
+        assert _drive(p, c, "c3", _task(p, c, "c3", rnd), x, SECURE)
+        wait_until(lambda: len(c.scheduler.history) >= rnd)
+        assert c.scheduler.version == 0 and model_bytes(c.scheduler.params) == model_bytes(init)
+    zero = np.concatenate([np.zeros(dim - 1), [10 / big]])  # an honest zero update of 10 examples
+    assert _drive(p, c, "c3", _task(p, c, "c3", 3), zero, SECURE)
+    for t in threads:
+        t.join(60)
+    h = c.scheduler.history
+    assert [r["outcome"] for r in h] == ["abandoned", "abandoned", "aggregated"]
+    assert h[0]["close_reason"] == "secagg_done" and h[0]["abort_reason"].startswith("aggregate.weight:")
+    assert h[1]["abort_reason"].startswith("aggregate.update[0]:") and "secagg_clip" in h[1]["abort_reason"]
+    assert h[2]["reporting"] == 4 and h[2]["examples"] == 10 + sum(len(c.task.clients[i][1]) for i in range(3))
+    assert c.scheduler.version == 1
+    moved = max(float(np.abs(c.scheduler.params[k].astype(np.float64) - init[k]).max()) for k in init)
+    assert 0 < moved <= SECURE.secagg_clip  # a mean of clipped deltas moves no coordinate further than the clip
+    saved = load_state(tmp_path / "state.fl")  # nothing stored was lost: three rounds, the aggregated model
+    assert len(saved["history"]) == 3 and model_bytes(saved["params"]) == model_bytes(c.scheduler.params)
+
+
+class _NaNTrainer:
+    """A trainer whose local model diverged to NaN."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def train(self, params, x, y, **kw):
+        local, loss = self.inner.train(params, x, y, **kw)
+        return {k: np.full_like(v, np.nan) for k, v in local.items()}, loss
+
+
+def test_a_nan_update_is_refused_by_its_client_and_the_round_aggregates_the_others(make_cluster):
+    """Finding 11: the old code masked NaN as a garbage integer and summed it in."""
+    c = make_cluster(RoundPolicy(rounds=1, window_seconds=6, start_clients=4, round_config=SECURE))
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i],
+                        _NaNTrainer(c.task.trainer) if i == 3 else c.task.trainer) for i in range(4)]
+    threads = _start(clients)
+    for t in threads:
+        t.join(60)
+    row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["clients"] == ["c0", "c1", "c2"]
+    assert all(np.isfinite(v).all() for v in c.scheduler.params.values())
+    assert clients[3].stats.uploads_refused.get("secagg", 0) >= 1 and clients[3].stats.uploads_accepted == 0
+
+
+def test_no_client_is_locked_out_when_the_round_advances_during_its_last_secure_message(make_cluster):
+    """Finding 4: the scheduler's reply to a client's final SecAgg message arrives after the next round opened
+    (here forced by holding the reply until the server has applied the new plan); the old server then marked the
+    client as having taken part in the *new* round and never offered it that round's task."""
+    c = make_cluster(RoundPolicy(rounds=3, window_seconds=8, start_clients=3, round_config=SECURE))
+    for srv in c.servers:
+        real = srv.scheduler.call
+
+        def call(kind, body, timeout=10.0, real=real, srv=srv):
+            reply = real(kind, body, timeout)
+            if kind == "secagg_up" and body["message"][4] == UnmaskShares.TYPE:
+                end = time.monotonic() + 15
+                while srv.partial_round == body["round"] and time.monotonic() < end:
+                    time.sleep(0.01)
+            return reply
+
+        srv.scheduler.call = call
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(3)]
+    for t in _start(clients):
+        t.join(120)
+    h = c.scheduler.history
+    assert len(h) == 3
+    for row in h:
+        assert row["outcome"] == "aggregated" and row["clients"] == ["c0", "c1", "c2"], row
+        assert row["close_reason"] == "secagg_done"
+
+
+def test_secagg_plus_with_six_neighbours_runs_through_the_runtime(make_cluster):
+    """Finding 3: the threshold comes from the neighbourhood (k + 1 = 7 holders: t = 4), not from the 9 clients."""
+    task = TaskSpec(dataset="synthetic", num_clients=9, hidden=(8,), trainer="numpy", synthetic_features=10,
+                    synthetic_classes=3, synthetic_examples=600)
+    cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, secagg=True, secagg_neighbours=6, secagg_stage_seconds=5.0)
+    assert threshold(cfg, 9) == 4 and secagg_params(cfg, 9, 10).threshold == 4
+    c = make_cluster(RoundPolicy(rounds=1, window_seconds=30, start_clients=9, round_config=cfg), task=task)
+    init = c.task.trainer.init_params(0)
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(9)]
+    for t in _start(clients):
+        t.join(60)
+    row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["reporting"] == 9 and row["needed"] == 4
+    # the result is FedAvg over the 9 clients (replayed locally) up to fixed-point rounding
+    num = {k: np.zeros(v.shape) for k, v in init.items()}
+    total = 0
+    for i in range(9):
+        x, y = c.task.clients[i]
+        rng = np.random.default_rng([0, 1, int.from_bytes(f"c{i}".encode()[:8], "little")])
+        local, _ = c.task.trainer.train(init, x, y, epochs=1, batch_size=8, lr=0.1, prox_mu=0.0, rng=rng)
+        for k in init:
+            num[k] += len(x) * (local[k].astype(np.float64) - init[k].astype(np.float64)).astype(np.float32)
+        total += len(x)
+    unit = fixed_point_scale(cfg) / cfg.secagg_max_examples
+    for k in init:
+        expect = (init[k].astype(np.float64) + num[k] / total).astype(np.float32)
+        np.testing.assert_allclose(c.scheduler.params[k], expect, rtol=0, atol=9 * 0.5 / (total * unit) + 1e-6)
+
+
+def test_secure_parameters_that_cannot_run_are_refused_at_config_load():
+    """Finding 3 (512 clients overflow the fixed-point sum) and finding 2 (minority thresholds): one line naming the
+    field, before any process starts."""
+    from fedarena.federated.grpc_experiment import FedAvgGrpcConfig
+
+    cfg = RoundConfig(secagg=True)
+    cap = capacity(cfg)  # (2^31 - 1) // (clip x scale); the scale 2^22 is rounded down to 419 x 10000
+    assert cap == (2**31 - 1) // 4190000 == 512
+    with pytest.raises(ValueError, match=rf"^round\.secagg_scale: {cap + 1} clients .*at most {cap} clients"):
+        RoundPolicy(clients_per_round=cap + 1, round_config=cfg)
+    RoundPolicy(clients_per_round=cap, round_config=cfg)
+    with pytest.raises(ValueError, match=r"^round\.secagg_scale: 600 clients"):
+        FedAvgGrpcConfig(num_clients=600, secagg=True)
+    with pytest.raises(ValueError, match=r"^round\.secagg_threshold: must lie in \[0.5, 1\]"):
+        RoundConfig(secagg=True, secagg_threshold=0.4)
+    with pytest.raises(ValueError, match=r"^clients_per_round/start_clients: a secure round needs at least 3"):
+        RoundPolicy(clients_per_round=2, round_config=cfg)
+    # the defaults give a strict majority of the share holders for every round size and neighbourhood
+    for k in (0, 2, 4, 6, 10):
+        kcfg = RoundConfig(secagg=True, secagg_neighbours=k)
+        for n in range(3, 120):
+            m = n if not k or k >= n - 1 else k + 1
+            assert m / 2 < threshold(kcfg, n) <= m
+    assert RoundConfig().secagg_consistency_check and secagg_params(cfg, 5, 10).consistency_check
+
+
+def test_uploads_need_registration_and_example_counts_are_bounded(make_cluster):
+    """Finding 6: an authenticated but unregistered client (or one registered on another server) is refused; example
+    counts above the bound are refused on register and upload; a deployment takes the bound from its task."""
+    from fedarena.federated.grpc_experiment import FedAvgGrpcConfig, _spec
+    from fedarena.federated.task import build_task
+
+    opts = ServerOptions(sync_wait_s=0.2, max_update_norm=50.0, max_examples=40)
+    c = make_cluster(server_options=opts)
+    pa, pb = c.peer(0), c.peer(1)
+    _register(pa, c, "a")
+    _register(pb, c, "b")
+    wait_until(lambda: c.scheduler.phase == "open")
+    task = _task(pa, c, "a", 1)
+    init = {k: v.copy() for k, v in task["params"].items()}
+
+    def upload(cid, n=10, value=0.01):
+        return {"client_id": cid, "token": c.token(cid), "round": 1, "model_version": 0, "num_examples": n,
+                "nonce": os.urandom(16), "encoding": "dense", "train_loss": 0.5,
+                "update": {k: np.full(v.shape, value, np.float32) for k, v in init.items()}}
+
+    for cid, peer in (("b", pa), ("a", pb)):  # registered, but on the other server
+        with pytest.raises(RemoteError) as info:
+            peer.call("upload", upload(cid))
+        assert (info.value.code, info.value.field) == ("unauthenticated", "body.client_id")
+        assert "not registered here" in info.value.reason
+    with pytest.raises(RemoteError) as info:
+        pa.call("secagg_poll", {"client_id": "b", "token": c.token("b"), "round": 1, "stage": 1})
+    assert info.value.code == "unauthenticated"
+    with pytest.raises(RemoteError) as info:
+        pa.call("register", {"client_id": "c", "token": c.token("c"), "num_examples": 41})
+    assert (info.value.code, info.value.field) == ("too_many_examples", "body.num_examples")
+    with pytest.raises(RemoteError) as info:
+        pa.call("upload", upload("a", n=41, value=5.0))
+    assert (info.value.code, info.value.field) == ("too_many_examples", "body.num_examples")
+    assert c.scheduler.admitted == {} and model_bytes(c.scheduler.params) == model_bytes(init)
+    assert pa.call("upload", upload("a", n=10, value=0.01)).kind == "ack"
+    assert pb.call("upload", upload("b", n=30, value=-0.03)).kind == "ack"
+    wait_until(lambda: c.scheduler.version == 1)
+    for k in init:
+        expect = (init[k].astype(np.float64) + (10 * 0.01 + 30 * np.float64(np.float32(-0.03))) / 40)
+        np.testing.assert_allclose(c.scheduler.params[k], expect.astype(np.float32), rtol=1e-6)
+    # a deployment's default bound is its largest client shard
+    cfg = FedAvgGrpcConfig(dataset="synthetic", num_clients=6)
+    spec = _spec(cfg)
+    assert spec.server.max_examples == max(len(y) for _, y in build_task(spec.task).clients)
+    assert _spec(FedAvgGrpcConfig(dataset="synthetic", num_clients=6, max_examples=77)).server.max_examples == 77
