@@ -11,7 +11,9 @@ The global counter is the set of admitted uploads (servers ask ``admit`` before 
 client is counted once whichever server it used). The round closes when every selected client has
 been admitted or when the window ends, whichever is first; servers then send their partial
 aggregates (waited for at most ``partial_grace_s``). If the partials cover at least
-``ceil(min_fraction * |selected|)`` clients, the weighted mean delta is applied with the server
+``ceil(min_fraction * |selected|)`` clients, the weighted mean delta (or, with an ``aggregator``, its
+rule over the individual deltas: coordinate-wise median, trimmed mean, Krum from
+:mod:`fedarena.federated.strategy`, servers then forward every delta) is applied with the server
 optimizer and the model version increases; otherwise the round is abandoned and the next one
 starts with the same model. After every round the global model, optimizer state and round
 history are written atomically (temp file + fsync + rename) in the wire format, and a restarted
@@ -26,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -40,6 +42,8 @@ from fedarena.platform.checkpoint import write_atomic
 log = logging.getLogger("fedarena.federated.scheduler")
 
 Params = dict[str, np.ndarray]
+Aggregator = Callable[[Sequence[Params], Sequence[float]], Params]
+"""A robust aggregation rule: the client deltas and their weights -> the global delta (same names and shapes)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,11 @@ class _Server:
 
 
 class Scheduler:
-    """The FL-Scheduler node. ``evaluate(params) -> {metric: float}`` is called after each aggregation."""
+    """The FL-Scheduler node. ``evaluate(params) -> {metric: float}`` is called after each aggregation.
+
+    ``aggregator``: a robust rule (see :data:`Aggregator`) used instead of the example-weighted mean; the
+    plan then asks the FL-Servers for every accepted delta. A result that is not finite or does not match
+    the model's tensors abandons the round."""
 
     def __init__(
         self,
@@ -122,8 +130,10 @@ class Scheduler:
         chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
         tls: TLSFiles | None = None,
         client_tls: TLSFiles | None = None,
+        aggregator: Aggregator | None = None,
     ) -> None:
         self.policy = policy
+        self.aggregator = aggregator
         self.secret = secret
         self.state_path = Path(state_path)
         self.evaluate = evaluate
@@ -143,6 +153,7 @@ class Scheduler:
         self.deadline = 0.0
         self.admitted: dict[str, str] = {}
         self.partials: dict[str, tuple[PartialAggregate, int, int]] = {}
+        self.updates: dict[str, tuple[Params, float]] = {}  # client -> (delta, weight), with an aggregator
         self.secure: SecureRound | None = None
         self.history: list[dict[str, Any]] = []
         self.params = {k: np.asarray(v) for k, v in initial_params.items()}
@@ -296,7 +307,7 @@ class Scheduler:
                 self._abandon_unopened(now, selected, str(e))
                 return True
         self.selected, self.secure = selected, secure
-        self.admitted, self.partials = {}, {}
+        self.admitted, self.partials, self.updates = {}, {}, {}
         self.opened_at, self.deadline = now, now + p.window_seconds
         self.phase = "open"
         log.info("scheduler: round %d open, %d clients selected", self.round, k)
@@ -321,8 +332,14 @@ class Scheduler:
             "bytes_up": bytes_up, "bytes_down": bytes_down,
             "servers": sorted(self.partials), "clients": sorted(total.clients),
         }
+        delta = None
         if len(total.clients) >= need and total.weight > 0:
-            delta = total.mean_delta()
+            try:
+                delta = total.mean_delta() if self.aggregator is None else self._robust_delta(total.clients)
+            except ValueError as e:  # a rule that fails or returns garbage: nothing is applied
+                row["abort_reason"] = str(e)
+                log.warning("scheduler: round %d abandoned: %s", self.round, e)
+        if delta is not None:
             self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
             self.version += 1
             row["outcome"] = "aggregated"
@@ -337,10 +354,27 @@ class Scheduler:
                  len(self.selected))
         self.round += 1
         self.phase = "done" if self.round > p.rounds else "idle"
-        self.selected, self.admitted, self.partials = [], {}, {}
+        self.selected, self.admitted, self.partials, self.updates = [], {}, {}, {}
         self._save()
         if self.phase == "idle":
             self._open_round(time.monotonic())
+
+    def _robust_delta(self, clients: Sequence[str]) -> Params:
+        """The aggregator's delta over the individual updates of ``clients``; ValueError if unusable."""
+        missing = sorted(set(clients) - set(self.updates))
+        if missing:
+            raise ValueError(f"updates: no individual update of {missing[:5]} reached the scheduler")
+        order = sorted(clients)
+        delta = self.aggregator([self.updates[c][0] for c in order], [self.updates[c][1] for c in order])
+        if set(delta) != set(self._shapes):
+            raise ValueError(f"aggregator: returned tensors {sorted(delta)}, the model has {sorted(self._shapes)}")
+        out = {}
+        for k, v in delta.items():
+            v = np.asarray(v, np.float64)
+            if v.shape != self._shapes[k] or not np.isfinite(v).all():
+                raise ValueError(f"aggregator: tensor {k} has shape {v.shape} or is not finite")
+            out[k] = v
+        return out
 
     def _abandon_unopened(self, now: float, selected: list[str], reason: str) -> None:
         """Record a round that could not open as abandoned and move on (call with ``cond`` held)."""
@@ -490,7 +524,7 @@ class Scheduler:
             "selected": list(self.selected) if self.phase == "open" else [],
             "config": self.policy.round_config.to_body(),
             "deadline_s": max(0.0, self.deadline - now) if self.phase == "open" else 0.0,
-            "rounds": self.policy.rounds,
+            "rounds": self.policy.rounds, "collect_updates": self.aggregator is not None,
         }
 
     def _sync(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -558,7 +592,24 @@ class Scheduler:
             if not (math.isfinite(weight) and weight >= 0 and math.isfinite(loss_sum)):
                 raise ProtocolError("body.weight", "weight and loss_sum must be finite, weight >= 0", "malformed")
             part = PartialAggregate(sums=sums, weight=weight, clients=[str(c) for c in clients], loss_sum=loss_sum)
+            updates: dict[str, tuple[Params, float]] = {}
+            if self.aggregator is not None:
+                ups = wire.field(b, "updates", dict)
+                ws = wire.field(b, "update_weights", dict)
+                if set(ups) != set(clients) or set(ws) != set(clients):
+                    raise ProtocolError("body.updates", "individual updates must cover exactly the partial's clients",
+                                        "malformed")
+                for cid, d in ups.items():
+                    if not isinstance(d, dict) or set(d) != set(self._shapes):
+                        raise ProtocolError(f"body.updates.{cid}", "tensor names differ from the model", "malformed")
+                    w = ws[cid]
+                    if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
+                        raise ProtocolError(f"body.update_weights.{cid}", "must be a finite number > 0", "malformed")
+                    updates[cid] = ({k: wire.check_array(v, f"body.updates.{cid}.{k}", dtype="float64",
+                                                         shape=self._shapes[k], finite=True) for k, v in d.items()},
+                                    float(w))
             self.partials[server_id] = (part, up, down)
+            self.updates.update(updates)
             self.cond.notify_all()
             return "ack", {}
 

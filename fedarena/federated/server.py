@@ -16,7 +16,9 @@ clear ``error`` reply that is also logged, while the server keeps serving:
 8. the scheduler's global counter admits it (one count per client per round over all servers)
 
 Accepted deltas enter this server's :class:`~fedarena.federated.strategy.PartialAggregate`
-(example-weighted sum), which is sent to the scheduler when the round closes.
+(example-weighted sum), which is sent to the scheduler when the round closes. When the scheduler
+aggregates with a robust rule (its plan says ``collect_updates``), the server also sends every
+accepted client's delta and weight, since a median or Krum cannot be formed from sums.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class FLServer:
         self.partial_round = 0
         self.partial_sent = -1
         self.uploaded: set[str] = set()
+        self.collect = False  # the plan asks for individual updates (robust aggregation at the scheduler)
+        self.updates: dict[str, tuple[dict[str, np.ndarray], float]] = {}
         self.nonces: OrderedDict[bytes, None] = OrderedDict()
         self.bytes_up = 0
         self.bytes_down = 0
@@ -183,7 +187,7 @@ class FLServer:
         with self.upload_lock, self.cond:
             if rnd != self.partial_round:
                 self.partial, self.partial_round = PartialAggregate(), rnd
-                self.uploaded = set()
+                self.uploaded, self.updates = set(), {}
                 self.bytes_up = self.bytes_down = 0
             if phase == "open" and plan.get("config"):
                 self.round_config = RoundConfig.from_body(plan["config"])
@@ -191,6 +195,8 @@ class FLServer:
             self.plan = {k: v for k, v in plan.items() if k != "params"}
             self.plan["received_at"] = time.monotonic()
             self.selected = frozenset(plan.get("selected", []))
+            if phase == "open":
+                self.collect = bool(plan.get("collect_updates", False))
             self.cond.notify_all()
         if phase == "closing" and self.partial_sent != rnd:
             self._send_partial(rnd)
@@ -203,6 +209,9 @@ class FLServer:
                 "weight": part.weight, "clients": list(part.clients), "loss_sum": part.loss_sum,
                 "sums": part.sums, "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
             }
+            if self.collect:
+                body["updates"] = {c: d for c, (d, _) in self.updates.items()}
+                body["update_weights"] = {c: w for c, (_, w) in self.updates.items()}
         try:
             self.scheduler.call("partial", body, timeout=30)
             self.partial_sent = rnd
@@ -394,6 +403,8 @@ class FLServer:
                 self.nonces.pop(nonce, None)  # not counted anywhere: the client may retry this very message
                 raise self._refuse("server", f"scheduler unreachable ({e.code}); retry later", "unavailable") from None
             self.partial.add(cid, delta, weight, loss)
+            if self.collect:
+                self.updates[cid] = (delta, float(weight))
             self.uploaded.add(cid)
             self.bytes_up += nbytes
             return "ack", {"round": rnd, "clients_admitted": int(admitted.body.get("count", 0))}

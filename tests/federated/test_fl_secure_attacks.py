@@ -257,3 +257,55 @@ def test_uploads_need_registration_and_example_counts_are_bounded(make_cluster):
     spec = _spec(cfg)
     assert spec.server.max_examples == max(len(y) for _, y in build_task(spec.task).clients)
     assert _spec(FedAvgGrpcConfig(dataset="synthetic", num_clients=6, max_examples=77)).server.max_examples == 77
+
+
+def _median(deltas, weights):
+    """Coordinate-wise median (Yin et al. 2018), ignoring the self-declared weights."""
+    return {k: np.median(np.stack([np.asarray(d[k], np.float64) for d in deltas]), axis=0) for k in deltas[0]}
+
+
+def test_a_robust_aggregator_plugs_into_the_runtime_and_outvotes_a_byzantine_client(make_cluster):
+    """Finding 6: with FedAvg one client claiming many examples and a large delta drags the mean; the scheduler's
+    aggregator receives every individual delta (the servers forward them) and the median ignores the outlier. An
+    aggregator that returns garbage abandons the round and the next one opens."""
+    calls = []
+
+    def rule(deltas, weights):
+        calls.append((len(deltas), list(weights)))
+        if len(calls) == 2:  # second round: a broken rule
+            return {k: np.full(v.shape, np.nan) for k, v in deltas[0].items()}
+        return _median(deltas, weights)
+
+    opts = ServerOptions(sync_wait_s=0.2, max_update_norm=60.0, max_examples=1000)
+    policy = RoundPolicy(rounds=3, window_seconds=60, start_clients=4, min_fraction=0.5,
+                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+    c = make_cluster(policy, server_options=opts, aggregator=rule)
+    peers = [c.peer(i % 2) for i in range(4)]
+    ids = ["a", "b", "c", "evil"]
+    for p, cid in zip(peers, ids):
+        _register(p, c, cid)
+    values = {"a": 0.01, "b": 0.02, "c": 0.03, "evil": 4.0}
+    history = []
+    for rnd in (1, 2, 3):
+        params = None
+        for p, cid in zip(peers, ids):
+            task = _task(p, c, cid, rnd)
+            params = params or {k: v.copy() for k, v in task["params"].items()}
+            n = 1000 if cid == "evil" else 10
+            body = {"client_id": cid, "token": c.token(cid), "round": rnd, "model_version": task["model_version"],
+                    "num_examples": n, "nonce": os.urandom(16), "encoding": "dense", "train_loss": 0.5,
+                    "update": {k: np.full(v.shape, values[cid], np.float32) for k, v in params.items()}}
+            assert p.call("upload", body).kind == "ack"
+        wait_until(lambda: len(c.scheduler.history) >= rnd)
+        history.append({k: v.copy() for k, v in c.scheduler.params.items()})
+        if rnd == 1:
+            first = params
+    assert calls[0] == (4, [10.0, 10.0, 10.0, 1000.0])  # every individual update and weight reached the rule
+    h = c.scheduler.history
+    assert [r["outcome"] for r in h] == ["aggregated", "abandoned", "aggregated"]
+    assert "not finite" in h[1]["abort_reason"]
+    for k in first:
+        expect = (first[k].astype(np.float64) + np.median([0.01, 0.02, 0.03, np.float32(4.0)])).astype(np.float32)
+        np.testing.assert_allclose(history[0][k], expect, rtol=1e-6)  # FedAvg would have moved it by ~3.96
+        np.testing.assert_array_equal(history[1][k], history[0][k])  # the broken round changed nothing
+    assert c.scheduler.version == 2
