@@ -14,13 +14,15 @@ Client -> FL-Scheduler
 FL-Server -> FL-Scheduler (every request carries ``server_id`` and ``cluster_token``)
   ``server_join`` {address}                                     -> ``joined`` {}
   ``sync``      {known_round, known_phase, known_version, clients, wait_s} -> ``plan`` {round, model_version,
-                phase, selected, config, deadline_s, rounds, params? (when known_version is stale)}
+                phase, selected, config, deadline_s, rounds, collect_updates, params? (when known_version is stale)}
   ``admit``     {round, client_id}                              -> ``admitted`` {count}
-  ``partial``   {round, weight, clients, sums, loss_sum, bytes_up, bytes_down} -> ``ack`` {}
+  ``partial``   {round, weight, clients, sums, loss_sum, bytes_up, bytes_down, updates? and update_weights?
+                (per-client deltas and weights, when the plan says collect_updates)} -> ``ack`` {}
   ``get_model`` {version}                                       -> ``model`` {version, params}
 Secure-aggregation rounds (``config.secagg``; see :mod:`fedarena.federated.secure_round`): the task also
 carries ``secagg_party``; client -> server ``secagg_send`` {round, message: bytes} -> ``ack`` and
-``secagg_poll`` {round, stage, wait_s} -> ``secagg`` {message} | ``wait``; the server relays them to the
+``secagg_poll`` {round, stage (1..4; 3 = consistency check), wait_s} -> ``secagg`` {message} | ``wait``
+(uploads and SecAgg messages need ``register`` on that server first); the server relays them to the
 scheduler as ``secagg_up`` / ``secagg_down`` {client_id, round, ...}.
 Observer -> FL-Scheduler: ``status`` {cluster_token} -> ``status`` {round, model_version, phase, history,
   servers, clients}; ``get_model`` as above.  Anyone -> node: ``ping`` {} -> ``pong`` {node}.
