@@ -88,8 +88,12 @@ class FLClient:
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
         tls: TLSFiles | None = None,
+        identity: Any = None,
     ) -> None:
+        """``identity``: a :class:`~fedarena.federated.secure_round.SecAggIdentity` (long-term signing key and
+        the clients' public keys) for secure rounds; without it the signing key is fresh per round."""
         self.client_id = client_id
+        self.identity = identity
         self.token = token
         self.x, self.y = data
         self.trainer = trainer
@@ -258,6 +262,16 @@ class FLClient:
             log.warning("%s: %d examples exceed secagg_max_examples %d; the weight is clipped to it",
                         self.client_id, len(self.x), cfg.secagg_max_examples)
         params = secagg_params(cfg, n_selected, x.size)
+        pki: dict[str, Any] = {}
+        if self.identity is not None:
+            members = wire.field(body, "secagg_members", list)
+            try:
+                pki = {"signing_key": self.identity.signing_key,
+                       "identities": self.identity.party_keys(self.client_id, party, [str(m) for m in members])}
+            except ValueError as e:
+                self.stats.uploads_refused["secagg"] = self.stats.uploads_refused.get("secagg", 0) + 1
+                log.warning("%s: secure round %d: %s", self.client_id, rnd, e)
+                return
         deadline = time.monotonic() + wire.field(body, "deadline_s", float) + 5 * cfg.secagg_stage_seconds
 
         def send(data: bytes) -> None:
@@ -269,7 +283,7 @@ class FLClient:
             return wire.field(reply.body, "message", bytes) if reply.kind == "secagg" else None
 
         try:
-            if run_client(send, poll, params, party, rnd, x, deadline):
+            if run_client(send, poll, params, party, rnd, x, deadline, **pki):
                 self.stats.uploads_accepted += 1
         except RemoteError as e:
             self.stats.uploads_refused[e.code] = self.stats.uploads_refused.get(e.code, 0) + 1

@@ -32,8 +32,9 @@ with ``k`` neighbours; ``secagg_threshold >= 0.5`` makes ``t > m / 2``.
 What is hidden from whom (see docs/security_secagg.md): no FL-Server or scheduler learns an individual
 client's delta, only the sum over at least ``t`` clients, provided fewer than ``2 t - m`` of each
 client's share holders collude with the scheduler (with none colluding, any t > m / 2 suffices), the
-scheduler cannot impersonate clients to one another in stage 0 (per-round signing keys travel through
-it; there is no PKI in the runtime), and the clients' own code is honest. A malicious client cannot read
+scheduler cannot impersonate clients to one another in stage 0 (by default per-round signing keys
+travel through it; clients given a :class:`SecAggIdentity`, a PKI, refuse keys not signed by their
+owner's identity key), and the clients' own code is honest. A malicious client cannot read
 others' inputs but can bias the aggregate within the bounds above, or make the round be abandoned.
 
 The masked sum is exact modulo 2^32; the only error is the fixed-point rounding of each input
@@ -164,6 +165,34 @@ def decode_aggregate(cfg: Any, total: np.ndarray, survivors: int) -> tuple[np.nd
     return s / w, k
 
 
+@dataclass(frozen=True)
+class SecAggIdentity:
+    """A client's long-term Ed25519 signing key and the public keys of every client (a PKI, distributed out of
+    band). With it, a client accepts only peers' keys signed by their identity keys, so a scheduler that
+    substitutes keys in stage 0 (and could then forge survivor-list signatures) is caught."""
+
+    signing_key: Any  # cryptography Ed25519PrivateKey
+    directory: dict[str, bytes]  # client id -> raw Ed25519 public key
+
+    def party_keys(self, client_id: str, party: int, members: list[str]) -> dict[int, bytes]:
+        """Party number -> identity key for the round's members (party i is ``members[i - 1]``)."""
+        if not 1 <= party <= len(members) or members[party - 1] != client_id:
+            raise ValueError(f"secagg_members: party {party} is not {client_id} in the round's member list")
+        if len(set(members)) != len(members):
+            raise ValueError("secagg_members: a client is listed twice")
+        return {i + 1: self.directory[m] for i, m in enumerate(members) if m in self.directory}
+
+
+def new_identities(client_ids) -> dict[str, SecAggIdentity]:
+    """Fresh Ed25519 identity keys for ``client_ids``, each with the full directory (for tests and deployments)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    keys = {c: Ed25519PrivateKey.generate() for c in client_ids}
+    directory = {c: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for c, k in keys.items()}
+    return {c: SecAggIdentity(k, dict(directory)) for c, k in keys.items()}
+
+
 @dataclass
 class SecureRound:
     """Scheduler side of one secure round: the SecAggServer, the stage clock and the per-client outbox."""
@@ -272,15 +301,16 @@ class SecureRound:
         return mean, examples, survivors
 
 
-def run_client(send, poll, secagg_cfg: Any, party: int, round_id: int, x: np.ndarray, deadline: float) -> bool:
+def run_client(send, poll, secagg_cfg: Any, party: int, round_id: int, x: np.ndarray, deadline: float, *,
+               signing_key: Any = None, identities: dict[int, bytes] | None = None) -> bool:
     """Client side: the four stages (five with the consistency check). ``send(bytes)`` relays a message;
-    ``poll(stage) -> bytes | None``.
+    ``poll(stage) -> bytes | None``; ``signing_key`` / ``identities``: the PKI of :class:`SecAggIdentity`.
 
     Returns True when the client completed its part (the sum may still be aborted by the scheduler).
     """
     from fedarena.privacy.secagg import SecAggClient, decode, encode
 
-    client = SecAggClient(party, secagg_cfg, round_id)
+    client = SecAggClient(party, secagg_cfg, round_id, signing_key=signing_key, identities=identities)
     send(encode(client.advertise_keys()))
     steps = [(1, client.share_keys), (2, lambda m: client.masked_input(m, x))]
     if secagg_cfg.consistency_check:

@@ -298,6 +298,7 @@ class FLServer:
                     if self.round_config.secagg:
                         body["secagg_party"] = sorted(self.selected).index(cid) + 1
                         body["secagg_selected"] = len(self.selected)
+                        body["secagg_members"] = sorted(self.selected)  # party i is members[i - 1]
                     if have != plan["model_version"]:
                         body["params"] = self.params
                         self.bytes_down += self.model_size

@@ -309,3 +309,50 @@ def test_a_robust_aggregator_plugs_into_the_runtime_and_outvotes_a_byzantine_cli
         np.testing.assert_allclose(history[0][k], expect, rtol=1e-6)  # FedAvg would have moved it by ~3.96
         np.testing.assert_array_equal(history[1][k], history[0][k])  # the broken round changed nothing
     assert c.scheduler.version == 2
+
+
+def test_identity_keys_catch_a_scheduler_that_substitutes_keys_in_stage_0(make_cluster, monkeypatch):
+    """With a PKI (SecAggIdentity) a client refuses the keys a malicious scheduler substituted for a peer's (with a
+    matching forged signature), drops out before sharing anything, and the round completes without it."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from fedarena.federated import scheduler as scheduler_module
+    from fedarena.federated.secure_round import SecureRound, new_identities
+    from fedarena.privacy.secagg.messages import KeyBroadcast
+    from fedarena.privacy.secagg.protocol import key_transcript
+
+    raw = (Encoding.Raw, PublicFormat.Raw)
+    real_open = SecureRound.open.__func__
+
+    def hostile_open(cls, *args, **kw):
+        sec = real_open(cls, *args, **kw)
+        real_close = sec.server.close_stage
+
+        def close():
+            out = real_close()
+            if sec.server.state.stage == 1:  # the key broadcasts: party 2's keys in party 1's copy are the attacker's
+                kb = out[1]
+                c_pk, s_pk = (X25519PrivateKey.generate().public_key().public_bytes(*raw) for _ in range(2))
+                mitm = Ed25519PrivateKey.generate()
+                sig = (mitm.public_key().public_bytes(*raw), mitm.sign(key_transcript(kb.round_id, 2, c_pk, s_pk)))
+                out[1] = KeyBroadcast(kb.round_id, 1, kb.graph_seed, kb.members, kb.keys | {2: (c_pk, s_pk)},
+                                      kb.signing | {2: sig})
+            return out
+
+        sec.server.close_stage = close
+        return sec
+
+    monkeypatch.setattr(scheduler_module.SecureRound, "open", classmethod(hostile_open))
+    cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, secagg=True, secagg_stage_seconds=2.0)
+    c = make_cluster(RoundPolicy(rounds=1, window_seconds=30, start_clients=4, round_config=cfg))
+    ids = new_identities([f"c{i}" for i in range(4)])
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer,
+                        identity=ids[f"c{i}"]) for i in range(4)]
+    for t in _start(clients):
+        t.join(60)
+    row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["clients"] == ["c1", "c2", "c3"]  # party 1 (c0) refused
+    assert clients[0].stats.uploads_refused.get("secagg", 0) >= 1 and clients[0].stats.uploads_accepted == 0
+    assert all(cl.stats.uploads_accepted == 1 for cl in clients[1:])

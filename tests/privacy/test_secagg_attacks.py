@@ -237,3 +237,40 @@ def test_nan_input_is_refused_by_the_client_before_masking():
     assert res.survivors == (1, 2, 3)
     expect = sum(quantize(inputs[u], 1.0, SCALE, 32).astype(np.int64) for u in (1, 2, 3))
     np.testing.assert_array_equal(res.total, (expect % 2**32).astype(np.uint32))
+
+
+def test_identity_keys_catch_a_server_that_replaces_keys_and_their_signatures():
+    """A man-in-the-middle server swaps party 2's keys *and* signing key in party 1's key broadcast. Without a PKI the
+    forged signature verifies (the documented limit); with identity keys the client refuses."""
+    import dataclasses
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from fedarena.privacy.secagg.protocol import key_transcript
+
+    raw = (Encoding.Raw, PublicFormat.Raw)
+    cfg = SecAggConfig(dimension=D, threshold=3, scale=SCALE, consistency_check=True)
+    sig_keys = {u: Ed25519PrivateKey.generate() for u in range(1, 5)}
+    directory = {u: k.public_key().public_bytes(*raw) for u, k in sig_keys.items()}
+    for pki in (False, True):
+        server = SecAggServer(cfg, 5, range(1, 5))
+        clients = {u: SecAggClient(u, cfg, 5, signing_key=sig_keys[u], identities=directory if pki else None)
+                   for u in range(1, 5)}
+        for u in clients:
+            server.receive(clients[u].advertise_keys())
+        kb = server.close_stage()
+        c_pk, s_pk = (X25519PrivateKey.generate().public_key().public_bytes(*raw) for _ in range(2))
+        mitm = Ed25519PrivateKey.generate()
+        forged = dataclasses.replace(
+            kb[1], keys=kb[1].keys | {2: (c_pk, s_pk)},
+            signing=kb[1].signing | {2: (mitm.public_key().public_bytes(*raw),
+                                               mitm.sign(key_transcript(5, 2, c_pk, s_pk)))})
+        if pki:
+            with pytest.raises(ProtocolError, match=r"signing\[2\] is not party 2's identity key"):
+                clients[1].share_keys(forged)
+        else:
+            clients[1].share_keys(forged)  # accepted: without a PKI the server controls whose key is whose
+    with pytest.raises(ValueError, match="identities: entry 1 is not this client's signing key"):
+        SecAggClient(1, cfg, 5, signing_key=sig_keys[2], identities=directory)
