@@ -157,22 +157,23 @@ def test_no_client_is_locked_out_when_the_round_advances_during_its_last_secure_
 
 
 def test_secagg_plus_with_six_neighbours_runs_through_the_runtime(make_cluster):
-    """Finding 3: the threshold comes from the neighbourhood (k + 1 = 7 holders: t = 4), not from the 9 clients."""
-    task = TaskSpec(dataset="synthetic", num_clients=9, hidden=(8,), trainer="numpy", synthetic_features=10,
-                    synthetic_classes=3, synthetic_examples=600)
+    """Finding 3: the threshold comes from the neighbourhood (k + 1 = 7 holders: t = 4), not from the 16 clients
+    (the old ceil(0.5 * 16) = 8 exceeded the 7 share holders, and the round never opened)."""
+    task = TaskSpec(dataset="synthetic", num_clients=16, hidden=(8,), trainer="numpy", synthetic_features=10,
+                    synthetic_classes=3, synthetic_examples=800)
     cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, secagg=True, secagg_neighbours=6, secagg_stage_seconds=5.0)
-    assert threshold(cfg, 9) == 4 and secagg_params(cfg, 9, 10).threshold == 4
-    c = make_cluster(RoundPolicy(rounds=1, window_seconds=30, start_clients=9, round_config=cfg), task=task)
+    assert threshold(cfg, 16) == 4 and secagg_params(cfg, 16, 10).threshold == 4
+    c = make_cluster(RoundPolicy(rounds=1, window_seconds=30, start_clients=16, round_config=cfg), task=task)
     init = c.task.trainer.init_params(0)
-    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(9)]
+    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(16)]
     for t in _start(clients):
         t.join(60)
     row = c.scheduler.history[0]
-    assert row["outcome"] == "aggregated" and row["reporting"] == 9 and row["needed"] == 4
-    # the result is FedAvg over the 9 clients (replayed locally) up to fixed-point rounding
+    assert row["outcome"] == "aggregated" and row["reporting"] == 16 and row["needed"] == 4
+    # the result is FedAvg over the 16 clients (replayed locally) up to fixed-point rounding
     num = {k: np.zeros(v.shape) for k, v in init.items()}
     total = 0
-    for i in range(9):
+    for i in range(16):
         x, y = c.task.clients[i]
         rng = np.random.default_rng([0, 1, int.from_bytes(f"c{i}".encode()[:8], "little")])
         local, _ = c.task.trainer.train(init, x, y, epochs=1, batch_size=8, lr=0.1, prox_mu=0.0, rng=rng)
@@ -182,7 +183,7 @@ def test_secagg_plus_with_six_neighbours_runs_through_the_runtime(make_cluster):
     unit = fixed_point_scale(cfg) / cfg.secagg_max_examples
     for k in init:
         expect = (init[k].astype(np.float64) + num[k] / total).astype(np.float32)
-        np.testing.assert_allclose(c.scheduler.params[k], expect, rtol=0, atol=9 * 0.5 / (total * unit) + 1e-6)
+        np.testing.assert_allclose(c.scheduler.params[k], expect, rtol=0, atol=16 * 0.5 / (total * unit) + 1e-6)
 
 
 def test_secure_parameters_that_cannot_run_are_refused_at_config_load():
