@@ -27,6 +27,7 @@ ROLE_KEY = "fedarena-role"
 ID_KEY = "fedarena-id"
 TOKEN_KEY = "fedarena-token"
 SEQ_KEY = "fedarena-seq"
+MAC_KEY = "fedarena-mac"
 
 
 def new_secret() -> bytes:
@@ -164,13 +165,35 @@ class NodeAuthenticator:
         return None
 
 
+def message_mac(secret: bytes, session: str, sender: str, receiver: str, seq: int, data: bytes) -> str:
+    """HMAC-SHA256 binding one vertical-FL message to its session, direction and position in the stream."""
+    head = f"msg:{session}:{sender}:{receiver}:{seq}:".encode("utf-8")
+    return hmac.new(secret, head + hashlib.sha256(data).digest(), hashlib.sha256).hexdigest()
+
+
+def message_seq(metadata: Mapping[str, str]) -> int | None:
+    """The stream's ``fedarena-seq`` as an int (None when missing or malformed)."""
+    text = metadata.get(SEQ_KEY, "")
+    return int(text) if text.isdigit() and len(text) <= 18 else None
+
+
 class PartyAuthenticator:
-    """Checks vertical-FL party metadata: the token of one of ``parties`` in ``session``; no anonymous access."""
+    """Checks vertical-FL party streams arriving at party ``me``; no anonymous access.
+
+    ``identify`` (before any frame is read): role ``party``, a party name of this session and its
+    session-bound token (:func:`party_token`). ``check_message`` (after the request is read, before
+    it is decoded): the stream's ``fedarena-seq`` must be the next number from that sender and
+    ``fedarena-mac`` must be the :func:`message_mac` of exactly these bytes at the stream's
+    ``fedarena-seq``, so a message of another session or direction, or altered, is refused; the
+    receiver (:class:`~fedarena.federated.vertical.channel.GrpcLink`) takes each sender's sequence
+    numbers strictly in order, which refuses replays and reorderings.
+    """
 
     anonymous_kinds: frozenset[str] = frozenset()
 
-    def __init__(self, secret: bytes, session: str, parties: tuple[str, ...]) -> None:
-        self._tokens = {p: party_token(secret, session, p) for p in parties}
+    def __init__(self, secret: bytes, session: str, parties: tuple[str, ...], me: str) -> None:
+        self._secret, self.session, self.me = secret, session, me
+        self._tokens = {p: party_token(secret, session, p) for p in parties if p != me}
 
     def identify(self, metadata: Mapping[str, str]) -> Identity:
         role, name = metadata.get(ROLE_KEY), metadata.get(ID_KEY, "")
@@ -178,10 +201,20 @@ class PartyAuthenticator:
             raise Refused("metadata.fedarena-role", "a vertical-FL party must authenticate as role 'party'")
         expected = self._tokens.get(name)
         if expected is None:
-            raise Refused("metadata.fedarena-id", f"{name!r} is not a party of this session")
+            raise Refused("metadata.fedarena-id", f"{name!r} is not a peer party of this session")
         if not _same(metadata.get(TOKEN_KEY, ""), expected):
             raise Refused("metadata.fedarena-token", "invalid party token for this session")
         return Identity("party", name)
+
+    def check_message(self, identity: Identity, metadata: Mapping[str, str], data: bytes) -> tuple[str, str] | None:
+        """None when the stream's MAC covers exactly these bytes at its sequence number, else (field, reason)."""
+        seq = message_seq(metadata)
+        if seq is None:
+            return "metadata.fedarena-seq", "missing or not a sequence number"
+        mac = message_mac(self._secret, self.session, identity.name, self.me, seq, data)
+        if not _same(metadata.get(MAC_KEY, ""), mac):
+            return "metadata.fedarena-mac", "message MAC does not match (wrong session, direction or content)"
+        return None
 
     def admit(self, identity: Identity, kind: str, body: Mapping[str, Any]) -> str | None:
         return None

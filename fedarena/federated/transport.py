@@ -255,8 +255,9 @@ class NodeServer:
 
     def __init__(self, handler: Handler, address: str, *, kinds: Iterable[str], limits: wire.Limits,
                  chunk_bytes: int, tls: TLSFiles | None, name: str, authenticator: Any,
-                 stream_limits: StreamLimits) -> None:
+                 stream_limits: StreamLimits, pass_identity: bool = False) -> None:
         self.name = name
+        self.pass_identity = pass_identity
         self.handler = handler
         self.kinds = frozenset(kinds)
         self.limits = limits
@@ -351,7 +352,7 @@ class NodeServer:
             except wire.WireError as e:
                 raise _Refusal("malformed", e.field, e.reason) from None
             pool = self._cluster_pool if identity.role == "cluster" else self._pool
-            reply = await asyncio.get_running_loop().run_in_executor(pool, self._process, identity, data)
+            reply = await asyncio.get_running_loop().run_in_executor(pool, self._process, identity, metadata, data)
         except _Refusal as e:
             reply = self._error_frames(e.code, e.field, e.reason)
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -364,15 +365,22 @@ class NodeServer:
         for frame in reply:
             yield frame
 
-    def _process(self, identity: auth.Identity, data: bytes) -> list[bytes]:
-        """Decode, admit, handle and encode one request (on a pool thread); returns the reply frames."""
+    def _process(self, identity: auth.Identity, metadata: Mapping[str, str], data: bytes) -> list[bytes]:
+        """Check, decode, admit, handle and encode one request (on a pool thread); returns the reply frames."""
         limits = self.anonymous_limits if identity.anonymous else self.limits
         try:
+            check = getattr(self.authenticator, "check_message", None)
+            bad = check(identity, metadata, data) if check is not None else None
+            if bad:
+                return self._error_frames("unauthenticated", *bad)
             msg = wire.decode(data, limits, kinds=self.kinds)
             reason = self.authenticator.admit(identity, msg.kind, msg.body)
             if reason:
                 return self._error_frames("unauthenticated", "metadata", reason)
-            kind, body = self.handler(msg, len(data))
+            if self.pass_identity:
+                kind, body = self.handler(msg, len(data), identity, metadata)  # type: ignore[call-arg]
+            else:
+                kind, body = self.handler(msg, len(data))
         except wire.WireError as e:
             kind, body = "error", wire.error_body(e.field, e.reason, "malformed")
         except ProtocolError as e:
@@ -422,20 +430,24 @@ def serve(
     secret: bytes | None = None,
     authenticator: Any = None,
     stream_limits: StreamLimits = DEFAULT_STREAM_LIMITS,
+    pass_identity: bool = False,
 ) -> tuple[NodeServer, int]:
     """Start a node running ``handler`` on ``address`` ('host:port', port 0 = any); returns (server, port).
 
     Streams are authenticated from their metadata by ``authenticator`` (an object with
     ``identify(metadata) -> Identity`` and ``admit(identity, kind, body) -> reason | None``), by
     default :class:`~fedarena.federated.auth.NodeAuthenticator` over ``secret``. One of the two
-    must be given: there is no node that skips authentication.
+    must be given: there is no node that skips authentication. An authenticator may also define
+    ``check_message(identity, metadata, data) -> (field, reason) | None`` (run on the raw request
+    bytes before decoding). With ``pass_identity`` the handler is called as
+    ``handler(request, request_bytes, identity, metadata)``.
     """
     if authenticator is None:
         if secret is None:
             raise ValueError("serve: give the deployment secret or an authenticator")
         authenticator = auth.NodeAuthenticator(secret)
     server = NodeServer(handler, address, kinds=kinds, limits=limits, chunk_bytes=chunk_bytes, tls=tls, name=name,
-                        authenticator=authenticator, stream_limits=stream_limits)
+                        authenticator=authenticator, stream_limits=stream_limits, pass_identity=pass_identity)
     return server, server.port
 
 

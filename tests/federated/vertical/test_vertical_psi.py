@@ -221,7 +221,7 @@ def test_psi_and_hetero_lr_messages_over_grpc(key):
         assert ra.ids == rb.ids == ["u2", "ü4"]
         rng = np.random.default_rng(0)
         xa, xb, y = rng.normal(size=(20, 3)), rng.normal(size=(20, 2)), rng.integers(0, 2, 20)
-        cfg = H.HeteroLRConfig(epochs=1, batch_size=10, key_bits=1024)
+        cfg = H.HeteroLRConfig(epochs=1, batch_size=10, key_bits=1024, allow_insecure_keys=True)
         over_grpc = H.HeteroLR(xa, y, xb, cfg, transfer=link.transfer)
         in_process = H.HeteroLR(xa, y, xb, cfg)
         assert over_grpc.train_epoch().loss == in_process.train_epoch().loss
