@@ -31,12 +31,24 @@ import numpy as np
 import phe
 
 DEFAULT_KEY_BITS = 2048
+MIN_KEY_BITS = 2048
+"""smallest modulus accepted without ``allow_insecure_keys`` (NIST SP 800-57 Part 1: 2048-bit RSA-type moduli
+give 112-bit security; Paillier's security rests on factoring the same kind of modulus)"""
 
 
-def generate_keypair(bits: int = DEFAULT_KEY_BITS) -> tuple[phe.PaillierPublicKey, phe.PaillierPrivateKey]:
-    """A ``phe`` key pair; 2048-bit modulus unless asked otherwise."""
+def check_key_bits(bits: int, allow_insecure_keys: bool = False, field: str = "key_bits") -> None:
+    """Refuse a modulus below :data:`MIN_KEY_BITS` unless ``allow_insecure_keys`` (a switch for fast tests)."""
+    if bits < MIN_KEY_BITS and not allow_insecure_keys:
+        raise ValueError(f"{field}: {bits}-bit keys are refused (need >= {MIN_KEY_BITS}; allow_insecure_keys=True "
+                         "is for tests only)")
+
+
+def generate_keypair(bits: int = DEFAULT_KEY_BITS, *, allow_insecure_keys: bool = False
+                     ) -> tuple[phe.PaillierPublicKey, phe.PaillierPrivateKey]:
+    """A ``phe`` key pair; 2048-bit modulus unless asked otherwise (below 2048 only with ``allow_insecure_keys``)."""
     if bits < 512 or bits % 8:
         raise ValueError(f"key_bits: {bits} must be a multiple of 8 and >= 512")
+    check_key_bits(bits, allow_insecure_keys)
     return phe.generate_paillier_keypair(n_length=bits)
 
 
