@@ -23,9 +23,11 @@ nothing holds no thread, only a coroutine. Before a single request frame is read
 
 A refused stream gets an error reply (``unauthenticated``, ``unavailable`` or ``timeout``, naming
 the field and the reason) and its slots are released. Decoding, the node's handler and encoding
-run on thread pools, and cluster members (the servers' ``sync`` heartbeat, partials, the
-scheduler's health pings) have a pool of their own (``cluster_workers``), so clients, however many
-or slow, cannot starve the cluster's health checks. gRPC's per-message limit is one frame, and
+run on three thread pools: clients (``workers``), cluster members (``cluster_workers``: partials,
+relayed SecAgg messages, models) and the cluster's health checks (``health_workers``: the servers'
+``sync`` heartbeats and the scheduler's pings, told apart by the ``fedarena-kind`` metadata that
+:class:`Peer` sends and the node checks against the decoded request). Clients, however many or slow,
+cannot starve the cluster, and busy cluster traffic cannot starve its heartbeats. gRPC's per-message limit is one frame, and
 server keep-alive pings drop dead connections.
 
 The handler never lets an exception escape: malformed frames or envelopes, protocol violations and
@@ -126,14 +128,16 @@ class StreamLimits:
     """time a stream without credentials has to deliver its request"""
     workers: int = 64
     """threads for requests of clients and anonymous pings"""
-    cluster_workers: int = 16
-    """threads reserved for cluster members: heartbeats, partials, health pings"""
+    cluster_workers: int = 64
+    """threads for cluster members' requests other than health checks (partials, SecAgg relays, models)"""
+    health_workers: int = 32
+    """threads reserved for the cluster's health checks: servers' sync heartbeats and pings"""
     keepalive_s: float = 30.0
     """server keep-alive ping interval; a peer that does not answer within keepalive_s / 2 is dropped"""
 
     def __post_init__(self) -> None:
         for name in ("max_streams_per_peer", "max_anonymous_streams", "max_anonymous_streams_per_host",
-                     "anonymous_message_bytes", "workers", "cluster_workers"):
+                     "anonymous_message_bytes", "workers", "cluster_workers", "health_workers"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"stream_limits.{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("peer_bytes_in_flight", "bytes_in_flight"):
@@ -145,6 +149,10 @@ class StreamLimits:
 
 
 DEFAULT_STREAM_LIMITS = StreamLimits()
+
+HEALTH_KINDS = frozenset({"ping", "sync"})
+"""request kinds that run on the health pool when a cluster member sends them"""
+KIND_KEY = "fedarena-kind"
 
 Handler = Callable[[wire.Message, int], tuple[str, Mapping[str, Any]]]
 """``handler(request, request_bytes) -> (reply_kind, reply_body)``; may raise ProtocolError / WireError."""
@@ -274,6 +282,8 @@ class NodeServer:
         self._pool = concurrent.futures.ThreadPoolExecutor(stream_limits.workers, thread_name_prefix=name)
         self._cluster_pool = concurrent.futures.ThreadPoolExecutor(stream_limits.cluster_workers,
                                                                    thread_name_prefix=f"{name}-cluster")
+        self._health_pool = concurrent.futures.ThreadPoolExecutor(stream_limits.health_workers,
+                                                                  thread_name_prefix=f"{name}-health")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-grpc", daemon=True)
         self._thread.start()
@@ -351,7 +361,10 @@ class NodeServer:
                 raise _Refusal("timeout", "stream", f"request not complete within {deadline:g} s") from None
             except wire.WireError as e:
                 raise _Refusal("malformed", e.field, e.reason) from None
-            pool = self._cluster_pool if identity.role == "cluster" else self._pool
+            if identity.role != "cluster":
+                pool = self._pool
+            else:
+                pool = self._health_pool if metadata.get(KIND_KEY) in HEALTH_KINDS else self._cluster_pool
             reply = await asyncio.get_running_loop().run_in_executor(pool, self._process, identity, metadata, data)
         except _Refusal as e:
             reply = self._error_frames(e.code, e.field, e.reason)
@@ -374,6 +387,9 @@ class NodeServer:
             if bad:
                 return self._error_frames("unauthenticated", *bad)
             msg = wire.decode(data, limits, kinds=self.kinds)
+            if KIND_KEY in metadata and metadata[KIND_KEY] != msg.kind:
+                return self._error_frames("malformed", "metadata.fedarena-kind",
+                                          f"stream declared {metadata[KIND_KEY]!r} but carries {msg.kind!r}")
             reason = self.authenticator.admit(identity, msg.kind, msg.body)
             if reason:
                 return self._error_frames("unauthenticated", "metadata", reason)
@@ -416,6 +432,7 @@ class NodeServer:
             self._loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._cluster_pool.shutdown(wait=False, cancel_futures=True)
+        self._health_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def serve(
@@ -456,7 +473,7 @@ class Peer:
 
     Each stream's metadata carries ``credentials`` when given, else those the request body already
     holds (``client_id`` + ``token``, or ``cluster_token``), so the receiving node authenticates it
-    before reading a frame.
+    before reading a frame; :meth:`call` also declares the request kind (``fedarena-kind``).
     """
 
     def __init__(
@@ -512,7 +529,8 @@ class Peer:
         """One request/reply; raises RemoteError for an ``error`` reply, TransportError if unreachable."""
         creds = credentials or self.credentials or auth.credentials_from_body(body)
         frames = list(wire.split_frames(wire.encode(kind, body, self.limits), self.chunk_bytes))
-        reply = wire.decode(self.exchange_frames(frames, timeout, creds, metadata), self.limits)
+        reply = wire.decode(self.exchange_frames(frames, timeout, creds, ((KIND_KEY, kind),) + tuple(metadata)),
+                            self.limits)
         if reply.kind == "error":
             b = reply.body
             raise RemoteError(str(b.get("code", "")), str(b.get("field", "")), str(b.get("reason", "")))

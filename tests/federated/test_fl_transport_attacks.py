@@ -11,6 +11,7 @@ import asyncio
 import os
 import threading
 import time
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -113,8 +114,8 @@ def _upload(c, cid, task, value=0.01):
             "num_examples": 10, "nonce": os.urandom(16), "encoding": "dense", "update": delta, "train_loss": 0.5}
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
+def _rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -158,32 +159,53 @@ def test_300_stalled_unauthenticated_streams_leave_uploads_and_health_checks_wor
     assert c.scheduler.version == 1 and c.scheduler.history[0]["clients"] == ["a", "b"]
 
 
-def test_large_unauthenticated_streams_are_refused_before_anything_is_buffered(make_cluster, attacker):
-    c = make_cluster(n_servers=1)
-    srv = c.servers[0]
-    chunk = b"\x01" * (1 << 20)
-    total = 16 << 20
+_NODE = r"""
+import inspect, sys, time
+from fedarena.federated import auth, protocol, transport
+kw = {"secret": auth.new_secret()} if "secret" in inspect.signature(transport.serve).parameters else {}
+node, port = transport.serve(lambda m, n: ("pong", {}), "127.0.0.1:0", kinds=protocol.CLIENT_KINDS, **kw)
+print(port, flush=True)
+time.sleep(600)
+"""
 
-    def frames():  # 15 of the 16 1-MiB frames of a 16 MiB message, built as sent; then the stream stalls
-        for i in range(15):
-            yield msgpack.packb([wire.WIRE_VERSION, i, 16, total, chunk], use_bin_type=True)
 
-    bogus = FORGED
-    before = _rss_bytes()
-    attacker.open(srv.address, 2, metadata=bogus, frames=frames)
-    attacker.open(srv.address, 2, frames=frames)  # no credentials: 4 KiB is all an anonymous stream may send
-    end = time.monotonic() + 20
-    while len(attacker.replies) < 4 and time.monotonic() < end:
-        time.sleep(0.05)
-    time.sleep(1.0)
-    grown = _rss_bytes() - before
-    assert grown < 24 << 20, f"server memory grew by {grown / 2**20:.0f} MiB"  # 4 buffered streams: 60 MiB
-    assert len(attacker.replies) == 4  # every stream got its answer instead of being buffered
-    # an error reply, or (when the refusal races the attacker's writes) the stream cut by gRPC
-    codes = [wire.decode(r).body["code"] if isinstance(r, bytes) else r for r in attacker.replies]
-    assert all(x in ("malformed", "unauthenticated") or isinstance(x, grpc.StatusCode) for x in codes), codes
-    assert "unauthenticated" in codes
-    assert srv._grpc.admission.bytes_total == 0
+def test_large_unauthenticated_streams_are_refused_before_anything_is_buffered(attacker, tmp_path):
+    import subprocess
+    import sys
+
+    # the node in a process of its own, so that its memory is measured alone
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", _NODE], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        address = f"127.0.0.1:{int(proc.stdout.readline())}"
+        chunk = b"\x01" * (1 << 20)
+        total = 16 << 20
+
+        def frames():  # 15 of the 16 1-MiB frames of a 16 MiB message, built as sent; then the stream stalls
+            for i in range(15):
+                yield msgpack.packb([wire.WIRE_VERSION, i, 16, total, chunk], use_bin_type=True)
+
+        p = Peer(address)
+        p.call("ping", {})  # warm up the node's gRPC machinery before measuring
+        p.close()
+        before = _rss_bytes(proc.pid)
+        attacker.open(address, 2, metadata=FORGED, frames=frames)
+        attacker.open(address, 2, frames=frames)  # no credentials: 4 KiB is all an anonymous stream may send
+        end = time.monotonic() + 20
+        while len(attacker.replies) < 4 and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        grown = _rss_bytes(proc.pid) - before
+        assert grown < 24 << 20, f"node memory grew by {grown / 2**20:.0f} MiB"  # 4 buffered streams: 60 MiB
+        assert len(attacker.replies) == 4  # every stream got its answer instead of being buffered
+        # an error reply, or (when the refusal races the attacker's writes) the stream cut by gRPC
+        codes = [wire.decode(r).body["code"] if isinstance(r, bytes) else r for r in attacker.replies]
+        assert all(x in ("malformed", "unauthenticated") or isinstance(x, grpc.StatusCode) for x in codes), codes
+        assert "unauthenticated" in codes
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_authenticated_peer_is_bounded_in_streams_bytes_and_time(attacker):

@@ -113,7 +113,8 @@ class GrpcLink:
             authenticator = auth.PartyAuthenticator(self._secret, self.session, tuple(parties), p)
             server, port = transport.serve(handler, f"{host}:0", kinds=allowed, name=f"vfl-{p}", tls=tls,
                                            authenticator=authenticator, pass_identity=True,
-                                           stream_limits=transport.StreamLimits(workers=4, cluster_workers=1))
+                                           stream_limits=transport.StreamLimits(workers=4, cluster_workers=1,
+                                                                                health_workers=1))
             self._servers[p] = server
             self._peers[p] = transport.Peer(f"{host}:{port}", tls=tls)
 
