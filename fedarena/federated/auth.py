@@ -160,8 +160,11 @@ class NodeAuthenticator:
         if identity.anonymous:
             return None if kind in self.anonymous_kinds else \
                 f"request {kind!r} needs credentials in the stream metadata (only ping is open)"
-        if identity.role == "client" and "client_id" in body and body["client_id"] != identity.name:
-            return f"body.client_id {body['client_id']!r} is not the stream's authenticated client {identity.name!r}"
+        if identity.role == "client" and "client_id" in body:
+            cid = body["client_id"]
+            if not (isinstance(cid, str) and cid == identity.name):  # any type may arrive here (a fuzzer sent arrays)
+                shown = repr(cid) if isinstance(cid, str) else f"of type {type(cid).__name__}"
+                return f"body.client_id {shown} is not the stream's authenticated client {identity.name!r}"
         return None
 
 

@@ -4,7 +4,7 @@ Run one target for a bounded time (what ``test_fuzz_decoders.py`` does in CI)::
 
     python tests/federated/fuzz_targets.py TARGET -max_total_time=3 [-artifact_prefix=DIR/] CORPUS_DIR [SEED_DIR]
 
-TARGET is ``fl_wire`` (envelopes, frame streams, round configs), ``secagg`` (SecAgg stage messages) or
+TARGET is ``fl_wire`` (envelopes, frame streams, round configs, the node authenticator's request check), ``secagg`` (SecAgg stage messages) or
 ``vertical`` (vertical-FL envelopes, their dataclasses, the PSI hello checks and the Paillier ciphertext
 parser). Each target feeds the bytes to the decoder and accepts only the decoder's own refusal
 (``WireError`` / ``MalformedMessage`` / ``ProtocolError``); any other exception is a crash, which
@@ -21,7 +21,7 @@ import sys
 
 _M: dict = {}
 
-INSTRUMENTED = ("fedarena.federated.wire", "fedarena.federated.protocol", "fedarena.privacy.secagg.messages",
+INSTRUMENTED = ("fedarena.federated.wire", "fedarena.federated.protocol", "fedarena.federated.auth", "fedarena.privacy.secagg.messages",
                 "fedarena.federated.vertical.messages", "fedarena.federated.vertical.psi",
                 "fedarena.federated.vertical.paillier")
 
@@ -30,13 +30,14 @@ def _load() -> dict:
     if not _M:
         import phe
 
-        from fedarena.federated import protocol, wire
+        from fedarena.federated import auth, protocol, wire
         from fedarena.federated.vertical import hetero_lr, messages, paillier, psi, split_nn  # noqa: F401 (kinds)
         from fedarena.privacy.secagg import messages as secagg_messages
 
         # a fixed, tiny public key: only the ciphertext parser's range and unit checks are exercised
         p, q = 1000000007, 998244353
-        _M.update(wire=wire, protocol=protocol, vm=messages, psi=psi, paillier=paillier, sam=secagg_messages,
+        _M.update(wire=wire, protocol=protocol, auth=auth.NodeAuthenticator(b"k" * 32),
+                  client=auth.Identity("client", "a"), vm=messages, psi=psi, paillier=paillier, sam=secagg_messages,
                   key=paillier.FastPublicKey(phe.PaillierPublicKey(p * q)),
                   limits=wire.Limits(max_message_bytes=1 << 16, max_elements=1 << 12, max_frames=64, max_depth=8))
     return _M
@@ -47,6 +48,8 @@ def fl_wire(data: bytes) -> None:
     wire, limits = m["wire"], m["limits"]
     try:
         msg = wire.decode(data, limits)
+        m["auth"].admit(m["client"], msg.kind, msg.body)  # the stream check on the decoded request
+        m["auth"].admit(m["auth"].identify({}), msg.kind, msg.body)
         if msg.kind and isinstance(msg.body.get("config"), dict):
             m["protocol"].RoundConfig.from_body(msg.body["config"])
         for name, value in msg.body.items():
