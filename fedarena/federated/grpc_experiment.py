@@ -58,7 +58,8 @@ class FedAvgGrpcConfig(ExperimentConfig):
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
     tls_key: str = param("", "PEM private key of the nodes")
     tls_root: str = param("", "PEM root certificate clients trust")
-    tls_mutual: bool = param(False, "mutual TLS: every node and client also presents tls_cert, checked against tls_root")
+    tls_mutual: bool = param(False, "mutual TLS: every node and client also presents tls_cert, checked against "
+                                    "tls_root")
     tls_loopback: bool = param(False, "generate a loopback CA and node certificate in the run folder and use mutual "
                                       "TLS between all nodes (instead of tls_cert/tls_key/tls_root)")
     timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")

@@ -27,8 +27,8 @@ run on three thread pools: clients (``workers``), cluster members (``cluster_wor
 relayed SecAgg messages, models) and the cluster's health checks (``health_workers``: the servers'
 ``sync`` heartbeats and the scheduler's pings, told apart by the ``fedarena-kind`` metadata that
 :class:`Peer` sends and the node checks against the decoded request). Clients, however many or slow,
-cannot starve the cluster, and busy cluster traffic cannot starve its heartbeats. gRPC's per-message limit is one frame, and
-server keep-alive pings drop dead connections.
+cannot starve the cluster, and busy cluster traffic cannot starve its heartbeats. gRPC's
+per-message limit is one frame, and server keep-alive pings drop dead connections.
 
 The handler never lets an exception escape: malformed frames or envelopes, protocol violations and
 internal faults all become error replies, so a hostile peer cannot stop a node from serving.
