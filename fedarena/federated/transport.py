@@ -18,7 +18,9 @@ nothing holds no thread, only a coroutine. Before a single request frame is read
    one IP address) are open at a time;
 2. an authenticated peer may have at most ``max_streams_per_peer`` open streams;
 3. the size the first frame declares is reserved against the peer's and the node's bytes-in-flight
-   budgets (``peer_bytes_in_flight`` / ``bytes_in_flight``) before anything is buffered;
+   budgets (``peer_bytes_in_flight`` / ``bytes_in_flight``) before anything is buffered.
+   Cluster members (holders of the deployment secret; a server relays SecAgg messages for all its
+   clients at once) are held to the node's budget and their own thread pools, not to per-peer limits;
 4. the whole request must arrive within ``request_deadline_s``.
 
 A refused stream gets an error reply (``unauthenticated``, ``unavailable`` or ``timeout``, naming
@@ -202,7 +204,8 @@ class _Admission:
         self.refused[code] = self.refused.get(code, 0) + 1
         return _Refusal(code, field, reason)
 
-    def open(self, key: str, host: str, anonymous: bool) -> None:
+    def open(self, key: str, host: str, anonymous: bool, trusted: bool = False) -> None:
+        """Count a new stream; ``trusted`` (cluster members) skips the per-peer stream limit."""
         with self._lock:
             if anonymous:
                 if self.anonymous >= self.limits.max_anonymous_streams:
@@ -213,7 +216,7 @@ class _Admission:
                 self.anonymous += 1
                 self.anonymous_hosts[host] = self.anonymous_hosts.get(host, 0) + 1
                 return
-            if self.streams.get(key, 0) >= self.limits.max_streams_per_peer:
+            if not trusted and self.streams.get(key, 0) >= self.limits.max_streams_per_peer:
                 raise self._refuse("unavailable", "stream", f"{key} already has {self.limits.max_streams_per_peer} "
                                    "open streams")
             self.streams[key] = self.streams.get(key, 0) + 1
@@ -241,10 +244,11 @@ class _Admission:
                 else:
                     del self.bytes[key]
 
-    def reserve(self, key: str, nbytes: int) -> None:
+    def reserve(self, key: str, nbytes: int, trusted: bool = False) -> None:
+        """Reserve request bytes; ``trusted`` (cluster members) is held to the node's budget only."""
         with self._lock:
             mine = self.bytes.get(key, 0)
-            if mine + nbytes > self.peer_bytes:
+            if not trusted and mine + nbytes > self.peer_bytes:
                 raise self._refuse("unavailable", "frame.total_bytes", f"{nbytes} more bytes would put {key} over its "
                                    f"{self.peer_bytes} bytes in flight ({mine} already)")
             if self.bytes_total + nbytes > self.total_bytes:
@@ -334,10 +338,11 @@ class NodeServer:
                 yield frame
             return
         anonymous = identity.anonymous
+        trusted = identity.role == "cluster"  # holders of the deployment secret: a server relays for many clients
         key = f"{identity.role}:{identity.name}"
         host = _host(context.peer() or "")
         try:
-            self.admission.open(key, host, anonymous)
+            self.admission.open(key, host, anonymous, trusted)
         except _Refusal as e:
             for frame in self._error_frames(e.code, e.field, e.reason):
                 yield frame
@@ -352,7 +357,7 @@ class NodeServer:
                     async for frame in request_iterator:
                         done = asm.add(frame)
                         if not reserved and asm.declared_bytes:
-                            self.admission.reserve(key, asm.declared_bytes)
+                            self.admission.reserve(key, asm.declared_bytes, trusted)
                             reserved = asm.declared_bytes
                         if done:
                             break
