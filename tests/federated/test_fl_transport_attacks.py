@@ -303,3 +303,23 @@ def test_mutual_tls_deployment_trains_and_refuses_callers_without_a_valid_certif
     assert os.stat(tls.private_key).st_mode & 0o777 == 0o600
     with pytest.raises(ValueError, match="tls.mutual"):
         TLSFiles(root_cert=tls.root_cert, mutual=True)
+
+
+def test_cluster_members_relaying_for_many_clients_are_not_cut_off_by_per_peer_limits(attacker):
+    from fedarena.federated.transport import StreamLimits, serve
+
+    secret = auth.new_secret()
+    node, port = serve(lambda m, n: ("pong", {}), "127.0.0.1:0", kinds=("ping", "secagg_down"), secret=secret,
+                       name="t", stream_limits=StreamLimits(max_streams_per_peer=2, request_deadline_s=30.0))
+    address = f"127.0.0.1:{port}"
+    try:  # a server holding 6 relayed long-polls at once: a client id would be refused after 2
+        attacker.open(address, 6, metadata=auth.cluster_credentials(secret, "server0").metadata())
+        attacker.open(address, 3, metadata=auth.client_credentials(secret, "c").metadata())
+        end = time.monotonic() + 10
+        while len(attacker.replies) < 1 and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert node.admission.streams == {"cluster:server0": 6, "client:c": 2}
+        assert [wire.decode(r).body["field"] for r in attacker.replies] == ["stream"]  # the client's third stream
+    finally:
+        node.stop(0)

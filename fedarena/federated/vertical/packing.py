@@ -98,7 +98,7 @@ class SlotPacker:
         return p
 
     @staticmethod
-    def _quantise(x: np.ndarray, bound: float, frac_bits: int) -> tuple[list[int], int]:
+    def _quantise(x: np.ndarray, bound: float, frac_bits: int, what: str = "the bound") -> tuple[list[int], int]:
         """Exact fixed-point ints of ``x`` (Python ints) and the offset ceil(bound 2^f); every |q| <= offset."""
         arr = np.asarray(x, dtype=np.float64).ravel()
         if not np.all(np.isfinite(arr)):
@@ -106,7 +106,7 @@ class SlotPacker:
         if not (math.isfinite(bound) and bound >= 0):
             raise ValueError(f"bound: must be finite and >= 0, got {bound}")
         if arr.size and np.max(np.abs(arr)) > bound:
-            raise PackingOverflow(f"values: |x| up to {np.max(np.abs(arr))} exceeds the bound {bound}")
+            raise PackingOverflow(f"values: |x| up to {np.max(np.abs(arr))} exceeds {what} {bound}")
         q = fixed_point_ints(arr, frac_bits)
         off = _fixed_ceil(bound, frac_bits)
         for i, v in enumerate(q):  # exact: the slot integer v + off must lie in [0, 2 off]
@@ -117,7 +117,7 @@ class SlotPacker:
     def encrypt(self, x: np.ndarray) -> list[PackedCiphertext]:
         """Pack ``x`` (|x| <= value_bound) into ceil(len/slots) ciphertexts, one pooled obfuscator each."""
         L = self.layout
-        q, off = self._quantise(x, L.value_bound, L.frac_bits)
+        q, off = self._quantise(x, L.value_bound, L.frac_bits, "the layout bound")
         groups = [q[i : i + L.slots] for i in range(0, len(q), L.slots)]
         plains = [self._slots_int([v + off for v in g]) for g in groups]
         cs = self.key.encrypt_ints(plains)
@@ -144,7 +144,7 @@ class SlotPacker:
         if not np.all(np.isfinite(x)):
             raise ValueError("add_plain: NaN or Inf cannot be packed")
         bnd = (float(np.max(np.abs(x))) if x.size else 0.0) if bound is None else float(bound)
-        q, off = self._quantise(x, bnd, a.frac_bits)
+        q, off = self._quantise(x, bnd, a.frac_bits, "the declared bound")
         self._check(a.bound + 2 * off, "add_plain")
         p = self._slots_int([v + off for v in q])
         return PackedCiphertext(self.key.add_int(a.c, p), a.count, a.slot_bits, a.frac_bits,
