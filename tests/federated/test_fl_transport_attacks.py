@@ -119,7 +119,7 @@ def _rss_bytes(pid: int | str = "self") -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_300_stalled_unauthenticated_streams_leave_uploads_and_health_checks_working(make_cluster, attacker):
+def test_300_stalled_unauthenticated_streams_leave_uploads_and_health_checks_working(make_cluster, attacker, tmp_path):
     c = make_cluster(n_servers=1)
     pa, task = _open_round(c)
     srv = c.servers[0]
@@ -157,6 +157,14 @@ def test_300_stalled_unauthenticated_streams_leave_uploads_and_health_checks_wor
     while c.scheduler.version != 1 and time.monotonic() < end:
         time.sleep(0.02)
     assert c.scheduler.version == 1 and c.scheduler.history[0]["clients"] == ["a", "b"]
+    from fedarena.federated.protocol import model_bytes
+    from fedarena.federated.scheduler import load_state
+
+    end = time.monotonic() + 10
+    while (load_state(tmp_path / "state.fl") or {}).get("version") != 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    saved = load_state(tmp_path / "state.fl")  # the stored state is intact and is the aggregated model
+    assert saved["version"] == 1 and model_bytes(saved["params"]) == model_bytes(c.scheduler.params)
 
 
 _NODE = r"""
