@@ -43,7 +43,7 @@ def _peak_rss_mb() -> float:
 def bench_rsa(bits: int, n_ops: int) -> dict:
     from fedarena.federated.vertical.rsa_blind import CrtSigner, generate_key
 
-    key = generate_key(bits)
+    key = generate_key(bits, allow_insecure_keys=bits < 2048)  # smaller keys only when asked for on the CLI
     xs = [secrets.randbelow(key.public.n - 2) + 2 for _ in range(n_ops)]
     out = {}
     for crt in (False, True):
@@ -69,7 +69,8 @@ def bench_psi(n_ids: int, bits: int, workers: int, overlap: float) -> dict:
     link = Link()
     cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
-    ra, rb = psi.intersect(ids_a, ids_b, key_bits=bits, workers=workers, chunk_size=2048, transfer=link.transfer)
+    ra, rb = psi.intersect(ids_a, ids_b, key_bits=bits, workers=workers, chunk_size=2048, transfer=link.transfer,
+                           allow_insecure_keys=bits < 2048)
     wall = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0  # this process + the (joined) worker processes
     exact = set(ra.ids) == set(ids_a) & set(ids_b) and ra.ids == rb.ids
@@ -199,13 +200,13 @@ def bench_epoch(bits: int) -> dict:
 
     x, y = load_breast_cancer(return_X_y=True)
     a, b = vertical_partition(x, y, 15, 0.8, 0)
-    ra, rb = psi.intersect(a.ids, b.ids, key_bits=bits, workers=1)
+    ra, rb = psi.intersect(a.ids, b.ids, key_bits=bits, workers=1, allow_insecure_keys=bits < 2048)
     xa, ya, xb = a.x[ra.indices], a.y[ra.indices], b.x[rb.indices]
     train, _ = train_test_rows(len(xa), 0.25, 0)
     xa, xb = standardize(xa, train), standardize(xb, train)
     out = {"rows": int(len(train))}
     for name, coord, pool in (("three_party", True, 0), ("three_party_pool", True, 1024), ("two_party", False, 0)):
-        cfg = HeteroLRConfig(epochs=1, key_bits=bits, pool_size=pool)
+        cfg = HeteroLRConfig(epochs=1, key_bits=bits, pool_size=pool, allow_insecure_keys=bits < 2048)
         m = HeteroLR(xa[train], ya[train], xb[train], cfg, coordinator=coord)
         if pool:
             m.b.pool.fill()  # a warm pool, as after the first epoch of a longer run

@@ -62,12 +62,18 @@ class FedAvgGrpcConfig(ExperimentConfig):
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
     tls_key: str = param("", "PEM private key of the nodes")
     tls_root: str = param("", "PEM root certificate clients trust")
+    tls_mutual: bool = param(False, "mutual TLS: every node and client also presents tls_cert, checked against "
+                                    "tls_root")
+    tls_loopback: bool = param(False, "generate a loopback CA and node certificate in the run folder and use mutual "
+                                      "TLS between all nodes (instead of tls_cert/tls_key/tls_root)")
     timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")
 
     def __post_init__(self) -> None:
         _spec(self)  # every section validates its fields; a ValueError names the field
         if self.num_servers < 1:
             raise ValueError(f"num_servers: must be >= 1, got {self.num_servers}")
+        if self.tls_loopback and (self.tls_cert or self.tls_key or self.tls_root):
+            raise ValueError("tls_loopback: generates its own certificates; leave tls_cert/tls_key/tls_root empty")
 
 
 def _spec(cfg: FedAvgGrpcConfig):
@@ -105,7 +111,7 @@ def _spec(cfg: FedAvgGrpcConfig):
         num_servers=cfg.num_servers,
         init_seed=cfg.seed,
         tls=TLSFiles(cert_chain=cfg.tls_cert, private_key=cfg.tls_key, root_cert=cfg.tls_root,
-                     server_name="localhost" if cfg.tls_root else ""),
+                     server_name="localhost" if cfg.tls_root else "", mutual=cfg.tls_mutual),
     )
 
 
@@ -128,6 +134,12 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
     from fedarena.federated.deployment import Deployment
 
     spec = _spec(cfg)  # validates the config before any process starts
+    if cfg.tls_loopback:
+        import dataclasses
+
+        from fedarena.federated.certs import loopback_pki
+
+        spec = dataclasses.replace(spec, tls=loopback_pki(run.dir / "deployment" / "tls"))
     restored = run.restore()
     logged = restored[0] if restored else 0
     dep = Deployment(run.dir / "deployment", spec)

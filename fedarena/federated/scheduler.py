@@ -202,7 +202,8 @@ class Scheduler:
 
     def start(self, address: str = "127.0.0.1:0") -> int:
         self._server, self.port = serve(self.handle, address, kinds=SCHEDULER_KINDS, limits=self.limits,
-                                        chunk_bytes=self.chunk_bytes, tls=self.tls, name="scheduler")
+                                        chunk_bytes=self.chunk_bytes, tls=self.tls, name="scheduler",
+                                        secret=self.secret)
         self._thread = threading.Thread(target=self._coordinate, name="coordinator", daemon=True)
         self._thread.start()
         return self.port
@@ -615,7 +616,8 @@ class Scheduler:
 
     def _ping_server(self, sid: str) -> bool:
         addr = self.servers[sid].address
-        peer = Peer(addr, limits=self.limits, chunk_bytes=self.chunk_bytes, tls=self.client_tls)
+        peer = Peer(addr, limits=self.limits, chunk_bytes=self.chunk_bytes, tls=self.client_tls,
+                    credentials=auth.cluster_credentials(self.secret, "scheduler"))
         try:
             peer.call("ping", {}, timeout=1.0)
             return True

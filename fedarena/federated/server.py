@@ -110,7 +110,8 @@ class FLServer:
 
     def start(self, address: str = "127.0.0.1:0") -> int:
         self._grpc, self.port = serve(self.handle, address, kinds=CLIENT_KINDS, limits=self.limits,
-                                      chunk_bytes=self.chunk_bytes, tls=self.tls, name=self.server_id)
+                                      chunk_bytes=self.chunk_bytes, tls=self.tls, name=self.server_id,
+                                      secret=self.secret)
         host = address.rsplit(":", 1)[0]
         self.address = f"{host}:{self.port}"
         self._join()

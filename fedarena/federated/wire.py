@@ -367,6 +367,11 @@ class FrameAssembler:
     def complete(self) -> bool:
         return self._count is not None and len(self._parts) == self._count
 
+    @property
+    def declared_bytes(self) -> int | None:
+        """The total size the first frame declared (checked against the limit), or None before it."""
+        return self._total
+
     def result(self) -> bytes:
         """The reassembled envelope bytes; raises :class:`WireError` if frames are missing or short."""
         if not self.complete:

@@ -6,18 +6,74 @@ Gaussian accountant assumes), each per-example gradient is clipped to L2 norm C 
 gradients are summed, N(0, sigma^2 C^2 I) is added, and the result is divided by the expected batch size q N.
 Per-example gradients come from ``engine.vmap`` when the engine has it, otherwise from a loop over a gradient
 compiled once for a batch of one. The noisy gradient then goes to any engine optimizer (post-processing).
-Sampling and noise use a seeded numpy Generator (reproducible experiments, not cryptographic randomness).
+
+Randomness. The accountant's epsilon holds only if the adversary cannot predict the batches or the noise.
+By default both come from :class:`SecureRandom` (``os.urandom``, the kernel's CSPRNG): uniforms from 53
+random bits, Gaussians by the Box-Muller transform. ``DPSGDConfig.insecure_seeded_noise`` lets a caller pass
+a seeded numpy Generator instead, for reproducible tests (the inverse of Opacus's ``secure_mode``, whose default
+is insecure); it emits :class:`InsecureNoiseWarning`, and anyone who knows the seed can then recompute every
+batch and every noise draw, so no privacy claim holds. Not covered (see docs/security.md): floating-point
+attacks on the Gaussian sampler (Mironov, CCS 2012, for Laplace; Jin et al., IEEE S&P 2022, for Gaussians).
+The statistics :meth:`DPSGD.noisy_gradient` returns (batch size, clipped fraction, gradient norms) are
+computed on private data and are *not* covered by the accountant: use them for debugging, never publish them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from fedarena import engine
+
+
+log = logging.getLogger("fedarena.privacy.dpsgd")
+
+
+class InsecureNoiseWarning(UserWarning):
+    """DP-SGD runs with seeded, predictable sampling and noise: its epsilon means nothing to who knows the seed."""
+
+
+class RandomSource(Protocol):
+    """What DP-SGD draws from: uniform [0, 1) and Gaussian arrays (numpy Generators fit, so does SecureRandom)."""
+
+    def random(self, size: Any = None) -> np.ndarray: ...
+
+    def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = None) -> np.ndarray: ...
+
+
+class SecureRandom:
+    """Uniforms and Gaussians from ``os.urandom`` (cryptographically secure, not reproducible)."""
+
+    def random(self, size: Any = None) -> np.ndarray:
+        """Uniform floats k / 2^53 on [0, 1), k from 53 random bits."""
+        shape = () if size is None else (tuple(size) if isinstance(size, (tuple, list)) else (int(size),))
+        n = int(np.prod(shape)) if shape else 1
+        bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+        out = bits.astype(np.float64) * (1.0 / 9007199254740992.0)
+        return out.reshape(shape) if shape else out[0]
+
+    def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = None) -> np.ndarray:
+        """Box-Muller: sqrt(-2 ln(1 - u1)) cos(2 pi u2) for independent uniforms (1 - u1 lies in (0, 1])."""
+        shape = () if size is None else (tuple(size) if isinstance(size, (tuple, list)) else (int(size),))
+        n = int(np.prod(shape)) if shape else 1
+        u1, u2 = self.random(n), self.random(n)
+        z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+        out = loc + scale * z
+        return out.reshape(shape) if shape else out[0]
+
+
+def warn_insecure(where: str) -> None:
+    """The loud warning of ``insecure_seeded_noise``: a Python warning and an error-level log line."""
+    text = (f"{where}: insecure_seeded_noise is on: batches and noise come from a seeded generator, so anyone who "
+            "knows the seed can recompute them and the reported epsilon gives NO privacy. Use it for tests only.")
+    warnings.warn(text, InsecureNoiseWarning, stacklevel=3)
+    log.error(text)
 
 
 @dataclass(frozen=True)
@@ -27,6 +83,8 @@ class DPSGDConfig:
     clip_norm: float
     noise_multiplier: float
     sample_rate: float
+    insecure_seeded_noise: bool = False
+    """accept a seeded generator for sampling and noise (reproducible tests; voids the privacy guarantee)"""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
@@ -37,9 +95,11 @@ class DPSGDConfig:
             raise ValueError(f"sample_rate: must lie in (0, 1], got {self.sample_rate!r}")
 
 
-def poisson_batch(rng: np.random.Generator, dataset_size: int, sample_rate: float) -> np.ndarray:
-    """Indices of a Poisson-sampled batch: each example independently with probability ``sample_rate``."""
-    return np.flatnonzero(rng.random(dataset_size) < sample_rate)
+def poisson_batch(rng: RandomSource | None, dataset_size: int, sample_rate: float) -> np.ndarray:
+    """Indices of a Poisson-sampled batch: each example independently with probability ``sample_rate``.
+
+    ``rng`` None draws from :class:`SecureRandom`."""
+    return np.flatnonzero((rng or SecureRandom()).random(dataset_size) < sample_rate)
 
 
 def per_example_gradients(loss_fn: Callable[..., Any], use_vmap: bool | None = None
@@ -91,10 +151,22 @@ class DPSGD:
         self.config = config
         self.dataset_size = int(dataset_size)
         self._per_example = per_example_gradients(loss_fn)
+        self._secure = SecureRandom()
+        if config.insecure_seeded_noise:
+            warn_insecure("DPSGD")
 
-    def noisy_gradient(self, params: Any, x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> tuple[Any, dict]:
-        """``(sum_i clip(g_i) + N(0, sigma^2 C^2)) / (q N)`` with the dtypes of ``params``; plus batch statistics."""
+    def noisy_gradient(self, params: Any, x: np.ndarray, y: np.ndarray, rng: RandomSource | None = None
+                       ) -> tuple[Any, dict]:
+        """``(sum_i clip(g_i) + N(0, sigma^2 C^2)) / (q N)`` with the dtypes of ``params``; plus batch statistics.
+
+        The noise comes from :class:`SecureRandom` unless ``rng`` is given, which needs
+        ``insecure_seeded_noise``. The statistics are private (computed on the batch, not accounted)."""
         cfg = self.config
+        if rng is None:
+            rng = self._secure
+        elif not cfg.insecure_seeded_noise and not isinstance(rng, SecureRandom):
+            raise ValueError("rng: a caller-supplied generator needs DPSGDConfig(insecure_seeded_noise=True); "
+                             "leave rng out for cryptographically secure noise")
         expected = cfg.sample_rate * self.dataset_size
         if len(x):
             summed, norms = clip_and_sum(self._per_example(params, x, y), cfg.clip_norm)

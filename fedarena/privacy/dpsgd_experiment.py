@@ -1,9 +1,13 @@
 """Experiment kind ``dpsgd_digits``: DP-SGD (Abadi et al. 2016) on scikit-learn's digits with an engine MLP,
 an RDP accountant (Mironov, Talwar, Zhang 2019) and a budget monitor that stops training at the epsilon budget.
 
-Every step logs epsilon spent so far (at the configured delta), the batch loss, the Poisson batch size and the
-fraction of clipped per-example gradients; every ``eval_every`` steps the test accuracy. When
-``noise_multiplier`` is 0 it is calibrated so that ``epochs`` epochs of steps spend exactly the budget.
+Every step logs the epsilon spent so far (at the configured delta); every ``eval_every`` steps the accuracy on
+the held-out test split. Nothing computed on the training data (batch loss, Poisson batch size, clipped fraction,
+gradient norms) is logged: the accountant does not cover it. When ``noise_multiplier`` is 0 it is calibrated so
+that ``epochs`` epochs of steps spend exactly the budget. Sampling and noise come from ``os.urandom``
+(:class:`fedarena.privacy.dpsgd.SecureRandom`); ``insecure_seeded_noise: true`` derives them from ``seed`` and
+the step instead (bit-for-bit reproducible and resumable runs, for tests), with a loud warning, and the summary
+then says the epsilon is void.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from fedarena import engine
 from fedarena.engine import nn, ops, optim
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.privacy.budget import BudgetMonitor, noise_multiplier_for_budget
-from fedarena.privacy.dpsgd import DPSGD, DPSGDConfig, poisson_batch
+from fedarena.privacy.dpsgd import DPSGD, DPSGDConfig, SecureRandom, poisson_batch
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class DPSGDDigitsConfig(ExperimentConfig):
     hidden: tuple[int, ...] = param((128,), "hidden layer widths of the MLP")
     test_fraction: float = param(0.2, "fraction of digits held out for testing (stratified)")
     eval_every: int = param(25, "evaluate test accuracy every this many steps")
+    insecure_seeded_noise: bool = param(False, "TESTS ONLY: draw batches and noise from the seed (reproducible, but "
+                                               "anyone holding the config can recompute them: the epsilon is void)")
 
 
 def _data(cfg: DPSGDDigitsConfig):
@@ -60,10 +66,10 @@ def run(cfg: DPSGDDigitsConfig, run) -> dict:
     def loss_fn(params, x, y):
         return ops.cross_entropy(mlp.apply(params, x), y)
 
-    dp = DPSGD(loss_fn, DPSGDConfig(cfg.clip_norm, sigma, q), n)
+    dp = DPSGD(loss_fn, DPSGDConfig(cfg.clip_norm, sigma, q, insecure_seeded_noise=cfg.insecure_seeded_noise), n)
+    secure = SecureRandom()
     opt = optim.sgd(cfg.lr, momentum=cfg.momentum)
     update = engine.jit(lambda g, s, p: opt.update(g, s, p))
-    batch_loss = engine.jit(loss_fn)
     logits = engine.jit(lambda p, x: mlp.apply(p, x))
     monitor = BudgetMonitor(cfg.epsilon_budget, cfg.delta, sigma, q)
     params = mlp.init(cfg.seed)
@@ -85,13 +91,13 @@ def run(cfg: DPSGDDigitsConfig, run) -> dict:
     with run.progress(total=total, initial=start, desc="dp-sgd") as bar:
         while monitor.can_step():
             step = monitor.steps + 1
-            rng = np.random.default_rng([cfg.seed, step])  # per-step stream: resumable without RNG state
+            # insecure mode: a per-step stream from the seed (resumable without RNG state); else the CSPRNG
+            rng = np.random.default_rng([cfg.seed, step]) if cfg.insecure_seeded_noise else secure
             idx = poisson_batch(rng, n, q)
-            grads, stats = dp.noisy_gradient(params, x_train[idx], y_train[idx], rng)
-            loss = float(batch_loss(params, x_train[idx], y_train[idx])) if len(idx) else float("nan")
+            grads, _private_stats = dp.noisy_gradient(params, x_train[idx], y_train[idx], rng)  # not logged
             params, state = update(grads, state, params)
             eps = monitor.step()
-            row = dict(epsilon=eps, loss=loss, **stats)
+            row = dict(epsilon=eps)
             if step % cfg.eval_every == 0:
                 acc = accuracy(params)
                 row["test_accuracy"] = acc
@@ -103,7 +109,8 @@ def run(cfg: DPSGDDigitsConfig, run) -> dict:
     run.log(monitor.steps, test_accuracy=acc, epsilon=monitor.epsilon, final=1)
     return {"test_accuracy": acc, "epsilon": monitor.epsilon, "delta": cfg.delta, "steps": monitor.steps,
             "noise_multiplier": sigma, "sample_rate": q, "epochs": monitor.steps * q,
-            "stopped_by_budget": not monitor.can_step()}
+            "stopped_by_budget": not monitor.can_step(), "insecure_seeded_noise": cfg.insecure_seeded_noise,
+            "privacy": "void: seeded noise" if cfg.insecure_seeded_noise else "(epsilon, delta)-DP, RDP accountant"}
 
 
 def plots(rows, cfg, report_dir) -> list[str]:

@@ -50,3 +50,15 @@ def test_fedavg_grpc_resume_continues_from_the_last_round(tmp_path):
     after = load_state(tmp_path / "run" / "deployment" / "scheduler_state.fl")
     assert [h["test_acc"] for h in after["history"][:2]] == [h["test_acc"] for h in before["history"]]
     assert model_bytes(before["params"]) != model_bytes(after["params"])  # it trained on from round 3
+
+
+def test_shipped_mtls_config_trains_over_mutual_tls(tmp_path):
+    over = ["dataset=synthetic", "num_clients=2", "num_servers=1", "hidden=[8]", "trainer=numpy", "rounds=1",
+            "epochs=1", "window_seconds=30.0"]
+    summary = execute("experiments/fedavg_grpc_mtls.yaml", overrides=over, out=tmp_path / "run", quiet=True,
+                      report=False)
+    assert summary["rounds_aggregated"] == 1 and summary["model_version"] == 1
+    dep = tmp_path / "run" / "deployment"
+    spec = json.loads((dep / "deployment.json").read_text())
+    assert spec["tls"]["mutual"] is True and spec["tls"]["root_cert"].endswith("tls/ca.pem")
+    assert (dep / "tls" / "node.key").stat().st_mode & 0o777 == 0o600

@@ -13,7 +13,7 @@ import time
 import msgpack
 import numpy as np
 
-from fedarena.federated import wire
+from fedarena.federated import auth, wire
 from fedarena.federated.protocol import model_bytes
 from fedarena.federated.server import ServerOptions
 from fedarena.federated.transport import Peer, TransportError
@@ -99,6 +99,7 @@ def test_fuzzed_messages_never_crash_or_change_the_model(make_cluster):
     partial_before = model_bytes(srv.partial.sums), srv.partial.weight, list(srv.partial.clients)
     admitted_before = dict(c.scheduler.admitted)
     valid = wire.encode("upload", base)
+    pa.credentials = auth.client_credentials(c.secret, "a")  # raw frames below pass the stream check as client a
     kinds = ["upload", "register", "get_task", "secagg_send", "secagg_poll", "ping", "sync", "admit", "", "x" * 300]
 
     rng = np.random.default_rng(1234)
@@ -157,6 +158,7 @@ def test_fuzzed_messages_never_crash_or_change_the_model(make_cluster):
         else:
             outcome["reply"] += 1
             assert reply.kind in ("pong", "registered", "wait", "task"), reply.kind  # never an 'ack'
+    pa.credentials = None  # back to the credentials each request body carries
     # a few oversize gRPC messages: gRPC itself drops them
     big = Peer(srv.address, chunk_bytes=4 * 1024 * 1024)
     for _ in range(3):
@@ -169,7 +171,7 @@ def test_fuzzed_messages_never_crash_or_change_the_model(make_cluster):
     big.close()
 
     # and the scheduler, which faces the clients' assign requests
-    sched = Peer(c.address)
+    sched = Peer(c.address, credentials=auth.client_credentials(c.secret, "a"))
     for i in range(200):
         if i % 2:
             frames = [bytes(rng.integers(0, 256, rng.integers(0, 100), dtype=np.uint8))]

@@ -96,8 +96,9 @@ def test_every_bad_upload_gets_a_clear_error_and_changes_nothing(make_cluster):
     f64 = dict(good, **{name: good[name].astype(np.float64)})
     huge = {k: np.full(v.shape, 10.0, np.float32) for k, v in init.items()}
     cases = [
-        (dict(token="0" * 64), "unauthenticated", "body.token"),
-        (dict(client_id="bad id!"), "unauthenticated", "body.client_id"),
+        # credentials are refused from the stream metadata, before the request is read
+        (dict(token="0" * 64), "unauthenticated", "metadata.fedarena-token"),
+        (dict(client_id="bad id!"), "unauthenticated", "metadata.fedarena-id"),
         (dict(round=2), "stale_round", "body.round"),
         (dict(model_version=1), "stale_version", "body.model_version"),
         (dict(nonce=b"short"), "malformed", "body.nonce"),

@@ -40,8 +40,12 @@ class VflLRConfig(ExperimentConfig):
     pack_decryption: bool = param(True, "pack masked values before the key holder decrypts them")
     pool_size: int = param(1024, "obfuscation pool of B (three-party run), 0 = off")
     max_rows: int = param(0, "use at most this many aligned rows (0 = all; for quick runs)")
+    allow_insecure_keys: bool = param(False, "accept RSA/Paillier keys below 2048 bits (fast tests only)")
 
     def __post_init__(self) -> None:
+        from fedarena.federated.vertical.rsa_blind import check_key_bits
+
+        check_key_bits(self.psi_key_bits, self.allow_insecure_keys, "psi_key_bits")
         if not 0.0 < self.shared_fraction <= 1.0:
             raise ValueError(f"shared_fraction: must be in (0, 1], got {self.shared_fraction}")
         if not 1 <= self.features_a < 30:
@@ -56,7 +60,8 @@ class VflLRConfig(ExperimentConfig):
 
         return HeteroLRConfig(epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate,
                               l2=self.l2, key_bits=self.key_bits, pack_decryption=self.pack_decryption,
-                              pool_size=self.pool_size if self.coordinator else 0, seed=self.seed)
+                              pool_size=self.pool_size if self.coordinator else 0, seed=self.seed,
+                              allow_insecure_keys=self.allow_insecure_keys)
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,12 @@ class VflSplitNNConfig(ExperimentConfig):
     key_bits: int = param(2048, "Paillier modulus bits (B's key)")
     pack_decryption: bool = param(True, "pack masked values before decryption")
     max_rows: int = param(0, "use at most this many aligned rows (0 = all; for quick runs)")
+    allow_insecure_keys: bool = param(False, "accept RSA/Paillier keys below 2048 bits (fast tests only)")
 
     def __post_init__(self) -> None:
+        from fedarena.federated.vertical.rsa_blind import check_key_bits
+
+        check_key_bits(self.psi_key_bits, self.allow_insecure_keys, "psi_key_bits")
         if not 0.0 < self.shared_fraction <= 1.0:
             raise ValueError(f"shared_fraction: must be in (0, 1], got {self.shared_fraction}")
         if not 1 <= self.features_a < 64:
@@ -94,7 +103,8 @@ class VflSplitNNConfig(ExperimentConfig):
                              learning_rate=self.learning_rate, bottom_hidden=self.bottom_hidden,
                              bottom_out_a=self.bottom_out_a, bottom_out_b=self.bottom_out_b,
                              interactive_out=self.interactive_out, top_hidden=self.top_hidden, num_classes=10,
-                             key_bits=self.key_bits, pack_decryption=self.pack_decryption, seed=self.seed)
+                             key_bits=self.key_bits, pack_decryption=self.pack_decryption, seed=self.seed,
+                             allow_insecure_keys=self.allow_insecure_keys)
 
 
 def _align(cfg, x, y, run):
@@ -107,7 +117,7 @@ def _align(cfg, x, y, run):
     link = Link()
     t0 = time.perf_counter()
     ra, rb = psi.intersect(a.ids, b.ids, key_bits=cfg.psi_key_bits, workers=cfg.psi_workers or None,
-                           transfer=link.transfer)
+                           transfer=link.transfer, allow_insecure_keys=cfg.allow_insecure_keys)
     psi_s = time.perf_counter() - t0
     exact = set(ra.ids) == set(a.ids) & set(b.ids) and ra.ids == rb.ids
     if not exact:

@@ -61,8 +61,11 @@ class HeteroLRConfig:
     pack_decryption: bool = True
     pool_size: int = 0
     seed: int = 0
+    allow_insecure_keys: bool = False
+    """accept key_bits below 2048 (fast tests only)"""
 
     def __post_init__(self) -> None:
+        pl.check_key_bits(self.key_bits, self.allow_insecure_keys, "hetero_lr.key_bits")
         checks = {
             "epochs": self.epochs >= 1, "batch_size": self.batch_size >= 1, "learning_rate": self.learning_rate > 0,
             "l2": self.l2 >= 0, "key_bits": self.key_bits >= 512 and self.key_bits % 8 == 0,
@@ -156,7 +159,7 @@ class GuestA:
         self.masker = Masker(self.peer_key, self.cfg.value_bits, self.cfg.mask_bits, self.cfg.pack_decryption, self.timer)
 
     def make_own_key(self, key_bits: int) -> PublicKeyMsg:
-        pk, sk = pl.generate_keypair(key_bits)
+        pk, sk = pl.generate_keypair(key_bits, allow_insecure_keys=self.cfg.allow_insecure_keys)
         self.own = Decryptor(sk, self.timer)
         self.own_public = pl.FastPublicKey(pk)
         return public_key_message(pk)
@@ -248,7 +251,7 @@ class HostB:
         self.masker = Masker(self.enc_key, self.cfg.value_bits, self.cfg.mask_bits, self.cfg.pack_decryption, self.timer)
 
     def make_own_key(self, key_bits: int) -> PublicKeyMsg:
-        pk, sk = pl.generate_keypair(key_bits)
+        pk, sk = pl.generate_keypair(key_bits, allow_insecure_keys=self.cfg.allow_insecure_keys)
         self.own = Decryptor(sk, self.timer)
         self.enc_key = pl.FastPublicKey(pk)
         return public_key_message(pk)
@@ -300,7 +303,7 @@ class Coordinator:
 
     def __init__(self, cfg: HeteroLRConfig) -> None:
         self.timer = PhaseTimer()
-        pk, sk = pl.generate_keypair(cfg.key_bits)
+        pk, sk = pl.generate_keypair(cfg.key_bits, allow_insecure_keys=cfg.allow_insecure_keys)
         self.public = pk
         self.decryptor = Decryptor(sk, self.timer)
 

@@ -23,7 +23,7 @@ from typing import Sequence
 import gmpy2
 import numpy as np
 
-from fedarena.federated.vertical.paillier import FastPrivateKey, FastPublicKey
+from fedarena.federated.vertical.paillier import FastPrivateKey, FastPublicKey, fixed_point_ints
 
 
 class PackingOverflow(OverflowError):
@@ -97,20 +97,27 @@ class SlotPacker:
             p = (p << w) | int(v)
         return p
 
-    def _quantise(self, x: np.ndarray, bound: float) -> list[int]:
+    @staticmethod
+    def _quantise(x: np.ndarray, bound: float, frac_bits: int, what: str = "the bound") -> tuple[list[int], int]:
+        """Exact fixed-point ints of ``x`` (Python ints) and the offset ceil(bound 2^f); every |q| <= offset."""
         arr = np.asarray(x, dtype=np.float64).ravel()
         if not np.all(np.isfinite(arr)):
             raise ValueError("values: NaN or Inf cannot be packed")
+        if not (math.isfinite(bound) and bound >= 0):
+            raise ValueError(f"bound: must be finite and >= 0, got {bound}")
         if arr.size and np.max(np.abs(arr)) > bound:
-            raise PackingOverflow(f"values: |x| up to {np.max(np.abs(arr))} exceeds the layout bound {bound}")
-        return [int(v) for v in np.rint(arr * 2.0**self.layout.frac_bits).astype(np.int64)] if self.layout.frac_bits <= 52 \
-            else [int(round(v * 2**52)) << (self.layout.frac_bits - 52) for v in arr.tolist()]
+            raise PackingOverflow(f"values: |x| up to {np.max(np.abs(arr))} exceeds {what} {bound}")
+        q = fixed_point_ints(arr, frac_bits)
+        off = _fixed_ceil(bound, frac_bits)
+        for i, v in enumerate(q):  # exact: the slot integer v + off must lie in [0, 2 off]
+            if not -off <= v <= off:
+                raise PackingOverflow(f"values[{i}]: fixed-point {v} outside +-{off}")
+        return q, off
 
     def encrypt(self, x: np.ndarray) -> list[PackedCiphertext]:
         """Pack ``x`` (|x| <= value_bound) into ceil(len/slots) ciphertexts, one pooled obfuscator each."""
         L = self.layout
-        q = self._quantise(x, L.value_bound)
-        off = L.offset
+        q, off = self._quantise(x, L.value_bound, L.frac_bits, "the layout bound")
         groups = [q[i : i + L.slots] for i in range(0, len(q), L.slots)]
         plains = [self._slots_int([v + off for v in g]) for g in groups]
         cs = self.key.encrypt_ints(plains)
@@ -134,11 +141,11 @@ class SlotPacker:
         x = np.asarray(x, dtype=np.float64).ravel()
         if x.size != a.count:
             raise ValueError(f"add_plain: {x.size} values for {a.count} slots")
-        bnd = float(np.max(np.abs(x))) if bound is None else float(bound)
-        off = _fixed_ceil(bnd, a.frac_bits)
+        if not np.all(np.isfinite(x)):
+            raise ValueError("add_plain: NaN or Inf cannot be packed")
+        bnd = (float(np.max(np.abs(x))) if x.size else 0.0) if bound is None else float(bound)
+        q, off = self._quantise(x, bnd, a.frac_bits, "the declared bound")
         self._check(a.bound + 2 * off, "add_plain")
-        q = self._quantise(x, bnd) if a.frac_bits == self.layout.frac_bits else \
-            [int(v) for v in np.rint(x * 2.0**a.frac_bits).astype(object)]
         p = self._slots_int([v + off for v in q])
         return PackedCiphertext(self.key.add_int(a.c, p), a.count, a.slot_bits, a.frac_bits,
                                 a.offset + off, a.bound + 2 * off)
@@ -157,7 +164,8 @@ class SlotPacker:
 
     def mul_fixed(self, a: PackedCiphertext, s: float, frac_bits: int) -> PackedCiphertext:
         """Every slot times the real s encoded with ``frac_bits`` (the result has a.frac_bits + frac_bits)."""
-        r = self.mul_scalar(a, int(round(s * 2.0**frac_bits)))
+        (k,) = fixed_point_ints([s], frac_bits, "s")
+        r = self.mul_scalar(a, k)
         return PackedCiphertext(r.c, r.count, r.slot_bits, r.frac_bits + frac_bits, r.offset, r.bound)
 
     def sum(self, items: Sequence[PackedCiphertext]) -> PackedCiphertext:

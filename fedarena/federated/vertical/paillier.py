@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import math
+from fractions import Fraction
 import multiprocessing as mp
 import secrets
 import threading
@@ -31,12 +32,24 @@ import numpy as np
 import phe
 
 DEFAULT_KEY_BITS = 2048
+MIN_KEY_BITS = 2048
+"""smallest modulus accepted without ``allow_insecure_keys`` (NIST SP 800-57 Part 1: 2048-bit RSA-type moduli
+give 112-bit security; Paillier's security rests on factoring the same kind of modulus)"""
 
 
-def generate_keypair(bits: int = DEFAULT_KEY_BITS) -> tuple[phe.PaillierPublicKey, phe.PaillierPrivateKey]:
-    """A ``phe`` key pair; 2048-bit modulus unless asked otherwise."""
+def check_key_bits(bits: int, allow_insecure_keys: bool = False, field: str = "key_bits") -> None:
+    """Refuse a modulus below :data:`MIN_KEY_BITS` unless ``allow_insecure_keys`` (a switch for fast tests)."""
+    if bits < MIN_KEY_BITS and not allow_insecure_keys:
+        raise ValueError(f"{field}: {bits}-bit keys are refused (need >= {MIN_KEY_BITS}; allow_insecure_keys=True "
+                         "is for tests only)")
+
+
+def generate_keypair(bits: int = DEFAULT_KEY_BITS, *, allow_insecure_keys: bool = False
+                     ) -> tuple[phe.PaillierPublicKey, phe.PaillierPrivateKey]:
+    """A ``phe`` key pair; 2048-bit modulus unless asked otherwise (below 2048 only with ``allow_insecure_keys``)."""
     if bits < 512 or bits % 8:
         raise ValueError(f"key_bits: {bits} must be a multiple of 8 and >= 512")
+    check_key_bits(bits, allow_insecure_keys)
     return phe.generate_paillier_keypair(n_length=bits)
 
 
@@ -236,6 +249,28 @@ class FastPrivateKey:
         return decode(self.decrypt_ints(v.cs), v.frac_bits, int(self.n))
 
 
+def fixed_point(v: float, frac_bits: int) -> int:
+    """round(v * 2^frac_bits) as an exact Python int (ties to even, like ``np.rint``), for any frac_bits >= 0.
+
+    Scaling a float by a power of two is exact (``math.ldexp``); only when that overflows the float
+    range is the product formed as an exact fraction. No int64 (or float) overflow can occur.
+    """
+    try:
+        return round(math.ldexp(v, frac_bits))
+    except OverflowError:
+        return round(Fraction(v) * (1 << frac_bits))
+
+
+def fixed_point_ints(x: np.ndarray | Sequence[float], frac_bits: int, field: str = "values") -> list[int]:
+    """:func:`fixed_point` of every element; refuses NaN and Inf (naming ``field``)."""
+    if frac_bits < 0:
+        raise ValueError(f"frac_bits: must be >= 0, got {frac_bits}")
+    arr = np.asarray(x, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{field}: NaN or Inf cannot be encoded")
+    return [fixed_point(v, frac_bits) for v in arr.tolist()]
+
+
 def encode(x: np.ndarray | Sequence[float], frac_bits: int, n: int) -> list[int]:
     """Fixed-point integers round(x * 2^f) mod n; refuses NaN/Inf and values that do not fit n/3."""
     arr = np.asarray(x, dtype=np.float64).ravel()
@@ -243,8 +278,7 @@ def encode(x: np.ndarray | Sequence[float], frac_bits: int, n: int) -> list[int]
         raise ValueError("values: NaN or Inf cannot be encrypted")
     limit = n // 3
     out = []
-    for v in arr.tolist():
-        m = int(round(v * (1 << frac_bits))) if frac_bits <= 52 else int(round(v * 2**52)) << (frac_bits - 52)
+    for v, m in zip(arr.tolist(), fixed_point_ints(arr, frac_bits)):
         if abs(m) > limit:
             raise OverflowError(f"values: {v} at {frac_bits} fractional bits does not fit the key's plaintext space")
         out.append(m % n)
@@ -295,29 +329,34 @@ class CipherVector:
 
     def scale(self, k: float, frac_bits: int) -> "CipherVector":
         """E(a) * k with k encoded at ``frac_bits``; precision becomes ``self.frac_bits + frac_bits``."""
-        m = int(round(k * (1 << frac_bits)))
+        (m,) = fixed_point_ints([k], frac_bits, "k")
         return CipherVector(self.key, [self.key.mul_int(c, m) for c in self.cs], self.frac_bits + frac_bits)
 
     def mul_plain(self, x: np.ndarray, frac_bits: int) -> "CipherVector":
         """Elementwise E(a_i) * x_i."""
-        xs = np.rint(np.asarray(x, dtype=np.float64).ravel() * (1 << frac_bits)).astype(object)
-        return CipherVector(self.key, [self.key.mul_int(c, int(m)) for c, m in zip(self.cs, xs)], self.frac_bits + frac_bits)
+        xs = fixed_point_ints(x, frac_bits, "x")
+        if len(xs) != len(self):
+            raise ValueError(f"length mismatch: {len(self)} vs {len(xs)}")
+        return CipherVector(self.key, [self.key.mul_int(c, m) for c, m in zip(self.cs, xs)], self.frac_bits + frac_bits)
 
     def rmatmul(self, x: np.ndarray, frac_bits: int) -> "CipherVector":
         """E(x^T a) for a plaintext matrix x of shape (len(self), k): k encrypted inner products.
 
         Each E(a_i) and its inverse are exponentiated by |x_ij| (gmpy2), so negative entries cost
-        no more than positive ones.
+        no more than positive ones. The fixed-point entries round(x_ij 2^f) are exact Python ints
+        (:func:`fixed_point`), whatever their size.
         """
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[0] != len(self):
             raise ValueError(f"x: expected shape ({len(self)}, k), got {x.shape}")
         if not np.all(np.isfinite(x)):
             raise ValueError("x: NaN or Inf")
-        q = np.rint(x * (1 << frac_bits)).astype(np.int64)
+        k = x.shape[1]
+        flat = fixed_point_ints(x, frac_bits, "x")
+        cols = [flat[j::k] for j in range(k)]
         nsq = self.key.nsquare
-        inv = [gmpy2.invert(c, nsq) for c in self.cs] if (q < 0).any() else self.cs
-        out = [multi_exp(self.cs, inv, q[:, j].tolist(), nsq) for j in range(q.shape[1])]
+        inv = [gmpy2.invert(c, nsq) for c in self.cs] if any(v < 0 for v in flat) else self.cs
+        out = [multi_exp(self.cs, inv, col, nsq) for col in cols]
         return CipherVector(self.key, out, self.frac_bits + frac_bits)
 
     def sum(self) -> "CipherVector":

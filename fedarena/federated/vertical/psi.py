@@ -31,12 +31,14 @@ from fedarena.federated.vertical.messages import ProtocolError, message
 from fedarena.federated.vertical.rsa_blind import (
     ALLOWED_KEY_BITS,
     DEFAULT_KEY_BITS,
+    MIN_KEY_BITS,
     TAG_BYTES,
     RsaPrivateKey,
     RsaPublicKey,
     SigningPool,
     encode_id,
     full_domain_hash,
+    check_key_bits,
     generate_key,
     tag,
 )
@@ -44,6 +46,8 @@ from fedarena.federated.vertical.rsa_blind import (
 DEFAULT_CHUNK = 2048
 MAX_CHUNK = 1 << 16
 MAX_SET = 1 << 31
+DEFAULT_MAX_SIGNATURES = 1 << 22
+"""default cap on blinded values one client may have A sign (each signature lets B test one ID against A's set)"""
 
 
 # ----------------------------------------------------------------------------- messages
@@ -137,15 +141,45 @@ def _tags_array(blob: bytes) -> np.ndarray:
 # ----------------------------------------------------------------------------- party A
 
 
+class SigningLedger:
+    """How many blinded values each client has had signed, over all its PSI sessions, against one cap.
+
+    Share one ledger between the :class:`PsiServer` sessions of a party A so that a client cannot
+    reset its allowance by starting a new session."""
+
+    def __init__(self, max_signatures: int = DEFAULT_MAX_SIGNATURES) -> None:
+        if max_signatures < 0:
+            raise ValueError(f"max_signatures: must be >= 0, got {max_signatures}")
+        self.max_signatures = int(max_signatures)
+        self.signed: dict[str, int] = {}
+
+    def reserve(self, client: str, count: int, field: str) -> None:
+        have = self.signed.get(client, 0)
+        if have + count > self.max_signatures:
+            raise ProtocolError(field, f"client {client!r} would have {have + count} values signed, over the cap "
+                                f"of {self.max_signatures}")
+        self.signed[client] = have + count
+
+
 class PsiServer:
-    """Party A: holds the RSA key, signs, and learns the intersection from B's matched tags."""
+    """Party A: holds the RSA key, signs, and learns the intersection from B's matched tags.
+
+    A signs at most ``max_signatures`` blinded values for the client of this session (``ledger``
+    and ``client`` carry the count across sessions): the client's hello may not declare more,
+    and every chunk is counted before it is signed."""
 
     def __init__(self, ids: Iterable[str | bytes], *, key: RsaPrivateKey | None = None,
                  key_bits: int = DEFAULT_KEY_BITS, chunk_size: int = DEFAULT_CHUNK,
-                 workers: int | None = None, crt: bool = True) -> None:
+                 workers: int | None = None, crt: bool = True, allow_insecure_keys: bool = False,
+                 max_signatures: int = DEFAULT_MAX_SIGNATURES, ledger: SigningLedger | None = None,
+                 client: str = "client") -> None:
         if not 1 <= chunk_size <= MAX_CHUNK:
             raise ValueError(f"chunk_size: must be in 1..{MAX_CHUNK}, got {chunk_size}")
-        self.key = key if key is not None else generate_key(key_bits)
+        if key is not None:
+            check_key_bits(key.public.bits, allow_insecure_keys)
+        self.key = key if key is not None else generate_key(key_bits, allow_insecure_keys=allow_insecure_keys)
+        self.ledger = ledger if ledger is not None else SigningLedger(max_signatures)
+        self.client = client
         self.chunk_size = chunk_size
         self._ids, self._positions, id_bytes = _dedupe(ids)
         order = list(range(len(self._ids)))
@@ -169,7 +203,8 @@ class PsiServer:
         return ServerHello(pub.bits, pub.n.to_bytes(pub.width, "big"), pub.e, len(self._ids), self.chunk_size)
 
     def receive_hello(self, m: ClientHello) -> None:
-        msg.check_count(m.set_size, "psi.client_hello.set_size", 0, MAX_SET)
+        left = self.ledger.max_signatures - self.ledger.signed.get(self.client, 0)
+        msg.check_count(m.set_size, "psi.client_hello.set_size", 0, min(MAX_SET, max(0, left)))
         msg.check_count(m.chunk_size, "psi.client_hello.chunk_size", 1, MAX_CHUNK)
         self._client_size, self._client_chunk = m.set_size, m.chunk_size
 
@@ -192,11 +227,12 @@ class PsiServer:
         width = self.key.public.width
         values = msg.blob_to_ints(m.values, width, m.count, "psi.blinded.values")
         msg.check_in_range(values, 1, self.key.public.n, "psi.blinded.values")
+        if self._blinded_total + m.count > self._client_size:
+            raise ProtocolError("psi.blinded.count", f"more values ({self._blinded_total + m.count}) than the declared set size {self._client_size}")
+        if m.last and self._blinded_total + m.count != self._client_size:
+            raise ProtocolError("psi.blinded.last", f"stream ended after {self._blinded_total + m.count} of {self._client_size} values")
+        self.ledger.reserve(self.client, m.count, "psi.blinded.count")
         self._blinded_total += m.count
-        if self._blinded_total > self._client_size:
-            raise ProtocolError("psi.blinded.count", f"more values ({self._blinded_total}) than the declared set size {self._client_size}")
-        if m.last and self._blinded_total != self._client_size:
-            raise ProtocolError("psi.blinded.last", f"stream ended after {self._blinded_total} of {self._client_size} values")
         self._next_blinded += 1
         return values
 
@@ -409,12 +445,17 @@ def run_psi(server: PsiServer, client: PsiClient, transfer: Transfer | None = No
 
 def intersect(ids_a: Iterable[str | bytes], ids_b: Iterable[str | bytes], *, key_bits: int = DEFAULT_KEY_BITS,
               key: RsaPrivateKey | None = None, chunk_size: int = DEFAULT_CHUNK, workers: int | None = None,
-              transfer: Transfer | None = None) -> tuple[PsiResult, PsiResult]:
-    """Convenience: PSI between A's and B's ID lists in one process (A signs on ``workers`` processes)."""
-    server = PsiServer(ids_a, key=key, key_bits=key_bits, chunk_size=chunk_size, workers=workers)
+              transfer: Transfer | None = None, allow_insecure_keys: bool = False,
+              max_signatures: int = DEFAULT_MAX_SIGNATURES) -> tuple[PsiResult, PsiResult]:
+    """Convenience: PSI between A's and B's ID lists in one process (A signs on ``workers`` processes).
+
+    Keys below 2048 bits are refused unless ``allow_insecure_keys`` (fast tests)."""
+    server = PsiServer(ids_a, key=key, key_bits=key_bits, chunk_size=chunk_size, workers=workers,
+                       allow_insecure_keys=allow_insecure_keys, max_signatures=max_signatures)
     try:
         bits = server.public_key.bits
-        client = PsiClient(ids_b, chunk_size=chunk_size, min_key_bits=min(bits, DEFAULT_KEY_BITS))
+        client = PsiClient(ids_b, chunk_size=chunk_size,
+                           min_key_bits=min(bits, MIN_KEY_BITS) if allow_insecure_keys else MIN_KEY_BITS)
         return run_psi(server, client, transfer)
     finally:
         server.close()

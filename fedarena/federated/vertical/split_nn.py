@@ -62,8 +62,11 @@ class SplitNNConfig:
     mask_bits: int = 40
     pack_decryption: bool = True
     seed: int = 0
+    allow_insecure_keys: bool = False
+    """accept key_bits below 2048 (fast tests only)"""
 
     def __post_init__(self) -> None:
+        pl.check_key_bits(self.key_bits, self.allow_insecure_keys, "split_nn.key_bits")
         for name in ("epochs", "batch_size", "bottom_hidden", "bottom_out_a", "bottom_out_b", "interactive_out", "num_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"split_nn.{name}: must be >= 1, got {getattr(self, name)}")
@@ -170,7 +173,7 @@ class SplitHostB:
         self.params = self.bottom.init(np.random.default_rng([cfg.seed, 2]), dtype=np.float64)
         self.opt = _optimizer(cfg)
         self.opt_state = self.opt.init(self.params)
-        pk, sk = pl.generate_keypair(cfg.key_bits)
+        pk, sk = pl.generate_keypair(cfg.key_bits, allow_insecure_keys=cfg.allow_insecure_keys)
         self.decryptor = Decryptor(sk, self.timer)
         self.public = pk
         self._batch: np.ndarray | None = None

@@ -6,7 +6,7 @@ import pytest
 
 from fedarena.platform.runs import execute, read_metrics
 
-FAST_LR = ["key_bits=1024", "psi_key_bits=1024", "psi_workers=1", "pool_size=0", "max_rows=100", "batch_size=32", "coordinator=false"]
+FAST_LR = ["key_bits=1024", "psi_key_bits=1024", "psi_workers=1", "allow_insecure_keys=true", "pool_size=0", "max_rows=100", "batch_size=32", "coordinator=false"]
 
 
 def test_vfl_lr_runs_reports_and_resumes_identically(tmp_path):
@@ -31,7 +31,7 @@ def test_vfl_lr_runs_reports_and_resumes_identically(tmp_path):
 
 
 def test_vfl_splitnn_runs(tmp_path):
-    s = execute("experiments/vfl_digits_splitnn.yaml", overrides=["key_bits=1024", "psi_key_bits=1024", "psi_workers=1",
+    s = execute("experiments/vfl_digits_splitnn.yaml", overrides=["key_bits=1024", "psi_key_bits=1024", "psi_workers=1", "allow_insecure_keys=true",
                 "max_rows=60", "epochs=1", "batch_size=32"], out=tmp_path / "nn", quiet=True, report=False)
     rows = read_metrics(tmp_path / "nn")
     assert len(rows) == 1 and rows[0]["bytes"] > 0 and 0.0 <= rows[0]["test_accuracy"] <= 1.0

@@ -45,7 +45,7 @@ def small():
 
 def test_three_party_matches_plaintext_taylor_oracle_and_two_party(small):
     xa, y, xb = small
-    cfg = H.HeteroLRConfig(epochs=2, batch_size=32, learning_rate=0.2, key_bits=1024)
+    cfg = H.HeteroLRConfig(epochs=2, batch_size=32, learning_rate=0.2, key_bits=1024, allow_insecure_keys=True)
     ta, tb, losses = _plain_taylor(xa, y, xb, cfg)
     runs = {}
     for coord in (True, False):
@@ -65,12 +65,12 @@ def test_breast_cancer_after_psi_auc_close_to_centralized():
     x, y = load_breast_cancer(return_X_y=True)
     a, b = vertical_partition(x, y, features_a=15, shared_fraction=0.8, seed=1)
     assert len(set(a.ids) & set(b.ids)) == round(0.8 * len(x))
-    ra, rb = psi.intersect(a.ids, b.ids, key_bits=1024, workers=1)
+    ra, rb = psi.intersect(a.ids, b.ids, key_bits=1024, workers=1, allow_insecure_keys=True)
     assert set(ra.ids) == set(a.ids) & set(b.ids)
     xa, ya, xb = a.x[ra.indices], a.y[ra.indices], b.x[rb.indices]
     train, test = train_test_rows(len(xa), 0.25, seed=1)
     xa, xb = standardize(xa, train), standardize(xb, train)
-    cfg = H.HeteroLRConfig(epochs=3, batch_size=64, learning_rate=0.1, key_bits=1024)
+    cfg = H.HeteroLRConfig(epochs=3, batch_size=64, learning_rate=0.1, key_bits=1024, allow_insecure_keys=True)
     # the two-party protocol computes the same model as the coordinated one (tested above) and its
     # encryptions are cheaper (each party encrypts under its own key, with CRT)
     m = H.HeteroLR(xa[train], ya[train], xb[train], cfg, coordinator=False)
@@ -90,7 +90,7 @@ def test_breast_cancer_after_psi_auc_close_to_centralized():
 
 def test_malformed_messages_are_rejected(small):
     xa, y, xb = small
-    cfg = H.HeteroLRConfig(epochs=1, batch_size=16, key_bits=1024)
+    cfg = H.HeteroLRConfig(epochs=1, batch_size=16, key_bits=1024, allow_insecure_keys=True)
     m = H.HeteroLR(xa, y, xb, cfg)
     with pytest.raises(ProtocolError, match="vlr.batch.indices"):
         m.b.receive_batch(H.BatchMsg(1, 0, np.array([0, 500])))
@@ -110,4 +110,4 @@ def test_malformed_messages_are_rejected(small):
     with pytest.raises(ProtocolError, match="vlr.scores.scores"):
         m.a.scores(np.arange(3), H.ScoresMsg(np.array([1.0, np.nan, 0.0])))
     with pytest.raises(ValueError, match="hetero_lr.value_bits"):
-        H.HeteroLRConfig(key_bits=512, value_bits=300)
+        H.HeteroLRConfig(key_bits=512, value_bits=300, allow_insecure_keys=True)

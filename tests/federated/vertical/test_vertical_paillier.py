@@ -13,7 +13,7 @@ from fedarena.federated.vertical.messages import ProtocolError
 
 @pytest.fixture(scope="module")
 def keys():
-    pk, sk = P.generate_keypair(1024)
+    pk, sk = P.generate_keypair(1024, allow_insecure_keys=True)
     return pk, sk, P.FastPublicKey(pk), P.FastPrivateKey(sk)
 
 
@@ -69,7 +69,7 @@ def test_pool_supplies_fresh_obfuscators(keys):
 
 
 def test_background_refill_runs():
-    pk, _ = P.generate_keypair(512)
+    pk, _ = P.generate_keypair(512, allow_insecure_keys=True)
     pool = P.ObfuscationPool(pk.n, capacity=16, batch=4, workers=0, background=True)
     try:
         for _ in range(600):  # liveness only: the refill thread fills the pool eventually

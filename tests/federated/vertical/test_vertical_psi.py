@@ -21,7 +21,7 @@ from fedarena.federated.vertical.rsa_blind import (
 
 @pytest.fixture(scope="module")
 def key():
-    return generate_key(1024)
+    return generate_key(1024, allow_insecure_keys=True)
 
 
 def _sets(rng, n_a, n_b, overlap):
@@ -40,7 +40,7 @@ def _sets(rng, n_a, n_b, overlap):
 def test_intersection_is_exact_against_python_sets(key, overlap):
     rng = random.Random(int(overlap * 100))
     a, b = _sets(rng, 120, 90, overlap)
-    ra, rb = psi.intersect(a, b, key=key, chunk_size=32, workers=1)
+    ra, rb = psi.intersect(a, b, key=key, allow_insecure_keys=True, chunk_size=32, workers=1)
     assert set(ra.ids) == set(a) & set(b)
     assert ra.ids == rb.ids  # same agreed order on both sides
     assert len(ra.ids) == len(set(ra.ids))
@@ -50,9 +50,9 @@ def test_intersection_is_exact_against_python_sets(key, overlap):
 
 
 def test_empty_sets_and_str_bytes_distinct(key):
-    ra, rb = psi.intersect([], ["x"], key=key, workers=1)
+    ra, rb = psi.intersect([], ["x"], key=key, allow_insecure_keys=True, workers=1)
     assert ra.ids == rb.ids == []
-    ra, rb = psi.intersect(["1", b"2", "3"], [b"1", "2", "3"], key=key, workers=1)
+    ra, rb = psi.intersect(["1", b"2", "3"], [b"1", "2", "3"], key=key, allow_insecure_keys=True, workers=1)
     assert ra.ids == rb.ids == ["3"]
 
 
@@ -70,7 +70,7 @@ def test_default_is_2048_bits_and_works():
 def test_worker_processes_give_same_result(key):
     rng = random.Random(7)
     a, b = _sets(rng, 150, 150, 0.4)
-    ra, rb = psi.intersect(a, b, key=key, chunk_size=16, workers=2)
+    ra, rb = psi.intersect(a, b, key=key, allow_insecure_keys=True, chunk_size=16, workers=2)
     assert set(ra.ids) == set(a) & set(b) and ra.ids == rb.ids
 
 
@@ -94,7 +94,7 @@ def test_transcripts_hold_no_non_shared_ids_or_hashes(key):
     rng = random.Random(3)
     a, b = _sets(rng, 60, 60, 0.5)
     link = Link(record=True)
-    ra, _ = psi.intersect(a, b, key=key, chunk_size=16, workers=1, transfer=link.transfer)
+    ra, _ = psi.intersect(a, b, key=key, allow_insecure_keys=True, chunk_size=16, workers=1, transfer=link.transfer)
     shared = set(ra.ids)
     to_a, to_b = link.received_by("A"), link.received_by("B")
     pub = key.public
@@ -119,7 +119,7 @@ def test_transcripts_hold_no_non_shared_ids_or_hashes(key):
 
 
 def _started(key, a=("x", "y", "z"), b=("y", "z", "w"), chunk=2):
-    server = psi.PsiServer(list(a), key=key, chunk_size=chunk, workers=1)
+    server = psi.PsiServer(list(a), key=key, allow_insecure_keys=True, chunk_size=chunk, workers=1)
     client = psi.PsiClient(list(b), chunk_size=chunk, min_key_bits=1024)
     client.receive_hello(server.hello())
     server.receive_hello(client.hello())
@@ -129,7 +129,7 @@ def _started(key, a=("x", "y", "z"), b=("y", "z", "w"), chunk=2):
 
 
 def test_client_refuses_bad_public_keys(key):
-    server = psi.PsiServer(["x"], key=key, workers=1)
+    server = psi.PsiServer(["x"], key=key, allow_insecure_keys=True, workers=1)
     hello = server.hello()
     with pytest.raises(ProtocolError, match="modulus_bits"):
         psi.PsiClient(["x"]).receive_hello(hello)  # default client wants >= 2048 bits
@@ -197,7 +197,7 @@ def test_server_rejects_bad_matches(key):
 
 def test_tag_stream_checks_and_hostile_bytes(key):
     client = psi.PsiClient(["x"], min_key_bits=1024)
-    server = psi.PsiServer(["x", "y"], key=key, workers=1)
+    server = psi.PsiServer(["x", "y"], key=key, allow_insecure_keys=True, workers=1)
     client.receive_hello(server.hello())
     with pytest.raises(ProtocolError, match="psi.server_tags.tags"):
         client.receive_tags(psi.ServerTags(0, 2, bytes(33), True))
@@ -216,12 +216,12 @@ def test_psi_and_hetero_lr_messages_over_grpc(key):
 
     link = GrpcLink()
     try:
-        ra, rb = psi.intersect(["u1", "u2", "u3", "ü4"], ["ü4", "u2", "x"], key=key, chunk_size=2, workers=1,
+        ra, rb = psi.intersect(["u1", "u2", "u3", "ü4"], ["ü4", "u2", "x"], key=key, allow_insecure_keys=True, chunk_size=2, workers=1,
                                transfer=link.transfer)
         assert ra.ids == rb.ids == ["u2", "ü4"]
         rng = np.random.default_rng(0)
         xa, xb, y = rng.normal(size=(20, 3)), rng.normal(size=(20, 2)), rng.integers(0, 2, 20)
-        cfg = H.HeteroLRConfig(epochs=1, batch_size=10, key_bits=1024)
+        cfg = H.HeteroLRConfig(epochs=1, batch_size=10, key_bits=1024, allow_insecure_keys=True)
         over_grpc = H.HeteroLR(xa, y, xb, cfg, transfer=link.transfer)
         in_process = H.HeteroLR(xa, y, xb, cfg)
         assert over_grpc.train_epoch().loss == in_process.train_epoch().loss

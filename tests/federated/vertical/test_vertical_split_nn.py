@@ -44,7 +44,7 @@ def _joint_sgd(model, xa, xb, y, cfg, epochs):
 
 
 def test_encrypted_matmul_is_exact():
-    pk, sk = P.generate_keypair(1024)
+    pk, sk = P.generate_keypair(1024, allow_insecure_keys=True)
     fk, fs = P.FastPublicKey(pk), P.FastPrivateKey(sk)
     rng = np.random.default_rng(3)
     a, w = rng.uniform(-1, 1, (5, 4)), rng.uniform(-1, 1, (4, 6))
@@ -59,7 +59,7 @@ def test_encrypted_matmul_is_exact():
 def test_split_protocol_equals_joint_autodiff(digits):
     x, y = digits
     x, y = x[:48], y[:48]
-    cfg = SplitNNConfig(batch_size=16, optimizer="sgd", learning_rate=0.5, key_bits=1024, interactive_out=6,
+    cfg = SplitNNConfig(batch_size=16, optimizer="sgd", learning_rate=0.5, key_bits=1024, allow_insecure_keys=True, interactive_out=6,
                         bottom_hidden=8, top_hidden=8, bottom_out_a=3, bottom_out_b=3)
     model = SplitNN(x[:, :32], y, x[:, 32:], cfg)
     ref_params, ref_losses = _joint_sgd(model, x[:, :32], x[:, 32:], y, cfg, epochs=1)
@@ -84,7 +84,7 @@ def test_split_protocol_equals_joint_autodiff(digits):
 
 def test_split_messages_are_validated(digits):
     x, y = digits
-    cfg = SplitNNConfig(batch_size=4, key_bits=1024, interactive_out=4, bottom_out_b=2)
+    cfg = SplitNNConfig(batch_size=4, key_bits=1024, allow_insecure_keys=True, interactive_out=4, bottom_out_b=2)
     model = SplitNN(x[:8, :32], y[:8], x[:8, 32:], cfg)
     with pytest.raises(ProtocolError, match="vnn.backward"):
         model.b.backward(BackwardMsg(np.zeros((1, 2))))
