@@ -33,7 +33,7 @@ import numpy as np
 from fedarena.federated import auth, wire
 from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
 from fedarena.federated.secure_round import SecureRound
-from fedarena.federated.strategy import PartialAggregate, ServerOptimizer
+from fedarena.federated.strategy import FedAvg, PartialAggregate, RoundState, ServerOptimizer, select_clients
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 from fedarena.platform.checkpoint import write_atomic
 
@@ -277,8 +277,7 @@ class Scheduler:
         if len(cands) < max(1, need) or not self._live_servers(now):
             return False
         k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
-        rng = np.random.default_rng([p.seed, self.round])
-        selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
+        selected = select_clients(cands, k, p.seed, self.round)
         secure = None
         if p.round_config.secagg:
             dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
@@ -314,8 +313,9 @@ class Scheduler:
             "servers": sorted(self.partials), "clients": sorted(total.clients),
         }
         if len(total.clients) >= need and total.weight > 0:
-            delta = total.mean_delta()
-            self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
+            new = FedAvg(server_optimizer=p.server_optimizer).aggregate_partial(
+                RoundState(self.round, self.params, self.opt_state), total)
+            self.params, self.opt_state = new.params, new.opt_state
             self.version += 1
             row["outcome"] = "aggregated"
             row["train_loss"] = total.loss_sum / total.weight
