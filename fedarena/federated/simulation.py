@@ -295,6 +295,8 @@ class Simulation:
     """a :class:`fedarena.federated.compression.Broadcast` (compressed model broadcast) or None"""
     backend: Literal["vmap", "ray"] = "vmap"
     ray_groups_per_task: int = 1
+    ray_workers: int = 0
+    """Ray actors of the ray backend (0 = one per cluster CPU, at most 8)"""
     privacy_seed: int = -1
     """seed of the upload stages' randomness; -1 = a fresh secret seed per run (``secrets``)"""
     eval_clients: bool = True
@@ -331,7 +333,7 @@ class Simulation:
         self.bytes_up_total = 0
         self.bytes_down_total = 0
         self._remote = None
-        self._last_round = -1
+        self.final_round = -1  # the round after which :meth:`run` evaluates in any case (set by run)
 
     # ------------------------------------------------------------------ training
 
@@ -375,8 +377,12 @@ class Simulation:
         from fedarena.federated import ray_backend
 
         if self._remote is None:
-            self._remote = ray_backend.RayTrainer(self.model.sizes, self.x, self._onehot)
+            self._remote = ray_backend.RayTrainer(self.model.sizes, self.x, self._onehot, self.ray_workers)
         return self._remote.run(params, [(plan, corr) for _, plan, corr in jobs], cfg, self.ray_groups_per_task)
+
+    def ray_nodes(self) -> list[str]:
+        """Node id of every Ray actor of the ray backend (empty before the first round or with vmap)."""
+        return self._remote.nodes() if self._remote is not None else []
 
     # ------------------------------------------------------------------ rounds
 
@@ -445,7 +451,7 @@ class Simulation:
         self.bytes_up_total += bytes_up
         self.bytes_down_total += down
         m["train_seconds"] = time.perf_counter() - t0
-        if rnd % self.eval_every == 0 or rnd == self._last_round:
+        if rnd % self.eval_every == 0 or rnd == self.final_round:
             m.update(self.evaluate(new_state, rnd))
         return new_state, RoundRecord(rnd, m, list(selected), [u.client_id for u in updates])
 
@@ -475,7 +481,7 @@ class Simulation:
             on_round: Callable[[RoundState, RoundRecord], None] | None = None) -> tuple[RoundState, list[RoundRecord]]:
         state = state if state is not None else self.init_state()
         records = []
-        self._last_round = state.round + rounds - 1
+        self.final_round = state.round + rounds - 1
         for _ in range(rounds):
             state, rec = self.round(state)
             records.append(rec)

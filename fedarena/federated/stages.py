@@ -33,6 +33,7 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
+from fedarena.federated.compression import stochastic_quantize, topk_indices
 from fedarena.federated.wire import WireError, check_array
 
 Params = dict[str, np.ndarray]
@@ -136,21 +137,13 @@ def encode_update(delta: Params, encoding: str, rng: np.random.Generator, topk_f
         for k, v in delta.items():
             flat = np.asarray(v, np.float32).ravel()
             kk = max(1, math.ceil(topk_fraction * flat.size)) if flat.size else 0
-            idx = np.sort(np.argpartition(np.abs(flat), flat.size - kk)[flat.size - kk :]) if kk else np.zeros(0, int)
+            idx = topk_indices(flat, kk)
             out[k] = {"indices": idx.astype(np.uint32), "values": flat[idx].astype(np.float32)}
         return out
     if encoding == "q8":
         out = {}
         for k, v in delta.items():
-            x = np.asarray(v, np.float64)
-            lo = float(x.min()) if x.size else 0.0
-            hi = float(x.max()) if x.size else 0.0
-            scale = (hi - lo) / 255.0
-            if scale == 0.0:
-                q = np.zeros(x.shape, np.uint8)
-            else:
-                t = (x - lo) / scale
-                q = np.floor(t + rng.random(x.shape)).clip(0, 255).astype(np.uint8)  # stochastic rounding
+            q, lo, scale = stochastic_quantize(np.asarray(v, np.float64), 8, rng)  # stochastic rounding
             out[k] = {"q": q, "lo": lo, "scale": scale}
         return out
     raise ValueError(f"encoding: unknown '{encoding}' (one of {', '.join(ENCODINGS)})")
@@ -212,3 +205,135 @@ def decode_update(encoding: Any, payload: Any, shapes: Mapping[str, tuple[int, .
             if not np.isfinite(out[name]).all():
                 raise WireError(path, "dequantized values are not finite")
     return out
+
+
+# ----------------------------------------------------------------------------- strategy wrappers (server-side stages)
+
+
+def _flat_updates(updates, names):
+    return [np.concatenate([np.asarray(u.delta[k], np.float64).ravel() for k in names]) for u in updates]
+
+
+@dataclass(frozen=True)
+class DPFedAvg:
+    """DP-FedAvg (McMahan et al. 2018) around a FedAvg-family strategy: Poisson client sampling with rate
+    ``q``, server-side clipping, Gaussian noise on the sum, fixed denominator ``q N``; the inner strategy's
+    server optimizer applies the noisy mean. ``epsilon(rounds)`` comes from the RDP accountant."""
+
+    inner: Any
+    mechanism: Any  # fedarena.privacy.dp_fedavg.DPFedAvgMechanism
+
+    @property
+    def clients_per_round(self) -> int:
+        return 0
+
+    def select(self, rnd: int, candidates, seed: int) -> list[str]:
+        rng = np.random.default_rng([seed, rnd, 17])
+        cands = sorted(candidates)
+        return [c for c, keep in zip(cands, rng.random(len(cands)) < self.mechanism.sample_rate) if keep]
+
+    def configure(self, rnd: int, state):
+        return self.inner.configure(rnd, state)
+
+    def init_state(self, params):
+        return self.inner.init_state(params)
+
+    def aggregate(self, state, updates, num_clients: int):
+        from fedarena.federated.strategy import RoundState
+
+        names = sorted(state.params)
+        d = sum(state.params[k].size for k in names)
+        mean = self.mechanism.noisy_mean(_flat_updates(updates, names), d, state.round)
+        delta, i = {}, 0
+        for k in names:
+            n = state.params[k].size
+            delta[k] = mean[i: i + n].reshape(state.params[k].shape)
+            i += n
+        params, opt = self.inner.server_optimizer.step(state.params, delta, state.opt_state)
+        return RoundState(state.round + 1, params, opt, state.control)
+
+    def evaluate(self, rnd: int, client_accuracies):
+        out = self.inner.evaluate(rnd, client_accuracies)
+        out["dp_epsilon"] = self.mechanism.epsilon(rnd)
+        return out
+
+
+@dataclass(frozen=True)
+class SecureAggregation:
+    """SecAgg / SecAgg+ (Bonawitz et al. 2017; Bell et al. 2020) of a FedAvg round, run with the real protocol
+    objects of :mod:`fedarena.privacy.secagg` (X25519, Shamir, AES-GCM, every message through its wire format).
+
+    Client ``i`` inputs ``[Delta_i n_i / W, n_i / W]`` (clipped to ``clip``, fixed point ``scale``); the server
+    learns only the sum over the survivors and divides. ``dropout`` of the clients go silent before sending
+    their masked input (drawn per round with the given seed); their masks are removed with Shamir shares."""
+
+    inner: Any
+    neighbours: int = 0
+    """SecAgg+ neighbourhood size (even; 0 = every pair masks)"""
+    threshold: float = 0.5
+    clip: float = 1.0
+    scale: float = 2.0 ** 16
+    weight_scale: float = 1000.0
+    dropout: float = 0.0
+    seed: int = 0
+    last_report: dict = None  # type: ignore[assignment]
+
+    @property
+    def clients_per_round(self) -> int:
+        return self.inner.clients_per_round
+
+    def select(self, rnd, candidates, seed):
+        return self.inner.select(rnd, candidates, seed)
+
+    def configure(self, rnd, state):
+        return self.inner.configure(rnd, state)
+
+    def init_state(self, params):
+        return self.inner.init_state(params)
+
+    def evaluate(self, rnd, accs):
+        return self.inner.evaluate(rnd, accs)
+
+    def secure_sum(self, inputs: dict[int, np.ndarray], round_id: int):
+        """Run one secure round over ``inputs`` (party id >= 1 -> vector); returns the simulation report."""
+        from fedarena.privacy.secagg.protocol import SecAggConfig
+        from fedarena.privacy.secagg.simulation import secure_aggregate
+
+        n = len(inputs)
+        d = next(iter(inputs.values())).size
+        k = self.neighbours if self.neighbours and self.neighbours < n else None
+        holders = (k + 1) if k else n
+        cfg = SecAggConfig(dimension=d, threshold=max(2, math.ceil(self.threshold * holders)), clip=self.clip,
+                           scale=self.scale, num_neighbours=k)
+        rng = np.random.default_rng([self.seed, round_id, 29])
+        ids = sorted(inputs)
+        drop = {u for u, r in zip(ids, rng.random(n)) if r < self.dropout}
+        return secure_aggregate(inputs, cfg, round_id=round_id, dropouts={"masked_input": drop})
+
+    def aggregate(self, state, updates, num_clients: int):
+        from fedarena.federated.strategy import PartialAggregate
+
+        if len(updates) < 2:
+            raise ValueError("secagg: secure aggregation needs at least 2 reporting clients per round")
+        names = sorted(state.params)
+        flats = _flat_updates(updates, names)
+        inputs = {}
+        for j, (u, f) in enumerate(zip(updates, flats), start=1):
+            w = self.inner.weight(u.num_examples) / self.weight_scale
+            inputs[j] = np.concatenate([f * w, [w]])
+        import time
+
+        t0 = time.perf_counter()
+        rep = self.secure_sum(inputs, state.round)
+        total = rep.result.values
+        object.__setattr__(self, "last_report", {"secagg_seconds": time.perf_counter() - t0,
+                                                 "secagg_survivors": len(rep.result.survivors)})
+        part = PartialAggregate()
+        sums, i = {}, 0
+        for k in names:
+            n = state.params[k].size
+            sums[k] = total[i: i + n].reshape(state.params[k].shape) * self.weight_scale
+            i += n
+        part.sums, part.weight = sums, float(total[-1]) * self.weight_scale
+        part.clients = [updates[j - 1].client_id for j in rep.result.survivors]
+        return self.inner.aggregate_partial(state, part)
