@@ -177,8 +177,9 @@ class Broadcast:
     """Compressed broadcast of the model difference: the server sends ``C(x_t - x_hat)`` and every client adds
     the decoded difference to its copy ``x_hat`` (the server tracks ``x_hat``, so what a codec drops stays in
     ``x_t - x_hat`` and is sent later: error feedback by construction). All clients hold the same ``x_hat``; a
-    client that missed rounds would fetch each difference it missed. Bytes are counted once per selected client;
-    round 1 sends the initial model dense (float32)."""
+    client that missed rounds would fetch each difference it missed. Bytes are counted once per selected client.
+    The initial model is not sent: every client derives it from the run's seed (as every node of the gRPC
+    deployment derives it from ``init_seed``)."""
 
     codec: Codec
     seed: int = 0
@@ -189,7 +190,7 @@ class Broadcast:
         self._round += 1
         if self.reference is None:
             self.reference = {k: np.asarray(v, np.float32).copy() for k, v in params.items()}
-            return self.reference, sum(4 * v.size for v in params.values()) * receivers
+            return self.reference, 0
         diff = flatten(params) - flatten(self.reference)
         data = self.codec.encode(diff, np.random.default_rng([self.seed, self._round, 3]))
         ref = flatten(self.reference) + self.codec.decode(data, diff.size)

@@ -272,8 +272,10 @@ class SecureAggregation:
     """SecAgg+ neighbourhood size (even; 0 = every pair masks)"""
     threshold: float = 0.5
     clip: float = 1.0
-    scale: float = 2.0 ** 16
+    scale: float = 2.0 ** 20
+    """fixed-point scale; ``clients * clip * scale`` must stay below 2^31 (at most 2,047 clients at 2^20)"""
     weight_scale: float = 1000.0
+    """W: a client inputs weight ``n / W``, so ``n`` may not exceed ``W * clip``"""
     dropout: float = 0.0
     seed: int = 0
     last_report: dict = None  # type: ignore[assignment]
@@ -320,6 +322,9 @@ class SecureAggregation:
         inputs = {}
         for j, (u, f) in enumerate(zip(updates, flats), start=1):
             w = self.inner.weight(u.num_examples) / self.weight_scale
+            if w > self.clip:
+                raise ValueError(f"secagg.weight_scale: client {u.client_id} has {u.num_examples} examples, more "
+                                 f"than weight_scale * clip = {self.weight_scale * self.clip}")
             inputs[j] = np.concatenate([f * w, [w]])
         import time
 
