@@ -91,6 +91,8 @@ class FedSimConfig(ExperimentConfig):
     secagg: bool = param(False, "secure aggregation of every round (real SecAgg protocol objects)")
     secagg_neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
     secagg_dropout: float = param(0.0, "fraction of clients silent before their masked input")
+    privacy_seed: int = param(-1, "seed of the upload stages' randomness (LDP noise, stochastic rounding); "
+                              "-1 = a fresh secret seed (secrets); set only for reproducible tests")
     backend: Literal["vmap", "ray"] = param("vmap", "vmap: one process; ray: groups of clients as Ray tasks")
     personalize_epochs: int = param(0, "local fine-tuning epochs after the last round (0 = off)")
     eval_every: int = param(1, "evaluate every this many rounds")
@@ -220,7 +222,8 @@ def build(cfg: FedSimConfig):
     model = BatchedMLP((d.num_features, *cfg.hidden, d.num_classes))
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
                      seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=_heterogeneity(cfg),
-                     upload_stages=upload_stages, backend=cfg.backend, eval_every=cfg.eval_every, **kw)
+                     upload_stages=upload_stages, backend=cfg.backend, eval_every=cfg.eval_every,
+                     privacy_seed=cfg.privacy_seed, **kw)
     return d, sim
 
 
@@ -251,8 +254,13 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     base = sim.strategy
     last_div: float | None = None
     final: dict[str, float] = {}
-    with run.progress(total=cfg.rounds, desc="fedsim") as bar:
-        for r in range(1, cfg.rounds + 1):
+    restored = run.restore()
+    start = 1
+    if restored is not None:
+        start, saved = restored[0] + 1, restored[1]
+        state, last_div, schedule.current = _restore(sim, saved)
+    with run.progress(total=cfg.rounds, initial=start - 1, desc="fedsim") as bar:
+        for r in range(start, cfg.rounds + 1):
             steps = 0
             if cfg.step_schedule != "fixed":
                 steps = schedule.steps(r, last_div)
@@ -266,6 +274,8 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
             if report:
                 m.update(report)
             run.log(r, **m)
+            if run.should_checkpoint(r) or r == cfg.rounds:
+                run.save_checkpoint(r, _snapshot(sim, state, last_div, schedule.current))
             final.update(m)
             bar.update(1, acc=m.get("test_acc", float("nan")))
     out = {k: final[k] for k in ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst",
@@ -278,9 +288,40 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
         before, after = sim.personalize(state.params, replace(_fit(cfg, 0), epochs=cfg.personalize_epochs))
         np.save(run.dir / "personalization.npy", np.stack([before, after]))
         ok = ~np.isnan(before) & ~np.isnan(after)
-        out["personalized_acc_before"] = float(before[ok].mean())
-        out["personalized_acc_after"] = float(after[ok].mean())
+        if ok.any():
+            out["personalized_acc_before"] = float(before[ok].mean())
+            out["personalized_acc_after"] = float(after[ok].mean())
     return out
+
+
+def _snapshot(sim, state, last_div, steps_current) -> dict[str, Any]:
+    """Everything a resumed run needs (selection and training draws are keyed by (seed, round), so no RNG state)."""
+    up, down = sim.upload, sim.download
+    return {
+        "round": state.round, "params": state.params, "opt_state": state.opt_state, "control": state.control,
+        "client_control": sim.client_control,
+        "residuals": dict(getattr(up, "residuals", {})),
+        "broadcast_reference": getattr(down, "reference", None) or {},
+        "broadcast_round": getattr(down, "_round", 0),
+        "bytes": [sim.bytes_up_total, sim.bytes_down_total],
+        "last_divergence": float("nan") if last_div is None else float(last_div), "steps_current": steps_current,
+    }
+
+
+def _restore(sim, saved: dict[str, Any]):
+    from fedarena.federated.strategy import RoundState
+
+    state = RoundState(int(saved["round"]), {k: np.asarray(v) for k, v in saved["params"].items()},
+                       {k: dict(v) for k, v in saved["opt_state"].items()}, dict(saved["control"]))
+    sim.client_control = {c: dict(v) for c, v in saved["client_control"].items()}
+    if hasattr(sim.upload, "residuals"):
+        sim.upload.residuals = {c: np.asarray(v) for c, v in saved["residuals"].items()}
+    if sim.download is not None:
+        sim.download.reference = dict(saved["broadcast_reference"]) or None
+        sim.download._round = int(saved["broadcast_round"])
+    sim.bytes_up_total, sim.bytes_down_total = (int(b) for b in saved["bytes"])
+    div = float(saved["last_divergence"])
+    return state, (None if np.isnan(div) else div), int(saved["steps_current"])
 
 
 def plots(rows, cfg, report_dir) -> list[str]:
