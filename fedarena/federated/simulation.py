@@ -47,23 +47,23 @@ def client_key(client_id: str) -> int:
 # ----------------------------------------------------------------------------- batched local training
 
 
-def batch_plan(n: int, cfg: FitConfig, rng: np.random.Generator) -> tuple[list[np.ndarray], np.ndarray]:
-    """The minibatches (local example positions) a client trains on, and the epoch of each.
+def batch_plan(n: int, cfg: FitConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The minibatches a client trains on, as an ``(S, B)`` matrix of local example positions (-1 pads a
+    short last batch of an epoch), and the epoch of each row.
 
     Epoch after epoch ``rng.permutation(n)`` cut into batches of ``cfg.batch_size`` (the last may be
     smaller); ``cfg.local_steps > 0`` takes exactly that many batches."""
-    batches, epochs = [], []
-    e = 0
-    while True:
-        order = rng.permutation(n)
-        for s in range(0, n, cfg.batch_size):
-            batches.append(order[s: s + cfg.batch_size])
-            epochs.append(e)
-            if cfg.local_steps and len(batches) == cfg.local_steps:
-                return batches, np.array(epochs)
-        e += 1
-        if not cfg.local_steps and e == cfg.epochs:
-            return batches, np.array(epochs)
+    B = cfg.batch_size
+    per = math.ceil(n / B)
+    epochs = math.ceil(cfg.local_steps / per) if cfg.local_steps else cfg.epochs
+    rows = np.full((epochs, per * B), -1, np.int64)
+    for e in range(epochs):
+        rows[e, :n] = rng.permutation(n)
+    mat = rows.reshape(epochs * per, B)
+    ep = np.repeat(np.arange(epochs), per)
+    if cfg.local_steps:
+        mat, ep = mat[: cfg.local_steps], ep[: cfg.local_steps]
+    return mat, ep
 
 
 def group_by_steps(steps: Sequence[int], ratio: float = 1.25, max_group: int = 1024) -> list[list[int]]:
@@ -90,24 +90,26 @@ class GroupPlan:
     clients: int  # the real clients (the first ``clients`` rows; the rest is padding)
 
 
-def make_group_plan(plans: Sequence[tuple[np.ndarray, list[np.ndarray], np.ndarray]], allowed: Sequence[int],
+def make_group_plan(plans: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], allowed: Sequence[int],
                     batch_size: int) -> GroupPlan:
-    """``plans[g] = (client's global indices, its batches, their epochs)``; ``allowed[g]`` caps its steps."""
+    """``plans[g] = (client's global indices, its batch matrix, epochs)`` (:func:`batch_plan`);
+    ``allowed[g]`` caps its steps."""
     G = 1 << max(0, len(plans) - 1).bit_length()  # padded to a power of two: few compiled shapes
     S = max(min(len(b), a) for (_, b, _), a in zip(plans, allowed))
     index = np.zeros((G, S, batch_size), np.int64)
     mask = np.zeros((G, S, batch_size), np.float32)
     valid = np.zeros((G, S), np.float32)
     last = np.zeros((G, S), np.float32)
-    for g, ((glob, batches, epochs), a) in enumerate(zip(plans, allowed)):
-        k = min(len(batches), a)
-        last_e = epochs[k - 1] if k else -1
-        for s in range(k):
-            b = batches[s]
-            index[g, s, : len(b)] = glob[b]
-            mask[g, s, : len(b)] = 1.0
-            valid[g, s] = 1.0
-            last[g, s] = float(epochs[s] == last_e)
+    for g, ((glob, mat, epochs), a) in enumerate(zip(plans, allowed)):
+        k = min(len(mat), a)
+        if k == 0:
+            continue
+        m = mat[:k]
+        real = m >= 0
+        index[g, :k] = np.where(real, glob[np.maximum(m, 0)], 0)
+        mask[g, :k] = real
+        valid[g, :k] = 1.0
+        last[g, :k] = epochs[:k] == epochs[k - 1]
     return GroupPlan(index, mask, valid, last, len(plans))
 
 
@@ -149,8 +151,9 @@ class BatchedMLP:
                 for i in range(self.depth)]
 
     def train_group(self, params: Params, plan: GroupPlan, x: np.ndarray, y_onehot: np.ndarray, cfg: FitConfig,
-                    corrections: list[Params] | None = None) -> tuple[list[Params], np.ndarray]:
-        """Train the G clients of ``plan`` from ``params``; returns their parameters and last-epoch mean losses."""
+                    corrections: list[Params] | None = None) -> tuple[Params, np.ndarray]:
+        """Train the clients of ``plan`` from ``params``; returns their parameters stacked along a leading
+        client axis (``plan.clients`` rows) and their last-epoch mean losses."""
         G, S = plan.valid.shape
         anchor = self._layers(params)
         w = [{k: np.repeat(v[None], G, axis=0) for k, v in layer.items()} for layer in anchor]
@@ -171,8 +174,7 @@ class BatchedMLP:
                 w, ce = self._step(w, anchor, corr, xb, yb, mb, vb, lr, mu)
             loss_sum += np.asarray(ce, np.float64) * plan.last_epoch[:, s]
         losses = loss_sum / np.maximum(plan.last_epoch.sum(1), 1.0)
-        out = [{f"l{i}.{k}": np.asarray(w[i][k][g]) for i in range(self.depth) for k in ("w", "b")}
-               for g in range(plan.clients)]
+        out = {f"l{i}.{k}": np.asarray(w[i][k])[: plan.clients] for i in range(self.depth) for k in ("w", "b")}
         return out, losses[: plan.clients]
 
     def logits(self, params: Params, x: np.ndarray) -> np.ndarray:
@@ -352,7 +354,9 @@ class Simulation:
         return plans, allowed
 
     def _train(self, params: Params, selected: Sequence[str], rnd: int, cfg: FitConfig,
-               corrections: dict[str, Params] | None) -> tuple[dict[str, Params], dict[str, float], dict[str, int]]:
+               corrections: dict[str, Params] | None
+               ) -> tuple[dict[str, Params], dict[str, Params], dict[str, float], dict[str, int]]:
+        """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps."""
         plans, allowed = self._plans(selected, rnd, cfg)
         steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
         groups = group_by_steps(steps)
@@ -365,11 +369,16 @@ class Simulation:
             corr = None if corrections is None else [corrections[selected[j]] for j in g]
             jobs.append((g, plan, corr))
         results = self._run_jobs(params, jobs, cfg)
-        local, losses = {}, {}
-        for (g, _, _), (ps, ls) in zip(jobs, results):
-            for j, p, lo in zip(g, ps, ls):
-                local[selected[j]], losses[selected[j]] = p, float(lo)
-        return local, losses, {selected[j]: steps[j] for j in range(len(selected))}
+        local, deltas, losses = {}, {}, {}
+        for (g, _, _), (stack, ls) in zip(jobs, results):
+            dstack = {k: (v.astype(np.float64) - params[k].astype(np.float64)).astype(np.float32)
+                      for k, v in stack.items()}
+            for r, j in enumerate(g):
+                c = selected[j]
+                local[c] = {k: v[r] for k, v in stack.items()}
+                deltas[c] = {k: v[r] for k, v in dstack.items()}
+                losses[c] = float(ls[r])
+        return local, deltas, losses, {selected[j]: steps[j] for j in range(len(selected))}
 
     def _run_jobs(self, params, jobs, cfg):
         if self.backend == "vmap":
@@ -414,7 +423,8 @@ class Simulation:
         if scaffold:
             corrections = {c: {k: (state.control[k] - self.client_control.get(c, {}).get(k, 0.0)) for k in state.control}
                            for c in training}
-        local, losses, steps = self._train(client_params, training, rnd, cfg, corrections) if training else ({}, {}, {})
+        local, deltas, losses, steps = (self._train(client_params, training, rnd, cfg, corrections) if training
+                                        else ({}, {}, {}, {}))
         m["stragglers"] = sum(1 for c in training if steps.get(c, 0) == 0 or
                               (het.window_s > 0 and self._full_steps(c, rnd, cfg) > steps[c]))
         updates, bytes_up = [], 0
@@ -426,8 +436,7 @@ class Simulation:
                 continue
             if het.drop_after_training and frng.random() < het.drop_after_training:
                 continue
-            delta = {k: (local[c][k].astype(np.float64) - client_params[k].astype(np.float64)).astype(np.float32)
-                     for k in client_params}
+            delta = deltas[c]
             if c in self.adversaries:
                 s = -het.adversary_scale if het.adversary == "sign_flip" else het.adversary_scale
                 delta = {k: (v * s).astype(np.float32) for k, v in delta.items()}
@@ -506,7 +515,7 @@ class Simulation:
         after = np.full(len(self.client_ids), np.nan)
         for s in range(0, len(self.client_ids), chunk):
             ids = self.client_ids[s: s + chunk]
-            local, _, _ = self._train(params, ids, 0, cfg, None)
+            local, _, _, _ = self._train(params, ids, 0, cfg, None)
             for c in ids:
                 i = self._pos[c]
                 after[i] = per_client_accuracy(self.model, local[c], self.x, self.y, [self.held_out[i]])[0]

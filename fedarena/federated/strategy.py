@@ -263,11 +263,16 @@ class FedAvg:
         return RoundState(state.round + 1, params, opt, state.control)
 
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
-        total = PartialAggregate()
-        for u in updates:
-            total.add(u.client_id, u.delta, self.weight(u.num_examples), u.loss)
+        """The example-weighted mean of the deltas (one vectorised :class:`PartialAggregate`), then the server step."""
         if not updates:
             return replace(state, round=state.round + 1)
+        w = np.array([self.weight(u.num_examples) for u in updates], np.float64)
+        if not (w > 0).all():
+            raise ValueError(f"num_examples: must be positive, got {[u.num_examples for u in updates]}")
+        sums = {k: np.tensordot(w, np.stack([np.asarray(u.delta[k], np.float64) for u in updates]), axes=1)
+                for k in state.params}
+        total = PartialAggregate(sums, float(w.sum()), [u.client_id for u in updates],
+                                 float(np.dot(w, [u.loss for u in updates])))
         return self.aggregate_partial(state, total)
 
     def evaluate(self, rnd: int, client_accuracies: np.ndarray) -> dict[str, float]:
