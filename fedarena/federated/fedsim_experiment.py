@@ -84,6 +84,10 @@ class FedSimConfig(ExperimentConfig):
     ldp_epsilon: float = param(0.0, "local DP (Gaussian) epsilon per upload (0 = off)")
     ldp_delta: float = param(1e-5, "local DP delta")
     ldp_clip_norm: float = param(1.0, "local DP clipping norm")
+    signds_k: int = param(0, "SignDS top-k size (0 = off); when on, clients upload SignDS reports")
+    signds_h: int = param(0, "SignDS number of reported dimensions h")
+    signds_epsilon: float = param(1.0, "SignDS epsilon per upload")
+    signds_lr: float = param(0.01, "SignDS global learning rate")
     dp_noise_multiplier: float = param(0.0, "DP-FedAvg noise multiplier z (0 = off)")
     dp_clip_norm: float = param(1.0, "DP-FedAvg server-side clip S")
     dp_sample_rate: float = param(0.1, "DP-FedAvg Poisson client sampling rate q")
@@ -213,7 +217,11 @@ def build(cfg: FedSimConfig):
     if cfg.ldp_epsilon > 0:
         upload_stages.append(stages.GaussianLDP(cfg.ldp_epsilon, cfg.ldp_delta, cfg.ldp_clip_norm))
     kw: dict[str, Any] = {}
-    if cfg.upload_codec != "dense":
+    if cfg.signds_k > 0:
+        if cfg.upload_codec != "dense":
+            raise ConfigError("signds_k: SignDS replaces the upload codec; leave upload_codec dense")
+        kw["upload"] = stages.SignDSUpload(cfg.signds_k, cfg.signds_h, cfg.signds_epsilon, cfg.signds_lr)
+    elif cfg.upload_codec != "dense":
         kw["upload"] = compression.UploadCompression(
             compression.Codec(cfg.upload_codec, cfg.upload_bits, cfg.upload_fraction), cfg.upload_error_feedback)
     if cfg.download_codec != "dense":
@@ -259,6 +267,9 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     if restored is not None:
         start, saved = restored[0] + 1, restored[1]
         state, last_div, schedule.current = _restore(sim, saved)
+    participation: dict[str, int] = {}
+    if restored is not None:
+        participation = {c: int(n) for c, n in restored[1].get("participation", {}).items()}
     with run.progress(total=cfg.rounds, initial=start - 1, desc="fedsim") as bar:
         for r in range(start, cfg.rounds + 1):
             steps = 0
@@ -270,12 +281,18 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
             last_div = m.get("update_divergence")
             if steps:
                 m["local_steps"] = steps
+            for c in rec.reporting:
+                participation[c] = participation.get(c, 0) + 1
+            if cfg.ldp_epsilon > 0 and participation:
+                m["ldp_epsilon_round"] = cfg.ldp_epsilon
+                m["ldp_epsilon_cumulative"] = ldp_cumulative_epsilon(cfg, max(participation.values()))
             report = getattr(sim.strategy, "last_report", None)
             if report:
                 m.update(report)
             run.log(r, **m)
             if run.should_checkpoint(r) or r == cfg.rounds:
-                run.save_checkpoint(r, _snapshot(sim, state, last_div, schedule.current))
+                run.save_checkpoint(r, dict(_snapshot(sim, state, last_div, schedule.current),
+                                            participation=participation))
             final.update(m)
             bar.update(1, acc=m.get("test_acc", float("nan")))
     out = {k: final[k] for k in ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst",
@@ -292,6 +309,18 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
             out["personalized_acc_before"] = float(before[ok].mean())
             out["personalized_acc_after"] = float(after[ok].mean())
     return out
+
+
+def ldp_cumulative_epsilon(cfg: FedSimConfig, uploads: int) -> float:
+    """Epsilon (at ``ldp_delta``) of the client that uploaded most often: its ``uploads`` analytic-Gaussian
+    releases (sigma for (ldp_epsilon, ldp_delta), L2 sensitivity 2 C) composed in RDP (Mironov 2017)."""
+    from fedarena.privacy.accountant import RDPAccountant
+    from fedarena.privacy.ldp import GaussianMechanism
+
+    mech = GaussianMechanism(cfg.ldp_epsilon, cfg.ldp_delta, cfg.ldp_clip_norm)
+    acc = RDPAccountant()
+    acc.step(mech.sigma / mech.sensitivity, 1.0, uploads)
+    return acc.epsilon(cfg.ldp_delta)
 
 
 def _snapshot(sim, state, last_div, steps_current) -> dict[str, Any]:

@@ -449,7 +449,8 @@ class Simulation:
             control_delta = None
             if scaffold:
                 control_delta = self._scaffold_control(c, state, local[c], client_params, steps[c], cfg)
-            updates.append(ClientUpdate(c, decoded, len(self.train[self._pos[c]]), losses[c], control_delta))
+            n = 1 if getattr(self.upload, "equal_weight", False) else len(self.train[self._pos[c]])
+            updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
         new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
         m.update(reporting=len(updates), bytes_up=bytes_up, bytes_down=down,
                  train_loss=float(np.mean([u.loss for u in updates])) if updates else float("nan"))

@@ -342,3 +342,24 @@ class SecureAggregation:
         part.sums, part.weight = sums, float(total[-1]) * self.weight_scale
         part.clients = [updates[j - 1].client_id for j in rep.result.survivors]
         return self.inner.aggregate_partial(state, part)
+
+
+@dataclass
+class SignDSUpload:
+    """SignDS (Jiang et al. 2022) as the simulation's upload: the runtime's ``encode_signds`` on the client and
+    ``decode_signds`` on the server (dense ``sign * lr * 1[J]``); reports are averaged with equal weight, as the
+    FL-Server does (``equal_weight``). ``k``, ``h``, ``epsilon`` as in :class:`fedarena.privacy.signds.SignDSConfig`."""
+
+    k: int
+    h: int
+    epsilon: float
+    lr: float
+    equal_weight: bool = True
+
+    def __call__(self, client_id: str, delta: Params, rng: np.random.Generator) -> tuple[Params, int]:
+        from fedarena.privacy.signds import SignDSConfig
+
+        shapes = {k: tuple(v.shape) for k, v in delta.items()}
+        cfg = SignDSConfig(d=sum(int(np.prod(s)) for s in shapes.values()), k=self.k, h=self.h, epsilon=self.epsilon)
+        payload = encode_signds(delta, cfg, rng)
+        return decode_signds(payload, shapes, cfg, self.lr), len(payload["report"])

@@ -183,3 +183,43 @@ def test_sign_flip_adversaries_upload_minus_s_delta():
     for c in ids:
         f = -4.0 if c in bad.adversaries else 1.0
         np.testing.assert_allclose(captured[c]["l0.w"], f * clean[c]["l0.w"], rtol=1e-6)
+
+
+def test_signds_upload_is_the_runtime_codec_with_equal_weights():
+    from fedarena.privacy.signds import SignDSConfig, signds_report
+
+    delta = {"a": np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32),
+             "b": np.random.default_rng(1).standard_normal(7).astype(np.float32)}
+    up = stages.SignDSUpload(k=5, h=3, epsilon=2.0, lr=0.1)
+    dec, nbytes = up("c0", delta, np.random.default_rng(3))
+    rep = signds_report(stages.flatten(delta), SignDSConfig(d=27, k=5, h=3, epsilon=2.0), np.random.default_rng(3))
+    flat = np.concatenate([dec["a"].ravel(), dec["b"].ravel()])
+    assert np.count_nonzero(flat) == 3 and set(np.flatnonzero(flat)) == set(rep.indices.tolist())
+    assert np.allclose(np.abs(flat[flat != 0]), 0.1) and nbytes == len(rep.to_bytes())
+    assert up.equal_weight
+
+
+def test_ldp_cumulative_epsilon_composes_in_rdp():
+    from fedarena.federated.fedsim_experiment import FedSimConfig, ldp_cumulative_epsilon
+    from fedarena.privacy.ldp import GaussianMechanism
+
+    cfg = FedSimConfig(kind="fedsim", ldp_epsilon=1.0, ldp_delta=1e-5, ldp_clip_norm=1.0)
+    m = GaussianMechanism(1.0, 1e-5, 1.0)
+    # one release: the RDP curve of a Gaussian with multiplier s is alpha / (2 s^2); closed-form conversion
+    s = m.sigma / m.sensitivity
+    orders = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+    for uploads in (1, 10):
+        rdp = uploads * orders / (2 * s * s)
+        eps = rdp - (np.log(1e-5) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
+        assert ldp_cumulative_epsilon(cfg, uploads) == pytest.approx(float(eps.min()), rel=1e-6)
+    assert ldp_cumulative_epsilon(cfg, 10) < 10 * 1.0
+
+
+def test_step_schedules():
+    from fedarena.federated.fedsim_experiment import StepSchedule
+
+    lin = StepSchedule("linear", 2, 5, 1.0)
+    assert [lin.steps(r, None) for r in range(1, 7)] == [2, 3, 4, 5, 5, 5]
+    div = StepSchedule("divergence", 1, 8, 1.0)
+    got = [div.steps(1, None), div.steps(2, 0.1), div.steps(3, 0.2), div.steps(4, 5.0), div.steps(5, 0.1)]
+    assert got == [1, 2, 4, 2, 4]
