@@ -162,8 +162,8 @@ class BatchedMLP:
         if not plain:
             corr = ([{k: np.zeros((G, *v.shape), np.float32) for k, v in layer.items()} for layer in anchor]
                     if corrections is None else
-                    [{"w": np.stack([c[f"l{i}.w"] for c in corrections]).astype(np.float32),
-                      "b": np.stack([c[f"l{i}.b"] for c in corrections]).astype(np.float32)} for i in range(self.depth)])
+                    [{k: self._pad_rows(np.stack([c[f"l{i}.{k}"] for c in corrections]).astype(np.float32), G)
+                      for k in ("w", "b")} for i in range(self.depth)])
         loss_sum = np.zeros(G)
         for s in range(S):
             idx = plan.index[:, s]
@@ -176,6 +176,11 @@ class BatchedMLP:
         losses = loss_sum / np.maximum(plan.last_epoch.sum(1), 1.0)
         out = {f"l{i}.{k}": np.asarray(w[i][k])[: plan.clients] for i in range(self.depth) for k in ("w", "b")}
         return out, losses[: plan.clients]
+
+    @staticmethod
+    def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
+        """``a`` with zero rows appended up to ``rows`` (the padded clients of a group)."""
+        return a if len(a) == rows else np.concatenate([a, np.zeros((rows - len(a), *a.shape[1:]), a.dtype)])
 
     def logits(self, params: Params, x: np.ndarray) -> np.ndarray:
         """Forward pass for evaluation (float32 matmuls, float64 logits)."""

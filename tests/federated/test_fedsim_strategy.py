@@ -130,3 +130,28 @@ def test_simulation_rejects_bad_client_setups():
         Simulation(BatchedMLP((5, 3)), st.FedAvg(clients_per_round=3), x, y, idx, ["a", "b"], 3)
     with pytest.raises(ValueError, match="partition: client b"):
         Simulation(BatchedMLP((5, 3)), st.FedAvg(), x, y, [idx[0], np.zeros(0, int)], ["a", "b"], 3)
+
+
+def test_scaffold_in_simulation_keeps_c_the_mean_of_client_controls_and_corrects_local_steps():
+    x, y, idx = _data([12, 9, 15, 7, 11, 10], d=5, k=3, seed=2)
+    ids = [f"c{i}" for i in range(6)]
+    fit = st.FitConfig(1, 4, 0.1)
+    s = Simulation(BatchedMLP((5, 3)), st.Scaffold(fit, clients_per_round=3), x, y, idx, ids, 3, seed=4)
+    state, recs = s.run(4)
+    # c starts at 0 and moves by sum(Delta c_i) / N, so it always equals the mean of all N client controls
+    for k in state.control:
+        mean = sum(s.client_control.get(c, {k: np.zeros_like(state.control[k])})[k] for c in ids) / len(ids)
+        np.testing.assert_allclose(state.control[k], mean, atol=1e-12)
+    assert any(np.abs(v).max() > 0 for v in state.control.values())
+    # one corrected local step against numpy: w - lr (grad + c - c_i)
+    ref = NumpyMLPTrainer((5, 3))
+    c = {k: np.full(v.shape, 0.3) for k, v in state.params.items()}
+    ci = {k: np.full(v.shape, -0.1) for k, v in state.params.items()}
+    mat, ep = batch_plan(len(idx[0]), st.FitConfig(local_steps=1, batch_size=4), np.random.default_rng(0))
+    plan = make_group_plan([(idx[0], mat, ep)], [1], 4)
+    got, _ = s.model.train_group(state.params, plan, x, np.eye(3, dtype=np.float32)[y], fit,
+                                 [{k: c[k] - ci[k] for k in c}])
+    _, g = ref.loss_and_grad({k: v.astype(np.float32) for k, v in state.params.items()}, x[idx[0][mat[0]]],
+                             y[idx[0][mat[0]]])
+    for k in g:
+        np.testing.assert_allclose(got[k][0], state.params[k] - 0.1 * (g[k] + 0.4), rtol=1e-5, atol=1e-6)
