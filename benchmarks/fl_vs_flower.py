@@ -63,10 +63,13 @@ def run_flower(seed: int) -> tuple[float, float]:
 
     names = [f"l{i}.{k}" for i in range(len(SIZES) - 1) for k in ("w", "b")]
     client_app = ClientApp()
+    cache: dict[str, fdata.FederatedData] = {}  # pickled empty into every actor: the split is built once per actor
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
-        d = digits_task(seed)  # every client process rebuilds the same split (nothing crosses a network)
+        if "d" not in cache:  # every client process builds the same split once (nothing crosses a network)
+            cache["d"] = digits_task(seed)
+        d = cache["d"]
         pid = int(context.node_config["partition-id"])
         x, y = d.client(pid)
         arrays = msg.content["arrays"].to_numpy_ndarrays()

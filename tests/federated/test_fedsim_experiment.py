@@ -48,12 +48,14 @@ def test_fedsim_config_errors_name_the_field(tmp_path):
         execute(dict(SMALL, aggregation="mean"), out=tmp_path / "d", quiet=True)
 
 
-def test_cli_bad_input_one_line_exit_2(tmp_path):
+def test_cli_bad_input_one_line_exit_2(tmp_path, capsys):
+    from fedarena.platform.cli import main
+
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "u.json").write_text('{"users": ["a"], "user_data": ')
     cases = {
         "clients_per_round": ["clients_per_round=200"],
-        "data.path": [f"dataset=leaf", f"path={tmp_path / 'corrupt'}"],
+        "data.path": ["dataset=leaf", f"path={tmp_path / 'corrupt'}"],
         "path": ["dataset=mnist", f"path={tmp_path / 'missing'}"],
         "partition.num_clients": ["num_clients=1000", "clients_per_round=10", "partition=iid", "dataset=breast_cancer",
                                   "test_fraction=0.9"],
@@ -61,11 +63,16 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("kind: fedsim\nrounds: 1\n")
     for field, sets in cases.items():
-        args = [sys.executable, "-m", "fedarena.platform.cli", "run", str(cfg), "--out", str(tmp_path / field)]
+        args = ["run", str(cfg), "--out", str(tmp_path / field), "--quiet"]
         for s_ in sets:
             args += ["--set", s_]
-        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2, (field, p.stderr[-2000:])
-        errors = [ln for ln in p.stderr.strip().splitlines() if ln.startswith("fedarena: error:")]
-        assert len(errors) == 1 and f" {field}:" in errors[0], (field, p.stderr)
-        assert "Traceback" not in p.stderr
+        assert main(args) == 2, field
+        err = capsys.readouterr().err
+        errors = [ln for ln in err.strip().splitlines() if ln.startswith("fedarena: error:")]
+        assert len(errors) == 1 and f" {field}:" in errors[0], (field, err)
+        assert "Traceback" not in err
+    # and the real process exit status
+    p = subprocess.run([sys.executable, "-m", "fedarena.platform.cli", "run", str(cfg), "--set", "dataset=leaf",
+                        "--set", f"path={tmp_path / 'corrupt'}", "--out", str(tmp_path / "proc")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "data.path:" in p.stderr and "Traceback" not in p.stderr
