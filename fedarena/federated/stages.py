@@ -28,7 +28,7 @@ rounds between the clients); see docs/architecture.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -258,7 +258,7 @@ class DPFedAvg:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass
 class SecureAggregation:
     """SecAgg / SecAgg+ (Bonawitz et al. 2017; Bell et al. 2020) of a FedAvg round, run with the real protocol
     objects of :mod:`fedarena.privacy.secagg` (X25519, Shamir, AES-GCM, every message through its wire format).
@@ -278,7 +278,8 @@ class SecureAggregation:
     """W: a client inputs weight ``n / W``, so ``n`` may not exceed ``W * clip``"""
     dropout: float = 0.0
     seed: int = 0
-    last_report: dict = None  # type: ignore[assignment]
+    last_report: dict = field(default_factory=dict)
+    """time and survivors of the last secure round (logged by the fedsim kind)"""
 
     @property
     def clients_per_round(self) -> int:
@@ -328,11 +329,20 @@ class SecureAggregation:
             inputs[j] = np.concatenate([f * w, [w]])
         import time
 
+        from dataclasses import replace
+
+        from fedarena.privacy.secagg.protocol import InsufficientSurvivorsError
+
         t0 = time.perf_counter()
-        rep = self.secure_sum(inputs, state.round)
+        try:
+            rep = self.secure_sum(inputs, state.round)
+        except InsufficientSurvivorsError:  # too few shares survive: the round is abandoned, the model kept
+            self.last_report = {"secagg_seconds": time.perf_counter() - t0, "secagg_survivors": 0,
+                                "secagg_aborted": 1}
+            return replace(state, round=state.round + 1)
         total = rep.result.values
-        object.__setattr__(self, "last_report", {"secagg_seconds": time.perf_counter() - t0,
-                                                 "secagg_survivors": len(rep.result.survivors)})
+        self.last_report = {"secagg_seconds": time.perf_counter() - t0, "secagg_survivors": len(rep.result.survivors),
+                            "secagg_aborted": 0}
         part = PartialAggregate()
         sums, i = {}, 0
         for k in names:

@@ -76,3 +76,17 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys):
                         "--set", f"path={tmp_path / 'corrupt'}", "--out", str(tmp_path / "proc")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "data.path:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_fedsim_secagg_and_dp_fedavg_rounds(tmp_path):
+    base = dict(SMALL, rounds=2, upload_codec="dense", download_codec="dense", personalize_epochs=0)
+    execute(dict(base, secagg=True, secagg_dropout=0.2), out=tmp_path / "s", quiet=True, report=False)
+    rows = read_metrics(tmp_path / "s")
+    assert all(3 <= r["secagg_survivors"] <= 5 and r["secagg_aborted"] == 0 for r in rows)
+    execute(dict(base, clients_per_round=0, dp_noise_multiplier=1.0, dp_sample_rate=0.5, dp_clip_norm=0.5),
+            out=tmp_path / "d", quiet=True, report=False)
+    rows = read_metrics(tmp_path / "d")
+    from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
+
+    want = DPFedAvgMechanism(0.5, 1.0, 0.5, 12).epsilon(2)
+    assert rows[-1]["dp_epsilon"] == pytest.approx(want) and rows[0]["dp_epsilon"] < rows[-1]["dp_epsilon"]

@@ -223,3 +223,12 @@ def test_step_schedules():
     div = StepSchedule("divergence", 1, 8, 1.0)
     got = [div.steps(1, None), div.steps(2, 0.1), div.steps(3, 0.2), div.steps(4, 5.0), div.steps(5, 0.1)]
     assert got == [1, 2, 4, 2, 4]
+
+
+def test_secagg_round_without_enough_shares_is_abandoned_not_crashed():
+    ups = [st.ClientUpdate(f"c{i}", {"w": np.full(3, 0.01 * i)}, 5) for i in range(5)]
+    s0 = st.FedAvg().init_state({"w": np.zeros(3)})
+    sec = stages.SecureAggregation(st.FedAvg(), threshold=1.0, dropout=0.5, seed=0)  # every share needed
+    s1 = sec.aggregate(s0, ups, 5)
+    assert sec.last_report["secagg_aborted"] == 1 and s1.round == 2
+    np.testing.assert_array_equal(s1.params["w"], s0.params["w"])
