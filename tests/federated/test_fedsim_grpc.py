@@ -58,7 +58,6 @@ def test_simulation_equals_grpc_runtime_after_five_rounds(make_cluster):
     assert runtime_selected == [r.reporting for r in records]  # same clients every round
     assert len({tuple(s) for s in runtime_selected}) > 1
     rel = _rel(state.params, c.scheduler.params)
-    print("relative difference", rel)
     assert rel < 1e-6, rel
     init = c.task.trainer.init_params(0)
     assert _rel(init, c.scheduler.params) > 1e-2  # the model moved
