@@ -35,7 +35,7 @@ import numpy as np
 from fedarena.federated import auth, wire
 from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
 from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
-from fedarena.federated.strategy import PartialAggregate, ServerOptimizer
+from fedarena.federated.strategy import FedAvg, PartialAggregate, RoundState, ServerOptimizer, select_clients
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 from fedarena.platform.checkpoint import write_atomic
 
@@ -296,8 +296,7 @@ class Scheduler:
         k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
         if p.round_config.secagg:
             k = min(k, capacity(p.round_config))  # more would overflow the fixed-point sum
-        rng = np.random.default_rng([p.seed, self.round])
-        selected = sorted(rng.choice(cands, size=k, replace=False).tolist())
+        selected = select_clients(cands, k, p.seed, self.round)
         secure = None
         if p.round_config.secagg:
             dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
@@ -333,15 +332,21 @@ class Scheduler:
             "bytes_up": bytes_up, "bytes_down": bytes_down,
             "servers": sorted(self.partials), "clients": sorted(total.clients),
         }
-        delta = None
+        applied = None
         if len(total.clients) >= need and total.weight > 0:
             try:
-                delta = total.mean_delta() if self.aggregator is None else self._robust_delta(total.clients)
+                if self.aggregator is None:  # the linear rule: the servers' partial sums suffice
+                    new = FedAvg(server_optimizer=p.server_optimizer).aggregate_partial(
+                        RoundState(self.round, self.params, self.opt_state), total)
+                    applied = (new.params, new.opt_state)
+                else:
+                    applied = p.server_optimizer.step(self.params, self._robust_delta(total.clients),
+                                                      self.opt_state)
             except ValueError as e:  # a rule that fails or returns garbage: nothing is applied
                 row["abort_reason"] = str(e)
                 log.warning("scheduler: round %d abandoned: %s", self.round, e)
-        if delta is not None:
-            self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
+        if applied is not None:
+            self.params, self.opt_state = applied
             self.version += 1
             row["outcome"] = "aggregated"
             row["train_loss"] = total.loss_sum / total.weight

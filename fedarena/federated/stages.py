@@ -28,11 +28,12 @@ rounds between the clients); see docs/architecture.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 import numpy as np
 
+from fedarena.federated.compression import stochastic_quantize, topk_indices
 from fedarena.federated.wire import WireError, check_array
 
 Params = dict[str, np.ndarray]
@@ -136,21 +137,13 @@ def encode_update(delta: Params, encoding: str, rng: np.random.Generator, topk_f
         for k, v in delta.items():
             flat = np.asarray(v, np.float32).ravel()
             kk = max(1, math.ceil(topk_fraction * flat.size)) if flat.size else 0
-            idx = np.sort(np.argpartition(np.abs(flat), flat.size - kk)[flat.size - kk :]) if kk else np.zeros(0, int)
+            idx = topk_indices(flat, kk)
             out[k] = {"indices": idx.astype(np.uint32), "values": flat[idx].astype(np.float32)}
         return out
     if encoding == "q8":
         out = {}
         for k, v in delta.items():
-            x = np.asarray(v, np.float64)
-            lo = float(x.min()) if x.size else 0.0
-            hi = float(x.max()) if x.size else 0.0
-            scale = (hi - lo) / 255.0
-            if scale == 0.0:
-                q = np.zeros(x.shape, np.uint8)
-            else:
-                t = (x - lo) / scale
-                q = np.floor(t + rng.random(x.shape)).clip(0, 255).astype(np.uint8)  # stochastic rounding
+            q, lo, scale = stochastic_quantize(np.asarray(v, np.float64), 8, rng)  # stochastic rounding
             out[k] = {"q": q, "lo": lo, "scale": scale}
         return out
     raise ValueError(f"encoding: unknown '{encoding}' (one of {', '.join(ENCODINGS)})")
@@ -212,3 +205,171 @@ def decode_update(encoding: Any, payload: Any, shapes: Mapping[str, tuple[int, .
             if not np.isfinite(out[name]).all():
                 raise WireError(path, "dequantized values are not finite")
     return out
+
+
+# ----------------------------------------------------------------------------- strategy wrappers (server-side stages)
+
+
+def _flat_updates(updates, names):
+    return [np.concatenate([np.asarray(u.delta[k], np.float64).ravel() for k in names]) for u in updates]
+
+
+@dataclass(frozen=True)
+class DPFedAvg:
+    """DP-FedAvg (McMahan et al. 2018) around a FedAvg-family strategy: Poisson client sampling with rate
+    ``q``, server-side clipping, Gaussian noise on the sum, fixed denominator ``q N``; the inner strategy's
+    server optimizer applies the noisy mean. ``epsilon(rounds)`` comes from the RDP accountant."""
+
+    inner: Any
+    mechanism: Any  # fedarena.privacy.dp_fedavg.DPFedAvgMechanism
+
+    @property
+    def clients_per_round(self) -> int:
+        return 0
+
+    def select(self, rnd: int, candidates, seed: int) -> list[str]:
+        rng = np.random.default_rng([seed, rnd, 17])
+        cands = sorted(candidates)
+        return [c for c, keep in zip(cands, rng.random(len(cands)) < self.mechanism.sample_rate) if keep]
+
+    def configure(self, rnd: int, state):
+        return self.inner.configure(rnd, state)
+
+    def init_state(self, params):
+        return self.inner.init_state(params)
+
+    def aggregate(self, state, updates, num_clients: int):
+        from fedarena.federated.strategy import RoundState
+
+        names = sorted(state.params)
+        d = sum(state.params[k].size for k in names)
+        mean = self.mechanism.noisy_mean(_flat_updates(updates, names), d, state.round)
+        delta, i = {}, 0
+        for k in names:
+            n = state.params[k].size
+            delta[k] = mean[i: i + n].reshape(state.params[k].shape)
+            i += n
+        params, opt = self.inner.server_optimizer.step(state.params, delta, state.opt_state)
+        return RoundState(state.round + 1, params, opt, state.control)
+
+    def evaluate(self, rnd: int, client_accuracies):
+        out = self.inner.evaluate(rnd, client_accuracies)
+        out["dp_epsilon"] = self.mechanism.epsilon(rnd)
+        return out
+
+
+@dataclass
+class SecureAggregation:
+    """SecAgg / SecAgg+ (Bonawitz et al. 2017; Bell et al. 2020) of a FedAvg round, run with the real protocol
+    objects of :mod:`fedarena.privacy.secagg` (X25519, Shamir, AES-GCM, every message through its wire format).
+
+    Client ``i`` inputs ``[Delta_i n_i / W, n_i / W]`` (clipped to ``clip``, fixed point ``scale``); the server
+    learns only the sum over the survivors and divides. ``dropout`` of the clients go silent before sending
+    their masked input (drawn per round with the given seed); their masks are removed with Shamir shares."""
+
+    inner: Any
+    neighbours: int = 0
+    """SecAgg+ neighbourhood size (even; 0 = every pair masks)"""
+    threshold: float = 0.5
+    clip: float = 1.0
+    scale: float = 2.0 ** 20
+    """fixed-point scale; ``clients * clip * scale`` must stay below 2^31 (at most 2,047 clients at 2^20)"""
+    weight_scale: float = 1000.0
+    """W: a client inputs weight ``n / W``, so ``n`` may not exceed ``W * clip``"""
+    dropout: float = 0.0
+    seed: int = 0
+    last_report: dict = field(default_factory=dict)
+    """time and survivors of the last secure round (logged by the fedsim kind)"""
+
+    @property
+    def clients_per_round(self) -> int:
+        return self.inner.clients_per_round
+
+    def select(self, rnd, candidates, seed):
+        return self.inner.select(rnd, candidates, seed)
+
+    def configure(self, rnd, state):
+        return self.inner.configure(rnd, state)
+
+    def init_state(self, params):
+        return self.inner.init_state(params)
+
+    def evaluate(self, rnd, accs):
+        return self.inner.evaluate(rnd, accs)
+
+    def secure_sum(self, inputs: dict[int, np.ndarray], round_id: int):
+        """Run one secure round over ``inputs`` (party id >= 1 -> vector); returns the simulation report."""
+        from fedarena.privacy.secagg.protocol import SecAggConfig
+        from fedarena.privacy.secagg.simulation import secure_aggregate
+
+        n = len(inputs)
+        d = next(iter(inputs.values())).size
+        k = self.neighbours if self.neighbours and self.neighbours < n else None
+        holders = (k + 1) if k else n
+        cfg = SecAggConfig(dimension=d, threshold=max(2, math.ceil(self.threshold * holders)), clip=self.clip,
+                           scale=self.scale, num_neighbours=k)
+        rng = np.random.default_rng([self.seed, round_id, 29])
+        ids = sorted(inputs)
+        drop = {u for u, r in zip(ids, rng.random(n)) if r < self.dropout}
+        return secure_aggregate(inputs, cfg, round_id=round_id, dropouts={"masked_input": drop})
+
+    def aggregate(self, state, updates, num_clients: int):
+        from fedarena.federated.strategy import PartialAggregate
+
+        if len(updates) < 2:
+            raise ValueError("secagg: secure aggregation needs at least 2 reporting clients per round")
+        names = sorted(state.params)
+        flats = _flat_updates(updates, names)
+        inputs = {}
+        for j, (u, f) in enumerate(zip(updates, flats), start=1):
+            w = self.inner.weight(u.num_examples) / self.weight_scale
+            if w > self.clip:
+                raise ValueError(f"secagg.weight_scale: client {u.client_id} has {u.num_examples} examples, more "
+                                 f"than weight_scale * clip = {self.weight_scale * self.clip}")
+            inputs[j] = np.concatenate([f * w, [w]])
+        import time
+
+        from dataclasses import replace
+
+        from fedarena.privacy.secagg.protocol import InsufficientSurvivorsError
+
+        t0 = time.perf_counter()
+        try:
+            rep = self.secure_sum(inputs, state.round)
+        except InsufficientSurvivorsError:  # too few shares survive: the round is abandoned, the model kept
+            self.last_report = {"secagg_seconds": time.perf_counter() - t0, "secagg_survivors": 0,
+                                "secagg_aborted": 1}
+            return replace(state, round=state.round + 1)
+        total = rep.result.values
+        self.last_report = {"secagg_seconds": time.perf_counter() - t0, "secagg_survivors": len(rep.result.survivors),
+                            "secagg_aborted": 0}
+        part = PartialAggregate()
+        sums, i = {}, 0
+        for k in names:
+            n = state.params[k].size
+            sums[k] = total[i: i + n].reshape(state.params[k].shape) * self.weight_scale
+            i += n
+        part.sums, part.weight = sums, float(total[-1]) * self.weight_scale
+        part.clients = [updates[j - 1].client_id for j in rep.result.survivors]
+        return self.inner.aggregate_partial(state, part)
+
+
+@dataclass
+class SignDSUpload:
+    """SignDS (Jiang et al. 2022) as the simulation's upload: the runtime's ``encode_signds`` on the client and
+    ``decode_signds`` on the server (dense ``sign * lr * 1[J]``); reports are averaged with equal weight, as the
+    FL-Server does (``equal_weight``). ``k``, ``h``, ``epsilon`` as in :class:`fedarena.privacy.signds.SignDSConfig`."""
+
+    k: int
+    h: int
+    epsilon: float
+    lr: float
+    equal_weight: bool = True
+
+    def __call__(self, client_id: str, delta: Params, rng: np.random.Generator) -> tuple[Params, int]:
+        from fedarena.privacy.signds import SignDSConfig
+
+        shapes = {k: tuple(v.shape) for k, v in delta.items()}
+        cfg = SignDSConfig(d=sum(int(np.prod(s)) for s in shapes.values()), k=self.k, h=self.h, epsilon=self.epsilon)
+        payload = encode_signds(delta, cfg, rng)
+        return decode_signds(payload, shapes, cfg, self.lr), len(payload["report"])

@@ -1,4 +1,11 @@
-"""Aggregation for horizontal FL: example-weighted partial aggregates and server optimizers.
+"""The strategy interface of horizontal FL (simulation and gRPC runtime alike) and its aggregation rules.
+
+A :class:`Strategy` has four hooks under one round loop (Flower's strategy template, McMahan et al.
+2017's FedAvg round): ``select`` the round's clients, ``configure`` their local training,
+``aggregate`` their updates into the next :class:`RoundState`, and ``evaluate`` (the per-client
+accuracy distribution). The in-process simulation (:mod:`fedarena.federated.simulation`) calls all
+four; the scheduler selects with :func:`select_clients` and aggregates its servers' partial sums
+with :meth:`FedAvg.aggregate_partial`, so linear strategies share one code path with the runtime.
 
 * FedAvg (McMahan et al., AISTATS 2017): the global update is the example-weighted mean of the
   client deltas, ``Delta = sum_i n_i Delta_i / sum_i n_i``, applied as ``x <- x + eta * Delta``
@@ -12,13 +19,23 @@
   Yogi ``v = v - (1 - b2) Delta^2 sign(v - Delta^2)``; ``x <- x + eta m / (sqrt(v) + tau)``,
   with ``m_{-1} = 0`` and ``v_{-1} = tau^2`` (the paper requires ``v_{-1} >= tau^2``; no bias correction).
 
+* SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1): clients correct each gradient by
+  ``c - c_i``; the server applies ``x <- x + eta_g mean_S(Delta y_i)`` and
+  ``c <- c + |S| / N mean_S(Delta c_i)`` (unweighted means, as in the paper).
+* Robust rules over the unweighted client deltas: coordinate-wise median and trimmed mean (Yin et
+  al., ICML 2018: drop the ``floor(beta n)`` largest and smallest values per coordinate), Krum and
+  multi-Krum (Blanchard et al., NeurIPS 2017: score = sum of squared distances to the ``n - f - 2``
+  nearest other updates; keep the lowest-scored ``m``, average them).
+* Example-count bounds: a client's FedAvg weight is ``min(n_i, max_weight)`` so no client can
+  dominate a round by claiming (or holding) many examples.
+
 Parameters are ``dict[str, np.ndarray]``; accumulation is in float64, stored models keep their dtype.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -114,3 +131,239 @@ class ServerOptimizer:
             m_new[k], v_new[k] = m, v
             new[k] = (x.astype(np.float64) + self.lr * m / (np.sqrt(v) + self.tau)).astype(x.dtype)
         return new, {"m": m_new, "v": v_new}
+
+
+# ----------------------------------------------------------------------------- the strategy interface
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """What every selected client runs in a round."""
+
+    epochs: int = 1
+    batch_size: int = 10
+    lr: float = 0.1
+    prox_mu: float = 0.0
+    """FedProx proximal coefficient (Li et al. 2020, Eq. 2); 0 = FedAvg's local objective"""
+    local_steps: int = 0
+    """> 0: exactly this many minibatch steps (batches drawn epoch after epoch) instead of ``epochs``"""
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs: must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.prox_mu < 0:
+            raise ValueError(f"prox_mu: must be >= 0, got {self.prox_mu}")
+        if self.local_steps < 0:
+            raise ValueError(f"local_steps: must be >= 0, got {self.local_steps}")
+
+
+@dataclass(frozen=True)
+class RoundState:
+    """The server's state between rounds: the next round number, the global model, optimizer state, SCAFFOLD's c."""
+
+    round: int
+    params: Params
+    opt_state: dict = field(default_factory=dict)
+    control: Params = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What one client returns: its model delta (float64), example count, training loss, SCAFFOLD's Delta c_i."""
+
+    client_id: str
+    delta: Params
+    num_examples: int
+    loss: float = 0.0
+    control_delta: Params | None = None
+
+
+def select_clients(candidates: Sequence[str], k: int, seed: int, rnd: int) -> list[str]:
+    """``k`` of ``candidates`` uniformly without replacement, by the round's own generator ``(seed, round)``;
+    ``k = 0`` selects all. The scheduler and the simulation select with this function."""
+    cands = sorted(candidates)
+    if k > len(cands):
+        raise ValueError(f"clients_per_round: {k} exceeds the {len(cands)} available clients")
+    if k == 0:
+        return cands
+    rng = np.random.default_rng([seed, rnd])
+    return sorted(rng.choice(cands, size=k, replace=False).tolist())
+
+
+def client_accuracy_summary(accs: np.ndarray, prefix: str = "client_acc") -> dict[str, float]:
+    """Mean, 10th percentile and worst of a per-client accuracy vector."""
+    a = np.asarray(accs, np.float64)
+    if a.size == 0:
+        return {}
+    return {f"{prefix}_mean": float(a.mean()), f"{prefix}_p10": float(np.percentile(a, 10)),
+            f"{prefix}_worst": float(a.min())}
+
+
+class Strategy(Protocol):
+    """Hooks of one FL round (see the module docstring)."""
+
+    clients_per_round: int
+
+    def select(self, rnd: int, candidates: Sequence[str], seed: int) -> list[str]: ...
+
+    def configure(self, rnd: int, state: RoundState) -> FitConfig: ...
+
+    def init_state(self, params: Params) -> RoundState: ...
+
+    def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState: ...
+
+    def evaluate(self, rnd: int, client_accuracies: np.ndarray) -> dict[str, float]: ...
+
+
+def _stack(updates: Sequence[ClientUpdate], names: Sequence[str]) -> np.ndarray:
+    return np.stack([np.concatenate([np.asarray(u.delta[k], np.float64).ravel() for k in names]) for u in updates])
+
+
+def _unflatten(flat: np.ndarray, like: Params, names: Sequence[str]) -> Params:
+    out, i = {}, 0
+    for k in names:
+        n = like[k].size
+        out[k] = flat[i: i + n].reshape(like[k].shape)
+        i += n
+    return out
+
+
+@dataclass(frozen=True)
+class FedAvg:
+    """FedAvg / FedProx (``fit.prox_mu > 0``) / FedAdagrad / FedAdam / FedYogi (``server_optimizer``)."""
+
+    fit: FitConfig = field(default_factory=FitConfig)
+    server_optimizer: ServerOptimizer = field(default_factory=ServerOptimizer)
+    clients_per_round: int = 0
+    max_weight: float = 0.0
+    """example-count bound: a client weighs ``min(n_i, max_weight)`` (0 = unbounded)"""
+
+    linear = True  # the aggregate is a function of partial sums: the runtime's servers can pre-aggregate
+
+    def select(self, rnd: int, candidates: Sequence[str], seed: int) -> list[str]:
+        """``clients_per_round`` of the candidates (all of them when fewer are available)."""
+        k = self.clients_per_round
+        return select_clients(candidates, k if k <= len(candidates) else 0, seed, rnd)
+
+    def configure(self, rnd: int, state: RoundState) -> FitConfig:
+        return self.fit
+
+    def init_state(self, params: Params) -> RoundState:
+        return RoundState(1, dict(params), self.server_optimizer.init(params))
+
+    def weight(self, num_examples: float) -> float:
+        return min(float(num_examples), self.max_weight) if self.max_weight > 0 else float(num_examples)
+
+    def aggregate_partial(self, state: RoundState, total: PartialAggregate) -> RoundState:
+        params, opt = self.server_optimizer.step(state.params, total.mean_delta(), state.opt_state)
+        return RoundState(state.round + 1, params, opt, state.control)
+
+    def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
+        """The example-weighted mean of the deltas (one vectorised :class:`PartialAggregate`), then the server step."""
+        if not updates:
+            return replace(state, round=state.round + 1)
+        w = np.array([self.weight(u.num_examples) for u in updates], np.float64)
+        if not (w > 0).all():
+            raise ValueError(f"num_examples: must be positive, got {[u.num_examples for u in updates]}")
+        sums = {k: np.tensordot(w, np.stack([np.asarray(u.delta[k], np.float64) for u in updates]), axes=1)
+                for k in state.params}
+        total = PartialAggregate(sums, float(w.sum()), [u.client_id for u in updates],
+                                 float(np.dot(w, [u.loss for u in updates])))
+        return self.aggregate_partial(state, total)
+
+    def evaluate(self, rnd: int, client_accuracies: np.ndarray) -> dict[str, float]:
+        return client_accuracy_summary(client_accuracies)
+
+
+def fedprox(mu: float, fit: FitConfig = FitConfig(), **kw) -> FedAvg:
+    """FedProx (Li et al., MLSys 2020): FedAvg whose clients minimise ``F_k(w) + mu/2 ||w - w_t||^2``."""
+    return FedAvg(fit=replace(fit, prox_mu=mu), **kw)
+
+
+@dataclass(frozen=True)
+class Scaffold(FedAvg):
+    """SCAFFOLD (option II control variates); the simulation keeps each client's ``c_i``."""
+
+    server_lr: float = 1.0
+
+    linear = False
+
+    def init_state(self, params: Params) -> RoundState:
+        return RoundState(1, dict(params), {}, {k: np.zeros(v.shape, np.float64) for k, v in params.items()})
+
+    def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
+        if not updates:
+            return replace(state, round=state.round + 1)
+        if any(u.control_delta is None for u in updates):
+            raise ValueError("control_delta: every SCAFFOLD update must carry its Delta c_i")
+        s = len(updates)
+        params = {k: (v.astype(np.float64) + self.server_lr * sum(np.asarray(u.delta[k], np.float64) for u in updates)
+                      / s).astype(v.dtype) for k, v in state.params.items()}
+        control = {k: c + sum(u.control_delta[k] for u in updates) / num_clients for k, c in state.control.items()}
+        return RoundState(state.round + 1, params, {}, control)
+
+
+RobustRule = Literal["median", "trimmed_mean", "krum"]
+
+
+def coordinate_median(x: np.ndarray) -> np.ndarray:
+    return np.median(x, axis=0)
+
+
+def trimmed_mean(x: np.ndarray, beta: float) -> np.ndarray:
+    """Per coordinate: drop the ``floor(beta n)`` smallest and largest values and average the rest."""
+    n = x.shape[0]
+    b = int(beta * n)
+    if 2 * b >= n:
+        raise ValueError(f"trim_fraction: {beta} trims every one of {n} updates")
+    s = np.sort(x, axis=0)
+    return s[b: n - b].mean(axis=0)
+
+
+def krum(x: np.ndarray, num_byzantine: int, keep: int = 1) -> np.ndarray:
+    """(Multi-)Krum: average of the ``keep`` updates with the lowest Krum scores."""
+    n = x.shape[0]
+    sq = np.sum(x * x, axis=1)
+    d = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T), 0.0)
+    m = max(1, n - num_byzantine - 2)
+    scores = np.array([np.sort(np.delete(d[i], i))[:m].sum() for i in range(n)])
+    best = np.argsort(scores, kind="stable")[: max(1, keep)]
+    return x[best].mean(axis=0)
+
+
+@dataclass(frozen=True)
+class RobustAggregate(FedAvg):
+    """FedAvg's round with a Byzantine-robust rule in place of the weighted mean (unweighted, see module doc)."""
+
+    rule: RobustRule = "median"
+    trim_fraction: float = 0.2
+    num_byzantine: int = 0
+    """Krum's f (assumed number of Byzantine clients per round)"""
+    krum_keep: int = 1
+
+    linear = False
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("median", "trimmed_mean", "krum"):
+            raise ValueError(f"aggregation: unknown '{self.rule}' (median, trimmed_mean, krum)")
+        if not 0 <= self.trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {self.trim_fraction}")
+
+    def robust_delta(self, x: np.ndarray) -> np.ndarray:
+        if self.rule == "median":
+            return coordinate_median(x)
+        if self.rule == "trimmed_mean":
+            return trimmed_mean(x, self.trim_fraction)
+        return krum(x, self.num_byzantine, self.krum_keep)
+
+    def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
+        if not updates:
+            return replace(state, round=state.round + 1)
+        names = sorted(state.params)
+        delta = _unflatten(self.robust_delta(_stack(updates, names)), state.params, names)
+        params, opt = self.server_optimizer.step(state.params, delta, state.opt_state)
+        return RoundState(state.round + 1, params, opt, state.control)

@@ -1,0 +1,423 @@
+"""Experiment kind ``fedsim``: federated simulation of many clients in one process (or on Ray).
+
+Builds the federated data set (:mod:`fedarena.federated.data`), the strategy and its stages
+(:mod:`fedarena.federated.strategy`, :mod:`fedarena.federated.stages`, compression, DP-FedAvg, SecAgg)
+and runs :class:`fedarena.federated.simulation.Simulation`, logging per round: global test accuracy
+and loss, the per-client held-out accuracy distribution (mean, 10th percentile, worst), clients
+selected / reporting / stragglers, exact bytes up and down, the divergence of the client updates,
+local steps, and DP epsilon. The report draws these, the per-client label histogram of the split, and
+(with ``personalize_epochs``) per-client accuracy before and after local fine-tuning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fedarena.platform.config import ConfigError
+from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+
+
+@dataclass(frozen=True)
+class FedSimConfig(ExperimentConfig):
+    dataset: Literal["digits", "breast_cancer", "synthetic", "leaf", "mnist"] = param("digits", "data set")
+    path: str = param("", "local file or folder of a leaf / mnist data set")
+    num_clients: int = param(100, "number of clients")
+    partition: Literal["iid", "dirichlet", "shards", "quantity"] = param("iid", "how examples are split over clients")
+    alpha: float = param(0.5, "Dirichlet label-skew concentration (partition: dirichlet)")
+    shards_per_client: int = param(2, "labels (shards) per client (partition: shards)")
+    beta: float = param(0.5, "Dirichlet concentration of client sizes (partition: quantity)")
+    test_fraction: float = param(0.2, "global test set fraction (digits, breast_cancer)")
+    held_out_fraction: float = param(0.2, "per-client held-out fraction for per-client evaluation")
+    synthetic_alpha: float = param(1.0, "FedProx Synthetic(alpha, beta): model heterogeneity")
+    synthetic_beta: float = param(1.0, "FedProx Synthetic(alpha, beta): data heterogeneity")
+    synthetic_size_mean: float = param(4.0, "examples per device ~ lognormal(mean, sigma) + min")
+    synthetic_size_sigma: float = param(2.0, "see synthetic_size_mean")
+    synthetic_size_min: int = param(50, "see synthetic_size_mean")
+    synthetic_size_max: int = param(0, "cap on examples per device (0 = none)")
+    hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
+    zero_init: bool = param(False, "start from all-zero parameters (softmax regression)")
+    rounds: int = param(50, "number of rounds")
+    clients_per_round: int = param(10, "clients selected per round (0 = all)")
+    epochs: int = param(1, "local epochs E")
+    batch_size: int = param(10, "local minibatch size B")
+    lr: float = param(0.1, "local SGD learning rate")
+    prox_mu: float = param(0.0, "FedProx proximal coefficient mu")
+    local_steps: int = param(0, "> 0: this many local steps instead of epochs")
+    step_schedule: Literal["fixed", "linear", "divergence"] = param(
+        "fixed", "local steps per round: fixed, linear growth, or driven by the divergence of client updates")
+    steps_min: int = param(1, "fewest local steps of a schedule")
+    steps_max: int = param(20, "most local steps of a schedule")
+    divergence_target: float = param(1.0, "divergence schedule: halve steps above, double below this divergence")
+    aggregation: Literal["fedavg", "scaffold", "median", "trimmed_mean", "krum"] = param("fedavg", "aggregation rule")
+    trim_fraction: float = param(0.2, "trimmed mean: fraction trimmed at each end")
+    krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f")
+    krum_keep: int = param(1, "multi-Krum: updates averaged")
+    max_weight: float = param(0.0, "example-count bound on a client's FedAvg weight (0 = none)")
+    server_optimizer: Literal["fedavg", "fedadagrad", "fedadam", "fedyogi"] = param("fedavg", "server update rule")
+    server_lr: float = param(1.0, "server learning rate")
+    beta1: float = param(0.9, "FedAdam/FedYogi beta1")
+    beta2: float = param(0.99, "FedAdam/FedYogi beta2")
+    tau: float = param(1e-3, "FedAdam/FedYogi tau")
+    availability: float = param(1.0, "probability a client is reachable in a round")
+    speed_mean: float = param(0.0, "mean client speed in local steps per simulated second (0 = no time model)")
+    speed_sigma: float = param(0.0, "log-normal sigma of client speeds")
+    window_s: float = param(0.0, "round window in simulated seconds (0 = none)")
+    partial_work: bool = param(False, "keep stragglers' finished steps instead of dropping them")
+    drop_before_training: float = param(0.0, "dropout probability before local training")
+    drop_after_training: float = param(0.0, "dropout probability after local training")
+    drop_upload: float = param(0.0, "dropout probability during upload")
+    adversary_fraction: float = param(0.0, "fraction of clients that corrupt their uploads")
+    adversary: Literal["sign_flip", "scale"] = param("sign_flip", "corruption: -s Delta or s Delta")
+    adversary_scale: float = param(4.0, "s of the corruption")
+    upload_codec: Literal["dense", "quantize", "topk", "topk_quantize"] = param("dense", "upload compression")
+    upload_bits: int = param(8, "bits of the upload quantizer")
+    upload_fraction: float = param(0.01, "fraction kept by top-k uploads")
+    upload_error_feedback: bool = param(True, "error feedback for compressed uploads")
+    download_codec: Literal["dense", "quantize", "topk", "topk_quantize"] = param("dense", "broadcast compression")
+    download_bits: int = param(8, "bits of the broadcast quantizer")
+    download_fraction: float = param(0.01, "fraction kept by a top-k broadcast")
+    clip_norm: float = param(0.0, "client-side clipping of the update (0 = off)")
+    ldp_epsilon: float = param(0.0, "local DP (Gaussian) epsilon per upload (0 = off)")
+    ldp_delta: float = param(1e-5, "local DP delta")
+    ldp_clip_norm: float = param(1.0, "local DP clipping norm")
+    signds_k: int = param(0, "SignDS top-k size (0 = off); when on, clients upload SignDS reports")
+    signds_h: int = param(0, "SignDS number of reported dimensions h")
+    signds_epsilon: float = param(1.0, "SignDS epsilon per upload")
+    signds_lr: float = param(0.01, "SignDS global learning rate")
+    dp_noise_multiplier: float = param(0.0, "DP-FedAvg noise multiplier z (0 = off)")
+    dp_clip_norm: float = param(1.0, "DP-FedAvg server-side clip S")
+    dp_sample_rate: float = param(0.1, "DP-FedAvg Poisson client sampling rate q")
+    dp_delta: float = param(1e-5, "DP-FedAvg delta")
+    secagg: bool = param(False, "secure aggregation of every round (real SecAgg protocol objects)")
+    secagg_neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
+    secagg_dropout: float = param(0.0, "fraction of clients silent before their masked input")
+    privacy_seed: int = param(-1, "seed of the upload stages' randomness (LDP noise, stochastic rounding); "
+                              "-1 = a fresh secret seed (secrets); set only for reproducible tests")
+    backend: Literal["vmap", "ray"] = param("vmap", "vmap: one process; ray: groups of clients as Ray tasks")
+    personalize_epochs: int = param(0, "local fine-tuning epochs after the last round (0 = off)")
+    eval_every: int = param(1, "evaluate every this many rounds")
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
+        if self.num_clients < 1:
+            raise ValueError(f"num_clients: must be >= 1, got {self.num_clients}")
+        if self.clients_per_round < 0 or self.clients_per_round > self.num_clients:
+            raise ValueError(f"clients_per_round: {self.clients_per_round} must lie in 0..num_clients "
+                             f"({self.num_clients})")
+        if self.dataset in ("leaf", "mnist") and not self.path:
+            raise ValueError(f"path: dataset '{self.dataset}' is read from a local path; set path")
+        if self.path and not Path(self.path).exists():
+            raise ValueError(f"path: {self.path}: no such file or directory")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every: must be >= 1, got {self.eval_every}")
+        if not 1 <= self.steps_min <= self.steps_max:
+            raise ValueError(f"steps_min/steps_max: need 1 <= min <= max, got {self.steps_min}, {self.steps_max}")
+        if self.secagg and self.aggregation not in ("fedavg",):
+            raise ValueError("secagg: secure aggregation gives only the sum, so aggregation must be fedavg")
+        if self.dp_noise_multiplier and (self.secagg or self.aggregation != "fedavg"):
+            raise ValueError("dp_noise_multiplier: DP-FedAvg wraps plain fedavg aggregation without secagg")
+        _strategy(self, 1)  # validates the strategy fields (their errors name the field)
+        _heterogeneity(self)
+
+
+def _data_spec(cfg: FedSimConfig):
+    from fedarena.federated import data
+
+    return data.DataSpec(dataset=cfg.dataset, path=cfg.path, partition=data.PartitionSpec(
+        cfg.partition, cfg.num_clients, cfg.alpha, cfg.shards_per_client, cfg.beta),
+        test_fraction=cfg.test_fraction, held_out_fraction=cfg.held_out_fraction,
+        synthetic_alpha=cfg.synthetic_alpha, synthetic_beta=cfg.synthetic_beta,
+        synthetic_size_mean=cfg.synthetic_size_mean, synthetic_size_sigma=cfg.synthetic_size_sigma,
+        synthetic_size_min=cfg.synthetic_size_min, synthetic_size_max=cfg.synthetic_size_max)
+
+
+def _fit(cfg: FedSimConfig, local_steps: int | None = None):
+    from fedarena.federated.strategy import FitConfig
+
+    return FitConfig(cfg.epochs, cfg.batch_size, cfg.lr, cfg.prox_mu,
+                     cfg.local_steps if local_steps is None else local_steps)
+
+
+def _strategy(cfg: FedSimConfig, num_clients: int):
+    from fedarena.federated import stages
+    from fedarena.federated import strategy as st
+
+    opt = st.ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau)
+    common = dict(fit=_fit(cfg), server_optimizer=opt, clients_per_round=cfg.clients_per_round,
+                  max_weight=cfg.max_weight)
+    if cfg.aggregation == "fedavg":
+        s: Any = st.FedAvg(**common)
+    elif cfg.aggregation == "scaffold":
+        s = st.Scaffold(**common, server_lr=cfg.server_lr)
+    else:
+        s = st.RobustAggregate(**common, rule=cfg.aggregation, trim_fraction=cfg.trim_fraction,
+                               num_byzantine=cfg.krum_byzantine, krum_keep=cfg.krum_keep)
+    if cfg.dp_noise_multiplier > 0:
+        from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
+
+        s = stages.DPFedAvg(s, DPFedAvgMechanism(cfg.dp_clip_norm, cfg.dp_noise_multiplier, cfg.dp_sample_rate,
+                                                 max(num_clients, 1), cfg.dp_delta))
+    if cfg.secagg:
+        s = stages.SecureAggregation(s, neighbours=cfg.secagg_neighbours, dropout=cfg.secagg_dropout, seed=cfg.seed)
+    return s
+
+
+def _heterogeneity(cfg: FedSimConfig):
+    from fedarena.federated.simulation import Heterogeneity
+
+    return Heterogeneity(cfg.availability, cfg.speed_mean, cfg.speed_sigma, cfg.window_s, cfg.partial_work,
+                         cfg.drop_before_training, cfg.drop_after_training, cfg.drop_upload, cfg.adversary_fraction,
+                         cfg.adversary, cfg.adversary_scale)
+
+
+@dataclass
+class StepSchedule:
+    """Local steps per round (the FL chapter's adaptive aggregation frequency): ``fixed``; ``linear`` from
+    ``steps_min`` growing by one a round up to ``steps_max`` (few local steps early, more later); or
+    ``divergence``: halve the steps when the last round's client-update divergence
+    ``mean_i ||Delta_i - mean||^2 / ||mean||^2`` exceeds the target, double them when below."""
+
+    kind: str
+    lo: int
+    hi: int
+    target: float
+    current: int = 0
+
+    def steps(self, rnd: int, last_divergence: float | None) -> int:
+        if self.kind == "linear":
+            return min(self.hi, self.lo + rnd - 1)
+        if not self.current:
+            self.current = self.lo
+        elif last_divergence is not None and np.isfinite(last_divergence):
+            self.current = max(self.lo, self.current // 2) if last_divergence > self.target else \
+                min(self.hi, self.current * 2)
+        return self.current
+
+
+def build(cfg: FedSimConfig):
+    """The data set and the :class:`~fedarena.federated.simulation.Simulation` of ``cfg``."""
+    from fedarena.federated import compression, data, stages
+    from fedarena.federated.simulation import BatchedMLP, Simulation
+
+    try:
+        d = data.load(_data_spec(cfg), cfg.seed)
+    except data.DataError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.clients_per_round > d.num_clients:
+        raise ConfigError(f"clients_per_round: {cfg.clients_per_round} exceeds the {d.num_clients} clients")
+    strategy = _strategy(cfg, d.num_clients)
+    upload_stages: list[Any] = []
+    if cfg.clip_norm > 0:
+        upload_stages.append(stages.Clip(cfg.clip_norm))
+    if cfg.ldp_epsilon > 0:
+        upload_stages.append(stages.GaussianLDP(cfg.ldp_epsilon, cfg.ldp_delta, cfg.ldp_clip_norm))
+    kw: dict[str, Any] = {}
+    if cfg.signds_k > 0:
+        if cfg.upload_codec != "dense":
+            raise ConfigError("signds_k: SignDS replaces the upload codec; leave upload_codec dense")
+        kw["upload"] = stages.SignDSUpload(cfg.signds_k, cfg.signds_h, cfg.signds_epsilon, cfg.signds_lr)
+    elif cfg.upload_codec != "dense":
+        kw["upload"] = compression.UploadCompression(
+            compression.Codec(cfg.upload_codec, cfg.upload_bits, cfg.upload_fraction), cfg.upload_error_feedback)
+    if cfg.download_codec != "dense":
+        kw["download"] = compression.Broadcast(compression.Codec(cfg.download_codec, cfg.download_bits,
+                                                                 cfg.download_fraction), seed=cfg.seed)
+    model = BatchedMLP((d.num_features, *cfg.hidden, d.num_classes))
+    sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
+                     seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=_heterogeneity(cfg),
+                     upload_stages=upload_stages, backend=cfg.backend, eval_every=cfg.eval_every,
+                     privacy_seed=cfg.privacy_seed, **kw)
+    return d, sim
+
+
+def _with_steps(strategy: Any, steps: int) -> Any:
+    from dataclasses import replace
+
+    if hasattr(strategy, "fit"):
+        return replace(strategy, fit=replace(strategy.fit, local_steps=steps))
+    return replace(strategy, inner=_with_steps(strategy.inner, steps))
+
+
+def run(cfg: FedSimConfig, run) -> dict[str, Any]:
+    from fedarena.federated import data
+
+    d, sim = build(cfg)
+    if cfg.backend == "ray":
+        from fedarena.platform.cluster import init_ray
+
+        init_ray(cfg.cluster)
+    params = sim.model.init_params(cfg.seed)
+    if cfg.zero_init:
+        params = {k: np.zeros_like(v) for k, v in params.items()}
+    state = sim.init_state(params)
+    sim.final_round = cfg.rounds
+    hist = data.label_histogram(d.y, d.train, d.num_classes)
+    np.save(run.dir / "label_histogram.npy", hist)
+    schedule = StepSchedule(cfg.step_schedule, cfg.steps_min, cfg.steps_max, cfg.divergence_target)
+    base = sim.strategy
+    last_div: float | None = None
+    final: dict[str, float] = {}
+    restored = run.restore()
+    start = 1
+    if restored is not None:
+        start, saved = restored[0] + 1, restored[1]
+        state, last_div, schedule.current = _restore(sim, saved)
+    participation: dict[str, int] = {}
+    if restored is not None:
+        participation = {c: int(n) for c, n in restored[1].get("participation", {}).items()}
+    with run.progress(total=cfg.rounds, initial=start - 1, desc="fedsim") as bar:
+        for r in range(start, cfg.rounds + 1):
+            steps = 0
+            if cfg.step_schedule != "fixed":
+                steps = schedule.steps(r, last_div)
+                sim.strategy = _with_steps(base, steps)
+            state, rec = sim.round(state)
+            m = dict(rec.metrics)
+            last_div = m.get("update_divergence")
+            if steps:
+                m["local_steps"] = steps
+            for c in rec.reporting:
+                participation[c] = participation.get(c, 0) + 1
+            if cfg.ldp_epsilon > 0 and participation:
+                m["ldp_epsilon_round"] = cfg.ldp_epsilon
+                m["ldp_epsilon_cumulative"] = ldp_cumulative_epsilon(cfg, max(participation.values()))
+            report = getattr(sim.strategy, "last_report", None)
+            if report:
+                m.update(report)
+            run.log(r, **m)
+            if run.should_checkpoint(r) or r == cfg.rounds:
+                run.save_checkpoint(r, dict(_snapshot(sim, state, last_div, schedule.current),
+                                            participation=participation))
+            final.update(m)
+            bar.update(1, acc=m.get("test_acc", float("nan")))
+    out = {k: final[k] for k in ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst",
+                                 "dp_epsilon") if k in final}
+    out["bytes_up_total"] = sim.bytes_up_total
+    out["bytes_down_total"] = sim.bytes_down_total
+    if cfg.personalize_epochs > 0:
+        from dataclasses import replace
+
+        before, after = sim.personalize(state.params, replace(_fit(cfg, 0), epochs=cfg.personalize_epochs))
+        np.save(run.dir / "personalization.npy", np.stack([before, after]))
+        ok = ~np.isnan(before) & ~np.isnan(after)
+        if ok.any():
+            out["personalized_acc_before"] = float(before[ok].mean())
+            out["personalized_acc_after"] = float(after[ok].mean())
+    return out
+
+
+def ldp_cumulative_epsilon(cfg: FedSimConfig, uploads: int) -> float:
+    """Epsilon (at ``ldp_delta``) of the client that uploaded most often: its ``uploads`` analytic-Gaussian
+    releases (sigma for (ldp_epsilon, ldp_delta), L2 sensitivity 2 C) composed in RDP (Mironov 2017)."""
+    from fedarena.privacy.accountant import RDPAccountant
+    from fedarena.privacy.ldp import GaussianMechanism
+
+    mech = GaussianMechanism(cfg.ldp_epsilon, cfg.ldp_delta, cfg.ldp_clip_norm)
+    acc = RDPAccountant()
+    acc.step(mech.sigma / mech.sensitivity, 1.0, uploads)
+    return acc.epsilon(cfg.ldp_delta)
+
+
+def _snapshot(sim, state, last_div, steps_current) -> dict[str, Any]:
+    """Everything a resumed run needs (selection and training draws are keyed by (seed, round), so no RNG state)."""
+    up, down = sim.upload, sim.download
+    return {
+        "round": state.round, "params": state.params, "opt_state": state.opt_state, "control": state.control,
+        "client_control": sim.client_control,
+        "residuals": dict(getattr(up, "residuals", {})),
+        "broadcast_reference": getattr(down, "reference", None) or {},
+        "broadcast_round": getattr(down, "_round", 0),
+        "bytes": [sim.bytes_up_total, sim.bytes_down_total],
+        "last_divergence": float("nan") if last_div is None else float(last_div), "steps_current": steps_current,
+    }
+
+
+def _restore(sim, saved: dict[str, Any]):
+    from fedarena.federated.strategy import RoundState
+
+    state = RoundState(int(saved["round"]), {k: np.asarray(v) for k, v in saved["params"].items()},
+                       {k: dict(v) for k, v in saved["opt_state"].items()}, dict(saved["control"]))
+    sim.client_control = {c: dict(v) for c, v in saved["client_control"].items()}
+    if hasattr(sim.upload, "residuals"):
+        sim.upload.residuals = {c: np.asarray(v) for c, v in saved["residuals"].items()}
+    if sim.download is not None:
+        sim.download.reference = dict(saved["broadcast_reference"]) or None
+        sim.download._round = int(saved["broadcast_round"])
+    sim.bytes_up_total, sim.bytes_down_total = (int(b) for b in saved["bytes"])
+    div = float(saved["last_divergence"])
+    return state, (None if np.isnan(div) else div), int(saved["steps_current"])
+
+
+def plots(rows, cfg, report_dir) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedarena.federated.data import plot_label_histogram
+
+    out: list[str] = []
+    report_dir = Path(report_dir)
+    if rows:
+        r = [row["step"] for row in rows]
+        get = lambda k: [row.get(k, float("nan")) for row in rows]  # noqa: E731
+        fig, ax = plt.subplots(2, 2, figsize=(11, 7))
+        ax[0, 0].plot(r, get("test_acc"), "-", lw=2, label="global model, test set")
+        ax[0, 0].plot(r, get("client_acc_mean"), "-", label="clients' held-out: mean")
+        ax[0, 0].plot(r, get("client_acc_p10"), "--", label="10th percentile")
+        ax[0, 0].plot(r, get("client_acc_worst"), ":", label="worst client")
+        ax[0, 0].set_title("accuracy")
+        ax[0, 0].legend(fontsize=8)
+        ax[0, 1].plot(r, get("test_loss"), label="test")
+        ax[0, 1].plot(r, get("train_loss"), label="client training")
+        ax[0, 1].set_title("cross-entropy")
+        ax[0, 1].legend(fontsize=8)
+        ax[1, 0].plot(r, get("selected"), label="selected")
+        ax[1, 0].plot(r, get("reporting"), label="reporting")
+        ax[1, 0].plot(r, get("stragglers"), label="stragglers")
+        ax[1, 0].set_title("clients per round")
+        ax[1, 0].legend(fontsize=8)
+        ax[1, 1].plot(r, np.asarray(get("bytes_up"), float) / 1e3, label="up")
+        ax[1, 1].plot(r, np.asarray(get("bytes_down"), float) / 1e3, label="down")
+        ax[1, 1].set_title("kB per round (exact encoded bytes)")
+        ax[1, 1].legend(fontsize=8)
+        for a in ax.flat:
+            a.set_xlabel("round")
+            a.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(report_dir / "fedsim.png", dpi=110)
+        plt.close(fig)
+        out.append(str(report_dir / "fedsim.png"))
+    hist_path = report_dir.parent / "label_histogram.npy"
+    if hist_path.exists():
+        out.append(plot_label_histogram(np.load(hist_path), report_dir / "label_histogram.png",
+                                        f"per-client label histogram ({cfg.partition} split)"))
+    pers = report_dir.parent / "personalization.npy"
+    if pers.exists():
+        before, after = np.load(pers)
+        ok = ~np.isnan(before) & ~np.isnan(after)
+        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+        ax[0].scatter(before[ok], after[ok], s=10, alpha=0.6)
+        ax[0].plot([0, 1], [0, 1], "k--", lw=1)
+        ax[0].set_xlabel("held-out accuracy, global model")
+        ax[0].set_ylabel("after local fine-tuning")
+        ax[0].set_title("per-client accuracy before / after")
+        ax[1].hist([before[ok], after[ok]], bins=20, label=["global model", "fine-tuned"])
+        ax[1].set_xlabel("held-out accuracy")
+        ax[1].set_title("distribution over clients")
+        ax[1].legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(report_dir / "personalization.png", dpi=110)
+        plt.close(fig)
+        out.append(str(report_dir / "personalization.png"))
+    return out
+
+
+EXPERIMENT = Experiment(config=FedSimConfig, run=run, plots=plots,
+                        summary_keys=("test_acc", "client_acc_mean", "client_acc_p10", "client_acc_worst",
+                                      "reporting", "bytes_up", "bytes_down"))

@@ -1,0 +1,533 @@
+"""In-process federated simulation: many clients' local training as one batched engine program.
+
+The round loop (McMahan et al. 2017, Algorithm 1) runs the same :class:`~fedarena.federated.strategy.Strategy`
+hooks, upload stages and codecs as the gRPC runtime, with no network:
+
+1. availability (a per-client probability per round) decides the candidates; the strategy selects;
+2. the broadcast (optionally compressed, :mod:`fedarena.federated.compression`) gives the clients' model;
+3. local training of all selected clients runs through one ``engine.jit(engine.vmap(step))``: client
+   parameters are stacked along a leading client axis, every client's minibatches are drawn exactly
+   as :class:`~fedarena.federated.engine_trainer.EngineMLPTrainer` draws them (same generator
+   ``(seed, round, client id)``, same permutations), and clients with different numbers of examples
+   are handled by *grouping* (clients sorted by step count, groups whose step counts differ by at most
+   25 %) and *padding with masks* inside a group (a padded example has mask 0; a padded step updates
+   nothing). A round of 1,000 clients is a few dozen calls of one compiled step;
+4. heterogeneity: per-client speed (steps per simulated second, log-normal) against the round window
+   -- stragglers are dropped, or keep the steps they finished when ``partial_work`` (FedProx's
+   "variable amounts of work", Li et al. 2020); dropout probabilities before training, after training
+   and during upload; sign-flip (``-s Delta``) or scaling (``s Delta``) adversaries;
+5. the upload stages (clip, local DP, ...), the encoder and the server-side decoder, with exact bytes;
+6. ``strategy.aggregate``; the global test set and every client's held-out data are evaluated.
+
+Backends: ``vmap`` (default) and ``ray`` (groups trained in Ray tasks; each group's arithmetic is
+identical, so the same seed gives the same model). Personalization: optional local fine-tuning of the
+final model on each client's training data, with held-out accuracy before and after.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Literal, Sequence
+
+import numpy as np
+
+from fedarena import engine
+from fedarena.engine import nn, ops
+from fedarena.federated.strategy import ClientUpdate, FitConfig, Params, RoundState, Strategy
+from fedarena.federated.trainer import mlp_init
+
+
+def client_key(client_id: str) -> int:
+    """The integer a client mixes into its training generator (as :class:`~fedarena.federated.client.FLClient`)."""
+    return int.from_bytes(client_id.encode()[:8], "little")
+
+
+# ----------------------------------------------------------------------------- batched local training
+
+
+def batch_plan(n: int, cfg: FitConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The minibatches a client trains on, as an ``(S, B)`` matrix of local example positions (-1 pads a
+    short last batch of an epoch), and the epoch of each row.
+
+    Epoch after epoch ``rng.permutation(n)`` cut into batches of ``cfg.batch_size`` (the last may be
+    smaller); ``cfg.local_steps > 0`` takes exactly that many batches."""
+    B = cfg.batch_size
+    per = math.ceil(n / B)
+    epochs = math.ceil(cfg.local_steps / per) if cfg.local_steps else cfg.epochs
+    rows = np.full((epochs, per * B), -1, np.int64)
+    for e in range(epochs):
+        rows[e, :n] = rng.permutation(n)
+    mat = rows.reshape(epochs * per, B)
+    ep = np.repeat(np.arange(epochs), per)
+    if cfg.local_steps:
+        mat, ep = mat[: cfg.local_steps], ep[: cfg.local_steps]
+    return mat, ep
+
+
+def group_by_steps(steps: Sequence[int], ratio: float = 1.25, max_group: int = 1024) -> list[list[int]]:
+    """Positions grouped so that within a group the largest step count is <= ``ratio`` x the smallest (+1)."""
+    order = np.argsort(np.asarray(steps), kind="stable")
+    groups: list[list[int]] = []
+    for i in order:
+        s = steps[i]
+        if groups and len(groups[-1]) < max_group and s <= max(steps[groups[-1][0]] * ratio, steps[groups[-1][0]] + 1):
+            groups[-1].append(int(i))
+        else:
+            groups.append([int(i)])
+    return groups
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """The padded training program of one group of G clients with at most S steps of batch B."""
+
+    index: np.ndarray  # (G, S, B) int64: global example index (0 where padded); G rounded up to a power of 2
+    mask: np.ndarray  # (G, S, B) float32: 1 for a real example
+    valid: np.ndarray  # (G, S) float32: 1 for a step the client takes
+    last_epoch: np.ndarray  # (G, S) float32: 1 for a step of the client's last epoch (for the reported loss)
+    clients: int  # the real clients (the first ``clients`` rows; the rest is padding)
+
+
+def make_group_plan(plans: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], allowed: Sequence[int],
+                    batch_size: int) -> GroupPlan:
+    """``plans[g] = (client's global indices, its batch matrix, epochs)`` (:func:`batch_plan`);
+    ``allowed[g]`` caps its steps."""
+    G = 1 << max(0, len(plans) - 1).bit_length()  # padded to a power of two: few compiled shapes
+    S = max(min(len(b), a) for (_, b, _), a in zip(plans, allowed))
+    index = np.zeros((G, S, batch_size), np.int64)
+    mask = np.zeros((G, S, batch_size), np.float32)
+    valid = np.zeros((G, S), np.float32)
+    last = np.zeros((G, S), np.float32)
+    for g, ((glob, mat, epochs), a) in enumerate(zip(plans, allowed)):
+        k = min(len(mat), a)
+        if k == 0:
+            continue
+        m = mat[:k]
+        real = m >= 0
+        index[g, :k] = np.where(real, glob[np.maximum(m, 0)], 0)
+        mask[g, :k] = real
+        valid[g, :k] = 1.0
+        last[g, :k] = epochs[:k] == epochs[k - 1]
+    return GroupPlan(index, mask, valid, last, len(plans))
+
+
+class BatchedMLP:
+    """Local SGD of many clients' copies of one ReLU MLP, batched by ``engine.vmap`` (see module doc).
+
+    Parameters are the runtime's flat ``{"l{i}.w": (in, out), "l{i}.b": (out,)}`` float32 dicts; the
+    objective is the mean cross-entropy of the batch's real examples, plus FedProx's
+    ``mu/2 ||w - w_global||^2``; SCAFFOLD's correction ``c - c_i`` is added to every gradient."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(int(s) for s in sizes)
+        self.depth = len(self.sizes) - 1
+        mlp = nn.MLP(list(self.sizes), activation="relu")
+        self._mlp = mlp
+
+        def loss_fn(w, x, y, m):
+            logits = mlp.apply(w, x)
+            ce = ops.logsumexp(logits, axis=1) - ops.sum(logits * y, axis=1)
+            return ops.sum(ce * m) / ops.maximum(ops.sum(m), 1.0)
+
+        def step(w, anchor, corr, x, y, m, valid, lr, mu):
+            ce, g = engine.value_and_grad(loss_fn)(w, x, y, m)
+            new = engine.tree_map(lambda p, gp, a, c: p - (lr * valid) * (gp + mu * (p - a) + c), w, g, anchor, corr)
+            return new, ce
+
+        def step_plain(w, x, y, m, valid, lr):
+            ce, g = engine.value_and_grad(loss_fn)(w, x, y, m)
+            return engine.tree_map(lambda p, gp: p - (lr * valid) * gp, w, g), ce
+
+        self._step = engine.jit(engine.vmap(step, in_axes=(0, None, 0, 0, 0, 0, 0, None, None)))
+        self._step_plain = engine.jit(engine.vmap(step_plain, in_axes=(0, 0, 0, 0, 0, None)))
+
+    def init_params(self, seed: int) -> Params:
+        return mlp_init(self.sizes, seed)
+
+    def _layers(self, params: Params) -> list[dict[str, np.ndarray]]:
+        return [{"w": np.asarray(params[f"l{i}.w"], np.float32), "b": np.asarray(params[f"l{i}.b"], np.float32)}
+                for i in range(self.depth)]
+
+    def train_group(self, params: Params, plan: GroupPlan, x: np.ndarray, y_onehot: np.ndarray, cfg: FitConfig,
+                    corrections: list[Params] | None = None) -> tuple[Params, np.ndarray]:
+        """Train the clients of ``plan`` from ``params``; returns their parameters stacked along a leading
+        client axis (``plan.clients`` rows) and their last-epoch mean losses."""
+        G, S = plan.valid.shape
+        anchor = self._layers(params)
+        w = [{k: np.repeat(v[None], G, axis=0) for k, v in layer.items()} for layer in anchor]
+        lr, mu = np.float32(cfg.lr), np.float32(cfg.prox_mu)
+        plain = corrections is None and cfg.prox_mu == 0
+        if not plain:
+            corr = ([{k: np.zeros((G, *v.shape), np.float32) for k, v in layer.items()} for layer in anchor]
+                    if corrections is None else
+                    [{k: self._pad_rows(np.stack([c[f"l{i}.{k}"] for c in corrections]).astype(np.float32), G)
+                      for k in ("w", "b")} for i in range(self.depth)])
+        loss_sum = np.zeros(G)
+        for s in range(S):
+            idx = plan.index[:, s]
+            xb, yb, mb, vb = x[idx], y_onehot[idx], plan.mask[:, s], plan.valid[:, s]
+            if plain:
+                w, ce = self._step_plain(w, xb, yb, mb, vb, lr)
+            else:
+                w, ce = self._step(w, anchor, corr, xb, yb, mb, vb, lr, mu)
+            loss_sum += np.asarray(ce, np.float64) * plan.last_epoch[:, s]
+        losses = loss_sum / np.maximum(plan.last_epoch.sum(1), 1.0)
+        out = {f"l{i}.{k}": np.asarray(w[i][k])[: plan.clients] for i in range(self.depth) for k in ("w", "b")}
+        return out, losses[: plan.clients]
+
+    @staticmethod
+    def _pad_rows(a: np.ndarray, rows: int) -> np.ndarray:
+        """``a`` with zero rows appended up to ``rows`` (the padded clients of a group)."""
+        return a if len(a) == rows else np.concatenate([a, np.zeros((rows - len(a), *a.shape[1:]), a.dtype)])
+
+    def logits(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """Forward pass for evaluation (float32 matmuls, float64 logits)."""
+        h = np.asarray(x, np.float32)
+        for i in range(self.depth):
+            h = h @ np.asarray(params[f"l{i}.w"], np.float32) + np.asarray(params[f"l{i}.b"], np.float32)
+            if i < self.depth - 1:
+                h = np.maximum(h, 0.0)
+        return h.astype(np.float64)
+
+
+def evaluate_params(model: BatchedMLP, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``params`` on ``(x, y)``."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    z = model.logits(params, x)
+    z = z - z.max(1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    return float(-logp[np.arange(len(y)), y].mean()), float((logp.argmax(1) == y).mean())
+
+
+def per_client_accuracy(model: BatchedMLP, params: Params, x: np.ndarray, y: np.ndarray,
+                        index: Sequence[np.ndarray]) -> np.ndarray:
+    """Accuracy of ``params`` on each client's examples ``index[i]`` (NaN for a client without any)."""
+    sizes = np.array([len(i) for i in index])
+    if sizes.sum() == 0:
+        return np.full(len(index), np.nan)
+    allidx = np.concatenate([np.asarray(i, np.int64) for i in index])
+    owner = np.repeat(np.arange(len(index)), sizes)
+    correct = (model.logits(params, x[allidx]).argmax(1) == y[allidx]).astype(np.float64)
+    hits = np.bincount(owner, weights=correct, minlength=len(index))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(sizes > 0, hits / np.maximum(sizes, 1), np.nan)
+
+
+# ----------------------------------------------------------------------------- heterogeneity and failures
+
+
+@dataclass(frozen=True)
+class Heterogeneity:
+    """Client heterogeneity and failures (all draws from the simulation's seeded generators)."""
+
+    availability: float = 1.0
+    """probability that a client is reachable in a round (candidates for selection)"""
+    speed_mean: float = 0.0
+    """mean local steps per simulated second (log-normal over clients); 0 = no time model"""
+    speed_sigma: float = 0.0
+    """sigma of log(speed) over clients"""
+    window_s: float = 0.0
+    """round window in simulated seconds; a client whose steps take longer is a straggler (0 = no window)"""
+    partial_work: bool = False
+    """keep a straggler's finished steps (FedProx) instead of dropping it"""
+    drop_before_training: float = 0.0
+    drop_after_training: float = 0.0
+    drop_upload: float = 0.0
+    adversary_fraction: float = 0.0
+    """fraction of clients (fixed for the run) that corrupt their uploads"""
+    adversary: Literal["sign_flip", "scale"] = "sign_flip"
+    adversary_scale: float = 4.0
+    """sign_flip uploads ``-s Delta``, scale uploads ``s Delta``"""
+
+    def __post_init__(self) -> None:
+        for name in ("availability", "drop_before_training", "drop_after_training", "drop_upload",
+                     "adversary_fraction"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"heterogeneity.{name}: must lie in [0, 1], got {v}")
+        if self.availability <= 0:
+            raise ValueError("heterogeneity.availability: must be > 0")
+        if self.speed_mean < 0 or self.speed_sigma < 0 or self.window_s < 0:
+            raise ValueError("heterogeneity.speed_mean/speed_sigma/window_s: must be >= 0")
+        if self.window_s > 0 and self.speed_mean == 0:
+            raise ValueError("heterogeneity.speed_mean: a round window needs client speeds (speed_mean > 0)")
+        if self.adversary not in ("sign_flip", "scale"):
+            raise ValueError(f"heterogeneity.adversary: unknown '{self.adversary}' (sign_flip or scale)")
+
+
+# ----------------------------------------------------------------------------- the simulation
+
+
+UploadFn = Callable[[str, Params, np.random.Generator], tuple[Params, int]]
+"""``upload(client_id, delta, rng) -> (decoded delta as the server sees it, bytes uploaded)``."""
+
+
+def dense_upload(client_id: str, delta: Params, rng: np.random.Generator) -> tuple[Params, int]:
+    """The runtime's default upload: float32 arrays (4 bytes an entry), decoded to float64."""
+    out = {k: np.asarray(v, np.float32).astype(np.float64) for k, v in delta.items()}
+    return out, sum(4 * v.size for v in delta.values())
+
+
+@dataclass
+class RoundRecord:
+    """Metrics of one simulated round."""
+
+    round: int
+    metrics: dict[str, float]
+    selected: list[str]
+    reporting: list[str]
+
+
+@dataclass
+class Simulation:
+    """Clients ``client_ids[i]`` with training indices ``train[i]`` into ``(x, y)``; see the module docstring."""
+
+    model: BatchedMLP
+    strategy: Strategy
+    x: np.ndarray
+    y: np.ndarray
+    train: list[np.ndarray]
+    client_ids: list[str]
+    num_classes: int
+    seed: int = 0
+    held_out: list[np.ndarray] | None = None
+    test: tuple[np.ndarray, np.ndarray] | None = None
+    heterogeneity: Heterogeneity = field(default_factory=Heterogeneity)
+    upload_stages: list[Any] = field(default_factory=list)
+    upload: UploadFn = dense_upload
+    download: Any = None
+    """a :class:`fedarena.federated.compression.Broadcast` (compressed model broadcast) or None"""
+    backend: Literal["vmap", "ray"] = "vmap"
+    ray_groups_per_task: int = 1
+    ray_workers: int = 0
+    """Ray actors of the ray backend (0 = one per cluster CPU, at most 8)"""
+    privacy_seed: int = -1
+    """seed of the upload stages' randomness; -1 = a fresh secret seed per run (``secrets``)"""
+    eval_clients: bool = True
+    eval_every: int = 1
+    """evaluate the global model every this many rounds (and after the last round of :meth:`run`)"""
+
+    def __post_init__(self) -> None:
+        if len(self.train) != len(self.client_ids):
+            raise ValueError("client_ids: one id per client needed")
+        if len(set(self.client_ids)) != len(self.client_ids):
+            raise ValueError("client_ids: must be unique")
+        for i, p in enumerate(self.train):
+            if len(p) == 0:
+                raise ValueError(f"partition: client {self.client_ids[i]} has no training examples")
+        k = getattr(self.strategy, "clients_per_round", 0)
+        if k > len(self.client_ids):
+            raise ValueError(f"clients_per_round: {k} exceeds the {len(self.client_ids)} clients")
+        self.x = np.ascontiguousarray(self.x, np.float32)
+        self.y = np.asarray(self.y, np.int64)
+        self._onehot = np.eye(self.num_classes, dtype=np.float32)[self.y]
+        het = self.heterogeneity
+        rng = np.random.default_rng([self.seed, 101])
+        n = len(self.client_ids)
+        self.speeds = (het.speed_mean * np.exp(het.speed_sigma * rng.standard_normal(n) - het.speed_sigma ** 2 / 2)
+                       if het.speed_mean > 0 else np.full(n, np.inf))
+        n_adv = int(round(het.adversary_fraction * n))
+        self.adversaries = frozenset(self.client_ids[i] for i in rng.choice(n, n_adv, replace=False)) if n_adv else \
+            frozenset()
+        self._pos = {c: i for i, c in enumerate(self.client_ids)}
+        self.client_control: dict[str, Params] = {}
+        import secrets
+
+        self._privacy_seed = secrets.randbits(64) if self.privacy_seed < 0 else self.privacy_seed
+        self.bytes_up_total = 0
+        self.bytes_down_total = 0
+        self._remote = None
+        self.final_round = -1  # the round after which :meth:`run` evaluates in any case (set by run)
+
+    # ------------------------------------------------------------------ training
+
+    def _plans(self, selected: Sequence[str], rnd: int, cfg: FitConfig):
+        plans, allowed = [], []
+        het = self.heterogeneity
+        for cid in selected:
+            i = self._pos[cid]
+            rng = np.random.default_rng([self.seed, rnd, client_key(cid)])
+            batches, epochs = batch_plan(len(self.train[i]), cfg, rng)
+            cap = len(batches)
+            if het.window_s > 0:
+                cap = min(cap, int(math.floor(het.window_s * self.speeds[i])))
+            plans.append((self.train[i], batches, epochs))
+            allowed.append(cap)
+        return plans, allowed
+
+    def _train(self, params: Params, selected: Sequence[str], rnd: int, cfg: FitConfig,
+               corrections: dict[str, Params] | None
+               ) -> tuple[dict[str, Params], dict[str, Params], dict[str, float], dict[str, int]]:
+        """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps."""
+        plans, allowed = self._plans(selected, rnd, cfg)
+        steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
+        groups = group_by_steps(steps)
+        jobs = []
+        for g in groups:
+            g = [j for j in g if steps[j] > 0]
+            if not g:
+                continue
+            plan = make_group_plan([plans[j] for j in g], [allowed[j] for j in g], cfg.batch_size)
+            corr = None if corrections is None else [corrections[selected[j]] for j in g]
+            jobs.append((g, plan, corr))
+        results = self._run_jobs(params, jobs, cfg)
+        local, deltas, losses = {}, {}, {}
+        for (g, _, _), (stack, ls) in zip(jobs, results):
+            dstack = {k: (v.astype(np.float64) - params[k].astype(np.float64)).astype(np.float32)
+                      for k, v in stack.items()}
+            for r, j in enumerate(g):
+                c = selected[j]
+                local[c] = {k: v[r] for k, v in stack.items()}
+                deltas[c] = {k: v[r] for k, v in dstack.items()}
+                losses[c] = float(ls[r])
+        return local, deltas, losses, {selected[j]: steps[j] for j in range(len(selected))}
+
+    def _run_jobs(self, params, jobs, cfg):
+        if self.backend == "vmap":
+            return [self.model.train_group(params, plan, self.x, self._onehot, cfg, corr) for _, plan, corr in jobs]
+        from fedarena.federated import ray_backend
+
+        if self._remote is None:
+            self._remote = ray_backend.RayTrainer(self.model.sizes, self.x, self._onehot, self.ray_workers)
+        return self._remote.run(params, [(plan, corr) for _, plan, corr in jobs], cfg, self.ray_groups_per_task)
+
+    def ray_nodes(self) -> list[str]:
+        """Node id of every Ray actor of the ray backend (empty before the first round or with vmap)."""
+        return self._remote.nodes() if self._remote is not None else []
+
+    # ------------------------------------------------------------------ rounds
+
+    def init_state(self, params: Params | None = None) -> RoundState:
+        return self.strategy.init_state(params if params is not None else self.model.init_params(self.seed))
+
+    def round(self, state: RoundState) -> tuple[RoundState, RoundRecord]:
+        """Run round ``state.round``; returns the next state and the round's record."""
+        rnd = state.round
+        het = self.heterogeneity
+        t0 = time.perf_counter()
+        frng = np.random.default_rng([self.seed, rnd, 7])  # failure injection of this round
+        if het.availability < 1:
+            avail = frng.random(len(self.client_ids)) < het.availability
+            cands = [c for c, a in zip(self.client_ids, avail) if a]
+        else:
+            cands = list(self.client_ids)
+        selected = self.strategy.select(rnd, cands, self.seed)
+        cfg = self.strategy.configure(rnd, state)
+        m: dict[str, float] = {"selected": len(selected), "available": len(cands)}
+        # download
+        if self.download is not None:
+            client_params, down = self.download.broadcast(state.params, len(selected))
+        else:
+            client_params, down = state.params, sum(4 * v.size for v in state.params.values()) * len(selected)
+        training = [c for c in selected if not (het.drop_before_training and frng.random() < het.drop_before_training)]
+        scaffold = bool(state.control)
+        corrections = None
+        if scaffold:
+            corrections = {c: {k: (state.control[k] - self.client_control.get(c, {}).get(k, 0.0)) for k in state.control}
+                           for c in training}
+        local, deltas, losses, steps = (self._train(client_params, training, rnd, cfg, corrections) if training
+                                        else ({}, {}, {}, {}))
+        m["stragglers"] = sum(1 for c in training if steps.get(c, 0) == 0 or
+                              (het.window_s > 0 and self._full_steps(c, rnd, cfg) > steps[c]))
+        updates, bytes_up = [], 0
+        prng = np.random.default_rng([self._privacy_seed, rnd])
+        for c in training:
+            if c not in local:
+                continue  # a straggler dropped at the deadline (no finished step)
+            if het.window_s > 0 and not het.partial_work and steps[c] < self._full_steps(c, rnd, cfg):
+                continue
+            if het.drop_after_training and frng.random() < het.drop_after_training:
+                continue
+            delta = deltas[c]
+            if c in self.adversaries:
+                s = -het.adversary_scale if het.adversary == "sign_flip" else het.adversary_scale
+                delta = {k: (v * s).astype(np.float32) for k, v in delta.items()}
+            for stage in self.upload_stages:
+                delta = stage(delta, prng)
+            if het.drop_upload and frng.random() < het.drop_upload:
+                continue
+            decoded, nbytes = self.upload(c, delta, prng)
+            bytes_up += nbytes
+            control_delta = None
+            if scaffold:
+                control_delta = self._scaffold_control(c, state, local[c], client_params, steps[c], cfg)
+            n = 1 if getattr(self.upload, "equal_weight", False) else len(self.train[self._pos[c]])
+            updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
+        new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
+        m.update(reporting=len(updates), bytes_up=bytes_up, bytes_down=down,
+                 train_loss=float(np.mean([u.loss for u in updates])) if updates else float("nan"))
+        if len(updates) > 1:
+            flat = np.stack([np.concatenate([u.delta[k].ravel() for k in sorted(u.delta)]) for u in updates])
+            mean = flat.mean(0)
+            m["update_divergence"] = float(((flat - mean) ** 2).sum(1).mean() / max((mean ** 2).sum(), 1e-30))
+        self.bytes_up_total += bytes_up
+        self.bytes_down_total += down
+        m["train_seconds"] = time.perf_counter() - t0
+        if rnd % self.eval_every == 0 or rnd == self.final_round:
+            m.update(self.evaluate(new_state, rnd))
+        return new_state, RoundRecord(rnd, m, list(selected), [u.client_id for u in updates])
+
+    def _full_steps(self, cid: str, rnd: int, cfg: FitConfig) -> int:
+        n = len(self.train[self._pos[cid]])
+        return cfg.local_steps if cfg.local_steps else cfg.epochs * math.ceil(n / cfg.batch_size)
+
+    def _scaffold_control(self, cid, state, local, start, steps, cfg) -> Params:
+        """Option II: ``c_i+ = c_i - c + (x - y_i) / (K lr)``; returns ``Delta c_i`` and stores ``c_i+``."""
+        old = self.client_control.get(cid, {k: np.zeros(v.shape, np.float64) for k, v in state.control.items()})
+        K = max(steps, 1)
+        new = {k: old[k] - state.control[k] + (start[k].astype(np.float64) - local[k].astype(np.float64)) / (K * cfg.lr)
+               for k in old}
+        self.client_control[cid] = new
+        return {k: new[k] - old[k] for k in old}
+
+    def evaluate(self, state: RoundState, rnd: int) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.test is not None and len(self.test[1]):
+            out["test_loss"], out["test_acc"] = evaluate_params(self.model, state.params, *self.test)
+        if self.eval_clients and self.held_out is not None:
+            accs = per_client_accuracy(self.model, state.params, self.x, self.y, self.held_out)
+            out.update(self.strategy.evaluate(rnd, accs[~np.isnan(accs)]))
+        return out
+
+    def run(self, rounds: int, state: RoundState | None = None,
+            on_round: Callable[[RoundState, RoundRecord], None] | None = None) -> tuple[RoundState, list[RoundRecord]]:
+        state = state if state is not None else self.init_state()
+        records = []
+        self.final_round = state.round + rounds - 1
+        for _ in range(rounds):
+            state, rec = self.round(state)
+            records.append(rec)
+            if on_round is not None:
+                on_round(state, rec)
+        return state, records
+
+    def iter_rounds(self, rounds: int, state: RoundState | None = None) -> Iterator[tuple[RoundState, RoundRecord]]:
+        state = state if state is not None else self.init_state()
+        for _ in range(rounds):
+            state, rec = self.round(state)
+            yield state, rec
+
+    # ------------------------------------------------------------------ personalization
+
+    def personalize(self, params: Params, cfg: FitConfig, chunk: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+        """Fine-tune ``params`` locally on every client's training data (``cfg``); per-client held-out
+        accuracy before and after (NaN where a client has no held-out data)."""
+        if self.held_out is None:
+            raise ValueError("held_out: personalization needs per-client held-out data")
+        before = per_client_accuracy(self.model, params, self.x, self.y, self.held_out)
+        after = np.full(len(self.client_ids), np.nan)
+        for s in range(0, len(self.client_ids), chunk):
+            ids = self.client_ids[s: s + chunk]
+            local, _, _, _ = self._train(params, ids, 0, cfg, None)
+            for c in ids:
+                i = self._pos[c]
+                after[i] = per_client_accuracy(self.model, local[c], self.x, self.y, [self.held_out[i]])[0]
+        return before, after
+
+
+def replace_fit(strategy: Any, **kw) -> Any:
+    """A copy of a dataclass strategy whose ``fit`` config has ``kw`` replaced."""
+    return replace(strategy, fit=replace(strategy.fit, **kw))
