@@ -314,7 +314,11 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
     else:
         if config is None:
             raise RunError("a config file is required (or --resume RUN_DIR)")
-        experiment, cfg = resolve(config, overrides)
+        try:
+            experiment, cfg = resolve(config, overrides)
+        except Exception as exc:  # a config rejected at load: with --out, that folder still says why
+            _status_of_rejected_config(out, exc)
+            raise
         if seeds is not None or cfg.seeds:
             from fedarena.platform.groups import execute_group
 
@@ -364,6 +368,18 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
         for h in handlers:
             run.logger.removeHandler(h)
             h.close()
+
+
+def _status_of_rejected_config(out: str | Path | None, exc: BaseException) -> None:
+    """Write ``status.json`` = failed into an explicitly given, still empty ``--out`` folder."""
+    if out is None:
+        return
+    run_dir = Path(out)
+    if (run_dir / "status.json").exists() or (run_dir / "metrics.jsonl").exists():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_status(run_dir, {"state": "failed", "error": one_line(exc), "error_type": type(exc).__name__,
+                            "user_error": is_user_error(exc), "stage": "config"})
 
 
 def _differences(a: Any, b: Any, path: str = "") -> list[str]:
