@@ -54,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--policy", choices=("final", "best"), default="final", help="which exported policy to load")
     ev.add_argument("--seed", type=int, default=None, help="seed of the first episode (default: the run's eval seed)")
     ev.add_argument("--render", choices=("rgb_array",), default=None,
-                    help="also record the episodes as frames (an animated GIF per episode under evaluation/)")
+                    help="also record episodes as frames (an animated GIF per episode under RUN_DIR/evaluation/)")
+    ev.add_argument("--render-episodes", type=int, default=1, metavar="N",
+                    help="with --render: how many of the episodes to record (default 1)")
 
     sub.add_parser("list", help="list experiment kinds and the configs under experiments/",
                    description="List the registered experiment kinds and the configs found under experiments/.")
@@ -146,10 +148,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.episodes is not None and args.episodes < 1:
         raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
     result = experiment.evaluate(run_dir, cfg, {"episodes": args.episodes, "policy": args.policy,
-                                                "seed": args.seed, "render": args.render})
+                                                "seed": args.seed, "render": args.render,
+                                                "render_episodes": args.render_episodes})
     print("evaluation:")
-    for k, v in result.items():
-        print(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}")
+    for k, v in result.items():  # full precision: comparable digit for digit with the run's eval_return
+        print(f"  {k}: {v!r}" if isinstance(v, float) else f"  {k}: {v}")
     return 0
 
 

@@ -102,15 +102,15 @@ def test_internal_error_exits_1_and_debug_shows_the_traceback(tmp_path, monkeypa
     from fedarena.marl import matrix_dynamics
 
     def broken(self, game):
-        raise KeyError("counts")
+        raise ArithmeticError("counts")
 
     monkeypatch.setattr(matrix_dynamics.Dynamics, "step", broken)
     out = tmp_path / "run"
     line = _fail(capsys, ["run", "experiments/quickstart.yaml", "--out", str(out), "--quiet"], 1)
-    assert line.startswith("fedarena: internal error: KeyError: counts") and "--debug" in line
+    assert line.startswith("fedarena: internal error: ArithmeticError: counts") and "--debug" in line
     st = _status(out)
-    assert st["state"] == "failed" and st["user_error"] is False and st["error"] == "KeyError: counts"
-    with pytest.raises(KeyError):
+    assert st["state"] == "failed" and st["user_error"] is False and st["error"] == "ArithmeticError: counts"
+    with pytest.raises(ArithmeticError):
         main(["--debug", "run", "experiments/quickstart.yaml", "--out", str(tmp_path / "run2"), "--quiet"])
 
 

@@ -39,10 +39,11 @@ def test_ppo_cartpole_with_three_seeds_writes_three_runs_and_a_band_report(tmp_p
 
 def test_seeds_in_the_config_and_from_python_for_another_kind(tmp_path):
     res = fedarena.run(ROOT / "experiments/prisoners_dilemma.yaml", {"iterations": 30, "seeds": [3, 4]},
-                       out=tmp_path / "g")
+                       out=tmp_path / "g", report=False)
     assert sorted(res.runs) == [3, 4] and res.state == "completed"
     assert all(r.config["seed"] == s and r.config["seeds"] == [] for s, r in res.runs.items())
-    assert res.summary["completed_seeds"] == 2 and (tmp_path / "g" / "report" / "index.html").exists()
+    assert res.summary["completed_seeds"] == 2 and res.report is None
+    assert all(r.final_checkpoint.name == "ckpt-000000030.fdck" for r in res.runs.values())
 
 
 def test_band_is_mean_min_max_with_held_last_values():
