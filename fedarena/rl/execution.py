@@ -247,7 +247,9 @@ def _process_main(conn: Any, spec_dict: dict, index: int) -> None:
         conn.send_bytes(wire.encode(out))
 
 
-class _UserActorFailure(ActorFailure):
+class ActorUserError(ActorFailure):
+    """An actor failure caused by a user error (e.g. the environment raised): exit status 2 in the CLI."""
+
     user_error = True
 
 
@@ -306,7 +308,7 @@ class ProcessActorPool:
                 if "__error__" in out:
                     err = ActorFailure(f"actor {i}: {out['__error__']}", bool(out.get("user_error")))
                     if err.user_error:
-                        raise _UserActorFailure(str(err), True)
+                        raise ActorUserError(str(err), True)
                     raise err
                 return i, out
             for i in list(self._requests):  # a worker killed without closing its pipe
