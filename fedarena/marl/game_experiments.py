@@ -1,7 +1,16 @@
 """Experiment kinds for the exact game-theory solvers: ``xfp`` (Heinrich et al., 2015), ``cfr`` (CFR/CFR+,
 Zinkevich et al., 2007; Tammelin et al., 2015) and ``psro`` (Lanctot et al., 2017, several meta-solvers
 side by side). Each logs exploitability per iteration with wall time, checkpoints the solver state, and
-plots exploitability against iteration and against wall time on log scales.
+plots exploitability against iteration and against wall time on log scales (from the first positive value:
+iteration 0 and solver time 0 are not drawn).
+
+Tie-breaking of best responses (XFP, PSRO's exact oracle), and why trajectories differ from OpenSpiel's on
+Kuhn poker: fedarena treats action values within a relative 1e-12 of the best as tied and takes the lowest
+such action (:data:`fedarena.marl.best_response.TIE_TOLERANCE`); OpenSpiel's ``BestResponsePolicy`` takes
+Python's ``max`` over the legal actions, i.e. the strictly largest float (the lowest action only among
+bit-identical values). Kuhn poker has many exactly tied best responses whose sums differ by rounding, so the
+two pick different actions there and XFP/PSRO trajectories diverge after a few iterations; both are exact best
+responses, and exploitability values of the same policy agree to 1e-12 (``benchmarks/games_vs_openspiel.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +39,19 @@ def _check_common(cfg: Any) -> None:
         raise ValueError(f"iterations: must be at least 1, got {cfg.iterations}")
     if cfg.eval_every < 1:
         raise ValueError(f"eval_every: must be at least 1, got {cfg.eval_every}")
+
+
+def _check_two_player_zero_sum(name: str) -> None:
+    """PSRO here measures exploitability (NashConv / 2), defined for two-player zero-sum games only."""
+    game = load_game(name)
+    if game.num_players != 2:
+        raise ValueError(f"game: psro needs a two-player zero-sum game; '{name}' has {game.num_players} players")
+    from fedarena.marl.game_tree import game_tree
+
+    u = game_tree(game).utilities
+    if not np.allclose(u.sum(axis=1), 0.0, atol=1e-9 * max(1.0, float(np.abs(u).max()))):
+        raise ValueError(f"game: psro needs a two-player zero-sum game; '{name}' is general-sum (its payoffs do "
+                         "not sum to zero); use matrix_dynamics for general-sum matrix games")
 
 
 def _milestones(rows: list[dict], key: str, at: tuple[int, ...]) -> dict[str, float]:
@@ -87,7 +109,11 @@ def run_xfp(cfg: XFPConfig, run) -> dict[str, Any]:
 class CFRConfig(ExperimentConfig):
     game: str = param("leduc_poker", "game by name (kuhn_poker, leduc_poker, or a matrix game)")
     iterations: int = param(1000, "number of iterations")
-    plus: bool = param(True, "CFR+ (regret matching+, linear averaging) instead of vanilla CFR")
+    plus: bool = param(True, "CFR+: regret matching+ (cumulative regrets clipped at 0), linear averaging by "
+                       "default; false: vanilla CFR")
+    linear_averaging: bool | None = param(None, "weight iteration t's policy by t in the average (null: as `plus`)")
+    alternating: bool = param(True, "alternating updates (each player updates against the other's newest "
+                              "policy); false: simultaneous updates")
     eval_every: int = param(10, "compute the exploitability of the average policy every this many iterations")
 
     def __post_init__(self) -> None:
@@ -96,7 +122,7 @@ class CFRConfig(ExperimentConfig):
 
 def run_cfr(cfg: CFRConfig, run) -> dict[str, Any]:
     game = load_game(cfg.game)
-    solver = CFRSolver(game, plus=cfg.plus)
+    solver = CFRSolver(game, plus=cfg.plus, linear_averaging=cfg.linear_averaging, alternating=cfg.alternating)
     start, solver_time = 0, 0.0
     restored = run.restore()
     if restored:
@@ -105,7 +131,7 @@ def run_cfr(cfg: CFRConfig, run) -> dict[str, Any]:
         solver_time = float(state["solver_time"])
     rows = []
     e = float("nan")
-    name = "cfr+" if cfg.plus else "cfr"
+    name = _cfr_name(cfg)
     with run.progress(total=cfg.iterations, initial=start, desc=f"{name} {cfg.game}") as bar:
         for it in range(start + 1, cfg.iterations + 1):
             t0 = time.perf_counter()
@@ -123,6 +149,16 @@ def run_cfr(cfg: CFRConfig, run) -> dict[str, Any]:
             **_milestones(rows, "exploitability", (100, 1000, 10000))}
 
 
+def _cfr_name(cfg: "CFRConfig") -> str:
+    name = "cfr+" if cfg.plus else "cfr"
+    linear = cfg.plus if cfg.linear_averaging is None else cfg.linear_averaging
+    if linear != cfg.plus:
+        name += " linear-avg" if linear else " uniform-avg"
+    if not cfg.alternating:
+        name += " simultaneous"
+    return name
+
+
 # ----------------------------------------------------------------------------- PSRO
 
 
@@ -138,6 +174,7 @@ class PSROConfig(ExperimentConfig):
 
     def __post_init__(self) -> None:
         _check_common(self)
+        _check_two_player_zero_sum(self.game)
         if not self.meta_solvers:
             raise ValueError("meta_solvers: give at least one of " + ", ".join(sorted(META_SOLVERS)))
         for m in self.meta_solvers:
@@ -212,9 +249,9 @@ def _exploitability_plots(rows, report_dir: str, title: str, series: dict[str, t
         if not pts:
             continue
         steps, expl, wall = (np.array(v, dtype=float) for v in zip(*pts))
-        expl = np.maximum(expl, 1e-15)
-        axes[0].plot(np.maximum(steps, 1), expl, "-", lw=1.4, label=label)
-        axes[1].plot(np.maximum(wall, 1e-6), expl, "-", lw=1.4, label=label)
+        ok = expl > 0  # log axes start at the first positive value: no fake positions for 0
+        axes[0].plot(steps[ok & (steps > 0)], expl[ok & (steps > 0)], "-", lw=1.4, label=label)
+        axes[1].plot(wall[ok & (wall > 0)], expl[ok & (wall > 0)], "-", lw=1.4, label=label)
     axes[0].set_xlabel("iteration")
     axes[1].set_xlabel("solver wall time (s)")
     for ax in axes:
@@ -236,7 +273,7 @@ def plots_xfp(rows, cfg: XFPConfig, report_dir: str) -> list[str]:
 
 
 def plots_cfr(rows, cfg: CFRConfig, report_dir: str) -> list[str]:
-    name = "CFR+" if cfg.plus else "CFR"
+    name = _cfr_name(cfg).upper()
     return _exploitability_plots(rows, report_dir, f"{name} on {cfg.game}",
                                  {f"{name} average policy": ("exploitability", "solver_time")})
 

@@ -6,6 +6,14 @@ Fictitious play (Brown, 1951; Robinson, 1951) has both players best-respond, sim
 empirical average strategy; in two-player zero-sum games the averages converge to a Nash equilibrium.
 NashConv is the sum over players of what a best response gains over the profile; exploitability is
 NashConv / 2 (the convention of Lanctot et al., 2017).
+
+The report states which dynamic's *average* strategy approaches the equilibrium. On biased rock-paper-scissors
+(the quickstart) self-play's best responses still cycle rock -> paper -> scissors, spending equal time on each,
+so its average stays at (1/3, 1/3, 1/3), which is not the equilibrium (1/16, 10/16, 5/16): its exploitability
+stays near 8.3. Fictitious play's average converges to the equilibrium. (On plain rock-paper-scissors the even
+cycle's average *is* the equilibrium, which is why it is not the quickstart.) For zero-sum games the summary
+gives the equilibrium (a linear program, :func:`fedarena.marl.meta_solvers.zero_sum_nash`) and each average's
+L1 distance to it.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from fedarena.envs.matrix import MatrixGame, load_matrix_game, matrix_game_from_table
+from fedarena.marl.meta_solvers import zero_sum_nash
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 
 Algorithm = Literal["selfplay", "fictitious_play"]
@@ -153,11 +162,28 @@ def run(cfg: MatrixDynamicsConfig, run) -> dict[str, Any]:
                 run.save_checkpoint(it, {d.algorithm: d.state() for d in dyns})
             bar.update(1, **{f"{d.algorithm[:2]}_expl": row[f"{d.algorithm}/exploitability_average"] for d in dyns})
     summary: dict[str, Any] = {"game": game.name, "iterations": cfg.iterations}
+    nash = zero_sum_nash(game.payoffs) if game.is_zero_sum else None
+    if nash is not None:
+        summary["nash_p0"] = [round(float(x), 6) for x in nash[0]]
     for d in dyns:
         summary[f"{d.algorithm}/exploitability_current"] = row[f"{d.algorithm}/exploitability_current"]
         summary[f"{d.algorithm}/exploitability_average"] = row[f"{d.algorithm}/exploitability_average"]
         summary[f"{d.algorithm}/p0_average"] = [round(float(x), 6) for x in d.average_strategies()[0]]
+        if nash is not None:
+            summary[f"{d.algorithm}/p0_average_distance_to_nash"] = float(np.abs(d.average_strategies()[0] - nash[0]).sum())
+    summary["lesson"] = lesson(summary, [d.algorithm for d in dyns])
     return summary
+
+
+def lesson(summary: dict[str, Any], algorithms: Sequence[str]) -> str:
+    """One sentence, computed from the numbers, saying whose average strategy is least exploitable."""
+    expl = {a: float(summary[f"{a}/exploitability_average"]) for a in algorithms}
+    ranked = sorted(expl, key=expl.get)
+    parts = [f"{a} average exploitability {expl[a]:.3g}" for a in ranked]
+    text = f"after {summary['iterations']} iterations on {summary['game']}: " + ", ".join(parts)
+    if len(ranked) > 1 and expl[ranked[-1]] > 10 * max(expl[ranked[0]], 1e-12):
+        text += f"; {ranked[0]}'s average approaches the equilibrium, {ranked[-1]}'s does not"
+    return text
 
 
 def plots(rows, cfg: MatrixDynamicsConfig, report_dir: str) -> list[str]:
@@ -170,17 +196,24 @@ def plots(rows, cfg: MatrixDynamicsConfig, report_dir: str) -> list[str]:
     paths = []
     steps = np.array([r["step"] for r in rows])
     colors = {"selfplay": "tab:red", "fictitious_play": "tab:blue"}
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    final = {}
     for a in cfg.algorithms:
         for which, style, lw in (("current", "--", 2.6 if a == "selfplay" else 1.2), ("average", "-", 1.4)):
             y = np.array([r[f"{a}/exploitability_{which}"] for r in rows], dtype=float)
-            ax.plot(np.maximum(steps, 1), np.maximum(y, 1e-12), style, color=colors.get(a), lw=lw,
+            keep = (steps > 0) & (y > 0)  # log axes start at the first positive value; zeros are not drawn
+            ax.plot(steps[keep], y[keep], style, color=colors.get(a), lw=lw,
                     label=f"{a} ({which} strategy)", zorder=3 if which == "current" and a == "selfplay" else 2)
+            if which == "average":
+                final[a] = y[-1]
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("iteration")
     ax.set_ylabel("exploitability (NashConv / 2)")
-    ax.set_title(f"Exploitability on {game.name}")
+    ranked = sorted(final, key=final.get)
+    verdict = (f"\n{ranked[0]}'s average converges, {ranked[-1]}'s stays exploitable"
+               if len(ranked) > 1 and final[ranked[-1]] > 10 * max(final[ranked[0]], 1e-12) else "")
+    ax.set_title(f"Exploitability on {game.name}{verdict}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -200,6 +233,9 @@ def plots(rows, cfg: MatrixDynamicsConfig, report_dir: str) -> list[str]:
             for c, name in zip(corners, game.row_actions):
                 ax.annotate(name, c, textcoords="offset points", xytext=(0, -12 if c[1] == 0 else 5), ha="center")
             pa, pc = avg @ corners, cur @ corners
+            if game.is_zero_sum:
+                eq = zero_sum_nash(game.payoffs)[0] @ corners
+                ax.plot(*eq, "D", color="tab:green", ms=9, mfc="none", mew=2, label="Nash equilibrium", zorder=5)
             tail = pc[-13:]
             ax.plot(tail[:, 0], tail[:, 1], "-o", color="tab:red", ms=7, lw=2.0, alpha=0.35,
                     label="current strategy (last 12 iterations)")
@@ -209,7 +245,7 @@ def plots(rows, cfg: MatrixDynamicsConfig, report_dir: str) -> list[str]:
             ax.axis("off")
         else:
             for i in range(n):
-                ax.plot(np.maximum(steps, 1), avg[:, i], label=f"P({game.row_actions[i]})")
+                ax.plot(steps[steps > 0], avg[steps > 0, i], label=f"P({game.row_actions[i]})")
             ax.set_xscale("log")
             ax.set_xlabel("iteration")
             ax.set_ylabel("player 0 average strategy")

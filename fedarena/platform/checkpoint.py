@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from fedarena.platform.errors import UserError
+
 MAGIC = b"FDCK1\n"
 _NAME = re.compile(r"^ckpt-(\d{9})\.fdck$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be read: missing, truncated, corrupt, or of an unknown format."""
 
 

@@ -1,7 +1,13 @@
-"""The ``fedarena`` command: run, list, show and report experiments (``python -m fedarena`` too).
+"""The ``fedarena`` command: run, evaluate, list, show and report experiments (``python -m fedarena`` too).
 
-Errors in the user's input (config, overrides, run folders) print one line and exit with status 2;
-``--debug`` shows the traceback instead.
+Exit status: 0 on success; 2 for a *user error*, 1 for an *internal error*; 130 when interrupted. Either error
+prints one line on stderr (``fedarena: error: ...``) and, when a run folder exists, its ``status.json`` says
+``failed`` with the same message; ``--debug`` shows the traceback instead.
+The rule (:mod:`fedarena.platform.errors`): a user error is an exception deriving from
+``fedarena.platform.errors.UserError`` (``ConfigError``, ``RunError``, ``CheckpointError``,
+``MissingDependencyError``, ``EnvironmentFailure``) or whose class sets ``user_error = True`` (lower layers such
+as ``fedarena.envs`` mark their input errors that way): bad config values, unknown environment ids, missing
+optional packages, an environment that raises, unreadable run folders. Anything else is a bug in fedarena.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 from fedarena.platform.config import ConfigError
+from fedarena.platform.errors import EXIT_USER, exit_status, is_user_error, one_line
 
-EXIT_USAGE = 2
+EXIT_USAGE = EXIT_USER
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +41,22 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its newest valid checkpoint")
     r.add_argument("--quiet", action="store_true", help="no progress bar; only warnings and the final summary")
     r.add_argument("--no-report", action="store_true", help="skip rendering the report at the end")
+    r.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                   help="run one run per seed under a group folder, with a group report (as `seeds:` in the config)")
+    r.add_argument("--parallel", type=int, default=0, metavar="N",
+                   help="with --seeds: runs at a time (default 0 = one per CPU, at most one per seed)")
+
+    ev = sub.add_parser("evaluate", help="replay a run's exported policy for evaluation episodes",
+                        description="Load a run's exported policy (final or best) and play deterministic evaluation "
+                                    "episodes with the run's evaluation seeds; prints the mean return.")
+    ev.add_argument("run_dir", help="a run folder written by an RL kind")
+    ev.add_argument("--episodes", type=int, default=None, help="episodes to play (default: the run's eval.episodes)")
+    ev.add_argument("--policy", choices=("final", "best"), default="final", help="which exported policy to load")
+    ev.add_argument("--seed", type=int, default=None, help="seed of the first episode (default: the run's eval seed)")
+    ev.add_argument("--render", choices=("rgb_array",), default=None,
+                    help="also record episodes as frames (an animated GIF per episode under RUN_DIR/evaluation/)")
+    ev.add_argument("--render-episodes", type=int, default=1, metavar="N",
+                    help="with --render: how many of the episodes to record (default 1)")
 
     sub.add_parser("list", help="list experiment kinds and the configs under experiments/",
                    description="List the registered experiment kinds and the configs found under experiments/.")
@@ -87,7 +110,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     experiment, cfg = resolve(args.config, args.overrides)
     if args.docs:
-        print("\n".join(cfgmod.describe(experiment.config)))
+        print("\n".join(cfgmod.describe(experiment.config, cfg)))
     else:
         sys.stdout.write(cfgmod.dump_yaml(cfg))
     return 0
@@ -99,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.config is None and args.resume is None:
         raise ConfigError("run: give a CONFIG file, or --resume RUN_DIR")
     summary = execute(args.config, args.overrides, out=args.out, resume=args.resume, quiet=args.quiet,
-                      report=not args.no_report)
+                      report=not args.no_report, seeds=args.seeds, parallel=args.parallel)
     run_dir = summary.pop("run_dir")
     report = summary.pop("report", None)
     if summary.pop("already_completed", False):
@@ -113,6 +136,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from fedarena.platform.runs import RunError, resolve
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise RunError(f"evaluate {run_dir}: not a run folder (no config.yaml)")
+    experiment, cfg = resolve(run_dir / "config.yaml")
+    if experiment.evaluate is None:
+        raise RunError(f"evaluate {run_dir}: kind '{cfg.kind}' exports no policy to evaluate")
+    if args.episodes is not None and args.episodes < 1:
+        raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
+    result = experiment.evaluate(run_dir, cfg, {"episodes": args.episodes, "policy": args.policy,
+                                                "seed": args.seed, "render": args.render,
+                                                "render_episodes": args.render_episodes})
+    print("evaluation:")
+    for k, v in result.items():  # full precision: comparable digit for digit with the run's eval_return
+        print(f"  {k}: {v!r}" if isinstance(v, float) else f"  {k}: {v}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from fedarena.platform.report import render
 
@@ -122,24 +165,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from fedarena.platform.runs import RunError
-
+    commands = {"list": lambda: cmd_list(), "show": lambda: cmd_show(args), "run": lambda: cmd_run(args),
+                "evaluate": lambda: cmd_evaluate(args), "report": lambda: cmd_report(args)}
     try:
-        if args.command == "list":
-            return cmd_list()
-        if args.command == "show":
-            return cmd_show(args)
-        if args.command == "run":
-            return cmd_run(args)
-        return cmd_report(args)
-    except (ConfigError, RunError) as e:
-        if args.debug:
-            raise
-        print(f"fedarena: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return commands[args.command]()
     except KeyboardInterrupt:
         print("fedarena: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # the error rule of the module docstring
+        if args.debug:
+            raise
+        if is_user_error(e):
+            print(f"fedarena: error: {one_line(e)}", file=sys.stderr)
+        else:
+            print(f"fedarena: internal error: {one_line(e)} (a bug in fedarena; --debug shows the traceback)",
+                  file=sys.stderr)
+        return exit_status(e)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,9 +15,9 @@ from typing import Any, Literal, Mapping, Union
 
 import yaml
 
+from fedarena.platform.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the field and the reason."""
+__all__ = ["ConfigError", "load_yaml", "parse_override", "apply_overrides", "build", "to_dict", "dump_yaml", "describe"]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -228,8 +228,12 @@ def dump_yaml(config: Any) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
 
 
-def describe(schema: type, indent: str = "") -> list[str]:
-    """One line per field: name, type, default and the field's doc (for ``fedarena show --describe``)."""
+def describe(schema: type, values: Any = None, indent: str = "") -> list[str]:
+    """One line per field for ``fedarena show --docs``: name, the config's value, type, default and the doc.
+
+    With ``values`` (a built config of ``schema``) each line shows the value in use and, where it differs,
+    the default beside it (``default: ...``); without, the defaults.
+    """
     lines = []
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
@@ -237,10 +241,16 @@ def describe(schema: type, indent: str = "") -> list[str]:
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
             lines.append(f"{indent}{f.name}:  # {doc}")
-            lines.extend(describe(tp, indent + "  "))
-        else:
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"
-            )
-            lines.append(f"{indent}{f.name}: {default!r}  # {_type_name(tp)}; {doc}")
+            lines.extend(describe(tp, None if values is None else getattr(values, f.name), indent + "  "))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"
+        )
+        shown = to_dict(default)
+        if values is None:
+            lines.append(f"{indent}{f.name}: {shown!r}  # {_type_name(tp)}; {doc}")
+            continue
+        value = to_dict(getattr(values, f.name))
+        note = "default" if value == shown else f"default: {shown!r}"
+        lines.append(f"{indent}{f.name}: {value!r}  # {note}; {_type_name(tp)}; {doc}")
     return lines

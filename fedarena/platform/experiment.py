@@ -3,6 +3,13 @@
 An experiment kind is a config schema (a frozen dataclass deriving from :class:`ExperimentConfig`)
 plus a ``run(config, run)`` function that does the work and writes metrics and checkpoints through
 the :class:`fedarena.platform.runs.Run` it is given, plus optional plots for the report.
+
+What the platform does for every kind: the run folder, ``status.json`` (running / completed / failed with the
+one-line error of :mod:`fedarena.platform.errors`), a checkpoint of the last step (a kind offers its state each
+step with ``run.checkpoint(step, lambda: state)``; the platform writes the last offer when ``run`` returns),
+multi-seed groups (``--seeds`` / ``seeds:``, :mod:`fedarena.platform.groups`), and the Python API
+(``fedarena.run`` / ``fedarena.load_run``). Raise ``ConfigError`` from ``__post_init__`` (or ``ValueError``, which
+the loader turns into one) for bad values, so they are reported when the config is loaded.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ class ExperimentConfig:
     kind: str = param("", "experiment kind, as listed by `fedarena list`")
     name: str = param("", "optional run name, used in the run folder name")
     seed: int = param(0, "seed for every random number generator of the run")
+    seeds: list[int] = param(doc="run a group, one run per seed (as --seeds); empty: one run with `seed`",
+                             factory=list)
     checkpoint: CheckpointConfig = param(doc="checkpoint policy", factory=CheckpointConfig)
     cluster: ClusterConfig = param(doc="Ray cluster access (kinds that use Ray)", factory=ClusterConfig)
 
@@ -60,3 +69,11 @@ class Experiment:
     plots: PlotFn | None = None
     summary_keys: tuple[str, ...] = ()
     """Metric names whose latest values the report shows in a table beside the final summary."""
+    x_axis: str = "step"
+    """The metric used as the x axis of group (multi-seed) plots, e.g. ``env_steps``; ``wall_time`` is the other."""
+    group_metrics: tuple[str, ...] = ()
+    """Metrics a group report plots as mean and min-max band over seeds (default: ``summary_keys``, else every
+    scalar metric all seeds logged)."""
+    evaluate: Callable[[Any, Any, Mapping[str, Any]], Mapping[str, Any]] | None = None
+    """``evaluate(run_dir, config, options) -> results`` for ``fedarena evaluate`` (kinds that export a policy);
+    options: ``episodes``, ``policy`` (final / best), ``seed``, ``render``."""

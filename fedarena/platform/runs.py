@@ -7,7 +7,7 @@ Layout of ``runs/<kind>-<UTC timestamp>-<short id>/``::
     tensorboard/       TensorBoard event files (scalars)
     checkpoints/       ckpt-<step>.fdck, atomic and checksummed, the newest ``checkpoint.keep`` kept
     run.log            the run's log
-    status.json        running / completed, and the final summary
+    status.json        running / completed / failed / interrupted; the final summary, or the one-line error
     report/            index.html with PNG plots, the config and the final numbers
 
 Resuming (``execute(resume=RUN_DIR)``) continues from the newest valid checkpoint; metric rows written
@@ -25,21 +25,18 @@ import secrets
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fedarena.platform import checkpoint as ckpt
 from fedarena.platform import config as cfgmod
 from fedarena.platform.config import ConfigError
+from fedarena.platform.errors import RunError, is_user_error, one_line
 from fedarena.platform.experiment import Experiment, ExperimentConfig
 from fedarena.platform.progress import Progress
 from fedarena.platform.registry import UnknownKindError, get_kind
 from fedarena.platform.tensorboard import EventWriter
 
 LOGGER_NAME = "fedarena"
-
-
-class RunError(RuntimeError):
-    """A run that cannot start or resume (the message says why)."""
 
 
 # ----------------------------------------------------------------------------- config resolution
@@ -82,7 +79,9 @@ class Run:
         self._metrics_file = None
         self._last_flush = time.monotonic()
         self._restored = False
+        self._pending: tuple[int, Callable[[], Any]] | None = None
         self.last_step: int | None = None
+        self.last_checkpoint_step: int | None = None
 
     # -- metrics
     @property
@@ -130,8 +129,38 @@ class Run:
             self._tb.flush()
         full = {"experiment": state, "platform": {"elapsed": self.elapsed}}
         path = ckpt.save(self.checkpoint_dir, int(step), full, keep=self.config.checkpoint.keep)
+        self.last_checkpoint_step = int(step)
+        if self._pending is not None and self._pending[0] <= int(step):
+            self._pending = None
         self.logger.debug("checkpoint %s", path.name)
         return path
+
+    def checkpoint(self, step: int, state: Callable[[], Any]) -> Path | None:
+        """Offer the state of ``step`` (a function returning it, called only when it is written).
+
+        The state is written now when ``checkpoint.every`` says so; otherwise it is kept as the run's
+        pending final checkpoint, which :meth:`final_checkpoint` writes (the platform calls it when the
+        kind's ``run`` returns, so every run ends with a checkpoint of its last step). Kinds call this once
+        per step, after the step's metrics are logged.
+        """
+        if self.should_checkpoint(step):
+            return self.save_checkpoint(step, state())
+        self._pending = (int(step), state)
+        return None
+
+    def final_checkpoint(self) -> Path | None:
+        """Write the pending state offered by :meth:`checkpoint` unless that step is already saved.
+
+        A kind whose state lives in remote workers calls it before shutting them down; calling it again is a
+        no-op.
+        """
+        if self._pending is None:
+            return None
+        step, state = self._pending
+        self._pending = None
+        if self.last_checkpoint_step is not None and step <= self.last_checkpoint_step:
+            return None
+        return self.save_checkpoint(step, state())
 
     def restore(self) -> tuple[int, Any] | None:
         """The (step, state) of the newest valid checkpoint, or None on a fresh run.
@@ -151,6 +180,7 @@ class Run:
         self._truncate_metrics(step)
         self._tb_purge = step
         self.last_step = step
+        self.last_checkpoint_step = step
         self.logger.info("resumed from checkpoint at step %d", step)
         return step, full["experiment"]
 
@@ -251,10 +281,20 @@ def _attach_log_file(run: Run, quiet: bool) -> list[logging.Handler]:
 
 def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Sequence[str] = (), *,
             out: str | Path | None = None, resume: str | Path | None = None, quiet: bool = False,
-            report: bool = True) -> dict[str, Any]:
-    """Run an experiment (or resume one) and return its summary, which includes ``run_dir`` and ``report``."""
+            report: bool = True, seeds: Sequence[int] | None = None, parallel: int = 0) -> dict[str, Any]:
+    """Run an experiment (or resume one) and return its summary, which includes ``run_dir`` and ``report``.
+
+    ``seeds`` (or a non-empty ``seeds:`` list in the config) runs a group: one run folder per seed under a
+    group folder, ``parallel`` of them at a time (0: as many as there are CPUs), and a group report
+    (:mod:`fedarena.platform.groups`). A failing run leaves ``status.json`` = failed with the one-line message.
+    """
     if resume is not None:
         run_dir = Path(resume)
+        if (run_dir / "group.json").exists():
+            from fedarena.platform.groups import execute_group
+
+            return execute_group(None, overrides, out=run_dir, resume=True, quiet=quiet, report=report,
+                                 parallel=parallel)
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise RunError(f"--resume {run_dir}: not a run folder (no config.yaml)")
@@ -274,7 +314,16 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
     else:
         if config is None:
             raise RunError("a config file is required (or --resume RUN_DIR)")
-        experiment, cfg = resolve(config, overrides)
+        try:
+            experiment, cfg = resolve(config, overrides)
+        except Exception as exc:  # a config rejected at load: with --out, that folder still says why
+            _status_of_rejected_config(out, exc)
+            raise
+        if seeds is not None or cfg.seeds:
+            from fedarena.platform.groups import execute_group
+
+            return execute_group(config, overrides, out=out, seeds=seeds, quiet=quiet, report=report,
+                                 parallel=parallel)
         run_dir = Path(out) if out is not None else new_run_dir(cfg.kind, name=cfg.name)
         if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
             raise RunError(f"--out {run_dir}: already holds a run; use --resume {run_dir} to continue it")
@@ -283,26 +332,54 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
     (run_dir / "config.yaml").write_text(cfgmod.dump_yaml(cfg), encoding="utf-8")
     run = Run(run_dir, cfg, quiet=quiet, resuming=resuming)
     handlers = _attach_log_file(run, quiet)
-    _write_status(run_dir, {"state": "running", "kind": cfg.kind})
+    _write_status(run_dir, {"state": "running", "kind": cfg.kind, "seed": cfg.seed})
     try:
         run.logger.info("%s run in %s", "resuming" if resuming else "starting", run_dir)
         summary = dict(experiment.run(cfg, run) or {})
         if resuming and not run._restored:
             raise RunError(f"experiment kind '{cfg.kind}' does not support resuming (it never called run.restore())")
+        run.final_checkpoint()
+        if run.last_step is not None and run.last_checkpoint_step != run.last_step:
+            run.logger.info("kind '%s' logged step %s but checkpointed step %s last (it should offer every step "
+                               "through run.checkpoint)", cfg.kind, run.last_step, run.last_checkpoint_step)
         run.close()
         summary = {k: _jsonable(v, k) for k, v in summary.items()}
-        _write_status(run_dir, {"state": "completed", "kind": cfg.kind, "summary": summary})
+        _write_status(run_dir, {"state": "completed", "kind": cfg.kind, "seed": cfg.seed, "summary": summary,
+                                "last_step": run.last_step, "last_checkpoint_step": run.last_checkpoint_step,
+                                "wall_time": round(run.elapsed, 3)})
         if report:
             from fedarena.platform.report import render
 
             summary["report"] = str(render(run_dir, experiment=experiment, config=cfg))
         summary["run_dir"] = str(run_dir)
         return summary
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        message = "interrupted" if interrupted else one_line(exc)
+        if not interrupted:
+            run.logger.debug("run failed: %s", message, exc_info=exc)  # the traceback goes to run.log only
+        _write_status(run_dir, {"state": "interrupted" if interrupted else "failed", "kind": cfg.kind,
+                                "seed": cfg.seed, "error": message,
+                                "error_type": type(exc).__name__, "user_error": is_user_error(exc),
+                                "last_step": run.last_step, "last_checkpoint_step": run.last_checkpoint_step})
+        raise
     finally:
         run.close()
         for h in handlers:
             run.logger.removeHandler(h)
             h.close()
+
+
+def _status_of_rejected_config(out: str | Path | None, exc: BaseException) -> None:
+    """Write ``status.json`` = failed into an explicitly given, still empty ``--out`` folder."""
+    if out is None:
+        return
+    run_dir = Path(out)
+    if (run_dir / "status.json").exists() or (run_dir / "metrics.jsonl").exists():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_status(run_dir, {"state": "failed", "error": one_line(exc), "error_type": type(exc).__name__,
+                            "user_error": is_user_error(exc), "stage": "config"})
 
 
 def _differences(a: Any, b: Any, path: str = "") -> list[str]:

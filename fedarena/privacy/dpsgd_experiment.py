@@ -102,8 +102,7 @@ def run(cfg: DPSGDDigitsConfig, run) -> dict:
                 acc = accuracy(params)
                 row["test_accuracy"] = acc
             run.log(step, **row)
-            if run.should_checkpoint(step):
-                run.save_checkpoint(step, {"params": params, "opt": state, "epsilons": monitor.history})
+            run.checkpoint(step, lambda: {"params": params, "opt": state, "epsilons": monitor.history})
             bar.update(1, eps=eps, acc=acc)
     acc = accuracy(params)
     run.log(monitor.steps, test_accuracy=acc, epsilon=monitor.epsilon, final=1)

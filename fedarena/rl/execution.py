@@ -39,6 +39,23 @@ class ActorSpec:
     config: dict = field(default_factory=dict)
     """the algorithm config's fields (JSON-able)"""
     env_backend: str = "auto"
+    env_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the environment's constructor"""
+    wrappers: dict = field(default_factory=dict)
+    """fields of :class:`fedarena.envs.gym_envs.EnvWrappers`"""
+
+    def vector_env(self, num_envs: int, seed: int | None = None) -> Any:
+        return build_vector_env(self.env_id, num_envs, seed, self.env_backend, self.env_kwargs, self.wrappers)
+
+
+def build_vector_env(env_id: str, num_envs: int, seed: int | None, backend: str, env_kwargs: dict | None,
+                     wrappers: dict | None) -> Any:
+    """``make_vector_env`` with the env options of an RL config (``wrappers`` as a plain dict)."""
+    from fedarena.envs.gym_envs import EnvWrappers
+    from fedarena.envs.vector import make_vector_env
+
+    return make_vector_env(env_id, num_envs, seed=seed, backend=backend, env_kwargs=env_kwargs,
+                           wrappers=EnvWrappers(**(wrappers or {})))
 
 
 def build_agent(algorithm: str, observation_space: Any, action_space: Any, config: dict, seed: int,
@@ -52,7 +69,11 @@ def build_agent(algorithm: str, observation_space: Any, action_space: Any, confi
         from fedarena.rl.impala import IMPALA, IMPALAConfig
 
         return IMPALA(observation_space, action_space, IMPALAConfig(**_tuples(config)), seed=seed)
-    raise ValueError(f"algorithm: expected 'ppo' or 'impala', got '{algorithm}'")
+    if algorithm == "dqn":
+        from fedarena.rl.dqn import DQN, DQNConfig
+
+        return DQN(observation_space, action_space, DQNConfig(**_tuples(config)), seed=seed)
+    raise ValueError(f"algorithm: expected 'ppo', 'impala' or 'dqn', got '{algorithm}'")
 
 
 def _tuples(config: dict) -> dict:
@@ -77,11 +98,9 @@ class ActorWorker:
     """One actor built from an :class:`ActorSpec` (used in-process, in a worker process and as a Ray actor)."""
 
     def __init__(self, spec: ActorSpec, index: int, policy_client: Any = None) -> None:
-        from fedarena.envs.vector import make_vector_env
-
         _limit_blas_threads()
         self.spec, self.index = spec, index
-        env = make_vector_env(spec.env_id, spec.num_envs, seed=spec.seed + 1000 * index, backend=spec.env_backend)
+        env = spec.vector_env(spec.num_envs, seed=spec.seed + 1000 * index)
         self.agent = build_agent(spec.algorithm, env.observation_space, env.action_space, spec.config, spec.seed)
         gamma = float(spec.config.get("gamma", 0.99))
         if policy_client is None:
@@ -112,11 +131,9 @@ class LearnerHost:
     """
 
     def __init__(self, algorithm: str, env_id: str, env_backend: str, config: dict, seed: int,
-                 total_steps: int | None = None) -> None:
-        from fedarena.envs.vector import make_vector_env
-
+                 total_steps: int | None = None, env_kwargs: dict | None = None, wrappers: dict | None = None) -> None:
         _limit_blas_threads()
-        env = make_vector_env(env_id, 1, backend=env_backend)
+        env = build_vector_env(env_id, 1, None, env_backend, env_kwargs, wrappers)
         self.agent = build_agent(algorithm, env.observation_space, env.action_space, config, seed, total_steps)
         if hasattr(env, "close"):
             env.close()
@@ -135,14 +152,19 @@ class LearnerHost:
 
     def state(self) -> dict[str, Any]:
         learner = self.agent.learner
-        return {"params": learner.params, "opt_state": learner.opt_state, "version": learner.version,
-                "rng": self.agent.rng.bit_generator.state, "dropped_stale": self.dropped_stale()}
+        state = {"params": learner.params, "opt_state": learner.opt_state, "version": learner.version,
+                 "rng": self.agent.rng.bit_generator.state, "dropped_stale": self.dropped_stale()}
+        if hasattr(self.agent, "normalization_state"):
+            state["normalization"] = self.agent.normalization_state()
+        return state
 
     def load(self, state: dict[str, Any]) -> None:
         self.agent.learner.set_state(state["params"], state["opt_state"], int(state["version"]))
         self.agent.rng.bit_generator.state = {k: (dict(v) if isinstance(v, dict) else v) for k, v in state["rng"].items()}
         if hasattr(self.agent, "dropped_stale"):
             self.agent.dropped_stale = int(state.get("dropped_stale", 0))
+        if "normalization" in state and hasattr(self.agent, "load_normalization_state"):
+            self.agent.load_normalization_state(state["normalization"])
 
 
 class RemoteLearner:
@@ -190,8 +212,25 @@ class LocalActorPool:
 # ------------------------------------------------------------------------------------------ processes
 
 
+class ActorFailure(RuntimeError):
+    """An actor in a worker process raised; ``user_error`` is copied from the original exception's class."""
+
+    def __init__(self, message: str, user_error: bool) -> None:
+        super().__init__(message)
+        self.user_error = user_error
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    return {"__error__": " ".join(str(exc).split()) or type(exc).__name__, "type": type(exc).__name__,
+            "user_error": bool(getattr(type(exc), "user_error", False))}
+
+
 def _process_main(conn: Any, spec_dict: dict, index: int) -> None:
-    worker = ActorWorker(ActorSpec(**spec_dict), index)
+    try:
+        worker = ActorWorker(ActorSpec(**spec_dict), index)
+    except Exception as exc:  # report instead of dying (a dead worker would be restarted forever)
+        conn.send_bytes(wire.encode(_failure(exc)))
+        return
     while True:
         try:
             msg = wire.decode(conn.recv_bytes())
@@ -200,7 +239,18 @@ def _process_main(conn: Any, spec_dict: dict, index: int) -> None:
         if msg.get("cmd") == "stop":
             return
         weights = Weights(int(msg["version"]), msg["params"])
-        conn.send_bytes(wire.encode(worker.rollout(weights)))
+        try:
+            out = worker.rollout(weights)
+        except Exception as exc:
+            conn.send_bytes(wire.encode(_failure(exc)))
+            return
+        conn.send_bytes(wire.encode(out))
+
+
+class ActorUserError(ActorFailure):
+    """An actor failure caused by a user error (e.g. the environment raised): exit status 2 in the CLI."""
+
+    user_error = True
 
 
 class ProcessActorPool:
@@ -254,7 +304,13 @@ class ProcessActorPool:
                     self._restart(i)
                     continue
                 del self._requests[i]
-                return i, wire.decode(data)
+                out = wire.decode(data)
+                if "__error__" in out:
+                    err = ActorFailure(f"actor {i}: {out['__error__']}", bool(out.get("user_error")))
+                    if err.user_error:
+                        raise ActorUserError(str(err), True)
+                    raise err
+                return i, out
             for i in list(self._requests):  # a worker killed without closing its pipe
                 if not self.procs[i].is_alive():
                     self._restart(i)
@@ -296,10 +352,8 @@ class _InferenceHost:
     """Body of the Ray actor hosting an InferenceServer (threaded: many actors wait in it at once)."""
 
     def __init__(self, spec: ActorSpec, weights: Weights, max_batch: int, deadline_s: float) -> None:
-        from fedarena.envs.vector import make_vector_env
-
         _limit_blas_threads()
-        env = make_vector_env(spec.env_id, 1, backend=spec.env_backend)
+        env = spec.vector_env(1)
         agent = build_agent(spec.algorithm, env.observation_space, env.action_space, spec.config, spec.seed)
         self.server = InferenceServer(agent.forward, agent.dist, weights, max_batch, deadline_s, seed=spec.seed)
 

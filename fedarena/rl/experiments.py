@@ -1,10 +1,17 @@
 """Experiment kinds ``ppo``, ``dqn`` and ``impala``: train on a gymnasium env id, log return curves and
-throughput, checkpoint and resume (weights, optimizer state, counters, RNG, replay buffer if asked).
+throughput, evaluate, export policies, checkpoint and resume (weights, optimizer state, counters, RNG,
+normalization statistics, replay buffer if asked).
 
 Metrics rows are written per iteration (a PPO rollout, an IMPALA trajectory, a DQN chunk of steps);
-``episode_return`` is the mean undiscounted return over the last ``window`` finished episodes. A run
-stops early once that mean reaches ``target_return`` (the CartPole-v1 convention is 475 over 100
-episodes in gymnasium's registry; issue 9 uses the last 20). Environments restart fresh on resume.
+``episode_return`` is the mean undiscounted return over the last ``window`` finished training episodes
+(exploring: sampled actions, DQN's epsilon-greedy). Every ``eval.every`` environment steps and at the last
+iteration the row also carries ``eval_return``: the mean over ``eval.episodes`` deterministic episodes on
+separate environments (:mod:`fedarena.rl.evaluation`). With evaluation on (``eval.every > 0``) a run stops early
+once ``eval_return`` reaches ``target_return``; with ``eval.every = 0`` the training mean decides (the
+CartPole-v1 convention is 475 over 100 episodes in gymnasium's registry; issue 9 uses the last 20).
+``policies/best`` holds the parameters of the best evaluation so far and ``policies/final`` those of the last
+iteration (evaluated there), each with a manifest; ``fedarena evaluate RUN_DIR`` replays them.
+Environments restart fresh on resume.
 """
 
 from __future__ import annotations
@@ -15,21 +22,42 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from fedarena.envs.gym_envs import EnvWrappers
+from fedarena.envs.vector import check_vector_env
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.rl.dqn import DQN, DQNConfig, run_dqn_steps
-from fedarena.rl.execution import EXECUTION_MODES, ActorSpec, config_dict, make_actor_pool
+from fedarena.rl.evaluation import EnvOptions, EvalConfig, Evaluator, env_wrappers, eval_seed, evaluate_run, export_policy
+from fedarena.rl.execution import EXECUTION_MODES, ActorSpec, build_vector_env, config_dict, make_actor_pool
 from fedarena.rl.impala import IMPALAConfig
 from fedarena.rl.ppo import PPOConfig
 from fedarena.rl.workers import EpisodeStats
 
 
 @dataclass(frozen=True)
+class WrappersConfig:
+    """Per-environment wrappers (fedarena.envs.gym_envs); observation / reward normalization is learner-side:
+    ``ppo.normalize_obs``, ``ppo.normalize_reward``."""
+
+    frame_stack: int = param(1, "stack the last k observations on a new leading axis (1 = off)")
+    action_repeat: int = param(1, "apply each action k times, summing rewards (1 = off)")
+    time_limit: int | None = param(None, "truncate episodes after this many agent steps (null: the env's own limit)")
+
+    def __post_init__(self) -> None:
+        EnvWrappers(self.frame_stack, self.action_repeat, self.time_limit)
+
+
+@dataclass(frozen=True)
 class RLConfig(ExperimentConfig):
-    env_id: str = param("CartPole-v1", "gymnasium environment id (batched numpy version used when one exists)")
+    env_id: str = param("CartPole-v1", "gymnasium id, 'module:EnvId' (module registers it) or "
+                        "'package.module:make_env' (a function returning a gymnasium.Env)")
+    env_kwargs: dict[str, Any] = param(doc="keyword arguments for the environment's constructor", factory=dict)
     env_backend: str = param("auto", "auto | batched | sync | async: how the vectorized environment is built")
+    wrappers: WrappersConfig = param(doc="per-environment wrappers", factory=WrappersConfig)
+    eval: EvalConfig = param(doc="deterministic evaluation episodes", factory=EvalConfig)
     total_steps: int = param(200_000, "environment-step budget (summed over all environments)")
-    target_return: float | None = param(475.0, "stop once the mean return of the last `window` episodes reaches this; null = never")
-    window: int = param(20, "episodes in the moving mean of the return")
+    target_return: float | None = param(475.0, "stop once eval_return (or, with eval.every = 0, the mean return of the "
+                                        "last `window` training episodes) reaches this; null = never")
+    window: int = param(20, "episodes in the moving mean of the training return")
     execution: str = param("local", "where actors run: local | multiprocess | ray")
     num_actors: int = param(1, "number of actors (each with its own vectorized environment)")
 
@@ -40,6 +68,7 @@ class RLConfig(ExperimentConfig):
             raise ValueError("total_steps, window, num_actors: must be >= 1")
         if self.env_backend not in ("auto", "batched", "sync", "async"):
             raise ValueError(f"env_backend: expected auto, batched, sync or async, got '{self.env_backend}'")
+        check_vector_env(self.env_id, self.env_backend)  # unknown ids and missing packages fail at load time
 
 
 @dataclass(frozen=True)
@@ -58,7 +87,8 @@ class IMPALAExperimentConfig(RLConfig):
 @dataclass(frozen=True)
 class DQNExperimentConfig(RLConfig):
     dqn: DQNConfig = param(doc="DQN hyper-parameters (fedarena.rl.dqn.DQNConfig)", factory=DQNConfig)
-    target_return: float | None = param(450.0, "stop once the mean return of the last `window` episodes reaches this; null = never")
+    target_return: float | None = param(450.0, "stop once eval_return (or, with eval.every = 0, the mean return of the "
+                                        "last `window` training episodes) reaches this; null = never")
     steps_per_iteration: int = param(1000, "environment steps between metric rows / checkpoint opportunities")
     checkpoint_replay: bool = param(True, "store the replay buffer in checkpoints (exact resume; larger files)")
 
@@ -102,12 +132,85 @@ class _Tracker:
         self.reached_at = tuple(state["reached_at"]) if state.get("reached_at") else None  # type: ignore[assignment]
 
 
-def _summary(tracker: _Tracker, env_steps: int, wall: float, steady_sps: float) -> dict[str, Any]:
+class _Evaluation:
+    """Evaluation schedule, best / last results, early stopping on them, and the policy exports of one run."""
+
+    def __init__(self, cfg: Any, run: Any, algorithm: str, algo_config: dict) -> None:
+        self.cfg, self.run, self.algorithm, self.algo_config = cfg, run, algorithm, algo_config
+        self.options = EnvOptions.of(cfg)
+        self.seed = eval_seed(cfg)
+        self.evaluator = Evaluator(algorithm, self.options, algo_config, cfg.eval.episodes, self.seed)
+        self.next_at = cfg.eval.every
+        self.best: dict[str, Any] | None = None
+        self.last: dict[str, Any] | None = None
+        self.reached_at: tuple[int, float] | None = None
+
+    @property
+    def stops_training(self) -> bool:
+        """Early stopping uses evaluation returns when evaluation runs during training."""
+        return self.cfg.eval.every > 0
+
+    def due(self, env_steps: int, last_iteration: bool) -> bool:
+        return last_iteration or (self.cfg.eval.every > 0 and env_steps >= self.next_at)
+
+    def __call__(self, params: Any, step: int, env_steps: int) -> dict[str, Any]:
+        """Evaluate ``params``; export them as the best policy when they beat every earlier evaluation."""
+        every = self.cfg.eval.every
+        while every > 0 and self.next_at <= env_steps:
+            self.next_at += every
+        result = self.evaluator(params)
+        record = {"step": int(step), "env_steps": int(env_steps), **result}
+        self.last = record
+        if self.best is None or result["eval_return"] > self.best["eval_return"]:
+            self.best = record
+            self._export("best", params, record)
+        target = self.cfg.target_return
+        if self.reached_at is None and target is not None and result["eval_return"] >= target:
+            self.reached_at = (int(env_steps), float(self.run.elapsed))
+        return {k: v for k, v in result.items() if k != "eval_returns"}
+
+    @property
+    def done(self) -> bool:
+        return self.stops_training and self.reached_at is not None
+
+    def _export(self, which: str, params: Any, record: Mapping[str, Any]) -> None:
+        env = self.evaluator.env
+        export_policy(self.run.dir / "policies" / which, params, algorithm=self.algorithm, config=self.algo_config,
+                      env=self.options, observation_space=env.observation_space, action_space=env.action_space,
+                      step=record["step"], env_steps=record["env_steps"], evaluation=record, seed=self.seed)
+
+    def export_final(self, params: Any) -> None:
+        if self.last is not None:
+            self._export("final", params, self.last)
+
+    def state(self) -> dict[str, Any]:
+        return {"next_at": self.next_at, "best": self.best, "last": self.last,
+                "reached_at": list(self.reached_at) if self.reached_at else None}
+
+    def load(self, state: Mapping[str, Any] | None) -> None:
+        if not state:
+            return
+        self.next_at = int(state["next_at"])
+        self.best, self.last = state.get("best"), state.get("last")
+        self.reached_at = tuple(state["reached_at"]) if state.get("reached_at") else None  # type: ignore[assignment]
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+def _summary(tracker: _Tracker, evaluation: _Evaluation, env_steps: int, wall: float,
+             steady_sps: float) -> dict[str, Any]:
+    reached = evaluation.reached_at if evaluation.stops_training else tracker.reached_at
+    best, last = evaluation.best or {}, evaluation.last or {}
     return {
-        "reached_target": tracker.reached_at is not None,
-        "steps_to_target": tracker.reached_at[0] if tracker.reached_at else -1,
-        "time_to_target_s": tracker.reached_at[1] if tracker.reached_at else -1.0,
+        "reached_target": reached is not None,
+        "steps_to_target": reached[0] if reached else -1,
+        "time_to_target_s": reached[1] if reached else -1.0,
+        "target_measured_on": "eval_return" if evaluation.stops_training else "episode_return",
         "final_return": tracker.mean,
+        "final_eval_return": last.get("eval_return", float("nan")),
+        "best_eval_return": best.get("eval_return", float("nan")),
+        "best_eval_env_steps": best.get("env_steps", -1),
         "env_steps": env_steps,
         "episodes": tracker.episodes,
         "env_steps_per_second": steady_sps,
@@ -130,7 +233,7 @@ def _concat_envs(trajs: list[dict[str, Any]]) -> dict[str, Any]:
     if len(trajs) == 1:
         return trajs[0]
     out: dict[str, Any] = {}
-    for k in ("obs", "action", "log_prob", "value", "reward", "discount"):
+    for k in ("obs", "action", "log_prob", "value", "reward", "env_reward", "discount"):
         out[k] = np.concatenate([t[k] for t in trajs], axis=1)
     for k in ("bootstrap_value", "last_obs"):
         out[k] = np.concatenate([t[k] for t in trajs], axis=0)
@@ -146,15 +249,18 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
     _limit_blas_threads()
     algo_cfg = cfg.ppo if algorithm == "ppo" else cfg.impala
     rollout_length = algo_cfg.num_steps if algorithm == "ppo" else algo_cfg.unroll_length
+    wrappers = env_wrappers(cfg)
     learner_args = (algorithm, cfg.env_id, cfg.env_backend, config_dict(algo_cfg), cfg.seed, cfg.total_steps)
+    learner_kwargs = {"env_kwargs": dict(cfg.env_kwargs), "wrappers": wrappers}
     if cfg.execution == "ray":
         from fedarena.platform.cluster import init_ray
 
         init_ray(cfg.cluster)
-        learner: Any = RemoteLearner(*learner_args)  # actors, learner (and inference server) are Ray actors
+        learner: Any = RemoteLearner(*learner_args, **learner_kwargs)  # actors, learner (and server) are Ray actors
     else:
-        learner = LearnerHost(*learner_args)
+        learner = LearnerHost(*learner_args, **learner_kwargs)
     tracker = _Tracker(cfg.window, cfg.target_return)
+    evaluation = _Evaluation(cfg, run, algorithm, config_dict(algo_cfg))
     iteration, env_steps = 0, 0
     restored = run.restore()
     if restored:
@@ -162,8 +268,9 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
         learner.load(state["learner"])
         env_steps = int(state["env_steps"])
         tracker.load(state["tracker"])
+        evaluation.load(state.get("evaluation"))
     spec = ActorSpec(algorithm, cfg.env_id, algo_cfg.num_envs, rollout_length,
-                     cfg.seed + 7 * iteration, config_dict(algo_cfg), cfg.env_backend)
+                     cfg.seed + 7 * iteration, config_dict(algo_cfg), cfg.env_backend, dict(cfg.env_kwargs), wrappers)
     ray_options: dict[str, Any] = {}
     if cfg.execution == "ray" and algorithm == "impala" and cfg.inference_server:
         ray_options = {"inference_server": True, "initial": learner.weights(),
@@ -172,12 +279,13 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
     t_start = run.elapsed
     steady: list[tuple[int, float]] = []
     summary_metrics: dict[str, float] = {}
+    weights = learner.weights()
     try:
-        weights = learner.weights()
         for i in range(cfg.num_actors):
             pool.submit(i, weights)
         with run.progress(total=cfg.total_steps, initial=env_steps, desc=algorithm) as bar:
-            while env_steps < cfg.total_steps and not tracker.done:
+            while env_steps < cfg.total_steps and not evaluation.done and not (
+                    not evaluation.stops_training and tracker.done):
                 if algorithm == "ppo":
                     trajs = [pool.next()[1] for _ in range(cfg.num_actors)]
                     traj = _concat_envs(sorted(trajs, key=lambda t: int(t.get("actor", 0))))
@@ -195,21 +303,27 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
                 wall = run.elapsed
                 tracker.add(traj["episode_returns"], env_steps, wall)
                 steady.append((env_steps, wall))
-                sps = _window_rate(steady)
-                run.log(iteration, env_steps=env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
-                        env_steps_per_second=sps, policy_version=weights.version,
-                        actor_restarts=getattr(pool, "restarts", 0), **metrics)
+                last = env_steps >= cfg.total_steps or (not evaluation.stops_training and tracker.done)
+                row = dict(env_steps=env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
+                           env_steps_per_second=_window_rate(steady), policy_version=weights.version,
+                           actor_restarts=getattr(pool, "restarts", 0), **metrics)
+                if evaluation.due(env_steps, last):
+                    row.update(evaluation(weights.params, iteration, env_steps))
+                run.log(iteration, **row)
                 summary_metrics = metrics
-                if run.should_checkpoint(iteration):
-                    run.save_checkpoint(iteration, {"learner": learner.state(), "env_steps": env_steps,
-                                                    "tracker": tracker.state()})
+                snapshot = (env_steps, tracker.state(), evaluation.state())
+                run.checkpoint(iteration, lambda s=snapshot: {"learner": learner.state(), "env_steps": s[0],
+                                                              "tracker": s[1], "evaluation": s[2]})
                 bar.update(int(traj["env_steps"]), ret=round(tracker.mean, 1))
-        out = _summary(tracker, env_steps, run.elapsed, _window_rate(steady, whole=True))
+        run.final_checkpoint()  # before the (possibly remote) learner goes away
+        evaluation.export_final(weights.params)
+        out = _summary(tracker, evaluation, env_steps, run.elapsed, _window_rate(steady, whole=True))
         out["actor_restarts"] = getattr(pool, "restarts", 0)
         if algorithm == "impala":
             out["dropped_stale"] = learner.dropped_stale()
     finally:
         pool.close()
+        evaluation.close()
         if isinstance(learner, RemoteLearner):
             learner.close()
     out["startup_s"] = t_start  # Ray start-up and actor creation included
@@ -238,14 +352,14 @@ def run_impala(cfg: IMPALAExperimentConfig, run: Any) -> dict[str, Any]:
 
 
 def run_dqn(cfg: DQNExperimentConfig, run: Any) -> dict[str, Any]:
-    from fedarena.envs.vector import make_vector_env
     from fedarena.rl.execution import _limit_blas_threads
 
     _limit_blas_threads()
     c = cfg.dqn
-    env = make_vector_env(cfg.env_id, c.num_envs, seed=cfg.seed, backend=cfg.env_backend)
+    env = build_vector_env(cfg.env_id, c.num_envs, cfg.seed, cfg.env_backend, dict(cfg.env_kwargs), env_wrappers(cfg))
     agent = DQN(env.observation_space, env.action_space, c, seed=cfg.seed)
     tracker = _Tracker(cfg.window, cfg.target_return)
+    evaluation = _Evaluation(cfg, run, "dqn", config_dict(c))
     iteration = 0
     restored = run.restore()
     if restored:
@@ -256,6 +370,7 @@ def run_dqn(cfg: DQNExperimentConfig, run: Any) -> dict[str, Any]:
         agent._last_train = int(state["last_train"])
         agent._last_target_update = int(state["last_target_update"])
         tracker.load(state["tracker"])
+        evaluation.load(state.get("evaluation"))
         _set_rng(agent.rng, state["rng"])
         if "replay" in state:
             agent.replay.load_state_dict(state["replay"])
@@ -266,30 +381,46 @@ def run_dqn(cfg: DQNExperimentConfig, run: Any) -> dict[str, Any]:
     total = cfg.total_steps
     per_iter = max(1, cfg.steps_per_iteration // c.num_envs)
     metrics: dict[str, float] | None = None
-    with run.progress(total=total, initial=agent.env_steps, desc="dqn") as bar:
-        while agent.env_steps < total and not tracker.done:
-            before = agent.env_steps
-            obs, m = run_dqn_steps(agent, env, obs, per_iter, lambda s: s / total, stats, ep)
-            metrics = m or metrics
-            iteration += 1
-            wall = run.elapsed
-            returns, _ = stats.drain()
-            tracker.add(returns, agent.env_steps, wall)
-            steady.append((agent.env_steps, wall))
-            run.log(iteration, env_steps=agent.env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
-                    env_steps_per_second=_window_rate(steady), epsilon=agent.epsilon(agent.env_steps / total),
-                    replay_size=len(agent.replay), **(metrics or {}))
-            if run.should_checkpoint(iteration):
-                state = {"params": agent.learner.params, "opt_state": agent.learner.opt_state,
-                         "target_params": agent.target_params, "version": agent.learner.version,
-                         "env_steps": agent.env_steps, "last_train": agent._last_train,
-                         "last_target_update": agent._last_target_update, "tracker": tracker.state(),
-                         "rng": _rng_state(agent.rng)}
-                if cfg.checkpoint_replay:
-                    state["replay"] = agent.replay.state_dict()
-                run.save_checkpoint(iteration, state)
-            bar.update(agent.env_steps - before, ret=round(tracker.mean, 1))
-    return _summary(tracker, agent.env_steps, run.elapsed, _window_rate(steady, whole=True))
+
+    def checkpoint_state(snapshot: tuple) -> dict[str, Any]:
+        state = {"params": agent.learner.params, "opt_state": agent.learner.opt_state,
+                 "target_params": agent.target_params, "version": agent.learner.version,
+                 "env_steps": agent.env_steps, "last_train": agent._last_train,
+                 "last_target_update": agent._last_target_update, "tracker": snapshot[0],
+                 "evaluation": snapshot[1], "rng": _rng_state(agent.rng)}
+        if cfg.checkpoint_replay:
+            state["replay"] = agent.replay.state_dict()
+        return state
+
+    try:
+        with run.progress(total=total, initial=agent.env_steps, desc="dqn") as bar:
+            while agent.env_steps < total and not evaluation.done and not (
+                    not evaluation.stops_training and tracker.done):
+                before = agent.env_steps
+                obs, m = run_dqn_steps(agent, env, obs, per_iter, lambda s: s / total, stats, ep)
+                metrics = m or metrics
+                iteration += 1
+                wall = run.elapsed
+                returns, _ = stats.drain()
+                tracker.add(returns, agent.env_steps, wall)
+                steady.append((agent.env_steps, wall))
+                last = agent.env_steps >= total or (not evaluation.stops_training and tracker.done)
+                row = dict(env_steps=agent.env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
+                           env_steps_per_second=_window_rate(steady), epsilon=agent.epsilon(agent.env_steps / total),
+                           replay_size=len(agent.replay), **(metrics or {}))
+                if evaluation.due(agent.env_steps, last):
+                    row.update(evaluation(agent.learner.params, iteration, agent.env_steps))
+                run.log(iteration, **row)
+                snapshot = (tracker.state(), evaluation.state())
+                run.checkpoint(iteration, lambda s=snapshot: checkpoint_state(s))
+                bar.update(agent.env_steps - before, ret=round(tracker.mean, 1))
+        run.final_checkpoint()
+        evaluation.export_final(agent.learner.params)
+    finally:
+        evaluation.close()
+        if hasattr(env, "close"):
+            env.close()
+    return _summary(tracker, evaluation, agent.env_steps, run.elapsed, _window_rate(steady, whole=True))
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -311,13 +442,22 @@ def plots(rows: Sequence[Mapping[str, Any]], cfg: Any, report_dir: str) -> list[
     sps = np.array([r.get("env_steps_per_second", np.nan) for r in rows], dtype=float)
     paths = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    ev = np.array([r.get("eval_return", np.nan) for r in rows], dtype=float)
+    lo = np.array([r.get("eval_return_min", np.nan) for r in rows], dtype=float)
+    hi = np.array([r.get("eval_return_max", np.nan) for r in rows], dtype=float)
+    has_eval = np.isfinite(ev)
     for ax, x, xlabel in ((axes[0], steps, "environment steps"), (axes[1], wall, "wall time (s)")):
-        ax.plot(x, ret, lw=1.5)
+        ax.plot(x, ret, lw=1.5, label=f"training (mean of last {cfg.window} episodes)")
+        if has_eval.any():
+            xe = x[has_eval]
+            ax.errorbar(xe, ev[has_eval], yerr=[ev[has_eval] - lo[has_eval], hi[has_eval] - ev[has_eval]],
+                        fmt="o-", ms=4, lw=1.2, capsize=2, color="tab:orange",
+                        label=f"evaluation (deterministic, {cfg.eval.episodes} episodes, min-max)")
         if cfg.target_return is not None:
             ax.axhline(cfg.target_return, color="k", ls="--", lw=0.8, label=f"target {cfg.target_return:g}")
-            ax.legend(fontsize=8)
+        ax.legend(fontsize=8)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"mean return (last {cfg.window} episodes)")
+        ax.set_ylabel("episode return")
         ax.grid(alpha=0.3)
     axes[2].plot(steps, sps, lw=1.2, color="tab:green")
     axes[2].set_xlabel("environment steps")
@@ -331,7 +471,9 @@ def plots(rows: Sequence[Mapping[str, Any]], cfg: Any, report_dir: str) -> list[
     return paths
 
 
-_SUMMARY = ("episode_return", "env_steps", "env_steps_per_second")
-PPO_EXPERIMENT = Experiment(config=PPOExperimentConfig, run=run_ppo, plots=plots, summary_keys=_SUMMARY)
-IMPALA_EXPERIMENT = Experiment(config=IMPALAExperimentConfig, run=run_impala, plots=plots, summary_keys=_SUMMARY)
-DQN_EXPERIMENT = Experiment(config=DQNExperimentConfig, run=run_dqn, plots=plots, summary_keys=_SUMMARY)
+_SUMMARY = ("episode_return", "eval_return", "env_steps", "env_steps_per_second")
+_COMMON = dict(plots=plots, summary_keys=_SUMMARY, x_axis="env_steps", group_metrics=("eval_return", "episode_return"),
+               evaluate=evaluate_run)
+PPO_EXPERIMENT = Experiment(config=PPOExperimentConfig, run=run_ppo, **_COMMON)
+IMPALA_EXPERIMENT = Experiment(config=IMPALAExperimentConfig, run=run_impala, **_COMMON)
+DQN_EXPERIMENT = Experiment(config=DQNExperimentConfig, run=run_dqn, **_COMMON)

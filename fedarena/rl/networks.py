@@ -1,7 +1,8 @@
 """Policy, value and Q networks as (init, apply) pairs over parameter pytrees, written with engine ops.
 
 Torsos: an MLP for vector observations, the Nature-DQN CNN (Mnih et al., 2015: 32 8x8/4, 64 4x4/2,
-64 3x3/1, then 512) for images. Heads: policy logits / Gaussian mean (+ a free log-std), a scalar
+64 3x3/1, then a fully connected layer of 512 ReLU units) for images; the configs' ``hidden`` sizes apply to
+the MLP only. Heads: policy logits / Gaussian mean (+ a free log-std), a scalar
 value, Q-values, or the dueling decomposition Q = V + A - mean(A) (Wang et al., 2016, "Dueling
 network architectures", eq. 9). Initialisation is orthogonal with gains sqrt(2) for hidden layers,
 0.01 for the policy head and 1 for value heads (Saxe et al., 2014; the PPO implementation study of
@@ -78,7 +79,7 @@ class Torso:
             h, w, c = (h - k) // s + 1, (w - k) // s + 1, out_c
             if h < 1 or w < 1:
                 raise ValueError(f"observation_space: image {self.input_shape} is too small for the Nature CNN")
-        params["fc"] = dense_init(rng, c * h * w, self.hidden[-1] if self.hidden else 512, gain)
+        params["fc"] = dense_init(rng, c * h * w, self.hidden[-1], gain)
         return params
 
     def apply(self, params: Params, x: Any) -> Any:
@@ -93,18 +94,42 @@ class Torso:
         return ops.relu(dense(params["fc"], x))
 
 
+NATURE_CNN_FEATURES = 512
+
+
 def torso_for(adapter: ObservationAdapter, hidden: tuple[int, ...], activation: str = "tanh") -> Torso:
+    """The MLP over ``hidden`` for vector observations; the Nature CNN (its 512-unit layer) for images."""
     if adapter.torso == "cnn":
-        return Torso("cnn", adapter.shape, hidden[-1:] if hidden else (512,), "relu")
+        return Torso("cnn", adapter.shape, (NATURE_CNN_FEATURES,), "relu")
     return Torso("mlp", adapter.shape, tuple(hidden), activation)
+
+
+LOG_STD_MODES = ("state_independent", "state_dependent")
 
 
 @dataclass(frozen=True)
 class ActorCritic:
-    """Separate policy and value networks (same torso shape), the layout of PPO/IMPALA on classic control."""
+    """Separate policy and value networks (same torso shape), the layout of PPO/IMPALA on classic control.
+
+    Gaussian policies: ``log_std="state_independent"`` learns one free log-std vector (PPO's original
+    continuous-control setup, Schulman et al., 2017, section 6.1); ``"state_dependent"`` adds a second linear
+    head on the policy torso, log-std(s) = W h(s) + b (as SAC's and SB3's ``squash_output`` policies), clipped to
+    [-20, 2]. Both start at ``log_std_init``. ``normalize_obs`` feeds the torsos ``clip((x - mean) / std,
+    -obs_clip, obs_clip)`` with the running statistics in ``params["obs_norm"]`` (:mod:`fedarena.rl.normalization`).
+    """
 
     torso: Torso
     dist: Distribution
+    log_std: str = "state_independent"
+    log_std_init: float = 0.0
+    normalize_obs: bool = False
+    obs_clip: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.log_std not in LOG_STD_MODES:
+            raise ValueError(f"log_std: expected one of {', '.join(LOG_STD_MODES)}, got '{self.log_std}'")
+        if self.normalize_obs and self.torso.kind != "mlp":
+            raise ValueError("normalize_obs: observation normalization applies to vector observations (MLP torso)")
 
     def init(self, rng: np.random.Generator) -> Params:
         t = self.torso
@@ -113,18 +138,36 @@ class ActorCritic:
             "v": {"torso": t.init(rng), "head": dense_init(rng, t.out_size, 1, 1.0)},
         }
         if isinstance(self.dist, DiagGaussian):
-            params["pi"]["log_std"] = np.zeros(self.dist.dim, dtype=np.float32)
+            if self.log_std == "state_independent":
+                params["pi"]["log_std"] = np.full(self.dist.dim, self.log_std_init, dtype=np.float32)
+            else:
+                head = dense_init(rng, t.out_size, self.dist.dim, 0.01)
+                head["b"] = np.full(self.dist.dim, self.log_std_init, dtype=np.float32)
+                params["pi"]["log_std_head"] = head
+        if self.normalize_obs:
+            d = int(np.prod(t.input_shape))
+            params["obs_norm"] = {"mean": np.zeros(d, dtype=np.float32), "var": np.ones(d, dtype=np.float32)}
         return params
+
+    def _input(self, params: Params, x: Any) -> Any:
+        if not self.normalize_obs:
+            return x
+        from fedarena.rl.normalization import normalize
+
+        return normalize(params["obs_norm"], x, self.obs_clip)
 
     def policy(self, params: Params, x: Any) -> tuple[Any, ...]:
         """The distribution's inputs: ``(logits,)`` or ``(mean, log_std)``."""
-        out = dense(params["pi"]["head"], self.torso.apply(params["pi"]["torso"], x))
+        h = self.torso.apply(params["pi"]["torso"], self._input(params, x))
+        out = dense(params["pi"]["head"], h)
         if isinstance(self.dist, DiagGaussian):
-            return out, params["pi"]["log_std"]
+            if self.log_std == "state_independent":
+                return out, params["pi"]["log_std"]
+            return out, ops.clip(dense(params["pi"]["log_std_head"], h), -20.0, 2.0)
         return (out,)
 
     def value(self, params: Params, x: Any) -> Any:
-        v = dense(params["v"]["head"], self.torso.apply(params["v"]["torso"], x))
+        v = dense(params["v"]["head"], self.torso.apply(params["v"]["torso"], self._input(params, x)))
         return ops.reshape(v, (-1,))
 
 

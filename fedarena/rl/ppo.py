@@ -19,7 +19,8 @@ import numpy as np
 from fedarena import engine
 from fedarena.engine import ops, optim
 from fedarena.platform.experiment import param
-from fedarena.rl.networks import ActorCritic, torso_for
+from fedarena.rl.networks import LOG_STD_MODES, ActorCritic, torso_for
+from fedarena.rl.normalization import RewardScaler, RunningMeanStd, obs_norm_params
 from fedarena.rl.returns import gae
 from fedarena.rl.spaces import action_distribution, observation_adapter
 from fedarena.rl.workers import Learner, Weights
@@ -44,6 +45,14 @@ class PPOConfig:
     hidden: tuple[int, ...] = param((64, 64), "hidden layer sizes of the actor and critic MLPs")
     activation: str = param("tanh", "hidden activation: tanh or relu")
     squash: bool = param(False, "Box actions: tanh-squashed Gaussian instead of a clipped one")
+    log_std: str = param("state_independent", "Box actions: state_independent (a free log-std vector) or "
+                         "state_dependent (a linear head on the policy torso)")
+    log_std_init: float = param(0.0, "Box actions: initial log standard deviation of the Gaussian")
+    normalize_obs: bool = param(False, "normalize observations by running mean/std (statistics in the parameters, "
+                                "checkpoints and exported policies)")
+    normalize_reward: bool = param(False, "scale rewards by the running std of the discounted return")
+    obs_clip: float = param(10.0, "normalized observations are clipped to [-obs_clip, obs_clip]")
+    reward_clip: float = param(10.0, "scaled rewards are clipped to [-reward_clip, reward_clip]")
 
     def __post_init__(self) -> None:
         checks = {
@@ -51,7 +60,8 @@ class PPOConfig:
             "update_epochs": self.update_epochs >= 1, "num_minibatches": self.num_minibatches >= 1,
             "gamma": 0.0 <= self.gamma <= 1.0, "gae_lambda": 0.0 <= self.gae_lambda <= 1.0,
             "clip_coef": self.clip_coef > 0, "learning_rate": self.learning_rate > 0,
-            "max_grad_norm": self.max_grad_norm > 0,
+            "max_grad_norm": self.max_grad_norm > 0, "obs_clip": self.obs_clip > 0, "reward_clip": self.reward_clip > 0,
+            "log_std": self.log_std in LOG_STD_MODES,
         }
         for name, ok in checks.items():
             if not ok:
@@ -79,9 +89,13 @@ class PPO:
         self.config = config
         self.adapter = observation_adapter(observation_space)
         self.dist = action_distribution(action_space, squash=config.squash)
-        self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist)
+        self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist,
+                               log_std=config.log_std, log_std_init=config.log_std_init,
+                               normalize_obs=config.normalize_obs, obs_clip=config.obs_clip)
         self.rng = np.random.default_rng(seed)
         params = self.net.init(self.rng)
+        self.obs_rms = RunningMeanStd(self.adapter.shape) if config.normalize_obs else None
+        self.reward_scaler: RewardScaler | None = None
         self.total_updates = None
         lr: Any = config.learning_rate
         if config.anneal_lr and total_steps:
@@ -130,10 +144,21 @@ class PPO:
         aux = dict(aux, loss=loss, grad_norm=grad_norm)
         return params, opt_state, aux
 
+    def learning_rewards(self, rollout: Mapping[str, Any]) -> np.ndarray:
+        """The rewards GAE sees: the actor's (env reward + truncation bootstrap), or with ``normalize_reward``
+        the env reward scaled by the running return std plus the bootstrap (already in value units)."""
+        if not self.config.normalize_reward:
+            return rollout["reward"]
+        env_reward = np.asarray(rollout["env_reward"], dtype=np.float64)
+        if self.reward_scaler is None:
+            self.reward_scaler = RewardScaler(env_reward.shape[1], self.config.gamma, self.config.reward_clip)
+        scaled = self.reward_scaler(env_reward, np.asarray(rollout["discount"]) == 0.0)
+        return scaled + np.asarray(rollout["reward"], dtype=np.float64) - env_reward
+
     def prepare(self, rollout: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Flatten a time-major rollout (from :meth:`fedarena.rl.workers.Actor.rollout`) and add GAE."""
-        adv, targets = gae(rollout["reward"], rollout["value"], rollout["bootstrap_value"], rollout["discount"],
-                           self.config.gae_lambda)
+        adv, targets = gae(self.learning_rewards(rollout), rollout["value"], rollout["bootstrap_value"],
+                           rollout["discount"], self.config.gae_lambda)
         t, n = rollout["reward"].shape
         flat = lambda a: np.asarray(a).reshape((t * n,) + np.shape(a)[2:])  # noqa: E731
         return {
@@ -169,7 +194,27 @@ class PPO:
         metrics["explained_variance"] = float("nan") if var_y == 0 else 1.0 - float(
             np.var(data["value_target"] - data["value"])) / var_y
         metrics["learning_rate"] = self.learning_rate(int(opt_state["count"]))
+        if self.obs_rms is not None:  # refresh the statistics for the next rollout (module docstring)
+            self.obs_rms.update(data["obs"])
+            params = dict(params, obs_norm=obs_norm_params(self.obs_rms))
         return params, opt_state, metrics
+
+    def normalization_state(self) -> dict[str, Any]:
+        """Running statistics for checkpoints (the float32 copy for acting is in the parameters)."""
+        out: dict[str, Any] = {}
+        if self.obs_rms is not None:
+            out["obs"] = self.obs_rms.state()
+        if self.reward_scaler is not None:
+            out["reward"] = self.reward_scaler.state()
+        return out
+
+    def load_normalization_state(self, state: Mapping[str, Any]) -> None:
+        if self.obs_rms is not None and "obs" in state:
+            self.obs_rms.load(state["obs"])
+        if self.config.normalize_reward and "reward" in state:
+            cols = np.asarray(state["reward"]["returns"]).shape[0]
+            self.reward_scaler = RewardScaler(cols, self.config.gamma, self.config.reward_clip)
+            self.reward_scaler.load(state["reward"])
 
     def learning_rate(self, updates_done: int) -> float:
         """The learning rate of the next update after ``updates_done`` updates."""

@@ -87,9 +87,10 @@ class Actor:
     def rollout(self, num_steps: int) -> dict[str, Any]:
         """``num_steps`` steps of every environment; time-major arrays (T, num_envs, ...) plus
         ``last_obs`` and ``bootstrap_value`` (the observation after the last step and its value), ``version`` (oldest weight version used) and the
-        episode statistics finished during the rollout."""
+        episode statistics finished during the rollout. ``reward`` includes the truncation bootstrap,
+        ``env_reward`` is the environment's reward alone (for reward normalization)."""
         n = self.env.num_envs
-        keys = ("obs", "action", "log_prob", "value", "reward", "discount")
+        keys = ("obs", "action", "log_prob", "value", "reward", "env_reward", "discount")
         traj: dict[str, list] = {k: [] for k in keys}
         versions = []
         for _ in range(num_steps):
@@ -111,6 +112,7 @@ class Actor:
             traj["log_prob"].append(out.get("log_prob", np.zeros(n)))
             traj["value"].append(out["value"])
             traj["reward"].append(learn_reward)
+            traj["env_reward"].append(reward)
             traj["discount"].append(np.where(done, 0.0, self.gamma))
             self.obs = step.obs
             self.env_steps += n
