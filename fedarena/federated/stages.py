@@ -306,7 +306,10 @@ class SecureAggregation:
         d = next(iter(inputs.values())).size
         k = self.neighbours if self.neighbours and self.neighbours < n else None
         holders = (k + 1) if k else n
-        cfg = SecAggConfig(dimension=d, threshold=max(2, math.ceil(self.threshold * holders)), clip=self.clip,
+        # t = floor(f m) + 1 (at most m) over the m share holders, as the runtime's secure_round.threshold:
+        # a strict majority at f = 0.5, which the protocol requires
+        t = min(holders, math.floor(self.threshold * holders) + 1)
+        cfg = SecAggConfig(dimension=d, threshold=max(2, t), clip=self.clip,
                            scale=self.scale, num_neighbours=k)
         rng = np.random.default_rng([self.seed, round_id, 29])
         ids = sorted(inputs)
@@ -316,8 +319,9 @@ class SecureAggregation:
     def aggregate(self, state, updates, num_clients: int):
         from fedarena.federated.strategy import PartialAggregate
 
-        if len(updates) < 2:
-            raise ValueError("secagg: secure aggregation needs at least 2 reporting clients per round")
+        if len(updates) < 3:
+            raise ValueError("secagg: secure aggregation needs at least 3 reporting clients per round (with 2, "
+                             "the sum and one's own input give the other's)")
         names = sorted(state.params)
         flats = _flat_updates(updates, names)
         inputs = {}
