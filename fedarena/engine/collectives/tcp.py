@@ -37,7 +37,6 @@ from .transport import PeerFailure, Reduction, Request, Transport, contiguous
 _HELLO = b"FAC1"
 _NONCE = 32
 _MAC = 32
-_SOCK_BUF = 4 << 20
 _SMALL = 64 << 10
 
 
@@ -61,12 +60,8 @@ def _mac(secret: bytes, role: bytes, nonce_a: bytes, nonce_c: bytes, rank: int, 
 
 
 def _tune(sock: socket.socket) -> None:
+    # only TCP_NODELAY: setting SO_SNDBUF / SO_RCVBUF would switch off the kernel's buffer autotuning
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
-        except OSError:
-            pass
 
 
 def _authenticate_acceptor(sock: socket.socket, secret: bytes, world: int) -> int:
