@@ -71,15 +71,35 @@ def _rank_main(kind: str, rank: int, world_size: int, spec: dict[str, Any], time
     try:
         transport = make_transport(kind, rank, world_size, spec, timeout)
         comm = Communicator(transport, **comm_options)
-        conn.send(("ok", fn(comm, *args)))
+        result = fn(comm, *args)
+        if conn is not None:
+            conn.send(("ok", result))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         if transport is not None:
             transport.abort(f"{type(exc).__name__}: {exc}")
-        conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        if conn is not None:
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        else:
+            raise
     finally:
         if transport is not None:
             transport.close()
-        conn.close()
+        if conn is not None:
+            conn.close()
+
+
+def start_ranks(world_size: int, kind: str, fn: Callable[..., Any], args: tuple, spec: dict[str, Any],
+                timeout: float = 30.0, first_rank: int = 0, comm_options: dict[str, Any] | None = None) -> list[Any]:
+    """Start ranks ``first_rank .. world_size-1`` as daemon processes running ``fn(comm, *args)`` and return
+    the processes at once (the caller runs the lower ranks itself, e.g. rank 0 of a learner group)."""
+    ctx = mp.get_context("spawn")
+    procs = []
+    for rank in range(first_rank, world_size):
+        p = ctx.Process(target=_rank_main, args=(kind, rank, world_size, spec, timeout, comm_options or {}, fn,
+                                                 args, None), daemon=True)
+        p.start()
+        procs.append(p)
+    return procs
 
 
 def spawn(world_size: int, kind: str, fn: Callable[..., Any], args: tuple = (), timeout: float = 30.0,
