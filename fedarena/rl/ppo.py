@@ -11,13 +11,15 @@ clipping, Adam - is compiled by ``fedarena.engine.jit`` into a single graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.engine.distributed import DataParallelLearner, ReplicaStep
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import ActorCritic, torso_for
 from fedarena.rl.returns import gae
@@ -44,6 +46,8 @@ class PPOConfig:
     hidden: tuple[int, ...] = param((64, 64), "hidden layer sizes of the actor and critic MLPs")
     activation: str = param("tanh", "hidden activation: tanh or relu")
     squash: bool = param(False, "Box actions: tanh-squashed Gaussian instead of a clipped one")
+    learners: int = param(1, "data-parallel learner replicas; each minibatch is split evenly over them")
+    learner_transport: str = param("threads", "how learner replicas communicate: threads, shm or tcp")
 
     def __post_init__(self) -> None:
         checks = {
@@ -51,7 +55,8 @@ class PPOConfig:
             "update_epochs": self.update_epochs >= 1, "num_minibatches": self.num_minibatches >= 1,
             "gamma": 0.0 <= self.gamma <= 1.0, "gae_lambda": 0.0 <= self.gae_lambda <= 1.0,
             "clip_coef": self.clip_coef > 0, "learning_rate": self.learning_rate > 0,
-            "max_grad_norm": self.max_grad_norm > 0,
+            "max_grad_norm": self.max_grad_norm > 0, "learners": self.learners >= 1,
+            "learner_transport": self.learner_transport in ("threads", "shm", "tcp"),
         }
         for name, ok in checks.items():
             if not ok:
@@ -59,6 +64,8 @@ class PPOConfig:
         if (self.num_envs * self.num_steps) % self.num_minibatches:
             raise ValueError(f"ppo.num_minibatches: {self.num_minibatches} does not divide the rollout size "
                              f"{self.num_envs * self.num_steps}")
+        if self.minibatch_size % self.learners:
+            raise ValueError(f"ppo.learners: {self.learners} does not divide the minibatch size {self.minibatch_size}")
 
     @property
     def batch_size(self) -> int:
@@ -90,7 +97,9 @@ class PPO:
         self.optimizer = optim.adam(lr, eps=1e-5)
         self.learner = Learner(params, self.optimizer.init(params), self._update_rollout)
         self.forward = engine.jit(self._forward)
-        self._step = engine.jit(self._train_step)
+        self._step = engine.jit(self._train_step) if config.learners == 1 else DataParallelLearner(
+            partial(ppo_replica, observation_space, action_space, config, seed, total_steps), config.learners,
+            config.learner_transport)
 
     # -- acting
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
@@ -129,6 +138,15 @@ class PPO:
         params, opt_state = self.optimizer.update(grads, opt_state, params)
         aux = dict(aux, loss=loss, grad_norm=grad_norm)
         return params, opt_state, aux
+
+    def _grad(self, params: Any, mb: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, mb)
+        return grads, dict(aux, loss=loss)
+
+    def _apply(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any, dict[str, Any]]:
+        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = self.optimizer.update(grads, opt_state, params)
+        return params, opt_state, {"grad_norm": grad_norm}
 
     def prepare(self, rollout: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Flatten a time-major rollout (from :meth:`fedarena.rl.workers.Actor.rollout`) and add GAE."""
@@ -180,3 +198,10 @@ class PPO:
     def update(self, rollout: Mapping[str, Any]) -> dict[str, float]:
         """Learn from one rollout (``update_epochs`` passes of minibatch updates)."""
         return self.learner.update(rollout)
+
+
+def ppo_replica(observation_space: Any, action_space: Any, config: PPOConfig, seed: int,
+                total_steps: int | None) -> ReplicaStep:
+    """One data-parallel replica of PPO's update step (built in each learner's thread or process)."""
+    ppo = PPO(observation_space, action_space, replace(config, learners=1), seed, total_steps)
+    return ReplicaStep(engine.jit(ppo._grad), engine.jit(ppo._apply), ppo.learner.params, ppo.learner.opt_state)
