@@ -3,7 +3,7 @@ bucketed gradients) and a parameter server (sharded parameters; synchronous, thr
 asynchronous workers)."""
 
 from .data_parallel import DataParallelLearner, GradientBuckets, ReplicaStep, data_parallel_step
-
+from .parameter_server import ParameterServerConfig, ServerShard, WorkerLog, run_parameter_server
 
 __all__ = ["DataParallelLearner", "GradientBuckets", "ParameterServerConfig", "ReplicaStep", "ServerShard",
-           "data_parallel_step"]
+           "WorkerLog", "data_parallel_step", "run_parameter_server"]
