@@ -124,3 +124,23 @@ def test_batch_that_does_not_split_is_named():
         dp.close()
     with pytest.raises(ValueError, match="ppo.learners"):
         PPOConfig(num_envs=3, num_steps=3, num_minibatches=1, learners=2)
+
+
+def test_two_learner_impala_step_equals_one_learner():
+    from fedarena.rl.impala import IMPALA, IMPALAConfig
+
+    env = gym.make("CartPole-v1")
+    cfg = IMPALAConfig(num_envs=4, unroll_length=8)
+    one = IMPALA(env.observation_space, env.action_space, cfg, seed=1)
+    two = IMPALA(env.observation_space, env.action_space, dataclasses.replace(cfg, learners=2), seed=1)
+    rng = np.random.default_rng(2)
+    batch = {"obs": rng.standard_normal((32, 4)).astype(np.float32), "action": two.dist.encode(rng.integers(0, 2, 32)),
+             "vs": rng.standard_normal(32).astype(np.float32), "pg_advantage": rng.standard_normal(32).astype(np.float32)}
+    try:
+        p1, _, aux1 = one._step(one.learner.params, one.learner.opt_state, batch)
+        p2, _, aux2 = two._step(two.learner.params, two.learner.opt_state, batch)
+        assert aux2["loss"] == pytest.approx(float(aux1["loss"]), rel=1e-5, abs=1e-6)
+        for a, b in zip(engine.tree_leaves(p1), engine.tree_leaves(p2)):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    finally:
+        two._step.close()
