@@ -342,8 +342,8 @@ def report(n: int, rows: list, collectives: list, sizes: list, samples: dict, un
                                 "times": t, "median": med, "busbw_GBps": bus, "vs_gloo": bus / gloo_bus,
                                 "model": model})
         print("alpha-beta fits: " + "; ".join(
-            f"{'gloo' if s == 'gloo' else s + '/' + a}: alpha {fa * 1e6:.1f} us, 1/beta {1 / fb / 1e9 if fb else float('inf'):.2f} GB/s"
-            for (s, a), (fa, fb) in fits.items()))
+            f"{'gloo' if s == 'gloo' else s + '/' + a}: alpha {fa * 1e6:.1f} us, "
+            f"1/beta {1 / fb / 1e9 if fb else float('inf'):.2f} GB/s" for (s, a), (fa, fb) in fits.items()))
     big = [r for r in results if r["n"] == n and (16 << 20) <= r["size"] <= (64 << 20) and r["system"] != "gloo"]
     if big:
         print(f"\n-- {n} ranks, 16-64 MiB: bus bandwidth relative to gloo (median over sizes) --")

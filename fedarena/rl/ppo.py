@@ -65,7 +65,8 @@ class PPOConfig:
             raise ValueError(f"ppo.num_minibatches: {self.num_minibatches} does not divide the rollout size "
                              f"{self.num_envs * self.num_steps}")
         if self.minibatch_size % self.learners:
-            raise ValueError(f"ppo.learners: {self.learners} does not divide the minibatch size {self.minibatch_size}")
+            raise ValueError(f"ppo.learners: {self.learners} does not divide the minibatch size "
+                             f"{self.minibatch_size}")
 
     @property
     def batch_size(self) -> int:

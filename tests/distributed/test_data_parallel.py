@@ -134,8 +134,9 @@ def test_two_learner_impala_step_equals_one_learner():
     one = IMPALA(env.observation_space, env.action_space, cfg, seed=1)
     two = IMPALA(env.observation_space, env.action_space, dataclasses.replace(cfg, learners=2), seed=1)
     rng = np.random.default_rng(2)
-    batch = {"obs": rng.standard_normal((32, 4)).astype(np.float32), "action": two.dist.encode(rng.integers(0, 2, 32)),
-             "vs": rng.standard_normal(32).astype(np.float32), "pg_advantage": rng.standard_normal(32).astype(np.float32)}
+    batch = {"obs": rng.standard_normal((32, 4)).astype(np.float32),
+             "action": two.dist.encode(rng.integers(0, 2, 32)), "vs": rng.standard_normal(32).astype(np.float32),
+             "pg_advantage": rng.standard_normal(32).astype(np.float32)}
     try:
         p1, _, aux1 = one._step(one.learner.params, one.learner.opt_state, batch)
         p2, _, aux2 = two._step(two.learner.params, two.learner.opt_state, batch)

@@ -296,8 +296,8 @@ def halving_reduce_scatter(tr: Transport, buf: np.ndarray, bounds: list[int], op
         for a, b in _chunks(0, buf.size, chunk):
             tr.recv_reduce(r - 1, buf[a:b], op)
     for partner, keep, give in _hd_steps(nr, p):
-        reqs += _exchange(tr, _real(partner, rem), buf, (bounds[give[0]], bounds[give[1]]), (bounds[keep[0]], bounds[keep[1]]),
-                          chunk, op)
+        reqs += _exchange(tr, _real(partner, rem), buf, (bounds[give[0]], bounds[give[1]]),
+                          (bounds[keep[0]], bounds[keep[1]]), chunk, op)
     _wait(reqs)
     return nr
 
