@@ -73,8 +73,10 @@ def _ours(comm: Any, conn: Any) -> None:
         collective, algorithm, nbytes, iters = cmd
         count = _elements(collective, nbytes, n)
         x = np.ones(count if collective != "reduce_scatter" else (n, count // n), dtype=np.float32)
-        op = {"all_reduce": lambda: comm.all_reduce(x, "sum", algorithm),
-              "all_gather": lambda: comm.all_gather(x, algorithm),
+        out = np.empty((n, count), dtype=np.float32) if collective == "all_gather" else None
+        # in place / into a preallocated output, as the gloo calls below are
+        op = {"all_reduce": lambda: comm.all_reduce(x, "sum", algorithm, out=x),
+              "all_gather": lambda: comm.all_gather(x, algorithm, out=out),
               "reduce_scatter": lambda: comm.reduce_scatter(x, "sum", algorithm)}[collective]
         op()
         times = []
@@ -86,14 +88,14 @@ def _ours(comm: Any, conn: Any) -> None:
         conn.send(times)
 
 
-def _ours_main(kind: str, rank: int, n: int, spec: dict, conn: Any) -> None:
+def _ours_main(kind: str, rank: int, n: int, spec: dict, conn: Any, chunk: int) -> None:
     from fedarena.engine.collectives import Communicator
 
     if kind == "ray":
         raise ValueError("ray ranks are actors, not processes")
     from fedarena.engine.collectives.launch import make_transport
 
-    comm = Communicator(make_transport(kind, rank, n, spec, timeout=120.0), chunk_bytes=1 << 20)
+    comm = Communicator(make_transport(kind, rank, n, spec, timeout=120.0), chunk_bytes=chunk)
     conn.send("ready")
     try:
         _ours(comm, conn)
@@ -143,7 +145,7 @@ def _gloo_main(rank: int, n: int, port: int, conn: Any) -> None:
 class ProcessGroup:
     """The rank processes of one system, driven by commands over pipes."""
 
-    def __init__(self, system: str, n: int) -> None:
+    def __init__(self, system: str, n: int, chunk: int) -> None:
         from fedarena.engine.collectives.launch import free_port, group_spec
 
         ctx = mp.get_context("spawn")
@@ -153,7 +155,7 @@ class ProcessGroup:
         for rank in range(n):
             parent, child = ctx.Pipe()
             target, args = ((_gloo_main, (rank, n, port, child)) if system == "gloo"
-                            else (_ours_main, (system, rank, n, spec, child)))
+                            else (_ours_main, (system, rank, n, spec, child, chunk)))
             p = ctx.Process(target=target, args=args, daemon=True)
             p.start()
             self.conns.append(parent)
@@ -186,14 +188,14 @@ class ProcessGroup:
 class RayBench:
     """The Ray-actor transport: the same commands, run through ``RayGroup``."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, chunk: int) -> None:
         import ray
 
         from fedarena.engine.collectives.ray_actors import RayGroup
 
         if not ray.is_initialized():
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        self.group = RayGroup(n, timeout=120.0, comm_options={"chunk_bytes": 1 << 20})
+        self.group = RayGroup(n, timeout=120.0, comm_options={"chunk_bytes": chunk})
         self.system, self.n = "ray", n
 
     def measure(self, collective: str, algorithm: str, nbytes: int, iters: int) -> list[float]:
@@ -251,6 +253,7 @@ def iterations(size: int) -> int:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-size", default="16MiB", help="largest message (e.g. 64MiB, 256MiB)")
     ap.add_argument("--min-size", default="1KiB")
@@ -259,6 +262,7 @@ def main() -> None:
     ap.add_argument("--transports", default="tcp,shm", help="comma list of tcp, shm, ray")
     ap.add_argument("--collectives", default=",".join(COLLECTIVES))
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--chunk", default="1MiB", help="the communicators' chunk_bytes (pipelining unit)")
     ap.add_argument("--json", default="", help="write all measurements to this file")
     args = ap.parse_args()
     sizes = []
@@ -271,13 +275,14 @@ def main() -> None:
     collectives = [c for c in args.collectives.split(",") if c]
     algorithms = [a for a in args.algorithms.split(",") if a]
     results: list[dict] = []
-    print(f"sizes {human(sizes[0])} .. {human(sizes[-1])}, ranks {ranks}, {args.repeats} rounds, "
+    print(f"chunk {args.chunk}, sizes {human(sizes[0])} .. {human(sizes[-1])}, ranks {ranks}, {args.repeats} rounds, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
     for n in ranks:
-        groups: dict[str, Any] = {"gloo": ProcessGroup("gloo", n)}
+        chunk = parse_size(args.chunk)
+        groups: dict[str, Any] = {"gloo": ProcessGroup("gloo", n, chunk)}
         try:
             for t in transports:
-                groups[t] = RayBench(n) if t == "ray" else ProcessGroup(t, n)
+                groups[t] = RayBench(n, chunk) if t == "ray" else ProcessGroup(t, n, chunk)
             rows = [("gloo", "gloo")] + [(t, a) for t in transports for a in algorithms]
             samples: dict[tuple, list[float]] = {}
             unsupported: dict[tuple, str] = {}
@@ -295,7 +300,7 @@ def main() -> None:
                             else:
                                 samples.setdefault(key, []).extend(got)
                 print(f"  n={n}: round {rnd + 1}/{args.repeats} done", flush=True)
-            report(n, rows, collectives, sizes, samples, unsupported, results)
+            report(n, rows, collectives, sizes, samples, unsupported, results, chunk)
         finally:
             for g in groups.values():
                 g.close()
@@ -305,8 +310,7 @@ def main() -> None:
 
 
 def report(n: int, rows: list, collectives: list, sizes: list, samples: dict, unsupported: dict,
-           results: list) -> None:
-    chunk = 1 << 20
+           results: list, chunk: int) -> None:
     for c in collectives:
         print(f"\n== {c}, {n} ranks (busbw = algbw * {BUS_FACTOR[c](n):.3g}) ==")
         print(f"{'size':>9} {'system':<22} {'median ms':>10} {'[min-max]':>17} {'algbw GB/s':>10} "

@@ -18,6 +18,7 @@ from fedarena.engine.collectives.faults import die_during_all_reduce
 from fedarena.engine.collectives.launch import group_spec, spawn
 
 PROCESS_SHAPES = ((0,), (3, 5))
+RAY_DTYPES = ("bool", "int16", "uint64", "float16", "float32", "complex128")
 
 
 @pytest.mark.parametrize("world_size", range(1, 9))
@@ -188,7 +189,9 @@ def ray_group(ray_session):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ray_transport_equals_numpy(ray_group, world_size):
     ray_group.resize(world_size)
-    checks = ray_group.run(run_conformance, world_size, DTYPES, ((3, 5),))
+    # one dtype of each kind and itemsize class (an actor call per message makes the full table slow on Ray;
+    # the dtype handling itself is the transport-independent header check run in full on the other transports)
+    checks = ray_group.run(run_conformance, world_size, RAY_DTYPES, ((3, 5),))
     assert len(set(checks)) == 1 and checks[0] > 50
     # one payload above the inline limit goes through the object store
     big = ray_group.run(_big_all_reduce)

@@ -25,12 +25,13 @@ class Communicator:
     """Collectives for one rank. ``algorithm``: ``"auto"`` (the alpha-beta model's cheapest for the message
     size, see :mod:`.cost_model`) or a fixed name; ``chunk_bytes``: the pipelining unit of large transfers."""
 
-    def __init__(self, transport: Transport, algorithm: str = "auto", chunk_bytes: int = 512 * 1024) -> None:
+    def __init__(self, transport: Transport, algorithm: str = "auto", chunk_bytes: int = 1 << 20) -> None:
         if chunk_bytes < 64:
             raise ValueError(f"chunk_bytes: must be >= 64, got {chunk_bytes}")
         self.transport = transport
         self.algorithm = algorithm
         self.chunk_bytes = int(chunk_bytes)
+        self._scratch = np.empty(0, dtype=np.uint8)
 
     @property
     def rank(self) -> int:
@@ -75,11 +76,25 @@ class Communicator:
             raise ValueError(f"op: {op!r} is not a reduction (choose from {', '.join(OPS)})")
         return OPS[op]
 
-    def _work(self, x: Any, op: str) -> np.ndarray:
+    def _work(self, x: Any, op: str, out: np.ndarray | None = None) -> np.ndarray:
         a = np.asarray(x)
-        if op == "mean" and a.dtype.kind not in "fc":
-            a = a.astype(np.float64)
-        return np.array(a, order="C", copy=True)
+        dtype = np.dtype(np.float64) if op == "mean" and a.dtype.kind not in "fc" else a.dtype
+        if out is None:
+            return np.array(a, dtype=dtype, order="C", copy=True)
+        if not isinstance(out, np.ndarray) or out.shape != a.shape or out.dtype != dtype \
+                or not out.flags.c_contiguous:
+            raise ValueError(f"out: needs a C-contiguous {dtype}{list(a.shape)} array")
+        if not (out.__array_interface__["data"][0] == a.__array_interface__["data"][0] and a.flags.c_contiguous):
+            np.copyto(out, a)
+        return out
+
+    def _workspace(self, like: np.ndarray) -> np.ndarray:
+        """A reusable working copy of ``like`` (the communicator's scratch, grown as needed)."""
+        if self._scratch.nbytes < like.nbytes:
+            self._scratch = np.empty(like.nbytes, dtype=np.uint8)
+        work = self._scratch[:like.nbytes].view(like.dtype).reshape(like.shape)
+        np.copyto(work, like)
+        return work
 
     def _finish(self, buf: np.ndarray, op: str) -> np.ndarray:
         if op == "mean" and self.world_size > 1:
@@ -87,9 +102,11 @@ class Communicator:
         return buf
 
     # --------------------------------------------------------------------------------------------- collectives
-    def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None) -> np.ndarray:
+    def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
+                   out: np.ndarray | None = None) -> np.ndarray:
+        """The reduction on every rank; ``out`` (optional, may be ``x`` itself) receives it."""
         fn = self._op(op)
-        out = self._work(x, op)
+        out = self._work(x, op, out)
         if self.world_size == 1:
             return out
         name = self._pick("all_reduce", algorithm, out.nbytes)
@@ -150,11 +167,14 @@ class Communicator:
         run = {"tree": alg.tree_scatter, "linear": alg.linear_scatter}[name]
         return self._guard(lambda: run(self.transport, blocks, root), f"scatter[{name}]")
 
-    def all_gather(self, x: Any, algorithm: str | None = None) -> np.ndarray:
-        """``np.stack`` of every rank's array, on every rank."""
+    def all_gather(self, x: Any, algorithm: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """``np.stack`` of every rank's array, on every rank (into ``out`` when given)."""
         block = contiguous(x)
         n = self.world_size
-        out = np.empty((n,) + block.shape, dtype=block.dtype)
+        if out is None:
+            out = np.empty((n,) + block.shape, dtype=block.dtype)
+        elif out.shape != (n,) + block.shape or out.dtype != block.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out: needs a C-contiguous {block.dtype}{[n, *block.shape]} array")
         out[self.rank, ...] = block
         if n == 1:
             return out
@@ -179,12 +199,13 @@ class Communicator:
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None) -> np.ndarray:
         """Rank ``i`` gets the reduction over ranks of ``x[i]`` (leading axis ``world_size``)."""
         fn = self._op(op)
-        work = self._work(x, op)
+        a = np.asarray(x)
         n = self.world_size
-        if work.ndim == 0 or work.shape[0] != n:
-            raise ValueError(f"reduce_scatter: input needs a leading axis of {n}, got shape {work.shape}")
+        if a.ndim == 0 or a.shape[0] != n:
+            raise ValueError(f"reduce_scatter: input needs a leading axis of {n}, got shape {a.shape}")
         if n == 1:
-            return self._finish(work[0, ...].copy(), op)
+            return self._finish(self._work(a, op)[0, ...].copy(), op)
+        work = self._workspace(a.astype(np.float64) if op == "mean" and a.dtype.kind not in "fc" else a)
         name = self._pick("reduce_scatter", algorithm, work.nbytes)
         flat, m = work.reshape(-1), work[0].size
         chunk = self._chunk(work.dtype)

@@ -38,6 +38,7 @@ _HELLO = b"FAC1"
 _NONCE = 32
 _MAC = 32
 _SMALL = 64 << 10
+_PIECE = 256 << 10  # receive-and-reduce unit: fits in L2 next to the accumulator slice
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -279,12 +280,23 @@ class TCPTransport(Transport):
         return out
 
     def recv_reduce(self, src: int, acc: np.ndarray, op: Reduction) -> None:
+        """Receive in cache-sized pieces into a reused scratch buffer and reduce each piece while it is hot."""
+        dtype, shape = self._header(src)
+        try:
+            framing.check_matches(dtype, shape, acc, src)
+        except framing.FramingError:
+            self.abort("protocol mismatch")
+            raise
         scratch = self._scratch.get(src)
-        if scratch is None or scratch.nbytes < acc.nbytes:
-            scratch = self._scratch[src] = np.empty(max(acc.nbytes, 1 << 16), dtype=np.uint8)
-        view = scratch[:acc.nbytes].view(acc.dtype).reshape(acc.shape)
-        self.recv_into(src, view)
-        op(acc, view, out=acc)
+        if scratch is None:
+            scratch = self._scratch[src] = np.empty(_PIECE, dtype=np.uint8)
+        flat = acc.reshape(-1)
+        step = max(1, _PIECE // acc.dtype.itemsize)
+        for a in range(0, flat.size, step):
+            target = flat[a:a + step]
+            piece = scratch[:target.nbytes].view(acc.dtype)
+            self._payload(src, piece)
+            op(target, piece, out=target)
 
     def abort(self, reason: str) -> None:
         self.close()
