@@ -17,8 +17,10 @@ from fedarena.engine.collectives.conformance import DTYPES, run_conformance
 from fedarena.engine.collectives.faults import die_during_all_reduce
 from fedarena.engine.collectives.launch import group_spec, spawn
 
-PROCESS_SHAPES = ((0,), (3, 5))
-RAY_DTYPES = ("bool", "int16", "uint64", "float16", "float32", "complex128")
+# zero-length arrays send no messages at all (every chunk range is empty), so they are transport-independent
+# and covered by the thread tests; over processes every dtype is checked on an odd-sized 3x5 array
+PROCESS_SHAPES = ((3, 5),)
+RAY_DTYPES = ("int64", "float32")
 
 
 @pytest.mark.parametrize("world_size", range(1, 9))
@@ -181,7 +183,7 @@ def test_framing_rejects_hostile_headers():
 def ray_group(ray_session):
     from fedarena.engine.collectives.ray_actors import RayGroup
 
-    group = RayGroup(4, timeout=20, comm_options={"chunk_bytes": 64})
+    group = RayGroup(4, timeout=30, comm_options={"chunk_bytes": 64})
     yield group
     group.shutdown()
 
@@ -189,8 +191,8 @@ def ray_group(ray_session):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ray_transport_equals_numpy(ray_group, world_size):
     ray_group.resize(world_size)
-    # one dtype of each kind and itemsize class (an actor call per message makes the full table slow on Ray;
-    # the dtype handling itself is the transport-independent header check run in full on the other transports)
+    # two dtypes: an actor call per message makes the full table slow on Ray; dtype handling is checked in
+    # full over threads, TCP and shared memory
     checks = ray_group.run(run_conformance, world_size, RAY_DTYPES, ((3, 5),))
     assert len(set(checks)) == 1 and checks[0] > 50
     # one payload above the inline limit goes through the object store

@@ -145,7 +145,7 @@ class SharedMemoryTransport(Transport):
                     c = _attach(f"{self.name}_c{peer}")
                     ring = _attach(f"{self.name}_{self.rank}_{peer}")
                     break
-                except FileNotFoundError:
+                except (FileNotFoundError, ValueError):  # not created yet, or created but not yet sized
                     if time.monotonic() > deadline:
                         raise PeerFailure(f"rank {self.rank}: rank {peer} did not join shared-memory group "
                                           f"{self.name!r} within {self.timeout:g} s") from None
