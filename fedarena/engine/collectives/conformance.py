@@ -49,8 +49,11 @@ def _expect(got: np.ndarray | None, want: np.ndarray, what: str, approx: bool = 
 
 
 def run_conformance(comm: Communicator, seed: int = 0, dtypes: Iterable[str] = DTYPES,
-                    shapes: Sequence[tuple[int, ...]] = SHAPES) -> int:
-    """Check every collective, algorithm, op, dtype and shape on ``comm``; returns the number of checks."""
+                    shapes: Sequence[tuple[int, ...]] = SHAPES, reductions: Sequence[str] = ("sum", "max", "min"),
+                    roots: Sequence[int] | None = None) -> int:
+    """Check every collective, algorithm, op, dtype and shape on ``comm``; returns the number of checks.
+    ``reductions`` (besides ``mean``, checked on float and complex dtypes) and ``roots`` (default: the first
+    and the last rank) narrow the table."""
     n, me = comm.world_size, comm.rank
     checks = 0
     case = 0
@@ -61,7 +64,7 @@ def run_conformance(comm: Communicator, seed: int = 0, dtypes: Iterable[str] = D
             xs = [_input(seed, case, r, shape, dtype) for r in range(n)]
             blocks = [_input(seed, case + 10_000, r, (n,) + shape, dtype) for r in range(n)]
             tag = f"rank {me}, {dtype}{list(shape)}, world {n}"
-            ops = ["sum", "max", "min"] if dtype.kind != "c" else ["sum"]
+            ops = [op for op in reductions if dtype.kind != "c" or op == "sum"] or ["sum"]
             for alg in ALGORITHMS["all_reduce"]:
                 for op in ops:
                     _expect(comm.all_reduce(xs[me], op, alg), functools.reduce(_REF[op], xs),
@@ -79,7 +82,7 @@ def run_conformance(comm: Communicator, seed: int = 0, dtypes: Iterable[str] = D
             for alg in ALGORITHMS["all_gather"]:
                 _expect(comm.all_gather(xs[me], alg), np.stack(xs), f"all_gather[{alg}] {tag}")
                 checks += 1
-            for root in sorted({0, n - 1}):
+            for root in (sorted({0, n - 1}) if roots is None else [r % n for r in roots]):
                 for alg in ALGORITHMS["broadcast"]:
                     _expect(comm.broadcast(xs[me], root, alg), xs[root], f"broadcast[{alg}, root {root}] {tag}")
                     checks += 1
