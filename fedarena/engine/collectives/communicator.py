@@ -162,8 +162,8 @@ class Communicator:
                                  f"got shape {blocks.shape}")
         if self.world_size == 1:
             return np.array(blocks[0, ...])
-        nbytes = blocks.nbytes if blocks is not None else 0
-        name = self._pick("scatter", algorithm, nbytes) if (algorithm or self.algorithm) != "auto" else "tree"
+        # "auto" means tree here: only the root knows the size, and every rank must pick the same algorithm
+        name = self._pick("scatter", algorithm, 0) if (algorithm or self.algorithm) != "auto" else "tree"
         run = {"tree": alg.tree_scatter, "linear": alg.linear_scatter}[name]
         return self._guard(lambda: run(self.transport, blocks, root), f"scatter[{name}]")
 

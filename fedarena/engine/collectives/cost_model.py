@@ -3,7 +3,8 @@
 A message of ``m`` bytes costs ``alpha + m * beta``. For every collective and algorithm, ``coefficients``
 returns ``(a, b)`` with predicted time ``T = a * alpha + b * beta``: ``a`` counts the messages on the critical
 path (chunked transfers count one message per chunk, as the schedules in :mod:`.algorithms` send them) and
-``b`` the bytes on it. ``nbytes`` is the NCCL-tests "size": the all-reduce / broadcast / reduce buffer, the
+``b`` the bytes on it; for the pipelined tree and chain schedules the counts are the usual
+``(depth + chunks - 1)`` pipeline approximation, with the fan-out of a binary-tree node. ``nbytes`` is the NCCL-tests "size": the all-reduce / broadcast / reduce buffer, the
 full all-gather output, the full reduce-scatter input, the full gather output / scatter input. The
 communicator picks the algorithm with the smallest prediction (``choose``); ``benchmarks/collectives.py`` fits
 ``alpha`` and ``beta`` to measurements by least squares on these coefficients.

@@ -14,7 +14,7 @@ challenge/response, compared with ``hmac.compare_digest``)::
 A connection that fails the check is closed without reading further. After it, each direction carries
 messages in the documented :mod:`.framing` format (header, then raw array bytes). Sends run on one thread per
 peer (so both ends of a ring step can send at once without deadlock); receives read straight into the
-destination buffer. A closed connection (the peer process died) or a socket timeout raises
+destination buffer, and reductions receive 256 KiB pieces into a reused scratch buffer and reduce each at once. A closed connection (the peer process died) or a socket timeout raises
 :class:`PeerFailure`; ``abort`` closes every socket, so the failure reaches every rank.
 """
 

@@ -200,8 +200,12 @@ class _Replica:
         return ("step", aux)
 
     def serve(self) -> None:
-        while self.step(np.zeros(4, np.int64), None, None)[0] != "stop":
-            pass
+        try:
+            while self.step(np.zeros(4, np.int64), None, None)[0] != "stop":
+                pass
+        except BaseException as exc:  # a replica that fails stops the group instead of leaving rank 0 waiting
+            self.comm.transport.abort(f"learner replica {self.comm.rank} failed: {type(exc).__name__}: {exc}")
+            raise
 
 
 def _process_worker(comm: Communicator, make_replica: Callable[[], ReplicaStep], bucket_bytes: int,
@@ -257,7 +261,14 @@ class DataParallelLearner:
         if resync:
             self._rank0.params, self._rank0.opt_state = params, opt_state
         control = np.array([_STEP, int(resync), len(names), 0], dtype=np.int64)
-        _, aux = self._rank0.step(control, keys, fields)
+        if self._closed:
+            raise RuntimeError("DataParallelLearner: closed (a replica failed or close() was called)")
+        try:
+            _, aux = self._rank0.step(control, keys, fields)
+        except BaseException as exc:
+            self.comm.transport.abort(f"learner rank 0 failed: {type(exc).__name__}: {exc}")
+            self._shutdown()
+            raise
         self._last = (self._rank0.params, self._rank0.opt_state)
         return self._rank0.params, self._rank0.opt_state, aux
 
@@ -268,17 +279,20 @@ class DataParallelLearner:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         try:
             self._rank0.step(np.array([_STOP, 0, 0, 0], dtype=np.int64), None, None)
         finally:
-            for t in self._threads:
-                t.join(10)
-            for p in self._procs:
-                p.join(10)
-                if p.is_alive():
-                    p.kill()
-            self.comm.close()
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._closed = True
+        for t in self._threads:
+            t.join(10)
+        for p in self._procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        self.comm.close()
 
     def __del__(self) -> None:
         try:
