@@ -208,6 +208,16 @@ class _Replica:
             raise
 
 
+def _thread_worker(comm: Communicator, make_replica: Callable[[], ReplicaStep], bucket_bytes: int, overlap: bool,
+                   lock: threading.Lock) -> None:
+    try:
+        replica = _Replica(comm, make_replica, bucket_bytes, overlap, lock)
+    except BaseException as exc:  # noqa: BLE001 - rank 0 gets PeerFailure instead of waiting for the timeout
+        comm.transport.abort(f"building learner replica {comm.rank} failed: {type(exc).__name__}: {exc}")
+        return
+    replica.serve()
+
+
 def _process_worker(comm: Communicator, make_replica: Callable[[], ReplicaStep], bucket_bytes: int,
                     overlap: bool) -> None:
     _Replica(comm, make_replica, bucket_bytes, overlap, None).serve()
@@ -240,8 +250,8 @@ class DataParallelLearner:
             comm0 = Communicator(group.transport(0, timeout))
             for rank in range(1, learners):
                 comm = Communicator(group.transport(rank, timeout))
-                t = threading.Thread(target=lambda c=comm: _Replica(c, make_replica, bucket_bytes, overlap,
-                                                                    lock).serve(), daemon=True)
+                t = threading.Thread(target=_thread_worker, args=(comm, make_replica, bucket_bytes, overlap, lock),
+                                     daemon=True)
                 t.start()
                 self._threads.append(t)
         else:
