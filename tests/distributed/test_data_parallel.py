@@ -145,3 +145,26 @@ def test_two_learner_impala_step_equals_one_learner():
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     finally:
         two._step.close()
+
+
+def _fragile_replica():
+    rep = _regression_replica()
+
+    def grad(p, b):
+        if np.any(b["x"] > 100):
+            raise ValueError("bad shard")
+        return rep.grad(p, b)
+
+    return ReplicaStep(grad, rep.apply, rep.params, rep.opt_state)
+
+
+def test_a_failing_replica_stops_rank_0_with_its_error_not_a_timeout():
+    from fedarena.engine.collectives import PeerFailure
+
+    dp = DataParallelLearner(_fragile_replica, 2, "threads", timeout=60)
+    x = np.zeros((4, 3), np.float32)
+    x[2:] = 1000.0  # rank 1's shard
+    with pytest.raises(PeerFailure, match="replica 1 failed: ValueError: bad shard"):
+        dp(dp._rank0.params, dp._rank0.opt_state, {"x": x, "y": np.zeros((4, 1), np.float32)})
+    with pytest.raises(RuntimeError, match="closed"):
+        dp(dp._rank0.params, dp._rank0.opt_state, {"x": x, "y": np.zeros((4, 1), np.float32)})

@@ -215,7 +215,10 @@ def _thread_worker(comm: Communicator, make_replica: Callable[[], ReplicaStep], 
     except BaseException as exc:  # noqa: BLE001 - rank 0 gets PeerFailure instead of waiting for the timeout
         comm.transport.abort(f"building learner replica {comm.rank} failed: {type(exc).__name__}: {exc}")
         return
-    replica.serve()
+    try:
+        replica.serve()
+    except BaseException:  # noqa: BLE001 - serve() aborted the group; rank 0 raises the error
+        return
 
 
 def _process_worker(comm: Communicator, make_replica: Callable[[], ReplicaStep], bucket_bytes: int,
