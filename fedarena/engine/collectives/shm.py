@@ -9,7 +9,8 @@ copies straight into the destination (``recv_into``) or reduces straight out of 
 accumulator (``recv_reduce``): the only copy on a reduction step is the sender's copy into the ring.
 
 Publication relies on stores becoming visible in program order (x86-64's TSO; the counters are written after
-the data by separate interpreter calls). Waits spin briefly, then back off with sleeps; while waiting a rank
+the data by separate interpreter calls). Waits spin briefly, then sleep (at most 50 us for the first 20 ms,
+then up to 1 ms, then 5 ms, so an idle rank costs little); while waiting a rank
 checks the group's abort flag and whether the peer process still exists, and gives up after ``timeout``.
 Each rank also has a control segment (its pid, the abort flag and reason) that the other ranks attach to.
 """
@@ -174,12 +175,16 @@ class SharedMemoryTransport(Transport):
     def _wait_for(self, ready, peer: int, what: str) -> None:  # noqa: ANN001 - a zero-argument predicate
         if ready():
             return
-        deadline = time.monotonic() + self.timeout
-        spins, sleep, last_check = 0, 0.0, time.monotonic()
+        begin = last_check = time.monotonic()
+        deadline = begin + self.timeout
+        spins, sleep = 0, 0.0
         while not ready():
             spins += 1
             if spins > 200:
-                sleep = min(1e-3, max(2e-6, sleep * 1.5))
+                # short sleeps while a collective is likely in flight, long ones for an idle rank
+                waited = time.monotonic() - begin
+                cap = 50e-6 if waited < 0.02 else 1e-3 if waited < 1.0 else 5e-3
+                sleep = min(cap, max(2e-6, sleep * 1.5))
                 time.sleep(sleep)
             now = time.monotonic()
             if now - last_check > 0.02:
