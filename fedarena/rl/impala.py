@@ -48,9 +48,9 @@ class IMPALAConfig:
         checks = {"num_envs": self.num_envs >= 1, "unroll_length": self.unroll_length >= 1,
                   "gamma": 0.0 <= self.gamma <= 1.0, "learning_rate": self.learning_rate > 0,
                   "max_policy_lag": self.max_policy_lag >= 0, "clip_rho_threshold": self.clip_rho_threshold > 0,
-                  "clip_c_threshold": self.clip_c_threshold > 0, "learners": self.learners >= 1,
-                  "learner_transport": self.learner_transport in ("threads", "shm", "tcp"),
-                  "unroll_length": (self.unroll_length * self.num_envs) % self.learners == 0}
+                  "clip_c_threshold": self.clip_c_threshold > 0,
+                  "learners": self.learners >= 1 and (self.unroll_length * self.num_envs) % self.learners == 0,
+                  "learner_transport": self.learner_transport in ("threads", "shm", "tcp")}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"impala.{name}: invalid value {getattr(self, name)!r}")
