@@ -13,7 +13,7 @@ import pytest
 from fedarena.engine.collectives import (ALGORITHMS, Communicator, FramingError, PeerFailure, ThreadGroup, choose,
                                          coefficients, run_threads)
 from fedarena.engine.collectives import framing
-from fedarena.engine.collectives.conformance import DTYPES, run_conformance
+from fedarena.engine.collectives.conformance import DTYPES, run_conformance, run_conformance_for_sizes
 from fedarena.engine.collectives.faults import die_during_all_reduce
 from fedarena.engine.collectives.launch import group_spec, spawn
 
@@ -102,11 +102,15 @@ def test_cost_model_closed_forms_and_size_based_choice():
 
 
 @pytest.mark.parametrize("kind", ["tcp", "shm"])
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_process_transports_equal_numpy(kind, world_size):
-    checks = spawn(world_size, kind, run_conformance, (world_size, DTYPES, PROCESS_SHAPES), timeout=30,
-                   comm_options={"chunk_bytes": 4096})
-    assert len(set(checks)) == 1 and checks[0] > 100
+def test_process_transports_equal_numpy_for_world_sizes_2_to_4(kind):
+    # one set of 4 rank processes; ranks 0-2 and 0-1 then form groups of 3 and 2 over fresh transports
+    options = {"chunk_bytes": 4096}
+    specs = {3: group_spec(kind), 2: group_spec(kind)}
+    check = functools.partial(run_conformance_for_sizes, seed=4, dtypes=DTYPES, shapes=PROCESS_SHAPES)
+    per_rank = spawn(4, kind, check, (kind, specs, 30.0, options), timeout=30, comm_options=options)
+    for size in (2, 3, 4):
+        counts = [done[size] for done in per_rank if size in done]
+        assert len(counts) == size and len(set(counts)) == 1 and counts[0] > 100
 
 
 @pytest.mark.parametrize("kind", ["tcp", "shm"])
@@ -190,7 +194,7 @@ def ray_group(ray_session):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_ray_transport_equals_numpy(ray_group, world_size):
     ray_group.resize(world_size)
-    checks = ray_group.run(run_conformance, world_size, DTYPES, PROCESS_SHAPES)
+    checks = ray_group.run(run_conformance, world_size, DTYPES, ((3, 5),), ("sum", "max"), (-1,))
     assert len(set(checks)) == 1 and checks[0] > 100
     # one payload above the inline limit goes through the object store
     big = ray_group.run(_big_all_reduce)

@@ -104,3 +104,22 @@ def run_conformance(comm: Communicator, seed: int = 0, dtypes: Iterable[str] = D
                     checks += 1
             comm.barrier()
     return checks
+
+
+def run_conformance_for_sizes(comm: Communicator, kind: str, specs: dict[int, dict], timeout: float = 30.0,
+                              comm_options: dict | None = None, **kwargs) -> dict[int, int]:
+    """:func:`run_conformance` on ``comm`` and then on smaller groups of its first ranks, one per entry of
+    ``specs`` (world size -> the :func:`.launch.group_spec` of that group), so one set of rank processes checks
+    several world sizes. Returns the number of checks per world size (on ranks inside each group)."""
+    from .launch import make_transport
+
+    done = {comm.world_size: run_conformance(comm, **kwargs)}
+    for size, spec in sorted(specs.items()):
+        if comm.rank < size:
+            sub = Communicator(make_transport(kind, comm.rank, size, spec, timeout), **(comm_options or {}))
+            try:
+                done[size] = run_conformance(sub, **kwargs)
+            finally:
+                sub.close()
+        comm.barrier()
+    return done
