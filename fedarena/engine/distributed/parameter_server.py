@@ -40,6 +40,11 @@ _PUSH, _DONE = 1, 0
 
 @dataclass(frozen=True)
 class ParameterServerConfig:
+    """``mode``: sync, threshold or async; ``servers``: how many ranks hold shards; ``threshold``: the fraction
+    of workers a threshold step waits for; ``staleness``: the largest version lag of an applied gradient
+    (threshold and async); ``steps``: the workers stop once any shard has made this many steps (shards step
+    independently, so in threshold and async mode the others may have made fewer)."""
+
     mode: str = "sync"
     servers: int = 1
     threshold: float = 0.9
