@@ -9,7 +9,8 @@
   ``ParallelEnv`` (both players move at once; each sees the previous joint action; truncated after the
   last round, like PettingZoo's ``rps_v2``).
 - :func:`make_env`: a PettingZoo environment by id (``"pettingzoo.classic.tictactoe_v3"``, ``"connect_four_v3"``,
-  ``"rps_v2"``, ``"mpe2.simple_spread_v3"`` / ``"simple_spread_v3"``), AEC or parallel.
+  ``"rps_v2"``, ``"mpe2.simple_spread_v3"`` / ``"simple_spread_v3"``, or fedarena's own ``"two_step_v0"``),
+  AEC or parallel.
 
 Both adapters pass ``pettingzoo.test.api_test`` / ``parallel_api_test`` (see the tests).
 """
@@ -41,9 +42,15 @@ ENV_FAMILIES = ("pettingzoo.classic", "pettingzoo.butterfly", "pettingzoo.sisl",
 """Where a short id like ``"tictactoe_v3"`` is looked for, in this order."""
 
 
+FEDARENA_ENVS = {"two_step_v0": "fedarena.envs.pettingzoo_two_step"}
+"""PettingZoo environments that fedarena itself defines, by id."""
+
+
 def _env_module(env_id: str) -> Any:
     if not isinstance(env_id, str) or not env_id:
         raise UnknownEnvError(f"env_id: expected a PettingZoo environment id, got {env_id!r}")
+    if env_id in FEDARENA_ENVS:
+        return importlib.import_module(FEDARENA_ENVS[env_id])
     if "." in env_id:
         candidates = [env_id]
         if env_id.split(".", 1)[0] not in ("pettingzoo", "mpe2"):
