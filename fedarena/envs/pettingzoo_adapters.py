@@ -65,6 +65,9 @@ def _env_module(env_id: str) -> Any:
             if e.name is not None and path.startswith(e.name):  # the env module itself is missing
                 continue
             raise UnknownEnvError(f"env_id: '{env_id}' needs the missing package '{e.name}'") from None
+        except ImportError as e:  # e.g. pettingzoo.mpe, which now only says it moved to mpe2
+            reason = (str(e).strip().splitlines() or ["import failed"])[0]
+            raise UnknownEnvError(f"env_id: '{env_id}' cannot be imported: {reason}") from None
         if hasattr(module, "env") or hasattr(module, "parallel_env"):
             return module
     raise UnknownEnvError(f"env_id: unknown PettingZoo environment '{env_id}' "
