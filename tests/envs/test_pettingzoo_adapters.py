@@ -126,7 +126,7 @@ def test_turn_based_runner_matches_exact_value_of_random_play():
     me = random_policy(2)
     obs, mask = env.reset()
     rets = []
-    while len(rets) < 4000:
+    while len(rets) < 2000:
         st = env.step(me(obs, mask))
         obs, mask = st.obs, st.action_mask
         rets += st.episode_return[st.episode_end].tolist()
