@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from fedarena.engine import ops
 from fedarena.rl.ppo import PPO, PPOConfig
 
 ILLEGAL_LOGIT = -1e9

@@ -15,13 +15,13 @@ sampled uniformly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from fedarena import engine
-from fedarena.envs.pettingzoo_batch import OpponentPolicy, TurnBasedVecEnv, random_policy
+from fedarena.envs.pettingzoo_batch import OpponentPolicy, TurnBasedVecEnv, observation_size
 from fedarena.marl.independent import masked_ppo, sample_actions
 from fedarena.platform.experiment import param
 from fedarena.rl.ppo import PPO, PPOConfig
@@ -82,9 +82,8 @@ def network_policy(ppo: PPO, params: Callable[[], Any] | Any, rng: np.random.Gen
     def act(obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         p = params() if callable(params) else params
         x = np.concatenate([obs, mask], axis=1).astype(np.float32)
-        (logits,), _ = ppo.forward(p, x)
-        logits = np.where(mask, np.asarray(logits, dtype=np.float64), -np.inf)
-        return ppo.dist.sample(np.where(mask, logits, -1e30), rng)
+        (logits,), _ = ppo.forward(p, x)  # already -1e9 on illegal actions (MaskedActorCritic)
+        return ppo.dist.sample(np.asarray(logits, dtype=np.float64), rng)
 
     return act
 
@@ -94,15 +93,11 @@ class SelfPlayPPO:
 
     def __init__(self, make_env: Callable[[], Any], num_envs: int, ppo: PPOConfig, selfplay: SelfPlayConfig,
                  seed: int = 0, total_steps: int | None = None) -> None:
-        from dataclasses import replace
-
         self.selfplay = selfplay
         self.rng = np.random.default_rng([seed, 3])
         self.pool = SnapshotPool(selfplay.pool_size)
         probe = make_env()
         probe.reset(seed=0)
-        from fedarena.envs.pettingzoo_batch import observation_size
-
         agent = probe.possible_agents[0]
         self.obs_size = observation_size(probe.observation_space(agent))
         self.num_actions = int(probe.action_space(agent).n)
@@ -179,4 +174,4 @@ class SelfPlayPPO:
                 "return": float(r.mean())}
 
 
-__all__ = ["Snapshot", "SnapshotPool", "SelfPlayConfig", "SelfPlayPPO", "network_policy", "random_policy"]
+__all__ = ["Snapshot", "SnapshotPool", "SelfPlayConfig", "SelfPlayPPO", "network_policy"]
