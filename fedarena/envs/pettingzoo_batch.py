@@ -2,9 +2,10 @@
 
 - :class:`ParallelEnvBatch`: ``n`` copies of a parallel env stepped together. Arrays are indexed
   ``[copy, agent]`` over the env's ``possible_agents``; agents that are already done in a copy (dead agents)
-  get zero observations and an all-false action mask, and ``alive`` says which slots acted. A copy whose
-  agents are all done is reset in the same step (same-step auto-reset, as gymnasium's vector envs); its last
-  observations and global state are kept in ``final_obs`` / ``final_state`` for bootstrapping truncations.
+  get zero observations and an all-false action mask, and ``alive`` says which slots acted. The last
+  observation of an agent that finishes (terminated or truncated) is in ``final_obs`` of that step, for
+  bootstrapping truncations. A copy whose agents are all done is reset in the same step (same-step
+  auto-reset, as gymnasium's vector envs); its last global state is kept in ``final_state``.
 - :class:`TurnBasedVecEnv`: ``n`` copies of a turn-based (AEC) env where one seat per copy is the learner
   and every other seat is played by an opponent policy drawn per episode from a sampler (a fixed policy, a
   pool of past snapshots, a league). The learner sees an ordinary single-agent vector env: observation,
@@ -96,7 +97,7 @@ class ParallelBatchStep:
     truncated: np.ndarray      # (n, M) bool
     alive: np.ndarray          # (n, M) bool: the agent acted in this step
     episode_end: np.ndarray    # (n,) bool: every agent of the copy is done; the copy was reset
-    final_obs: np.ndarray      # (n, M, D) observations at the end of the finished episodes (zeros elsewhere)
+    final_obs: np.ndarray      # (n, M, D) last observation of each agent that finished in this step (zeros elsewhere)
     final_state: np.ndarray    # (n, S)
     episode_return: np.ndarray  # (n, M) returns of the finished episodes (nan elsewhere)
     episode_length: np.ndarray  # (n,) lengths of the finished episodes (0 elsewhere)
@@ -197,10 +198,12 @@ class ParallelEnvBatch:
                 trunc[i, k] = tr.get(a, False)
             self._returns[i] += reward[i]
             self._lengths[i] += 1
-            self._write(i, obs, infos)
+            for a, k in zip(live, idx):
+                if a not in env.agents and a in obs:  # done in this step: its last observation
+                    final_obs[i, k] = flatten_observation(env.observation_space(a), obs[a])
+            self._write(i, {a: o for a, o in obs.items() if a in env.agents}, infos)
             if not env.agents:
                 end[i] = True
-                final_obs[i] = self._obs[i]
                 final_state[i] = self._global_state(i)
                 ep_ret[i] = self._returns[i]
                 ep_len[i] = self._lengths[i]

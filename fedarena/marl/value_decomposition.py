@@ -212,10 +212,10 @@ class ValueDecompositionTrainer:
         st = env.step(actions)
         alive = np.maximum(st.alive.sum(axis=1), 1)
         team_reward = (st.reward * st.alive).sum(axis=1) / alive
-        end = st.episode_end[:, None, None]
-        next_obs = np.where(end, st.final_obs, st.obs)
+        finished = (st.terminated | st.truncated)[:, :, None]
+        next_obs = np.where(finished, st.final_obs, st.obs)
         next_state = np.where(st.episode_end[:, None], st.final_state, st.state)
-        next_mask = np.where(end, True, st.action_mask)
+        next_mask = np.where(finished, True, st.action_mask)
         terminal = st.episode_end & st.terminated.any(axis=1) & ~st.truncated.any(axis=1)
         self.buffer.add({"obs": self.obs, "state": self.state, "action": actions, "reward": team_reward,
                          "next_obs": next_obs, "next_state": next_state, "next_mask": next_mask,

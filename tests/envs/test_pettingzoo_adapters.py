@@ -176,6 +176,8 @@ def test_parallel_batch_pads_dead_agents_and_resets_finished_copies():
     s1 = batch.step(np.zeros((2, 3), int))
     assert s1.alive.all() and s1.terminated[:, 0].all() and not s1.episode_end.any()
     assert np.all(s1.obs[:, 0] == 0) and not s1.action_mask[:, 0].any() and s1.action_mask[:, 1:].all()
+    np.testing.assert_array_equal(s1.final_obs[:, 0], [[1, 0], [1, 0]])  # a0's last observation
+    assert np.all(s1.final_obs[:, 1:] == 0)
     s2 = batch.step(np.zeros((2, 3), int))
     assert (s2.alive == [False, True, True]).all() and s2.truncated[:, 1].all()
     s3 = batch.step(np.zeros((2, 3), int))
@@ -183,5 +185,6 @@ def test_parallel_batch_pads_dead_agents_and_resets_finished_copies():
     np.testing.assert_array_equal(s3.episode_return, [[1, 4, 9], [1, 4, 9]])
     assert (s3.episode_length == 3).all()
     np.testing.assert_array_equal(s3.final_obs[:, 2], [[3, 2], [3, 2]])
+    assert np.all(s3.final_obs[:, :2] == 0)
     np.testing.assert_array_equal(s3.obs[:, :, 0], 0)  # reset in the same step: t = 0 again
     assert s3.action_mask.all() and (s3.state == 0).all() and (s3.final_state == 3).all()
