@@ -4,7 +4,7 @@
 :class:`fedarena.envs.efg.Game`, so the exact algorithms (exploitability, CFR, XFP, PSRO) and the
 PettingZoo adapter run on it. Simultaneous-move games go through OpenSpiel's turn-based conversion
 (``pyspiel.convert_to_turn_based``: the players move one after another and a player's information state
-does not show the moves of the same round; Lanctot et al., 2019, "OpenSpiel", sec. 3). Information-state
+does not show the moves of the same round; Lanctot et al., 2019, "OpenSpiel"). Information-state
 strings and tensors are OpenSpiel's own, so a tabular policy keyed by them is the same policy in both
 libraries. Game parameters are given in OpenSpiel's syntax: ``"liars_dice"``, ``"kuhn_poker(players=3)"``,
 ``"goofspiel(num_cards=4,imp_info=True,points_order=descending)"``.

@@ -1,4 +1,4 @@
-"""The two-step cooperative matrix game of Rashid et al. (2018, "QMIX", sec. 6.1, fig. 3) as a PettingZoo
+"""The two-step cooperative matrix game of Rashid et al. (2018, "QMIX", sec. 6.1) as a PettingZoo
 parallel environment.
 
 Two agents, two actions each, one shared reward. In the first state only agent 0's action matters: action

@@ -1,12 +1,12 @@
 """Cooperative value decomposition: VDN (Sunehag et al., 2017) and QMIX (Rashid et al., 2018), on the engine.
 
 Each agent ``a`` has a utility ``Q_a(o_a, u_a)`` from one network shared by all agents (its input is the
-observation plus a one-hot agent id; Rashid et al., sec. 4). The joint value mixes the chosen utilities:
+observation plus a one-hot agent id, as in Rashid et al.). The joint value mixes the chosen utilities:
 
-- VDN: ``Q_tot = sum_a Q_a`` (Sunehag et al., eq. 1);
+- VDN: ``Q_tot = sum_a Q_a`` (Sunehag et al.);
 - QMIX: ``Q_tot = w2(s) . elu(W1(s)^T q + b1(s)) + b2(s)`` where hypernetworks of the global state ``s``
   produce the weights, made non-negative by an absolute value, so ``dQ_tot/dQ_a >= 0`` (monotonic mixing,
-  Rashid et al., eq. 5 and fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU.
+  Rashid et al., fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU.
 
 Training minimizes the TD error ``(r + gamma (1 - terminal) Q_tot^-(s', argmax_u Q_a(o'_a, u)) - Q_tot(s, u))^2``
 on transitions drawn uniformly from a replay buffer, with a target network (``^-``) copied every
