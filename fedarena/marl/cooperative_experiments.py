@@ -33,7 +33,8 @@ class CooperativeConfig(ExperimentConfig):
     env_id: str = param("mpe2.simple_spread_v3", "PettingZoo parallel env id (or two_step_v0, the QMIX paper's game)")
     max_cycles: int | None = param(25, "episode length of MPE tasks (passed as max_cycles); null for envs without it")
     algorithms: list[str] = param(doc="algorithms run side by side: qmix, vdn, ippo", factory=lambda: list(ALGORITHMS))
-    seeds: list[int] = param(doc="seeds per algorithm (the run's seed is added to each)", factory=lambda: [0])
+    learner_seeds: list[int] = param(doc="seeds per algorithm inside this one run, so the report compares them "
+                                     "(the run's seed is added to each)", factory=lambda: [0])
     num_envs: int = param(8, "environment copies per learner")
     env_steps: int = param(100_000, "environment steps per learner (summed over its copies)")
     steps_per_round: int = param(2_000, "environment steps per learner between metric rows")
@@ -58,8 +59,8 @@ class CooperativeConfig(ExperimentConfig):
                 raise ValueError(f"algorithms: unknown algorithm '{a}'; known: {', '.join(ALGORITHMS)}")
         if len(set(self.algorithms)) != len(self.algorithms):
             raise ValueError(f"algorithms: listed twice in {self.algorithms}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: expected distinct seeds, got {self.seeds}")
+        if not self.learner_seeds or len(set(self.learner_seeds)) != len(self.learner_seeds):
+            raise ValueError(f"learner_seeds: expected distinct seeds, got {self.learner_seeds}")
         for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -118,7 +119,7 @@ class _Learner:
 
 
 def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
-    learners = [_Learner(a, cfg.seed + s, cfg) for a in cfg.algorithms for s in cfg.seeds]
+    learners = [_Learner(a, cfg.seed + s, cfg) for a in cfg.algorithms for s in cfg.learner_seeds]
     rounds = -(-cfg.env_steps // cfg.steps_per_round)
     greedy: dict[tuple[str, int], float] = {}
     with run.progress(total=rounds, desc=f"cooperative {cfg.env_id}") as bar:
@@ -136,11 +137,11 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
                 if k % cfg.eval_every == 0 or k == rounds:
                     greedy[(L.algorithm, L.seed)] = row[f"{tag}/greedy_return"] = L.greedy_return(cfg.eval_episodes)
             run.log(k * cfg.steps_per_round, **row)
-            bar.update(1, **{a: np.mean([greedy.get((a, cfg.seed + s), np.nan) for s in cfg.seeds])
+            bar.update(1, **{a: np.mean([greedy.get((a, cfg.seed + s), np.nan) for s in cfg.learner_seeds])
                              for a in cfg.algorithms})
     summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": cfg.env_steps}
     for a in cfg.algorithms:
-        finals = [greedy[(a, cfg.seed + s)] for s in cfg.seeds]
+        finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]
         summary[f"{a}/greedy_return_per_seed"] = finals
         summary[f"{a}/greedy_return_mean"] = float(np.mean(finals))
         if cfg.env_id.endswith("two_step_v0"):
@@ -161,7 +162,7 @@ def plots_cooperative(rows, cfg: CooperativeConfig, report_dir: str) -> list[str
     for a in cfg.algorithms:
         for key, ax_pair in (("return", (axes[0], axes[1])), ("greedy_return", (None, axes[2]))):
             xs_ep, xs_wall, ys = [], [], []
-            for s in cfg.seeds:
+            for s in cfg.learner_seeds:
                 tag = f"{a}/seed{cfg.seed + s}"
                 pts = [(r[f"{tag}/episodes"], r[f"{tag}/wall_time"], r[f"{tag}/{key}"]) for r in rows
                        if f"{tag}/{key}" in r]

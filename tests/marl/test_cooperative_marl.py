@@ -110,7 +110,7 @@ def test_experiment_kinds_run_end_to_end(tmp_path):
     from fedarena.platform.runs import execute
 
     summary = execute("experiments/two_step_qmix.yaml",
-                      ["seeds=[0]", "algorithms=[qmix]", "env_steps=400", "steps_per_round=200", "eval_episodes=8"],
+                      ["learner_seeds=[0]", "algorithms=[qmix]", "env_steps=400", "steps_per_round=200", "eval_episodes=8"],
                       out=str(tmp_path / "coop"), quiet=True)
     assert summary["qmix/greedy_return_per_seed"][0] in (0.0, 1.0, 7.0, 8.0)
     assert (tmp_path / "coop" / "report" / "returns.png").exists()
