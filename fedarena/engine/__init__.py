@@ -8,7 +8,7 @@ submodules ``ops`` (numpy-named operations), ``nn`` (layers), ``optim`` (optimiz
 
 from . import primitives as _primitives  # noqa: F401  (registers every primitive)
 from . import ops
-from . import initializers, nn, optim
+from . import initializers, nn, optim, random
 from .serialization import ParamsFileError, load_params, save_params
 from .autodiff import grad, hvp, jvp, value_and_grad, vjp
 from .ir import (
@@ -22,9 +22,11 @@ from .ir import (
     UnknownPrimitiveError,
     UnsupportedDtypeError,
 )
-from .jit import jit, make_graph
+from .jit import RecompileWarning, jit, make_graph
 from .vmap import vmap
 from .control_flow import cond, fori_loop, scan, while_loop
+from .custom import checkpoint, custom_vjp, remat
+from .jacobians import hessian, jacfwd, jacrev
 from . import passes
 from .inspection import inspect
 from .profiler import profile
@@ -45,12 +47,14 @@ __all__ = [
     "UnknownPrimitiveError",
     "UnsupportedDtypeError",
     "ParamsFileError",
+    "RecompileWarning",
     "get_num_threads",
     "grad",
     "initializers",
     "load_params",
     "nn",
     "optim",
+    "random",
     "save_params",
     "set_num_threads",
     "hvp",
@@ -69,6 +73,12 @@ __all__ = [
     "fori_loop",
     "scan",
     "while_loop",
+    "checkpoint",
+    "custom_vjp",
+    "remat",
+    "hessian",
+    "jacfwd",
+    "jacrev",
     "inspect",
     "passes",
     "profile",

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import primitives as P
-from .ir import ShapeError, check_dtype, is_float
+from .ir import ShapeError, TracerControlFlowError, check_dtype, is_float
 from .tracing import Tracer, aval_of, bind
 
 Array = Any  # numpy array or Tracer
@@ -503,8 +503,12 @@ def one_hot(indices: Array, num_classes: int, dtype: Any = np.float32) -> Array:
 
 
 def _index_tuple(key: Any, sh: tuple) -> tuple:
+    """``key`` as a tuple with the Ellipsis expanded (and missing trailing axes as full slices)."""
     if not isinstance(key, tuple):
         key = (key,)
+    n_ellipsis = _builtins.sum(1 for k in key if k is Ellipsis)
+    if n_ellipsis > 1:
+        raise ShapeError("an index can only have a single ellipsis ('...')")
     n_real = len([k for k in key if k is not None and k is not Ellipsis])
     out = []
     for k in key:
@@ -512,20 +516,45 @@ def _index_tuple(key: Any, sh: tuple) -> tuple:
             out.extend([slice(None)] * (len(sh) - n_real))
         else:
             out.append(k)
-    if Ellipsis not in key:
+    if not n_ellipsis:
         out.extend([slice(None)] * (len(sh) - n_real))
     return tuple(out)
 
 
+def _is_array_index(k: Any) -> bool:
+    return isinstance(k, (np.ndarray, Tracer, list))
+
+
+def _int_index_array(k: Any, n: int, wrap: bool) -> Any:
+    """An integer index array; concrete ones are bounds-checked and their negatives wrapped, traced
+    ones get a ``where`` wrapping negatives when ``wrap`` (``take`` itself wraps a lone index)."""
+    if isinstance(k, list):
+        k = np.asarray(k)
+    av = aval_of(k)
+    if av.dtype == np.bool_:
+        raise ShapeError("boolean-mask indexing has a data-dependent shape; use ops.where instead")
+    if av.dtype.kind not in "iu":
+        raise ShapeError(f"array indices must be integers, got {av.dtype}")
+    if isinstance(k, np.ndarray):
+        if k.size and (k.max() >= n or k.min() < -n):
+            bad = k.max() if k.max() >= n else k.min()
+            raise ShapeError(f"index {int(bad)} is out of bounds for an axis of size {n}")
+        return np.where(k < 0, k + n, k).astype(np.int64)
+    return where(less(k, 0), add(k, n), k) if wrap else k
+
+
 def getitem(x: Array, key: Any) -> Array:
-    """Basic indexing (ints, slices, None, ...) and one integer-array index (take along that axis)."""
+    """numpy indexing: ints, slices (any step), None, ``...`` and integer arrays (numpy's
+    advanced-indexing rules: several index arrays broadcast together and pick elements pointwise,
+    e.g. ``q[np.arange(B), a]``).  Boolean masks are refused (data-dependent shape)."""
     x = _arr(x)
+    key = _index_tuple(key, shape(x))
+    if _builtins.any(_is_array_index(k) for k in key):
+        return _advanced_getitem(x, key)
     sh = shape(x)
-    key = _index_tuple(key, sh)
-    starts, limits, strides, squeeze_axes, new_axes = [], [], [], [], []
+    starts, limits, strides, squeeze_axes, new_axes, flips = [], [], [], [], [], []
     axis = 0
     out_pos = 0
-    array_index = None
     for k in key:
         if k is None:
             new_axes.append(out_pos)
@@ -536,8 +565,9 @@ def getitem(x: Array, key: Any) -> Array:
         n = sh[axis]
         if isinstance(k, slice):
             a, b, c = k.indices(n)
-            if c < 1:
-                raise ShapeError("negative slice steps are not supported on traced arrays")
+            if c < 0:  # a reversed range: gather its positions (take has every rule)
+                flips.append((axis, np.arange(a, b, c, dtype=np.int64)))
+                a, b, c = 0, n, 1
             starts.append(a)
             limits.append(_builtins.max(a, b))
             strides.append(c)
@@ -551,32 +581,52 @@ def getitem(x: Array, key: Any) -> Array:
             limits.append(k + 1)
             strides.append(1)
             squeeze_axes.append(axis)
-        elif isinstance(k, (np.ndarray, Tracer, list)):
-            if array_index is not None:
-                raise ShapeError("only one integer-array index is supported; use take/take_along_axis")
-            array_index = (axis, _arr(np.asarray(k) if isinstance(k, list) else k), out_pos)
-            starts.append(0)
-            limits.append(n)
-            strides.append(1)
-            out_pos += 1
         else:
             raise ShapeError(f"unsupported index {k!r}")
         axis += 1
     y = x
     if tuple(starts) != (0,) * len(sh) or tuple(limits) != sh or tuple(strides) != (1,) * len(sh):
         y = bind(P.slice_p, x, starts=tuple(starts), limits=tuple(limits), strides=tuple(strides))
-    if array_index is not None:
-        ax, idx, _ = array_index
-        if aval_of(idx).dtype == np.bool_:
-            raise ShapeError("boolean-mask indexing has a data-dependent shape; use ops.where instead")
-        y = take(y, idx, axis=ax)
-        extra = ndim(idx) - 1
-        squeeze_axes = [a if a < ax else a + extra for a in squeeze_axes]
+    for ax, positions in flips:
+        y = take(y, positions, axis=ax)
     if squeeze_axes:
         y = bind(P.squeeze_p, y, axes=tuple(squeeze_axes))
     if new_axes:
         y = bind(P.expand_dims_p, y, axes=tuple(new_axes))
     return y
+
+
+def _advanced_getitem(x: Array, key: tuple) -> Array:
+    # new axes first, so that every remaining key entry names one axis of x
+    new = [i for i, k in enumerate(key) if k is None]
+    if new:
+        x = bind(P.expand_dims_p, x, axes=tuple(new))
+        key = tuple(slice(None) if k is None else k for k in key)
+    sh = shape(x)
+    if len(key) > len(sh):
+        raise ShapeError(f"too many indices for an array of shape {sh}")
+    # basic slices on the other axes; integers take part in the advanced index (numpy's rule)
+    adv = [i for i, k in enumerate(key) if _is_array_index(k) or (isinstance(k, (int, np.integer)) and not isinstance(k, bool))]
+    basic = tuple(slice(None) if i in adv else k for i, k in enumerate(key))
+    y = getitem(x, basic)
+    idx = [_int_index_array(np.asarray(key[i]) if not _is_array_index(key[i]) else key[i], sh[i], len(adv) > 1) for i in adv]
+    idx_shape = P.broadcast_shapes(*[shape(i) for i in idx])
+    adjacent = adv == list(range(adv[0], adv[0] + len(adv)))
+    pos = adv[0] if adjacent else 0
+    if not adjacent:
+        y = transpose(y, adv + [i for i in range(len(sh)) if i not in adv])
+    ysh = shape(y)
+    sizes = ysh[pos : pos + len(adv)]
+    # one flat index into the merged advanced axes: sum_i idx_i * stride_i
+    flat = None
+    stride = 1
+    for i, n in zip(reversed(idx), reversed(sizes)):
+        term = i if stride == 1 else multiply(i, stride)
+        flat = term if flat is None else add(flat, term)
+        stride *= n
+    flat = broadcast_to(flat, idx_shape)
+    merged = reshape(y, ysh[:pos] + (stride,) + ysh[pos + len(adv) :])
+    return take(merged, flat, axis=pos)
 
 
 # ============================================================================ convolution and pooling
@@ -683,6 +733,10 @@ def cross_entropy(logits: Array, labels: Array, reduction: str = "mean", axis: i
         if lav.ndim != ndim(logits) - 1:
             raise ShapeError(f"cross_entropy: integer labels {lav.shape} must drop the class axis of logits {shape(logits)}")
         ax = axis % ndim(logits)
+        n_classes = shape(logits)[ax]
+        labels = P.checks.check_range(
+            labels, 0, n_classes, "cross_entropy: label {value} is out of range for {hi} classes (labels must lie in [0, {hi}))"
+        )
         picked = take_along_axis(logp, expand_dims(labels, ax), ax)
         nll = negative(squeeze(picked, ax))
     else:
@@ -736,6 +790,161 @@ def global_norm(tree_leaves: Sequence[Array]) -> Array:
     return sqrt(total)
 
 
+# ============================================================================ numpy's integer division, tests, scans, sorting
+
+
+def floor_divide(x: Array, y: Array) -> Array:
+    """numpy.floor_divide (``x // y``); piecewise constant, so its gradient is zero."""
+    return bind(P.elementwise.floor_divide_p, _arr(x), _arr(y))
+
+
+def mod(x: Array, y: Array) -> Array:
+    """numpy.mod / remainder (``x % y``, the sign of the divisor); d/dx = 1, d/dy = -floor(x / y)."""
+    return bind(P.elementwise.mod_p, _arr(x), _arr(y))
+
+
+remainder = mod
+
+
+def erf(x: Array) -> Array:
+    """The error function (scipy.special.erf)."""
+    return bind(P.elementwise.erf_p, _arr(x))
+
+
+def gelu(x: Array, approximate: str = "none") -> Array:
+    """GELU (Hendrycks & Gimpel 2016) as PyTorch defines it: ``x * Phi(x)`` with the exact normal
+    CDF (``approximate="none"``) or its tanh approximation (``approximate="tanh"``)."""
+    x = _arr(x)
+    if approximate == "none":
+        return multiply(multiply(x, 0.5), add(erf(multiply(x, 0.7071067811865476)), 1.0))
+    if approximate == "tanh":
+        inner = multiply(add(x, multiply(power(x, 3), 0.044715)), 0.7978845608028654)
+        return multiply(multiply(x, 0.5), add(tanh(inner), 1.0))
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def isnan(x: Array) -> Array:
+    return bind(P.elementwise.isnan_p, _arr(x))
+
+
+def isfinite(x: Array) -> Array:
+    return bind(P.elementwise.isfinite_p, _arr(x))
+
+
+def prod(x: Array, axis: Any = None, keepdims: bool = False) -> Array:
+    """numpy.prod; the gradient is the product of the other elements (exact with zeros)."""
+    x = _arr(x)
+    return P.reductions.reduce_prod(x, _axes(axis, ndim(x)), keepdims)
+
+
+def any(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """numpy.any: whether some element along ``axis`` is nonzero / True."""
+    x = _arr(x)
+    nonzero = x if aval_of(x).dtype == np.bool_ else not_equal(x, 0)
+    return greater(sum(astype(nonzero, np.int64), axis, keepdims), 0)
+
+
+def all(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """numpy.all: whether every element along ``axis`` is nonzero / True."""
+    x = _arr(x)
+    zero = logical_not(x) if aval_of(x).dtype == np.bool_ else equal(x, 0)
+    return equal(sum(astype(zero, np.int64), axis, keepdims), 0)
+
+
+def cumsum(x: Array, axis: int | None = None) -> Array:
+    """numpy.cumsum (``axis=None``: over the flattened array); ints accumulate in int64."""
+    x = _arr(x)
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    return P.reductions.cumsum(x, axis)
+
+
+def argsort(x: Array, axis: int = -1) -> Array:
+    """numpy.argsort with ``kind="stable"`` (ties keep their order)."""
+    x = _arr(x)
+    return bind(P.reductions.argsort_p, x, axis=P._norm_axes((axis,), ndim(x))[0])
+
+
+def sort(x: Array, axis: int = -1) -> Array:
+    """numpy.sort along ``axis``; the gradient flows back to where each value came from."""
+    x = _arr(x)
+    return take_along_axis(x, argsort(x, axis), axis)
+
+
+def einsum(subscripts: str, *operands: Array) -> Array:
+    """numpy.einsum for explicit (``"ij,jk->ik"``) and implicit (``"ij,jk"``) subscripts, any
+    number of operands (contracted left to right), written as transposes, reshapes, products,
+    sums and batched matmuls, so every transformation applies.  Repeated indices within one
+    operand (traces, diagonals) and ``...`` are not supported."""
+    if "." in subscripts:
+        raise ShapeError("einsum: '...' (ellipsis) subscripts are not supported; name the axes")
+    spec = subscripts.replace(" ", "")
+    if "->" in spec:
+        lhs, out = spec.split("->")
+    else:
+        lhs = spec
+        letters = lhs.replace(",", "")
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise ShapeError(f"einsum: {len(terms)} subscript groups for {len(operands)} operands")
+    ops_ = [_arr(o) for o in operands]
+    sizes: dict = {}
+    for t, o in zip(terms, ops_):
+        if len(t) != ndim(o):
+            raise ShapeError(f"einsum: subscripts {t!r} do not match an operand of shape {shape(o)}")
+        if len(set(t)) != len(t):
+            raise ShapeError(f"einsum: repeated index in {t!r} (traces/diagonals) is not supported")
+        for c, n in zip(t, shape(o)):
+            if sizes.setdefault(c, n) != n:
+                raise ShapeError(f"einsum: index {c!r} has sizes {sizes[c]} and {n}")
+    if len(set(out)) != len(out) or _missing_index(out, sizes):
+        raise ShapeError(f"einsum: bad output subscripts {out!r}")
+    cur, cur_t = ops_[0], terms[0]
+    for k in range(1, len(ops_)):
+        later = "".join(terms[k + 1 :]) + out
+        cur, cur_t = _einsum_pair(cur, cur_t, ops_[k], terms[k], later, sizes)
+    # whatever the output does not keep is summed; then order the axes as asked
+    drop = tuple(i for i, c in enumerate(cur_t) if c not in out)
+    if drop:
+        cur = sum(cur, drop)
+        cur_t = "".join(c for c in cur_t if c in out)
+    return transpose(cur, [cur_t.index(c) for c in out]) if cur_t != out else cur
+
+
+def _missing_index(out: str, sizes: dict) -> bool:
+    return _builtins.any(c not in sizes for c in out)
+
+
+def _einsum_pair(a: Array, ta: str, b: Array, tb: str, later: str, sizes: dict) -> tuple:
+    """Contract two operands; indices still needed ``later`` are kept."""
+    # indices seen only in one operand and not needed later are summed out first
+    for arr_name in ("a", "b"):
+        x, t, other = (a, ta, tb) if arr_name == "a" else (b, tb, ta)
+        lone = tuple(i for i, c in enumerate(t) if c not in other and c not in later)
+        if lone:
+            x = sum(x, lone)
+            t = "".join(c for i, c in enumerate(t) if i not in lone)
+        if arr_name == "a":
+            a, ta = x, t
+        else:
+            b, tb = x, t
+    batch = [c for c in ta if c in tb and c in later]
+    contract = [c for c in ta if c in tb and c not in later]
+    free_a = [c for c in ta if c not in tb]
+    free_b = [c for c in tb if c not in ta]
+    a = transpose(a, [ta.index(c) for c in batch + free_a + contract])
+    b = transpose(b, [tb.index(c) for c in batch + contract + free_b])
+    nb = [sizes[c] for c in batch]
+    m = int(np.prod([sizes[c] for c in free_a], dtype=np.int64))
+    kk = int(np.prod([sizes[c] for c in contract], dtype=np.int64))
+    n = int(np.prod([sizes[c] for c in free_b], dtype=np.int64))
+    a3 = reshape(a, tuple(nb) + (m, kk))
+    b3 = reshape(b, tuple(nb) + (kk, n))
+    res = reshape(matmul(a3, b3), tuple(nb) + tuple(sizes[c] for c in free_a) + tuple(sizes[c] for c in free_b))
+    return res, "".join(batch + free_a + free_b)
+
+
 # ============================================================================ tracer operators
 
 
@@ -743,9 +952,46 @@ def _swap(f):
     return lambda a, b: f(b, a)
 
 
+# numpy ufuncs that Python operators with an ndarray on the left reach (``a + tracer`` calls
+# ``np.add(a, tracer)``, which asks the tracer's ``__array_ufunc__``): recorded as equations
+_OPERATOR_UFUNCS = {
+    np.add: lambda a, b: add(a, b),
+    np.subtract: lambda a, b: subtract(a, b),
+    np.multiply: lambda a, b: multiply(a, b),
+    np.true_divide: lambda a, b: divide(a, b),
+    np.power: lambda a, b: power(a, b),
+    np.matmul: lambda a, b: matmul(a, b),
+    np.less: lambda a, b: less(a, b),
+    np.less_equal: lambda a, b: less_equal(a, b),
+    np.greater: lambda a, b: greater(a, b),
+    np.greater_equal: lambda a, b: greater_equal(a, b),
+    np.equal: lambda a, b: equal(a, b),
+    np.not_equal: lambda a, b: not_equal(a, b),
+    np.logical_and: lambda a, b: logical_and(a, b),
+    np.logical_or: lambda a, b: logical_or(a, b),
+    np.bitwise_and: lambda a, b: logical_and(a, b),
+    np.bitwise_or: lambda a, b: logical_or(a, b),
+    np.floor_divide: lambda a, b: floor_divide(a, b),
+    np.remainder: lambda a, b: mod(a, b),
+}
+
+
+def _tracer_array_ufunc(self: Tracer, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+    fn = _OPERATOR_UFUNCS.get(ufunc)
+    if fn is not None and method == "__call__" and not kwargs and len(inputs) == 2:
+        return fn(*inputs)
+    name = getattr(ufunc, "__name__", str(ufunc))
+    ours = f"ops.{name}" if name in globals() else "the ops module's equivalent"
+    raise TracerControlFlowError(
+        f"numpy's np.{name}{'' if method == '__call__' else '.' + method} was applied to a traced value; numpy "
+        f"functions need concrete arrays, but this value is only known when the compiled graph runs. "
+        f"Use {ours} (fedarena.engine.ops follows numpy's names) instead."
+    )
+
+
 def _install_operators() -> None:
     T = Tracer
-    T.__array_ufunc__ = None  # numpy defers `ndarray op tracer` to our reflected operators
+    T.__array_ufunc__ = _tracer_array_ufunc  # numpy operators on tracers record; other ufuncs refuse
     T.__add__ = add
     T.__radd__ = _swap(add)
     T.__sub__ = subtract
@@ -757,6 +1003,10 @@ def _install_operators() -> None:
     T.__pow__ = power
     T.__rpow__ = _swap(power)
     T.__matmul__ = matmul
+    T.__floordiv__ = floor_divide
+    T.__rfloordiv__ = _swap(floor_divide)
+    T.__mod__ = mod
+    T.__rmod__ = _swap(mod)
     T.__rmatmul__ = _swap(matmul)
     T.__neg__ = negative
     T.__pos__ = lambda self: self
@@ -781,6 +1031,10 @@ def _install_operators() -> None:
     T.min = lambda self, axis=None, keepdims=False: min(self, axis, keepdims)
     T.std = lambda self, axis=None, keepdims=False: std(self, axis, keepdims)
     T.argmax = lambda self, axis=None, keepdims=False: argmax(self, axis, keepdims)
+    T.prod = lambda self, axis=None, keepdims=False: prod(self, axis, keepdims)
+    T.cumsum = lambda self, axis=None: cumsum(self, axis)
+    T.any = lambda self, axis=None, keepdims=False: any(self, axis, keepdims)
+    T.all = lambda self, axis=None, keepdims=False: all(self, axis, keepdims)
     T.astype = astype
     T.squeeze = lambda self, axis=None: squeeze(self, axis)
     T.clip = lambda self, a_min=None, a_max=None: clip(self, a_min, a_max)

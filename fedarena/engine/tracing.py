@@ -82,7 +82,7 @@ class Trace:
         self.invars: list[Var] = []
         self.constvars: list[Var] = []
         self.consts: list[np.ndarray] = []
-        self._const_ids: dict[int, Var] = {}
+        self._const_ids: dict[int, tuple[Any, Var]] = {}
         self.captured: list[Any] = []  # outer tracers, in the order of self.captured_vars
         self.captured_vars: list[Var] = []
         self._captured_ids: dict[int, Var] = {}
@@ -116,14 +116,17 @@ class Trace:
         if isinstance(x, np.generic):
             check_dtype(x.dtype, "constant")
             return Literal(x, dtype=x.dtype)
-        arr = np.asarray(x)
+        # the constant-capture rule: a closed-over array is copied now (baked at trace time), so
+        # mutating it later never reaches the compiled program (see docs/engine.md)
+        hit = self._const_ids.get(id(x))
+        if hit is not None:
+            return hit[1]
+        arr = np.array(x, copy=True)
         check_dtype(arr.dtype, "constant")
-        v = self._const_ids.get(id(x))
-        if v is None:
-            v = Var(ShapedArray(arr.shape, arr.dtype))
-            self._const_ids[id(x)] = v
-            self.constvars.append(v)
-            self.consts.append(arr)
+        v = Var(ShapedArray(arr.shape, arr.dtype))
+        self._const_ids[id(x)] = (x, v)  # holding x keeps its id from being reused while tracing
+        self.constvars.append(v)
+        self.consts.append(arr)
         return v
 
     def to_graph(self, outs: Sequence[Any]) -> Graph:
@@ -160,8 +163,9 @@ _CONTROL_FLOW_MSG = (
     "`and`/`or`, int()/float() needs a concrete value, but this value is only known when the "
     "compiled graph runs). Use the engine's control-flow primitives instead: ops.where(cond, a, b) "
     "(also ops.maximum / ops.minimum / ops.clip) for data-dependent selection; loops over a static "
-    "count unroll in Python; or mark the argument static with jit(fn, static_argnums=...). "
-    "(Graph-level cond/scan primitives are not available yet.)"
+    "count unroll in Python; engine.cond / engine.while_loop / engine.fori_loop / engine.scan for "
+    "data-dependent branches and loops; or mark the argument static with "
+    "jit(fn, static_argnums=..., static_argnames=...)."
 )
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import scipy.special
 from numpy.lib.stride_tricks import as_strided
 
-from .ir import ShapedArray, ShapeError, is_float
-from .tracing import Primitive, aval_of, bind, register
+from ..ir import ShapedArray, ShapeError, is_float
+from ..tracing import Primitive, aval_of, bind, register
 
 # ============================================================================ helpers
 
@@ -621,7 +621,7 @@ def _reduce_emit(uf_name):
                 return stmt(f"np.dot({ins[0]}, {ones}, {{o}})")
             ones = ctx.const(np.ones((1, n) if kd else (n,), av.dtype))
             return stmt(f"np.dot({ones}, {ins[0]}, {{o}})")
-        from . import native  # the native kernels build on this module
+        from .. import native  # the native kernels build on this module
 
         if uf_name in _ARG_OF and len(axes) == 1 and out_aval.dtype == av.dtype and native.row_reduce_native(av, axes[0]):
             # max/min over a short last axis (a batch's logits): one native pass, ~5x cheaper
@@ -1742,7 +1742,7 @@ def _conv_rule(avals, attrs, weak):
 
 def abstract_eval_conv(x_aval: ShapedArray, w_aval: ShapedArray, attrs: dict) -> ShapedArray:
     """The conv2d shape rule, raising a ShapeError that names conv2d, the shapes and the user line."""
-    from .tracing import user_source
+    from ..tracing import user_source
 
     try:
         return _conv_rule([x_aval, w_aval], attrs, [False, False])
@@ -1880,3 +1880,9 @@ def _max_pool_jvp(ts, out, x, kernel, stride, padding):
 max_pool2d_p.jvp = _max_pool_jvp
 avg_pool2d_p = _define("avg_pool2d", _pool_rule, *_pool_def("avg"))
 avg_pool2d_p.jvp = lambda ts, out, x, **a: bind(avg_pool2d_p, ts[0], **a)
+
+
+# ============================================================================ the other families
+# (each module defines its primitives completely: rules, kernels, VJP/JVP and batching)
+
+from . import checks, elementwise, random, reductions  # noqa: E402,F401
