@@ -27,6 +27,7 @@ from .vmap import vmap
 from .control_flow import cond, fori_loop, scan, while_loop
 from .custom import checkpoint, custom_vjp, remat
 from .jacobians import hessian, jacfwd, jacrev
+from . import fusion as _fusion  # noqa: F401  (registers fused_elementwise)
 from . import passes
 from .inspection import inspect
 from .profiler import profile

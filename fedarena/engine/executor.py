@@ -316,7 +316,11 @@ class Executable:
                     if isinstance(a, Var) and a.aval.ndim > 0 and (a.aval.ndim < out.aval.ndim or (size_of(a) == 1 < size_of(out))):
                         shp = () if size_of(a) == 1 else (1,) * (out.aval.ndim - a.aval.ndim) + a.aval.shape
                         if names[a] in ns:
-                            ins[k] = ctx.const(ns[names[a]].reshape(shp))
+                            arr = ns[names[a]]  # may be a dropped broadcast's smaller operand
+                            if arr.size == 1:
+                                ins[k] = ctx.const(arr.reshape(()))
+                            elif arr.ndim <= out.aval.ndim:
+                                ins[k] = ctx.const(arr.reshape((1,) * (out.aval.ndim - arr.ndim) + arr.shape))
                         elif size_of(a) == 1:
                             ins[k] = f"{names[a]}.reshape({shp!r})"
             emit_attrs, emit_in, emit_out = e.attrs, [a.aval for a in e.inputs], out.aval

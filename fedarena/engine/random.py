@@ -49,9 +49,11 @@ def normal(key: Key, shape: Sequence[int] | int = (), dtype: Any = np.float32) -
 def uniform(key: Key, shape: Sequence[int] | int = (), dtype: Any = np.float32, minval: Any = 0.0, maxval: Any = 1.0) -> Any:
     """Uniform samples in ``[minval, maxval)``."""
     u = bind(R.random_uniform_p, _key(key), shape=_shape(shape), dtype=np.dtype(dtype))
-    if isinstance(minval, (int, float)) and isinstance(maxval, (int, float)) and (minval, maxval) == (0.0, 1.0):
+    python = isinstance(minval, (int, float)) and isinstance(maxval, (int, float))
+    if python and (minval, maxval) == (0.0, 1.0):
         return u
-    return ops.add(ops.multiply(u, ops.subtract(maxval, minval)), minval)
+    span = maxval - minval if python else ops.subtract(maxval, minval)  # Python numbers stay weak
+    return ops.add(ops.multiply(u, span), minval)
 
 
 def bernoulli(key: Key, p: Any = 0.5, shape: Sequence[int] | int | None = None) -> Any:
