@@ -49,10 +49,16 @@ class GraphValidationError(EngineError, ValueError):
 
 # ----------------------------------------------------------------------------- dtypes
 
+import ml_dtypes  # noqa: E402  (bfloat16 as a numpy dtype)
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+LOW_PRECISION = frozenset({np.dtype(np.float16), BFLOAT16})
+"""Storage-only float dtypes: matmuls and sums over them accumulate in float32 (``accumulator``)."""
+
 SUPPORTED_DTYPES = tuple(
     np.dtype(d)
     for d in ("bool", "int8", "int16", "int32", "int64", "uint8", "float32", "float64")
-)
+) + (np.dtype(np.float16), BFLOAT16)
 _SHORT = {
     "bool": "bool",
     "int8": "i8",
@@ -62,6 +68,8 @@ _SHORT = {
     "uint8": "u8",
     "float32": "f32",
     "float64": "f64",
+    "float16": "f16",
+    "bfloat16": "bf16",
 }
 
 
@@ -78,7 +86,12 @@ def check_dtype(dtype: Any, what: str = "array") -> np.dtype:
 
 
 def is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f"
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
+def accumulator(dtype: np.dtype) -> np.dtype:
+    """The dtype products and sums of ``dtype`` values accumulate in (float32 for float16/bfloat16)."""
+    return np.dtype(np.float32) if dtype in LOW_PRECISION else np.dtype(dtype)
 
 
 # ----------------------------------------------------------------------------- types and variables

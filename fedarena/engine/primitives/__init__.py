@@ -16,7 +16,7 @@ import numpy as np
 import scipy.special
 from numpy.lib.stride_tricks import as_strided
 
-from ..ir import ShapedArray, ShapeError, is_float
+from ..ir import LOW_PRECISION, ShapedArray, ShapeError, is_float
 from ..tracing import Primitive, aval_of, bind, register
 
 # ============================================================================ helpers
@@ -31,7 +31,7 @@ def dtype_of(x: Any) -> np.dtype:
 
 
 def _stand_in(av: ShapedArray) -> Any:
-    return {"b": False, "i": 0, "u": 0, "f": 0.0}[av.dtype.kind]
+    return 0.0 if is_float(av.dtype) else {"b": False, "i": 0, "u": 0}[av.dtype.kind]
 
 
 def promote(avals: Sequence[ShapedArray], weak: Sequence[bool]) -> np.dtype:
@@ -599,6 +599,8 @@ def _reduce_rule(kind):
 
 def _reduce_impl(uf):
     def impl(x, axes, keepdims):
+        if uf is np.add and x.dtype in LOW_PRECISION:  # float32 accumulation, stored back
+            return np.add.reduce(x, axis=tuple(axes), keepdims=keepdims, dtype=np.float32).astype(x.dtype)
         return uf.reduce(x, axis=tuple(axes), keepdims=keepdims)
 
     return impl
@@ -612,6 +614,8 @@ def _reduce_emit(uf_name):
     def emit(ctx, ins, attrs, in_avals, out_aval):
         axes = tuple(attrs["axes"])
         av = in_avals[0]
+        if uf_name == "np.add" and av.dtype in LOW_PRECISION:
+            return expr(f"np.add.reduce({ins[0]}, {axes!r}, np.float32, None, {attrs['keepdims']}).astype({ctx.const(av.dtype)})")
         if uf_name == "np.add" and av.ndim == 2 and len(axes) == 1 and is_float(av.dtype) and out_aval.dtype == av.dtype:
             # a row/column sum of a matrix is a matrix-vector product: BLAS is far cheaper than ufunc.reduce
             n = av.shape[axes[0]]
@@ -733,14 +737,28 @@ def _matmul_jvp(ts, out, x, y):
     return _sum_tangents(out, a, b)
 
 
+def _low_precision_matmul(x, y):
+    """float16/bfloat16 operands multiplied with float32 accumulation, the product stored back."""
+    dt = np.result_type(x.dtype, y.dtype)
+    return np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(dt)
+
+
+def _matmul_impl(x, y):
+    if x.dtype in LOW_PRECISION or y.dtype in LOW_PRECISION:
+        return _low_precision_matmul(x, y)
+    return np.matmul(x, y)
+
+
 def _matmul_emit(ctx, ins, attrs, in_avals, out_aval):
     a, b = in_avals
+    if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
+        return expr(f"{ctx.const(_low_precision_matmul)}({ins[0]}, {ins[1]})")
     if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == out_aval.dtype:
         return stmt(f"np.dot({ins[0]}, {ins[1]}, {{o}})")  # much lower call overhead than matmul
     return stmt(f"np.matmul({ins[0]}, {ins[1]}, {{o}})")
 
 
-matmul_p = _define("matmul", _matmul_rule, _ufunc_impl(np.matmul), _matmul_emit, _matmul_vjp, _matmul_jvp)
+matmul_p = _define("matmul", _matmul_rule, _matmul_impl, _matmul_emit, _matmul_vjp, _matmul_jvp)
 
 
 # ============================================================================ shapes (views)
@@ -1633,6 +1651,8 @@ def _conv_gemm_rule(avals, attrs, weak):
 
 
 def _conv_gemm_emit(ctx, ins, attrs, in_avals, out_aval):
+    if in_avals[0].dtype in LOW_PRECISION:
+        return expr(f"{ctx.const(_low_precision_matmul)}({ins[0]}, {ins[1]})")
     return stmt(f"np.matmul({ins[0]}, {ins[1]}, {{o}})")
 
 
@@ -1667,7 +1687,7 @@ def _conv_gemm_batch(prim, vals, batched, size, **attrs):
     return matmul(w, c)
 
 
-conv_gemm_p = _define("conv_gemm", _conv_gemm_rule, lambda w2, cols, x, **a: np.matmul(w2, cols), _conv_gemm_emit, _conv_gemm_vjp, _conv_gemm_jvp)
+conv_gemm_p = _define("conv_gemm", _conv_gemm_rule, lambda w2, cols, x, **a: _matmul_impl(w2, cols), _conv_gemm_emit, _conv_gemm_vjp, _conv_gemm_jvp)
 conv_gemm_p.batch = _conv_gemm_batch
 
 
