@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import ops
 from . import primitives as P
 from .ir import EngineError, Graph, Literal, ShapedArray, Var, is_float
 from .pytree import tree_flatten, tree_unflatten
@@ -322,8 +323,6 @@ def hvp(fn: Callable, primals: Sequence[Any], vectors: Sequence[Any]) -> Any:
     gradient of <grad(fn)(x), v> (reverse-over-reverse)."""
     primals, vectors = tuple(primals), tuple(vectors)
     g = grad(fn, argnums=tuple(range(len(primals))))
-    from . import ops  # local: ops imports this package's primitives
-
     def inner(*xs: Any) -> Any:
         gs = g(*xs)
         total = None

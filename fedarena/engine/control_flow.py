@@ -30,6 +30,7 @@ from .executor import Executable
 from .ir import EngineError, Graph, Literal, ShapedArray, ShapeError, Var, is_float
 from .pytree import tree_flatten, tree_unflatten
 from .tracing import Tracer, aval_of, bind, register, trace_flat
+from .vmap import vmap
 
 # ----------------------------------------------------------------------------- packing
 
@@ -491,7 +492,6 @@ scan_p.jvp = _scan_jvp
 
 
 def _scan_batch(prim, vals, batched, size, *, body, n_carry, n_x, length, reverse, layout):
-    from .vmap import vmap  # local: vmap imports nothing from here
 
     nc, nx = n_carry, n_x
     vals = [v if b else P.broadcast_to(_as_value(v), (size,) + aval_of(v).shape) for v, b in zip(vals, batched)]
@@ -633,7 +633,6 @@ def _cond_jvp(ts, out, pred, *ops, branches, layout):
 
 
 def _cond_batch(prim, vals, batched, size, *, branches, layout):
-    from .vmap import vmap
 
     dt = _pack_dtype(layout)
     pred, ops = vals[0], vals[1:]
@@ -773,7 +772,6 @@ def _while_jvp(ts, out, *ins, cond, body, n_carry, layout):
 
 
 def _while_batch(prim, vals, batched, size, *, cond, body, n_carry, layout):
-    from .vmap import vmap
 
     nc = n_carry
     dt = _pack_dtype(layout)

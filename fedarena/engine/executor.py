@@ -25,7 +25,9 @@ import numpy as np
 import scipy.special
 
 from .ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
-from .primitives import Code
+from .primitives.emit import CLIP as _CLIP
+from .primitives.emit import Code
+from .primitives.emit import EmitContext as _EmitContext
 from .memory_plan import VIEW_PRIMITIVES, BufferPlanner, in_place_operands, nbytes, size_of
 from . import native
 from .passes import dead_code_elimination
@@ -54,21 +56,6 @@ _SCALAR_EXPR = {
     "logistic": "_expit({0})", "cast": None,
 }
 _SMALL = 2048  # elements; below this, a broadcasting operator (which allocates) beats a ufunc with out=
-_CLIP = getattr(getattr(np, "_core", np).umath, "clip", None) or np.clip
-
-
-class _EmitContext:
-    """Names for objects the generated code refers to (constants, kernels, index arrays)."""
-
-    def __init__(self, ns: dict):
-        self.ns = ns
-        self._n = 0
-
-    def const(self, value: Any) -> str:
-        self._n += 1
-        name = f"_k{self._n}"
-        self.ns[name] = value
-        return name
 
 
 class _Instance:

@@ -19,9 +19,12 @@ import scipy.special
 
 from . import native
 from . import primitives as P
-from .executor import _CLIP, _EmitContext
+from . import autodiff as AD
+from .primitives.emit import CLIP as _CLIP
+from .primitives.emit import EmitContext as _EmitContext
 from .ir import Eqn, Graph, Literal, ShapeError, Var
-from .tracing import register
+from .tracing import eval_graph, register
+from .vmap import vmap
 
 FUSIBLE = frozenset(
     {
@@ -160,24 +163,18 @@ def _fused_emit(ctx, ins, attrs, in_avals, out_aval):
 
 
 def _fused_vjp(need, ct, out, *ins, body):
-    from . import autodiff as AD
-
     env, live = AD.forward(body, list(ins), list(need))
     return tuple(AD.backward(body, env, live, [ct]))
 
 
 def _fused_jvp(ts, out, *ins, body):
-    from .control_flow import _graph_jvp
-
-    return _graph_jvp(body, list(ins), list(ts))[1][0]
+    tangents = [np.zeros(a.aval.shape, a.aval.dtype) if t is None else t for a, t in zip(body.invars, ts)]
+    return AD.jvp(lambda *a: eval_graph(body, a)[0], list(ins), tangents)[1]
 
 
 def _fused_batch(prim, vals, batched, size, *, body):
-    from .control_flow import _eval
-    from .vmap import vmap
-
     axes = tuple(0 if b else None for b in batched)
-    return vmap(lambda *a: _eval(body, a)[0], in_axes=axes)(*vals)
+    return vmap(lambda *a: eval_graph(body, a)[0], in_axes=axes)(*vals)
 
 
 fused_p.abstract_eval = _fused_rule
@@ -326,14 +323,4 @@ def fused_sources(graph: Graph) -> list[str]:
     return [FusedKernel(e.attrs["body"]).source for e in graph.eqns if e.prim is fused_p]
 
 
-__all__ = ["FUSIBLE", "FUSION_PIPELINE", "FusedKernel", "default_elementwise_fusion", "elementwise_fusion", "fused_p", "fused_sources"]
-
-
-def _fusion_pipeline():
-    from .passes import DEFAULT_PASSES, Pipeline, pass_name
-
-    return Pipeline(tuple(p for p in DEFAULT_PASSES if pass_name(p) != "fuse_elementwise") + (elementwise_fusion,))
-
-
-FUSION_PIPELINE = _fusion_pipeline()
-"""The default passes followed by elementwise fusion: ``jit(fn, passes=fusion.FUSION_PIPELINE)``."""
+__all__ = ["FUSIBLE", "FusedKernel", "default_elementwise_fusion", "elementwise_fusion", "fused_p", "fused_sources"]

@@ -30,10 +30,8 @@ from . import primitives as P
 from .ir import Eqn, Graph, ShapedArray, ShapeError, Var
 from .primitives import _define, stmt
 
-try:  # built by `pip install` from _native.c; optional
-    from . import _native
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
+from . import cext
+from .cext import FLOATS, ROW_REDUCE_MAX, _native, available, row_reduce_native  # noqa: F401  (re-exported)
 
 # Largest dense call taken natively, by dtype: at most this many multiply-adds (M*K*N) and input
 # elements (M*K).  Measured against np.dot + np.add on one core: float32 4x64x64 is 1.3x faster
@@ -42,27 +40,6 @@ except ImportError:  # pragma: no cover - depends on the build
 DENSE_MAX_MACS = {np.dtype(np.float32): 16384, np.dtype(np.float64): 4096}
 DENSE_MAX_INPUT = {np.dtype(np.float32): 512, np.dtype(np.float64): 256}
 SOFTMAX_MAX_ELEMENTS = 1024
-
-
-FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})  # the dtypes the kernels take
-ROW_REDUCE_MAX = 32  # longest last axis the native row max/min takes
-
-
-def available() -> bool:
-    """Whether the native kernels are built and enabled (``FEDARENA_NATIVE`` not ``0``)."""
-    return _native is not None and os.environ.get("FEDARENA_NATIVE", "1") != "0"
-
-
-def row_reduce_native(aval: ShapedArray, axis: int) -> bool:
-    """Whether a max/min of ``aval`` over ``axis`` runs as the native row kernel (the reduction
-    emitter's choice; the passes and the executor leave such reductions to it)."""
-    return (
-        available()
-        and aval.ndim >= 2
-        and axis % aval.ndim == aval.ndim - 1
-        and 1 < aval.shape[-1] <= ROW_REDUCE_MAX
-        and aval.dtype in FLOATS
-    )
 
 
 # ----------------------------------------------------------------------------- dense

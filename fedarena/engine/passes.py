@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .ir import Eqn, Graph, Literal, ShapedArray, Var, is_float
+from .fusion import default_elementwise_fusion, elementwise_fusion
 from .native import row_reduce_native, select_native_kernels
 from .tracing import PRIMITIVES, Primitive
 
@@ -514,10 +515,7 @@ def pass_name(p: Any) -> str:
 
 def fuse_elementwise(graph: Graph) -> Graph:
     """Elementwise fusion as the default pipeline runs it: trees the native VM executes in one
-    call (``fusion.default_elementwise_fusion``; imported here lazily because the fusion module
-    builds on the executor, which builds on this module)."""
-    from .fusion import default_elementwise_fusion
-
+    call (``fusion.default_elementwise_fusion``)."""
     return default_elementwise_fusion(graph)
 
 
@@ -532,6 +530,10 @@ DEFAULT_PASSES: tuple = (
     dead_code_elimination,
 )
 DEFAULT_PIPELINE = Pipeline(DEFAULT_PASSES)
+
+FUSION_PIPELINE = Pipeline(tuple(p for p in DEFAULT_PASSES if p is not fuse_elementwise) + (elementwise_fusion,))
+"""The default passes with elementwise fusion of every fusible tree (not only what the native VM
+runs): ``jit(fn, passes=passes.FUSION_PIPELINE)``."""
 
 
 def resolve(passes: Any) -> Pipeline | None:

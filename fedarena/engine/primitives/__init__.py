@@ -17,7 +17,9 @@ import scipy.special
 from numpy.lib.stride_tricks import as_strided
 
 from ..ir import LOW_PRECISION, ShapedArray, ShapeError, is_float
-from ..tracing import Primitive, aval_of, bind, register
+from .. import cext
+from ..tracing import Primitive, aval_of, bind, register, user_source
+from .emit import CLIP, Code, EmitContext, expr, stmt  # noqa: F401  (the emit vocabulary, re-exported)
 
 # ============================================================================ helpers
 
@@ -49,26 +51,6 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
 
 def _floatify(dt: np.dtype) -> np.dtype:
     return dt if is_float(dt) else np.dtype(np.float64)
-
-
-class Code:
-    """What an emitter returns: ``stmt`` writes into the buffer named ``{o}``; ``expr`` is a value;
-    ``alloc`` (optional) is an expression computing the same result into a new array."""
-
-    __slots__ = ("text", "kind", "alloc")
-
-    def __init__(self, text: str, kind: str, alloc: str | None = None):
-        self.text = text
-        self.kind = kind
-        self.alloc = alloc
-
-
-def stmt(text: str) -> Code:
-    return Code(text, "stmt")
-
-
-def expr(text: str) -> Code:
-    return Code(text, "expr")
 
 
 def _define(
@@ -625,12 +607,10 @@ def _reduce_emit(uf_name):
                 return stmt(f"np.dot({ins[0]}, {ones}, {{o}})")
             ones = ctx.const(np.ones((1, n) if kd else (n,), av.dtype))
             return stmt(f"np.dot({ones}, {ins[0]}, {{o}})")
-        from .. import native  # the native kernels build on this module
-
-        if uf_name in _ARG_OF and len(axes) == 1 and out_aval.dtype == av.dtype and native.row_reduce_native(av, axes[0]):
+        if uf_name in _ARG_OF and len(axes) == 1 and out_aval.dtype == av.dtype and cext.row_reduce_native(av, axes[0]):
             # max/min over a short last axis (a batch's logits): one native pass, ~5x cheaper
             # than numpy's reduce loop or a chain of maximum calls over strided views
-            fn = ctx.const(native._native.rowreduce)
+            fn = ctx.const(cext._native.rowreduce)
             c = av.shape[-1]
             op = 0 if uf_name == "np.maximum" else 1
             fallback = f"{uf_name}.reduce({ins[0]}, {av.ndim - 1}, None, {{o}}, {attrs['keepdims']})"
@@ -1762,8 +1742,6 @@ def _conv_rule(avals, attrs, weak):
 
 def abstract_eval_conv(x_aval: ShapedArray, w_aval: ShapedArray, attrs: dict) -> ShapedArray:
     """The conv2d shape rule, raising a ShapeError that names conv2d, the shapes and the user line."""
-    from ..tracing import user_source
-
     try:
         return _conv_rule([x_aval, w_aval], attrs, [False, False])
     except ShapeError as exc:
