@@ -12,7 +12,8 @@ import numpy as np
 
 from ..ir import EngineError, ShapeError
 from ..tracing import bind
-from . import _define, expr
+from .base import _define
+from .emit import expr
 
 
 class IndexRangeError(EngineError, IndexError):

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..ir import ShapedArray, ShapeError
 from ..tracing import bind
-from . import _define, expr
+from .base import _define
+from .emit import expr
 
 _SPLIT_COUNTER = np.array([0, 0, 0, 1 << 63], dtype=np.uint64)
 
