@@ -25,6 +25,7 @@ import numpy as np
 import scipy.special
 
 from .ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
+from .tracing import names_with
 from .primitives.emit import CLIP as _CLIP
 from .primitives.emit import Code
 from .primitives.emit import EmitContext as _EmitContext
@@ -33,13 +34,7 @@ from . import native
 from .passes import dead_code_elimination
 
 _VIEW_PRIMS = VIEW_PRIMITIVES
-_ELEMENTWISE = frozenset(
-    {
-        "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
-        "not", "neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "sin", "cos",
-        "relu", "select", "cast", "clip",
-    }
-)
+_ELEMENTWISE = names_with("elementwise")  # derived from the primitives' traits
 # primitives emitted as one ufunc call on their operands, whose scalar literals become 0-d constants
 _SCALAR_CONST_PRIMS = frozenset(
     {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "select"}

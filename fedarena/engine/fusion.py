@@ -23,16 +23,10 @@ from . import autodiff as AD
 from .primitives.emit import CLIP as _CLIP
 from .primitives.emit import EmitContext as _EmitContext
 from .ir import Eqn, Graph, Literal, ShapeError, Var
-from .tracing import eval_graph, register
+from .tracing import eval_graph, names_with, register
 from .vmap import vmap
 
-FUSIBLE = frozenset(
-    {
-        "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
-        "not", "neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "sin", "cos",
-        "relu", "select", "clip", "broadcast_to",
-    }
-)
+FUSIBLE = names_with("fusible")  # derived from the primitives' traits
 
 fused_p = register("fused_elementwise")
 

@@ -32,31 +32,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from . import primitives as _primitives  # noqa: F401  (the registry the op sets derive from)
 from .ir import Graph, Var
+from .tracing import PRIMITIVES, names_with
 
-VIEW_PRIMITIVES = frozenset({"transpose", "reshape", "broadcast_to", "squeeze", "expand_dims", "slice", "stop_gradient"})
-ELEMENTWISE = frozenset(
-    {
-        "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
-        "not", "neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "sin", "cos",
-        "relu", "select", "cast", "clip", "fused_elementwise",
-    }
-)
-# Which operands an equation may overwrite with its output (same size and dtype): the kernels of
-# these primitives are one ufunc pass (numpy ufuncs are safe when an input is exactly the output);
-# ``select`` copies its false operand into the output first, so only that one; rsqrt is
-# ``sqrt(x, out); reciprocal(out, out)``.  Fused elementwise kernels use the output as scratch
-# while they still read their inputs, so never.
-_ONE_PASS = frozenset(ELEMENTWISE - {"select", "fused_elementwise"})
+VIEW_PRIMITIVES = names_with("view")
+ELEMENTWISE = names_with("elementwise") | {"fused_elementwise"}
+# Which operands an equation may overwrite with its output (same size and dtype) comes from the
+# primitive: the "in_place" trait (one ufunc pass: numpy ufuncs are safe when an input is exactly
+# the output) allows every operand; ``in_place_operands`` names fewer (select copies its false
+# operand into the output first, so only that one).  Fused elementwise kernels use the output as
+# scratch while they still read their inputs, so never.
 
 
 def in_place_operands(prim_name: str, n_inputs: int) -> tuple:
     """Indices of the operands whose buffer the output of ``prim_name`` may take over."""
-    if prim_name in _ONE_PASS:
+    p = PRIMITIVES.get(prim_name)
+    if p is None:
+        return ()
+    if "in_place" in p.traits:
         return tuple(range(n_inputs))
-    if prim_name == "select":
-        return (2,)
-    return ()
+    return tuple(p.in_place_operands or ())
 
 
 ALIGN = 16  # bytes: arena offsets are multiples of this (the alignment of numpy's own allocations)

@@ -46,12 +46,30 @@ class Primitive:
         self.vjp: Callable | None = None
         self.jvp: Callable | None = None
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
+        self.traits: frozenset = frozenset()  # see TRAITS
+        self.in_place_operands: tuple | None = None  # operands the output may overwrite, when not all/none
 
     def __repr__(self) -> str:
         return self.name
 
 
 PRIMITIVES: dict[str, Primitive] = {}
+
+TRAITS = {
+    "elementwise": "a broadcasting op computed by one numpy ufunc call that writes into the output buffer "
+    "(the executor lets such a call broadcast its operands and take 0-d scalars; vmap aligns batch axes)",
+    "in_place": "the output may take over the buffer of any operand of its size and dtype (one ufunc pass)",
+    "fusible": "the fusion pass may put it in a fused elementwise body",
+    "view": "the executor may return a view of the first operand instead of a copy",
+}
+"""The traits a primitive may carry; every op set of the compiler and backend is derived from them."""
+
+
+def names_with(trait: str) -> frozenset:
+    """Names of the registered primitives that carry ``trait`` (see TRAITS)."""
+    if trait not in TRAITS:
+        raise KeyError(f"unknown primitive trait {trait!r}; known: {', '.join(sorted(TRAITS))}")
+    return frozenset(n for n, p in PRIMITIVES.items() if trait in p.traits)
 
 
 def register(name: str) -> Primitive:

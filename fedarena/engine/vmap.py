@@ -21,7 +21,7 @@ import numpy as np
 from . import primitives as P
 from .ir import EngineError, Literal, ShapedArray, Var
 from .pytree import tree_flatten, tree_unflatten
-from .tracing import Primitive, Tracer, aval_of, bind, trace_flat
+from .tracing import Primitive, Tracer, aval_of, bind, names_with, trace_flat
 
 BatchRule = Callable[..., Any]
 BATCH_RULES: dict[str, BatchRule] = {}
@@ -112,11 +112,7 @@ def _unbatched_rank(vals, batched) -> int:
     return max((_ndim(v) - (1 if b else 0) for v, b in zip(vals, batched)), default=0)
 
 
-_ELEMENTWISE = (
-    "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or",
-    "not", "neg", "exp", "log", "log1p", "tanh", "logistic", "sqrt", "rsqrt", "abs", "sign", "sin", "cos",
-    "relu", "select", "cast", "clip", "stop_gradient",
-)
+_ELEMENTWISE = tuple(sorted(names_with("elementwise")))  # derived from the primitives' traits
 
 
 @batch_rule(*_ELEMENTWISE)

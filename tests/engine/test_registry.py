@@ -83,3 +83,22 @@ def test_registry_is_complete_right_after_import():
     env = dict(os.environ)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "[]", f"primitives registered only by a later import: {out.stdout.strip()}"
+
+
+def test_op_sets_are_derived_from_traits():
+    """The executor's, memory planner's, fusion's and vmap's op sets are the primitives' traits."""
+    import sys
+
+    from fedarena.engine.tracing import TRAITS, names_with
+
+    mods = {m: sys.modules[f"fedarena.engine.{m}"] for m in ("executor", "memory_plan", "fusion", "vmap")}
+    for name, p in engine.PRIMITIVES.items():
+        assert p.traits <= set(TRAITS), f"{name}: unknown traits {sorted(p.traits - set(TRAITS))}"
+    assert mods["executor"]._ELEMENTWISE == names_with("elementwise")
+    assert mods["memory_plan"].VIEW_PRIMITIVES == names_with("view")
+    assert mods["fusion"].FUSIBLE == names_with("fusible")
+    assert set(mods["vmap"]._ELEMENTWISE) == names_with("elementwise")
+    ip = mods["memory_plan"].in_place_operands
+    assert ip("mul", 2) == (0, 1) and ip("select", 3) == (2,) and ip("fused_elementwise", 2) == () and ip("matmul", 2) == ()
+    # a new elementwise primitive joins every set through its traits alone
+    assert {"floor_divide", "mod", "isnan", "isfinite", "erf"} <= names_with("elementwise")

@@ -53,8 +53,10 @@ def _define(
     vjp: Callable | None = None,
     jvp: Callable | None = None,
     differentiable: bool = True,
+    traits: Sequence[str] = (),
 ) -> Primitive:
     p = register(name)
+    p.traits = frozenset(traits)
     p.abstract_eval = rule
     p.impl = impl
     p.emit = emit

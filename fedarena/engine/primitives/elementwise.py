@@ -65,6 +65,9 @@ def _ufunc_emit(uf_name: str):
     return emit
 
 
+UFUNC = ("elementwise", "in_place", "fusible")  # traits of a plain numpy ufunc
+
+
 def _unary(name, uf, uf_name, kind, vjp_from_out=None, vjp_from_x=None):
     """A unary elementwise primitive whose derivative is ``d(x, out)``; its JVP is the same
     diagonal scaling as its VJP."""
@@ -77,7 +80,7 @@ def _unary(name, uf, uf_name, kind, vjp_from_out=None, vjp_from_x=None):
         t = tangents[0]
         return d(t, x, out)
 
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None)
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC)
 
 
 neg_p = _unary("neg", np.negative, "np.negative", "promote", vjp_from_x=lambda ct, x, out: neg(ct))
@@ -134,7 +137,7 @@ relu_p = _define(
 
 
 def _binary(name, uf, uf_name, kind, vjp=None, jvp=None, differentiable=True):
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable)
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC)
 
 
 def _add_vjp(need, ct, out, x, y):
@@ -429,10 +432,25 @@ erf_p = _define(
     "erf",
     _ew_rule("float"),
     _ufunc_impl(scipy.special.erf),
-    lambda ctx, ins, attrs, in_avals, out_aval: expr(f"{ctx.const(scipy.special.erf)}({ins[0]})"),
+    lambda ctx, ins, attrs, in_avals, out_aval: Code(f"{ctx.const(scipy.special.erf)}({ins[0]}, {{o}})", "stmt", f"{ctx.const(scipy.special.erf)}({ins[0]})"),
     vjp=lambda need, ct, out, x: (mul(ct, _erf_scale(x)),),
     jvp=lambda ts, out, x: mul(ts[0], _erf_scale(x)),
 )
 
 for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
     _p.batch = batch_elementwise
+
+
+# traits of the primitives not made by _unary/_binary (rsqrt is sqrt(x, out) then reciprocal(out, out):
+# still one pass per element; select copies its false operand into the output first, so only that
+# operand may share the output's buffer; cast is not fused; the additions above are plain ufuncs
+# the fusion pass and the native VM do not know)
+for _p in (sign_p, rsqrt_p, relu_p, pow_p, not_p, clip_p):
+    _p.traits = frozenset(UFUNC)
+select_p.traits = frozenset({"elementwise", "fusible"})
+select_p.in_place_operands = (2,)
+cast_p.traits = frozenset({"elementwise", "in_place"})
+for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
+    _p.traits = frozenset({"elementwise", "in_place"})
+stop_gradient_p.traits = frozenset({"view"})
+stop_gradient_p.batch = batch_elementwise

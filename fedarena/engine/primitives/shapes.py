@@ -292,3 +292,8 @@ def _stack_jvp(ts, out, *xs, axis):
 
 
 stack_p = _define("stack", _stack_rule, lambda *xs, axis: np.stack(xs, axis=axis), _stack_emit, _stack_vjp, _stack_jvp)
+
+
+for _p in (transpose_p, reshape_p, squeeze_p, expand_dims_p, slice_p):
+    _p.traits = frozenset({"view"})
+broadcast_to_p.traits = frozenset({"view", "fusible"})
