@@ -67,11 +67,15 @@ def test_out_of_range_and_mask_indices_are_refused_with_a_clear_error():
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
 def test_static_float_inf_and_nan_survive_the_second_call(value):
-    f = engine.jit(lambda x, s: ops.minimum(x, s), static_argnums=1)
     x = np.array([1.0, -2.0])
-    for _ in range(3):
-        np.testing.assert_array_equal(f(x, value), np.minimum(x, value))
-    assert f.cache_size == 1
+    # a Python float argument (static by default) and one marked static
+    for f in (engine.jit(lambda x, s: ops.minimum(x, s)), engine.jit(lambda x, s: ops.minimum(x, s), static_argnums=1)):
+        for _ in range(3):
+            np.testing.assert_array_equal(f(x, value), np.minimum(x, value))
+            np.testing.assert_array_equal(f(x, float(str(value))), np.minimum(x, value))  # an equal, distinct object
+        assert f.cache_size == 1
+    g = engine.jit(lambda x, s: x * s)  # -0.0 and 0.0 are different programs (1/(x*s) differs)
+    assert np.signbit(g(np.ones(1), -0.0)[0]) and not np.signbit(g(np.ones(1), 0.0)[0])
 
 
 def test_python_scalar_arguments_warn_past_a_bounded_number_of_compiles():
