@@ -19,7 +19,8 @@ from . import ops
 from . import primitives as P
 from .ir import EngineError, Graph, Literal, ShapedArray, Var, is_float
 from .pytree import tree_flatten, tree_unflatten
-from .tracing import Tracer, aval_of, bind, current_trace, trace_flat
+from .interpreter import interpret
+from .tracing import Tracer, aval_of, bind, bind_rule, current_trace, trace_flat
 
 
 def _read(env: dict, a: Any) -> Any:
@@ -48,16 +49,14 @@ class _SourceScope:
 def forward(graph: Graph, args: Sequence[Any], active: Sequence[bool]) -> tuple[dict, set]:
     """Replay ``graph`` on ``args``; return the value environment and the set of variables that
     depend differentiably on the inputs flagged ``active``."""
-    env: dict[Var, Any] = dict(zip(graph.constvars, graph.consts))
-    env.update(zip(graph.invars, args))
     live = {v for v, a in zip(graph.invars, active) if a}
-    for e in graph.eqns:
-        with _SourceScope(e.source):
-            out = bind(e.prim, *[_read(env, a) for a in e.inputs], **e.attrs)
-        env[e.outputs[0]] = out
+
+    def rule(e, ins):
         if e.prim.differentiable and any(isinstance(a, Var) and a in live for a in e.inputs):
             live.add(e.outputs[0])
-    return env, live
+        return bind_rule(e, ins)
+
+    return interpret(graph, args, rule)[1], live
 
 
 def _accumulate(cts: dict, v: Var, g: Any) -> None:
@@ -268,6 +267,32 @@ def vjp(fn: Callable, *primals: Any, has_aux: bool = False):
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
+def jvp_graph(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:
+    """Forward mode through ``graph`` with each primitive's JVP rule: the output values and their
+    tangents (``None`` where no tangent flows).  ``tangents[i]`` is ``None`` for an input without one."""
+
+    def rule(e, ins: list) -> tuple:
+        vals = [v for v, _ in ins]
+        ts = [t for _, t in ins]
+        out = bind_rule(e, vals)
+        if not e.prim.differentiable or all(t is None for t in ts):
+            return out, None
+        if e.prim.jvp is None:
+            raise EngineError(f"primitive {e.prim.name!r} has no JVP rule (at {e.source})")
+        with _SourceScope(e.source):
+            t = e.prim.jvp(ts, out, *vals, **e.attrs)
+        if t is not None:
+            o = e.outputs[0].aval
+            if aval_of(t).dtype != o.dtype:
+                t = P.cast(t, o.dtype)
+            if aval_of(t).shape != o.shape:
+                t = P.broadcast_to(t, o.shape)
+        return out, t
+
+    res, _ = interpret(graph, list(zip(primals, tangents)), rule, lift=lambda c: (c, None))
+    return [v for v, _ in res], [t for _, t in res]
+
+
 def jvp(fn: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, Any]:
     """Forward mode: ``(fn(*primals), J @ tangents)`` using each primitive's JVP rule."""
     primals, tangents = tuple(primals), tuple(tangents)
@@ -286,34 +311,10 @@ def jvp(fn: Callable, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[
             if aval_of(b).shape != aval_of(a).shape:
                 raise EngineError(f"jvp: tangent shape {aval_of(b).shape} does not match primal shape {aval_of(a).shape}")
         t_flat.extend(tl)
-    env: dict[Var, Any] = dict(zip(graph.constvars, graph.consts))
-    env.update(zip(graph.invars, in_vals))
-    tan: dict[Var, Any] = {}
-    for k, v in zip(traced_idx, graph.invars):
-        tan[v] = P.cast(np.asarray(t_flat[k]) if not isinstance(t_flat[k], Tracer) else t_flat[k], v.aval.dtype)
-    for e in graph.eqns:
-        ins = [_read(env, a) for a in e.inputs]
-        with _SourceScope(e.source):
-            out = bind(e.prim, *ins, **e.attrs)
-        o = e.outputs[0]
-        env[o] = out
-        ts = [tan.get(a) if isinstance(a, Var) else None for a in e.inputs]
-        if not e.prim.differentiable or all(t is None for t in ts):
-            continue
-        if e.prim.jvp is None:
-            raise EngineError(f"primitive {e.prim.name!r} has no JVP rule (at {e.source})")
-        with _SourceScope(e.source):
-            t = e.prim.jvp(ts, out, *ins, **e.attrs)
-        if t is not None:
-            if aval_of(t).dtype != o.aval.dtype:
-                t = P.cast(t, o.aval.dtype)
-            if aval_of(t).shape != o.aval.shape:
-                t = P.broadcast_to(t, o.aval.shape)
-            tan[o] = t
-    outs = [_read(env, a) for a in graph.outvars]
-    t_outs = [
-        (tan.get(a) if isinstance(a, Var) else None) for a in graph.outvars
-    ]
+    in_tans: list[Any] = [None] * len(graph.invars)
+    for k, (i, v) in enumerate(zip(traced_idx, graph.invars)):
+        in_tans[k] = P.cast(np.asarray(t_flat[i]) if not isinstance(t_flat[i], Tracer) else t_flat[i], v.aval.dtype)
+    outs, t_outs = jvp_graph(graph, in_vals, in_tans)
     t_outs = [_zeros(aval_of(o)) if t is None else t for t, o in zip(t_outs, outs)]
     return tree_unflatten(out_td, outs), tree_unflatten(out_td, t_outs)
 

@@ -29,7 +29,7 @@ from . import primitives as P
 from .executor import Executable
 from .ir import EngineError, Graph, Literal, ShapedArray, ShapeError, Var, is_float
 from .pytree import tree_flatten, tree_unflatten
-from .tracing import Tracer, aval_of, bind, register, trace_flat
+from .tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
 from .vmap import vmap
 
 # ----------------------------------------------------------------------------- packing
@@ -109,13 +109,7 @@ def _trace_fn(fn: Callable[[list], list], avals: Sequence[ShapedArray]) -> tuple
     return trace_flat(fn, list(avals))
 
 
-def _eval(graph: Graph, args: Sequence[Any]) -> list:
-    """Run a sub-graph through ``bind`` (eager, or inlined into the active trace)."""
-    env: dict = dict(zip(graph.constvars, graph.consts))
-    env.update(zip(graph.invars, args))
-    for e in graph.eqns:
-        env[e.outputs[0]] = bind(e.prim, *[_read(env, a) for a in e.inputs], **e.attrs)
-    return [_read(env, a) for a in graph.outvars]
+_eval = eval_graph  # a sub-graph run through bind (eager, or inlined into the active trace)
 
 
 def _read(env: dict, a: Any) -> Any:
@@ -460,25 +454,9 @@ def _scan_jvp(ts, out, *ins, body, n_carry, n_x, length, reverse, layout):
 
 def _graph_jvp(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:
     """Forward-mode through a sub-graph (same rules as ``autodiff.jvp``); zero tangents where none."""
-    env: dict = dict(zip(graph.constvars, graph.consts))
-    env.update(zip(graph.invars, primals))
-    tan: dict = {v: t for v, t in zip(graph.invars, tangents) if t is not None}
-    for e in graph.eqns:
-        ins = [_read(env, a) for a in e.inputs]
-        o = e.outputs[0]
-        env[o] = out = bind(e.prim, *ins, **e.attrs)
-        ts = [tan.get(a) if isinstance(a, Var) else None for a in e.inputs]
-        if not e.prim.differentiable or all(t is None for t in ts):
-            continue
-        if e.prim.jvp is None:
-            raise EngineError(f"primitive {e.prim.name!r} has no JVP rule (at {e.source})")
-        t = e.prim.jvp(ts, out, *ins, **e.attrs)
-        if t is not None:
-            tan[o] = _fit(t, o.aval)
-    outs = [_read(env, a) for a in graph.outvars]
+    outs, tans = AD.jvp_graph(graph, primals, tangents)
     touts = []
-    for a, o in zip(graph.outvars, outs):
-        t = tan.get(a) if isinstance(a, Var) else None
+    for t, o in zip(tans, outs):
         av = aval_of(o)
         touts.append(t if t is not None else P.zeros_like_aval(ShapedArray(av.shape, av.dtype if is_float(av.dtype) else np.float64)))
     return outs, touts

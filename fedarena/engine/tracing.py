@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .interpreter import interpret
 from .ir import (
     Eqn,
     Graph,
@@ -347,21 +348,19 @@ def trace_flat(fn: Callable[..., Sequence[Any]], in_avals: Sequence[ShapedArray]
     return graph, list(t.captured)
 
 
+def bind_rule(e: Eqn, ins: list) -> Any:
+    """The interpreter rule of evaluation: ``bind`` the equation again (eagerly on arrays, or into
+    the current trace, keeping the equation's source line)."""
+    trace = current_trace()
+    if trace is None:
+        return bind(e.prim, *ins, **e.attrs)
+    saved, trace.source_override = trace.source_override, e.source
+    try:
+        return bind(e.prim, *ins, **e.attrs)
+    finally:
+        trace.source_override = saved
+
+
 def eval_graph(graph: Graph, args: Sequence[Any]) -> list[Any]:
     """Interpret ``graph`` on ``args`` through :func:`bind` (eager arrays, or inlined into the current trace)."""
-    env: dict[Var, Any] = dict(zip(graph.constvars, graph.consts))
-    env.update(zip(graph.invars, args))
-    trace = current_trace()
-
-    def read(a: Any) -> Any:
-        return a.value if isinstance(a, Literal) and a.weak else (np.asarray(a.value, a.aval.dtype)[()] if isinstance(a, Literal) else env[a])
-
-    for e in graph.eqns:
-        if trace is not None:
-            trace.source_override = e.source
-        try:
-            env[e.outputs[0]] = bind(e.prim, *[read(a) for a in e.inputs], **e.attrs)
-        finally:
-            if trace is not None:
-                trace.source_override = None
-    return [read(a) for a in graph.outvars]
+    return interpret(graph, args, bind_rule)[0]

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import primitives as P
+from .interpreter import interpret
 from .ir import EngineError, Literal, ShapedArray, Var
 from .pytree import tree_flatten, tree_unflatten
 from .tracing import Primitive, Tracer, aval_of, bind, names_with, trace_flat
@@ -334,32 +335,22 @@ def _col2im_rule(prim, vals, batched, size, **attrs):
 def batch_graph(graph, args: Sequence[Any], batched: Sequence[bool], size: int) -> tuple[list, list]:
     """Replay ``graph`` on ``args`` (batched ones with the batch axis in front); return the output
     values and whether each is batched."""
-    env: dict[Var, tuple] = {v: (c, False) for v, c in zip(graph.constvars, graph.consts)}
-    env.update({v: (a, b) for v, a, b in zip(graph.invars, args, batched)})
-
-    def read(a: Any) -> tuple:
-        if isinstance(a, Literal):
-            return (a.value if a.weak else np.asarray(a.value, a.aval.dtype)[()]), False
-        return env[a]
-
-    for e in graph.eqns:
-        ins = [read(a) for a in e.inputs]
+    def rule(e, ins: list) -> tuple:
         vals = [v for v, _ in ins]
         flags = [b for _, b in ins]
         if not any(flags):
-            out = bind(e.prim, *vals, **e.attrs)
-            env[e.outputs[0]] = (out, False)
-            continue
-        rule = BATCH_RULES.get(e.prim.name)
-        if rule is None:
+            return bind(e.prim, *vals, **e.attrs), False
+        rule_fn = BATCH_RULES.get(e.prim.name)
+        if rule_fn is None:
             custom = getattr(e.prim, "batch", None)
-            rule = custom if custom is not None else _generic_rule
-        out = rule(e.prim, vals, flags, size, **e.attrs)
+            rule_fn = custom if custom is not None else _generic_rule
+        out = rule_fn(e.prim, vals, flags, size, **e.attrs)
         want = (size,) + e.outputs[0].aval.shape
         if _shape(out) != want:  # pragma: no cover - a rule bug
             raise EngineError(f"vmap: batching rule of {e.prim.name} gave shape {_shape(out)}, expected {want}")
-        env[e.outputs[0]] = (out, True)
-    res = [read(a) for a in graph.outvars]
+        return out, True
+
+    res, _ = interpret(graph, [(a, b) for a, b in zip(args, batched)], rule, lift=lambda c: (c, False))
     return [v for v, _ in res], [b for _, b in res]
 
 

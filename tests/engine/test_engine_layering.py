@@ -18,7 +18,7 @@ ENGINE = pathlib.Path(fedarena.engine.__file__).parent
 PKG = "fedarena.engine"
 
 LAYERS = [
-    ("core", ["ir", "tracing", "pytree", "threads", "cext"]),
+    ("core", ["ir", "interpreter", "tracing", "pytree", "threads", "cext"]),
     ("primitives", ["primitives", "ops", "initializers", "random"]),
     ("transforms", ["autodiff", "vmap", "jacobians"]),
     ("compiler", ["passes", "fusion", "memory_plan", "native"]),
