@@ -8,32 +8,25 @@ submodules ``ops`` (numpy-named operations), ``nn`` (layers), ``optim`` (optimiz
 
 from . import primitives as _primitives  # noqa: F401  (registers every primitive)
 from . import ops
-from . import initializers, nn, optim, random
+from . import initializers
+from . import nn
+from . import optim
+from . import random
 from .serialization import ParamsFileError, load_params, save_params
-from .autodiff import grad, hvp, jvp, value_and_grad, vjp
-from .ir import (
-    EngineError,
-    Graph,
-    GraphValidationError,
-    LeakedTracerError,
-    ShapedArray,
-    ShapeError,
-    TracerControlFlowError,
-    UnknownPrimitiveError,
-    UnsupportedDtypeError,
-)
+from .transforms.autodiff import grad, hvp, jvp, value_and_grad, vjp
+from .core.ir import EngineError, Graph, GraphValidationError, LeakedTracerError, ShapedArray, ShapeError, TracerControlFlowError, UnknownPrimitiveError, UnsupportedDtypeError
 from .jit import RecompileWarning, jit, make_graph
-from .vmap import vmap
+from .transforms.vmap import vmap
 from .control_flow import cond, fori_loop, scan, while_loop
 from .custom import checkpoint, custom_vjp, remat
-from .jacobians import hessian, jacfwd, jacrev
-from . import fusion as _fusion  # noqa: F401  (registers fused_elementwise)
-from . import passes
+from .transforms.jacobians import hessian, jacfwd, jacrev
+from .compiler import fusion as _fusion  # noqa: F401  (registers fused_elementwise)
+from .compiler import passes
 from .inspection import inspect
 from .profiler import profile
-from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .threads import get_num_threads, set_num_threads
-from .tracing import PRIMITIVES, Tracer
+from .core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .core.threads import get_num_threads, set_num_threads
+from .core.tracing import PRIMITIVES, Tracer
 
 __all__ = [
     "EngineError",

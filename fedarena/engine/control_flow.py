@@ -24,13 +24,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import autodiff as AD
+from .transforms import autodiff as AD
 from . import primitives as P
-from .executor import Executable
-from .ir import EngineError, Graph, Literal, ShapedArray, ShapeError, Var, is_float
-from .pytree import tree_flatten, tree_unflatten
-from .tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
-from .vmap import vmap
+from .backends.numpy.executor import Executable
+from .core.ir import EngineError, Graph, Literal, ShapedArray, ShapeError, Var, is_float
+from .core.pytree import tree_flatten, tree_unflatten
+from .core.tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
+from .transforms.vmap import vmap
 
 # ----------------------------------------------------------------------------- packing
 

@@ -22,13 +22,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import autodiff as AD
+from .transforms import autodiff as AD
 from . import ops
-from .vmap import vmap
-from .executor import Executable
-from .ir import EngineError, Graph, ShapeError
+from .transforms.vmap import vmap
+from .backends.numpy.executor import Executable
+from .core.ir import EngineError, Graph, ShapeError
 from .primitives import expr
-from .tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
+from .core.tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
 
 
 def _as_array(x: Any) -> Any:

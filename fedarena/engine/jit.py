@@ -17,11 +17,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import passes as _passes
-from .executor import Executable
-from .ir import EngineError, Graph, ShapedArray, check_dtype
-from .pytree import tree_flatten, tree_unflatten
-from .tracing import _TRACE_STACK, Tracer, trace_flat
+from .compiler import passes as _passes
+from .backends.numpy.executor import Executable
+from .core.ir import EngineError, Graph, ShapedArray, check_dtype
+from .core.pytree import tree_flatten, tree_unflatten
+from .core.tracing import _TRACE_STACK, Tracer, trace_flat
 
 _PY_SCALARS = (bool, int, float)
 

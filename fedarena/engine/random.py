@@ -14,7 +14,7 @@ import numpy as np
 
 from . import ops
 from .primitives import random as R
-from .tracing import aval_of, bind
+from .core.tracing import aval_of, bind
 
 Key = Any  # int64 array of shape (2,) (or a tracer of one)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import TracerControlFlowError
-from ..tracing import Tracer
+from ..core.ir import TracerControlFlowError
+from ..core.tracing import Tracer
 from . import basic as _basic
 from .basic import *  # noqa: F401,F403
 from .basic import PHASED_MAX_OVERHEAD, Array, _arr, _axes, _is_weak  # noqa: F401

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import primitives as P
-from ..ir import ShapeError, TracerControlFlowError, check_dtype, is_float
-from ..tracing import Tracer, aval_of, bind
+from ..core.ir import ShapeError, TracerControlFlowError, check_dtype, is_float
+from ..core.tracing import Tracer, aval_of, bind
 
 Array = Any  # numpy array or Tracer
 

@@ -6,7 +6,7 @@ import builtins as _builtins
 
 import numpy as np
 
-from ..ir import ShapeError
+from ..core.ir import ShapeError
 from .basic import *  # noqa: F403  (the numpy-named operations these are written with)
 from .basic import Array, _arr
 

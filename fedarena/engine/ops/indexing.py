@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from .. import primitives as P
-from ..ir import ShapeError
-from ..tracing import Tracer, aval_of, bind
+from ..core.ir import ShapeError
+from ..core.tracing import Tracer, aval_of, bind
 from .basic import *  # noqa: F403  (the numpy-named operations these are written with)
 from .basic import Array, _arr
 

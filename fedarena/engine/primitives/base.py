@@ -10,8 +10,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..ir import ShapeError, ShapedArray, is_float
-from ..tracing import PRIMITIVES, Primitive, aval_of, bind, register
+from ..core.ir import ShapeError, ShapedArray, is_float
+from ..core.tracing import PRIMITIVES, Primitive, aval_of, bind, register
 
 # ============================================================================ helpers
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import EngineError, ShapeError
-from ..tracing import bind
+from ..core.ir import EngineError, ShapeError
+from ..core.tracing import bind
 from .base import _define
 from .emit import expr
 

@@ -10,8 +10,8 @@ import numpy as np
 import scipy.special
 from numpy.lib.stride_tricks import as_strided
 
-from ..ir import LOW_PRECISION, ShapeError, ShapedArray
-from ..tracing import bind, user_source
+from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
+from ..core.tracing import bind, user_source
 from .emit import expr, stmt
 from .base import _define, broadcast_to, cast, div, dtype_of, eq, matmul, mul, promote, reduce_sum, reshape, shape_of, transpose
 from .elementwise import _sum_tangents

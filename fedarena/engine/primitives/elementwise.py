@@ -17,8 +17,8 @@ import math
 import numpy as np
 import scipy.special
 
-from ..ir import ShapeError, ShapedArray, is_float
-from ..tracing import aval_of, bind
+from ..core.ir import ShapeError, ShapedArray, is_float
+from ..core.tracing import aval_of, bind
 from .emit import Code, expr, stmt
 from .base import _bcast_tangent, _define, _floatify, add, broadcast_shapes, cast, div, dtype_of, eq, exp, full, ge, gt, le, log, logical_and, mul, neg, promote, reshape, select, shape_of, sign, sub, unbroadcast
 

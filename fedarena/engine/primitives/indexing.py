@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import ShapeError, ShapedArray
-from ..tracing import bind
+from ..core.ir import ShapeError, ShapedArray
+from ..core.tracing import bind
 from .emit import expr, stmt
 from .base import _define, shape_of
 from .reductions import _norm_axes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import LOW_PRECISION, ShapeError, ShapedArray
+from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
 from .emit import expr, stmt
 from .base import _define, _swap_last, broadcast_shapes, matmul, promote, shape_of, unbroadcast
 from .elementwise import _sum_tangents

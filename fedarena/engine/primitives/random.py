@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import ShapedArray, ShapeError
-from ..tracing import bind
+from ..core.ir import ShapedArray, ShapeError
+from ..core.tracing import bind
 from .base import _define
 from .emit import expr
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import LOW_PRECISION, ShapeError, ShapedArray, is_float
-from ..tracing import bind
-from .. import cext
+from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray, is_float
+from ..core.tracing import bind
+from ..core import cext
 from .emit import expr, stmt
 from .base import _define, broadcast_to, cast, div, dtype_of, eq, logical_and, mul, reduce_sum, reshape, select, shape_of
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import ShapeError, ShapedArray
-from ..tracing import aval_of, bind
+from ..core.ir import ShapeError, ShapedArray
+from ..core.tracing import aval_of, bind
 from .emit import expr, stmt
 from .base import _define, _stand_in, promote, reshape, shape_of, transpose, unbroadcast, zeros_like_aval
 from .reductions import _norm_axes

@@ -15,9 +15,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import autodiff as AD
-from . import ops
-from .ir import EngineError, is_float
-from .tracing import Tracer, aval_of
+from .. import ops
+from ..core.ir import EngineError, is_float
+from ..core.tracing import Tracer, aval_of
 from .vmap import vmap
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from .ir import ShapedArray
 
 try:  # built by `pip install` from _native.c; optional
-    from . import _native
+    from .. import _native
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
 
