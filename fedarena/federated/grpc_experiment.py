@@ -57,6 +57,11 @@ class FedAvgGrpcConfig(ExperimentConfig):
     secagg_clip: float = param(1.0, "SecAgg: every update coordinate is clipped to [-clip, clip] before masking")
     secagg_max_examples: int = param(10000, "SecAgg: example counts are clipped to 1..N inside the masked vector")
     secagg_consistency_check: bool = param(True, "SecAgg: signed survivor-list round (malicious-server variant)")
+    aggregation: Literal["mean", "median", "trimmed_mean", "krum"] = param(
+        "mean", "the scheduler's rule: example-weighted mean, or a Byzantine-robust rule over every client's delta "
+        "(coordinate-wise median, trimmed mean, Krum; not with secagg)")
+    trim_fraction: float = param(0.2, "trimmed mean: fraction cut at each end of every coordinate")
+    num_byzantine: int = param(0, "Krum: assumed number of Byzantine clients per round")
     max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
     max_examples: int = param(0, "largest example count a client may declare (0 = the task's largest shard)")
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
@@ -102,7 +107,8 @@ def _spec(cfg: FedAvgGrpcConfig):
                                      secagg_max_examples=cfg.secagg_max_examples,
                                      secagg_consistency_check=cfg.secagg_consistency_check),
             server_optimizer=ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau),
-            seed=cfg.seed,
+            seed=cfg.seed, aggregation=cfg.aggregation, trim_fraction=cfg.trim_fraction,
+            num_byzantine=cfg.num_byzantine,
         ),
         server=ServerOptions(max_update_norm=cfg.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=cfg.encoding, topk_fraction=cfg.topk_fraction, clip_norm=cfg.clip_norm,

@@ -35,7 +35,8 @@ import numpy as np
 from fedarena.federated import auth, wire
 from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
 from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
-from fedarena.federated.strategy import FedAvg, PartialAggregate, RoundState, ServerOptimizer, select_clients
+from fedarena.federated.strategy import (FedAvg, PartialAggregate, RoundState, ServerOptimizer, robust_rule,
+                                         select_clients)
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 from fedarena.platform.checkpoint import write_atomic
 
@@ -67,8 +68,20 @@ class RoundPolicy:
     round_config: RoundConfig = field(default_factory=RoundConfig)
     server_optimizer: ServerOptimizer = field(default_factory=ServerOptimizer)
     seed: int = 0
+    aggregation: Literal["mean", "median", "trimmed_mean", "krum"] = "mean"
+    """'mean': the example-weighted mean of the servers' partial sums; otherwise a Byzantine-robust rule of
+    :func:`fedarena.federated.strategy.robust_rule` over every individual delta (unweighted)"""
+    trim_fraction: float = 0.2
+    """trimmed mean: fraction cut at each end of every coordinate"""
+    num_byzantine: int = 0
+    """Krum: the assumed number of Byzantine clients per round"""
 
     def __post_init__(self) -> None:
+        if self.aggregation != "mean":
+            robust_rule(self.aggregation, self.trim_fraction, self.num_byzantine)  # names a bad field
+            if self.round_config.secagg:
+                raise ValueError(f"aggregation: '{self.aggregation}' needs every client's delta, which secure "
+                                 "aggregation hides; use 'mean' with secagg")
         if self.rounds < 1:
             raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
         if not 0 < self.min_fraction <= 1:
@@ -133,6 +146,8 @@ class Scheduler:
         aggregator: Aggregator | None = None,
     ) -> None:
         self.policy = policy
+        if aggregator is None and policy.aggregation != "mean":
+            aggregator = robust_rule(policy.aggregation, policy.trim_fraction, policy.num_byzantine)
         self.aggregator = aggregator
         self.secret = secret
         self.state_path = Path(state_path)

@@ -35,7 +35,7 @@ Parameters are ``dict[str, np.ndarray]``; accumulation is in float64, stored mod
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -367,3 +367,20 @@ class RobustAggregate(FedAvg):
         delta = _unflatten(self.robust_delta(_stack(updates, names)), state.params, names)
         params, opt = self.server_optimizer.step(state.params, delta, state.opt_state)
         return RoundState(state.round + 1, params, opt, state.control)
+
+
+def robust_rule(rule: RobustRule, trim_fraction: float = 0.2,
+                num_byzantine: int = 0) -> Callable[[Sequence[Params], Sequence[float]], Params]:
+    """:class:`RobustAggregate`'s rule in the gRPC runtime's form (``Scheduler(aggregator=...)``, or
+    ``RoundPolicy.aggregation``): the client deltas and their weights (unused: the robust rules are unweighted)
+    -> the global delta. A bad argument raises ValueError naming the field."""
+    if num_byzantine < 0:
+        raise ValueError(f"num_byzantine: must be >= 0, got {num_byzantine}")
+    agg = RobustAggregate(rule=rule, trim_fraction=trim_fraction, num_byzantine=num_byzantine)
+
+    def aggregate(deltas: Sequence[Params], weights: Sequence[float]) -> Params:
+        names = sorted(deltas[0])
+        x = np.stack([np.concatenate([np.asarray(d[k], np.float64).ravel() for k in names]) for d in deltas])
+        return _unflatten(agg.robust_delta(x), {k: np.asarray(deltas[0][k]) for k in names}, names)
+
+    return aggregate
