@@ -61,7 +61,7 @@ class FedAvgGrpcConfig(ExperimentConfig):
         "mean", "the scheduler's rule: example-weighted mean, or a Byzantine-robust rule over every client's delta "
         "(coordinate-wise median, trimmed mean, Krum; not with secagg)")
     trim_fraction: float = param(0.2, "trimmed mean: fraction cut at each end of every coordinate")
-    num_byzantine: int = param(0, "Krum: assumed number of Byzantine clients per round")
+    krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f per round")
     max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
     max_examples: int = param(0, "largest example count a client may declare (0 = the task's largest shard)")
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
@@ -108,7 +108,7 @@ def _spec(cfg: FedAvgGrpcConfig):
                                      secagg_consistency_check=cfg.secagg_consistency_check),
             server_optimizer=ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau),
             seed=cfg.seed, aggregation=cfg.aggregation, trim_fraction=cfg.trim_fraction,
-            num_byzantine=cfg.num_byzantine,
+            krum_byzantine=cfg.krum_byzantine,
         ),
         server=ServerOptions(max_update_norm=cfg.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=cfg.encoding, topk_fraction=cfg.topk_fraction, clip_norm=cfg.clip_norm,

@@ -73,12 +73,12 @@ class RoundPolicy:
     :func:`fedarena.federated.strategy.robust_rule` over every individual delta (unweighted)"""
     trim_fraction: float = 0.2
     """trimmed mean: fraction cut at each end of every coordinate"""
-    num_byzantine: int = 0
+    krum_byzantine: int = 0
     """Krum: the assumed number of Byzantine clients per round"""
 
     def __post_init__(self) -> None:
         if self.aggregation != "mean":
-            robust_rule(self.aggregation, self.trim_fraction, self.num_byzantine)  # names a bad field
+            robust_rule(self.aggregation, self.trim_fraction, self.krum_byzantine)  # names a bad field
             if self.round_config.secagg:
                 raise ValueError(f"aggregation: '{self.aggregation}' needs every client's delta, which secure "
                                  "aggregation hides; use 'mean' with secagg")
@@ -147,7 +147,7 @@ class Scheduler:
     ) -> None:
         self.policy = policy
         if aggregator is None and policy.aggregation != "mean":
-            aggregator = robust_rule(policy.aggregation, policy.trim_fraction, policy.num_byzantine)
+            aggregator = robust_rule(policy.aggregation, policy.trim_fraction, policy.krum_byzantine)
         self.aggregator = aggregator
         self.secret = secret
         self.state_path = Path(state_path)

@@ -370,13 +370,13 @@ class RobustAggregate(FedAvg):
 
 
 def robust_rule(rule: RobustRule, trim_fraction: float = 0.2,
-                num_byzantine: int = 0) -> Callable[[Sequence[Params], Sequence[float]], Params]:
+                krum_byzantine: int = 0) -> Callable[[Sequence[Params], Sequence[float]], Params]:
     """:class:`RobustAggregate`'s rule in the gRPC runtime's form (``Scheduler(aggregator=...)``, or
     ``RoundPolicy.aggregation``): the client deltas and their weights (unused: the robust rules are unweighted)
     -> the global delta. A bad argument raises ValueError naming the field."""
-    if num_byzantine < 0:
-        raise ValueError(f"num_byzantine: must be >= 0, got {num_byzantine}")
-    agg = RobustAggregate(rule=rule, trim_fraction=trim_fraction, num_byzantine=num_byzantine)
+    if krum_byzantine < 0:
+        raise ValueError(f"krum_byzantine: must be >= 0, got {krum_byzantine}")
+    agg = RobustAggregate(rule=rule, trim_fraction=trim_fraction, num_byzantine=krum_byzantine)
 
     def aggregate(deltas: Sequence[Params], weights: Sequence[float]) -> Params:
         names = sorted(deltas[0])

@@ -45,7 +45,7 @@ def test_krum_picks_the_update_closest_to_its_neighbours_by_brute_force():
         dist = sorted(float(np.sum((x - y) ** 2)) for j, y in enumerate(flat) if j != i)
         scores.append(sum(dist[:m]))
     best = int(np.argmin(scores))
-    got = robust_rule("krum", num_byzantine=f)(deltas, [1.0] * len(deltas))
+    got = robust_rule("krum", krum_byzantine=f)(deltas, [1.0] * len(deltas))
     assert best != 5
     for k in ("b", "w"):
         np.testing.assert_allclose(got[k], deltas[best][k], rtol=1e-12)
@@ -74,7 +74,7 @@ def test_a_scheduler_given_a_robust_policy_aggregates_with_it(make_cluster):
 @pytest.mark.parametrize("fields, field", [
     ({"aggregation": "median", "secagg": True}, "aggregation"),
     ({"aggregation": "trimmed_mean", "trim_fraction": 0.6}, "trim_fraction"),
-    ({"aggregation": "krum", "num_byzantine": -1}, "num_byzantine"),
+    ({"aggregation": "krum", "krum_byzantine": -1}, "krum_byzantine"),
 ])
 def test_bad_robust_settings_name_the_field(fields, field):
     with pytest.raises(ValueError, match=field):
