@@ -16,6 +16,7 @@ import numpy as np
 
 from .communicator import Communicator
 from .cost_model import ALGORITHMS
+from .launch import make_transport
 
 DTYPES: tuple[str, ...] = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                            "float16", "float32", "float64", "complex64", "complex128")
@@ -111,7 +112,6 @@ def run_conformance_for_sizes(comm: Communicator, kind: str, specs: dict[int, di
     """:func:`run_conformance` on ``comm`` and then on smaller groups of its first ranks, one per entry of
     ``specs`` (world size -> the :func:`.launch.group_spec` of that group), so one set of rank processes checks
     several world sizes. Returns the number of checks per world size (on ranks inside each group)."""
-    from .launch import make_transport
 
     done = {comm.world_size: run_conformance(comm, **kwargs)}
     for size, spec in sorted(specs.items()):

@@ -16,6 +16,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .communicator import Communicator
+from .shm import SharedMemoryTransport
+from .tcp import TCPTransport
+
 TRANSPORTS = ("tcp", "shm")
 
 
@@ -46,10 +50,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def make_transport(kind: str, rank: int, world_size: int, spec: dict[str, Any], timeout: float) -> Any:
     if kind == "tcp":
-        from .tcp import TCPTransport
         return TCPTransport(rank, world_size, tuple(spec["master"]), spec["secret"], timeout=timeout)
     if kind == "shm":
-        from .shm import SharedMemoryTransport
         return SharedMemoryTransport(rank, world_size, spec["name"], timeout=timeout,
                                      capacity=spec.get("capacity", 4 << 20))
     raise ValueError(f"transport: {kind!r} is not a process transport (choose from {', '.join(TRANSPORTS)})")
@@ -65,7 +67,6 @@ def group_spec(kind: str) -> dict[str, Any]:
 
 def _rank_main(kind: str, rank: int, world_size: int, spec: dict[str, Any], timeout: float,
                comm_options: dict[str, Any], fn: Callable[..., Any], args: tuple, conn: Any) -> None:
-    from .communicator import Communicator
 
     transport = None
     try:

@@ -21,6 +21,7 @@ import numpy as np
 
 from .framing import check_matches
 from .transport import PeerFailure, Reduction, Request, Transport, contiguous
+from .communicator import Communicator
 
 
 class _Mailbox:
@@ -148,7 +149,6 @@ class RayRank:
 
     def connect(self, peers: list[Any]) -> int:
         """Join the group of ``peers`` (this actor is ``peers[self.rank]``), with a fresh mailbox."""
-        from .communicator import Communicator
 
         self.world_size = len(peers)
         self.mailbox = _Mailbox()

@@ -15,6 +15,7 @@ import numpy as np
 
 from .framing import check_matches
 from .transport import contiguous, PeerFailure, Reduction, Request, Transport
+from .communicator import Communicator
 
 _POLL = 0.05
 
@@ -121,7 +122,6 @@ def run_threads(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
     A rank that raises aborts the group (the others fail fast with :class:`PeerFailure`); the first error
     raised by a rank is re-raised here.
     """
-    from .communicator import Communicator
 
     group = ThreadGroup(world_size)
     results: list[Any] = [None] * world_size

@@ -31,6 +31,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine.collectives import Communicator, ThreadGroup
+from fedarena.engine.collectives.launch import group_spec, make_transport, start_ranks
 
 _STEP, _STOP, _CHECK = 1, 0, 2
 
@@ -258,8 +259,6 @@ class DataParallelLearner:
                 t.start()
                 self._threads.append(t)
         else:
-            from fedarena.engine.collectives.launch import group_spec, make_transport, start_ranks
-
             spec = group_spec(transport)
             self._procs = start_ranks(learners, transport, _process_worker,
                                       (make_replica, bucket_bytes, overlap), spec, timeout, first_rank=1)
