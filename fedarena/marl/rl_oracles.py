@@ -41,13 +41,13 @@ from fedarena.rl.replay import ReplayBuffer
 
 @dataclass(frozen=True)
 class DQNOracleConfig:
-    episodes: int = param(20_000, "training episodes per best response")
+    episodes: int = param(10_000, "training episodes per best response")
     num_envs: int = param(128, "games stepped together")
     hidden: tuple[int, ...] = param((64,), "hidden layer sizes of the Q network (ReLU)")
-    learning_rate: float = param(3e-3, "Adam learning rate")
-    batch_size: int = param(256, "transitions per gradient step")
+    learning_rate: float = param(1e-3, "Adam learning rate")
+    batch_size: int = param(128, "transitions per gradient step")
     buffer_size: int = param(50_000, "replay capacity in transitions")
-    train_every: int = param(64, "learner transitions between gradient steps")
+    train_every: int = param(16, "learner transitions between gradient steps")
     gradient_steps: int = param(1, "gradient steps per gradient phase")
     learning_starts: int = param(1000, "transitions before learning begins")
     target_update_interval: int = param(2000, "transitions between target-network copies")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fedarena.envs import load_game
+from fedarena.envs.kuhn import KuhnPoker
 
 pyspiel = pytest.importorskip("pyspiel")
 
@@ -24,16 +25,19 @@ def _walk(ours, theirs):
             stack.append((a.child(x), b.child(x)))
 
 
-@pytest.mark.parametrize("name", ["kuhn_poker", "leduc_poker"])
+@pytest.mark.parametrize("name", ["kuhn_poker", "leduc_poker", "kuhn_poker(players=3)"])
 def test_tensors_equal_openspiel_at_every_player_history(name):
-    ours, theirs = load_game(name), pyspiel.load_game(name)
+    ours = KuhnPoker(num_players=3) if name == "kuhn_poker(players=3)" else load_game(name)
+    theirs = pyspiel.load_game(name)
     assert ours.information_state_tensor_shape == tuple(theirs.information_state_tensor_shape())
     assert ours.observation_tensor_shape == tuple(theirs.observation_tensor_shape())
     checked, infostates = 0, set()
     for a, b in _walk(ours, theirs):
+        if a.is_terminal():
+            np.testing.assert_array_equal(a.returns(), b.returns())
         if a.is_terminal() or a.is_chance_node():
             continue
-        for p in range(2):
+        for p in range(ours.num_players):
             if len(b.history()) <= p:
                 continue
             t = a.information_state_tensor(p)
@@ -44,7 +48,7 @@ def test_tensors_equal_openspiel_at_every_player_history(name):
             checked += 1
         infostates.add(a.information_state_string())
     # every information state of the game was visited (12 in Kuhn, 936 in Leduc)
-    assert len(infostates) == {"kuhn_poker": 12, "leduc_poker": 936}[name]
+    assert len(infostates) == {"kuhn_poker": 12, "leduc_poker": 936, "kuhn_poker(players=3)": 48}[name]
     assert checked > 2 * len(infostates)
 
 
