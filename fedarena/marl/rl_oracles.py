@@ -6,10 +6,12 @@ opponent plays one member of its population per episode, drawn from the meta-str
 distribution of play as the mixture (Kuhn's theorem), so the best response to the episodes is the best
 response to the mixture.
 
-- :class:`DQNOracle`: DQN (Mnih et al., 2015) with fedarena.rl's Q network and replay buffer, Huber TD
-  loss, double-DQN targets (van Hasselt et al., 2016), Adam and global-norm clipping as in
-  :mod:`fedarena.rl.dqn`, plus legal-action masks (the greedy action, exploration and the target's argmax
-  range over legal actions only), which :class:`fedarena.rl.dqn.DQN` has no notion of;
+- :class:`DQNOracle`: DQN (Mnih et al., 2015) with fedarena.rl's Q network and replay buffer, double-DQN
+  targets (van Hasselt et al., 2016), Adam and global-norm clipping as in :mod:`fedarena.rl.dqn`, plus
+  legal-action masks (the greedy action, exploration and the target's argmax range over legal actions
+  only), which :class:`fedarena.rl.dqn.DQN` has no notion of. The TD loss is the squared error by default:
+  poker payoffs are random given the information state (+1 or -2 after a bluff), and the Huber loss's
+  minimiser is then not the mean but lies toward the median, which biases Q and picks wrong responses;
 - :class:`PPOOracle`: :class:`fedarena.rl.ppo.PPO` unchanged (clipped surrogate, GAE, minibatch epochs) on
   the same environment; since its categorical policy has no action mask it is refused for games whose
   legal actions vary (Leduc), and accepted where every action is always legal (Kuhn, matrix games).
@@ -47,7 +49,7 @@ class DQNOracleConfig:
     learning_rate: float = param(1e-3, "Adam learning rate")
     batch_size: int = param(128, "transitions per gradient step")
     buffer_size: int = param(50_000, "replay capacity in transitions")
-    train_every: int = param(16, "learner transitions between gradient steps")
+    train_every: int = param(4, "learner transitions between gradient steps")
     gradient_steps: int = param(1, "gradient steps per gradient phase")
     learning_starts: int = param(1000, "transitions before learning begins")
     target_update_interval: int = param(2000, "transitions between target-network copies")
@@ -55,7 +57,8 @@ class DQNOracleConfig:
     epsilon_start: float = param(1.0, "initial exploration rate")
     epsilon_final: float = param(0.02, "final exploration rate")
     exploration_fraction: float = param(0.5, "fraction of the episodes over which epsilon decays linearly")
-    huber_delta: float = param(1.0, "Huber loss threshold")
+    loss: str = param("mse", "TD loss: mse (unbiased for random payoffs) or huber")
+    huber_delta: float = param(1.0, "Huber loss threshold (loss: huber)")
     max_grad_norm: float = param(10.0, "global gradient-norm clipping")
     warm_start: bool = param(False, "start each response from the previous one's network instead of a fresh one")
 
@@ -66,7 +69,7 @@ class DQNOracleConfig:
                   "gradient_steps": self.gradient_steps >= 1, "learning_starts": self.learning_starts >= 0,
                   "target_update_interval": self.target_update_interval >= 1, "gamma": 0 <= self.gamma <= 1,
                   "epsilon_start": 0 <= self.epsilon_final <= self.epsilon_start <= 1,
-                  "exploration_fraction": 0 < self.exploration_fraction <= 1,
+                  "exploration_fraction": 0 < self.exploration_fraction <= 1, "loss": self.loss in ("mse", "huber"),
                   "hidden": len(self.hidden) >= 1 and all(int(h) >= 1 for h in self.hidden)}
         for name, ok in checks.items():
             if not ok:
@@ -139,7 +142,9 @@ class DQNOracle:
                 best = ops.one_hot(ops.argmax(online_next, axis=-1), tables.num_actions)
                 nxt = ops.sum(net(target, b["next_obs"]) * best, axis=-1)
                 y = ops.stop_gradient(b["reward"] + b["discount"] * nxt)
-                return ops.huber(q, y, delta=c.huber_delta)
+                if c.loss == "huber":
+                    return ops.huber(q, y, delta=c.huber_delta)
+                return ops.mean(ops.square(q - y))
 
             def step(params, target, state, b):
                 value, g = engine.value_and_grad(loss)(params, target, b)
