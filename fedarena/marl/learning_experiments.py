@@ -125,20 +125,19 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
         if not pts:
             continue
         ep, wall, ex = (np.array(v, dtype=float) for v in zip(*pts))
-        axes[0].plot(np.maximum(ep, 1), ex, lw=1.0, alpha=0.7, label=f"seed {s}")
-        axes[1].plot(np.maximum(wall, 1e-3), ex, lw=1.0, alpha=0.7, label=f"seed {s}")
+        axes[0].plot(ep, ex, lw=1.0, alpha=0.7, label=f"seed {s}")
+        axes[1].plot(wall, ex, lw=1.0, alpha=0.7, label=f"seed {s}")
         curves.append((ep, ex))
     if len(curves) > 1:
         n = min(len(c[0]) for c in curves)
         ep = curves[0][0][:n]
         stack = np.stack([c[1][:n] for c in curves])
-        axes[0].plot(np.maximum(ep, 1), stack.mean(axis=0), "k-", lw=2, label="mean over seeds")
-        axes[0].fill_between(np.maximum(ep, 1), stack.min(axis=0), stack.max(axis=0), color="k", alpha=0.12,
+        axes[0].plot(ep, stack.mean(axis=0), "k-", lw=2, label="mean over seeds")
+        axes[0].fill_between(ep, stack.min(axis=0), stack.max(axis=0), color="k", alpha=0.12,
                              label="min-max over seeds")
     axes[0].set_xlabel("training episodes")
     axes[1].set_xlabel("training wall time (s, evaluation excluded)")
     for ax in axes:
-        ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_ylabel("exact exploitability of the average policy")
         ax.grid(alpha=0.3, which="both")
