@@ -23,7 +23,7 @@ from fedarena.envs import load_game
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.meta_solvers import META_SOLVERS
 from fedarena.marl.nfsp import NFSP, NFSPConfig
-from fedarena.marl.psro import PSRO
+from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.rl_oracles import DQNOracle, DQNOracleConfig, PPOOracle, PPOOracleConfig
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 
@@ -177,10 +177,7 @@ class PSRORLConfig(ExperimentConfig):
 
             if not compile_tables(load_game(self.game)).legal.all():
                 raise ValueError(f"oracle: ppo has no action masks and {self.game} has illegal actions; use dqn")
-        try:
-            PSRO(load_game(self.game), meta_solver=self.meta_solver)
-        except ValueError as e:
-            raise ValueError(str(e)) from None
+        check_meta_solver(load_game(self.game), self.meta_solver)
 
 
 def run_psro_rl(cfg: PSRORLConfig, run: Any) -> dict[str, Any]:

@@ -88,6 +88,20 @@ def _is_zero_sum(tree: GameTree) -> bool:
     return bool(np.allclose(u.sum(axis=1), 0.0, atol=1e-9 * max(1.0, float(np.abs(u).max()))))
 
 
+def check_meta_solver(game: Game | GameTree, meta_solver: str) -> None:
+    """A one-line ``ValueError`` when the named meta-solver cannot solve ``game``'s meta-games (for config
+    validation: ``nash`` needs a zero-sum game, ``nash`` / ``regret_matching`` need two players)."""
+    tree = game_tree(game)
+    n = tree.num_players
+    get_meta_solver(meta_solver)
+    if meta_solver in TWO_PLAYER_SOLVERS and n != 2:
+        raise ValueError(f"meta_solver: '{meta_solver}' is for two-player meta-games and {tree.game.name} has "
+                         f"{n} players; use prd, uniform or last")
+    if meta_solver == "nash" and not _is_zero_sum(tree):
+        raise ValueError(f"meta_solver: 'nash' solves zero-sum meta-games and {tree.game.name} is general-sum; "
+                         f"use {', '.join(GENERAL_SUM_SOLVERS)}")
+
+
 class PSRO:
     """PSRO on ``game`` (two or more players); call :meth:`iteration` repeatedly, read :meth:`exploitability`."""
 
@@ -96,13 +110,8 @@ class PSRO:
                  sample_episodes: int = 0, seed: int | np.random.Generator | None = None) -> None:
         self.tree = tree = game_tree(game)
         n = self.num_players = tree.num_players
-        name = meta_solver if isinstance(meta_solver, str) else getattr(meta_solver, "__name__", "custom")
-        if isinstance(meta_solver, str) and meta_solver in TWO_PLAYER_SOLVERS and n != 2:
-            raise ValueError(f"meta_solver: '{meta_solver}' is for two-player meta-games and {tree.game.name} has "
-                             f"{n} players; use prd, uniform or last")
-        if name == "nash" and not _is_zero_sum(tree):
-            raise ValueError(f"meta_solver: 'nash' solves zero-sum meta-games and {tree.game.name} is general-sum; "
-                             f"use {', '.join(GENERAL_SUM_SOLVERS)}")
+        if isinstance(meta_solver, str):
+            check_meta_solver(tree, meta_solver)
         if sample_episodes < 0:
             raise ValueError(f"sample_episodes: expected >= 0 (0 = exact payoffs), got {sample_episodes}")
         if sample_episodes > 0 and seed is None:
