@@ -11,9 +11,9 @@ equilibrium in two-player zero-sum games; their exploitability is measured exact
 to a table over every information state (:func:`network_policy`).
 
 Batched: ``num_games`` games advance together through :class:`fedarena.envs.efg_vector.VectorGame`; one compiled
-call evaluates every player's two networks on every game's tensor, and one compiled call updates every
-player's Q and average networks (DQN TD loss with the legal-action-masked max, cross-entropy on the masked
-logits, SGD or Adam). Each player updates both networks once per ``learn_every`` of its steps (a step is one
+call evaluates every player's two networks on every game's tensor, and one compiled call per gradient step
+trains one player's Q network and average network together (squared TD error with the legal-action-masked
+max, cross-entropy on the masked logits, SGD or Adam). Each player updates both networks once per ``learn_every`` of its steps (a step is one
 decision or the end of an episode, as counted by OpenSpiel's ``nfsp.py``), so the ratio of updates to experience
 does not depend on ``num_games``; the target network is copied every ``target_update_interval`` best-response
 steps and epsilon decays linearly over ``epsilon_decay_steps`` best-response steps.
@@ -344,7 +344,7 @@ class NFSP:
         return network_policy(self.tables, self.net.__call__, self.avg_params, self.config.tensor)
 
     def best_response_policy(self) -> TabularPolicy:
-        """The greedy policies of the Q networks (ties broken by the softmax of a large multiple)."""
+        """The greedy policies of the Q networks (ties to the lowest legal action)."""
         t = self.tables
         probs = np.zeros((len(t.infostates), self.A))
         for p in range(self.P):
