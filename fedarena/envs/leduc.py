@@ -8,6 +8,17 @@ showdown a player whose card pairs the public card wins, else the higher rank wi
 Actions: 0 = fold (only when facing a raise), 1 = call/check, 2 = raise.
 Information state: ``"<card>:<round-1 bets>"`` and, in round two, ``"/<public card>:<round-2 bets>"``,
 with cards named rank + suit (``Js``, ``Jh``, ``Qs``, ...) and bets ``f``/``c``/``r``, e.g. ``"Kh:rc/Js:cr"``.
+
+Tensors (OpenSpiel's ``leduc_poker`` layouts for two players, float32, for player ``i``):
+
+- ``information_state_tensor`` (30 = 2 + 6 + 6 + 2 x 4 x 2): one-hot of ``i`` (2), one-hot of ``i``'s card
+  (6), one-hot of the public card (6, zeros before it is dealt), then per round four move slots of two bits
+  ``[call, raise]`` (a round has at most four moves that do not end the game; a fold ends it and is never
+  seen in an information state);
+- ``observation_tensor`` (16 = 2 + 6 + 6 + 2): one-hot of ``i``, of ``i``'s card, of the public card, then
+  each player's contribution to the pot, antes included.
+
+A player who has no card yet has zeros in the private-card block.
 """
 
 from __future__ import annotations
@@ -23,6 +34,9 @@ _LETTER = {FOLD: "f", CALL: "c", RAISE: "r"}
 _RAISE_SIZE = (2, 4)
 _MAX_RAISES = 2
 NUM_CARDS = 6
+_ROUND_SLOTS = 4
+INFORMATION_STATE_TENSOR_SIZE = 2 + 2 * NUM_CARDS + 2 * _ROUND_SLOTS * 2
+OBSERVATION_TENSOR_SIZE = 2 + 2 * NUM_CARDS + 2
 
 
 def card_name(card: int) -> str:
@@ -101,6 +115,35 @@ class LeducState(State):
             text += "/" + card_name(self._cards[2]) + ":" + "".join(_LETTER[a] for a in self._rounds[1])
         return text
 
+    def _tensor_head(self, player: int | None, size: int) -> np.ndarray:
+        if player is None:
+            player = self.current_player()
+        if player not in (0, 1):
+            raise ValueError(f"player: expected 0 or 1, got {player}")
+        t = np.zeros(size, dtype=np.float32)
+        t[player] = 1.0
+        if len(self._cards) > player:
+            t[2 + self._cards[player]] = 1.0
+        if len(self._cards) == 3:
+            t[2 + NUM_CARDS + self._cards[2]] = 1.0
+        return t
+
+    def information_state_tensor(self, player: int | None = None) -> np.ndarray:
+        """OpenSpiel's layout (see the module docstring), shape ``(30,)``."""
+        t = self._tensor_head(player, INFORMATION_STATE_TENSOR_SIZE)
+        base = 2 + 2 * NUM_CARDS
+        for r, bets in enumerate(self._rounds):
+            for k, a in enumerate(bets):
+                if a != FOLD:
+                    t[base + r * 2 * _ROUND_SLOTS + 2 * k + (a == RAISE)] = 1.0
+        return t
+
+    def observation_tensor(self, player: int | None = None) -> np.ndarray:
+        """OpenSpiel's layout (see the module docstring), shape ``(16,)``."""
+        t = self._tensor_head(player, OBSERVATION_TENSOR_SIZE)
+        t[2 + 2 * NUM_CARDS:] = self._contrib
+        return t
+
     def returns(self) -> np.ndarray:
         if self.current_player() != TERMINAL:
             return np.zeros(2)
@@ -138,6 +181,8 @@ class LeducPoker(Game):
     name: str = "leduc_poker"
     num_players: int = 2
     num_distinct_actions: int = 3
+    information_state_tensor_shape: tuple[int, ...] = (INFORMATION_STATE_TENSOR_SIZE,)
+    observation_tensor_shape: tuple[int, ...] = (OBSERVATION_TENSOR_SIZE,)
 
     def new_initial_state(self) -> LeducState:
         return LeducState()

@@ -12,6 +12,11 @@
 
 A solver is ``solver(payoffs) -> [sigma_0, sigma_1]`` with ``payoffs[p, i, j]`` player ``p``'s payoff when
 row policy ``i`` meets column policy ``j``. :func:`get_meta_solver` looks one up by name.
+
+General-sum and n-player tables: ``prd`` runs the replicator dynamics of every player on its own payoff
+table (``payoffs[p, i_0, ..., i_{n-1}]`` for ``n`` players; in two-player general-sum games that is both
+tables, not their difference), and ``uniform`` / ``last`` take any number of players. ``nash`` needs a
+two-player zero-sum table and ``regret_matching`` two players; they say so in one line otherwise.
 """
 
 from __future__ import annotations
@@ -23,10 +28,15 @@ import numpy as np
 MetaSolver = Callable[[np.ndarray], list]
 
 
-def _check(payoffs: np.ndarray) -> np.ndarray:
+def _check(payoffs: np.ndarray, n_players: bool = False) -> np.ndarray:
     p = np.asarray(payoffs, dtype=np.float64)
-    if p.ndim != 3 or p.shape[0] != 2 or p.shape[1] < 1 or p.shape[2] < 1:
-        raise ValueError(f"payoffs: expected shape (2, rows, cols), got {p.shape}")
+    if n_players:
+        if p.ndim < 3 or p.shape[0] != p.ndim - 1 or min(p.shape[1:]) < 1:
+            raise ValueError(f"payoffs: expected shape (2, rows, cols) or (n, K_0, ..., K_n-1) for n players, "
+                             f"got {p.shape}")
+    elif p.ndim != 3 or p.shape[0] != 2 or p.shape[1] < 1 or p.shape[2] < 1:
+        hint = " (this meta-solver is for two players; use prd or uniform)" if p.ndim > 3 else ""
+        raise ValueError(f"payoffs: expected shape (2, rows, cols), got {p.shape}{hint}")
     if not np.all(np.isfinite(p)):
         raise ValueError("payoffs: every entry must be a finite number")
     return p
@@ -81,8 +91,11 @@ def _project_simplex(y: np.ndarray, floor: float) -> np.ndarray:
 def projected_replicator_dynamics(payoffs: np.ndarray, iterations: int = 5000, step: float = 1e-2,
                                   gamma: float = 1e-6, average_last: float = 1.0) -> list[np.ndarray]:
     """PRD from uniform strategies; returns the average of the last ``average_last`` fraction of steps
-    (by default all of them: the time average converges in zero-sum tables where the iterates cycle)."""
-    p = _check(payoffs)
+    (by default all of them: the time average converges in zero-sum tables where the iterates cycle).
+    Any number of players: each player's replicator step uses its own table."""
+    p = _check(payoffs, n_players=True)
+    if p.shape[0] != 2:
+        return _prd_n(p, iterations, step, gamma, average_last)
     A, B = p[0], p[1]
     x = np.full(A.shape[0], 1.0 / A.shape[0])
     y = np.full(A.shape[1], 1.0 / A.shape[1])
@@ -98,6 +111,27 @@ def projected_replicator_dynamics(payoffs: np.ndarray, iterations: int = 5000, s
             sy += y
             n += 1
     return [sx / n, sy / n]
+
+
+def _prd_n(p: np.ndarray, iterations: int, step: float, gamma: float, average_last: float) -> list[np.ndarray]:
+    n = p.shape[0]
+    xs = [np.full(k, 1.0 / k) for k in p.shape[1:]]
+    sums = [np.zeros(k) for k in p.shape[1:]]
+    start, count = int(iterations * (1.0 - average_last)), 0
+    for t in range(iterations):
+        new = []
+        for i in range(n):
+            u = p[i]
+            for j in reversed(range(n)):   # contract the other players' axes with their strategies
+                if j != i:
+                    u = np.tensordot(u, xs[j], axes=([j], [0]))
+            new.append(_project_simplex(xs[i] + step * xs[i] * (u - xs[i] @ u), gamma / len(xs[i])))
+        xs = new
+        if t >= start:
+            for i in range(n):
+                sums[i] += xs[i]
+            count += 1
+    return [s / count for s in sums]
 
 
 def regret_matching_solver(payoffs: np.ndarray, iterations: int = 5000) -> list[np.ndarray]:
@@ -124,12 +158,12 @@ def _rm(r: np.ndarray) -> np.ndarray:
 
 
 def uniform_solver(payoffs: np.ndarray) -> list[np.ndarray]:
-    p = _check(payoffs)
+    p = _check(payoffs, n_players=True)
     return [np.full(k, 1.0 / k) for k in p.shape[1:]]
 
 
 def last_solver(payoffs: np.ndarray) -> list[np.ndarray]:
-    p = _check(payoffs)
+    p = _check(payoffs, n_players=True)
     out = []
     for k in p.shape[1:]:
         s = np.zeros(k)

@@ -20,6 +20,8 @@ KINDS: dict[str, tuple[str, str]] = {
     "xfp": ("fedarena.marl.game_experiments:XFP_EXPERIMENT", "full-width extensive-form fictitious play (XFP) on Kuhn/Leduc/matrix games, exact exploitability per iteration"),
     "cfr": ("fedarena.marl.game_experiments:CFR_EXPERIMENT", "CFR / CFR+ reference equilibrium solver on Kuhn/Leduc/matrix games, exact exploitability of the average policy"),
     "psro": ("fedarena.marl.game_experiments:PSRO_EXPERIMENT", "PSRO with exact best responses, several meta-solvers (nash, prd, uniform, last...) compared in one report"),
+    "nfsp": ("fedarena.marl.learning_experiments:NFSP_EXPERIMENT", "NFSP (DQN best response + reservoir-trained average policy), batched self-play on Kuhn/Leduc, exact exploitability over seeds"),
+    "psro_rl": ("fedarena.marl.learning_experiments:PSRO_RL_EXPERIMENT", "PSRO with a DQN or PPO best-response oracle, exact exploitability per iteration beside exact-oracle PSRO"),
     "matrix_dynamics": (
         "fedarena.marl.matrix_dynamics:EXPERIMENT",
         "self-play (iterated best response) and fictitious play side by side on a two-player matrix game",
