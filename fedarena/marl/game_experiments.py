@@ -25,7 +25,7 @@ from fedarena.envs import load_game
 from fedarena.marl.cfr import CFRSolver
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.meta_solvers import META_SOLVERS
-from fedarena.marl.psro import PSRO
+from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.xfp import XFPSolver
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 
@@ -41,17 +41,15 @@ def _check_common(cfg: Any) -> None:
         raise ValueError(f"eval_every: must be at least 1, got {cfg.eval_every}")
 
 
-def _check_two_player_zero_sum(name: str) -> None:
-    """PSRO here measures exploitability (NashConv / 2), defined for two-player zero-sum games only."""
+def _check_meta_solvers(name: str, meta_solvers: list[str]) -> None:
+    """Each meta-solver must be able to solve the game's meta-games (``nash`` needs a two-player zero-sum game;
+    ``prd``, ``uniform`` and ``last`` also solve general-sum and n-player ones; see :mod:`fedarena.marl.psro`)."""
     game = load_game(name)
-    if game.num_players != 2:
-        raise ValueError(f"game: psro needs a two-player zero-sum game; '{name}' has {game.num_players} players")
-    from fedarena.marl.game_tree import game_tree
-
-    u = game_tree(game).utilities
-    if not np.allclose(u.sum(axis=1), 0.0, atol=1e-9 * max(1.0, float(np.abs(u).max()))):
-        raise ValueError(f"game: psro needs a two-player zero-sum game; '{name}' is general-sum (its payoffs do "
-                         "not sum to zero); use matrix_dynamics for general-sum matrix games")
+    for m in meta_solvers:
+        try:
+            check_meta_solver(game, m)
+        except ValueError as e:
+            raise ValueError(f"meta_solvers: {str(e).split(': ', 1)[1]} (game '{name}')") from None
 
 
 def _milestones(rows: list[dict], key: str, at: tuple[int, ...]) -> dict[str, float]:
@@ -164,7 +162,8 @@ def _cfr_name(cfg: "CFRConfig") -> str:
 
 @dataclass(frozen=True)
 class PSROConfig(ExperimentConfig):
-    game: str = param("kuhn_poker", "two-player game by name")
+    game: str = param("kuhn_poker", "game by name (two-player zero-sum for nash; prd/uniform/last also general-sum "
+                      "and n-player)")
     iterations: int = param(30, "PSRO iterations (one new policy per player each)")
     meta_solvers: list[str] = param(doc="meta-solvers run side by side (nash, prd, regret_matching, uniform, last)",
                                     factory=lambda: ["nash", "prd", "uniform", "last"])
@@ -174,7 +173,6 @@ class PSROConfig(ExperimentConfig):
 
     def __post_init__(self) -> None:
         _check_common(self)
-        _check_two_player_zero_sum(self.game)
         if not self.meta_solvers:
             raise ValueError("meta_solvers: give at least one of " + ", ".join(sorted(META_SOLVERS)))
         for m in self.meta_solvers:
@@ -182,6 +180,7 @@ class PSROConfig(ExperimentConfig):
                 raise ValueError(f"meta_solvers: unknown meta-solver '{m}'; known: {', '.join(sorted(META_SOLVERS))}")
         if len(set(self.meta_solvers)) != len(self.meta_solvers):
             raise ValueError(f"meta_solvers: listed twice in {self.meta_solvers}")
+        _check_meta_solvers(self.game, self.meta_solvers)
         if self.oracle != "exact_best_response":
             raise ValueError(f"oracle: unknown oracle '{self.oracle}'; known: exact_best_response")
         if self.sample_episodes < 0:

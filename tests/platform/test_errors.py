@@ -59,7 +59,8 @@ def test_missing_optional_dependency_names_what_to_install(tmp_path, monkeypatch
 def test_psro_on_a_general_sum_game(tmp_path, capsys):
     out = tmp_path / "run"
     line = _fail(capsys, ["run", "experiments/kuhn_psro.yaml", "--set", "game=prisoners_dilemma", "--out", str(out)], 2)
-    assert "psro needs a two-player zero-sum game" in line and "prisoners_dilemma" in line and "general-sum" in line
+    assert line.startswith("fedarena: error:") and "meta_solvers: 'nash' solves zero-sum meta-games" in line
+    assert "prisoners_dilemma" in line and "general-sum" in line
     assert _status(out)["error"] in line
 
 
