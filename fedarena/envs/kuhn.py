@@ -156,12 +156,11 @@ class KuhnPoker(Game):
         if self.num_players != 2 and self.name == "kuhn_poker":
             object.__setattr__(self, "name", f"kuhn_poker(players={self.num_players})")
 
-    @property
     def information_state_tensor_shape(self) -> tuple[int, ...]:
+        """OpenSpiel's shape (a method, as ``pyspiel.Game.information_state_tensor_shape``)."""
         n = self.num_players
         return (n + (n + 1) + 2 * (2 * n - 1),)
 
-    @property
     def observation_tensor_shape(self) -> tuple[int, ...]:
         return (3 * self.num_players + 1,)
 

@@ -181,8 +181,12 @@ class LeducPoker(Game):
     name: str = "leduc_poker"
     num_players: int = 2
     num_distinct_actions: int = 3
-    information_state_tensor_shape: tuple[int, ...] = (INFORMATION_STATE_TENSOR_SIZE,)
-    observation_tensor_shape: tuple[int, ...] = (OBSERVATION_TENSOR_SIZE,)
+    def information_state_tensor_shape(self) -> tuple[int, ...]:
+        """OpenSpiel's shape (a method, as ``pyspiel.Game.information_state_tensor_shape``)."""
+        return (INFORMATION_STATE_TENSOR_SIZE,)
+
+    def observation_tensor_shape(self) -> tuple[int, ...]:
+        return (OBSERVATION_TENSOR_SIZE,)
 
     def new_initial_state(self) -> LeducState:
         return LeducState()

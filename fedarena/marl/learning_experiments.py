@@ -1,6 +1,6 @@
 """Experiment kinds for learning agents in extensive-form games:
 
-- ``nfsp``: NFSP (Heinrich & Silver, 2016) in self-play, one run per seed in ``seeds``; the exact
+- ``nfsp``: NFSP (Heinrich & Silver, 2016) in self-play, one run per seed in ``learner_seeds``; the exact
   exploitability of each seed's average policy is logged every ``eval_every`` episodes with the wall time,
   and the report plots it against episodes and wall time (mean and the range over seeds);
 - ``psro_rl``: PSRO (Lanctot et al., 2017) with a DQN or PPO best-response oracle
@@ -46,7 +46,9 @@ class NFSPExperimentConfig(ExperimentConfig):
     game: str = param("kuhn_poker", "game by name (kuhn_poker, leduc_poker)")
     episodes: int = param(200_000, "training episodes per seed")
     eval_every: int = param(10_000, "episodes between exact exploitability evaluations")
-    seeds: list[int] = param(doc="one NFSP run per seed, in sequence", factory=lambda: [0, 1, 2])
+    learner_seeds: list[int] = param(doc="one NFSP run per seed, in sequence inside this run (the report shows "
+                                     "their spread); the platform's `seeds` makes one run folder per seed instead",
+                                     factory=lambda: [0, 1, 2])
     nfsp: NFSPConfig = param(doc="NFSP hyper-parameters (fedarena.marl.nfsp.NFSPConfig)", factory=NFSPConfig)
 
     def __post_init__(self) -> None:
@@ -55,8 +57,8 @@ class NFSPExperimentConfig(ExperimentConfig):
             raise ValueError(f"episodes: must be at least 1, got {self.episodes}")
         if self.eval_every < 1:
             raise ValueError(f"eval_every: must be at least 1, got {self.eval_every}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds: expected distinct seeds, got {self.seeds}")
+        if not self.learner_seeds or len(set(self.learner_seeds)) != len(self.learner_seeds):
+            raise ValueError(f"learner_seeds: expected distinct seeds, got {self.learner_seeds}")
 
 
 def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
@@ -71,9 +73,9 @@ def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
         first, agent_state = int(state["seed_index"]), state["agent"]
         times = {int(k): float(v) for k, v in state["train_time"].items()}
         finals = {int(k): float(v) for k, v in state["finals"].items()}
-    with run.progress(total=evals * len(cfg.seeds), initial=step, desc=f"nfsp {cfg.game}") as bar:
-        for k in range(first, len(cfg.seeds)):
-            seed = cfg.seeds[k]
+    with run.progress(total=evals * len(cfg.learner_seeds), initial=step, desc=f"nfsp {cfg.game}") as bar:
+        for k in range(first, len(cfg.learner_seeds)):
+            seed = cfg.learner_seeds[k]
             agent = NFSP(game, cfg.nfsp, seed=seed)
             if agent_state:
                 agent.load_state_dict(agent_state)
@@ -102,13 +104,13 @@ def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
             if k not in finals:  # resumed with the seed already at its budget
                 finals[k] = exploitability(game, agent.average_policy())
                 bar.update(0)
-    vals = np.array([finals[k] for k in range(len(cfg.seeds))])
+    vals = np.array([finals[k] for k in range(len(cfg.learner_seeds))])
     total_time = sum(times.values())
-    return {"game": cfg.game, "episodes_per_seed": cfg.episodes, "seeds": list(cfg.seeds),
+    return {"game": cfg.game, "episodes_per_seed": cfg.episodes, "seeds": list(cfg.learner_seeds),
             "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
             "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
-            **{f"seed{s}/exploitability": finals[k] for k, s in enumerate(cfg.seeds)},
-            "episodes_per_second": cfg.episodes * len(cfg.seeds) / max(total_time, 1e-9)}
+            **{f"seed{s}/exploitability": finals[k] for k, s in enumerate(cfg.learner_seeds)},
+            "episodes_per_second": cfg.episodes * len(cfg.learner_seeds) / max(total_time, 1e-9)}
 
 
 def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
@@ -119,7 +121,7 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     curves = []
-    for s in cfg.seeds:
+    for s in cfg.learner_seeds:
         pts = [(r[f"seed{s}/episodes"], r[f"seed{s}/train_time"], r[f"seed{s}/exploitability"])
                for r in rows if f"seed{s}/exploitability" in r]
         if not pts:
@@ -142,7 +144,7 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
         ax.set_ylabel("exact exploitability of the average policy")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(f"NFSP on {cfg.game} ({cfg.nfsp.num_games} games per batch, {len(cfg.seeds)} seeds)")
+    fig.suptitle(f"NFSP on {cfg.game} ({cfg.nfsp.num_games} games per batch, {len(cfg.learner_seeds)} seeds)")
     fig.tight_layout()
     path = f"{report_dir}/exploitability.png"
     fig.savefig(path, dpi=110)

@@ -29,8 +29,8 @@ def _walk(ours, theirs):
 def test_tensors_equal_openspiel_at_every_player_history(name):
     ours = KuhnPoker(num_players=3) if name == "kuhn_poker(players=3)" else load_game(name)
     theirs = pyspiel.load_game(name)
-    assert ours.information_state_tensor_shape == tuple(theirs.information_state_tensor_shape())
-    assert ours.observation_tensor_shape == tuple(theirs.observation_tensor_shape())
+    assert ours.information_state_tensor_shape() == tuple(theirs.information_state_tensor_shape())
+    assert ours.observation_tensor_shape() == tuple(theirs.observation_tensor_shape())
     checked, infostates = 0, set()
     for a, b in _walk(ours, theirs):
         if a.is_terminal():
@@ -41,7 +41,7 @@ def test_tensors_equal_openspiel_at_every_player_history(name):
             if len(b.history()) <= p:
                 continue
             t = a.information_state_tensor(p)
-            assert t.dtype == np.float32 and t.shape == ours.information_state_tensor_shape
+            assert t.dtype == np.float32 and t.shape == ours.information_state_tensor_shape()
             np.testing.assert_array_equal(t, np.asarray(b.information_state_tensor(p)), err_msg=str(a.history()))
             np.testing.assert_array_equal(a.observation_tensor(p), np.asarray(b.observation_tensor(p)),
                                           err_msg=str(a.history()))

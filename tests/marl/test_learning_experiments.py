@@ -12,7 +12,7 @@ TINY_NFSP = {"num_games": 32, "hidden": [16], "replay_capacity": 2000, "reservoi
 
 
 def test_nfsp_kind_resume_matches_uninterrupted(tmp_path):
-    cfg = {"kind": "nfsp", "game": "kuhn_poker", "episodes": 600, "eval_every": 200, "seeds": [0, 1],
+    cfg = {"kind": "nfsp", "game": "kuhn_poker", "episodes": 600, "eval_every": 200, "learner_seeds": [0, 1],
            "checkpoint": {"every": 2}, "nfsp": TINY_NFSP}
     straight = execute(cfg, out=tmp_path / "a", quiet=True)
     assert set(straight) >= {"exploitability_mean", "exploitability_min", "exploitability_max"}
@@ -21,8 +21,8 @@ def test_nfsp_kind_resume_matches_uninterrupted(tmp_path):
     assert any("seed1/exploitability" in r for r in rows) and any("seed0/train_time" in r for r in rows)
     assert (tmp_path / "a" / "report" / "exploitability.png").exists()
     # a run stopped after 400 episodes of seed 0 and resumed ends where the straight run ends
-    execute({**cfg, "episodes": 400, "seeds": [0]}, out=tmp_path / "b", quiet=True, report=False)
-    resumed = execute(resume=tmp_path / "b", overrides=["episodes=600", "seeds=[0,1]"], quiet=True, report=False)
+    execute({**cfg, "episodes": 400, "learner_seeds": [0]}, out=tmp_path / "b", quiet=True, report=False)
+    resumed = execute(resume=tmp_path / "b", overrides=["episodes=600", "learner_seeds=[0,1]"], quiet=True, report=False)
     assert resumed["seed0/exploitability"] == pytest.approx(straight["seed0/exploitability"], abs=1e-12)
     assert resumed["seed1/exploitability"] == pytest.approx(straight["seed1/exploitability"], abs=1e-12)
 
