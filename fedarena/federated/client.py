@@ -29,6 +29,7 @@ from fedarena.federated.protocol import RoundConfig, params_shapes, signds_confi
 from fedarena.federated.stages import Clip, GaussianLDP, UploadStage, encode_signds, encode_update
 from fedarena.federated.trainer import LocalTrainer
 from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
+from fedarena.privacy.secure_random import SecureRandom
 
 log = logging.getLogger("fedarena.federated.client")
 
@@ -54,8 +55,8 @@ class ClientOptions:
     seed: int = 0
     """seed of local training (minibatch order)"""
     privacy_seed: int = -1
-    """seed of the upload stages' randomness (DP noise, SignDS, stochastic rounding); -1 = a fresh secret
-    seed from ``secrets`` for every upload (anything else is for reproducible tests only)"""
+    """seed of the upload stages' randomness (DP noise, SignDS, stochastic rounding); -1 = every draw from the
+    OS CSPRNG (:class:`~fedarena.privacy.secure_random.SecureRandom`); a seed is for reproducible tests only"""
 
     def stages(self) -> list[UploadStage]:
         out: list[UploadStage] = []
@@ -216,8 +217,8 @@ class FLClient:
         delta = {k: (local[k].astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
                  for k in self.params}
         cid_key = int.from_bytes(self.client_id.encode()[:8], "little")
-        prng = np.random.default_rng(secrets.randbits(128) if self.options.privacy_seed < 0
-                                     else [self.options.privacy_seed, rnd, cid_key])
+        prng = (SecureRandom() if self.options.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
+                else np.random.default_rng([self.options.privacy_seed, rnd, cid_key]))
         for stage in self.stages:
             delta = stage(delta, prng)
         if cfg.secagg:

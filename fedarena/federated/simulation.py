@@ -37,6 +37,7 @@ from fedarena import engine
 from fedarena.engine import nn, ops
 from fedarena.federated.strategy import ClientUpdate, FitConfig, Params, RoundState, Strategy
 from fedarena.federated.trainer import mlp_init
+from fedarena.privacy.secure_random import SecureRandom
 
 
 def client_key(client_id: str) -> int:
@@ -305,7 +306,8 @@ class Simulation:
     ray_workers: int = 0
     """Ray actors of the ray backend (0 = one per cluster CPU, at most 8)"""
     privacy_seed: int = -1
-    """seed of the upload stages' randomness; -1 = a fresh secret seed per run (``secrets``)"""
+    """seed of the upload stages' randomness; -1 = every draw from the OS CSPRNG (:class:`SecureRandom`);
+    a seed is for reproducible tests only"""
     eval_clients: bool = True
     eval_every: int = 1
     """evaluate the global model every this many rounds (and after the last round of :meth:`run`)"""
@@ -334,9 +336,6 @@ class Simulation:
             frozenset()
         self._pos = {c: i for i, c in enumerate(self.client_ids)}
         self.client_control: dict[str, Params] = {}
-        import secrets
-
-        self._privacy_seed = secrets.randbits(64) if self.privacy_seed < 0 else self.privacy_seed
         self.bytes_up_total = 0
         self.bytes_down_total = 0
         self._remote = None
@@ -433,7 +432,8 @@ class Simulation:
         m["stragglers"] = sum(1 for c in training if steps.get(c, 0) == 0 or
                               (het.window_s > 0 and self._full_steps(c, rnd, cfg) > steps[c]))
         updates, bytes_up = [], 0
-        prng = np.random.default_rng([self._privacy_seed, rnd])
+        prng = (SecureRandom() if self.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
+                else np.random.default_rng([self.privacy_seed, rnd]))
         for c in training:
             if c not in local:
                 continue  # a straggler dropped at the deadline (no finished step)

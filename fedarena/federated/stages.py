@@ -35,6 +35,7 @@ import numpy as np
 
 from fedarena.federated.compression import stochastic_quantize, topk_indices
 from fedarena.federated.wire import WireError, check_array
+from fedarena.privacy.secure_random import SecureRandom
 
 Params = dict[str, np.ndarray]
 ENCODINGS = ("dense", "topk", "q8", "signds")
@@ -228,7 +229,10 @@ class DPFedAvg:
         return 0
 
     def select(self, rnd: int, candidates, seed: int) -> list[str]:
-        rng = np.random.default_rng([seed, rnd, 17])
+        """Poisson sampling with rate ``q``. The accountant's amplification by sampling assumes the sample is
+        secret, so it is drawn from the OS CSPRNG unless the mechanism has an explicit test seed."""
+        seeded = self.mechanism.seed is not None
+        rng = np.random.default_rng([self.mechanism.seed, rnd, 17]) if seeded else SecureRandom()
         cands = sorted(candidates)
         return [c for c, keep in zip(cands, rng.random(len(cands)) < self.mechanism.sample_rate) if keep]
 

@@ -13,23 +13,17 @@ reproducible test.
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedarena.privacy.accountant import RDPAccountant
+from fedarena.privacy.secure_random import SecureRandom
 
 
 def secure_standard_normal(n: int) -> np.ndarray:
-    """``n`` standard normal draws from the operating system's CSPRNG (Box-Muller)."""
-    m = (n + 1) // 2
-    raw = np.frombuffer(os.urandom(16 * m), np.uint64).reshape(m, 2)
-    u = ((raw >> np.uint64(11)).astype(np.float64) + 1.0) * 2.0 ** -53  # (0, 1]
-    r = np.sqrt(-2.0 * np.log(u[:, 0]))
-    z = np.concatenate([r * np.cos(2 * math.pi * u[:, 1]), r * np.sin(2 * math.pi * u[:, 1])])
-    return z[:n]
+    """``n`` standard normal draws from the operating system's CSPRNG (:class:`SecureRandom`)."""
+    return SecureRandom().standard_normal(n)
 
 
 def clip_to_norm(v: np.ndarray, clip_norm: float) -> np.ndarray:

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import numpy as np
+
+from fedarena.privacy.secure_random import SecureRandom
 
 from fedarena import engine
 
@@ -45,27 +46,6 @@ class RandomSource(Protocol):
     def random(self, size: Any = None) -> np.ndarray: ...
 
     def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = None) -> np.ndarray: ...
-
-
-class SecureRandom:
-    """Uniforms and Gaussians from ``os.urandom`` (cryptographically secure, not reproducible)."""
-
-    def random(self, size: Any = None) -> np.ndarray:
-        """Uniform floats k / 2^53 on [0, 1), k from 53 random bits."""
-        shape = () if size is None else (tuple(size) if isinstance(size, (tuple, list)) else (int(size),))
-        n = int(np.prod(shape)) if shape else 1
-        bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
-        out = bits.astype(np.float64) * (1.0 / 9007199254740992.0)
-        return out.reshape(shape) if shape else out[0]
-
-    def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = None) -> np.ndarray:
-        """Box-Muller: sqrt(-2 ln(1 - u1)) cos(2 pi u2) for independent uniforms (1 - u1 lies in (0, 1])."""
-        shape = () if size is None else (tuple(size) if isinstance(size, (tuple, list)) else (int(size),))
-        n = int(np.prod(shape)) if shape else 1
-        u1, u2 = self.random(n), self.random(n)
-        z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
-        out = loc + scale * z
-        return out.reshape(shape) if shape else out[0]
 
 
 def warn_insecure(where: str) -> None:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import optimize, special
 
+from fedarena.privacy.secure_random import random_source
+
 __all__ = [
     "clip_l2",
     "clip_l1",
@@ -154,8 +156,9 @@ class GaussianMechanism:
         return analytic_gaussian_sigma(self.epsilon, self.delta, self.sensitivity)
 
     def __call__(self, update: np.ndarray, rng: np.random.Generator | int | None) -> np.ndarray:
-        """Return ``clip_l2(update) + G``; ``rng`` is a numpy Generator or a seed."""
-        rng = np.random.default_rng(rng)
+        """Return ``clip_l2(update) + G``; ``rng`` None draws from the OS CSPRNG, a Generator or seed is for tests
+        (:func:`fedarena.privacy.secure_random.random_source`)."""
+        rng = random_source(rng)
         w = clip_l2(update, self.clip_norm)
         return w + rng.normal(0.0, self.sigma, size=w.shape)
 
@@ -181,6 +184,6 @@ class LaplaceMechanism:
         return self.sensitivity / float(self.epsilon)
 
     def __call__(self, update: np.ndarray, rng: np.random.Generator | int | None) -> np.ndarray:
-        rng = np.random.default_rng(rng)
+        rng = random_source(rng)
         w = clip_l1(update, self.clip_norm)
         return w + rng.laplace(0.0, self.scale, size=w.shape)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from fedarena.privacy.secure_random import random_source
+
 __all__ = [
     "SignDSConfig",
     "SignDSReport",
@@ -190,8 +192,9 @@ def select_dimensions(cfg: SignDSConfig, topk: np.ndarray, rng: np.random.Genera
 
 
 def signds_report(update: np.ndarray, cfg: SignDSConfig, rng: np.random.Generator | int | None) -> SignDSReport:
-    """Run the SignDS client on a flat update of length ``d``."""
-    rng = np.random.default_rng(rng)
+    """Run the SignDS client on a flat update of length ``d``; ``rng`` None draws from the OS CSPRNG
+    (:func:`fedarena.privacy.secure_random.random_source`), a Generator or seed is for reproducible tests."""
+    rng = random_source(rng)
     u = np.asarray(update).ravel()
     if u.size != cfg.d:
         raise ValueError(f"update: expected {cfg.d} entries, got {u.size}")
