@@ -406,8 +406,9 @@ def _status_of_rejected_config(out: str | Path | None, exc: BaseException,
     if out is None:
         return
     run_dir = Path(out)
-    if (run_dir / "status.json").exists() or (run_dir / "metrics.jsonl").exists():
-        return
+    earlier = _read_status(run_dir) if (run_dir / "status.json").exists() else None
+    if (run_dir / "metrics.jsonl").exists() or (earlier is not None and earlier.get("stage") != "config"):
+        return  # a folder that holds (or held) a run keeps its status
     run_dir.mkdir(parents=True, exist_ok=True)
     status: dict[str, Any] = {"state": "failed", "error": one_line(exc), "error_type": type(exc).__name__,
                               "user_error": is_user_error(exc), "stage": "config"}

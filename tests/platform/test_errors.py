@@ -220,3 +220,15 @@ def test_unparsable_config_leaves_no_folder_and_show_writes_nothing(tmp_path, mo
     assert "CartPol-v1" in _fail(capsys, ["show", str(REPO / "experiments/ppo_cartpole.yaml"), "--set",
                                           "env_id=CartPol-v1"], 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.yaml", "nokind.yaml"]
+
+
+def test_out_folder_of_a_rejected_config_says_the_latest_reason_and_can_be_reused(tmp_path, capsys):
+    out = tmp_path / "run"
+    cfg = str(REPO / "experiments/ppo_cartpole.yaml")
+    _fail(capsys, ["run", cfg, "--set", "ppo.gamma=2.0", "--out", str(out)], 2)
+    assert "ppo.gamma" in _status(out)["error"]
+    line = _fail(capsys, ["run", cfg, "--set", "ppo.clip_coef=-1", "--out", str(out)], 2)
+    assert "ppo.clip_coef" in _status(out)["error"] and _status(out)["error"] in line
+    assert main(["run", cfg, *PPO, "--out", str(out), "--quiet", "--no-report"]) == 0
+    capsys.readouterr()
+    assert _status(out)["state"] == "completed"
