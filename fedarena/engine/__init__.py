@@ -8,29 +8,25 @@ submodules ``ops`` (numpy-named operations), ``nn`` (layers), ``optim`` (optimiz
 
 from . import primitives as _primitives  # noqa: F401  (registers every primitive)
 from . import ops
-from . import initializers, nn, optim
+from . import initializers
+from . import nn
+from . import optim
+from . import random
 from .serialization import ParamsFileError, load_params, save_params
-from .autodiff import grad, hvp, jvp, value_and_grad, vjp
-from .ir import (
-    EngineError,
-    Graph,
-    GraphValidationError,
-    LeakedTracerError,
-    ShapedArray,
-    ShapeError,
-    TracerControlFlowError,
-    UnknownPrimitiveError,
-    UnsupportedDtypeError,
-)
-from .jit import jit, make_graph
-from .vmap import vmap
+from .transforms.autodiff import grad, hvp, jvp, value_and_grad, vjp
+from .core.ir import EngineError, Graph, GraphValidationError, LeakedTracerError, ShapedArray, ShapeError, TracerControlFlowError, UnknownPrimitiveError, UnsupportedDtypeError
+from .jit import RecompileWarning, jit, make_graph
+from .transforms.vmap import vmap
 from .control_flow import cond, fori_loop, scan, while_loop
-from . import passes
+from .custom import checkpoint, custom_vjp, remat
+from .transforms.jacobians import hessian, jacfwd, jacrev
+from .compiler import fusion as _fusion  # noqa: F401  (registers fused_elementwise)
+from .compiler import passes
 from .inspection import inspect
 from .profiler import profile
-from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
-from .threads import get_num_threads, set_num_threads
-from .tracing import PRIMITIVES, Tracer
+from .core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .core.threads import get_num_threads, set_num_threads
+from .core.tracing import PRIMITIVES, Tracer
 
 __all__ = [
     "EngineError",
@@ -45,12 +41,14 @@ __all__ = [
     "UnknownPrimitiveError",
     "UnsupportedDtypeError",
     "ParamsFileError",
+    "RecompileWarning",
     "get_num_threads",
     "grad",
     "initializers",
     "load_params",
     "nn",
     "optim",
+    "random",
     "save_params",
     "set_num_threads",
     "hvp",
@@ -69,6 +67,12 @@ __all__ = [
     "fori_loop",
     "scan",
     "while_loop",
+    "checkpoint",
+    "custom_vjp",
+    "remat",
+    "hessian",
+    "jacfwd",
+    "jacrev",
     "inspect",
     "passes",
     "profile",

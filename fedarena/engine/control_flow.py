@@ -24,12 +24,13 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import autodiff as AD
+from .transforms import autodiff as AD
 from . import primitives as P
-from .executor import Executable
-from .ir import EngineError, Graph, Literal, ShapedArray, ShapeError, Var, is_float
-from .pytree import tree_flatten, tree_unflatten
-from .tracing import Tracer, aval_of, bind, register, trace_flat
+from .backends.numpy.executor import Executable
+from .core.ir import EngineError, Graph, Literal, ShapedArray, ShapeError, Var, is_float
+from .core.pytree import tree_flatten, tree_unflatten
+from .core.tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
+from .transforms.vmap import vmap
 
 # ----------------------------------------------------------------------------- packing
 
@@ -108,13 +109,7 @@ def _trace_fn(fn: Callable[[list], list], avals: Sequence[ShapedArray]) -> tuple
     return trace_flat(fn, list(avals))
 
 
-def _eval(graph: Graph, args: Sequence[Any]) -> list:
-    """Run a sub-graph through ``bind`` (eager, or inlined into the active trace)."""
-    env: dict = dict(zip(graph.constvars, graph.consts))
-    env.update(zip(graph.invars, args))
-    for e in graph.eqns:
-        env[e.outputs[0]] = bind(e.prim, *[_read(env, a) for a in e.inputs], **e.attrs)
-    return [_read(env, a) for a in graph.outvars]
+_eval = eval_graph  # a sub-graph run through bind (eager, or inlined into the active trace)
 
 
 def _read(env: dict, a: Any) -> Any:
@@ -459,25 +454,9 @@ def _scan_jvp(ts, out, *ins, body, n_carry, n_x, length, reverse, layout):
 
 def _graph_jvp(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:
     """Forward-mode through a sub-graph (same rules as ``autodiff.jvp``); zero tangents where none."""
-    env: dict = dict(zip(graph.constvars, graph.consts))
-    env.update(zip(graph.invars, primals))
-    tan: dict = {v: t for v, t in zip(graph.invars, tangents) if t is not None}
-    for e in graph.eqns:
-        ins = [_read(env, a) for a in e.inputs]
-        o = e.outputs[0]
-        env[o] = out = bind(e.prim, *ins, **e.attrs)
-        ts = [tan.get(a) if isinstance(a, Var) else None for a in e.inputs]
-        if not e.prim.differentiable or all(t is None for t in ts):
-            continue
-        if e.prim.jvp is None:
-            raise EngineError(f"primitive {e.prim.name!r} has no JVP rule (at {e.source})")
-        t = e.prim.jvp(ts, out, *ins, **e.attrs)
-        if t is not None:
-            tan[o] = _fit(t, o.aval)
-    outs = [_read(env, a) for a in graph.outvars]
+    outs, tans = AD.jvp_graph(graph, primals, tangents)
     touts = []
-    for a, o in zip(graph.outvars, outs):
-        t = tan.get(a) if isinstance(a, Var) else None
+    for t, o in zip(tans, outs):
         av = aval_of(o)
         touts.append(t if t is not None else P.zeros_like_aval(ShapedArray(av.shape, av.dtype if is_float(av.dtype) else np.float64)))
     return outs, touts
@@ -491,7 +470,6 @@ scan_p.jvp = _scan_jvp
 
 
 def _scan_batch(prim, vals, batched, size, *, body, n_carry, n_x, length, reverse, layout):
-    from .vmap import vmap  # local: vmap imports nothing from here
 
     nc, nx = n_carry, n_x
     vals = [v if b else P.broadcast_to(_as_value(v), (size,) + aval_of(v).shape) for v, b in zip(vals, batched)]
@@ -633,7 +611,6 @@ def _cond_jvp(ts, out, pred, *ops, branches, layout):
 
 
 def _cond_batch(prim, vals, batched, size, *, branches, layout):
-    from .vmap import vmap
 
     dt = _pack_dtype(layout)
     pred, ops = vals[0], vals[1:]
@@ -773,7 +750,6 @@ def _while_jvp(ts, out, *ins, cond, body, n_carry, layout):
 
 
 def _while_batch(prim, vals, batched, size, *, cond, body, n_carry, layout):
-    from .vmap import vmap
 
     nc = n_carry
     dt = _pack_dtype(layout)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import passes as _passes
-from .ir import Graph
-from .executor import Executable
+from .compiler import passes as _passes
+from .core.ir import Graph
+from .backends.numpy.executor import Executable
 from .jit import make_graph
-from .memory_plan import MemoryPlan, nbytes
+from .compiler.memory_plan import MemoryPlan, nbytes
 
 
 @dataclass

@@ -4,23 +4,48 @@
 time a signature (tree structure, shapes, dtypes, static values) is seen, compiles it with the
 numpy executor and caches it; later calls with the same signature only run the compiled code
 (JAX's ``jit`` design; Frostig et al., SysML 2018).  Python scalars in the arguments are static
-(part of the signature); pass numpy scalars/arrays for values that change between calls.
+(part of the signature, with a warning when they keep changing); pass numpy scalars/arrays for
+values that change between calls.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import passes as _passes
-from .executor import Executable
-from .ir import EngineError, Graph, ShapedArray, check_dtype
-from .pytree import tree_flatten, tree_unflatten
-from .tracing import _TRACE_STACK, Tracer, trace_flat
+from .compiler import passes as _passes
+from .backends.numpy.executor import Executable
+from .core.ir import EngineError, Graph, ShapedArray, check_dtype
+from .core.pytree import tree_flatten, tree_unflatten
+from .core.tracing import _TRACE_STACK, Tracer, trace_flat
 
 _PY_SCALARS = (bool, int, float)
+
+RECOMPILE_WARNING_AFTER = 8
+"""A jitted function warns (once) when this many compiles differ only in Python scalar values."""
+
+
+class RecompileWarning(UserWarning):
+    """A jitted function keeps compiling new programs for new Python scalar values."""
+
+
+def static_key(v: Any) -> Any:
+    """Hashable cache key of a static value (floats by ``repr``: ``nan`` equals itself, ``-0.0``
+    differs from ``0.0``, as the traced programs do)."""
+    t = type(v)
+    if t is float:
+        return (float, repr(v))
+    if t is tuple:
+        return (t, tuple(static_key(e) for e in v))
+    return (t, v)
+
+
+def same_static(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and static_key(a) == static_key(b))
 
 
 class _Entry:
@@ -57,7 +82,7 @@ def _signature(leaves: list) -> tuple[tuple, list]:
             key.append(x.dtype)
             arrays.append(x)
         elif t in _PY_SCALARS:
-            key.append((t, x))
+            key.append((t, repr(x)) if t is float else (t, x))  # repr: nan equals itself, -0.0 != 0.0
         elif isinstance(x, Tracer):  # pragma: no cover - handled by inlining
             raise EngineError("internal: tracer in a top-level jit call")
         else:
@@ -68,7 +93,7 @@ def _signature(leaves: list) -> tuple[tuple, list]:
     return tuple(key), arrays
 
 
-def _trace(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int):
+def _trace(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int, static_kw: tuple = ()):
     is_arr = [not (type(x) in _PY_SCALARS) for x in leaves]
     avals = []
     for x, a in zip(leaves, is_arr):
@@ -83,7 +108,7 @@ def _trace(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_arg
         vals = [next(it) if a else x for x, a in zip(leaves, is_arr)]
         dyn, kwargs = tree_unflatten(treedef, vals)
         args = _merge(dyn, static, static_argnums, n_args)
-        out = fn(*args, **kwargs)
+        out = fn(*args, **kwargs, **dict(static_kw))
         out_leaves, td = tree_flatten(out)
         out_tree.append(td)
         return out_leaves
@@ -119,8 +144,12 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
             x = next(leaf_iter)
             var = fresh()
             lines.append(f"    {var} = {expr}")
-            if type(x) in _PY_SCALARS:
-                lines.append(f"    if type({var}) is not {type(x).__name__} or {var} != {x!r}: return None")
+            if type(x) is float and x != x:
+                lines.append(f"    if type({var}) is not float or {var} == {var}: return None")
+            elif type(x) is float and x == 0.0:
+                lines.append(f"    if type({var}) is not float or {var} != 0.0 or str({var}) != {str(x)!r}: return None")
+            elif type(x) in _PY_SCALARS:
+                lines.append(f"    if type({var}) is not {type(x).__name__} or {var} != {const(x)}: return None")
             else:
                 arr = x if isinstance(x, np.ndarray) else np.asarray(x)
                 if not isinstance(x, np.ndarray):
@@ -163,8 +192,9 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
     else:
         lines.append("    kw = kwargs")
         walk(kw_td, "kw")
+    ns["_same"] = same_static
     for pos, val in zip(static_argnums, static):
-        lines.append(f"    if args[{pos}] != {const(val)}: return None")
+        lines.append(f"    if not _same(args[{pos}], {const(val)}): return None")
     lines.append(f"    return [{', '.join(out)}]")
     lines.append("  except (KeyError, IndexError, TypeError):")
     lines.append("    return None")
@@ -237,40 +267,69 @@ def _compile_fn(src: str, ns: dict, name: str):
 class Jitted:
     """A jit-compiled function; call it like the original."""
 
-    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None):
+    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, static_argnames: Sequence[str] = ()):
         self.fn = fn
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
+        self.static_argnames = frozenset(static_argnames)
         self.passes = passes  # see passes.resolve: None -> the default pipeline, () -> none
         self._cache: dict = {}
         self._fast: list = []  # (fast call, executable) for recently used signatures, newest first
         self._fast0: Callable = _always_miss  # self._fast[0]'s fast call
+        self._variants: dict = {}  # signature without Python scalar values -> number of compiles
+        self._warned = False
         functools.update_wrapper(self, fn)
 
-    def _lookup(self, args: tuple, kwargs: dict):
+    def _lookup(self, args: tuple, kwargs: dict, static_kw: tuple = ()):
         dyn, static = _split(args, self.static_argnums)
         leaves, treedef = tree_flatten((dyn, kwargs))
         sig, arrays = _signature(leaves)
-        key = (treedef, sig, static, len(args))
+        try:
+            key = (treedef, sig, static_key(static), static_key(static_kw), len(args))
+            hash(key)
+        except TypeError:
+            raise EngineError(f"jit: static arguments must be hashable, got {static + static_kw!r}") from None
         entry = self._cache.get(key)
         if entry is None:
-            try:
-                hash(static)
-            except TypeError:
-                raise EngineError(f"jit: static arguments must be hashable, got {static!r}") from None
-            graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args))
+            graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args), static_kw)
             pipeline = _passes.resolve(self.passes)
             if pipeline is not None:
                 graph = pipeline(graph)
             entry = _Entry(Executable(graph), out_tree, graph)
             self._cache[key] = entry
-            gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args))
-            fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
-            fns.update(gns)
-            fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)
-            self._fast.insert(0, fast)
-            del self._fast[4:]
-            self._fast0 = fast[0]
+            self._count_variant(key, args, leaves)
+            if not static_kw and not self.static_argnames:
+                gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args))
+                fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
+                fns.update(gns)
+                fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)
+                self._fast.insert(0, fast)
+                del self._fast[4:]
+                self._fast0 = fast[0]
         return entry, arrays
+
+    def _count_variant(self, key: tuple, args: tuple, leaves: list) -> None:
+        """Warn once when compiles pile up that differ only in the values of Python scalars."""
+        treedef, sig, *rest = key
+        shape_sig = (treedef, tuple((e[0], "scalar") if type(e) is tuple and len(e) == 2 and e[0] in _PY_SCALARS else e for e in sig), *rest)
+        n = self._variants.get(shape_sig, 0) + 1
+        self._variants[shape_sig] = n
+        if n <= RECOMPILE_WARNING_AFTER or self._warned:
+            return
+        self._warned = True
+        try:
+            names = list(inspect.signature(self.fn).parameters)
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            names = []
+        scalar_args = [names[i] if i < len(names) else f"#{i}" for i, a in enumerate(args) if type(a) in _PY_SCALARS and i not in self.static_argnums]
+        which = f"argument(s) {', '.join(scalar_args)}" if scalar_args else "Python scalars inside the arguments"
+        warnings.warn(
+            f"jit({getattr(self.fn, '__name__', 'fn')}): {n} programs compiled for arguments that differ only in "
+            f"the values of {which}; a Python scalar is static (each new value traces and compiles again). "
+            "Pass a value that changes between calls as a numpy scalar (np.float32(lr), np.float64(lr), "
+            "np.int64(i)) to trace it, or mark what must be static with static_argnums/static_argnames.",
+            RecompileWarning,
+            stacklevel=3,
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self._fast0(args, kwargs)  # the most recent signature: guard + compiled code
@@ -278,6 +337,11 @@ class Jitted:
             return out
         if _TRACE_STACK:
             return self.fn(*args, **kwargs)  # inside another transformation: inline
+        if self.static_argnames:
+            dyn_kw = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+            static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_argnames))
+            entry, arrays = self._lookup(args, dyn_kw, static_kw)
+            return tree_unflatten(entry.out_tree, entry.executable(*arrays))
         for fast, _ in self._fast[1:]:
             out = fast(args, kwargs)
             if out is not _MISS:
@@ -285,36 +349,54 @@ class Jitted:
         entry, arrays = self._lookup(args, kwargs)
         return tree_unflatten(entry.out_tree, entry.executable(*arrays))
 
+    def _entry(self, args: tuple, kwargs: dict) -> _Entry:
+        if self.static_argnames:
+            dyn_kw = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+            static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self.static_argnames))
+            return self._lookup(args, dyn_kw, static_kw)[0]
+        return self._lookup(args, kwargs)[0]
+
     def graph(self, *args: Any, **kwargs: Any) -> Graph:
         """The graph compiled for these arguments (after dead-code elimination)."""
-        return self._lookup(args, kwargs)[0].executable.graph
+        return self._entry(args, kwargs).executable.graph
 
     def source(self, *args: Any, **kwargs: Any) -> str:
         """The generated Python source of the compiled schedule for these arguments."""
-        return self._lookup(args, kwargs)[0].executable.source
+        return self._entry(args, kwargs).executable.source
 
     def memory(self, *args: Any, **kwargs: Any):
         """The memory plan the compiled code for these arguments follows (``MemoryPlan``: planned
         vs unplanned bytes, equations run in place; ``.report()`` for one line)."""
-        return self._lookup(args, kwargs)[0].executable.memory
+        return self._entry(args, kwargs).executable.memory
 
     @property
     def cache_size(self) -> int:
         return len(self._cache)
 
 
-def jit(fn: Callable | None = None, static_argnums: int | Sequence[int] = (), passes: Any = None) -> Any:
+def jit(
+    fn: Callable | None = None,
+    static_argnums: int | Sequence[int] = (),
+    passes: Any = None,
+    static_argnames: str | Sequence[str] = (),
+) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
-    Usable as ``jit(fn)``, ``jit(fn, static_argnums=(1,))`` or as a decorator ``@jit``.
+    Usable as ``jit(fn)``, ``jit(fn, static_argnums=(1,))``, ``jit(fn, static_argnames="mode")``
+    or as a decorator ``@jit``.  Arrays and numpy scalars are traced; Python scalars (bool, int,
+    float) are static, part of the cache key (a :class:`RecompileWarning` says so once when more
+    than ``RECOMPILE_WARNING_AFTER`` compiles differ only in their values).  Static arguments are
+    compared by value (floats by ``repr``, so ``nan`` hits the cache).
     ``passes``: graph passes run before compilation (``None``: ``passes.DEFAULT_PIPELINE``;
     ``()``: none; a list of ``Graph -> Graph`` functions or a ``passes.Pipeline``).
     """
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
     if fn is None:
-        return lambda f: Jitted(f, static_argnums, passes)
-    return Jitted(fn, static_argnums, passes)
+        return lambda f: Jitted(f, static_argnums, passes, static_argnames)
+    return Jitted(fn, static_argnums, passes, static_argnames)
 
 
 def make_graph(fn: Callable, static_argnums: int | Sequence[int] = ()) -> Callable[..., Graph]:

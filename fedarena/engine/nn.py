@@ -18,6 +18,7 @@ import numpy as np
 
 from . import initializers as I
 from . import ops
+from . import random as _random
 from .initializers import as_rng
 
 Params = Any
@@ -212,6 +213,13 @@ class Activation(Module):
         return _activation(self.fn)(x)
 
 
+def GELU(approximate: str = "none") -> Activation:
+    """PyTorch's ``nn.GELU(approximate=...)``: exact (erf) or the tanh approximation."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return Activation(lambda x: ops.gelu(x, approximate))
+
+
 def ReLU() -> Activation:
     return Activation("relu")
 
@@ -353,3 +361,85 @@ class Sequential(Module):
         for layer, p in zip(self.layers, params):
             x = layer.apply(p, x) if isinstance(layer, Module) else layer(x)
         return x
+
+
+@dataclass(frozen=True)
+class Dropout(Module):
+    """Inverted dropout (Srivastava et al., 2014; PyTorch's ``nn.Dropout``): ``apply(params, x, key)``
+    zeroes each element with probability ``rate`` and scales the rest by ``1 / (1 - rate)``;
+    ``key=None`` (evaluation) returns ``x`` unchanged.  The mask comes from
+    ``engine.random.bernoulli(key, ...)``, so it is the same eagerly, under ``jit`` and ``vmap``."""
+
+    rate: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rate < 1.0:
+            raise ValueError(f"Dropout: rate must lie in [0, 1), got {self.rate}")
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        return None
+
+    def apply(self, params: Params, x: Any, key: Any = None) -> Any:
+        if key is None or self.rate == 0.0:
+            return x
+        keep = _random.bernoulli(key, 1.0 - self.rate, ops.shape(x))
+        return ops.where(keep, ops.multiply(x, 1.0 / (1.0 - self.rate)), ops.zeros_like(x))
+
+
+@dataclass(frozen=True)
+class BatchNorm(Module):
+    """Batch normalisation (Ioffe & Szegedy, 2015) over every axis but ``axis`` (the channels:
+    PyTorch's BatchNorm1d on (N, C) / (N, C, L) and BatchNorm2d on NCHW).
+
+    ``params = bn.init()`` holds ``gamma``/``beta``; ``state = bn.init_state()`` the running
+    ``mean``/``var``.  ``y, state = bn.apply(params, x, state, train=True)`` normalises with the
+    batch's statistics (biased variance) and returns the running statistics updated as PyTorch
+    does (``(1 - momentum) * running + momentum * batch``, the variance unbiased);
+    ``train=False`` normalises with the running statistics and returns ``state`` unchanged.
+    """
+
+    num_features: int
+    eps: float = 1e-5
+    momentum: float = 0.1
+    affine: bool = True
+    axis: int = 1
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        if not self.affine:
+            return None
+        return {"gamma": np.ones(self.num_features, dtype), "beta": np.zeros(self.num_features, dtype)}
+
+    def init_state(self, dtype: Any = np.float32) -> dict:
+        return {"mean": np.zeros(self.num_features, dtype), "var": np.ones(self.num_features, dtype)}
+
+    def _bshape(self, nd: int) -> tuple:
+        ax = self.axis % nd
+        return tuple(self.num_features if i == ax else 1 for i in range(nd))
+
+    def apply(self, params: Params, x: Any, state: dict, train: bool = False) -> tuple:
+        nd = ops.ndim(x)
+        ax = self.axis % nd
+        if ops.shape(x)[ax] != self.num_features:
+            raise ValueError(f"BatchNorm: expected {self.num_features} features on axis {ax}, got shape {ops.shape(x)}")
+        bshape = self._bshape(nd)
+        red = tuple(i for i in range(nd) if i != ax)
+        if train:
+            n = int(np.prod([ops.shape(x)[i] for i in red]))
+            if n < 2:
+                raise ValueError(f"BatchNorm: training needs more than one value per channel, got shape {ops.shape(x)}")
+            mu = ops.mean(x, red)
+            d = ops.subtract(x, ops.reshape(mu, bshape))
+            var = ops.mean(ops.multiply(d, d), red)
+            m = self.momentum
+            new_state = {
+                "mean": ops.add(ops.multiply(state["mean"], 1.0 - m), ops.multiply(ops.stop_gradient(mu), m)),
+                "var": ops.add(ops.multiply(state["var"], 1.0 - m), ops.multiply(ops.stop_gradient(var), m * n / (n - 1))),
+            }
+        else:
+            d = ops.subtract(x, ops.reshape(state["mean"], bshape))
+            var = state["var"]
+            new_state = state
+        y = ops.multiply(d, ops.reshape(ops.rsqrt(ops.add(var, self.eps)), bshape))
+        if params is not None:
+            y = ops.add(ops.multiply(y, ops.reshape(params["gamma"], bshape)), ops.reshape(params["beta"], bshape))
+        return y, new_state

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import ops
 from .primitives import cast, dtype_of
-from .pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
+from .core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 Schedule = Callable[[Any], Any]
 

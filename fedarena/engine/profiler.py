@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .ir import Graph, Literal
+from .core.ir import Graph, Literal
 from .jit import Jitted
-from .memory_plan import nbytes
+from .compiler.memory_plan import nbytes
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .ir import SUPPORTED_DTYPES
+from .core.ir import SUPPORTED_DTYPES
 
 FORMAT = "fedarena.params"
 VERSION = 1

@@ -29,7 +29,7 @@ The threshold is ``t = floor(secagg_threshold * m) + 1`` (at most ``m``), where 
 share holders of each secret: the number of selected clients for SecAgg, ``min(n, k + 1)`` for SecAgg+
 with ``k`` neighbours; ``secagg_threshold >= 0.5`` makes ``t > m / 2``.
 
-What is hidden from whom (see docs/security_secagg.md): no FL-Server or scheduler learns an individual
+What is hidden from whom (see docs/security.md, section 8): no FL-Server or scheduler learns an individual
 client's delta, only the sum over at least ``t`` clients, provided fewer than ``2 t - m`` of each
 client's share holders collude with the scheduler (with none colluding, any t > m / 2 suffices), the
 scheduler cannot impersonate clients to one another in stage 0 (by default per-round signing keys

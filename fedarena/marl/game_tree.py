@@ -8,9 +8,13 @@ over the public tree (Johanson et al., 2011, "Accelerating best response calcula
 extensive games"), flattened: the private-information ranges of all public states of a level sit side by
 side in one array, so nothing loops over histories in Python after compilation.
 
-Requirements checked at compilation: finite tree, perfect recall in the weak sense used here (every
-history of an information state is at the same depth and has the same legal actions), and information
-state strings that name one player only.
+Requirements checked at compilation: a finite tree; every history of an information state at the same
+depth, with the same player to act and the same legal actions; and perfect recall (Kuhn, 1953; Osborne &
+Rubinstein, def. 203.3): all histories of an information state of player ``i`` share ``i``'s own past --
+the sequence of (information state, action) pairs ``i`` went through. Imperfect-recall games (e.g.
+OpenSpiel's ``liars_dice_ir``) are refused with :class:`ImperfectRecallError` naming an information
+state, because the walks here (best responses, CFR, realization weights) are only correct with perfect
+recall.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedarena.envs.efg import CHANCE, TERMINAL, Game
+
+
+class ImperfectRecallError(ValueError):
+    """The game forgets a player's own past: two histories of one information state disagree on it."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +106,7 @@ def _build(game: Game) -> GameTree:
     utilities: dict[int, np.ndarray] = {}
     level_bounds: list[tuple[int, int, int]] = []
 
+    conflict: str | None = None  # reported after the perfect-recall check, which names the likelier cause
     frontier = [game.new_initial_state()]
     depth = 0
     while frontier:
@@ -146,11 +155,9 @@ def _build(game: Game) -> GameTree:
                 j = index[key] = len(infostates)
                 infostates.append(key)
                 is_player.append(p), is_level.append(depth), is_legal.append(legal), is_node.append(node)
-            elif is_player[j] != p or is_level[j] != depth or is_legal[j] != legal:
-                raise ValueError(
-                    f"game {game.name}: information state '{key}' has histories with different players, "
-                    "depths or legal actions; the vectorized tree needs them equal"
-                )
+            elif conflict is None and (is_player[j] != p or is_level[j] != depth or is_legal[j] != legal):
+                conflict = (f"game {game.name}: information state '{key}' has histories with different players, "
+                            "depths or legal actions; the vectorized tree needs them equal")
             infoset.append(j)
             for a in legal:
                 nxt.append(s.child(a))
@@ -176,6 +183,10 @@ def _build(game: Game) -> GameTree:
     edge_nodes = np.flatnonzero(is_edge)
     edge_sa = infoset_a[parent_a[edge_nodes]] * A + action_a[edge_nodes]
     edge_player = actor_a[parent_a[edge_nodes]]
+
+    _check_perfect_recall(game, P, A, level_bounds, parent_a, action_a, actor_a, infoset_a, infostates)
+    if conflict is not None:
+        raise ValueError(conflict)
 
     levels = []
     for d, (s0, m, s1) in enumerate(level_bounds):
@@ -215,6 +226,51 @@ def _build(game: Game) -> GameTree:
         player_edge_nodes=tuple(edge_nodes[edge_player == p] for p in range(P)),
         player_edge_sa=tuple(edge_sa[edge_player == p] for p in range(P)),
     )
+
+
+def _check_perfect_recall(game: Game, P: int, A: int, level_bounds: list[tuple[int, int, int]],
+                          parent: np.ndarray, action: np.ndarray, actor: np.ndarray, infoset: np.ndarray,
+                          infostates: list[str]) -> None:
+    """Number each player's own (information state, action) sequence at every node, one level at a time
+    (a new number for each distinct (parent sequence, move) pair), and require one number per information
+    state of that player."""
+    N, S = len(parent), max(len(infostates), 1)
+    for p in range(P):
+        seq = np.zeros(N, dtype=np.int64)  # 0: the empty sequence
+        next_id = 1
+        for (s0, _, s1) in level_bounds[1:]:
+            par = parent[s0:s1]
+            seq[s0:s1] = seq[par]
+            moved = np.flatnonzero(actor[par] == p)
+            if len(moved):
+                keys = seq[par[moved]] * (S * A) + infoset[par[moved]] * A + action[s0 + moved]
+                uniq, inv = np.unique(keys, return_inverse=True)
+                seq[s0 + moved] = next_id + inv.ravel()
+                next_id += len(uniq)
+        nodes = np.flatnonzero(actor == p)
+        ref = np.full(S, -1, dtype=np.int64)
+        ref[infoset[nodes]] = seq[nodes]
+        bad = np.flatnonzero(seq[nodes] != ref[infoset[nodes]])
+        if len(bad) == 0:
+            continue
+        h1 = int(nodes[bad[0]])
+        j = int(infoset[h1])
+        h2 = int(nodes[np.flatnonzero((infoset[nodes] == j) & (seq[nodes] == ref[j]))[0]])
+
+        def own_past(node: int) -> tuple[list[int], list[tuple[str, int]]]:
+            path, own = [], []
+            while parent[node] >= 0:
+                path.append(int(action[node]))
+                if actor[parent[node]] == p:
+                    own.append((infostates[infoset[parent[node]]], int(action[node])))
+                node = int(parent[node])
+            return path[::-1], own[::-1]
+
+        (p1, o1), (p2, o2) = own_past(h2), own_past(h1)
+        raise ImperfectRecallError(
+            f"game {game.name}: imperfect recall at information state {infostates[j]!r} of player {p}: "
+            f"histories {p1} and {p2} disagree on the player's own past (information state, action) sequence "
+            f"({[a for _, a in o1]} vs {[a for _, a in o2]}); exact best responses and CFR need perfect recall")
 
 
 @functools.lru_cache(maxsize=32)

@@ -24,6 +24,8 @@ KINDS: dict[str, tuple[str, str]] = {
         "fedarena.marl.matrix_dynamics:EXPERIMENT",
         "self-play (iterated best response) and fictitious play side by side on a two-player matrix game",
     ),
+    "cooperative_marl": ("fedarena.marl.cooperative_experiments:EXPERIMENT", "QMIX, VDN and independent PPO side by side on a cooperative PettingZoo task (simple_spread, the QMIX two-step game), several seeds"),
+    "selfplay_ppo": ("fedarena.marl.selfplay_experiments:EXPERIMENT", "masked PPO self-play with a pool of past snapshots on a turn-based PettingZoo game (tic-tac-toe), win rates vs random and vs the initial policy"),
     "dpsgd_digits": ("fedarena.privacy.dpsgd_experiment:EXPERIMENT", "DP-SGD on sklearn digits with an engine MLP, RDP accountant and a budget monitor that stops at the epsilon budget"),
     "fedsim": ("fedarena.federated.fedsim_experiment:EXPERIMENT", "federated simulation of many clients in one process (vmapped local training) or on Ray: partitioners, strategies, heterogeneity, compression, DP-FedAvg, SecAgg, per-client evaluation"),
     "fedavg_grpc": ("fedarena.federated.grpc_experiment:EXPERIMENT", "horizontal FL over real gRPC on loopback: scheduler, servers and client processes, time-limited FedAvg rounds"),

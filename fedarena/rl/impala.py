@@ -10,13 +10,15 @@ The paper optimises with RMSProp; this module uses Adam (the update rule is not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.engine.distributed import DataParallelLearner, ReplicaStep
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import ActorCritic, torso_for
 from fedarena.rl.returns import vtrace
@@ -39,12 +41,16 @@ class IMPALAConfig:
     max_policy_lag: int = param(20, "drop trajectories whose weights are more than this many learner versions old")
     hidden: tuple[int, ...] = param((64, 64), "hidden layer sizes of the actor-critic MLP")
     activation: str = param("tanh", "hidden activation: tanh or relu")
+    learners: int = param(1, "data-parallel learner replicas; each trajectory batch is split evenly over them")
+    learner_transport: str = param("threads", "how learner replicas communicate: threads, shm or tcp")
 
     def __post_init__(self) -> None:
         checks = {"num_envs": self.num_envs >= 1, "unroll_length": self.unroll_length >= 1,
                   "gamma": 0.0 <= self.gamma <= 1.0, "learning_rate": self.learning_rate > 0,
                   "max_policy_lag": self.max_policy_lag >= 0, "clip_rho_threshold": self.clip_rho_threshold > 0,
-                  "clip_c_threshold": self.clip_c_threshold > 0}
+                  "clip_c_threshold": self.clip_c_threshold > 0,
+                  "learners": self.learners >= 1 and (self.unroll_length * self.num_envs) % self.learners == 0,
+                  "learner_transport": self.learner_transport in ("threads", "shm", "tcp")}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"impala.{name}: invalid value {getattr(self, name)!r}")
@@ -63,7 +69,9 @@ class IMPALA:
         self.optimizer = optim.adam(config.learning_rate, eps=1e-5)
         self.learner = Learner(params, self.optimizer.init(params), self._learn)
         self.forward = engine.jit(self._forward)
-        self._step = engine.jit(self._train_step)
+        self._step = engine.jit(self._train_step) if config.learners == 1 else DataParallelLearner(
+            partial(impala_replica, observation_space, action_space, config, seed), config.learners,
+            config.learner_transport)
         self.dropped_stale = 0
 
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
@@ -88,6 +96,15 @@ class IMPALA:
         grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
         params, opt_state = self.optimizer.update(grads, opt_state, params)
         return params, opt_state, dict(aux, loss=loss, grad_norm=grad_norm)
+
+    def _grad(self, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, batch)
+        return grads, dict(aux, loss=loss)
+
+    def _apply(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any, dict[str, Any]]:
+        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = self.optimizer.update(grads, opt_state, params)
+        return params, opt_state, {"grad_norm": grad_norm}
 
     def vtrace_batch(self, params: Any, traj: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Evaluate pi and V on a trajectory and compute V-trace targets (numpy, outside the gradient)."""
@@ -128,3 +145,10 @@ class IMPALA:
         metrics = self.learner.update(traj)
         metrics["policy_lag"] = float(lag)
         return metrics
+
+
+def impala_replica(observation_space: Any, action_space: Any, config: IMPALAConfig, seed: int) -> ReplicaStep:
+    """One data-parallel replica of IMPALA's learner step (built in each learner's thread or process)."""
+    impala = IMPALA(observation_space, action_space, replace(config, learners=1), seed)
+    return ReplicaStep(engine.jit(impala._grad), engine.jit(impala._apply), impala.learner.params,
+                       impala.learner.opt_state)

@@ -13,13 +13,15 @@ clipping, Adam - is compiled by ``fedarena.engine.jit`` into a single graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Mapping
 
 import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.engine.distributed import DataParallelLearner, ReplicaStep
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import LOG_STD_MODES, ActorCritic, torso_for
 from fedarena.rl.normalization import RewardScaler, RunningMeanStd, obs_norm_params
@@ -60,6 +62,8 @@ class PPOConfig:
     normalize_reward: bool = param(False, "scale rewards by the running std of the discounted return")
     obs_clip: float = param(10.0, "normalized observations are clipped to [-obs_clip, obs_clip]")
     reward_clip: float = param(10.0, "scaled rewards are clipped to [-reward_clip, reward_clip]")
+    learners: int = param(1, "data-parallel learner replicas; each minibatch is split evenly over them")
+    learner_transport: str = param("threads", "how learner replicas communicate: threads, shm or tcp")
 
     def __post_init__(self) -> None:
         checks = {
@@ -68,7 +72,8 @@ class PPOConfig:
             "gamma": 0.0 <= self.gamma <= 1.0, "gae_lambda": 0.0 <= self.gae_lambda <= 1.0,
             "clip_coef": self.clip_coef > 0, "learning_rate": self.learning_rate > 0,
             "max_grad_norm": self.max_grad_norm > 0, "obs_clip": self.obs_clip > 0, "reward_clip": self.reward_clip > 0,
-            "log_std": self.log_std in LOG_STD_MODES,
+            "log_std": self.log_std in LOG_STD_MODES, "learners": self.learners >= 1,
+            "learner_transport": self.learner_transport in ("threads", "shm", "tcp"),
             "sde_sample_freq": self.sde_sample_freq == -1 or self.sde_sample_freq >= 1,
         }
         for name, ok in checks.items():
@@ -77,6 +82,9 @@ class PPOConfig:
         if (self.num_envs * self.num_steps) % self.num_minibatches:
             raise ValueError(f"ppo.num_minibatches: {self.num_minibatches} does not divide the rollout size "
                              f"{self.num_envs * self.num_steps}")
+        if self.minibatch_size % self.learners:
+            raise ValueError(f"ppo.learners: {self.learners} does not divide the minibatch size "
+                             f"{self.minibatch_size}")
 
     @property
     def batch_size(self) -> int:
@@ -113,7 +121,9 @@ class PPO:
         self.learner = Learner(params, self.optimizer.init(params), self._update_rollout)
         self.forward = engine.jit(self._forward)
         self.forward_sde = engine.jit(self._forward_sde) if config.use_sde else None
-        self._step = engine.jit(self._train_step)
+        self._step = engine.jit(self._train_step) if config.learners == 1 else DataParallelLearner(
+            partial(ppo_replica, observation_space, action_space, config, seed, total_steps), config.learners,
+            config.learner_transport)
 
     # -- acting
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
@@ -152,11 +162,11 @@ class PPO:
                       "clipfrac": clipfrac}
 
     def _train_step(self, params: Any, opt_state: Any, mb: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-        (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, mb)
-        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
-        params, opt_state = self.optimizer.update(grads, opt_state, params)
-        aux = dict(aux, loss=loss, grad_norm=grad_norm)
-        return params, opt_state, aux
+        """One minibatch update: the gradient (:meth:`_grad`) then the clipped Adam step (:meth:`_apply`); the
+        data-parallel learner runs the same two halves with an all-reduce between them."""
+        grads, aux = self._grad(params, mb)
+        params, opt_state, extra = self._apply(params, opt_state, grads)
+        return params, opt_state, dict(aux, **extra)
 
     def learning_rewards(self, rollout: Mapping[str, Any]) -> np.ndarray:
         """The rewards GAE sees: the actor's (env reward + truncation bootstrap), or with ``normalize_reward``
@@ -168,6 +178,15 @@ class PPO:
             self.reward_scaler = RewardScaler(env_reward.shape[1], self.config.gamma, self.config.reward_clip)
         scaled = self.reward_scaler(env_reward, np.asarray(rollout["discount"]) == 0.0)
         return scaled + np.asarray(rollout["reward"], dtype=np.float64) - env_reward
+
+    def _grad(self, params: Any, mb: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, mb)
+        return grads, dict(aux, loss=loss)
+
+    def _apply(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any, dict[str, Any]]:
+        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
+        params, opt_state = self.optimizer.update(grads, opt_state, params)
+        return params, opt_state, {"grad_norm": grad_norm}
 
     def prepare(self, rollout: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Flatten a time-major rollout (from :meth:`fedarena.rl.workers.Actor.rollout`) and add GAE."""
@@ -239,3 +258,10 @@ class PPO:
     def update(self, rollout: Mapping[str, Any]) -> dict[str, float]:
         """Learn from one rollout (``update_epochs`` passes of minibatch updates)."""
         return self.learner.update(rollout)
+
+
+def ppo_replica(observation_space: Any, action_space: Any, config: PPOConfig, seed: int,
+                total_steps: int | None) -> ReplicaStep:
+    """One data-parallel replica of PPO's update step (built in each learner's thread or process)."""
+    ppo = PPO(observation_space, action_space, replace(config, learners=1), seed, total_steps)
+    return ReplicaStep(engine.jit(ppo._grad), engine.jit(ppo._apply), ppo.learner.params, ppo.learner.opt_state)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedarena import engine
 from fedarena.engine import ops
 
 
@@ -177,5 +178,87 @@ CASES = [
         lambda r: [_r(r, 3, 5)],
     ),
 ]
+
+
+
+def _t():
+    return __import__("torch")
+
+
+def _custom_square():
+    f = engine.custom_vjp(lambda x: x * x)
+    f.defvjp(lambda x: (x * x, x), lambda x, g: (2.0 * x * g,))
+    return f
+
+
+_SQUARE = _custom_square()
+ACTIONS = np.array([2, 0, 3])
+
+CASES += [
+    # issue 18's primitives and indexing
+    ("dense_relu", lambda x, w, b: ops.relu(x @ w + b), lambda x, w, b: (x @ w + b).relu(), lambda r: [_r(r, 2, 4), _r(r, 4, 3), _r(r, 3)]),
+    ("mod", ops.mod, lambda x, y: _t().remainder(x, y), lambda r: [_r(r, 3, 4) * 3.0 + 0.05, _pos(r, 4) + 0.013]),
+    ("mod_operator", lambda x: x % 0.7, lambda x: x % 0.7, lambda r: [_r(r, 3, 4) * 3.0 + 0.011]),
+    ("erf", ops.erf, lambda x: x.erf(), lambda r: [_r(r, 3, 4)]),
+    ("gelu", ops.gelu, lambda x: _t().nn.functional.gelu(x), lambda r: [_r(r, 3, 4) * 2]),
+    ("gelu_tanh", lambda x: ops.gelu(x, "tanh"), lambda x: _t().nn.functional.gelu(x, approximate="tanh"), lambda r: [_r(r, 3, 4) * 2]),
+    ("prod_axis", lambda x: ops.prod(x, axis=1), lambda x: x.prod(1), lambda r: [_r(r, 3, 4)]),
+    ("prod_with_zeros", lambda x: ops.prod(x * np.array([[0.0, 1, 1], [0, 0, 1], [1, 1, 1]]), axis=1), lambda x: (x * _t().tensor([[0.0, 1, 1], [0, 0, 1], [1, 1, 1]], dtype=x.dtype)).prod(1), lambda r: [_r(r, 3, 3)]),
+    ("prod_all_keepdims", lambda x: ops.prod(x, axis=(0, 1), keepdims=True), lambda x: x.prod(1, keepdim=True).prod(0, keepdim=True), lambda r: [_pos(r, 2, 3)]),
+    ("cumsum", lambda x: ops.cumsum(x, axis=1), lambda x: x.cumsum(1), lambda r: [_r(r, 3, 4)]),
+    ("cumsum_flat", ops.cumsum, lambda x: x.reshape(-1).cumsum(0), lambda r: [_r(r, 3, 4)]),
+    ("sort", lambda x: ops.sort(x, axis=1), lambda x: _t().sort(x, 1).values, lambda r: [_distinct(r, 3, 5)]),
+    ("sort_axis0", lambda x: ops.sort(x, axis=0), lambda x: _t().sort(x, 0).values, lambda r: [_distinct(r, 4, 3)]),
+    ("einsum_matmul", lambda x, y: ops.einsum("ij,jk->ik", x, y), lambda x, y: _t().einsum("ij,jk->ik", x, y), lambda r: [_r(r, 3, 4), _r(r, 4, 2)]),
+    ("einsum_batch", lambda x, y: ops.einsum("bij,bkj->bki", x, y), lambda x, y: _t().einsum("bij,bkj->bki", x, y), lambda r: [_r(r, 2, 3, 4), _r(r, 2, 5, 4)]),
+    ("einsum_three", lambda x, y, z: ops.einsum("ij,j,jk", x, y, z), lambda x, y, z: _t().einsum("ij,j,jk", x, y, z), lambda r: [_r(r, 2, 3), _r(r, 3), _r(r, 3, 2)]),
+    ("einsum_reduce", lambda x: ops.einsum("ijk->k", x), lambda x: _t().einsum("ijk->k", x), lambda r: [_r(r, 2, 3, 4)]),
+    ("index_pairs", lambda q: q[np.arange(3), ACTIONS], lambda q: q[_t().arange(3), _t().as_tensor(ACTIONS)], lambda r: [_r(r, 3, 4)]),
+    ("index_array", lambda x: x[np.array([2, 0, 2])], lambda x: x[_t().tensor([2, 0, 2])], lambda r: [_r(r, 3, 4)]),
+    ("index_negative_step", lambda x: x[::-1, 3:0:-2], lambda x: x.flip(0)[:, [3, 1]], lambda r: [_r(r, 3, 5)]),
+    ("remat", engine.remat(lambda x, w: ops.tanh(x @ w) * x[:, :2]), lambda x, w: (x @ w).tanh() * x[:, :2], lambda r: [_r(r, 3, 4), _r(r, 4, 2)]),
+    ("custom_vjp", lambda x: _SQUARE(x) + x, lambda x: x * x + x, lambda r: [_r(r, 3, 4)]),
+    (
+        "scan",
+        lambda x, w: engine.scan(lambda h, xt: (ops.tanh(h @ w + xt),) * 2, x[0], x)[1],
+        lambda x, w: _scan_torch(x, w),
+        lambda r: [_r(r, 4, 3) * 0.5, _r(r, 3, 3) * 0.5],
+    ),
+    (
+        "cond",
+        lambda x, y: engine.cond(ops.sum(x) > 0, lambda a, b: a * b, lambda a, b: a - b, x, y),
+        lambda x, y: x * y if x.sum() > 0 else x - y,
+        lambda r: [_pos(r, 3), _r(r, 3)],
+    ),
+]
+
+# primitives without a gradient: their batching rule is checked against a loop (test_vmap.py)
+NONDIFF_CASES = [
+    ("floor_divide", lambda x, y: x // y, lambda r: [_r(r, 3, 4) * 3.0, _pos(r, 4)]),
+    (
+        "isnan_isfinite",
+        lambda x: ops.stack([ops.isnan(ops.where(x > 0.5, np.nan, x)), ops.isfinite(ops.where(x < -0.5, -np.inf, x))]),
+        lambda r: [_r(r, 3, 4)],
+    ),
+    ("any_all", lambda x: ops.logical_and(ops.any(x > 1.0, axis=1), ops.all(x > -2.0, axis=1)), lambda r: [_r(r, 3, 4)]),
+    ("argsort", lambda x: ops.argsort(x, axis=0), lambda r: [_distinct(r, 4, 3)]),
+    ("argmax_one_hot", lambda x: ops.one_hot(ops.argmax(x, axis=1), 4), lambda r: [_distinct(r, 3, 4)]),
+    ("not_equal_or", lambda x, y: (x != y) | (x > 0.5), lambda r: [_r(r, 3, 4), _r(r, 4)]),
+    ("cross_entropy_traced_labels", lambda x, y: ops.cross_entropy(x, y, reduction="none"), lambda r: [_r(r, 3, 5), r.integers(0, 5, 3)]),
+    ("while_loop", lambda x: engine.while_loop(lambda c: ops.sum(c) < 10.0, lambda c: c * 2.0, x), lambda r: [_pos(r, 3)]),
+    ("random", lambda k: engine.random.normal(k, (3,)) + engine.random.uniform(engine.random.split(k)[1], (3,)), lambda r: [engine.random.key(int(r.integers(0, 2**31)))]),
+]
+
+NONDIFF_IDS = [c[0] for c in NONDIFF_CASES]
+
+
+def _scan_torch(x, w):
+    h = x[0]
+    ys = []
+    for t in range(x.shape[0]):
+        h = (h @ w + x[t]).tanh()
+        ys.append(h)
+    return _t().stack(ys)
+
 
 CASE_IDS = [c[0] for c in CASES]

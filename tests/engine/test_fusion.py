@@ -9,7 +9,8 @@ import pytest
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
 from fedarena.engine.executor import Executable
-from fedarena.engine.fusion import FUSION_PIPELINE, elementwise_fusion, fused_p, fused_sources
+from fedarena.engine.fusion import elementwise_fusion, fused_p, fused_sources
+from fedarena.engine.passes import FUSION_PIPELINE
 from fedarena.engine.tracing import eval_graph
 
 from .test_passes import _random_program

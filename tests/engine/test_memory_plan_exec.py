@@ -14,7 +14,7 @@ import pytest
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
 from fedarena.engine.executor import Executable
-from fedarena.engine.fusion import FUSION_PIPELINE
+from fedarena.engine.passes import FUSION_PIPELINE
 from fedarena.engine.memory_plan import check_plan, plan_memory
 from fedarena.engine.tracing import eval_graph
 

@@ -9,7 +9,7 @@ import pytest
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
 
-from .cases import CASE_IDS, CASES
+from .cases import CASE_IDS, CASES, NONDIFF_CASES, NONDIFF_IDS
 
 B = 3
 
@@ -39,6 +39,20 @@ def test_vmap_rule_matches_loop(case):
             args = [stacked[j] if j == k else examples[0][j] for j in range(n)]
             expect_k = _loop(fn, args, axes)
             np.testing.assert_allclose(engine.vmap(fn, in_axes=axes)(*args), expect_k, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", NONDIFF_CASES, ids=NONDIFF_IDS)
+def test_vmap_rule_of_primitives_without_gradient_matches_loop(case):
+    """Batched eagerly and under jit, against one call per example (exact: integer/bool results)."""
+    name, fn, make = case
+    rng = np.random.default_rng(11)
+    examples = [make(rng) for _ in range(B)]
+    stacked = [np.stack([ex[k] for ex in examples]) for k in range(len(examples[0]))]
+    expect = np.stack([np.asarray(fn(*ex)) for ex in examples])
+    check = np.testing.assert_array_equal if expect.dtype.kind in "biu" else lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12)
+    check(engine.vmap(fn)(*stacked), expect)
+    check(engine.jit(engine.vmap(fn))(*stacked), expect)
+    check(np.stack([engine.jit(fn)(*ex) for ex in examples]), expect)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] in ("matmul_batched", "sum_axis", "take_axis1", "conv2d", "gather")], ids=lambda c: c[0])

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import primitives as P
-from .ir import ShapeError, check_dtype, is_float
-from .tracing import Tracer, aval_of, bind
+from .. import primitives as P
+from ..core.ir import ShapeError, TracerControlFlowError, check_dtype, is_float
+from ..core.tracing import Tracer, aval_of, bind
 
 Array = Any  # numpy array or Tracer
 
@@ -502,83 +502,6 @@ def one_hot(indices: Array, num_classes: int, dtype: Any = np.float32) -> Array:
     return bind(P.one_hot_p, _arr(indices), num_classes=int(num_classes), dtype=check_dtype(dtype))
 
 
-def _index_tuple(key: Any, sh: tuple) -> tuple:
-    if not isinstance(key, tuple):
-        key = (key,)
-    n_real = len([k for k in key if k is not None and k is not Ellipsis])
-    out = []
-    for k in key:
-        if k is Ellipsis:
-            out.extend([slice(None)] * (len(sh) - n_real))
-        else:
-            out.append(k)
-    if Ellipsis not in key:
-        out.extend([slice(None)] * (len(sh) - n_real))
-    return tuple(out)
-
-
-def getitem(x: Array, key: Any) -> Array:
-    """Basic indexing (ints, slices, None, ...) and one integer-array index (take along that axis)."""
-    x = _arr(x)
-    sh = shape(x)
-    key = _index_tuple(key, sh)
-    starts, limits, strides, squeeze_axes, new_axes = [], [], [], [], []
-    axis = 0
-    out_pos = 0
-    array_index = None
-    for k in key:
-        if k is None:
-            new_axes.append(out_pos)
-            out_pos += 1
-            continue
-        if axis >= len(sh):
-            raise ShapeError(f"too many indices for an array of shape {sh}")
-        n = sh[axis]
-        if isinstance(k, slice):
-            a, b, c = k.indices(n)
-            if c < 1:
-                raise ShapeError("negative slice steps are not supported on traced arrays")
-            starts.append(a)
-            limits.append(_builtins.max(a, b))
-            strides.append(c)
-            out_pos += 1
-        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-            k = int(k)
-            if not -n <= k < n:
-                raise ShapeError(f"index {k} is out of bounds for an axis of size {n}")
-            k %= n
-            starts.append(k)
-            limits.append(k + 1)
-            strides.append(1)
-            squeeze_axes.append(axis)
-        elif isinstance(k, (np.ndarray, Tracer, list)):
-            if array_index is not None:
-                raise ShapeError("only one integer-array index is supported; use take/take_along_axis")
-            array_index = (axis, _arr(np.asarray(k) if isinstance(k, list) else k), out_pos)
-            starts.append(0)
-            limits.append(n)
-            strides.append(1)
-            out_pos += 1
-        else:
-            raise ShapeError(f"unsupported index {k!r}")
-        axis += 1
-    y = x
-    if tuple(starts) != (0,) * len(sh) or tuple(limits) != sh or tuple(strides) != (1,) * len(sh):
-        y = bind(P.slice_p, x, starts=tuple(starts), limits=tuple(limits), strides=tuple(strides))
-    if array_index is not None:
-        ax, idx, _ = array_index
-        if aval_of(idx).dtype == np.bool_:
-            raise ShapeError("boolean-mask indexing has a data-dependent shape; use ops.where instead")
-        y = take(y, idx, axis=ax)
-        extra = ndim(idx) - 1
-        squeeze_axes = [a if a < ax else a + extra for a in squeeze_axes]
-    if squeeze_axes:
-        y = bind(P.squeeze_p, y, axes=tuple(squeeze_axes))
-    if new_axes:
-        y = bind(P.expand_dims_p, y, axes=tuple(new_axes))
-    return y
-
-
 # ============================================================================ convolution and pooling
 
 
@@ -683,6 +606,10 @@ def cross_entropy(logits: Array, labels: Array, reduction: str = "mean", axis: i
         if lav.ndim != ndim(logits) - 1:
             raise ShapeError(f"cross_entropy: integer labels {lav.shape} must drop the class axis of logits {shape(logits)}")
         ax = axis % ndim(logits)
+        n_classes = shape(logits)[ax]
+        labels = P.checks.check_range(
+            labels, 0, n_classes, "cross_entropy: label {value} is out of range for {hi} classes (labels must lie in [0, {hi}))"
+        )
         picked = take_along_axis(logp, expand_dims(labels, ax), ax)
         nll = negative(squeeze(picked, ax))
     else:
@@ -736,61 +663,82 @@ def global_norm(tree_leaves: Sequence[Array]) -> Array:
     return sqrt(total)
 
 
-# ============================================================================ tracer operators
+# ============================================================================ numpy's integer division, tests, scans, sorting
 
 
-def _swap(f):
-    return lambda a, b: f(b, a)
+def floor_divide(x: Array, y: Array) -> Array:
+    """numpy.floor_divide (``x // y``); piecewise constant, so its gradient is zero."""
+    return bind(P.elementwise.floor_divide_p, _arr(x), _arr(y))
 
 
-def _install_operators() -> None:
-    T = Tracer
-    T.__array_ufunc__ = None  # numpy defers `ndarray op tracer` to our reflected operators
-    T.__add__ = add
-    T.__radd__ = _swap(add)
-    T.__sub__ = subtract
-    T.__rsub__ = _swap(subtract)
-    T.__mul__ = multiply
-    T.__rmul__ = _swap(multiply)
-    T.__truediv__ = divide
-    T.__rtruediv__ = _swap(divide)
-    T.__pow__ = power
-    T.__rpow__ = _swap(power)
-    T.__matmul__ = matmul
-    T.__rmatmul__ = _swap(matmul)
-    T.__neg__ = negative
-    T.__pos__ = lambda self: self
-    T.__abs__ = abs
-    T.__lt__ = less
-    T.__le__ = less_equal
-    T.__gt__ = greater
-    T.__ge__ = greater_equal
-    T.__eq__ = equal
-    T.__ne__ = not_equal
-    T.__and__ = logical_and
-    T.__or__ = logical_or
-    T.__invert__ = logical_not
-    T.__getitem__ = getitem
-    T.__hash__ = lambda self: id(self)
-    T.T = property(lambda self: transpose(self))
-    T.reshape = lambda self, *s: reshape(self, s[0] if len(s) == 1 and not isinstance(s[0], int) else s)
-    T.transpose = lambda self, *axes: transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int) else (axes or None))
-    T.sum = lambda self, axis=None, keepdims=False: sum(self, axis, keepdims)
-    T.mean = lambda self, axis=None, keepdims=False: mean(self, axis, keepdims)
-    T.max = lambda self, axis=None, keepdims=False: max(self, axis, keepdims)
-    T.min = lambda self, axis=None, keepdims=False: min(self, axis, keepdims)
-    T.std = lambda self, axis=None, keepdims=False: std(self, axis, keepdims)
-    T.argmax = lambda self, axis=None, keepdims=False: argmax(self, axis, keepdims)
-    T.astype = astype
-    T.squeeze = lambda self, axis=None: squeeze(self, axis)
-    T.clip = lambda self, a_min=None, a_max=None: clip(self, a_min, a_max)
-    T.flatten = lambda self: reshape(self, (-1,))
-    T.ravel = T.flatten
-    T.dot = dot
-    T.exp = exp
-    T.log = log
-    T.tanh = tanh
-    T.sqrt = sqrt
+def mod(x: Array, y: Array) -> Array:
+    """numpy.mod / remainder (``x % y``, the sign of the divisor); d/dx = 1, d/dy = -floor(x / y)."""
+    return bind(P.elementwise.mod_p, _arr(x), _arr(y))
 
 
-_install_operators()
+remainder = mod
+
+
+def erf(x: Array) -> Array:
+    """The error function (scipy.special.erf)."""
+    return bind(P.elementwise.erf_p, _arr(x))
+
+
+def gelu(x: Array, approximate: str = "none") -> Array:
+    """GELU (Hendrycks & Gimpel 2016) as PyTorch defines it: ``x * Phi(x)`` with the exact normal
+    CDF (``approximate="none"``) or its tanh approximation (``approximate="tanh"``)."""
+    x = _arr(x)
+    if approximate == "none":
+        return multiply(multiply(x, 0.5), add(erf(multiply(x, 0.7071067811865476)), 1.0))
+    if approximate == "tanh":
+        inner = multiply(add(x, multiply(power(x, 3), 0.044715)), 0.7978845608028654)
+        return multiply(multiply(x, 0.5), add(tanh(inner), 1.0))
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def isnan(x: Array) -> Array:
+    return bind(P.elementwise.isnan_p, _arr(x))
+
+
+def isfinite(x: Array) -> Array:
+    return bind(P.elementwise.isfinite_p, _arr(x))
+
+
+def prod(x: Array, axis: Any = None, keepdims: bool = False) -> Array:
+    """numpy.prod; the gradient is the product of the other elements (exact with zeros)."""
+    x = _arr(x)
+    return P.reductions.reduce_prod(x, _axes(axis, ndim(x)), keepdims)
+
+
+def any(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """numpy.any: whether some element along ``axis`` is nonzero / True."""
+    x = _arr(x)
+    nonzero = x if aval_of(x).dtype == np.bool_ else not_equal(x, 0)
+    return greater(sum(astype(nonzero, np.int64), axis, keepdims), 0)
+
+
+def all(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
+    """numpy.all: whether every element along ``axis`` is nonzero / True."""
+    x = _arr(x)
+    zero = logical_not(x) if aval_of(x).dtype == np.bool_ else equal(x, 0)
+    return equal(sum(astype(zero, np.int64), axis, keepdims), 0)
+
+
+def cumsum(x: Array, axis: int | None = None) -> Array:
+    """numpy.cumsum (``axis=None``: over the flattened array); ints accumulate in int64."""
+    x = _arr(x)
+    if axis is None:
+        x, axis = reshape(x, (-1,)), 0
+    return P.reductions.cumsum(x, axis)
+
+
+def argsort(x: Array, axis: int = -1) -> Array:
+    """numpy.argsort with ``kind="stable"`` (ties keep their order)."""
+    x = _arr(x)
+    return bind(P.reductions.argsort_p, x, axis=P._norm_axes((axis,), ndim(x))[0])
+
+
+def sort(x: Array, axis: int = -1) -> Array:
+    """numpy.sort along ``axis``; the gradient flows back to where each value came from."""
+    x = _arr(x)
+    return take_along_axis(x, argsort(x, axis), axis)

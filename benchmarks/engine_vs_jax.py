@@ -1,0 +1,150 @@
+"""fedarena.engine (compiled numpy) vs JAX ``jit`` on CPU, measured in the same run.
+
+The same PPO-sized workloads as ``engine_vs_torch.py`` (imported from it): (a) the PPO training
+step (MLP 8 -> 64 -> 64 -> {policy 4, value 1}, batch 64, clipped surrogate + value + entropy,
+backward, Adam) and (b) the actor's single-observation forward pass.  JAX runs the same
+equations (Adam written out, as optax is not a dependency) under ``jax.jit`` with
+``block_until_ready``; its XLA CPU client is pinned to one intra-op thread
+(``--xla_cpu_multi_thread_eigen=false``), matching the engine's one BLAS thread.  Rounds are
+interleaved (ours, then JAX, per round) and the median per-call time of each side is reported
+with the ratio's range over rounds.  Checks that both sides compute the same loss first.
+
+Run:  python benchmarks/engine_vs_jax.py [--rounds 7] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_vs_torch as B  # noqa: E402
+
+from fedarena import engine  # noqa: E402
+
+
+def jax_fns(jax, params):
+    jnp = jax.numpy
+
+    def mlp(p, obs):
+        h = obs
+        for layer in p["body"]:
+            h = jnp.tanh(h @ layer["w"] + layer["b"])
+        return h @ p["pi"]["w"] + p["pi"]["b"], (h @ p["v"]["w"] + p["v"]["b"])[:, 0]
+
+    def loss_fn(p, obs, act, adv, logp_old, ret):
+        logits, value = mlp(p, obs)
+        logp_all = jax.nn.log_softmax(logits)
+        logp = jnp.take_along_axis(logp_all, act[:, None], axis=1)[:, 0]
+        ratio = jnp.exp(logp - logp_old)
+        pg = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - B.CLIP, 1 + B.CLIP) * adv))
+        vl = 0.5 * jnp.mean((value - ret) ** 2)
+        ent = -jnp.mean(jnp.sum(jnp.exp(logp_all) * logp_all, axis=1))
+        return pg + B.VF_COEF * vl - B.ENT_COEF * ent
+
+    b1, b2, eps = 0.9, 0.999, 1e-8
+
+    @jax.jit
+    def step(p, m, v, t, obs, act, adv, logp_old, ret):
+        loss, g = jax.value_and_grad(loss_fn)(p, obs, act, adv, logp_old, ret)
+        t = t + 1
+        m = jax.tree_util.tree_map(lambda m_, g_: b1 * m_ + (1 - b1) * g_, m, g)
+        v = jax.tree_util.tree_map(lambda v_, g_: b2 * v_ + (1 - b2) * g_ * g_, v, g)
+        c1, c2 = 1 - b1**t, 1 - b2**t
+        p = jax.tree_util.tree_map(lambda p_, m_, v_: p_ - B.LR * (m_ / c1) / (jnp.sqrt(v_ / c2) + eps), p, m, v)
+        return p, m, v, t, loss
+
+    @jax.jit
+    def forward(p, obs):
+        logits, value = mlp(p, obs)
+        return jax.nn.softmax(logits), value
+
+    return step, forward
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jnp = jax.numpy
+    engine.set_num_threads(1)
+    scale = 0.25 if args.quick else 1.0
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((B.BATCH, B.OBS)).astype(np.float32)
+    act = rng.integers(0, B.ACT, B.BATCH).astype(np.int32)
+    adv = rng.standard_normal(B.BATCH).astype(np.float32)
+    logp_old = (np.log(1 / B.ACT) + 0.1 * rng.standard_normal(B.BATCH)).astype(np.float32)
+    ret = rng.standard_normal(B.BATCH).astype(np.float32)
+    batch = (obs, act, adv, logp_old, ret)
+    params0 = B.ppo_init(0)
+
+    j_ppo = engine.jit(B.ppo_step)
+    _, _, our_loss = j_ppo(params0, B.ppo_opt.init(params0), *batch)
+    j_fwd = engine.jit(B.actor_forward)
+    obs1 = obs[:1].copy()
+    st = {"p": params0, "s": B.ppo_opt.init(params0)}
+
+    def ours_ppo():
+        st["p"], st["s"], _ = j_ppo(st["p"], st["s"], *batch)
+
+    def ours_fwd():
+        j_fwd(st["p"], obs1)
+
+    jstep, jfwd = jax_fns(jax, params0)
+    jp = jax.tree_util.tree_map(jnp.asarray, params0)
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, jp)
+    jbatch = tuple(jnp.asarray(a) for a in batch)
+    jobs1 = jnp.asarray(obs1)
+    jst = {"p": jp, "m": zeros, "v": zeros, "t": jnp.asarray(0.0, jnp.float32)}
+    jax_loss = float(jstep(jp, zeros, zeros, jnp.asarray(0.0, jnp.float32), *jbatch)[-1])
+
+    def jax_ppo():
+        jst["p"], jst["m"], jst["v"], jst["t"], loss = jstep(jst["p"], jst["m"], jst["v"], jst["t"], *jbatch)
+        loss.block_until_ready()
+
+    def jax_fwd():
+        jax.block_until_ready(jfwd(jst["p"], jobs1))
+
+    fns = {"ppo": (ours_ppo, jax_ppo), "fwd": (ours_fwd, jax_fwd)}
+    reps = {"ppo": max(1, int(300 * scale)), "fwd": max(1, int(3000 * scale))}
+    for ours, theirs in fns.values():
+        for _ in range(20):
+            ours()
+            theirs()
+    samples = {k: ([], []) for k in fns}
+    for _ in range(args.rounds):
+        for k, (ours, theirs) in fns.items():
+            for fn, out in ((ours, samples[k][0]), (theirs, samples[k][1])):
+                t0 = time.perf_counter()
+                for _ in range(reps[k]):
+                    fn()
+                out.append((time.perf_counter() - t0) / reps[k])
+    print(f"fedarena.engine (numpy {np.__version__}, 1 BLAS thread) vs JAX {jax.__version__} jit (CPU, 1 intra-op thread)")
+    print(f"same loss: ours {float(our_loss):.6f} vs JAX {jax_loss:.6f}; median over {args.rounds} interleaved rounds")
+    names = {"ppo": "(a) PPO train step  B=64", "fwd": "(b) actor forward   B=1 "}
+    targets = {"ppo": 1.5, "fwd": 5.0}
+    print(f"{'':26s}{'ours':>12s}{'JAX jit':>12s}{'ratio':>8s}{'range':>16s}")
+    for k in fns:
+        o, t = samples[k]
+        ratios = [b / a for a, b in zip(o, t)]
+        print(
+            f"{names[k]:26s}{statistics.median(o) * 1e6:10.1f}us{statistics.median(t) * 1e6:10.1f}us"
+            f"{statistics.median(ratios):7.2f}x{min(ratios):7.2f}x-{max(ratios):.2f}x   target >= {targets[k]}x"
+        )
+    print("ratio = JAX time / fedarena time (> 1: fedarena is faster)")
+
+
+if __name__ == "__main__":
+    main()

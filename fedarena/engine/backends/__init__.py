@@ -1,0 +1,1 @@
+"""backends: one package per execution target."""

@@ -1,0 +1,1 @@
+"""backends.numpy: the numpy executor (generated code over preallocated buffers)."""

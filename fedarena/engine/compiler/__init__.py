@@ -1,0 +1,1 @@
+"""compiler: graph passes, elementwise fusion, memory planning, native-kernel selection."""

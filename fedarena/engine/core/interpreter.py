@@ -1,0 +1,46 @@
+"""The one interpreter of the IR: walk a graph's equations in order, computing each output from
+its inputs' values with a rule, over any value domain.
+
+Eager evaluation and inlining (``tracing.eval_graph``: the rule is ``bind``), the autodiff
+forward replay (values plus which of them carry a gradient), forward mode (primal and tangent
+pairs) and batching (value and whether it has a batch axis) are rules given to
+:func:`interpret`; only the rule and the lifting of constants into the domain differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .ir import Eqn, Graph, Literal, Var
+
+Rule = Callable[[Eqn, list], Any]
+
+
+def literal_value(a: Literal) -> Any:
+    """A literal as the value bind expects: Python scalars stay weak, numpy ones keep their dtype."""
+    return a.value if a.weak else np.asarray(a.value, a.aval.dtype)[()]
+
+
+def interpret(
+    graph: Graph,
+    args: Sequence[Any],
+    rule: Rule,
+    lift: Callable[[Any], Any] = lambda v: v,
+) -> tuple[list, dict]:
+    """Run ``graph`` on ``args`` (already in the domain): ``rule(eqn, input_values)`` gives the
+    value of the equation's output; ``lift`` brings constants and literals into the domain.
+    Returns the output values and the environment (variable -> value)."""
+    env: dict[Var, Any] = {v: lift(c) for v, c in zip(graph.constvars, graph.consts)}
+    env.update(zip(graph.invars, args))
+
+    def read(a: Any) -> Any:
+        return lift(literal_value(a)) if isinstance(a, Literal) else env[a]
+
+    for e in graph.eqns:
+        env[e.outputs[0]] = rule(e, [read(a) for a in e.inputs])
+    return [read(a) for a in graph.outvars], env
+
+
+__all__ = ["interpret", "literal_value"]

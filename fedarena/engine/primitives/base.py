@@ -1,0 +1,190 @@
+"""Helpers every primitive family shares: dtype promotion (numpy 2, weak Python scalars),
+broadcasting, ``_define`` (registers a primitive with its rules), and the internal binders
+(``add``, ``mul``, ``reshape``, ...) that VJP/JVP rules are written with.  The binders find their
+primitive in the registry by name, so this module needs no family.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..core.ir import ShapeError, ShapedArray, is_float
+from ..core.tracing import PRIMITIVES, Primitive, aval_of, bind, register
+
+# ============================================================================ helpers
+
+
+def shape_of(x: Any) -> tuple:
+    return aval_of(x).shape
+
+
+def dtype_of(x: Any) -> np.dtype:
+    return aval_of(x).dtype
+
+
+def _stand_in(av: ShapedArray) -> Any:
+    return 0.0 if is_float(av.dtype) else {"b": False, "i": 0, "u": 0}[av.dtype.kind]
+
+
+def promote(avals: Sequence[ShapedArray], weak: Sequence[bool]) -> np.dtype:
+    """numpy's result type, with Python scalars weak (NEP 50)."""
+    parts = [_stand_in(av) if w else av.dtype for av, w in zip(avals, weak)]
+    return np.result_type(*parts)
+
+
+def broadcast_shapes(*shapes: tuple) -> tuple:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"shapes {' and '.join(str(s) for s in shapes)} do not broadcast") from None
+
+
+def _floatify(dt: np.dtype) -> np.dtype:
+    return dt if is_float(dt) else np.dtype(np.float64)
+
+
+def _define(
+    name: str,
+    rule: Callable,
+    impl: Callable,
+    emit: Callable | None,
+    vjp: Callable | None = None,
+    jvp: Callable | None = None,
+    differentiable: bool = True,
+    traits: Sequence[str] = (),
+) -> Primitive:
+    p = register(name)
+    p.traits = frozenset(traits)
+    p.abstract_eval = rule
+    p.impl = impl
+    p.emit = emit
+    p.vjp = vjp
+    p.jvp = jvp
+    p.differentiable = differentiable
+    return p
+
+
+# Internal binders used by the rules (public, numpy-named versions live in ops.py).
+
+
+def add(x, y):
+    return bind(PRIMITIVES["add"], x, y)
+
+
+def sub(x, y):
+    return bind(PRIMITIVES["sub"], x, y)
+
+
+def mul(x, y):
+    return bind(PRIMITIVES["mul"], x, y)
+
+
+def div(x, y):
+    return bind(PRIMITIVES["div"], x, y)
+
+
+def neg(x):
+    return bind(PRIMITIVES["neg"], x)
+
+
+def exp(x):
+    return bind(PRIMITIVES["exp"], x)
+
+
+def log(x):
+    return bind(PRIMITIVES["log"], x)
+
+
+def sign(x):
+    return bind(PRIMITIVES["sign"], x)
+
+
+def select(p, a, b):
+    return bind(PRIMITIVES["select"], p, a, b)
+
+
+def eq(x, y):
+    return bind(PRIMITIVES["eq"], x, y)
+
+
+def gt(x, y):
+    return bind(PRIMITIVES["gt"], x, y)
+
+
+def ge(x, y):
+    return bind(PRIMITIVES["ge"], x, y)
+
+
+def le(x, y):
+    return bind(PRIMITIVES["le"], x, y)
+
+
+def logical_and(x, y):
+    return bind(PRIMITIVES["and"], x, y)
+
+
+def cast(x, dtype):
+    dtype = np.dtype(dtype)
+    if dtype_of(x) == dtype and not isinstance(x, (bool, int, float)):
+        return x
+    return bind(PRIMITIVES["cast"], x, dtype=dtype)
+
+
+def reduce_sum(x, axes, keepdims=False):
+    return bind(PRIMITIVES["reduce_sum"], x, axes=tuple(axes), keepdims=bool(keepdims))
+
+
+def reshape(x, shape):
+    shape = tuple(int(s) for s in shape)
+    if shape_of(x) == shape:
+        return x
+    return bind(PRIMITIVES["reshape"], x, shape=shape)
+
+
+def broadcast_to(x, shape):
+    shape = tuple(int(s) for s in shape)
+    if shape_of(x) == shape and not isinstance(x, (bool, int, float)):
+        return x
+    return bind(PRIMITIVES["broadcast_to"], x, shape=shape)
+
+
+def transpose(x, perm):
+    perm = tuple(int(p) for p in perm)
+    if perm == tuple(range(len(perm))):
+        return x
+    return bind(PRIMITIVES["transpose"], x, perm=perm)
+
+
+def matmul(x, y):
+    return bind(PRIMITIVES["matmul"], x, y)
+
+
+def full(shape, dtype, value=0):
+    return bind(PRIMITIVES["full"], shape=tuple(int(s) for s in shape), dtype=np.dtype(dtype), value=value)
+
+
+def zeros_like_aval(av: ShapedArray):
+    return full(av.shape, av.dtype, 0)
+
+
+def unbroadcast(ct, shape: tuple):
+    """Sum ``ct`` over the axes along which a value of ``shape`` was broadcast."""
+    cs = shape_of(ct)
+    shape = tuple(shape)
+    if cs == shape:
+        return ct
+    lead = len(cs) - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and cs[i + lead] != 1)
+    r = reduce_sum(ct, axes) if axes else ct
+    return reshape(r, shape)
+
+
+def _bcast_tangent(t, shape):
+    return broadcast_to(t, shape) if shape_of(t) != tuple(shape) else t
+
+
+def _swap_last(x):
+    n = len(shape_of(x))
+    return transpose(x, tuple(range(n - 2)) + (n - 1, n - 2))

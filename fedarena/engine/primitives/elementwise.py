@@ -1,0 +1,456 @@
+"""Elementwise primitives (the elementwise family): unary and binary arithmetic, comparisons and
+logic, select/cast/clip/stop_gradient, full, and ``floor_divide``, ``mod`` (numpy's ``remainder``),
+``isnan``, ``isfinite``, ``erf``; each with its shape/dtype rule (broadcasting, numpy 2 promotion
+with weak Python scalars), numpy kernel, emit rule, VJP and JVP (Griewank & Walther, "Evaluating
+Derivatives", 2nd ed., ch. 3-4; reverse rules sum cotangents over broadcast axes).
+
+Each is defined here completely: shape/dtype rule (broadcasting, numpy 2 promotion with weak
+Python scalars), numpy kernel and emitter, VJP/JVP and batching rule.  ``mod``'s derivative is
+1 in ``x`` and ``-floor(x / y)`` in ``y`` (away from the jumps); ``floor_divide`` is piecewise
+constant, so its gradient is zero (JAX's convention).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import scipy.special
+
+from ..core.ir import ShapeError, ShapedArray, is_float
+from ..core.tracing import aval_of, bind
+from .emit import Code, expr, stmt
+from .base import _bcast_tangent, _define, _floatify, add, broadcast_shapes, cast, div, dtype_of, eq, exp, full, ge, gt, le, log, logical_and, mul, neg, promote, reshape, select, shape_of, sign, sub, unbroadcast
+
+# ============================================================================ elementwise
+
+
+def _ew_rule(kind: str):
+    """Shape/dtype rule for elementwise primitives: broadcast shapes; dtype by ``kind``."""
+
+    def rule(avals, attrs, weak):
+        shape = broadcast_shapes(*[a.shape for a in avals])
+        if kind == "promote":
+            dt = promote(avals, weak)
+        elif kind == "float":
+            dt = _floatify(promote(avals, weak))
+        elif kind == "bool":
+            promote(avals, weak)
+            dt = np.dtype(np.bool_)
+        elif kind == "logical":
+            for a, w in zip(avals, weak):
+                if a.dtype != np.bool_:
+                    raise ShapeError(f"logical operations need bool operands, got {a.dtype}")
+            dt = np.dtype(np.bool_)
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+        return ShapedArray(shape, dt)
+
+    return rule
+
+
+def _ufunc_impl(uf):
+    def impl(*args, **attrs):
+        return uf(*args)
+
+    return impl
+
+
+def _ufunc_emit(uf_name: str):
+    def emit(ctx, ins, attrs, in_avals, out_aval):
+        if uf_name in ("np.maximum", "np.minimum"):  # numpy deprecates positional out for these
+            return stmt(f"{uf_name}({', '.join(ins)}, out={{o}})")
+        return Code(f"{uf_name}({', '.join(ins)}, {{o}})", "stmt", f"{uf_name}({', '.join(ins)})")  # positional out
+
+    return emit
+
+
+UFUNC = ("elementwise", "in_place", "fusible")  # traits of a plain numpy ufunc
+
+
+def _unary(name, uf, uf_name, kind, vjp_from_out=None, vjp_from_x=None):
+    """A unary elementwise primitive whose derivative is ``d(x, out)``; its JVP is the same
+    diagonal scaling as its VJP."""
+    d = vjp_from_out or vjp_from_x
+
+    def vjp(need, ct, out, x, **attrs):
+        return (d(ct, x, out),)
+
+    def jvp(tangents, out, x, **attrs):
+        t = tangents[0]
+        return d(t, x, out)
+
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC)
+
+
+neg_p = _unary("neg", np.negative, "np.negative", "promote", vjp_from_x=lambda ct, x, out: neg(ct))
+exp_p = _unary("exp", np.exp, "np.exp", "float", vjp_from_out=lambda ct, x, out: mul(ct, out))
+log_p = _unary("log", np.log, "np.log", "float", vjp_from_x=lambda ct, x, out: div(ct, x))
+log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)))
+tanh_p = _unary("tanh", np.tanh, "np.tanh", "float", vjp_from_out=lambda ct, x, out: mul(ct, sub(1.0, mul(out, out))))
+logistic_p = _unary(
+    "logistic", scipy.special.expit, "_expit", "float", vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out)))
+)
+sqrt_p = _unary("sqrt", np.sqrt, "np.sqrt", "float", vjp_from_out=lambda ct, x, out: div(ct, mul(out, 2.0)))
+sin_p = _unary("sin", np.sin, "np.sin", "float", vjp_from_x=lambda ct, x, out: mul(ct, bind(cos_p, x)))
+cos_p = _unary("cos", np.cos, "np.cos", "float", vjp_from_x=lambda ct, x, out: neg(mul(ct, bind(sin_p, x))))
+abs_p = _unary("abs", np.abs, "np.absolute", "promote", vjp_from_x=lambda ct, x, out: mul(ct, sign(x)))
+sign_p = _define("sign", _ew_rule("promote"), _ufunc_impl(np.sign), _ufunc_emit("np.sign"), differentiable=False)
+
+
+def _rsqrt_impl(x, **attrs):
+    return 1.0 / np.sqrt(x)
+
+
+def _rsqrt_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.sqrt({ins[0]}, {{o}}); np.reciprocal({{o}}, {{o}})")
+
+
+rsqrt_p = _define(
+    "rsqrt",
+    _ew_rule("float"),
+    _rsqrt_impl,
+    _rsqrt_emit,
+    vjp=lambda need, ct, out, x: (mul(ct, div(mul(out, -0.5), x)),),
+    jvp=lambda ts, out, x: mul(ts[0], div(mul(out, -0.5), x)),
+)
+
+
+def _relu_impl(x):
+    return np.maximum(x, 0)
+
+
+def _relu_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.maximum({ins[0]}, 0, out={{o}})")
+
+
+relu_p = _define(
+    "relu",
+    _ew_rule("promote"),
+    _relu_impl,
+    _relu_emit,
+    vjp=lambda need, ct, out, x: (mul(ct, gt(out, 0)),),
+    jvp=lambda ts, out, x: mul(ts[0], gt(out, 0)),
+)
+
+# ---------------------------------------------------------------------------- binary
+
+
+def _binary(name, uf, uf_name, kind, vjp=None, jvp=None, differentiable=True):
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC)
+
+
+def _add_vjp(need, ct, out, x, y):
+    return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(ct, shape_of(y)) if need[1] else None)
+
+
+def _sub_vjp(need, ct, out, x, y):
+    return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(neg(ct), shape_of(y)) if need[1] else None)
+
+
+def _mul_vjp(need, ct, out, x, y):
+    return (
+        unbroadcast(mul(ct, y), shape_of(x)) if need[0] else None,
+        unbroadcast(mul(ct, x), shape_of(y)) if need[1] else None,
+    )
+
+
+def _div_vjp(need, ct, out, x, y):
+    return (
+        unbroadcast(div(ct, y), shape_of(x)) if need[0] else None,
+        unbroadcast(neg(div(mul(ct, out), y)), shape_of(y)) if need[1] else None,
+    )
+
+
+def _pow_vjp(need, ct, out, x, y):
+    gx = gy = None
+    if need[0]:
+        if isinstance(y, (int, float)) and not isinstance(y, bool):
+            if y == 2:
+                d = mul(x, 2.0)
+            elif y == 1:
+                d = None
+            else:
+                d = mul(bind(pow_p, x, y - 1), y)
+        else:
+            d = mul(y, bind(pow_p, x, sub(y, 1)))
+        gx = unbroadcast(ct if d is None else mul(ct, d), shape_of(x))
+    if need[1]:
+        gy = unbroadcast(mul(ct, mul(out, log(x))), shape_of(y))
+    return (gx, gy)
+
+
+def _sum_tangents(out, *terms):
+    acc = None
+    for t in terms:
+        if t is None:
+            continue
+        t = _bcast_tangent(t, shape_of(out))
+        acc = t if acc is None else add(acc, t)
+    return acc
+
+
+def _add_jvp(ts, out, x, y):
+    return _sum_tangents(out, ts[0], ts[1])
+
+
+def _sub_jvp(ts, out, x, y):
+    return _sum_tangents(out, ts[0], None if ts[1] is None else neg(ts[1]))
+
+
+def _mul_jvp(ts, out, x, y):
+    return _sum_tangents(out, None if ts[0] is None else mul(ts[0], y), None if ts[1] is None else mul(x, ts[1]))
+
+
+def _div_jvp(ts, out, x, y):
+    return _sum_tangents(
+        out, None if ts[0] is None else div(ts[0], y), None if ts[1] is None else neg(div(mul(ts[1], out), y))
+    )
+
+
+def _pow_jvp(ts, out, x, y):
+    a = None if ts[0] is None else mul(ts[0], mul(y, bind(pow_p, x, sub(y, 1))))
+    b = None if ts[1] is None else mul(ts[1], mul(out, log(x)))
+    return _sum_tangents(out, a, b)
+
+
+def _minmax_weights(x, y, bigger: bool):
+    """Share of the cotangent going to x for maximum (bigger) / minimum; ties split 0.5/0.5
+    (PyTorch's convention).  bool masks multiply as 0/1."""
+    win = gt(x, y) if bigger else bind(lt_p, x, y)
+    dt = _floatify(dtype_of(y) if isinstance(x, (bool, int, float)) else dtype_of(x))
+    return add(mul(eq(x, y), dt.type(0.5)), win)
+
+
+def _minmax_vjp(bigger):
+    def vjp(need, ct, out, x, y):
+        gx_full = mul(ct, _minmax_weights(x, y, bigger))
+        gx = unbroadcast(gx_full, shape_of(x)) if need[0] else None
+        gy = unbroadcast(sub(ct, gx_full), shape_of(y)) if need[1] else None
+        return (gx, gy)
+
+    return vjp
+
+
+def _minmax_jvp(bigger):
+    def jvp(ts, out, x, y):
+        w = _minmax_weights(x, y, bigger)
+        return _sum_tangents(out, None if ts[0] is None else mul(ts[0], w), None if ts[1] is None else mul(ts[1], sub(1.0, w)))
+
+    return jvp
+
+
+def _pow_emit(ctx, ins, attrs, in_avals, out_aval):
+    if ins[1] == "2":
+        return stmt(f"np.multiply({ins[0]}, {ins[0]}, {{o}})")
+    return stmt(f"np.power({ins[0]}, {ins[1]}, {{o}})")
+
+
+add_p = _binary("add", np.add, "np.add", "promote", _add_vjp, _add_jvp)
+sub_p = _binary("sub", np.subtract, "np.subtract", "promote", _sub_vjp, _sub_jvp)
+mul_p = _binary("mul", np.multiply, "np.multiply", "promote", _mul_vjp, _mul_jvp)
+div_p = _binary("div", np.true_divide, "np.true_divide", "float", _div_vjp, _div_jvp)
+pow_p = _define("pow", _ew_rule("promote"), _ufunc_impl(np.power), _pow_emit, _pow_vjp, _pow_jvp)
+max_p = _binary("maximum", np.maximum, "np.maximum", "promote", _minmax_vjp(True), _minmax_jvp(True))
+min_p = _binary("minimum", np.minimum, "np.minimum", "promote", _minmax_vjp(False), _minmax_jvp(False))
+eq_p = _binary("eq", np.equal, "np.equal", "bool", differentiable=False)
+ne_p = _binary("ne", np.not_equal, "np.not_equal", "bool", differentiable=False)
+lt_p = _binary("lt", np.less, "np.less", "bool", differentiable=False)
+le_p = _binary("le", np.less_equal, "np.less_equal", "bool", differentiable=False)
+gt_p = _binary("gt", np.greater, "np.greater", "bool", differentiable=False)
+ge_p = _binary("ge", np.greater_equal, "np.greater_equal", "bool", differentiable=False)
+and_p = _binary("and", np.logical_and, "np.logical_and", "logical", differentiable=False)
+or_p = _binary("or", np.logical_or, "np.logical_or", "logical", differentiable=False)
+not_p = _define("not", _ew_rule("logical"), _ufunc_impl(np.logical_not), _ufunc_emit("np.logical_not"), differentiable=False)
+
+
+# ---------------------------------------------------------------------------- select, cast, clip, stop_gradient
+
+
+def _select_rule(avals, attrs, weak):
+    if avals[0].dtype != np.bool_:
+        raise ShapeError(f"the condition must be bool, got {avals[0].dtype}")
+    shape = broadcast_shapes(*[a.shape for a in avals])
+    return ShapedArray(shape, promote(avals[1:], weak[1:]))
+
+
+def _select_impl(p, a, b):
+    return np.where(p, a, b)
+
+
+def _select_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.copyto({{o}}, {ins[2]}); np.copyto({{o}}, {ins[1]}, where={ins[0]})")
+
+
+def _select_vjp(need, ct, out, p, a, b):
+    # ct * mask (bool as 0/1) instead of select: much faster in numpy, equal for finite ct.
+    return (
+        None,
+        unbroadcast(mul(ct, p), shape_of(a)) if need[1] else None,
+        unbroadcast(mul(ct, bind(not_p, p)), shape_of(b)) if need[2] else None,
+    )
+
+
+def _select_jvp(ts, out, p, a, b):
+    ta = full(shape_of(out), dtype_of(out), 0) if ts[1] is None else _bcast_tangent(ts[1], shape_of(out))
+    tb = full(shape_of(out), dtype_of(out), 0) if ts[2] is None else _bcast_tangent(ts[2], shape_of(out))
+    return select(p, ta, tb)
+
+
+select_p = _define("select", _select_rule, _select_impl, _select_emit, _select_vjp, _select_jvp)
+
+
+def _cast_rule(avals, attrs, weak):
+    return ShapedArray(avals[0].shape, attrs["dtype"])
+
+
+def _cast_impl(x, dtype):
+    return np.asarray(x).astype(dtype)
+
+
+def _cast_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.copyto({{o}}, {ins[0]}, casting='unsafe')")
+
+
+def _cast_vjp(need, ct, out, x, dtype):
+    return (cast(ct, dtype_of(x)) if is_float(dtype_of(x)) and is_float(dtype) else None,)
+
+
+def _cast_jvp(ts, out, x, dtype):
+    return cast(ts[0], dtype) if is_float(dtype) else None
+
+
+cast_p = _define("cast", _cast_rule, _cast_impl, _cast_emit, _cast_vjp, _cast_jvp)
+
+
+def _same_rule(avals, attrs, weak):
+    return avals[0]
+
+
+def _clip_impl(x, lo, hi):
+    return np.clip(x, lo, hi)
+
+
+def _clip_emit(ctx, ins, attrs, in_avals, out_aval):
+    lo = attrs["lo"] if np.isfinite(attrs["lo"]) else ctx.const(attrs["lo"])
+    hi = attrs["hi"] if np.isfinite(attrs["hi"]) else ctx.const(attrs["hi"])
+    return stmt(f"_clip({ins[0]}, {lo!r}, {hi!r}, {{o}})" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else f"_clip({ins[0]}, {lo}, {hi}, {{o}})")
+
+
+def _clip_mask(x, lo, hi):
+    return logical_and(ge(x, lo), le(x, hi))
+
+
+clip_p = _define(
+    "clip",
+    _same_rule,
+    _clip_impl,
+    _clip_emit,
+    vjp=lambda need, ct, out, x, lo, hi: (mul(ct, _clip_mask(x, lo, hi)),),
+    jvp=lambda ts, out, x, lo, hi: mul(ts[0], _clip_mask(x, lo, hi)),
+)
+
+
+def _identity_emit(ctx, ins, attrs, in_avals, out_aval):
+    return expr(ins[0])
+
+
+stop_gradient_p = _define(
+    "stop_gradient", _same_rule, lambda x: np.array(x, copy=True), _identity_emit, differentiable=False
+)
+
+
+def _full_rule(avals, attrs, weak):
+    return ShapedArray(attrs["shape"], attrs["dtype"])
+
+
+def _full_impl(shape, dtype, value):
+    return np.full(shape, value, dtype)
+
+
+def _full_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"{{o}}.fill({attrs['value']!r})")
+
+
+full_p = _define("full", _full_rule, _full_impl, _full_emit, differentiable=False)
+
+
+
+
+
+def batch_elementwise(prim, vals, batched, size, **attrs):
+    """Batching rule of any broadcasting elementwise primitive: batched operands get their batch
+    axis in front of as many unit axes as the unbatched rank needs, numpy broadcasting does the rest."""
+    rank = max((len(aval_of(v).shape) - (1 if b else 0) for v, b in zip(vals, batched)), default=0)
+    out = []
+    for v, b in zip(vals, batched):
+        s = aval_of(v).shape
+        if b and len(s) - 1 < rank:
+            v = reshape(v, (s[0],) + (1,) * (rank - (len(s) - 1)) + s[1:])
+        out.append(v)
+    return bind(prim, *out, **attrs)
+
+
+def _float_or_int_rule(kind):
+    rule = _ew_rule(kind)
+
+    def checked(avals, attrs, weak):
+        for a in avals:
+            if a.dtype == np.bool_:
+                raise ShapeError("floor_divide/mod need numbers, got bool")
+        return rule(avals, attrs, weak)
+
+    return checked
+
+
+floor_divide_p = _define(
+    "floor_divide", _float_or_int_rule("promote"), _ufunc_impl(np.floor_divide), _ufunc_emit("np.floor_divide"), differentiable=False
+)
+
+
+def _mod_vjp(need, ct, out, x, y):
+    gx = unbroadcast(ct, shape_of(x)) if need[0] else None
+    gy = unbroadcast(neg(mul(ct, bind(floor_divide_p, x, y))), shape_of(y)) if need[1] else None
+    return (gx, gy)
+
+
+def _mod_jvp(ts, out, x, y):
+    return _sum_tangents(out, ts[0], None if ts[1] is None else neg(mul(ts[1], bind(floor_divide_p, x, y))))
+
+
+mod_p = _define("mod", _float_or_int_rule("promote"), _ufunc_impl(np.remainder), _ufunc_emit("np.remainder"), _mod_vjp, _mod_jvp)
+isnan_p = _define("isnan", _ew_rule("bool"), _ufunc_impl(np.isnan), _ufunc_emit("np.isnan"), differentiable=False)
+isfinite_p = _define("isfinite", _ew_rule("bool"), _ufunc_impl(np.isfinite), _ufunc_emit("np.isfinite"), differentiable=False)
+
+
+
+def _erf_scale(x):
+    return mul(exp(neg(mul(x, x))), 2.0 / math.sqrt(math.pi))
+
+
+erf_p = _define(
+    "erf",
+    _ew_rule("float"),
+    _ufunc_impl(scipy.special.erf),
+    lambda ctx, ins, attrs, in_avals, out_aval: Code(f"{ctx.const(scipy.special.erf)}({ins[0]}, {{o}})", "stmt", f"{ctx.const(scipy.special.erf)}({ins[0]})"),
+    vjp=lambda need, ct, out, x: (mul(ct, _erf_scale(x)),),
+    jvp=lambda ts, out, x: mul(ts[0], _erf_scale(x)),
+)
+
+for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
+    _p.batch = batch_elementwise
+
+
+# traits of the primitives not made by _unary/_binary (rsqrt is sqrt(x, out) then reciprocal(out, out):
+# still one pass per element; select copies its false operand into the output first, so only that
+# operand may share the output's buffer; cast is not fused; the additions above are plain ufuncs
+# the fusion pass and the native VM do not know)
+for _p in (sign_p, rsqrt_p, relu_p, pow_p, not_p, clip_p):
+    _p.traits = frozenset(UFUNC)
+select_p.traits = frozenset({"elementwise", "fusible"})
+select_p.in_place_operands = (2,)
+cast_p.traits = frozenset({"elementwise", "in_place"})
+for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
+    _p.traits = frozenset({"elementwise", "in_place"})
+stop_gradient_p.traits = frozenset({"view"})
+stop_gradient_p.batch = batch_elementwise

@@ -1,0 +1,60 @@
+"""Linear algebra (the linear-algebra family): ``matmul`` with numpy's batch broadcasting; float16 /
+bfloat16 operands multiply with float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
+from .emit import expr, stmt
+from .base import _define, _swap_last, broadcast_shapes, matmul, promote, shape_of, unbroadcast
+from .elementwise import _sum_tangents
+
+# ============================================================================ matmul
+
+
+def _matmul_rule(avals, attrs, weak):
+    a, b = avals
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError("matmul primitive needs operands of rank >= 2 (ops.matmul handles vectors)")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"contracting dimensions differ: {a.shape[-1]} vs {b.shape[-2]}")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return ShapedArray(batch + (a.shape[-2], b.shape[-1]), promote(avals, weak))
+
+
+def _matmul_vjp(need, ct, out, x, y):
+    gx = unbroadcast(matmul(ct, _swap_last(y)), shape_of(x)) if need[0] else None
+    gy = unbroadcast(matmul(_swap_last(x), ct), shape_of(y)) if need[1] else None
+    return (gx, gy)
+
+
+def _matmul_jvp(ts, out, x, y):
+    a = None if ts[0] is None else matmul(ts[0], y)
+    b = None if ts[1] is None else matmul(x, ts[1])
+    return _sum_tangents(out, a, b)
+
+
+def _low_precision_matmul(x, y):
+    """float16/bfloat16 operands multiplied with float32 accumulation, the product stored back."""
+    dt = np.result_type(x.dtype, y.dtype)
+    return np.matmul(x.astype(np.float32), y.astype(np.float32)).astype(dt)
+
+
+def _matmul_impl(x, y):
+    if x.dtype in LOW_PRECISION or y.dtype in LOW_PRECISION:
+        return _low_precision_matmul(x, y)
+    return np.matmul(x, y)
+
+
+def _matmul_emit(ctx, ins, attrs, in_avals, out_aval):
+    a, b = in_avals
+    if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
+        return expr(f"{ctx.const(_low_precision_matmul)}({ins[0]}, {ins[1]})")
+    if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == out_aval.dtype:
+        return stmt(f"np.dot({ins[0]}, {ins[1]}, {{o}})")  # much lower call overhead than matmul
+    return stmt(f"np.matmul({ins[0]}, {ins[1]}, {{o}})")
+
+
+matmul_p = _define("matmul", _matmul_rule, _matmul_impl, _matmul_emit, _matmul_vjp, _matmul_jvp)

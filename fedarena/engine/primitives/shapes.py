@@ -1,0 +1,299 @@
+"""Shape primitives (the shape family, views in the compiled executor where possible): transpose,
+reshape, broadcast_to, squeeze, expand_dims, slice, pad, concatenate, stack.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.ir import ShapeError, ShapedArray
+from ..core.tracing import aval_of, bind
+from .emit import expr, stmt
+from .base import _define, _stand_in, promote, reshape, shape_of, transpose, unbroadcast, zeros_like_aval
+from .reductions import _norm_axes
+
+# ============================================================================ shapes (views)
+
+
+def _linear_jvp(prim):
+    """JVP of a primitive linear in its single array input: apply it to the tangent."""
+
+    def jvp(ts, out, x, **attrs):
+        return bind(prim, ts[0], **attrs)
+
+    return jvp
+
+
+def _transpose_rule(avals, attrs, weak):
+    av = avals[0]
+    perm = attrs["perm"]
+    if sorted(perm) != list(range(av.ndim)):
+        raise ShapeError(f"perm {perm} is not a permutation of the {av.ndim} axes")
+    return ShapedArray(tuple(av.shape[p] for p in perm), av.dtype)
+
+
+def _transpose_vjp(need, ct, out, x, perm):
+    inv = tuple(int(i) for i in np.argsort(perm))
+    return (transpose(ct, inv),)
+
+
+transpose_p = _define(
+    "transpose",
+    _transpose_rule,
+    lambda x, perm: np.transpose(x, perm),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.transpose({attrs['perm']!r})"),
+    _transpose_vjp,
+)
+transpose_p.jvp = _linear_jvp(transpose_p)
+
+
+def _reshape_rule(avals, attrs, weak):
+    av = avals[0]
+    shape = attrs["shape"]
+    if int(np.prod(shape, dtype=np.int64)) != av.size or any(s < 0 for s in shape):
+        raise ShapeError(f"cannot reshape {av.shape} ({av.size} elements) into {shape}")
+    return ShapedArray(shape, av.dtype)
+
+
+reshape_p = _define(
+    "reshape",
+    _reshape_rule,
+    lambda x, shape: np.reshape(x, shape),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({attrs['shape']!r})"),
+    lambda need, ct, out, x, shape: (reshape(ct, shape_of(x)),),
+)
+reshape_p.jvp = _linear_jvp(reshape_p)
+
+
+def _broadcast_rule(avals, attrs, weak):
+    av = avals[0]
+    shape = attrs["shape"]
+    lead = len(shape) - av.ndim
+    if lead < 0 or any(s != 1 and s != shape[lead + i] for i, s in enumerate(av.shape)):
+        raise ShapeError(f"cannot broadcast {av.shape} to {shape}")
+    dt = av.dtype
+    if weak[0]:
+        dt = np.result_type(_stand_in(av))
+    return ShapedArray(shape, dt)
+
+
+broadcast_to_p = _define(
+    "broadcast_to",
+    _broadcast_rule,
+    lambda x, shape: np.broadcast_to(x, shape),
+    lambda ctx, ins, attrs, ia, oa: expr(f"np.broadcast_to({ins[0]}, {attrs['shape']!r})"),
+    lambda need, ct, out, x, shape: (unbroadcast(ct, shape_of(x)),),
+)
+broadcast_to_p.jvp = _linear_jvp(broadcast_to_p)
+
+
+def _squeeze_rule(avals, attrs, weak):
+    av = avals[0]
+    axes = _norm_axes(attrs["axes"], av.ndim)
+    for a in axes:
+        if av.shape[a] != 1:
+            raise ShapeError(f"cannot squeeze axis {a} of size {av.shape[a]}")
+    return ShapedArray(tuple(s for i, s in enumerate(av.shape) if i not in axes), av.dtype)
+
+
+squeeze_p = _define(
+    "squeeze",
+    _squeeze_rule,
+    lambda x, axes: np.squeeze(x, axis=tuple(axes)),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
+    lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+)
+squeeze_p.jvp = _linear_jvp(squeeze_p)
+
+
+def _expand_dims_rule(avals, attrs, weak):
+    av = avals[0]
+    n = av.ndim + len(attrs["axes"])
+    axes = _norm_axes(attrs["axes"], n)
+    it = iter(av.shape)
+    return ShapedArray(tuple(1 if i in axes else next(it) for i in range(n)), av.dtype)
+
+
+expand_dims_p = _define(
+    "expand_dims",
+    _expand_dims_rule,
+    lambda x, axes: np.expand_dims(x, tuple(axes)),
+    lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
+    lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+)
+expand_dims_p.jvp = _linear_jvp(expand_dims_p)
+
+
+# ---------------------------------------------------------------------------- slice / pad
+
+
+def _slice_rule(avals, attrs, weak):
+    av = avals[0]
+    starts, limits, strides = attrs["starts"], attrs["limits"], attrs["strides"]
+    if not (len(starts) == len(limits) == len(strides) == av.ndim):
+        raise ShapeError(f"slice needs one start/limit/stride per axis of {av.shape}")
+    shape = []
+    for s, lo, hi, st in zip(av.shape, starts, limits, strides):
+        if not (0 <= lo <= hi <= s) or st < 1:
+            raise ShapeError(f"slice [{lo}:{hi}:{st}] is out of bounds for an axis of size {s}")
+        shape.append(max(0, (hi - lo + st - 1) // st))
+    return ShapedArray(tuple(shape), av.dtype)
+
+
+def _slices(starts, limits, strides):
+    return tuple(slice(a, b, c) for a, b, c in zip(starts, limits, strides))
+
+
+def _slice_impl(x, starts, limits, strides):
+    return x[_slices(starts, limits, strides)]
+
+
+def _slice_emit(ctx, ins, attrs, in_avals, out_aval):
+    name = ctx.const(_slices(attrs["starts"], attrs["limits"], attrs["strides"]))
+    return expr(f"{ins[0]}[{name}]")
+
+
+def _slice_vjp(need, ct, out, x, starts, limits, strides):
+    shape = shape_of(x)
+    lows = tuple(starts)
+    interior = tuple(s - 1 for s in strides)
+    n_out = shape_of(ct)
+    highs = tuple(dim - (lo + (n - 1) * st + 1) if n > 0 else dim - lo for dim, lo, n, st in zip(shape, lows, n_out, strides))
+    return (bind(pad_p, ct, low=lows, high=highs, interior=interior),)
+
+
+slice_p = _define("slice", _slice_rule, _slice_impl, _slice_emit, _slice_vjp)
+slice_p.jvp = _linear_jvp(slice_p)
+
+
+def _pad_rule(avals, attrs, weak):
+    av = avals[0]
+    low, high, interior = attrs["low"], attrs["high"], attrs["interior"]
+    if not (len(low) == len(high) == len(interior) == av.ndim):
+        raise ShapeError(f"pad needs low/high/interior for each axis of {av.shape}")
+    if min(low + high + interior, default=0) < 0:
+        raise ShapeError("pad amounts must be non-negative")
+    shape = tuple(lo + hi + s + max(0, s - 1) * it for s, lo, hi, it in zip(av.shape, low, high, interior))
+    return ShapedArray(shape, av.dtype)
+
+
+def _pad_index(in_shape, low, interior):
+    return tuple(slice(lo, lo + max(0, s - 1) * (it + 1) + 1, it + 1) for s, lo, it in zip(in_shape, low, interior))
+
+
+def _pad_impl(x, low, high, interior):
+    shape = _pad_rule([ShapedArray(x.shape, x.dtype)], dict(low=low, high=high, interior=interior), [False]).shape
+    out = np.zeros(shape, x.dtype)
+    out[_pad_index(x.shape, low, interior)] = x
+    return out
+
+
+def _pad_emit(ctx, ins, attrs, in_avals, out_aval):
+    name = ctx.const(_pad_index(in_avals[0].shape, attrs["low"], attrs["interior"]))
+    return stmt(f"{{o}}.fill(0); {{o}}[{name}] = {ins[0]}")
+
+
+def _pad_vjp(need, ct, out, x, low, high, interior):
+    shape = shape_of(x)
+    starts = tuple(low)
+    strides = tuple(i + 1 for i in interior)
+    limits = tuple(lo + max(0, s - 1) * st + 1 if s > 0 else lo for s, lo, st in zip(shape, starts, strides))
+    return (bind(slice_p, ct, starts=starts, limits=limits, strides=strides),)
+
+
+pad_p = _define("pad", _pad_rule, _pad_impl, _pad_emit, _pad_vjp)
+pad_p.jvp = _linear_jvp(pad_p)
+
+
+# ---------------------------------------------------------------------------- concatenate / stack
+
+
+def _concat_rule(avals, attrs, weak):
+    if not avals:
+        raise ShapeError("nothing to concatenate")
+    nd = avals[0].ndim
+    (axis,) = _norm_axes((attrs["axis"],), nd)
+    for a in avals:
+        if a.ndim != nd or any(s != t for i, (s, t) in enumerate(zip(a.shape, avals[0].shape)) if i != axis):
+            raise ShapeError(f"all shapes must agree except along axis {axis}: {[x.shape for x in avals]}")
+    shape = list(avals[0].shape)
+    shape[axis] = sum(a.shape[axis] for a in avals)
+    return ShapedArray(tuple(shape), promote(avals, weak))
+
+
+def _concat_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.concatenate(({', '.join(ins)},), axis={attrs['axis']}, out={{o}})")
+
+
+def _concat_vjp(need, ct, out, *xs, axis):
+    nd = len(shape_of(ct))
+    axis = axis % nd
+    res = []
+    off = 0
+    cshape = shape_of(ct)
+    for x, nd_ in zip(xs, need):
+        n = shape_of(x)[axis]
+        if nd_:
+            starts = tuple(off if i == axis else 0 for i in range(nd))
+            limits = tuple(off + n if i == axis else cshape[i] for i in range(nd))
+            res.append(bind(slice_p, ct, starts=starts, limits=limits, strides=(1,) * nd))
+        else:
+            res.append(None)
+        off += n
+    return tuple(res)
+
+
+def _concat_jvp(ts, out, *xs, axis):
+    ts = [zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)]
+    return bind(concatenate_p, *ts, axis=axis)
+
+
+concatenate_p = _define(
+    "concatenate", _concat_rule, lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_emit, _concat_vjp, _concat_jvp
+)
+
+
+def _stack_rule(avals, attrs, weak):
+    if not avals:
+        raise ShapeError("nothing to stack")
+    for a in avals:
+        if a.shape != avals[0].shape:
+            raise ShapeError(f"all shapes must be equal: {[x.shape for x in avals]}")
+    nd = avals[0].ndim + 1
+    (axis,) = _norm_axes((attrs["axis"],), nd)
+    shape = list(avals[0].shape)
+    shape.insert(axis, len(avals))
+    return ShapedArray(tuple(shape), promote(avals, weak))
+
+
+def _stack_emit(ctx, ins, attrs, in_avals, out_aval):
+    return stmt(f"np.stack(({', '.join(ins)},), axis={attrs['axis']}, out={{o}})")
+
+
+def _stack_vjp(need, ct, out, *xs, axis):
+    cshape = shape_of(ct)
+    nd = len(cshape)
+    axis = axis % nd
+    res = []
+    for i, nd_ in enumerate(need):
+        if not nd_:
+            res.append(None)
+            continue
+        starts = tuple(i if a == axis else 0 for a in range(nd))
+        limits = tuple(i + 1 if a == axis else cshape[a] for a in range(nd))
+        s = bind(slice_p, ct, starts=starts, limits=limits, strides=(1,) * nd)
+        res.append(reshape(s, shape_of(xs[i])))
+    return tuple(res)
+
+
+def _stack_jvp(ts, out, *xs, axis):
+    ts = [zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)]
+    return bind(stack_p, *ts, axis=axis)
+
+
+stack_p = _define("stack", _stack_rule, lambda *xs, axis: np.stack(xs, axis=axis), _stack_emit, _stack_vjp, _stack_jvp)
+
+
+for _p in (transpose_p, reshape_p, squeeze_p, expand_dims_p, slice_p):
+    _p.traits = frozenset({"view"})
+broadcast_to_p.traits = frozenset({"view", "fusible"})

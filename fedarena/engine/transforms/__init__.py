@@ -1,0 +1,1 @@
+"""transforms: autodiff (reverse and forward mode), vmap, Jacobians."""

@@ -1,0 +1,208 @@
+"""Experiment kind ``cooperative_marl``: QMIX, VDN and independent PPO side by side on a cooperative
+PettingZoo parallel task (MPE ``simple_spread_v3`` from ``mpe2``, or the QMIX paper's two-step game
+``two_step_v0``), over several seeds.
+
+Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in chunks of
+``steps_per_round`` environment steps so the metric rows line up. Logged per learner: the mean team return
+(mean over agents, undiscounted) of the episodes finished in the chunk, episodes so far, learner wall time,
+and every ``eval_every`` rounds the greedy team return over ``eval_episodes`` episodes. The report plots
+return against episodes and against wall time (mean over seeds, min-max band) and, for the two-step game,
+counts the seeds whose greedy policy reaches the optimal return 8.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from fedarena.envs.pettingzoo_adapters import UnknownEnvError, make_env
+from fedarena.envs.pettingzoo_batch import ParallelEnvBatch
+from fedarena.marl.independent import IndependentPPO
+from fedarena.marl.value_decomposition import ValueDecompositionConfig, ValueDecompositionTrainer
+from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.rl.ppo import PPOConfig
+
+ALGORITHMS = ("qmix", "vdn", "ippo")
+
+
+@dataclass(frozen=True)
+class CooperativeConfig(ExperimentConfig):
+    env_id: str = param("mpe2.simple_spread_v3", "PettingZoo parallel env id (or two_step_v0, the QMIX paper's game)")
+    max_cycles: int | None = param(25, "episode length of MPE tasks (passed as max_cycles); null for envs without it")
+    algorithms: list[str] = param(doc="algorithms run side by side: qmix, vdn, ippo", factory=lambda: list(ALGORITHMS))
+    learner_seeds: list[int] = param(doc="seeds per algorithm inside this one run, so the report compares them "
+                                     "(the run's seed is added to each)", factory=lambda: [0])
+    num_envs: int = param(8, "environment copies per learner")
+    env_steps: int = param(100_000, "environment steps per learner (summed over its copies)")
+    steps_per_round: int = param(2_000, "environment steps per learner between metric rows")
+    eval_every: int = param(5, "greedy evaluation every this many rounds (and at the end)")
+    eval_episodes: int = param(16, "episodes per greedy evaluation")
+    value_decomposition: ValueDecompositionConfig = param(
+        doc="QMIX/VDN hyper-parameters (mixer is set per algorithm)", factory=ValueDecompositionConfig)
+    ppo: PPOConfig = param(doc="IPPO's PPO hyper-parameters (num_envs is the env copies)", factory=PPOConfig)
+    ippo_shared: bool = param(True, "IPPO: one network for all agents (agent-id input) instead of one per agent")
+
+    def __post_init__(self) -> None:
+        try:
+            make_env(self.env_id, api="parallel", **self.env_kwargs())
+        except UnknownEnvError as e:
+            raise ValueError(str(e)) from None
+        except TypeError as e:
+            raise ValueError(f"env_id: '{self.env_id}' rejects its arguments {self.env_kwargs()}: {e}") from None
+        if not self.algorithms:
+            raise ValueError("algorithms: give at least one of " + ", ".join(ALGORITHMS))
+        for a in self.algorithms:
+            if a not in ALGORITHMS:
+                raise ValueError(f"algorithms: unknown algorithm '{a}'; known: {', '.join(ALGORITHMS)}")
+        if len(set(self.algorithms)) != len(self.algorithms):
+            raise ValueError(f"algorithms: listed twice in {self.algorithms}")
+        if not self.learner_seeds or len(set(self.learner_seeds)) != len(self.learner_seeds):
+            raise ValueError(f"learner_seeds: expected distinct seeds, got {self.learner_seeds}")
+        for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+
+    def env_kwargs(self) -> dict[str, Any]:
+        return {} if self.max_cycles is None else {"max_cycles": self.max_cycles}
+
+
+class _Learner:
+    """One (algorithm, seed) learner with its environments, counters and evaluation."""
+
+    def __init__(self, algorithm: str, seed: int, cfg: CooperativeConfig) -> None:
+        self.algorithm, self.seed = algorithm, seed
+        make = lambda: make_env(cfg.env_id, api="parallel", **cfg.env_kwargs())  # noqa: E731
+        self.env = ParallelEnvBatch(make, cfg.num_envs, seed=seed)
+        self.eval_env = ParallelEnvBatch(make, min(cfg.num_envs, cfg.eval_episodes), seed=10_000 + seed)
+        if algorithm == "ippo":
+            self.impl: Any = IndependentPPO(self.env, cfg.ppo, shared=cfg.ippo_shared, seed=seed,
+                                            total_steps=cfg.env_steps)
+        else:
+            self.impl = ValueDecompositionTrainer(self.env, replace(cfg.value_decomposition, mixer=algorithm), seed)
+        self.wall = 0.0
+        self.returns: list[float] = []
+
+    @property
+    def env_steps(self) -> int:
+        return self.impl.env_steps
+
+    @property
+    def episodes(self) -> int:
+        return self.impl.episodes
+
+    def advance(self, until: int) -> None:
+        t0 = time.perf_counter()
+        while self.env_steps < until:
+            if self.algorithm == "ippo":
+                r, _ = self.impl.iteration()
+            else:
+                r = self.impl.step()
+            self.returns.extend(float(x) for x in r)
+        self.wall += time.perf_counter() - t0
+
+    def greedy_return(self, episodes: int) -> float:
+        env = self.eval_env
+        obs, mask, state = env.reset()
+        done: list[float] = []
+        while len(done) < episodes:
+            if self.algorithm == "ippo":
+                actions = self.impl.greedy_actions(obs, mask)
+            else:
+                actions = self.impl.learner.act(obs, mask, 0.0)
+            st = env.step(actions)
+            obs, mask = st.obs, st.action_mask
+            done.extend(st.episode_return[st.episode_end].mean(axis=1).tolist())
+        return float(np.mean(done[:episodes]))
+
+
+def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
+    learners = [_Learner(a, cfg.seed + s, cfg) for a in cfg.algorithms for s in cfg.learner_seeds]
+    rounds = -(-cfg.env_steps // cfg.steps_per_round)
+    greedy: dict[tuple[str, int], float] = {}
+    with run.progress(total=rounds, desc=f"cooperative {cfg.env_id}") as bar:
+        for k in range(1, rounds + 1):
+            row: dict[str, Any] = {}
+            for L in learners:
+                seen = len(L.returns)
+                L.advance(min(k * cfg.steps_per_round, cfg.env_steps))
+                tag = f"{L.algorithm}/seed{L.seed}"
+                new = L.returns[seen:]
+                if new:
+                    row[f"{tag}/return"] = float(np.mean(new))
+                row[f"{tag}/episodes"] = L.episodes
+                row[f"{tag}/wall_time"] = L.wall
+                if k % cfg.eval_every == 0 or k == rounds:
+                    greedy[(L.algorithm, L.seed)] = row[f"{tag}/greedy_return"] = L.greedy_return(cfg.eval_episodes)
+            run.log(k * cfg.steps_per_round, **row)
+            bar.update(1, **{a: np.mean([greedy.get((a, cfg.seed + s), np.nan) for s in cfg.learner_seeds])
+                             for a in cfg.algorithms})
+    summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": cfg.env_steps}
+    for a in cfg.algorithms:
+        finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]
+        summary[f"{a}/greedy_return_per_seed"] = finals
+        summary[f"{a}/greedy_return_mean"] = float(np.mean(finals))
+        if cfg.env_id.endswith("two_step_v0"):
+            summary[f"{a}/seeds_reaching_8"] = int(sum(abs(f - 8.0) < 1e-6 for f in finals))
+        mine = [L for L in learners if L.algorithm == a]
+        summary[f"{a}/episodes"] = int(np.mean([L.episodes for L in mine]))
+        summary[f"{a}/wall_seconds"] = float(np.mean([L.wall for L in mine]))
+    return summary
+
+
+def plots_cooperative(rows, cfg: CooperativeConfig, report_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    for a in cfg.algorithms:
+        for key, ax_pair in (("return", (axes[0], axes[1])), ("greedy_return", (None, axes[2]))):
+            xs_ep, xs_wall, ys = [], [], []
+            for s in cfg.learner_seeds:
+                tag = f"{a}/seed{cfg.seed + s}"
+                pts = [(r[f"{tag}/episodes"], r[f"{tag}/wall_time"], r[f"{tag}/{key}"]) for r in rows
+                       if f"{tag}/{key}" in r]
+                if pts:
+                    e, w, y = (np.array(v, dtype=float) for v in zip(*pts))
+                    xs_ep.append(e), xs_wall.append(w), ys.append(y)
+            if not ys:
+                continue
+            n = min(len(y) for y in ys)
+            Y = np.stack([y[:n] for y in ys])
+            E = np.mean([e[:n] for e in xs_ep], axis=0)
+            W = np.mean([w[:n] for w in xs_wall], axis=0)
+            label = f"{a.upper() if a != 'ippo' else 'IPPO'} ({len(ys)} seed{'s' if len(ys) > 1 else ''})"
+            if key == "return":
+                for ax, x in zip(ax_pair, (E, W)):
+                    ax.plot(x, Y.mean(axis=0), lw=1.4, label=label)
+                    ax.fill_between(x, Y.min(axis=0), Y.max(axis=0), alpha=0.2)
+            else:
+                ax_pair[1].plot(E, Y.mean(axis=0), "o-", lw=1.4, ms=3, label=label)
+                ax_pair[1].fill_between(E, Y.min(axis=0), Y.max(axis=0), alpha=0.2)
+    axes[0].set_xlabel("episodes")
+    axes[1].set_xlabel("learner wall time (s)")
+    axes[2].set_xlabel("episodes")
+    axes[0].set_ylabel("team return (training episodes, exploring)")
+    axes[1].set_ylabel("team return (training episodes, exploring)")
+    axes[2].set_ylabel("greedy team return (evaluation)")
+    if cfg.env_id.endswith("two_step_v0"):
+        for ax in axes:
+            ax.axhline(8.0, color="k", ls=":", lw=0.8)
+            ax.axhline(7.0, color="gray", ls=":", lw=0.8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    names = " / ".join({"qmix": "QMIX", "vdn": "VDN", "ippo": "independent PPO"}[a] for a in cfg.algorithms)
+    fig.suptitle(f"{cfg.env_id}: {names} (mean over seeds, min-max band)")
+    fig.tight_layout()
+    path = f"{report_dir}/returns.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+EXPERIMENT = Experiment(config=CooperativeConfig, run=run_cooperative, plots=plots_cooperative)
