@@ -55,7 +55,8 @@ def resolve(config: str | Path | Mapping[str, Any], overrides: Sequence[str] = (
     return experiment, cfgmod.build(experiment.config, data)
 
 
-def load_given(config: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Experiment]:
+def load_given(config: str | Path | Mapping[str, Any],
+               overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Experiment]:
     """The config as given (YAML path or mapping, ``--set`` overrides applied) and its kind, before validation.
 
     Raises :class:`ConfigError` when the file cannot be read or parsed, or names no known ``kind``.

@@ -121,8 +121,8 @@ class ActorCritic:
     E_ij ~ N(0, sigma_ij^2) a (features x actions) noise matrix the actor resamples every ``sde_sample_freq`` steps,
     sigma = exp(params["pi"]["sde_log_std"]) learned, starting at exp(log_std_init). Given s the action is
     Gaussian with variance sum_i phi_i(s)^2 sigma_ij^2 per action j (+ 1e-6), so the policy returns that
-    distribution's (mean, log_std) and the usual Gaussian likelihood and entropy apply. ``normalize_obs`` feeds the torsos ``clip((x - mean) / std,
-    -obs_clip, obs_clip)`` with the running statistics in ``params["obs_norm"]`` (:mod:`fedarena.rl.normalization`).
+    distribution's (mean, log_std) and the usual Gaussian likelihood and entropy apply. ``normalize_obs`` feeds
+    the torsos ``clip((x - mean) / std, -obs_clip, obs_clip)`` with the running statistics in ``params["obs_norm"]`` (:mod:`fedarena.rl.normalization`).
     """
 
     torso: Torso

@@ -187,7 +187,7 @@ class SDEPolicy(LocalPolicy):
             if self._z is None:
                 self._z = self.rng.standard_normal((rows,) + sigma.shape)
             z = self._z
-        else:  # another batch (a truncation bootstrap, whose action is not used): noise of its own
+        else:  # other batch sizes (truncation bootstraps, whose actions are not used) draw noise of their own
             z = self.rng.standard_normal((rows,) + sigma.shape)
         raw = mean + np.einsum("bi,bij->bj", phi, sigma * z)
         return {"action": raw, "log_prob": self.dist.log_prob_np(mean, log_std, raw),
