@@ -122,7 +122,8 @@ class ActorCritic:
     sigma = exp(params["pi"]["sde_log_std"]) learned, starting at exp(log_std_init). Given s the action is
     Gaussian with variance sum_i phi_i(s)^2 sigma_ij^2 per action j (+ 1e-6), so the policy returns that
     distribution's (mean, log_std) and the usual Gaussian likelihood and entropy apply. ``normalize_obs`` feeds
-    the torsos ``clip((x - mean) / std, -obs_clip, obs_clip)`` with the running statistics in ``params["obs_norm"]`` (:mod:`fedarena.rl.normalization`).
+    the torsos ``clip((x - mean) / std, -obs_clip, obs_clip)`` with the running statistics in
+    ``params["obs_norm"]`` (:mod:`fedarena.rl.normalization`).
     """
 
     torso: Torso
