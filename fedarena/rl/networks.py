@@ -116,7 +116,7 @@ class ActorCritic:
     continuous-control setup, Schulman et al., 2017, section 6.1); ``"state_dependent"`` adds a second linear
     head on the policy torso, log-std(s) = W h(s) + b (as SAC's and SB3's ``squash_output`` policies), clipped to
     [-20, 2]. Both start at ``log_std_init``. ``sde`` (generalized state-dependent exploration, gSDE: Raffin,
-    Kober & Stulp, 2022, "Smooth exploration for robotic reinforcement learning", section 4) replaces both: the
+    Kober & Stulp, 2022, "Smooth exploration for robotic reinforcement learning") replaces both: the
     exploration noise is eps(s) = phi(s) E with phi(s) the policy torso's features (gradient stopped) and
     E_ij ~ N(0, sigma_ij^2) a (features x actions) noise matrix the actor resamples every ``sde_sample_freq`` steps,
     sigma = exp(params["pi"]["sde_log_std"]) learned, starting at exp(log_std_init). Given s the action is
