@@ -1,8 +1,9 @@
 """The ``fedarena`` command: run, evaluate, list, show and report experiments (``python -m fedarena`` too).
 
 Exit status: 0 on success; 2 for a *user error*, 1 for an *internal error*; 130 when interrupted. Either error
-prints one line on stderr (``fedarena: error: ...``) and, when a run folder exists, its ``status.json`` says
-``failed`` with the same message; ``--debug`` shows the traceback instead.
+prints one line on stderr (``fedarena: error: ...``) and, for ``run`` with a config whose kind is known, the run
+folder's ``status.json`` says ``failed`` with the same message (a config rejected at load still gets its folder;
+see :mod:`fedarena.platform.runs`); ``--debug`` shows the traceback instead. ``show`` writes nothing.
 The rule (:mod:`fedarena.platform.errors`): a user error is an exception deriving from
 ``fedarena.platform.errors.UserError`` (``ConfigError``, ``RunError``, ``CheckpointError``,
 ``MissingDependencyError``, ``EnvironmentFailure``) or whose class sets ``user_error = True`` (lower layers such

@@ -2,13 +2,18 @@
 
 Layout of ``runs/<kind>-<UTC timestamp>-<short id>/``::
 
-    config.yaml        the fully resolved config
+    config.yaml        the fully resolved config (for a config rejected at load: the config as given)
     metrics.jsonl      one JSON row per step (the source of truth); metrics.csv is derived from it
     tensorboard/       TensorBoard event files (scalars)
     checkpoints/       ckpt-<step>.fdck, atomic and checksummed, the newest ``checkpoint.keep`` kept
     run.log            the run's log
     status.json        running / completed / failed / interrupted; the final summary, or the one-line error
     report/            index.html with PNG plots, the config and the final numbers
+
+A config whose ``kind`` is known but which fails validation when it is loaded (a bad value, an unknown
+environment id, a missing optional package, PSRO on a general-sum game) still gets its folder, holding only
+``status.json`` = failed with the one-line message and ``config.yaml`` as given; a file that cannot be parsed or
+names no known kind gets none (unless ``--out`` names one).
 
 Resuming (``execute(resume=RUN_DIR)``) continues from the newest valid checkpoint; metric rows written
 after that checkpoint are dropped so no row is duplicated or missing.
@@ -27,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import yaml
+
 from fedarena.platform import checkpoint as ckpt
 from fedarena.platform import config as cfgmod
 from fedarena.platform.config import ConfigError
@@ -44,6 +51,16 @@ LOGGER_NAME = "fedarena"
 
 def resolve(config: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> tuple[Experiment, ExperimentConfig]:
     """Load a YAML path (or a mapping), apply ``--set`` overrides, and build the kind's typed config."""
+    data, experiment = load_given(config, overrides)
+    return experiment, cfgmod.build(experiment.config, data)
+
+
+def load_given(config: str | Path | Mapping[str, Any],
+               overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Experiment]:
+    """The config as given (YAML path or mapping, ``--set`` overrides applied) and its kind, before validation.
+
+    Raises :class:`ConfigError` when the file cannot be read or parsed, or names no known ``kind``.
+    """
     data = dict(config) if isinstance(config, Mapping) else cfgmod.load_yaml(config)
     data = cfgmod.apply_overrides(data, list(overrides))
     kind = data.get("kind")
@@ -55,7 +72,7 @@ def resolve(config: str | Path | Mapping[str, Any], overrides: Sequence[str] = (
         experiment = get_kind(kind)
     except UnknownKindError as e:
         raise ConfigError(str(e)) from None
-    return experiment, cfgmod.build(experiment.config, data)
+    return data, experiment
 
 
 # ----------------------------------------------------------------------------- the run object
@@ -315,9 +332,14 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
         if config is None:
             raise RunError("a config file is required (or --resume RUN_DIR)")
         try:
-            experiment, cfg = resolve(config, overrides)
-        except Exception as exc:  # a config rejected at load: with --out, that folder still says why
+            data, experiment = load_given(config, overrides)
+        except Exception as exc:  # unreadable, or no known kind: no run folder unless --out names one
             _status_of_rejected_config(out, exc)
+            raise
+        try:
+            cfg = cfgmod.build(experiment.config, data)
+        except Exception as exc:  # known kind, rejected at load (bad value, unknown env id, missing package, ...)
+            _status_of_rejected_config(out if out is not None else _rejected_run_dir(data), exc, data)
             raise
         if seeds is not None or cfg.seeds:
             from fedarena.platform.groups import execute_group
@@ -370,16 +392,37 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
             h.close()
 
 
-def _status_of_rejected_config(out: str | Path | None, exc: BaseException) -> None:
-    """Write ``status.json`` = failed into an explicitly given, still empty ``--out`` folder."""
+def _rejected_run_dir(data: Mapping[str, Any]) -> Path:
+    """The default run folder of a config whose kind is known but whose values were rejected."""
+    name = data.get("name")
+    return new_run_dir(str(data["kind"]), name=name if isinstance(name, str) else "")
+
+
+def _status_of_rejected_config(out: str | Path | None, exc: BaseException,
+                               given: Mapping[str, Any] | None = None) -> None:
+    """Write ``status.json`` = failed (and, when known, the config as given) into a run folder that holds no run.
+
+    ``out``: the ``--out`` folder, or the default folder of a config whose kind is known; None writes nothing.
+    """
     if out is None:
         return
     run_dir = Path(out)
-    if (run_dir / "status.json").exists() or (run_dir / "metrics.jsonl").exists():
-        return
+    earlier = _read_status(run_dir) if (run_dir / "status.json").exists() else None
+    if (run_dir / "metrics.jsonl").exists() or (earlier is not None and earlier.get("stage") != "config"):
+        return  # a folder that holds (or held) a run keeps its status
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_status(run_dir, {"state": "failed", "error": one_line(exc), "error_type": type(exc).__name__,
-                            "user_error": is_user_error(exc), "stage": "config"})
+    status: dict[str, Any] = {"state": "failed", "error": one_line(exc), "error_type": type(exc).__name__,
+                              "user_error": is_user_error(exc), "stage": "config"}
+    if given is not None:
+        status["kind"] = given["kind"]
+        try:  # the config as given (--set overrides applied), not validated
+            text = yaml.safe_dump(dict(given), sort_keys=False, default_flow_style=None)
+        except yaml.YAMLError:
+            text = None
+        if text is not None:
+            (run_dir / "config.yaml").write_text(text, encoding="utf-8")
+            status["config"] = "config.yaml (as given; it failed validation)"
+    _write_status(run_dir, status)
 
 
 def _differences(a: Any, b: Any, path: str = "") -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedarena.rl import wire
-from fedarena.rl.workers import Actor, InferenceServer, LocalPolicy, Weights
+from fedarena.rl.workers import Actor, InferenceServer, LocalPolicy, SDEPolicy, Weights
 
 EXECUTION_MODES = ("local", "multiprocess", "ray")
 
@@ -103,7 +103,10 @@ class ActorWorker:
         env = spec.vector_env(spec.num_envs, seed=spec.seed + 1000 * index)
         self.agent = build_agent(spec.algorithm, env.observation_space, env.action_space, spec.config, spec.seed)
         gamma = float(spec.config.get("gamma", 0.99))
-        if policy_client is None:
+        if policy_client is None and getattr(self.agent, "forward_sde", None) is not None:  # PPO with use_sde
+            self.policy = SDEPolicy(self.agent.forward_sde, self.agent.dist, self.agent.weights(),
+                                    int(spec.config["sde_sample_freq"]), seed=spec.seed + 7919 * (index + 1))
+        elif policy_client is None:
             self.policy = LocalPolicy(self.agent.forward, self.agent.dist, self.agent.weights(),
                                       seed=spec.seed + 7919 * (index + 1))
         else:

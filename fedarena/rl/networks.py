@@ -105,6 +105,7 @@ def torso_for(adapter: ObservationAdapter, hidden: tuple[int, ...], activation: 
 
 
 LOG_STD_MODES = ("state_independent", "state_dependent")
+SDE_EPSILON = 1e-6  # added to gSDE's action variance (keeps log_std finite where phi(s) = 0)
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,15 @@ class ActorCritic:
     Gaussian policies: ``log_std="state_independent"`` learns one free log-std vector (PPO's original
     continuous-control setup, Schulman et al., 2017, section 6.1); ``"state_dependent"`` adds a second linear
     head on the policy torso, log-std(s) = W h(s) + b (as SAC's and SB3's ``squash_output`` policies), clipped to
-    [-20, 2]. Both start at ``log_std_init``. ``normalize_obs`` feeds the torsos ``clip((x - mean) / std,
-    -obs_clip, obs_clip)`` with the running statistics in ``params["obs_norm"]`` (:mod:`fedarena.rl.normalization`).
+    [-20, 2]. Both start at ``log_std_init``. ``sde`` (generalized state-dependent exploration, gSDE: Raffin,
+    Kober & Stulp, 2022, "Smooth exploration for robotic reinforcement learning") replaces both: the
+    exploration noise is eps(s) = phi(s) E with phi(s) the policy torso's features (gradient stopped) and
+    E_ij ~ N(0, sigma_ij^2) a (features x actions) noise matrix the actor resamples every ``sde_sample_freq`` steps,
+    sigma = exp(params["pi"]["sde_log_std"]) learned, starting at exp(log_std_init). Given s the action is
+    Gaussian with variance sum_i phi_i(s)^2 sigma_ij^2 per action j (+ 1e-6), so the policy returns that
+    distribution's (mean, log_std) and the usual Gaussian likelihood and entropy apply. ``normalize_obs`` feeds
+    the torsos ``clip((x - mean) / std, -obs_clip, obs_clip)`` with the running statistics in
+    ``params["obs_norm"]`` (:mod:`fedarena.rl.normalization`).
     """
 
     torso: Torso
@@ -124,10 +132,13 @@ class ActorCritic:
     log_std_init: float = 0.0
     normalize_obs: bool = False
     obs_clip: float = 10.0
+    sde: bool = False
 
     def __post_init__(self) -> None:
         if self.log_std not in LOG_STD_MODES:
             raise ValueError(f"log_std: expected one of {', '.join(LOG_STD_MODES)}, got '{self.log_std}'")
+        if self.sde and not isinstance(self.dist, DiagGaussian):
+            raise ValueError("use_sde: state-dependent exploration needs a Box (Gaussian) action space")
         if self.normalize_obs and self.torso.kind != "mlp":
             raise ValueError("normalize_obs: observation normalization applies to vector observations (MLP torso)")
 
@@ -137,7 +148,9 @@ class ActorCritic:
             "pi": {"torso": t.init(rng), "head": dense_init(rng, t.out_size, self.dist.head_size, 0.01)},
             "v": {"torso": t.init(rng), "head": dense_init(rng, t.out_size, 1, 1.0)},
         }
-        if isinstance(self.dist, DiagGaussian):
+        if self.sde:
+            params["pi"]["sde_log_std"] = np.full((t.out_size, self.dist.dim), self.log_std_init, dtype=np.float32)
+        elif isinstance(self.dist, DiagGaussian):
             if self.log_std == "state_independent":
                 params["pi"]["log_std"] = np.full(self.dist.dim, self.log_std_init, dtype=np.float32)
             else:
@@ -158,8 +171,23 @@ class ActorCritic:
 
     def policy(self, params: Params, x: Any) -> tuple[Any, ...]:
         """The distribution's inputs: ``(logits,)`` or ``(mean, log_std)``."""
+        return self.policy_and_features(params, x)[0]
+
+    def policy_and_features(self, params: Params, x: Any) -> tuple[tuple[Any, ...], Any]:
+        """:meth:`policy`'s output and the policy torso's features phi(s) (gSDE's noise is phi(s) E)."""
         h = self.torso.apply(params["pi"]["torso"], self._input(params, x))
+        return self._head(params, h), h
+
+    def sde_std(self, params: Params) -> Any:
+        """sigma = exp(sde_log_std), the (features x actions) standard deviations of gSDE's noise matrix E."""
+        return ops.exp(params["pi"]["sde_log_std"])
+
+    def _head(self, params: Params, h: Any) -> tuple[Any, ...]:
         out = dense(params["pi"]["head"], h)
+        if self.sde:
+            phi = ops.stop_gradient(h)
+            variance = ops.matmul(phi * phi, ops.exp(2.0 * params["pi"]["sde_log_std"]))
+            return out, 0.5 * ops.log(variance + SDE_EPSILON)
         if isinstance(self.dist, DiagGaussian):
             if self.log_std == "state_independent":
                 return out, params["pi"]["log_std"]

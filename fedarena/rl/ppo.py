@@ -5,7 +5,9 @@ value loss with optional clipping around the old value estimate, the entropy bon
 L = L^CLIP - c1 L^VF + c2 S), per-minibatch advantage normalisation, GAE(lambda) advantages
 (Schulman et al., 2016), K epochs of minibatch Adam updates per rollout (Algorithm 1), global
 gradient-norm clipping and linear learning-rate annealing (the implementation details catalogued by
-Huang et al., 2022, "The 37 implementation details of PPO"). One update step - loss, gradient,
+Huang et al., 2022, "The 37 implementation details of PPO"). For Box actions the exploration is a Gaussian with a
+free or state-dependent log-std, or gSDE (``use_sde``; :class:`fedarena.rl.networks.ActorCritic`,
+:class:`fedarena.rl.workers.SDEPolicy`). One update step - loss, gradient,
 clipping, Adam - is compiled by ``fedarena.engine.jit`` into a single graph.
 """
 
@@ -50,6 +52,11 @@ class PPOConfig:
     log_std: str = param("state_independent", "Box actions: state_independent (a free log-std vector) or "
                          "state_dependent (a linear head on the policy torso)")
     log_std_init: float = param(0.0, "Box actions: initial log standard deviation of the Gaussian")
+    use_sde: bool = param(False, "Box actions: generalized state-dependent exploration (gSDE, Raffin et al. 2022): "
+                          "noise phi(s) E with a learned per-feature log-std (starting at log_std_init) instead of "
+                          "the log_std head")
+    sde_sample_freq: int = param(-1, "with use_sde: resample the noise matrix E every this many steps (-1: only at "
+                                 "the start of each rollout)")
     normalize_obs: bool = param(False, "normalize observations by running mean/std (statistics in the parameters, "
                                 "checkpoints and exported policies)")
     normalize_reward: bool = param(False, "scale rewards by the running std of the discounted return")
@@ -67,6 +74,7 @@ class PPOConfig:
             "max_grad_norm": self.max_grad_norm > 0, "obs_clip": self.obs_clip > 0, "reward_clip": self.reward_clip > 0,
             "log_std": self.log_std in LOG_STD_MODES, "learners": self.learners >= 1,
             "learner_transport": self.learner_transport in ("threads", "shm", "tcp"),
+            "sde_sample_freq": self.sde_sample_freq == -1 or self.sde_sample_freq >= 1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -99,7 +107,7 @@ class PPO:
         self.dist = action_distribution(action_space, squash=config.squash)
         self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist,
                                log_std=config.log_std, log_std_init=config.log_std_init,
-                               normalize_obs=config.normalize_obs, obs_clip=config.obs_clip)
+                               normalize_obs=config.normalize_obs, obs_clip=config.obs_clip, sde=config.use_sde)
         self.rng = np.random.default_rng(seed)
         params = self.net.init(self.rng)
         self.obs_rms = RunningMeanStd(self.adapter.shape) if config.normalize_obs else None
@@ -112,6 +120,7 @@ class PPO:
         self.optimizer = optim.adam(lr, eps=1e-5)
         self.learner = Learner(params, self.optimizer.init(params), self._update_rollout)
         self.forward = engine.jit(self._forward)
+        self.forward_sde = engine.jit(self._forward_sde) if config.use_sde else None
         self._step = engine.jit(self._train_step) if config.learners == 1 else DataParallelLearner(
             partial(ppo_replica, observation_space, action_space, config, seed, total_steps), config.learners,
             config.learner_transport)
@@ -119,6 +128,11 @@ class PPO:
     # -- acting
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
         return self.net.policy(params, x), self.net.value(params, x)
+
+    def _forward_sde(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any, Any, Any]:
+        """gSDE acting: the distribution inputs, the value, the features phi(s) and the noise scales sigma."""
+        dist_inputs, features = self.net.policy_and_features(params, x)
+        return dist_inputs, self.net.value(params, x), features, self.net.sde_std(params)
 
     def weights(self) -> Weights:
         return self.learner.weights()

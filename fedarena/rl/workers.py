@@ -93,7 +93,10 @@ class Actor:
         keys = ("obs", "action", "log_prob", "value", "reward", "env_reward", "discount")
         traj: dict[str, list] = {k: [] for k in keys}
         versions = []
-        for _ in range(num_steps):
+        sde_freq = getattr(self.policy, "sde_sample_freq", None)  # gSDE: fresh noise matrices (SDEPolicy)
+        for t in range(num_steps):
+            if sde_freq is not None and (t == 0 or (sde_freq > 0 and t % sde_freq == 0)):
+                self.policy.reset_noise(n)
             x = self.adapter(self.obs)
             out = self.policy(x)
             versions.append(self.policy.version)
@@ -154,6 +157,41 @@ class LocalPolicy:
     def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
         dist_inputs, value = self.forward(self.weights.params, x)
         return sample_action(self.dist, dist_inputs, value, self.rng, self.deterministic)
+
+
+class SDEPolicy(LocalPolicy):
+    """Generalized state-dependent exploration (gSDE; Raffin, Kober & Stulp, 2022): the action is
+    mean(s) + phi(s) E_k for environment k, with E_k = sigma * Z_k and Z_k a standard-normal (features x actions)
+    matrix held fixed between :meth:`reset_noise` calls (the actor calls it every ``sde_sample_freq`` steps and at
+    the start of each rollout; -1: only there). ``forward(params, x)`` returns ((mean, log_std), value, phi, sigma);
+    ``log_prob`` is the likelihood under N(mean, exp(log_std)^2), the marginal of phi(s) E given s.
+    """
+
+    def __init__(self, forward: Callable[[Any, np.ndarray], tuple[Any, Any, Any, Any]], dist: Any,
+                 weights: Weights, sde_sample_freq: int, seed: int | None = None) -> None:
+        super().__init__(forward, dist, weights, seed=seed)
+        self.sde_sample_freq = int(sde_sample_freq)
+        self._z: np.ndarray | None = None
+        self._batch = -1
+
+    def reset_noise(self, batch: int) -> None:
+        """New standard-normal noise matrices Z for the next calls on ``batch`` rows (drawn at the first one)."""
+        self._z = None
+        self._batch = int(batch)
+
+    def __call__(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        (mean, log_std), value, phi, sigma = self.forward(self.weights.params, x)
+        mean, log_std, phi, sigma = (np.asarray(a, dtype=np.float64) for a in (mean, log_std, phi, sigma))
+        rows = mean.shape[0]
+        if rows == self._batch:
+            if self._z is None:
+                self._z = self.rng.standard_normal((rows,) + sigma.shape)
+            z = self._z
+        else:  # other batch sizes (truncation bootstraps, whose actions are not used) draw noise of their own
+            z = self.rng.standard_normal((rows,) + sigma.shape)
+        raw = mean + np.einsum("bi,bij->bj", phi, sigma * z)
+        return {"action": raw, "log_prob": self.dist.log_prob_np(mean, log_std, raw),
+                "value": np.asarray(value, dtype=np.float64)}
 
 
 def sample_action(dist: Any, dist_inputs: tuple[Any, ...], value: Any, rng: np.random.Generator,

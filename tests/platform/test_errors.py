@@ -121,3 +121,115 @@ def test_show_docs_prints_the_files_values_and_the_defaults(capsys):
     assert "  num_steps: 32  # default: 128; int;" in out  # the file's value, then the default
     assert "  gamma: 0.98  # default: 0.99; float;" in out
     assert "  clip_coef: 0.2  # default; float;" in out
+
+
+# -- without --out: a config whose kind is known still leaves its run folder under runs/ (in the current directory)
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _only_run_dir(cwd):
+    runs = sorted((cwd / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def _rejected_folder(cwd, line, kind):
+    run_dir = _only_run_dir(cwd)
+    assert run_dir.name.startswith(f"{kind}-")
+    st = _status(run_dir)
+    assert st["state"] == "failed" and st["user_error"] is True and st["stage"] == "config"
+    assert st["error"] and st["error"] in line and st["kind"] == kind
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "status.json"]  # nothing ran
+    import yaml
+
+    return run_dir, yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+@pytest.mark.parametrize("argv, kind, needle, given", [
+    (["experiments/ppo_cartpole.yaml", "--set", "env_id=CartPol-v1"], "ppo", "CartPol-v1", ("env_id", "CartPol-v1")),
+    (["experiments/kuhn_psro.yaml", "--set", "game=prisoners_dilemma"], "psro", "general-sum",
+     ("game", "prisoners_dilemma")),
+    (["experiments/ppo_cartpole.yaml", "--set", "ppo.gamma=2.0"], "ppo", "ppo.gamma", None),
+])
+def test_rejected_config_without_out_leaves_a_failed_run_folder(tmp_path, monkeypatch, capsys, argv, kind, needle,
+                                                                 given):
+    monkeypatch.chdir(tmp_path)
+    argv = [str(REPO / argv[0]), *argv[1:]]
+    line = _fail(capsys, ["run", *argv], 2)
+    assert needle in line
+    run_dir, saved = _rejected_folder(tmp_path, line, kind)
+    assert saved["kind"] == kind
+    if given is not None:
+        assert saved[given[0]] == given[1]  # the config as given, override applied
+    else:
+        assert saved["ppo"]["gamma"] == 2.0
+
+
+def test_missing_dependency_without_out_leaves_a_failed_run_folder(tmp_path, monkeypatch, capsys):
+    _module(tmp_path, monkeypatch, "needs_box2d_too", """
+        import gymnasium
+        raise gymnasium.error.DependencyNotInstalled('Box2D is not installed, run `pip install "gymnasium[box2d]"`')
+    """)
+    monkeypatch.chdir(tmp_path)
+    line = _fail(capsys, ["run", str(REPO / "experiments/ppo_cartpole.yaml"), "--set",
+                          "env_id=needs_box2d_too:Lander-v0"], 2)
+    assert 'pip install "gymnasium[box2d]"' in line
+    _, saved = _rejected_folder(tmp_path, line, "ppo")
+    assert saved["env_id"] == "needs_box2d_too:Lander-v0"
+
+
+def test_environment_raising_without_out_leaves_a_failed_run_folder(tmp_path, monkeypatch, capsys):
+    _module(tmp_path, monkeypatch, "reset_fails", """
+        import gymnasium as gym
+        import numpy as np
+
+        class ResetFails(gym.Env):
+            observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+            action_space = gym.spaces.Discrete(2)
+            resets = 0
+
+            def reset(self, seed=None, options=None):
+                ResetFails.resets += 1
+                if ResetFails.resets > 3:  # the load-time checks and the evaluator's env pass, training does not
+                    raise RuntimeError("no licence server")
+                return np.zeros(2, np.float32), {}
+
+            def step(self, action):
+                return np.zeros(2, np.float32), 1.0, False, False, {}
+
+        def make():
+            return ResetFails()
+    """)
+    monkeypatch.chdir(tmp_path)
+    line = _fail(capsys, ["run", str(REPO / "experiments/ppo_cartpole.yaml"), "--set", "env_id=reset_fails:make",
+                          *PPO, "--quiet"], 2)
+    assert "no licence server" in line
+    run_dir = _only_run_dir(tmp_path)
+    st = _status(run_dir)
+    assert st["state"] == "failed" and st["user_error"] is True and st["error"] in line and "stage" not in st
+    assert "Traceback" in (run_dir / "run.log").read_text()  # it failed while running
+
+
+def test_unparsable_config_leaves_no_folder_and_show_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nokind.yaml").write_text("seed: 1\n")
+    (tmp_path / "broken.yaml").write_text("kind: ppo\nppo: [unclosed\n")
+    assert "kind" in _fail(capsys, ["run", "nokind.yaml"], 2)
+    _fail(capsys, ["run", "broken.yaml"], 2)
+    assert "nope" in _fail(capsys, ["run", str(REPO / "experiments/ppo_cartpole.yaml"), "--set", "kind=nope"], 2)
+    assert "CartPol-v1" in _fail(capsys, ["show", str(REPO / "experiments/ppo_cartpole.yaml"), "--set",
+                                          "env_id=CartPol-v1"], 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.yaml", "nokind.yaml"]
+
+
+def test_out_folder_of_a_rejected_config_says_the_latest_reason_and_can_be_reused(tmp_path, capsys):
+    out = tmp_path / "run"
+    cfg = str(REPO / "experiments/ppo_cartpole.yaml")
+    _fail(capsys, ["run", cfg, "--set", "ppo.gamma=2.0", "--out", str(out)], 2)
+    assert "ppo.gamma" in _status(out)["error"]
+    line = _fail(capsys, ["run", cfg, "--set", "ppo.clip_coef=-1", "--out", str(out)], 2)
+    assert "ppo.clip_coef" in _status(out)["error"] and _status(out)["error"] in line
+    assert main(["run", cfg, *PPO, "--out", str(out), "--quiet", "--no-report"]) == 0
+    capsys.readouterr()
+    assert _status(out)["state"] == "completed"
