@@ -27,6 +27,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "dpsgd_digits": ("fedarena.privacy.dpsgd_experiment:EXPERIMENT", "DP-SGD on sklearn digits with an engine MLP, RDP accountant and a budget monitor that stops at the epsilon budget"),
     "digits_robustness": ("fedarena.robustness.experiment:EXPERIMENT", "FGSM/PGD robustness of a digits MLP with and without PGD adversarial training (Madry et al. 2018): accuracy vs epsilon"),
     "dpsgd_membership": ("fedarena.privacy.attacks.membership_experiment:EXPERIMENT", "loss-threshold membership inference (Yeom et al. 2018) against DP-SGD digits models: AUC and advantage vs epsilon beside the DP bound"),
+    "fl_gradient_inversion": ("fedarena.privacy.attacks.inversion_experiment:EXPERIMENT", "DLG + iDLG gradient inversion of one FedAvg update of a digits client: plain vs LDP vs SecAgg, image grid and MSE table"),
     "fedsim": ("fedarena.federated.fedsim_experiment:EXPERIMENT", "federated simulation of many clients in one process (vmapped local training) or on Ray: partitioners, strategies, heterogeneity, compression, DP-FedAvg, SecAgg, per-client evaluation"),
     "fedavg_grpc": ("fedarena.federated.grpc_experiment:EXPERIMENT", "horizontal FL over real gRPC on loopback: scheduler, servers and client processes, time-limited FedAvg rounds"),
     "vfl_lr": ("fedarena.federated.vertical.experiment:LR_EXPERIMENT", "vertical FL on breast cancer: RSA-blind-signature PSI, then Paillier hetero LR (coordinator or two-party), AUC vs centralized"),

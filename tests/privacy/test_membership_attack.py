@@ -67,3 +67,16 @@ def test_per_example_loss_equals_torch():
             layer.bias.copy_(torch.from_numpy(p["b"]))
         ref = torch.nn.functional.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y), reduction="none")
     np.testing.assert_allclose(per_example_loss(model.apply)(params, x, y), ref.numpy(), atol=1e-12)
+
+
+def test_auc_standard_error_matches_the_spread_of_simulated_aucs():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(3)
+    aucs, errs = [], []
+    for _ in range(300):
+        m, o = rng.normal(0.4, 1, 80), rng.normal(0.0, 1, 120)
+        res = membership_attack(m, o)
+        aucs.append(roc_auc_score(np.r_[np.ones(80), np.zeros(120)], np.r_[m, o]))
+        errs.append(res.auc_stderr)
+    assert np.mean(errs) == pytest.approx(np.std(aucs), rel=0.15)

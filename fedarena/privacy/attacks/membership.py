@@ -36,6 +36,8 @@ class MembershipResult:
     """max over thresholds of TPR - FPR"""
     threshold: float
     """the score threshold attaining the advantage (guess member when score >= threshold)"""
+    auc_stderr: float
+    """standard error of the AUC estimate (Hanley and McNeil, Radiology 1982, eq. 1)"""
 
 
 def per_example_loss(apply: Callable[[Any, Any], Any]) -> Callable[[Any, np.ndarray, np.ndarray], np.ndarray]:
@@ -56,8 +58,16 @@ def membership_attack(member_scores: np.ndarray, nonmember_scores: np.ndarray) -
     scores = np.r_[member_scores, nonmember_scores]
     fpr, tpr, thresholds = roc_curve(labels, scores)
     best = int(np.argmax(tpr - fpr))
-    return MembershipResult(auc=float(roc_auc_score(labels, scores)), advantage=float(tpr[best] - fpr[best]),
-                            threshold=float(thresholds[best]))
+    auc = float(roc_auc_score(labels, scores))
+    return MembershipResult(auc=auc, advantage=float(tpr[best] - fpr[best]), threshold=float(thresholds[best]),
+                            auc_stderr=auc_standard_error(auc, member_scores.size, nonmember_scores.size))
+
+
+def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
+    """Hanley-McNeil standard error of an AUC from ``n_pos`` positives and ``n_neg`` negatives."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    var = (auc * (1 - auc) + (n_pos - 1) * (q1 - auc * auc) + (n_neg - 1) * (q2 - auc * auc)) / (n_pos * n_neg)
+    return float(math.sqrt(max(var, 0.0)))
 
 
 def loss_threshold_attack(member_losses: np.ndarray, nonmember_losses: np.ndarray) -> MembershipResult:

@@ -33,11 +33,11 @@ class DPSGDMembershipConfig(ExperimentConfig):
     epsilons: tuple[float, ...] = param((8.0, 4.0, 2.0, 1.0), "target epsilons of the DP-SGD models")
     include_nonprivate: bool = param(True, "also train and attack a model with noise 0 (epsilon infinite)")
     delta: float = param(1e-5, "delta of the (epsilon, delta) guarantee and of the bound")
-    members: int = param(150, "training-set size (members); as many held-out digits are the non-members")
-    epochs: float = param(50.0, "epochs of DP-SGD for every model (the noise is calibrated to them)")
-    batch_size: int = param(30, "expected Poisson batch size")
+    members: int = param(300, "training-set size (members); as many held-out digits are the non-members")
+    epochs: float = param(60.0, "epochs of DP-SGD for every model (the noise is calibrated to them)")
+    batch_size: int = param(60, "expected Poisson batch size")
     clip_norm: float = param(1.0, "per-example gradient L2 clip norm C")
-    lr: float = param(0.1, "SGD learning rate")
+    lr: float = param(0.5, "SGD learning rate")
     momentum: float = param(0.9, "SGD momentum")
     hidden: tuple[int, ...] = param((256,), "hidden layer widths of the tanh MLP")
     insecure_seeded_noise: bool = param(False, "TESTS ONLY: batches and noise from the seed (the epsilons are void)")
@@ -104,10 +104,10 @@ def run(cfg: DPSGDMembershipConfig, run) -> dict:
         train_acc = float(np.mean(np.argmax(logits(params, x_in), axis=1) == y_in))
         test_acc = float(np.mean(np.argmax(logits(params, x_out), axis=1) == y_out))
         bound = dp_advantage_bound(spent, cfg.delta)
-        run.log(k, epsilon=spent, noise_multiplier=sigma, auc=attack.auc, advantage=attack.advantage,
+        run.log(k, epsilon=spent, noise_multiplier=sigma, auc=attack.auc, auc_stderr=attack.auc_stderr, advantage=attack.advantage,
                 advantage_bound=bound, train_accuracy=train_acc, test_accuracy=test_acc)
         tag = "nonprivate" if math.isinf(target) else f"eps{target:g}"
-        summary.update({f"{tag}_auc": attack.auc, f"{tag}_advantage": attack.advantage,
+        summary.update({f"{tag}_auc": attack.auc, f"{tag}_auc_stderr": attack.auc_stderr, f"{tag}_advantage": attack.advantage,
                         f"{tag}_advantage_bound": bound, f"{tag}_epsilon_spent": spent,
                         f"{tag}_noise_multiplier": sigma, f"{tag}_test_accuracy": test_acc,
                         f"{tag}_train_accuracy": train_acc})
@@ -129,7 +129,8 @@ def plots(rows, cfg, report_dir) -> list[str]:
     inf = [r for r in pts if not math.isfinite(r["epsilon"])]
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     xs = [r["epsilon"] for r in finite]
-    ax[0].plot(xs, [r["auc"] for r in finite], "o-", label="loss-threshold attack AUC")
+    ax[0].errorbar(xs, [r["auc"] for r in finite], yerr=[r.get("auc_stderr", 0.0) for r in finite], fmt="o-",
+                   capsize=3, label="loss-threshold attack AUC (+- 1 s.e.)")
     ax[0].axhline(0.5, color="grey", ls=":", label="chance (0.5)")
     ax[1].plot(xs, [r["advantage"] for r in finite], "o-", label="attack advantage (TPR - FPR)")
     ax[1].plot(xs, [r["advantage_bound"] for r in finite], "s--", color="r",
