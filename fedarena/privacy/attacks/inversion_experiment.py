@@ -32,6 +32,7 @@ from fedarena import engine
 from fedarena.engine import nn, ops
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.privacy.attacks.gradient_inversion import infer_label, reconstruct
+from fedarena.privacy.dpsgd import warn_insecure
 from fedarena.privacy.ldp import GaussianMechanism
 from fedarena.privacy.secagg import SecAggConfig, secure_aggregate
 
@@ -79,6 +80,8 @@ def _unflatten(flat: np.ndarray, like):
 def run(cfg: GradientInversionConfig, run) -> dict:
     from sklearn.datasets import load_digits
 
+    if cfg.insecure_seeded_noise:
+        warn_insecure("fl_gradient_inversion")
     x_all, y_all = load_digits(return_X_y=True)
     x_all = x_all / 16.0
     rng = np.random.default_rng(cfg.seed)
