@@ -140,6 +140,9 @@ def plots(rows, cfg, report_dir) -> list[str]:
         ax[1].axhline(r["advantage"], color="k", ls="--", lw=1, label=f"no noise: {r['advantage']:.3f}")
     for a, t in zip(ax, ("membership-inference AUC", "membership advantage vs bound")):
         a.set_xscale("log")
+        a.set_xticks(xs)
+        a.set_xticklabels([f"{e:.3g}" for e in xs])
+        a.minorticks_off()
         a.set_xlabel("DP-SGD epsilon (log scale)")
         a.set_title(t)
         a.grid(alpha=0.3)
