@@ -87,7 +87,9 @@ def run(cfg: DigitsRobustnessConfig, run) -> dict:
                                       pgd_steps=cfg.eval_pgd_steps, seed=cfg.seed)
         for point in curve:
             summary[_key(model, point.attack, point.epsilon)] = point.accuracy
-            run.log(step0, model=model, attack=point.attack, epsilon=point.epsilon, accuracy=point.accuracy)
+        # one row of lists per model (accuracy per epsilon), so the generic per-step plots leave them out
+        run.log(step0, eval_epsilons=eps_grid,
+                **{f"{model}_{a}_accuracy": [p.accuracy for p in curve if p.attack == a] for a in cfg.attacks})
     first = cfg.attacks[0]
     clean_std, clean_adv = summary[_key("standard", first, 0.0)], summary[_key("adversarial", first, 0.0)]
     out = {"standard_clean_accuracy": clean_std, "adversarial_clean_accuracy": clean_adv,
@@ -105,17 +107,18 @@ def plots(rows, cfg, report_dir) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [r for r in rows if "accuracy" in r and "model" in r]
-    if not points:
+    curves = {k: (r["eval_epsilons"], v) for r in rows if "eval_epsilons" in r
+              for k, v in r.items() if k.endswith("_accuracy") and isinstance(v, list)}
+    if not curves:
         return []
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     styles = {"standard": "-", "adversarial": "--"}
     markers = {"fgsm": "s", "pgd": "o"}
     for model in MODELS:
         for attack in cfg.attacks:
-            pts = sorted((r["epsilon"], r["accuracy"]) for r in points if r["model"] == model and r["attack"] == attack)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[model], marker=markers[attack], ms=4,
+            if f"{model}_{attack}_accuracy" in curves:
+                eps, acc = curves[f"{model}_{attack}_accuracy"]
+                ax.plot(eps, acc, styles[model], marker=markers[attack], ms=4,
                         label=f"{model} training, {attack.upper()}")
     ax.axvline(cfg.train_epsilon, color="grey", ls=":", lw=1, label=f"training epsilon {cfg.train_epsilon:g}")
     ax.set_xlabel("L-inf epsilon (pixels in [0, 1])")

@@ -22,8 +22,9 @@ def test_membership_kind_reports_attack_and_bound(tmp_path):
     assert summary["nonprivate_noise_multiplier"] == 0 and summary["nonprivate_advantage_bound"] == 1.0
     for tag in ("nonprivate", "eps1"):
         assert 0 <= summary[f"{tag}_advantage"] <= 1 and 0 <= summary[f"{tag}_auc"] <= 1
-    rows = [r for r in read_metrics(tmp_path / "run") if "auc" in r]
-    assert [math.isinf(r["epsilon"]) for r in rows] == [True, False]
+    (row,) = [r for r in read_metrics(tmp_path / "run") if "auc" in r]
+    assert [math.isinf(e) for e in row["epsilon"]] == [True, False]
+    assert row["auc"] == [summary["nonprivate_auc"], summary["eps1_auc"]]
     assert (tmp_path / "run" / "report" / "membership_vs_epsilon.png").exists()
 
 

@@ -17,8 +17,9 @@ def test_adversarial_training_raises_pgd_accuracy(tmp_path):
     assert summary["pgd_gain_at_train_epsilon"] > 0.1
     for model in ("standard", "adversarial"):  # PGD from a random start is at least as strong as FGSM here
         assert summary[f"{model}_pgd_eps0.2"] <= summary[f"{model}_fgsm_eps0.2"] + 0.02
-    rows = [r for r in read_metrics(tmp_path / "run") if "accuracy" in r]
-    assert len(rows) == 2 * 2 * 2  # models x attacks x epsilons
+    rows = [r for r in read_metrics(tmp_path / "run") if "eval_epsilons" in r]
+    assert len(rows) == 2 and rows[0]["eval_epsilons"] == [0.0, 0.2]
+    assert rows[1]["adversarial_pgd_accuracy"] == [summary["adversarial_pgd_eps0"], summary["adversarial_pgd_eps0.2"]]
     assert (tmp_path / "run" / "report" / "accuracy_vs_epsilon.png").exists()
 
 

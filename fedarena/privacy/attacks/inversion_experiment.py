@@ -130,8 +130,9 @@ def run(cfg: GradientInversionConfig, run) -> dict:
                 mse = min(errs)
                 recon[(d, t)] = r.x
                 summary[f"{d}_target{t}_mse"] = mse
-                run.log(step, defence=d, target=t, mse=mse, label_correct=int(label == y_all[idx]),
-                        matching_loss=r.matching_loss, recovered=int(mse < cfg.mse_threshold))
+                summary[f"{d}_target{t}_label_correct"] = int(label == y_all[idx])
+                run.logger.info("target %d, %s: MSE %.3g, label %s, matching loss %.3g", t, d, mse,
+                                "correct" if label == y_all[idx] else "wrong", r.matching_loss)
                 step += 1
                 bar.update(1, defence=d)
     for d in defences:
@@ -139,6 +140,8 @@ def run(cfg: GradientInversionConfig, run) -> dict:
         summary[f"{d}_mean_mse"] = float(np.mean(mses))
         summary[f"{d}_recovered"] = int(sum(m < cfg.mse_threshold for m in mses))
     summary["mse_threshold"] = cfg.mse_threshold
+    # one row of lists (an entry per target), so the generic per-step plots leave them out
+    run.log(step, **{f"{d}_mse": [summary[f"{d}_target{t}_mse"] for t in range(cfg.targets)] for d in defences})
     np.savez(Path(run.dir) / "reconstructions.npz", targets=x_all[target_idx],
              **{f"{d}_{t}": recon[(d, t)] for d in defences for t in range(cfg.targets)})
     return summary
@@ -155,7 +158,8 @@ def plots(rows, cfg, report_dir) -> list[str]:
         return []
     data = np.load(path)
     defences = ["plain"] + [f"ldp_eps{e:g}" for e in cfg.ldp_epsilons] + ["secagg"]
-    mse = {(r["defence"], r["target"]): r["mse"] for r in rows if "mse" in r}
+    last = next((r for r in reversed(rows) if "plain_mse" in r), {})
+    mse = {(d, t): v for d in defences for t, v in enumerate(last.get(f"{d}_mse", []))}
     k = len(data["targets"])
     fig, axes = plt.subplots(len(defences) + 1, k, figsize=(1.9 * k, 1.9 * (len(defences) + 1)), squeeze=False)
     for t in range(k):

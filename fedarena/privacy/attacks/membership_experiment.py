@@ -83,6 +83,7 @@ def run(cfg: DPSGDMembershipConfig, run) -> dict:
     settings = ([math.inf] if cfg.include_nonprivate else []) + sorted((float(e) for e in cfg.epsilons), reverse=True)
     secure = SecureRandom()
     summary: dict = {"steps": steps, "sample_rate": q}
+    table: list[dict] = []
     for k, target in enumerate(settings):
         sigma = 0.0 if math.isinf(target) else noise_multiplier_for_budget(target, cfg.delta, q, steps)
         dp = DPSGD(loss_fn, DPSGDConfig(cfg.clip_norm, sigma, q, insecure_seeded_noise=cfg.insecure_seeded_noise), n)
@@ -104,13 +105,18 @@ def run(cfg: DPSGDMembershipConfig, run) -> dict:
         train_acc = float(np.mean(np.argmax(logits(params, x_in), axis=1) == y_in))
         test_acc = float(np.mean(np.argmax(logits(params, x_out), axis=1) == y_out))
         bound = dp_advantage_bound(spent, cfg.delta)
-        run.log(k, epsilon=spent, noise_multiplier=sigma, auc=attack.auc, auc_stderr=attack.auc_stderr, advantage=attack.advantage,
-                advantage_bound=bound, train_accuracy=train_acc, test_accuracy=test_acc)
+        table.append(dict(epsilon=spent, noise_multiplier=sigma, auc=attack.auc, auc_stderr=attack.auc_stderr,
+                          advantage=attack.advantage, advantage_bound=bound, train_accuracy=train_acc,
+                          test_accuracy=test_acc))
+        run.logger.info("epsilon %g: AUC %.4f +- %.4f, advantage %.4f (bound %.4f), test accuracy %.3f",
+                        spent, attack.auc, attack.auc_stderr, attack.advantage, bound, test_acc)
         tag = "nonprivate" if math.isinf(target) else f"eps{target:g}"
         summary.update({f"{tag}_auc": attack.auc, f"{tag}_auc_stderr": attack.auc_stderr, f"{tag}_advantage": attack.advantage,
                         f"{tag}_advantage_bound": bound, f"{tag}_epsilon_spent": spent,
                         f"{tag}_noise_multiplier": sigma, f"{tag}_test_accuracy": test_acc,
                         f"{tag}_train_accuracy": train_acc})
+    # one row of lists (a column per quantity, an entry per model), so the generic per-step plots leave it out
+    run.log(len(settings), **{key: [row[key] for row in table] for key in table[0]})
     summary["privacy"] = ("void: seeded noise" if cfg.insecure_seeded_noise
                           else "(epsilon, delta)-DP per model, RDP accountant")
     return summary
@@ -122,9 +128,11 @@ def plots(rows, cfg, report_dir) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pts = [r for r in rows if "auc" in r]
-    if not pts:
+    last = next((r for r in reversed(rows) if isinstance(r.get("auc"), list)), None)
+    if last is None:
         return []
+    pts = [{k: last[k][i] for k in ("epsilon", "auc", "auc_stderr", "advantage", "advantage_bound")}
+           for i in range(len(last["auc"]))]
     finite = [r for r in pts if math.isfinite(r["epsilon"])]
     inf = [r for r in pts if not math.isfinite(r["epsilon"])]
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
