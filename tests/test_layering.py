@@ -16,6 +16,8 @@ ALLOWED = {
     # DP-SGD trains engine models, and its experiment kind writes a run folder (issue 6)
     "privacy": {"engine", "platform"},
     "rl": {"engine", "envs", "platform"},
+    # evasion attacks, adversarial training and their experiment kind (issue 23)
+    "robustness": {"engine", "platform"},
     "marl": {"rl", "envs", "engine", "platform"},
     "federated": {"privacy", "engine", "envs", "platform"},
 }
