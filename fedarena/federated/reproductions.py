@@ -9,8 +9,8 @@
 * ``fedprox_figure`` -- Li et al. 2020 (MLSys), Figure 1 layout: global training loss per round on
   Synthetic(alpha, beta) for 0 / 50 / 90 % stragglers, comparing FedAvg (stragglers dropped), FedProx with
   mu = 0 (stragglers' partial work kept) and FedProx with mu > 0, over several training seeds on one data
-  set. The summary gives, per cell, the final loss (mean over seeds) and the loss oscillation (standard
-  deviation of the loss over the last half of the rounds, mean over seeds).
+  set. The summary gives, per cell, the statistics of :func:`loss_statistics` (final loss, spread over
+  seeds, round-to-round oscillation).
 
 Both run :class:`fedarena.federated.simulation.Simulation` through the ``fedsim`` kind's builder, so every
 option of a cell means what it means in ``fedsim``.
@@ -235,6 +235,7 @@ class FedProxFigureConfig(ExperimentConfig):
     size_max: int = param(0, "cap on examples per device (0 = none)")
     train_seeds: list[int] = param(doc="training seeds (selection, stragglers, minibatches) per cell; the data "
                                    "set is drawn once from `seed`", factory=lambda: [0, 1, 2])
+    workers: int = param(1, "processes running (cell, seed) jobs in parallel (1 = this process)")
 
     def __post_init__(self) -> None:
         for ab in self.synthetic:
@@ -245,6 +246,8 @@ class FedProxFigureConfig(ExperimentConfig):
                 raise ValueError(f"straggler_fractions: {f} must lie in [0, 1]")
         if self.mu <= 0:
             raise ValueError(f"mu: the 'fedprox' method needs mu > 0, got {self.mu}")
+        if self.workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {self.workers}")
         if not self.train_seeds:
             raise ValueError("train_seeds: at least one seed needed")
         if not self.synthetic or not self.straggler_fractions:
@@ -269,47 +272,69 @@ def _prox_name(ab, fraction: float, method: str) -> str:
     return f"synthetic({ab[0]:g},{ab[1]:g}) stragglers={fraction:g} {method}"
 
 
-def run_fedprox_figure(cfg: FedProxFigureConfig, run) -> dict[str, Any]:
-    from fedarena.federated import data
-    from fedarena.federated.fedsim_experiment import _data_spec, build
+def fedprox_curve(cfg: FedProxFigureConfig, ab, fraction: float, method: str, train_seed: int) -> list[float]:
+    """Global training loss (mean cross-entropy over every device's training examples) after each round of
+    one method on the data set of ``cfg.seed`` with the training draws of ``train_seed``."""
+    from fedarena.federated.fedsim_experiment import build
     from fedarena.federated.simulation import evaluate_params
 
+    d, sim = build(cfg.cell_config(ab, fraction, method, cfg.seed))  # the data set of `seed` ...
+    sim.seed = train_seed  # ... and the training draws (selection, stragglers, minibatches) of train_seed
+    train_all = np.concatenate(d.train)
+    state = sim.init_state({k: np.zeros_like(v) for k, v in sim.model.init_params(cfg.seed).items()})
+    sim.eval_every = cfg.rounds + 1  # the global training loss below is the metric
+    curve = []
+    for _ in range(cfg.rounds):
+        state, _ = sim.round(state)
+        curve.append(evaluate_params(sim.model, state.params, d.x[train_all], d.y[train_all])[0])
+    return curve
+
+
+def loss_statistics(curves: np.ndarray) -> dict[str, float]:
+    """Of a (seeds, rounds) array of loss curves: the final loss (mean over seeds), the spread over seeds
+    (standard deviation across seeds, mean over the last half of the rounds) and the oscillation (standard
+    deviation of the round-to-round change over the last half, mean over seeds)."""
+    half = curves[:, curves.shape[1] // 2:]
+    osc = float(np.diff(half, axis=1).std(1).mean()) if half.shape[1] > 1 else 0.0
+    return {"final_train_loss": float(curves[:, -1].mean()), "seed_spread": float(half.std(0).mean()),
+            "loss_oscillation": osc}
+
+
+def run_fedprox_figure(cfg: FedProxFigureConfig, run) -> dict[str, Any]:
     cells = [(ab, f, m) for ab in cfg.synthetic for f in cfg.straggler_fractions for m in METHODS]
+    # no stragglers: keeping partial work changes nothing, so FedProx mu = 0 is the FedAvg run
+    jobs = [(ab, f, m, s) for ab, f, m in cells if not (m == "fedprox_mu0" and f == 0) for s in cfg.train_seeds]
+    results: dict[tuple, list[float]] = {}
+    with run.progress(total=len(jobs), desc="fedprox runs") as bar:
+        if cfg.workers > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            with ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futs = {pool.submit(fedprox_curve, cfg, *job): job for job in jobs}
+                for fut in as_completed(futs):
+                    results[_key(futs[fut])] = fut.result()
+                    bar.update(1, cell=_prox_name(*futs[fut][:3]), loss=results[_key(futs[fut])][-1])
+        else:
+            for job in jobs:
+                results[_key(job)] = fedprox_curve(cfg, *job)
+                bar.update(1, cell=_prox_name(*job[:3]), loss=results[_key(job)][-1])
     losses: dict[str, list[list[float]]] = {}
     summary: dict[str, Any] = {}
-    with run.progress(total=len(cells) * len(cfg.train_seeds), desc="fedprox runs") as bar:
-        for n, (ab, f, m) in enumerate(cells):
-            name = _prox_name(ab, f, m)
-            d = data.load(_data_spec(cfg.cell_config(ab, f, m, cfg.seed)), cfg.seed)
-            train_all = np.concatenate(d.train)
-            twin = _prox_name(ab, f, "fedavg")
-            if m == "fedprox_mu0" and f == 0 and twin in losses:
-                losses[name] = losses[twin]  # no stragglers: keeping partial work changes nothing (same runs)
-                bar.update(len(cfg.train_seeds), cell=name)
-            else:
-                losses[name] = []
-            for s in (cfg.train_seeds if not losses[name] else []):
-                fcfg = cfg.cell_config(ab, f, m, s)
-                _, sim = build(replace(fcfg, seed=cfg.seed))  # the data set of `seed` ...
-                sim.seed = s  # ... and the training draws (selection, stragglers, minibatches) of seed s
-                params = {k: np.zeros_like(v) for k, v in sim.model.init_params(cfg.seed).items()}
-                state = sim.init_state(params)
-                sim.eval_every = cfg.rounds + 1  # the global training loss below is the metric
-                curve = []
-                for _ in range(cfg.rounds):
-                    state, _ = sim.round(state)
-                    curve.append(evaluate_params(sim.model, state.params, d.x[train_all], d.y[train_all])[0])
-                losses[name].append(curve)
-                bar.update(1, cell=name, seed=s, loss=curve[-1])
-            arr = np.asarray(losses[name])
-            half = arr[:, arr.shape[1] // 2:]
-            final, osc = float(arr[:, -1].mean()), float(half.std(1).mean())
-            run.log(n + 1, final_train_loss=final, final_train_loss_seed_std=float(arr[:, -1].std()),
-                    loss_oscillation=osc)
-            summary[f"final_loss[{name}]"] = round(final, 5)
-            summary[f"oscillation[{name}]"] = round(osc, 5)
+    for n, (ab, f, m) in enumerate(cells):
+        src = "fedavg" if (m == "fedprox_mu0" and f == 0) else m
+        losses[_prox_name(ab, f, m)] = [results[_key((ab, f, src, s))] for s in cfg.train_seeds]
+        st = loss_statistics(np.asarray(losses[_prox_name(ab, f, m)]))
+        run.log(n + 1, **st)
+        for k, v in st.items():
+            summary[f"{k}[{_prox_name(ab, f, m)}]"] = round(v, 5)
     (run.dir / "fedprox_losses.json").write_text(json.dumps({"losses": losses}), encoding="utf-8")
     return summary
+
+
+def _key(job) -> tuple:
+    ab, f, m, s = job
+    return (float(ab[0]), float(ab[1]), float(f), m, int(s))
 
 
 def plots_fedprox_figure(rows, cfg: FedProxFigureConfig, report_dir) -> list[str]:
@@ -353,4 +378,4 @@ def plots_fedprox_figure(rows, cfg: FedProxFigureConfig, report_dir) -> list[str
 
 
 FEDPROX_FIGURE = Experiment(config=FedProxFigureConfig, run=run_fedprox_figure, plots=plots_fedprox_figure,
-                            summary_keys=("final_train_loss", "loss_oscillation"))
+                            summary_keys=("final_train_loss", "seed_spread", "loss_oscillation"))

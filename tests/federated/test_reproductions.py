@@ -139,8 +139,23 @@ def test_fedprox_figure_loss_curves_and_summary(tmp_path):
         curve.append(float(-logp[np.arange(len(idx)), d.y[idx]].mean()))
     np.testing.assert_allclose(losses[z.format(0.5, "fedprox")][1], curve, rtol=1e-10)
     final = np.asarray(losses[z.format(0.5, "fedprox")])[:, -1].mean()
-    assert summary[f"final_loss[{z.format(0.5, 'fedprox')}]"] == pytest.approx(final, abs=1e-5)
+    assert summary[f"final_train_loss[{z.format(0.5, 'fedprox')}]"] == pytest.approx(final, abs=1e-5)
     assert (tmp_path / "f" / "report" / "fedprox_figure.png").stat().st_size > 1000
+    # the same jobs in two worker processes give the same curves
+    execute(dict(FIG, workers=2, straggler_fractions=[0.5]), out=tmp_path / "w", quiet=True, report=False)
+    again = json.loads((tmp_path / "w" / "fedprox_losses.json").read_text())["losses"]
+    for k, v in again.items():
+        assert v == losses[k]
+
+
+def test_loss_statistics_closed_form():
+    from fedarena.federated.reproductions import loss_statistics
+
+    c = np.array([[5.0, 4.0, 1.0, 3.0, 1.0, 3.0], [5.0, 4.0, 2.0, 2.0, 2.0, 2.0]])
+    st = loss_statistics(c)
+    assert st["final_train_loss"] == pytest.approx(2.5)
+    assert st["seed_spread"] == pytest.approx(0.5)  # |3-2|/2 = 0.5 at every one of the last 3 rounds
+    assert st["loss_oscillation"] == pytest.approx((np.std([-2.0, 2.0]) + 0.0) / 2)
 
 
 def test_reproduction_configs_name_the_bad_field(tmp_path):
