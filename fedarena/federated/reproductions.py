@@ -12,7 +12,11 @@
   set. The summary gives, per cell, the statistics of :func:`loss_statistics` (final loss, spread over
   seeds, round-to-round oscillation).
 
-Both run :class:`fedarena.federated.simulation.Simulation` through the ``fedsim`` kind's builder, so every
+* ``fedsim_sweep`` -- variants of one ``fedsim`` config side by side (compression: accuracy against
+  uploaded bytes; DP-FedAvg, local DP and SignDS: accuracy against the accountant's epsilon), with the
+  curves and a table of final accuracy, uploaded bytes, upload reduction and epsilon.
+
+All run :class:`fedarena.federated.simulation.Simulation` through the ``fedsim`` kind's builder, so every
 option of a cell means what it means in ``fedsim``.
 """
 
@@ -25,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedarena.platform.config import ConfigError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 
 
@@ -379,3 +384,185 @@ def plots_fedprox_figure(rows, cfg: FedProxFigureConfig, report_dir) -> list[str
 
 FEDPROX_FIGURE = Experiment(config=FedProxFigureConfig, run=run_fedprox_figure, plots=plots_fedprox_figure,
                             summary_keys=("final_train_loss", "seed_spread", "loss_oscillation"))
+
+
+# ----------------------------------------------------------------------------- fedsim variants side by side
+
+
+@dataclass(frozen=True)
+class FedSimSweepConfig(ExperimentConfig):
+    base: dict[str, Any] = param(doc="fedsim fields shared by every variant (see `fedarena show` of a fedsim "
+                                 "config)", factory=dict)
+    variants: list[dict[str, Any]] = param(doc="one mapping per variant: `label` plus the fedsim fields it "
+                                           "changes", factory=lambda: [{"label": "fedavg"}])
+    x_metric: Literal["round", "bytes_up", "bytes_total"] = param(
+        "round", "x axis of the accuracy curves: round, cumulative uploaded bytes, or bytes up + down")
+    privacy_plot: bool = param(False, "also draw accuracy against each variant's cumulative epsilon")
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ValueError("variants: at least one variant needed")
+        labels = [v.get("label") for v in self.variants]
+        for i, v in enumerate(self.variants):
+            if not isinstance(v.get("label"), str) or not v["label"]:
+                raise ValueError(f"variants[{i}].label: each variant needs a non-empty label")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"variants: labels must be unique, got {labels}")
+        for i in range(len(self.variants)):
+            self.variant_config(i)
+
+    def variant_config(self, i: int):
+        from fedarena.federated.fedsim_experiment import FedSimConfig
+        from fedarena.platform.config import build as build_config
+
+        fields = {k: v for k, v in self.variants[i].items() if k != "label"}
+        for k in ("kind", "seed", "seeds", "name"):
+            if k in self.base or k in fields:
+                raise ValueError(f"variants[{i}].{k}: set {k} on the sweep, not on a variant or the base")
+        data = {**self.base, **fields, "kind": "fedsim", "seed": self.seed}
+        try:
+            return build_config(FedSimConfig, data, f"variants[{i}]")
+        except (ConfigError, ValueError) as e:
+            raise ValueError(f"variants[{i}] ({self.variants[i]['label']}): {e}") from None
+
+
+def run_fedsim_sweep(cfg: FedSimSweepConfig, run) -> dict[str, Any]:
+    from fedarena.federated.fedsim_experiment import build, ldp_cumulative_epsilon
+
+    curves: dict[str, dict[str, list[float]]] = {}
+    out: dict[str, Any] = {}
+    total = sum(cfg.variant_config(i).rounds for i in range(len(cfg.variants)))
+    step = 0
+    with run.progress(total=total, desc="fedsim variants") as bar:
+        for i, v in enumerate(cfg.variants):
+            fcfg = cfg.variant_config(i)
+            _, sim = build(fcfg)
+            params = sim.model.init_params(fcfg.seed)
+            if fcfg.zero_init:
+                params = {k: np.zeros_like(p) for k, p in params.items()}
+            state = sim.init_state(params)
+            sim.final_round = fcfg.rounds
+            rec: dict[str, Any] = {k: [] for k in ("round", "test_acc", "bytes_up", "bytes_total", "epsilon")}
+            rec["epsilon_kind"] = privacy_kind(fcfg)
+            uploads: dict[str, int] = {}
+            for r in range(1, fcfg.rounds + 1):
+                state, rr = sim.round(state)
+                for c in rr.reporting:
+                    uploads[c] = uploads.get(c, 0) + 1
+                step += 1
+                bar.update(1, variant=v["label"])
+                if "test_acc" not in rr.metrics:
+                    continue
+                rec["round"].append(r)
+                rec["test_acc"].append(float(rr.metrics["test_acc"]))
+                rec["bytes_up"].append(float(sim.bytes_up_total))
+                rec["bytes_total"].append(float(sim.bytes_up_total + sim.bytes_down_total))
+                most = max(uploads.values()) if uploads else 0
+                rec["epsilon"].append(
+                    float(rr.metrics.get("dp_epsilon", float("nan"))) if rec["epsilon_kind"] == "dp_fedavg" else
+                    ldp_cumulative_epsilon(fcfg, most) if rec["epsilon_kind"] == "ldp" and most else
+                    most * fcfg.signds_epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
+            curves[v["label"]] = rec
+            final = {k: rec[k][-1] for k in ("test_acc", "bytes_up", "bytes_total", "epsilon")}
+            run.log(i + 1, **final)
+            run.checkpoint(i + 1, lambda: {"curves": curves})
+            out[f"test_acc[{v['label']}]"] = round(final["test_acc"], 4)
+            out[f"bytes_up[{v['label']}]"] = int(final["bytes_up"])
+            if np.isfinite(final["epsilon"]):
+                out[f"epsilon[{v['label']}]"] = round(final["epsilon"], 4)
+    (run.dir / "sweep_curves.json").write_text(json.dumps(curves, allow_nan=True), encoding="utf-8")
+    return out
+
+
+def sweep_table(curves: dict[str, dict[str, list[float]]]) -> list[tuple[str, ...]]:
+    """(label, final test accuracy, uploaded MB, upload reduction vs the first variant, epsilon) per variant."""
+    first = next(iter(curves.values()))
+    ref = first["bytes_up"][-1]
+    rows = []
+    for label, rec in curves.items():
+        eps = rec["epsilon"][-1]
+        rows.append((label, f"{rec['test_acc'][-1]:.4f}", f"{rec['bytes_up'][-1] / 1e6:.3f}",
+                     f"{ref / rec['bytes_up'][-1]:.1f}x" if rec["bytes_up"][-1] else "-",
+                     f"{eps:.3g} ({rec['epsilon_kind']})" if np.isfinite(eps) else "-"))
+    return rows
+
+
+def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report_dir = Path(report_dir)
+    path = report_dir.parent / "sweep_curves.json"
+    if not path.exists():
+        return []
+    curves = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    fig, a = plt.subplots(figsize=(7.5, 4.5))
+    for label, rec in curves.items():
+        x = np.asarray(rec[cfg.x_metric], float) / (1e6 if cfg.x_metric != "round" else 1)
+        a.plot(x, rec["test_acc"], "-o", ms=2.5, lw=1.3, label=label)
+    a.set_xlabel({"round": "round", "bytes_up": "total uploaded MB (exact encoded bytes)",
+                  "bytes_total": "total MB up + down"}[cfg.x_metric])
+    if cfg.x_metric != "round":
+        a.set_xscale("log")
+    a.set_ylabel("global test accuracy")
+    a.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    a.set_title(cfg.name or "fedsim variants", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(report_dir / "sweep_accuracy.png", dpi=110)
+    plt.close(fig)
+    out.append(str(report_dir / "sweep_accuracy.png"))
+    if cfg.privacy_plot:
+        fig, a = plt.subplots(figsize=(6.5, 4.2))
+        for label, rec in curves.items():
+            eps, acc = np.asarray(rec["epsilon"], float), np.asarray(rec["test_acc"], float)
+            if np.isfinite(eps).any():
+                a.plot(eps, acc, "-", lw=1, label=f"{label} ({rec['epsilon_kind']})")
+            else:
+                a.axhline(acc[-1], ls="--", color="k", lw=0.8, label=f"{label} (no privacy)")
+        a.set_xscale("log")
+        a.set_xlabel("cumulative epsilon of the most-sampled client (DP-FedAvg: of the round's release)")
+        a.set_ylabel("global test accuracy")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+        a.set_title("accuracy against the accountant's cumulative epsilon, per round", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(report_dir / "sweep_epsilon.png", dpi=110)
+        plt.close(fig)
+        out.append(str(report_dir / "sweep_epsilon.png"))
+    table = sweep_table(curves)
+    head = ("variant", "final test acc", "uploaded MB", "upload reduction", "epsilon")
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in table]
+    (report_dir / "sweep_table.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    fig, a = plt.subplots(figsize=(8, 0.35 * len(table) + 0.9))
+    a.axis("off")
+    t = a.table(cellText=[list(r) for r in table], colLabels=list(head), loc="center", cellLoc="center")
+    t.auto_set_font_size(False)
+    t.set_fontsize(8)
+    t.scale(1, 1.3)
+    fig.tight_layout()
+    fig.savefig(report_dir / "sweep_table.png", dpi=110)
+    plt.close(fig)
+    out.append(str(report_dir / "sweep_table.png"))
+    return out
+
+
+FEDSIM_SWEEP = Experiment(config=FedSimSweepConfig, run=run_fedsim_sweep, plots=plots_fedsim_sweep,
+                          summary_keys=("test_acc", "bytes_up", "epsilon"))
+
+
+def privacy_kind(cfg) -> str:
+    """Which epsilon a fedsim config's run accumulates: ``dp_fedavg`` (the RDP accountant of DP-FedAvg over
+    rounds, sampled Gaussian, at ``dp_delta``), ``ldp`` (the RDP composition of the most frequent
+    uploader's Gaussian releases, at ``ldp_delta``), ``signds`` (pure epsilon-LDP reports composed by basic
+    composition: reports x ``signds_epsilon``) or ``none``."""
+    if cfg.dp_noise_multiplier > 0:
+        return "dp_fedavg"
+    if cfg.ldp_epsilon > 0:
+        return "ldp"
+    if cfg.signds_k > 0:
+        return "signds"
+    return "none"

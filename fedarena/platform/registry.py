@@ -27,6 +27,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "dpsgd_digits": ("fedarena.privacy.dpsgd_experiment:EXPERIMENT", "DP-SGD on sklearn digits with an engine MLP, RDP accountant and a budget monitor that stops at the epsilon budget"),
     "fedsim": ("fedarena.federated.fedsim_experiment:EXPERIMENT", "federated simulation of many clients in one process (vmapped local training) or on Ray: partitioners, strategies, heterogeneity, compression, DP-FedAvg, SecAgg, per-client evaluation"),
     "fedavg_table": ("fedarena.federated.reproductions:FEDAVG_TABLE", "McMahan et al. 2017 Table 2 layout: FedAvg rounds to a target accuracy over C, E, B, IID vs pathological non-IID, with curves and the table"),
+    "fedsim_sweep": ("fedarena.federated.reproductions:FEDSIM_SWEEP", "variants of one fedsim config side by side: accuracy against uploaded bytes (compression) or the accountant's epsilon (DP-FedAvg, LDP, SignDS), with a table"),
     "fedprox_figure": ("fedarena.federated.reproductions:FEDPROX_FIGURE", "Li et al. 2020 Figure 1 layout: training loss on Synthetic(a,b) with 0/50/90% stragglers, FedAvg vs FedProx mu=0 vs mu>0 over seeds"),
     "fedavg_grpc": ("fedarena.federated.grpc_experiment:EXPERIMENT", "horizontal FL over real gRPC on loopback: scheduler, servers and client processes, time-limited FedAvg rounds"),
     "vfl_lr": ("fedarena.federated.vertical.experiment:LR_EXPERIMENT", "vertical FL on breast cancer: RSA-blind-signature PSI, then Paillier hetero LR (coordinator or two-party), AUC vs centralized"),
