@@ -165,3 +165,46 @@ def test_reproduction_configs_name_the_bad_field(tmp_path):
         with pytest.raises(ConfigError, match=field):
             execute(bad, out=tmp_path / field, quiet=True)
 
+
+
+SWEEP = {"kind": "fedsim_sweep", "x_metric": "bytes_up", "privacy_plot": True,
+         "base": {"dataset": "breast_cancer", "num_clients": 8, "hidden": [], "rounds": 3, "clients_per_round": 0,
+                  "lr": 0.05, "held_out_fraction": 0.0, "privacy_seed": 3},
+         "variants": [{"label": "dense"}, {"label": "q8", "upload_codec": "quantize", "upload_bits": 8},
+                      {"label": "ldp", "ldp_epsilon": 8.0},
+                      {"label": "signds", "signds_k": 10, "signds_h": 3, "signds_epsilon": 2.0},
+                      {"label": "dp", "dp_noise_multiplier": 1.0, "dp_sample_rate": 0.5}]}
+
+
+def test_fedsim_sweep_matches_the_fedsim_runs_of_each_variant(tmp_path):
+    summary = execute(SWEEP, out=tmp_path / "s", quiet=True)
+    curves = json.loads((tmp_path / "s" / "sweep_curves.json").read_text())
+    for v in SWEEP["variants"]:
+        fields = {k: x for k, x in v.items() if k != "label"}
+        one = tmp_path / v["label"]
+        execute({"kind": "fedsim", **SWEEP["base"], **fields}, out=one, quiet=True, report=False)
+        rows = read_metrics(one)
+        if v["label"] != "dp":  # DP-FedAvg's noise is drawn from os.urandom in both runs
+            assert curves[v["label"]]["test_acc"] == pytest.approx([r["test_acc"] for r in rows], rel=1e-12)
+        assert curves[v["label"]]["bytes_up"][-1] == sum(r["bytes_up"] for r in rows)
+        assert summary[f"bytes_up[{v['label']}]"] == sum(r["bytes_up"] for r in rows)
+        if v["label"] == "ldp":
+            assert curves["ldp"]["epsilon"] == pytest.approx([r["ldp_epsilon_cumulative"] for r in rows])
+        if v["label"] == "dp":
+            assert curves["dp"]["epsilon"] == pytest.approx([r["dp_epsilon"] for r in rows])
+    assert curves["signds"]["epsilon"] == [2.0, 4.0, 6.0]  # every client reports every round: basic composition
+    assert curves["q8"]["bytes_up"][-1] < curves["dense"]["bytes_up"][-1] / 3.5
+    table = (tmp_path / "s" / "report" / "sweep_table.md").read_text()
+    assert "| ldp |" in table and "(ldp)" in table and "(dp_fedavg)" in table
+    for png in ("sweep_accuracy.png", "sweep_epsilon.png", "sweep_table.png"):
+        assert (tmp_path / "s" / "report" / png).stat().st_size > 1000
+
+
+def test_fedsim_sweep_bad_variant_names_it(tmp_path):
+    bad = dict(SWEEP, variants=[{"label": "a"}, {"label": "b", "upload_codec": "gzip"}])
+    with pytest.raises(ConfigError, match=r"variants\[1\].*upload_codec"):
+        execute(bad, out=tmp_path / "a", quiet=True)
+    with pytest.raises(ConfigError, match="label"):
+        execute(dict(SWEEP, variants=[{"upload_codec": "quantize"}]), out=tmp_path / "b", quiet=True)
+    with pytest.raises(ConfigError, match="seed"):
+        execute(dict(SWEEP, variants=[{"label": "a", "seed": 3}]), out=tmp_path / "c", quiet=True)
