@@ -522,9 +522,10 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
             if np.isfinite(eps).any():
                 a.plot(eps, acc, "-", lw=1, label=f"{label} ({rec['epsilon_kind']})")
             else:
-                a.axhline(acc[-1], ls="--", color="k", lw=0.8, label=f"{label} (no privacy)")
+                a.axhline(acc[-1], ls="--", color="k", lw=0.8, label=f"{label}: final accuracy")
         a.set_xscale("log")
-        a.set_xlabel("cumulative epsilon of the most-sampled client (DP-FedAvg: of the round's release)")
+        a.set_xlabel("cumulative epsilon (DP-FedAvg: RDP accountant, user level; LDP / SignDS: most frequent uploader)",
+                     fontsize=8)
         a.set_ylabel("global test accuracy")
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
