@@ -67,6 +67,8 @@ class FedSimConfig(ExperimentConfig):
     speed_sigma: float = param(0.0, "log-normal sigma of client speeds")
     window_s: float = param(0.0, "round window in simulated seconds (0 = none)")
     partial_work: bool = param(False, "keep stragglers' finished steps instead of dropping them")
+    straggler_fraction: float = param(0.0, "fraction of each round's clients that finish only U{1..E-1} epochs "
+                                      "(FedProx Sec. 5.1); dropped unless partial_work")
     drop_before_training: float = param(0.0, "dropout probability before local training")
     drop_after_training: float = param(0.0, "dropout probability after local training")
     drop_upload: float = param(0.0, "dropout probability during upload")
@@ -171,7 +173,7 @@ def _heterogeneity(cfg: FedSimConfig):
     from fedarena.federated.simulation import Heterogeneity
 
     return Heterogeneity(cfg.availability, cfg.speed_mean, cfg.speed_sigma, cfg.window_s, cfg.partial_work,
-                         cfg.drop_before_training, cfg.drop_after_training, cfg.drop_upload, cfg.adversary_fraction,
+                         cfg.straggler_fraction, cfg.drop_before_training, cfg.drop_after_training, cfg.drop_upload, cfg.adversary_fraction,
                          cfg.adversary, cfg.adversary_scale)
 
 

@@ -14,7 +14,8 @@ hooks, upload stages and codecs as the gRPC runtime, with no network:
    nothing). A round of 1,000 clients is a few dozen calls of one compiled step;
 4. heterogeneity: per-client speed (steps per simulated second, log-normal) against the round window
    -- stragglers are dropped, or keep the steps they finished when ``partial_work`` (FedProx's
-   "variable amounts of work", Li et al. 2020); dropout probabilities before training, after training
+   "variable amounts of work", Li et al. 2020); or a fixed fraction of each round's clients made
+   stragglers (``straggler_fraction``, FedProx's Sec. 5.1 protocol); dropout probabilities before training, after training
    and during upload; sign-flip (``-s Delta``) or scaling (``s Delta``) adversaries;
 5. the upload stages (clip, local DP, ...), the encoder and the server-side decoder, with exact bytes;
 6. ``strategy.aggregate``; the global test set and every client's held-out data are evaluated.
@@ -234,6 +235,10 @@ class Heterogeneity:
     """round window in simulated seconds; a client whose steps take longer is a straggler (0 = no window)"""
     partial_work: bool = False
     """keep a straggler's finished steps (FedProx) instead of dropping it"""
+    straggler_fraction: float = 0.0
+    """fraction of each round's training clients made stragglers (FedProx's systems heterogeneity, Li et al.
+    2020, Sec. 5.1): a straggler finishes ``e ~ U{1..E-1}`` of its E epochs (with ``local_steps``: ``U{1..K-1}``
+    of its K steps); dropped, or with ``partial_work`` its finished steps are kept"""
     drop_before_training: float = 0.0
     drop_after_training: float = 0.0
     drop_upload: float = 0.0
@@ -244,7 +249,7 @@ class Heterogeneity:
     """sign_flip uploads ``-s Delta``, scale uploads ``s Delta``"""
 
     def __post_init__(self) -> None:
-        for name in ("availability", "drop_before_training", "drop_after_training", "drop_upload",
+        for name in ("availability", "straggler_fraction", "drop_before_training", "drop_after_training", "drop_upload",
                      "adversary_fraction"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
@@ -343,9 +348,14 @@ class Simulation:
 
     # ------------------------------------------------------------------ training
 
-    def _plans(self, selected: Sequence[str], rnd: int, cfg: FitConfig):
+    def _plans(self, selected: Sequence[str], rnd: int, cfg: FitConfig, stragglers: bool = True):
         plans, allowed = [], []
         het = self.heterogeneity
+        slow: set[str] = set()
+        srng = np.random.default_rng([self.seed, rnd, 11])
+        if stragglers and het.straggler_fraction > 0 and selected:
+            k = int(round(het.straggler_fraction * len(selected)))
+            slow = set(srng.choice(sorted(selected), size=k, replace=False).tolist()) if k else set()
         for cid in selected:
             i = self._pos[cid]
             rng = np.random.default_rng([self.seed, rnd, client_key(cid)])
@@ -353,15 +363,22 @@ class Simulation:
             cap = len(batches)
             if het.window_s > 0:
                 cap = min(cap, int(math.floor(het.window_s * self.speeds[i])))
+            if cid in slow:
+                if cfg.local_steps:
+                    done = int(srng.integers(1, cfg.local_steps)) if cfg.local_steps > 1 else 0
+                else:
+                    per = math.ceil(len(self.train[i]) / cfg.batch_size)
+                    done = int(srng.integers(1, cfg.epochs)) * per if cfg.epochs > 1 else 0
+                cap = min(cap, done)
             plans.append((self.train[i], batches, epochs))
             allowed.append(cap)
         return plans, allowed
 
     def _train(self, params: Params, selected: Sequence[str], rnd: int, cfg: FitConfig,
-               corrections: dict[str, Params] | None
+               corrections: dict[str, Params] | None, stragglers: bool = True
                ) -> tuple[dict[str, Params], dict[str, Params], dict[str, float], dict[str, int]]:
         """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps."""
-        plans, allowed = self._plans(selected, rnd, cfg)
+        plans, allowed = self._plans(selected, rnd, cfg, stragglers)
         steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
         groups = group_by_steps(steps)
         jobs = []
@@ -429,15 +446,16 @@ class Simulation:
                            for c in training}
         local, deltas, losses, steps = (self._train(client_params, training, rnd, cfg, corrections) if training
                                         else ({}, {}, {}, {}))
+        timed = het.window_s > 0 or het.straggler_fraction > 0
         m["stragglers"] = sum(1 for c in training if steps.get(c, 0) == 0 or
-                              (het.window_s > 0 and self._full_steps(c, rnd, cfg) > steps[c]))
+                              (timed and self._full_steps(c, rnd, cfg) > steps[c]))
         updates, bytes_up = [], 0
         prng = (SecureRandom() if self.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
                 else np.random.default_rng([self.privacy_seed, rnd]))
         for c in training:
             if c not in local:
                 continue  # a straggler dropped at the deadline (no finished step)
-            if het.window_s > 0 and not het.partial_work and steps[c] < self._full_steps(c, rnd, cfg):
+            if timed and not het.partial_work and steps[c] < self._full_steps(c, rnd, cfg):
                 continue
             if het.drop_after_training and frng.random() < het.drop_after_training:
                 continue
@@ -521,7 +539,7 @@ class Simulation:
         after = np.full(len(self.client_ids), np.nan)
         for s in range(0, len(self.client_ids), chunk):
             ids = self.client_ids[s: s + chunk]
-            local, _, _, _ = self._train(params, ids, 0, cfg, None)
+            local, _, _, _ = self._train(params, ids, 0, cfg, None, stragglers=False)
             for c in ids:
                 i = self._pos[c]
                 after[i] = per_client_accuracy(self.model, local[c], self.x, self.y, [self.held_out[i]])[0]

@@ -1,0 +1,569 @@
+"""Experiment kinds that reproduce published federated-learning results on the in-process simulation.
+
+* ``fedavg_table`` -- McMahan et al. 2017 (AISTATS), Tables 1 and 2 layout: rounds of FedAvg until the
+  global model first reaches a target test accuracy, over a grid of the client fraction C, local epochs E,
+  local minibatch size B (0 = B = infinity, full-batch local gradient descent) and the split (IID vs the
+  pathological non-IID split: sorted by label, cut into 2 shards per client). C = 0 means one client a
+  round, as in the paper. The report has the accuracy curves of every cell and the table (rounds, and the
+  speed-up over FedSGD, E = 1 and B = infinity, at the same C and split).
+* ``fedprox_figure`` -- Li et al. 2020 (MLSys), Figure 1 layout: global training loss per round on
+  Synthetic(alpha, beta) for 0 / 50 / 90 % stragglers, comparing FedAvg (stragglers dropped), FedProx with
+  mu = 0 (stragglers' partial work kept) and FedProx with mu > 0, over several training seeds on one data
+  set. The summary gives, per cell, the statistics of :func:`loss_statistics` (final loss, spread over
+  seeds, round-to-round oscillation).
+
+* ``fedsim_sweep`` -- variants of one ``fedsim`` config side by side (compression: accuracy against
+  uploaded bytes; DP-FedAvg, local DP and SignDS: accuracy against the accountant's epsilon), with the
+  curves and a table of final accuracy, uploaded bytes, upload reduction and epsilon.
+
+All run :class:`fedarena.federated.simulation.Simulation` through the ``fedsim`` kind's builder, so every
+option of a cell means what it means in ``fedsim``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fedarena.platform.config import ConfigError
+from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+
+
+def _cell_name(partition: str, c: float, e: int, b: int) -> str:
+    return f"{'iid' if partition == 'iid' else 'non-iid'} C={c:g} E={e} B={'inf' if b == 0 else b}"
+
+
+# ----------------------------------------------------------------------------- FedAvg, Table 2 layout
+
+
+@dataclass(frozen=True)
+class FedAvgTableConfig(ExperimentConfig):
+    dataset: Literal["digits", "mnist"] = param("digits", "digits (scikit-learn) or mnist (local IDX files at path)")
+    path: str = param("", "folder with the MNIST IDX files (dataset: mnist)")
+    num_clients: int = param(100, "number of clients K")
+    shards_per_client: int = param(2, "label shards per client of the non-IID split")
+    hidden: list[int] = param(doc="MLP hidden sizes (the paper's 2NN is [200, 200])", factory=lambda: [32])
+    lr: float = param(0.1, "local SGD learning rate")
+    target: float = param(0.95, "test accuracy whose first crossing is counted")
+    max_rounds: int = param(500, "a cell that has not reached the target after this many rounds is reported '>'")
+    client_fractions: list[float] = param(doc="C values (C = 0: one client a round)", factory=lambda: [0.0, 0.1, 0.2])
+    epochs: list[int] = param(doc="E values", factory=lambda: [1, 5])
+    batch_sizes: list[int] = param(doc="B values (0 = infinity: the client's whole data)", factory=lambda: [10, 0])
+    partitions: list[str] = param(doc="splits: iid and/or shards", factory=lambda: ["iid", "shards"])
+    test_fraction: float = param(0.2, "global test set fraction (digits)")
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target: must lie in (0, 1], got {self.target}")
+        if self.max_rounds < 1:
+            raise ValueError(f"max_rounds: must be >= 1, got {self.max_rounds}")
+        for c in self.client_fractions:
+            if not 0 <= c <= 1:
+                raise ValueError(f"client_fractions: {c} must lie in [0, 1]")
+        if any(e < 1 for e in self.epochs):
+            raise ValueError(f"epochs: every E must be >= 1, got {self.epochs}")
+        if any(b < 0 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes: every B must be >= 0 (0 = infinity), got {self.batch_sizes}")
+        for p in self.partitions:
+            if p not in ("iid", "shards"):
+                raise ValueError(f"partitions: '{p}' is not iid or shards")
+        if not (self.client_fractions and self.epochs and self.batch_sizes and self.partitions):
+            raise ValueError("client_fractions/epochs/batch_sizes/partitions: each needs at least one value")
+        self.cell_config(self.partitions[0], self.client_fractions[0], self.epochs[0], 10)  # validates the rest
+
+    def clients_per_round(self, c: float) -> int:
+        return max(1, int(round(c * self.num_clients)))
+
+    def cell_config(self, partition: str, c: float, e: int, b: int):
+        from fedarena.federated.fedsim_experiment import FedSimConfig
+
+        return FedSimConfig(kind="fedsim", seed=self.seed, dataset=self.dataset, path=self.path,
+                            num_clients=self.num_clients, partition=partition,
+                            shards_per_client=self.shards_per_client, test_fraction=self.test_fraction,
+                            held_out_fraction=0.0, hidden=list(self.hidden), rounds=self.max_rounds,
+                            clients_per_round=self.clients_per_round(c), epochs=e, batch_size=max(b, 1),
+                            lr=self.lr, privacy_seed=0)
+
+
+def _fedavg_cells(cfg: FedAvgTableConfig) -> list[tuple[str, float, int, int]]:
+    return [(p, c, e, b) for p in cfg.partitions for c in cfg.client_fractions for e in cfg.epochs
+            for b in cfg.batch_sizes]
+
+
+def run_fedavg_table(cfg: FedAvgTableConfig, run) -> dict[str, Any]:
+    from fedarena.federated.fedsim_experiment import build
+
+    cells = _fedavg_cells(cfg)
+    curves: dict[str, list[float]] = {}
+    rounds_to: dict[str, int | None] = {}
+    updates: dict[str, float] = {}
+    done = 0
+    restored = run.restore()
+    if restored is not None:  # finished cells are kept; the run continues with the next cell
+        done, saved = restored
+        curves, rounds_to, updates = saved["curves"], saved["rounds"], saved["updates"]
+    with run.progress(total=len(cells), initial=done, desc="fedavg cells") as bar:
+        for n, (p, c, e, b) in enumerate(cells):
+            if n < done:
+                continue
+            fcfg = cfg.cell_config(p, c, e, b)
+            d, sim = build(fcfg)
+            if b == 0:  # B = infinity: one batch of the client's whole data per epoch
+                bmax = int(max(len(t) for t in d.train))
+                sim.strategy = replace(sim.strategy, fit=replace(sim.strategy.fit, batch_size=bmax))
+            sizes = np.array([len(t) for t in d.train], float)
+            updates[_cell_name(p, c, e, b)] = float(e * np.mean(sizes / (sizes if b == 0 else b)))
+            state = sim.init_state()
+            sim.final_round = cfg.max_rounds
+            accs: list[float] = []
+            hit = None
+            for r in range(1, cfg.max_rounds + 1):
+                state, rec = sim.round(state)
+                accs.append(float(rec.metrics["test_acc"]))
+                if accs[-1] >= cfg.target:
+                    hit = r
+                    break
+            name = _cell_name(p, c, e, b)
+            curves[name], rounds_to[name] = accs, hit
+            run.log(n + 1, rounds_to_target=float(hit) if hit else float("nan"), final_test_acc=accs[-1],
+                    best_test_acc=max(accs))
+            run.checkpoint(n + 1, lambda: {"curves": curves, "rounds": rounds_to, "updates": updates})
+            bar.update(1, cell=name, rounds=hit or f">{cfg.max_rounds}")
+    (run.dir / "fedavg_curves.json").write_text(json.dumps(
+        {"curves": curves, "rounds": rounds_to, "updates_per_round": updates, "cells": cells}), encoding="utf-8")
+    out: dict[str, Any] = {"target": cfg.target}
+    for name, r in rounds_to.items():
+        out[f"rounds[{name}]"] = r if r else f">{cfg.max_rounds}"
+    return out
+
+
+def fedavg_table_rows(result: dict[str, Any], max_rounds: int) -> list[tuple[str, str, str, str, str, str]]:
+    """(split, C, E, B, u = E n / B, rounds (speed-up over FedSGD at the same C and split)) per cell."""
+    rows = []
+    for p, c, e, b in result["cells"]:
+        name = _cell_name(p, c, e, b)
+        r = result["rounds"][name]
+        base = result["rounds"].get(_cell_name(p, c, 1, 0))
+        speed = f" ({base / r:.1f}x)" if r and base else ""
+        rows.append(("IID" if p == "iid" else "non-IID", f"{c:g}", str(e), "inf" if b == 0 else str(b),
+                     f"{result['updates_per_round'][name]:.1f}", (str(r) if r else f">{max_rounds}") + speed))
+    return rows
+
+
+def plots_fedavg_table(rows, cfg: FedAvgTableConfig, report_dir) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report_dir = Path(report_dir)
+    path = report_dir.parent / "fedavg_curves.json"
+    if not path.exists():
+        return []
+    res = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    fig, ax = plt.subplots(len(cfg.partitions), len(cfg.client_fractions),
+                           figsize=(4.6 * len(cfg.client_fractions), 3.6 * len(cfg.partitions)), squeeze=False)
+    for i, p in enumerate(cfg.partitions):
+        for j, c in enumerate(cfg.client_fractions):
+            a = ax[i, j]
+            for e in cfg.epochs:
+                for b in cfg.batch_sizes:
+                    name = _cell_name(p, c, e, b)
+                    acc = res["curves"].get(name, [])
+                    a.plot(np.arange(1, len(acc) + 1), acc, lw=1.3, label=f"E={e} B={'inf' if b == 0 else b}")
+            a.axhline(cfg.target, color="k", ls="--", lw=0.8)
+            a.set_xscale("log")
+            a.set_ylim(0, 1)
+            a.set_title(f"{'IID' if p == 'iid' else 'non-IID (2 shards)'}, C={c:g}", fontsize=10)
+            a.set_xlabel("round (log)")
+            a.set_ylabel("test accuracy")
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"FedAvg on {cfg.dataset}, {cfg.num_clients} clients, MLP {cfg.hidden}: "
+                 f"accuracy until the target {cfg.target:g} (dashed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(report_dir / "fedavg_curves.png", dpi=110)
+    plt.close(fig)
+    out.append(str(report_dir / "fedavg_curves.png"))
+    table = fedavg_table_rows(res, cfg.max_rounds)
+    head = ("split", "C", "E", "B", "u = E n/B", f"rounds to {cfg.target:g} (speed-up vs FedSGD)")
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in table]
+    (report_dir / "fedavg_table.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    fig, a = plt.subplots(figsize=(8.5, 0.32 * len(table) + 0.8))
+    a.axis("off")
+    t = a.table(cellText=[list(r) for r in table], colLabels=list(head), loc="center", cellLoc="center")
+    t.auto_set_font_size(False)
+    t.set_fontsize(8)
+    t.scale(1, 1.25)
+    a.set_title(f"FedAvg rounds to {cfg.target:g} test accuracy ({cfg.dataset})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(report_dir / "fedavg_table.png", dpi=110)
+    plt.close(fig)
+    out.append(str(report_dir / "fedavg_table.png"))
+    return out
+
+
+FEDAVG_TABLE = Experiment(config=FedAvgTableConfig, run=run_fedavg_table, plots=plots_fedavg_table,
+                          summary_keys=("rounds_to_target", "final_test_acc"))
+
+
+# ----------------------------------------------------------------------------- FedProx, Figure 1 layout
+
+
+METHODS = ("fedavg", "fedprox_mu0", "fedprox")
+"""FedAvg drops stragglers; FedProx mu = 0 keeps their partial work; FedProx mu > 0 keeps it and adds the
+proximal term."""
+
+
+@dataclass(frozen=True)
+class FedProxFigureConfig(ExperimentConfig):
+    synthetic: list[list[float]] = param(doc="(alpha, beta) of each Synthetic data set",
+                                         factory=lambda: [[0.0, 0.0], [0.5, 0.5], [1.0, 1.0]])
+    num_clients: int = param(30, "devices")
+    clients_per_round: int = param(10, "devices selected per round")
+    straggler_fractions: list[float] = param(doc="fractions of each round's devices that are stragglers",
+                                             factory=lambda: [0.0, 0.5, 0.9])
+    mu: float = param(1.0, "FedProx proximal coefficient of the 'fedprox' method")
+    rounds: int = param(100, "rounds")
+    epochs: int = param(20, "local epochs E (stragglers finish U{1..E-1}); ignored when local_steps > 0")
+    local_steps: int = param(0, "> 0: K local steps instead of E epochs (stragglers finish U{1..K-1})")
+    batch_size: int = param(10, "local minibatch size")
+    lr: float = param(0.01, "local SGD learning rate")
+    size_mean: float = param(4.0, "examples per device ~ floor(lognormal(size_mean, size_sigma)) + size_min")
+    size_sigma: float = param(2.0, "see size_mean")
+    size_min: int = param(50, "see size_mean")
+    size_max: int = param(0, "cap on examples per device (0 = none)")
+    train_seeds: list[int] = param(doc="training seeds (selection, stragglers, minibatches) per cell; the data "
+                                   "set is drawn once from `seed`", factory=lambda: [0, 1, 2])
+    workers: int = param(1, "processes running (cell, seed) jobs in parallel (1 = this process)")
+
+    def __post_init__(self) -> None:
+        for ab in self.synthetic:
+            if len(ab) != 2 or min(ab) < 0:
+                raise ValueError(f"synthetic: each entry is [alpha, beta] with both >= 0, got {ab}")
+        for f in self.straggler_fractions:
+            if not 0 <= f <= 1:
+                raise ValueError(f"straggler_fractions: {f} must lie in [0, 1]")
+        if self.mu <= 0:
+            raise ValueError(f"mu: the 'fedprox' method needs mu > 0, got {self.mu}")
+        if self.workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {self.workers}")
+        if not self.train_seeds:
+            raise ValueError("train_seeds: at least one seed needed")
+        if not self.synthetic or not self.straggler_fractions:
+            raise ValueError("synthetic/straggler_fractions: each needs at least one value")
+        self.cell_config(self.synthetic[0], self.straggler_fractions[0], "fedprox", self.train_seeds[0])
+
+    def cell_config(self, ab, fraction: float, method: str, train_seed: int):
+        from fedarena.federated.fedsim_experiment import FedSimConfig
+
+        return FedSimConfig(kind="fedsim", seed=train_seed, dataset="synthetic", num_clients=self.num_clients,
+                            synthetic_alpha=float(ab[0]), synthetic_beta=float(ab[1]),
+                            synthetic_size_mean=self.size_mean, synthetic_size_sigma=self.size_sigma,
+                            synthetic_size_min=self.size_min, synthetic_size_max=self.size_max,
+                            held_out_fraction=0.2, hidden=[], zero_init=True, rounds=self.rounds,
+                            clients_per_round=self.clients_per_round, epochs=self.epochs,
+                            local_steps=self.local_steps, batch_size=self.batch_size, lr=self.lr,
+                            prox_mu=self.mu if method == "fedprox" else 0.0, straggler_fraction=fraction,
+                            partial_work=method != "fedavg", privacy_seed=0)
+
+
+def _prox_name(ab, fraction: float, method: str) -> str:
+    return f"synthetic({ab[0]:g},{ab[1]:g}) stragglers={fraction:g} {method}"
+
+
+def fedprox_curve(cfg: FedProxFigureConfig, ab, fraction: float, method: str, train_seed: int) -> list[float]:
+    """Global training loss (mean cross-entropy over every device's training examples) after each round of
+    one method on the data set of ``cfg.seed`` with the training draws of ``train_seed``."""
+    from fedarena.federated.fedsim_experiment import build
+    from fedarena.federated.simulation import evaluate_params
+
+    d, sim = build(cfg.cell_config(ab, fraction, method, cfg.seed))  # the data set of `seed` ...
+    sim.seed = train_seed  # ... and the training draws (selection, stragglers, minibatches) of train_seed
+    train_all = np.concatenate(d.train)
+    state = sim.init_state({k: np.zeros_like(v) for k, v in sim.model.init_params(cfg.seed).items()})
+    sim.eval_every = cfg.rounds + 1  # the global training loss below is the metric
+    curve = []
+    for _ in range(cfg.rounds):
+        state, _ = sim.round(state)
+        curve.append(evaluate_params(sim.model, state.params, d.x[train_all], d.y[train_all])[0])
+    return curve
+
+
+def loss_statistics(curves: np.ndarray) -> dict[str, float]:
+    """Of a (seeds, rounds) array of loss curves: the final loss (mean over seeds), the spread over seeds
+    (standard deviation across seeds, mean over the last half of the rounds) and the oscillation (standard
+    deviation of the round-to-round change over the last half, mean over seeds)."""
+    half = curves[:, curves.shape[1] // 2:]
+    osc = float(np.diff(half, axis=1).std(1).mean()) if half.shape[1] > 1 else 0.0
+    return {"final_train_loss": float(curves[:, -1].mean()), "seed_spread": float(half.std(0).mean()),
+            "loss_oscillation": osc}
+
+
+def run_fedprox_figure(cfg: FedProxFigureConfig, run) -> dict[str, Any]:
+    cells = [(ab, f, m) for ab in cfg.synthetic for f in cfg.straggler_fractions for m in METHODS]
+    # no stragglers: keeping partial work changes nothing, so FedProx mu = 0 is the FedAvg run
+    jobs = [(ab, f, m, s) for ab, f, m in cells if not (m == "fedprox_mu0" and f == 0) for s in cfg.train_seeds]
+    results: dict[tuple, list[float]] = {}
+    with run.progress(total=len(jobs), desc="fedprox runs") as bar:
+        if cfg.workers > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            with ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futs = {pool.submit(fedprox_curve, cfg, *job): job for job in jobs}
+                for fut in as_completed(futs):
+                    results[_key(futs[fut])] = fut.result()
+                    bar.update(1, cell=_prox_name(*futs[fut][:3]), loss=results[_key(futs[fut])][-1])
+        else:
+            for job in jobs:
+                results[_key(job)] = fedprox_curve(cfg, *job)
+                bar.update(1, cell=_prox_name(*job[:3]), loss=results[_key(job)][-1])
+    losses: dict[str, list[list[float]]] = {}
+    summary: dict[str, Any] = {}
+    for n, (ab, f, m) in enumerate(cells):
+        src = "fedavg" if (m == "fedprox_mu0" and f == 0) else m
+        losses[_prox_name(ab, f, m)] = [results[_key((ab, f, src, s))] for s in cfg.train_seeds]
+        st = loss_statistics(np.asarray(losses[_prox_name(ab, f, m)]))
+        run.log(n + 1, **st)
+        for k, v in st.items():
+            summary[f"{k}[{_prox_name(ab, f, m)}]"] = round(v, 5)
+    (run.dir / "fedprox_losses.json").write_text(json.dumps({"losses": losses}), encoding="utf-8")
+    return summary
+
+
+def _key(job) -> tuple:
+    ab, f, m, s = job
+    return (float(ab[0]), float(ab[1]), float(f), m, int(s))
+
+
+def plots_fedprox_figure(rows, cfg: FedProxFigureConfig, report_dir) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report_dir = Path(report_dir)
+    path = report_dir.parent / "fedprox_losses.json"
+    if not path.exists():
+        return []
+    losses = json.loads(path.read_text(encoding="utf-8"))["losses"]
+    colors = {"fedavg": "tab:green", "fedprox_mu0": "tab:blue", "fedprox": "tab:red"}
+    labels = {"fedavg": "FedAvg (stragglers dropped)", "fedprox_mu0": "FedProx mu=0 (partial work)",
+              "fedprox": f"FedProx mu={cfg.mu:g}"}
+    fig, ax = plt.subplots(len(cfg.straggler_fractions), len(cfg.synthetic),
+                           figsize=(4.4 * len(cfg.synthetic), 3.2 * len(cfg.straggler_fractions)), squeeze=False)
+    for i, f in enumerate(cfg.straggler_fractions):
+        for j, ab in enumerate(cfg.synthetic):
+            a = ax[i, j]
+            for m in METHODS:
+                arr = np.asarray(losses.get(_prox_name(ab, f, m), []))
+                if arr.size == 0:
+                    continue
+                r = np.arange(1, arr.shape[1] + 1)
+                a.plot(r, arr.mean(0), color=colors[m], lw=1.3, label=labels[m])
+                a.fill_between(r, arr.min(0), arr.max(0), color=colors[m], alpha=0.18)
+            a.set_title(f"Synthetic({ab[0]:g},{ab[1]:g}), {100 * f:g}% stragglers", fontsize=10)
+            a.set_xlabel("round")
+            a.set_ylabel("training loss")
+            a.grid(alpha=0.3)
+            if i == 0 and j == 0:
+                a.legend(fontsize=7)
+    fig.suptitle(f"FedProx Figure 1 layout: {cfg.num_clients} devices, {cfg.clients_per_round} a round; "
+                 f"mean over {len(cfg.train_seeds)} seeds, band = min..max", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(report_dir / "fedprox_figure.png", dpi=110)
+    plt.close(fig)
+    return [str(report_dir / "fedprox_figure.png")]
+
+
+FEDPROX_FIGURE = Experiment(config=FedProxFigureConfig, run=run_fedprox_figure, plots=plots_fedprox_figure,
+                            summary_keys=("final_train_loss", "seed_spread", "loss_oscillation"))
+
+
+# ----------------------------------------------------------------------------- fedsim variants side by side
+
+
+@dataclass(frozen=True)
+class FedSimSweepConfig(ExperimentConfig):
+    base: dict[str, Any] = param(doc="fedsim fields shared by every variant (see `fedarena show` of a fedsim "
+                                 "config)", factory=dict)
+    variants: list[dict[str, Any]] = param(doc="one mapping per variant: `label` plus the fedsim fields it "
+                                           "changes", factory=lambda: [{"label": "fedavg"}])
+    x_metric: Literal["round", "bytes_up", "bytes_total"] = param(
+        "round", "x axis of the accuracy curves: round, cumulative uploaded bytes, or bytes up + down")
+    privacy_plot: bool = param(False, "also draw accuracy against each variant's cumulative epsilon")
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ValueError("variants: at least one variant needed")
+        labels = [v.get("label") for v in self.variants]
+        for i, v in enumerate(self.variants):
+            if not isinstance(v.get("label"), str) or not v["label"]:
+                raise ValueError(f"variants[{i}].label: each variant needs a non-empty label")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"variants: labels must be unique, got {labels}")
+        for i in range(len(self.variants)):
+            self.variant_config(i)
+
+    def variant_config(self, i: int):
+        from fedarena.federated.fedsim_experiment import FedSimConfig
+        from fedarena.platform.config import build as build_config
+
+        fields = {k: v for k, v in self.variants[i].items() if k != "label"}
+        for k in ("kind", "seed", "seeds", "name"):
+            if k in self.base or k in fields:
+                raise ValueError(f"variants[{i}].{k}: set {k} on the sweep, not on a variant or the base")
+        data = {**self.base, **fields, "kind": "fedsim", "seed": self.seed}
+        try:
+            return build_config(FedSimConfig, data, f"variants[{i}]")
+        except (ConfigError, ValueError) as e:
+            raise ValueError(f"variants[{i}] ({self.variants[i]['label']}): {e}") from None
+
+
+def run_fedsim_sweep(cfg: FedSimSweepConfig, run) -> dict[str, Any]:
+    from fedarena.federated.fedsim_experiment import build, ldp_cumulative_epsilon
+
+    curves: dict[str, dict[str, list[float]]] = {}
+    out: dict[str, Any] = {}
+    total = sum(cfg.variant_config(i).rounds for i in range(len(cfg.variants)))
+    step = 0
+    with run.progress(total=total, desc="fedsim variants") as bar:
+        for i, v in enumerate(cfg.variants):
+            fcfg = cfg.variant_config(i)
+            _, sim = build(fcfg)
+            params = sim.model.init_params(fcfg.seed)
+            if fcfg.zero_init:
+                params = {k: np.zeros_like(p) for k, p in params.items()}
+            state = sim.init_state(params)
+            sim.final_round = fcfg.rounds
+            rec: dict[str, Any] = {k: [] for k in ("round", "test_acc", "bytes_up", "bytes_total", "epsilon")}
+            rec["epsilon_kind"] = privacy_kind(fcfg)
+            uploads: dict[str, int] = {}
+            for r in range(1, fcfg.rounds + 1):
+                state, rr = sim.round(state)
+                for c in rr.reporting:
+                    uploads[c] = uploads.get(c, 0) + 1
+                step += 1
+                bar.update(1, variant=v["label"])
+                if "test_acc" not in rr.metrics:
+                    continue
+                rec["round"].append(r)
+                rec["test_acc"].append(float(rr.metrics["test_acc"]))
+                rec["bytes_up"].append(float(sim.bytes_up_total))
+                rec["bytes_total"].append(float(sim.bytes_up_total + sim.bytes_down_total))
+                most = max(uploads.values()) if uploads else 0
+                rec["epsilon"].append(
+                    float(rr.metrics.get("dp_epsilon", float("nan"))) if rec["epsilon_kind"] == "dp_fedavg" else
+                    ldp_cumulative_epsilon(fcfg, most) if rec["epsilon_kind"] == "ldp" and most else
+                    most * fcfg.signds_epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
+            curves[v["label"]] = rec
+            final = {k: rec[k][-1] for k in ("test_acc", "bytes_up", "bytes_total", "epsilon")}
+            run.log(i + 1, **final)
+            run.checkpoint(i + 1, lambda: {"curves": curves})
+            out[f"test_acc[{v['label']}]"] = round(final["test_acc"], 4)
+            out[f"bytes_up[{v['label']}]"] = int(final["bytes_up"])
+            if np.isfinite(final["epsilon"]):
+                out[f"epsilon[{v['label']}]"] = round(final["epsilon"], 4)
+    (run.dir / "sweep_curves.json").write_text(json.dumps(curves, allow_nan=True), encoding="utf-8")
+    return out
+
+
+def sweep_table(curves: dict[str, dict[str, list[float]]]) -> list[tuple[str, ...]]:
+    """(label, final test accuracy, uploaded MB, upload reduction vs the first variant, epsilon) per variant."""
+    first = next(iter(curves.values()))
+    ref = first["bytes_up"][-1]
+    rows = []
+    for label, rec in curves.items():
+        eps = rec["epsilon"][-1]
+        rows.append((label, f"{rec['test_acc'][-1]:.4f}", f"{rec['bytes_up'][-1] / 1e6:.3f}",
+                     f"{ref / rec['bytes_up'][-1]:.1f}x" if rec["bytes_up"][-1] else "-",
+                     f"{eps:.3g} ({rec['epsilon_kind']})" if np.isfinite(eps) else "-"))
+    return rows
+
+
+def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report_dir = Path(report_dir)
+    path = report_dir.parent / "sweep_curves.json"
+    if not path.exists():
+        return []
+    curves = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    fig, a = plt.subplots(figsize=(7.5, 4.5))
+    for label, rec in curves.items():
+        x = np.asarray(rec[cfg.x_metric], float) / (1e6 if cfg.x_metric != "round" else 1)
+        a.plot(x, rec["test_acc"], "-o", ms=2.5, lw=1.3, label=label)
+    a.set_xlabel({"round": "round", "bytes_up": "total uploaded MB (exact encoded bytes)",
+                  "bytes_total": "total MB up + down"}[cfg.x_metric])
+    if cfg.x_metric != "round":
+        a.set_xscale("log")
+    a.set_ylabel("global test accuracy")
+    a.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    a.set_title(cfg.name or "fedsim variants", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(report_dir / "sweep_accuracy.png", dpi=110)
+    plt.close(fig)
+    out.append(str(report_dir / "sweep_accuracy.png"))
+    if cfg.privacy_plot:
+        fig, a = plt.subplots(figsize=(6.5, 4.2))
+        for label, rec in curves.items():
+            eps, acc = np.asarray(rec["epsilon"], float), np.asarray(rec["test_acc"], float)
+            if np.isfinite(eps).any():
+                a.plot(eps, acc, "-", lw=1, label=f"{label} ({rec['epsilon_kind']})")
+            else:
+                a.axhline(acc[-1], ls="--", color="k", lw=0.8, label=f"{label}: final accuracy")
+        a.set_xscale("log")
+        a.set_xlabel("cumulative epsilon (DP-FedAvg: RDP accountant, user level; LDP / SignDS: most frequent uploader)",
+                     fontsize=8)
+        a.set_ylabel("global test accuracy")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+        a.set_title("accuracy against the accountant's cumulative epsilon, per round", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(report_dir / "sweep_epsilon.png", dpi=110)
+        plt.close(fig)
+        out.append(str(report_dir / "sweep_epsilon.png"))
+    table = sweep_table(curves)
+    head = ("variant", "final test acc", "uploaded MB", "upload reduction", "epsilon")
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in table]
+    (report_dir / "sweep_table.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+    fig, a = plt.subplots(figsize=(8, 0.35 * len(table) + 0.9))
+    a.axis("off")
+    t = a.table(cellText=[list(r) for r in table], colLabels=list(head), loc="center", cellLoc="center")
+    t.auto_set_font_size(False)
+    t.set_fontsize(8)
+    t.scale(1, 1.3)
+    fig.tight_layout()
+    fig.savefig(report_dir / "sweep_table.png", dpi=110)
+    plt.close(fig)
+    out.append(str(report_dir / "sweep_table.png"))
+    return out
+
+
+FEDSIM_SWEEP = Experiment(config=FedSimSweepConfig, run=run_fedsim_sweep, plots=plots_fedsim_sweep,
+                          summary_keys=("test_acc", "bytes_up", "epsilon"))
+
+
+def privacy_kind(cfg) -> str:
+    """Which epsilon a fedsim config's run accumulates: ``dp_fedavg`` (the RDP accountant of DP-FedAvg over
+    rounds, sampled Gaussian, at ``dp_delta``), ``ldp`` (the RDP composition of the most frequent
+    uploader's Gaussian releases, at ``ldp_delta``), ``signds`` (pure epsilon-LDP reports composed by basic
+    composition: reports x ``signds_epsilon``) or ``none``."""
+    if cfg.dp_noise_multiplier > 0:
+        return "dp_fedavg"
+    if cfg.ldp_epsilon > 0:
+        return "ldp"
+    if cfg.signds_k > 0:
+        return "signds"
+    return "none"
