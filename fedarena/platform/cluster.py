@@ -11,8 +11,9 @@ from fedarena.platform.experiment import ClusterConfig
 def init_ray(cluster: ClusterConfig | None = None):
     """Start (or connect to) Ray once per process and return the ``ray`` module.
 
-    With ``cluster.address`` unset, a local instance is started with at most ``num_cpus`` CPUs and an object
-    store of ``object_store_mb`` MiB (sized for a 2-core, small-memory machine); with an address
+    With ``cluster.address`` unset, a new local instance is started with at most ``num_cpus`` CPUs and an
+    object store of ``object_store_mb`` MiB (sized for a 2-core, small-memory machine), even when another Ray
+    instance is running on the machine (Ray would otherwise join that one, ignoring the limits); with an address
     (``auto`` or ``host:port``) the process joins that cluster instead.
     """
     import ray
@@ -24,6 +25,7 @@ def init_ray(cluster: ClusterConfig | None = None):
         ray.init(address=cluster.address, log_to_driver=False)
     else:
         ray.init(
+            address="local",
             num_cpus=cluster.num_cpus,
             object_store_memory=cluster.object_store_mb * 1024 * 1024,
             include_dashboard=False,
