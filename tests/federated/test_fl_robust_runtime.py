@@ -51,7 +51,7 @@ def test_krum_picks_the_update_closest_to_its_neighbours_by_brute_force():
         np.testing.assert_allclose(got[k], deltas[best][k], rtol=1e-12)
 
 
-def test_the_config_names_the_rule_and_the_scheduler_collects_every_delta():
+def test_the_config_names_the_rule_and_the_deployment_ships_it():
     spec = _spec(FedAvgGrpcConfig(dataset="synthetic", num_clients=6, aggregation="trimmed_mean",
                                   trim_fraction=0.25))
     assert (spec.policy.aggregation, spec.policy.trim_fraction) == ("trimmed_mean", 0.25)
@@ -66,6 +66,7 @@ def test_a_scheduler_given_a_robust_policy_aggregates_with_it(make_cluster):
                          round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
     c = make_cluster(policy)
     assert c.scheduler.aggregator is not None
+    assert c.scheduler._plan()["collect_updates"]  # the servers are told to forward every individual delta
     deltas = _deltas(n=5, seed=9)
     got = c.scheduler.aggregator(deltas, [1.0] * 5)
     np.testing.assert_allclose(got["w"], np.median(_stacked(deltas, "w"), axis=0))
