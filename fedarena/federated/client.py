@@ -55,8 +55,9 @@ class ClientOptions:
     seed: int = 0
     """seed of local training (minibatch order)"""
     privacy_seed: int = -1
-    """seed of the upload stages' randomness (DP noise, SignDS, stochastic rounding); -1 = every draw from the
-    OS CSPRNG (:class:`~fedarena.privacy.secure_random.SecureRandom`); a seed is for reproducible tests only"""
+    """seed of the privacy randomness (LDP noise, SignDS; compression's rounding follows ``seed``);
+    -1 = every draw from the OS CSPRNG (:class:`~fedarena.privacy.secure_random.SecureRandom`); a seed is for
+    reproducible tests only"""
 
     def stages(self) -> list[UploadStage]:
         out: list[UploadStage] = []
@@ -229,7 +230,7 @@ class FLClient:
             encoding, payload = "signds", encode_signds(delta, sds, prng)
         else:
             encoding = self.options.encoding
-            payload = encode_update(delta, encoding, prng, self.options.topk_fraction)
+            payload = encode_update(delta, encoding, rng, self.options.topk_fraction)  # rounding needs no secrecy
         upload = {"round": rnd, "model_version": version, "num_examples": int(len(self.x)),
                   "nonce": os.urandom(16), "encoding": encoding, "update": payload,
                   "train_loss": float(loss)}

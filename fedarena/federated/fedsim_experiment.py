@@ -97,7 +97,7 @@ class FedSimConfig(ExperimentConfig):
     secagg: bool = param(False, "secure aggregation of every round (real SecAgg protocol objects)")
     secagg_neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
     secagg_dropout: float = param(0.0, "fraction of clients silent before their masked input")
-    privacy_seed: int = param(-1, "seed of the upload stages' randomness (LDP noise, stochastic rounding); "
+    privacy_seed: int = param(-1, "seed of the privacy randomness (LDP noise, SignDS); "
                               "-1 = every draw from the OS CSPRNG; set only for reproducible tests")
     backend: Literal["vmap", "ray"] = param("vmap", "vmap: one process; ray: groups of clients as Ray tasks")
     personalize_epochs: int = param(0, "local fine-tuning epochs after the last round (0 = off)")

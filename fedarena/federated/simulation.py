@@ -311,8 +311,8 @@ class Simulation:
     ray_workers: int = 0
     """Ray actors of the ray backend (0 = one per cluster CPU, at most 8)"""
     privacy_seed: int = -1
-    """seed of the upload stages' randomness; -1 = every draw from the OS CSPRNG (:class:`SecureRandom`);
-    a seed is for reproducible tests only"""
+    """seed of the privacy randomness (upload stages, SignDS; the codecs' rounding follows ``seed``); -1 = every
+    draw from the OS CSPRNG (:class:`SecureRandom`); a seed is for reproducible tests only"""
     eval_clients: bool = True
     eval_every: int = 1
     """evaluate the global model every this many rounds (and after the last round of :meth:`run`)"""
@@ -452,6 +452,7 @@ class Simulation:
         updates, bytes_up = [], 0
         prng = (SecureRandom() if self.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
                 else np.random.default_rng([self.privacy_seed, rnd]))
+        crng = np.random.default_rng([self.seed, rnd, 13])  # upload codecs (stochastic rounding)
         for c in training:
             if c not in local:
                 continue  # a straggler dropped at the deadline (no finished step)
@@ -467,7 +468,9 @@ class Simulation:
                 delta = stage(delta, prng)
             if het.drop_upload and frng.random() < het.drop_upload:
                 continue
-            decoded, nbytes = self.upload(c, delta, prng)
+            # compression's stochastic rounding needs no secrecy (and 2M draws from os.urandom cost ~0.5 s);
+            # a private upload (SignDS) gets the privacy randomness
+            decoded, nbytes = self.upload(c, delta, prng if getattr(self.upload, "private", False) else crng)
             bytes_up += nbytes
             control_delta = None
             if scaffold:

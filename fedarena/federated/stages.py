@@ -373,6 +373,8 @@ class SignDSUpload:
     epsilon: float
     lr: float
     equal_weight: bool = True
+    private: bool = True
+    """a privacy mechanism: the simulation hands it the privacy randomness (the OS CSPRNG by default)"""
 
     def __call__(self, client_id: str, delta: Params, rng: np.random.Generator) -> tuple[Params, int]:
         from fedarena.privacy.signds import SignDSConfig
