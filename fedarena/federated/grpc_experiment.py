@@ -200,7 +200,8 @@ def plots(rows, cfg, report_dir) -> list[str]:
     ax[0, 0].plot(r, [row.get("test_acc", float("nan")) for row in rows], "o-", ms=3)
     ax[0, 0].set_title("test accuracy of the global model")
     ax[0, 1].plot(r, [row.get("test_loss", float("nan")) for row in rows], "o-", ms=3, label="test")
-    ax[0, 1].plot(r, [row.get("train_loss", float("nan")) for row in rows], "s-", ms=3, label="client train")
+    if any("train_loss" in row for row in rows):  # secure rounds release no per-client training loss
+        ax[0, 1].plot(r, [row.get("train_loss", float("nan")) for row in rows], "s-", ms=3, label="client train")
     ax[0, 1].set_title("cross-entropy loss")
     ax[0, 1].legend(fontsize=8)
     ax[1, 0].bar(r, [row.get("selected", 0) for row in rows], color="0.8", label="selected")

@@ -200,6 +200,7 @@ def plots_fedavg_table(rows, cfg: FedAvgTableConfig, report_dir) -> list[str]:
     t.auto_set_font_size(False)
     t.set_fontsize(8)
     t.scale(1, 1.25)
+    t.auto_set_column_width(list(range(len(head))))  # the last header is long
     a.set_title(f"FedAvg rounds to {cfg.target:g} test accuracy ({cfg.dataset})", fontsize=10)
     fig.tight_layout()
     fig.savefig(report_dir / "fedavg_table.png", dpi=110)
