@@ -9,13 +9,16 @@ step in the chosen mode (``sync``, ``threshold``, ``async``) and the newest para
 once every worker holds a batch, and in ``threshold`` / ``async`` mode a slow worker does not hold back the
 others. This is how an IMPALA learner uses the parameter server (``impala.parameter_server``).
 
-Engine calls from the worker threads are serialized by the engine (its tracing state is global), so the
-workers overlap only outside the engine (V-trace targets, the transport); the point is the parameter
-server's semantics (quorum, staleness bounds, sharded optimizer state), not a thread speed-up.
+The engine's tracing state is global, so every engine call of these threads (the workers' ``grad_fn``,
+the servers' optimizer steps) runs under one lock: ranks overlap only outside it (the transport, waiting),
+and a worker that is slow inside the engine holds the others back.
+The point is the parameter server's semantics (quorum, staleness bounds, sharded optimizer state), not a
+thread speed-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Any, Callable
@@ -38,11 +41,12 @@ _CLOSED = object()
 class ParameterServerLearner:
     """``params``: initial pytree; ``grad_fn(params, batch) -> (grads, metrics)``; ``optimizer``: an engine
     optimizer each server applies to its flat shard; ``opt_state``/``version``: resume from a
-    :meth:`state` (``opt_state`` is the list of shard states)."""
+    :meth:`state` (``opt_state`` is the list of shard states); ``lock_gradients=False`` lets the workers run
+    ``grad_fn`` concurrently, for a ``grad_fn`` that makes no engine calls."""
 
     def __init__(self, params: Any, grad_fn: Callable[[Any, Any], tuple[Any, dict]], optimizer: Any,
                  config: ParameterServerConfig, workers: int, opt_state: list | None = None,
-                 version: int = 0) -> None:
+                 version: int = 0, lock_gradients: bool = True) -> None:
         if workers < 1:
             raise ValueError(f"workers: must be >= 1, got {workers}")
         leaves, self._tree = engine.tree_flatten(params)
@@ -54,6 +58,8 @@ class ParameterServerLearner:
             raise ValueError(f"opt_state: expected {config.servers} shard states, got {len(opt_state)}")
         self.config, self.workers, self.grad_fn, self.optimizer = config, int(workers), grad_fn, optimizer
         self._lock = threading.Condition()
+        self._engine_lock = threading.Lock()
+        self._gradient_guard: Any = self._engine_lock if lock_gradients else contextlib.nullcontext()
         self._flat = flat
         self._shard_versions = [int(version)] * config.servers
         self._shard_states: list[Any] = (list(opt_state) if opt_state is not None else
@@ -80,7 +86,8 @@ class ParameterServerLearner:
         comm = Communicator(self._group.transport(rank, _IDLE_TIMEOUT_S))
         state = states[rank] if rank < cfg.servers else None
         try:
-            run_parameter_server(comm, cfg, params, self._gradient, self.optimizer, state, version, self._publish)
+            run_parameter_server(comm, cfg, params, self._gradient, self.optimizer, state, version, self._publish,
+                                 self._engine_lock)
         except PeerFailure:
             if not self._closed:
                 self._fail(RuntimeError(f"parameter server rank {rank}: a peer failed"))
@@ -109,7 +116,8 @@ class ParameterServerLearner:
         batch = self._inbox.get()
         if batch is _CLOSED:
             raise PeerFailure("closed")
-        grads, metrics = self.grad_fn(params, batch)
+        with self._gradient_guard:
+            grads, metrics = self.grad_fn(params, batch)
         with self._lock:
             self._metrics = {k: float(v) for k, v in metrics.items()}
         return grads
@@ -149,7 +157,8 @@ class ParameterServerLearner:
             while self._in_flight >= self.workers and self._error is None:
                 self._lock.wait()
             if self._error is not None:
-                raise RuntimeError(f"parameter server failed: {self._error}") from self._error
+                raise RuntimeError(f"parameter server failed: {type(self._error).__name__}: {self._error}"
+                               ) from self._error
             self._in_flight += 1
             self._inbox.put(batch)
             return dict(self._metrics, ps_in_flight=float(self._in_flight))
@@ -160,7 +169,8 @@ class ParameterServerLearner:
             if not self._lock.wait_for(lambda: self._in_flight == 0 or self._error is not None, timeout):
                 raise TimeoutError(f"drain: {self._in_flight} batches still in flight after {timeout:g} s")
             if self._error is not None:
-                raise RuntimeError(f"parameter server failed: {self._error}") from self._error
+                raise RuntimeError(f"parameter server failed: {type(self._error).__name__}: {self._error}"
+                               ) from self._error
 
     def close(self) -> None:
         """Stop the servers and workers (batches still in flight are discarded)."""
