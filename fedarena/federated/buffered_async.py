@@ -108,5 +108,5 @@ def _evaluate(sim: Simulation, params: Any, version: int, dispatched: int, losse
            "train_loss": float(np.mean(losses[-50:])) if losses else float("nan")}
     if sim.test is not None:
         loss, acc = evaluate_params(sim.model, params, *sim.test)
-        row.update(test_loss=loss, test_accuracy=acc)
+        row.update(test_loss=loss, test_acc=acc)
     return row

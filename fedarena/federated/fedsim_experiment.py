@@ -102,6 +102,13 @@ class FedSimConfig(ExperimentConfig):
     backend: Literal["vmap", "ray"] = param("vmap", "vmap: one process; ray: groups of clients as Ray tasks")
     personalize_epochs: int = param(0, "local fine-tuning epochs after the last round (0 = off)")
     eval_every: int = param(1, "evaluate every this many rounds")
+    server_mode: Literal["rounds", "sync", "threshold", "async"] = param(
+        "rounds", "rounds: synchronous rounds; sync / threshold (FedBuff) / async: the global model lives on the "
+        "engine's parameter server, async_concurrency clients train at once and `rounds` counts server steps "
+        "(fedarena.federated.buffered_async; plain FedAvg with dense uploads only)")
+    async_concurrency: int = param(10, "clients training at once (server_mode sync / threshold / async)")
+    async_buffer: int = param(5, "deltas per server step in threshold mode (FedBuff's K)")
+    async_staleness: int = param(4, "largest model-version lag of an applied delta (threshold / async)")
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -125,6 +132,32 @@ class FedSimConfig(ExperimentConfig):
             raise ValueError("dp_noise_multiplier: DP-FedAvg wraps plain fedavg aggregation without secagg")
         _strategy(self, 1)  # validates the strategy fields (their errors name the field)
         _heterogeneity(self)
+        if self.server_mode != "rounds":
+            _check_async(self)
+
+
+_ROUND_ONLY = {"aggregation": "fedavg", "server_optimizer": "fedavg", "upload_codec": "dense",
+               "download_codec": "dense", "clip_norm": 0.0, "ldp_epsilon": 0.0, "signds_k": 0,
+               "dp_noise_multiplier": 0.0, "secagg": False, "step_schedule": "fixed", "availability": 1.0,
+               "speed_mean": 0.0, "window_s": 0.0, "straggler_fraction": 0.0, "drop_before_training": 0.0,
+               "drop_after_training": 0.0, "drop_upload": 0.0, "adversary_fraction": 0.0, "backend": "vmap",
+               "personalize_epochs": 0}
+"""Settings the asynchronous server modes do not implement (they are round-based), with their defaults."""
+
+
+def _check_async(cfg: FedSimConfig) -> None:
+    from fedarena.federated.buffered_async import AsyncFLConfig
+
+    for name, default in _ROUND_ONLY.items():
+        if getattr(cfg, name) != default:
+            raise ValueError(f"{name}: server_mode {cfg.server_mode} runs plain FedAvg with dense uploads; "
+                             f"set {name} to {default!r} or use server_mode rounds")
+    _async_config(cfg, AsyncFLConfig)
+
+
+def _async_config(cfg: FedSimConfig, cls: Any) -> Any:
+    return cls(mode=cfg.server_mode, concurrency=cfg.async_concurrency, buffer=cfg.async_buffer,
+               staleness=cfg.async_staleness, server_lr=cfg.server_lr, steps=cfg.rounds, eval_every=cfg.eval_every)
 
 
 def _data_spec(cfg: FedSimConfig):
@@ -260,6 +293,8 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     sim.final_round = cfg.rounds
     hist = data.label_histogram(d.y, d.train, d.num_classes)
     np.save(run.dir / "label_histogram.npy", hist)
+    if cfg.server_mode != "rounds":
+        return _run_async(cfg, run, sim, params)
     schedule = StepSchedule(cfg.step_schedule, cfg.steps_min, cfg.steps_max, cfg.divergence_target)
     base = sim.strategy
     last_div: float | None = None
@@ -311,6 +346,24 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
             out["personalized_acc_before"] = float(before[ok].mean())
             out["personalized_acc_after"] = float(after[ok].mean())
     return out
+
+
+def _run_async(cfg: FedSimConfig, run: Any, sim: Any, params: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``server_mode`` sync / threshold / async: one metrics row per evaluation, keyed by server version."""
+    from fedarena.federated.buffered_async import AsyncFLConfig, run_async
+
+    if run.restore() is not None:
+        raise ConfigError(f"server_mode: {cfg.server_mode} runs keep no mid-run checkpoint; start a new run")
+    with run.progress(total=cfg.rounds, desc=f"fedsim {cfg.server_mode}") as bar:
+        def on_eval(version: int, row: dict[str, float]) -> None:
+            run.log(max(int(version), 1), **row)
+            bar.update(max(0, min(int(version), cfg.rounds) - bar.n), acc=row.get("test_acc", float("nan")))
+
+        final, rows = run_async(sim, _async_config(cfg, AsyncFLConfig), params=params, on_eval=on_eval)
+    run.save_checkpoint(cfg.rounds, {"params": final})
+    last = rows[-1]
+    return {"test_acc": last.get("test_acc", float("nan")), "test_loss": last.get("test_loss", float("nan")),
+            "server_steps": int(last["version"]), "clients_dispatched": int(last["clients_dispatched"])}
 
 
 def ldp_cumulative_epsilon(cfg: FedSimConfig, uploads: int) -> float:
@@ -365,7 +418,9 @@ def plots(rows, cfg, report_dir) -> list[str]:
 
     out: list[str] = []
     report_dir = Path(report_dir)
-    if rows:
+    if rows and cfg.server_mode != "rounds":
+        out.append(_async_plot(rows, cfg, report_dir))
+    elif rows:
         r = [row["step"] for row in rows]
         get = lambda k: [row.get(k, float("nan")) for row in rows]  # noqa: E731
         fig, ax = plt.subplots(2, 2, figsize=(11, 7))
@@ -418,6 +473,30 @@ def plots(rows, cfg, report_dir) -> list[str]:
         plt.close(fig)
         out.append(str(report_dir / "personalization.png"))
     return out
+
+
+def _async_plot(rows, cfg, report_dir: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    steps = [row["step"] for row in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    ax[0].plot(steps, [row.get("test_acc", float("nan")) for row in rows], "-o", ms=3, lw=2)
+    ax[0].set_title(f"global model, test accuracy ({cfg.server_mode} mode, {cfg.async_concurrency} clients "
+                    f"in flight" + (f", steps on {cfg.async_buffer}" if cfg.server_mode == "threshold" else "") + ")",
+                    fontsize=10)
+    ax[0].annotate(f"{int(rows[-1]['clients_dispatched'])} client updates dispatched in all",
+                   xy=(0.98, 0.04), xycoords="axes fraction", ha="right", fontsize=8)
+    ax[1].plot(steps, [row.get("test_loss", float("nan")) for row in rows], label="test")
+    ax[1].plot(steps, [row.get("train_loss", float("nan")) for row in rows], label="client training (last 50)")
+    ax[1].set_title("cross-entropy")
+    ax[1].legend(fontsize=8)
+    for a in ax:
+        a.set_xlabel("server step")
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(report_dir / "fedsim.png", dpi=110)
+    plt.close(fig)
+    return str(report_dir / "fedsim.png")
 
 
 EXPERIMENT = Experiment(config=FedSimConfig, run=run, plots=plots,

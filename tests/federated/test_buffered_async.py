@@ -51,7 +51,7 @@ def test_buffered_and_async_modes_learn(mode):
     got, rows = run_async(s, AsyncFLConfig(mode=mode, concurrency=4, buffer=2, staleness=3, steps=40, eval_every=10),
                           params=params)
     assert rows[-1]["version"] >= 40
-    assert rows[-1]["test_accuracy"] > before + 0.1
+    assert rows[-1]["test_acc"] > before + 0.1
     assert [r["version"] for r in rows] == sorted(r["version"] for r in rows)
 
 
@@ -60,3 +60,21 @@ def test_bad_settings_are_named():
         AsyncFLConfig(concurrency=2, buffer=3)
     with pytest.raises(ValueError, match="async_fl.mode"):
         AsyncFLConfig(mode="gossip")
+
+
+def test_fedsim_kind_runs_fedbuff_and_names_round_only_settings(tmp_path):
+    import json
+
+    from fedarena.platform.config import ConfigError
+    from fedarena.platform.runs import execute
+
+    cfg = {"kind": "fedsim", "dataset": "digits", "num_clients": 20, "rounds": 12, "eval_every": 4, "seed": 1,
+           "server_mode": "threshold", "async_concurrency": 4, "async_buffer": 2, "async_staleness": 2,
+           "hidden": [16], "lr": 0.1}
+    out = execute(cfg, out=tmp_path / "fedbuff", quiet=True, report=False)
+    assert out["server_steps"] >= 12 and out["test_acc"] > 0.5
+    rows = [json.loads(line) for line in (tmp_path / "fedbuff" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]  # every 4 server steps, then the final model (steps may overshoot 12)
+    assert steps[:2] == [4, 8] and steps[-1] >= 12 and steps == sorted(steps)
+    with pytest.raises((ConfigError, ValueError), match="upload_codec"):
+        execute(dict(cfg, upload_codec="quantize"), out=tmp_path / "bad", quiet=True, report=False)
