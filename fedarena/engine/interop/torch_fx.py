@@ -184,15 +184,17 @@ def _trace(torch: Any, module: Any) -> Any:
     class PathTracer(fx.Tracer):
         def __init__(self) -> None:
             super().__init__()
-            self.paths_entered: list[str] = []  # fx.Tracer keeps its own module_stack
+            self.failed_in: str | None = None  # (fx.Tracer keeps its own module_stack)
             self.last_node: Any = None
 
         def call_module(self, m: Any, forward: Any, args: Any, kwargs: Any) -> Any:
-            self.paths_entered.append(self.path_of_module(m))
+            path = self.path_of_module(m)
             try:
                 return super().call_module(m, forward, args, kwargs)
-            finally:
-                self.paths_entered.pop()
+            except Exception:
+                if self.failed_in is None:  # the innermost module sees the failure first
+                    self.failed_in = path
+                raise
 
         def create_node(self, *args: Any, **kwargs: Any) -> Any:
             node = super().create_node(*args, **kwargs)
@@ -203,7 +205,7 @@ def _trace(torch: Any, module: Any) -> Any:
     try:
         return tracer.trace(module)
     except Exception as e:
-        path = tracer.paths_entered[-1] if tracer.paths_entered else ""
+        path = tracer.failed_in or ""
         sub = module.get_submodule(path) if path else module
         after = f", after node {tracer.last_node.name!r}" if tracer.last_node is not None else ""
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
