@@ -129,6 +129,11 @@ def mlp_classifier(num_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(num_features, 32), nn.ReLU(), nn.Linear(32, num_classes))
 
 
+def three_logits(num_features: int, num_classes: int) -> nn.Module:
+    """A classifier with the wrong output width (for the error test)."""
+    return nn.Linear(num_features, 3)
+
+
 def tanh_torso(observation_shape: tuple) -> nn.Module:
     """A PPO torso for vector observations: two 64-unit tanh layers."""
     return nn.Sequential(nn.Linear(observation_shape[0], 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
