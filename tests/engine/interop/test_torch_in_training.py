@@ -48,3 +48,38 @@ def test_fedsim_torch_model_errors_name_the_field(tmp_path, factories_on_path):
         execute(dict(FEDSIM, model="torch:torch_models:three_logits"), out=tmp_path / "b", quiet=True)
     with pytest.raises(ConfigError, match="model: a torch model trains with backend vmap"):
         execute(dict(FEDSIM, backend="ray"), out=tmp_path / "c", quiet=True)
+
+
+PPO = {"kind": "ppo", "env_id": "CartPole-v1", "seed": 1, "total_steps": 8192, "target_return": None,
+       "ppo": {"num_envs": 8, "num_steps": 64, "num_minibatches": 2, "update_epochs": 8, "learning_rate": 3e-3,
+               "torso": "torch:torch_models:tanh_torso"}}
+
+
+def test_ppo_learns_cartpole_with_a_converted_torch_torso(tmp_path, factories_on_path):
+    from gymnasium import spaces
+
+    from fedarena.rl.ppo import PPO as Agent
+    from fedarena.rl.ppo import PPOConfig
+
+    agent = Agent(spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2), PPOConfig(**dict(PPO["ppo"])))
+    params = agent.weights().params
+    assert "0.weight" in params["pi"]["torso"] and "2.bias" in params["v"]["torso"]
+    assert not np.allclose(params["pi"]["torso"]["0.weight"], params["v"]["torso"]["0.weight"])
+    execute(PPO, out=tmp_path / "ppo", quiet=True, report=False)
+    returns = [r["episode_return"] for r in read_metrics(tmp_path / "ppo")]
+    assert len(returns) == 16
+    # random CartPole play lasts ~22 steps; the trained policy balances several times longer
+    assert np.mean(returns[:2]) < 40 and returns[-1] > 100, returns
+
+
+def test_ppo_torso_errors_name_the_field(tmp_path, factories_on_path):
+    from gymnasium import spaces
+
+    from fedarena.rl.ppo import PPO as Agent
+    from fedarena.rl.ppo import PPOConfig
+
+    with pytest.raises(ConfigError, match="ppo.torso: cannot import module 'no_such_models'"):
+        execute(dict(PPO, ppo=dict(PPO["ppo"], torso="torch:no_such_models:f")), out=tmp_path / "a", quiet=True)
+    with pytest.raises(ValueError, match=r"ppo.torso: .*a torso gives \(batch, features\)"):
+        Agent(spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2),
+              PPOConfig(torso="torch:torch_models:flat_output_torso"))

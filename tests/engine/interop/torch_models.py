@@ -137,3 +137,17 @@ def three_logits(num_features: int, num_classes: int) -> nn.Module:
 def tanh_torso(observation_shape: tuple) -> nn.Module:
     """A PPO torso for vector observations: two 64-unit tanh layers."""
     return nn.Sequential(nn.Linear(observation_shape[0], 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
+
+
+class _Scalar(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(n, 1)
+
+    def forward(self, x):
+        return self.fc(x).squeeze(-1)
+
+
+def flat_output_torso(observation_shape: tuple) -> nn.Module:
+    """A torso giving one number per example instead of a feature vector (for the error test)."""
+    return _Scalar(observation_shape[0])
