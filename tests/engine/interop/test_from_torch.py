@@ -139,6 +139,38 @@ def test_the_supported_calls_match_torch_in_float64():
         np.testing.assert_allclose(g_p[name], p.grad.numpy(), rtol=1e-5, atol=1e-8, err_msg=name)
 
 
+class TokenModel(nn.Module):
+    """Token ids through an embedding, a buffer added, and functional calls on parameters used directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.w = nn.Parameter(torch.randn(5, 8))
+        self.cw = nn.Parameter(torch.randn(4, 1, 3, 3))
+        self.register_buffer("pos", torch.randn(7, 8))
+
+    def forward(self, idx):
+        h = F.layer_norm(self.emb(idx) + self.pos, (8,))
+        h = F.dropout(h, 0.2, self.training)
+        c = F.max_pool2d(F.conv2d(h.unsqueeze(1), self.cw, None, 1, 1), 2)
+        return F.linear(h.mean(1), self.w) + c.view(c.size(0), -1)[:, :5]
+
+
+def test_token_model_with_functional_calls_matches_torch_in_float64():
+    torch.manual_seed(4)
+    module = TokenModel().double().eval()
+    idx = torch.randint(0, 20, (3, 7))
+    fn, params = engine.from_torch(module, idx)
+    assert fn.buffer_names == ("pos",) and sorted(fn.parameter_names) == ["cw", "emb.weight", "w"]
+    ct = np.random.default_rng(5).normal(size=(3, 5))
+    out = module(idx)
+    (out * torch.tensor(ct)).sum().backward()
+    np.testing.assert_allclose(fn(params, idx.numpy()), out.detach().numpy(), rtol=1e-5, atol=1e-8)
+    g = engine.grad(lambda p: ops.sum(fn(p, idx.numpy()) * ct))(params)
+    for name, p in module.named_parameters():
+        np.testing.assert_allclose(g[name], p.grad.numpy(), rtol=1e-5, atol=1e-8, err_msg=name)
+
+
 def test_vmap_over_examples_equals_the_batched_call():
     module, x = _model("cnn_batchnorm", torch.float64)
     fn, params = engine.from_torch(module, x)
