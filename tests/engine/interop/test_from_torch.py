@@ -139,6 +139,25 @@ def test_the_supported_calls_match_torch_in_float64():
         np.testing.assert_allclose(g_p[name], p.grad.numpy(), rtol=1e-5, atol=1e-8, err_msg=name)
 
 
+ACTIVATIONS = [nn.ReLU(), nn.ReLU6(), nn.LeakyReLU(0.3), nn.Tanh(), nn.Sigmoid(), nn.SiLU(), nn.GELU(),
+               nn.GELU(approximate="tanh"), nn.Softmax(dim=1), nn.LogSoftmax(dim=1), nn.Identity()]
+
+
+@pytest.mark.parametrize("act", ACTIVATIONS, ids=lambda m: f"{type(m).__name__}{getattr(m, 'approximate', '')}")
+def test_activation_layers_match_torch_in_float64(act):
+    torch.manual_seed(5)
+    module = nn.Sequential(nn.Linear(5, 6), act).double()
+    x = (3 * torch.randn(4, 5, dtype=torch.float64)).requires_grad_(True)
+    ct = np.random.default_rng(6).normal(size=(4, 6))
+    out = module(x)
+    (out * torch.tensor(ct)).sum().backward()
+    fn, params = engine.from_torch(module, x.detach())
+    np.testing.assert_allclose(fn(params, x.detach().numpy()), out.detach().numpy(), rtol=1e-5, atol=1e-8)
+    g_p, g_x = engine.grad(lambda p, xv: ops.sum(fn(p, xv) * ct), argnums=(0, 1))(params, x.detach().numpy())
+    np.testing.assert_allclose(g_x, x.grad.numpy(), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(g_p["0.weight"], module[0].weight.grad.numpy(), rtol=1e-5, atol=1e-8)
+
+
 class TokenModel(nn.Module):
     """Token ids through an embedding, a buffer added, and functional calls on parameters used directly."""
 
