@@ -244,14 +244,83 @@ def _read_later(node: Any) -> bool:
     return any(order[u] > order[node] for u in node.args[0].users if u is not node)
 
 
+class _Parameters:
+    """The module's tensors as the graph reads them: float parameters and buffers become entries of the
+    ``state_dict``-named parameter dict (a shared tensor once, under its first name), others constants."""
+
+    def __init__(self, module: Any) -> None:
+        self.names: dict[int, str] = {}
+        self.buffers: set[str] = set()
+        for name, t in module.named_parameters():
+            self.names.setdefault(id(t), name)
+        for name, t in module.named_buffers():
+            if id(t) not in self.names:
+                self.names[id(t)] = name
+                self.buffers.add(name)
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def source(self, t: Any) -> tuple[str, Any]:
+        """("param", state_dict name) for a float parameter/buffer; ("const", array or None) otherwise."""
+        if t is None:
+            return ("const", None)
+        if id(t) in self.names and t.is_floating_point():
+            name = self.names[id(t)]
+            self.arrays.setdefault(name, tensor_to_numpy(t))
+            return ("param", name)
+        return ("const", tensor_to_numpy(t))
+
+
+def _module_rule(sub: Any, prepare: Callable[[Any], Any], tensors: _Parameters) -> Callable[..., Any]:
+    apply = prepare(sub)  # checks the layer's configuration (raises Unsupported)
+    local = {n: tensors.source(t) for n, t in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]}
+
+    def rule(leaf: Any, *args: Any, **kwargs: Any) -> Any:
+        def get(name: str) -> Any:
+            kind, v = local.get(name, ("const", None))
+            return leaf(v) if kind == "param" else v
+        return apply(get, *args, **kwargs)
+
+    return rule
+
+
+def _node_rule(node: Any, module: Any, rules: tuple[dict, dict], tensors: _Parameters) -> Callable[..., Any]:
+    """The evaluation rule ``rule(leaf, *args, **kwargs)`` of one get_attr / call_* node."""
+    module_rules, function_rules = rules
+    sub = module.get_submodule(node.target) if node.op == "call_module" else None
+    if node.op == "get_attr":
+        kind, v = tensors.source(_fetch(module, node.target))
+        return (lambda leaf: leaf(v)) if kind == "param" else (lambda leaf: v)
+    if node.op == "call_module":
+        prepare = module_rules.get(type(sub))
+        if prepare is None:
+            raise Unsupported(f"no engine rule for {type(sub).__module__}.{type(sub).__name__}")
+        rule = _module_rule(sub, prepare, tensors)
+    elif node.op == "call_function":
+        fn = function_rules.get(node.target)
+        if fn is None:
+            raise Unsupported("no engine rule for this function")
+        rule = lambda leaf, *a, **k: fn(*a, **k)  # noqa: E731
+    elif node.op == "call_method":
+        fn = torch_rules.METHOD_RULES.get(node.target)
+        if fn is None:
+            raise Unsupported(f"no engine rule for the tensor method {node.target!r}")
+        rule = lambda leaf, *a, **k: fn(*a, **k)  # noqa: E731
+    else:  # pragma: no cover - fx has no other node kinds
+        raise Unsupported("unknown node kind")
+    if node.op != "call_method" and _inplace(node, sub) and _read_later(node):
+        raise Unsupported("an in-place operation whose input is read again later (PyTorch would see the "
+                          "overwritten values)")
+    return rule
+
+
 def from_torch(module: Any, example_inputs: Any, *, check: bool = True) -> tuple[TorchFunction, dict[str, np.ndarray]]:
     """Convert ``module`` (a ``torch.nn.Module``) into ``(fn, params)`` with ``fn(params, *inputs)``.
 
     ``example_inputs`` (a tensor or a tuple of tensors) are run through the converted function once
     (so a shape the engine refuses is reported at conversion); with ``check`` the result must match
-    the module's own output on them (float32: within 1e-3 relative to the output's scale). Convert
-    batch norm and dropout in eval mode (``module.eval()``). Raises :class:`TorchConversionError`
-    naming the first node ``torch.fx`` cannot trace or the engine cannot run.
+    the module's own output on them (within 1e-3 of the output's scale). Convert batch norm and
+    dropout in eval mode (``module.eval()``). Raises :class:`TorchConversionError` naming the first
+    node ``torch.fx`` cannot trace or the engine cannot run.
     """
     import torch
 
@@ -259,29 +328,8 @@ def from_torch(module: Any, example_inputs: Any, *, check: bool = True) -> tuple
         raise TypeError(f"from_torch: module must be a torch.nn.Module, got {type(module).__name__}")
     examples = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     graph = _trace(torch, module)
-    module_rules = torch_rules.module_rules(torch)
-    function_rules = torch_rules.function_rules(torch)
-    names: dict[int, str] = {}
-    buffers: set[str] = set()
-    for name, t in module.named_parameters():
-        names.setdefault(id(t), name)
-    for name, t in module.named_buffers():
-        if id(t) not in names:
-            names[id(t)] = name
-            buffers.add(name)
-    params: dict[str, np.ndarray] = {}
-    node_type = torch.fx.Node
-
-    def leaf_source(t: Any) -> tuple[str, Any]:
-        """("param", state_dict name) for a float parameter/buffer; ("const", array) otherwise."""
-        if t is None:
-            return ("const", None)
-        if id(t) in names and t.is_floating_point():
-            name = names[id(t)]
-            params.setdefault(name, tensor_to_numpy(t))
-            return ("param", name)
-        return ("const", tensor_to_numpy(t))
-
+    rules = (torch_rules.module_rules(torch), torch_rules.function_rules(torch))
+    tensors = _Parameters(module)
     steps: list[_Step] = []
     inputs: list[tuple[str, Any]] = []
     output: Any = None
@@ -289,61 +337,21 @@ def from_torch(module: Any, example_inputs: Any, *, check: bool = True) -> tuple
         stack = node.meta.get("nn_module_stack") or {}
         path = node.target if node.op == "call_module" else (list(stack)[-1] if stack else "")
         where = f"{node.op} {_qualified(node.target)}, module {path or '<root>'!r}"
-
-        def fail(reason: str) -> TorchConversionError:
-            return TorchConversionError(f"from_torch: unsupported node {node.name!r} ({where}): {reason}")
-
-        args, kwargs = _template(node.args, node_type), _template(dict(node.kwargs), node_type)
-        if node.op == "placeholder":
-            if node.target.startswith("*"):
-                raise fail("variadic forward arguments are not supported")
-            inputs.append((node.name, node.args[0] if node.args else _NO_DEFAULT))
-            continue
-        if node.op == "output":
-            output = args[0]
-            continue
-        if node.op == "get_attr":
-            src = leaf_source(_fetch(module, node.target))
-            rule = (lambda leaf, _n=src[1]: leaf(_n)) if src[0] == "param" else (lambda leaf, _c=src[1]: _c)
-        elif node.op == "call_module":
-            sub = module.get_submodule(node.target)
-            prepare = module_rules.get(type(sub))
-            if prepare is None:
-                raise fail(f"no engine rule for {type(sub).__module__}.{type(sub).__name__}")
-            try:
-                apply = prepare(sub)
-            except Unsupported as e:
-                raise fail(str(e)) from None
-            local = {n: leaf_source(t) for n, t in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]}
-            for n in ("weight", "bias"):
-                local.setdefault(n, ("const", None))
-
-            def rule(leaf: Any, *a: Any, _apply: Any = apply, _local: Any = local, **k: Any) -> Any:
-                def get(n: str) -> Any:
-                    kind, v = _local.get(n, ("const", None))
-                    return leaf(v) if kind == "param" else v
-                return _apply(get, *a, **k)
-        elif node.op == "call_function":
-            fn = function_rules.get(node.target)
-            if fn is None:
-                raise fail("no engine rule for this function")
-            rule = (lambda leaf, *a, _fn=fn, **k: _fn(*a, **k))
-        elif node.op == "call_method":
-            fn = torch_rules.METHOD_RULES.get(node.target)
-            if fn is None:
-                raise fail(f"no engine rule for the tensor method {node.target!r}")
-            rule = (lambda leaf, *a, _fn=fn, **k: _fn(*a, **k))
-        else:  # pragma: no cover - fx has no other node kinds
-            raise fail("unknown node kind")
-        if node.op in ("call_module", "call_function") and _inplace(node, module.get_submodule(node.target)
-                                                                    if node.op == "call_module" else None):
-            if _read_later(node):
-                raise fail("an in-place operation whose input is read again later (PyTorch would see the "
-                           "overwritten values)")
-        steps.append(_Step(node.name, node.op, where, rule, args, kwargs))
-
-    fn = TorchFunction(steps, inputs, output, [n for n in params if n not in buffers],
-                       [n for n in params if n in buffers], str(graph))
+        args, kwargs = _template(node.args, torch.fx.Node), _template(dict(node.kwargs), torch.fx.Node)
+        try:
+            if node.op == "placeholder":
+                if node.target.startswith("*"):
+                    raise Unsupported("variadic forward arguments are not supported")
+                inputs.append((node.name, node.args[0] if node.args else _NO_DEFAULT))
+            elif node.op == "output":
+                output = args[0]
+            else:
+                steps.append(_Step(node.name, node.op, where, _node_rule(node, module, rules, tensors), args, kwargs))
+        except Unsupported as e:
+            raise TorchConversionError(f"from_torch: unsupported node {node.name!r} ({where}): {e}") from None
+    params = tensors.arrays
+    fn = TorchFunction(steps, inputs, output, [n for n in params if n not in tensors.buffers],
+                       [n for n in params if n in tensors.buffers], str(graph))
     _check_examples(torch, module, fn, params, examples, check)
     return fn, params
 
