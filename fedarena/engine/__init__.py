@@ -27,6 +27,7 @@ from .profiler import profile
 from .core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .core.threads import get_num_threads, set_num_threads
 from .core.tracing import PRIMITIVES, Tracer
+from .interop import from_dlpack, from_torch, to_dlpack  # noqa: F401  (torch.fx / DLPack interop)
 
 __all__ = [
     "EngineError",

@@ -39,6 +39,8 @@ class FedSimConfig(ExperimentConfig):
     synthetic_size_min: int = param(50, "see synthetic_size_mean")
     synthetic_size_max: int = param(0, "cap on examples per device (0 = none)")
     hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
+    model: str = param("", "a torch model 'torch:module.path:factory' (factory(num_features, num_classes) -> "
+                       "nn.Module, converted by engine.from_torch) instead of the MLP of hidden; '' = the MLP")
     zero_init: bool = param(False, "start from all-zero parameters (softmax regression)")
     rounds: int = param(50, "number of rounds")
     clients_per_round: int = param(10, "clients selected per round (0 = all)")
@@ -130,6 +132,8 @@ class FedSimConfig(ExperimentConfig):
             raise ValueError("secagg: secure aggregation gives only the sum, so aggregation must be fedavg")
         if self.dp_noise_multiplier and (self.secagg or self.aggregation != "fedavg"):
             raise ValueError("dp_noise_multiplier: DP-FedAvg wraps plain fedavg aggregation without secagg")
+        if self.model and self.backend != "vmap":
+            raise ValueError("model: a torch model trains with backend vmap (the ray backend rebuilds the MLP)")
         _strategy(self, 1)  # validates the strategy fields (their errors name the field)
         _heterogeneity(self)
         if self.server_mode != "rounds":
@@ -262,7 +266,16 @@ def build(cfg: FedSimConfig):
     if cfg.download_codec != "dense":
         kw["download"] = compression.Broadcast(compression.Codec(cfg.download_codec, cfg.download_bits,
                                                                  cfg.download_fraction), seed=cfg.seed)
-    model = BatchedMLP((d.num_features, *cfg.hidden, d.num_classes))
+    if cfg.model:  # a torch model through engine.from_torch (fedarena/federated/torch_model.py)
+        from fedarena.engine.interop import TorchConversionError
+        from fedarena.federated.torch_model import BatchedTorchModel
+
+        try:
+            model = BatchedTorchModel(cfg.model, d.num_features, d.num_classes)
+        except (ValueError, TorchConversionError) as e:
+            raise ConfigError(f"model: {e}") from None
+    else:
+        model = BatchedMLP((d.num_features, *cfg.hidden, d.num_classes))
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
                      seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=_heterogeneity(cfg),
                      upload_stages=upload_stages, backend=cfg.backend, eval_every=cfg.eval_every,
