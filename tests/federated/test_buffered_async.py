@@ -74,7 +74,9 @@ def test_fedsim_kind_runs_fedbuff_and_names_round_only_settings(tmp_path):
     out = execute(cfg, out=tmp_path / "fedbuff", quiet=True, report=False)
     assert out["server_steps"] >= 12 and out["test_acc"] > 0.5
     rows = [json.loads(line) for line in (tmp_path / "fedbuff" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in rows]  # every 4 server steps, then the final model (steps may overshoot 12)
-    assert steps[:2] == [4, 8] and steps[-1] >= 12 and steps == sorted(steps)
+    # a row when the version passes 4 and 8 (steps arrive asynchronously, so it may be 5 or 9), then the final
+    # model (the last step may overshoot 12)
+    steps = [r["step"] for r in rows]
+    assert len(steps) == 3 and 4 <= steps[0] < 8 <= steps[1] < 12 <= steps[2]
     with pytest.raises((ConfigError, ValueError), match="upload_codec"):
         execute(dict(cfg, upload_codec="quantize"), out=tmp_path / "bad", quiet=True, report=False)
