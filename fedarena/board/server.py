@@ -134,7 +134,8 @@ class Board:
             infos.append(folders.run_info(self.root, path))
             configs.append(folders.read_config(path)[0])
         diff = [(k, [lineage.display(v) for v in vals]) for k, vals in lineage.config_diff(configs)] if infos else []
-        data = {"runs": [{"id": r.id, "label": f"{r.name or r.kind} ({r.id})", "state": r.state} for r in infos]}
+        data = {"runs": [{"id": r.id, "label": f"{r.name or r.kind} ({r.id})", "state": r.state,
+                          "summary_keys": list(r.metrics)} for r in infos]}
         return self.page("compare.html", runs=infos, diff=diff, missing=missing, all_runs=folders.list_runs(self.root),
                          data=data)
 

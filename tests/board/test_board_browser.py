@@ -189,3 +189,39 @@ def test_malformed_metric_lines_are_skipped(browser, board, artifacts):
     assert len(points) == 5
     assert browser.find_element(By.ID, "rows-info").text == "(5 rows, 4 malformed lines skipped)"
     _shot(browser, artifacts, "malformed")
+
+
+def test_failure_panel_shows_a_real_nan_debugger_error(browser, board, runs_root):
+    """With the engine's NaN debugger (``engine.debug_nans``, issue 22): a deliberate log(0) in a jitted step fails,
+    the platform's status.json records the one-line message, and the run page shows it verbatim."""
+    from fedarena import engine
+    from fedarena.engine import ops
+    from fedarena.platform.errors import is_user_error, one_line
+
+    from .conftest import write_config, write_status
+
+    if not hasattr(engine, "debug_nans"):
+        pytest.skip("this engine has no NaN debugger yet (engine.debug_nans lands with the engine2 branch)")
+    import numpy as np
+
+    def step(x):
+        return ops.sum(ops.log(x * 0.0))  # log(0) = -inf
+
+    with engine.debug_nans(True):
+        with pytest.raises(Exception) as caught:
+            engine.jit(step)(np.ones(4, np.float32))
+    message = one_line(caught.value)
+    assert "log" in message and "test_board_browser.py" in message
+    run_dir = runs_root / "nan-20260101T000400Z-eeeeee"
+    write_config(run_dir, {"kind": "ppo", "name": "nan", "seed": 0})
+    write_status(run_dir, {"state": "failed", "kind": "ppo", "seed": 0, "error": message,
+                           "error_type": type(caught.value).__name__, "user_error": is_user_error(caught.value),
+                           "last_step": None, "last_checkpoint_step": None})
+    try:
+        _open(browser, board, "/run?id=" + run_dir.name)
+        assert browser.find_element(By.ID, "failure-message").text == message
+        assert browser.find_element(By.ID, "failure-type").text == type(caught.value).__name__
+    finally:
+        import shutil
+
+        shutil.rmtree(run_dir)

@@ -6,16 +6,18 @@
 
 const DATA = JSON.parse(document.getElementById("board-data").textContent || "{}");
 const POLL_MS = 1000;
-const PLOT_CONFIG = { displaylogo: false, responsive: true };
+const PLOT_CONFIG = { displaylogo: false, responsive: true, displayModeBar: false };  // drag zooms, double-click resets
 
 function esc(s) {
   return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
 function layout(title, extra) {
+  const legend = !extra || extra.showlegend !== false;
   return Object.assign({
-    title: { text: esc(title), font: { size: 13 } }, height: 280, margin: { l: 55, r: 15, t: 36, b: 40 },
-    font: { size: 11 }, showlegend: true, legend: { orientation: "h", y: -0.22 }, uirevision: "keep",
+    title: { text: esc(title), font: { size: 13 } }, height: legend ? 320 : 280,
+    margin: { l: 55, r: 15, t: 36, b: legend ? 85 : 40 },
+    font: { size: 11 }, showlegend: legend, legend: { orientation: "h", y: -0.3 }, uirevision: "keep",
   }, extra || {});
 }
 
@@ -286,8 +288,10 @@ function comparePage() {
     if (select.options.length !== all.length) {
       select.replaceChildren(...all.map((k) => el("option", { value: k }, k)));
     }
-    if (metric === null || !all.includes(metric)) {
-      metric = all.find((k) => keysPer.every((ks) => ks.includes(k))) || all[0] || null;
+    if (metric === null || !all.includes(metric)) {  // the first final-summary metric all runs logged, else any shared one
+      const common = all.filter((k) => keysPer.every((ks) => ks.includes(k)));
+      const summary = DATA.runs.flatMap((r) => r.summary_keys);
+      metric = common.find((k) => summary.includes(k)) || common[0] || all[0] || null;
     }
     if (metric === null) return;
     select.value = metric;
@@ -338,7 +342,7 @@ function profilePage() {
   const blocks = ((p.memory || {}).blocks || []).filter((b) => b.offset !== null && b.offset !== undefined);
   if (blocks.length) {
     Plotly.newPlot("memory-plan", [{ type: "bar", x: blocks.map((b) => (b.first + b.last) / 2), width: blocks.map((b) => b.last - b.first + 1),
-      base: blocks.map((b) => b.offset), y: blocks.map((b) => b.bytes), text: blocks.map((b) => esc(b.value)),
+      base: blocks.map((b) => b.offset), y: blocks.map((b) => b.bytes), text: blocks.map((b) => esc(b.value)), textposition: "none",
       hovertemplate: "%{text}<br>%{y} B at offset %{base}<extra></extra>", marker: { line: { width: 1, color: "#333" } } }],
     layout("memory plan: arena offset (bytes) of each value over its lifetime (equations)", { showlegend: false, height: 360,
       xaxis: { title: { text: "equation" } }, yaxis: { title: { text: "byte offset" } }, bargap: 0 }), PLOT_CONFIG);
