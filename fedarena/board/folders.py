@@ -34,8 +34,8 @@ STATES = {"completed": "finished", "running": "running", "failed": "failed", "in
 _STAMP = re.compile(r"-(\d{8}T\d{6}Z)-[0-9a-f]{6}$")
 MAX_DEPTH = 3  # runs/<group>/seed-<s>/ is the deepest layout the platform writes
 LOG_TAIL_BYTES = 64 * 1024
-IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml", ".jpg": "image/jpeg", ".jpeg": "image/jpeg",
-               ".gif": "image/gif"}
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif"}
+"""Report figures the board serves (no SVG: an SVG file can carry script)."""
 
 
 class RunNotFound(LookupError):

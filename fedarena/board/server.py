@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import mimetypes
+import re
 import threading
 from functools import cached_property
 from http import HTTPStatus
@@ -80,9 +81,11 @@ class NotFound(Exception):
 class Board:
     """The pages and endpoints over one runs folder; :class:`BoardServer` serves it over HTTP."""
 
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, poll_seconds: float = 1.0):
         root = Path(root).resolve()
         self.root = root
+        self.poll_seconds = float(poll_seconds)
+        """how often a live page asks for new rows (the runs list: 5 times as long)"""
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                                       undefined=jinja2.StrictUndefined)
         self.env.filters["fmt"] = _fmt
@@ -99,8 +102,8 @@ class Board:
 
     def page(self, template: str, data: Any, **context: Any) -> str:
         """Render ``template``; ``data`` goes to the page's script as JSON (NaN and infinities as null)."""
-        return self.env.get_template(template).render(root=str(self.root), data=folders.finite_or_none(data),
-                                                      **context)
+        data = {**folders.finite_or_none(data), "poll_ms": int(self.poll_seconds * 1000)}
+        return self.env.get_template(template).render(root=str(self.root), data=data, **context)
 
     # -- pages
     def runs_page(self, q: dict[str, list[str]]) -> str:
@@ -214,7 +217,8 @@ class Board:
         f = profiles.trace_path(path, name)
         if f is None:
             raise NotFound(f"profile {name!r}: no Chrome trace in this run")
-        return f, "application/json", f"{path.name}-{name}.trace.json"
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", path.name)  # a folder name must not reach the header raw
+        return f, "application/json", f"{safe}-{name}.trace.json"
 
     def static_file(self, name: str) -> tuple[Path, str, str | None]:
         if name == "plotly.min.js":
@@ -314,8 +318,8 @@ class BoardServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 8050):
-        self.board = Board(root)
+    def __init__(self, root: str | Path, host: str = "127.0.0.1", port: int = 8050, poll_seconds: float = 1.0):
+        self.board = Board(root, poll_seconds)
         super().__init__((host, port), _Handler)
 
     @property

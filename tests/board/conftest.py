@@ -150,7 +150,7 @@ def live_run(runs_root):
 def board(runs_root):
     from fedarena.board import BoardServer
 
-    server = BoardServer(runs_root, "127.0.0.1", 0)
+    server = BoardServer(runs_root, "127.0.0.1", 0, poll_seconds=0.25)
     server.start()
     yield server
     server.shutdown()

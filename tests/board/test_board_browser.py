@@ -12,7 +12,9 @@ import pytest
 
 from fedarena.board import folders
 
-from .conftest import NAN_MESSAGE, XSS
+from fedarena.platform.checkpoint import write_atomic
+
+from .conftest import NAN_MESSAGE, XSS, write_status
 
 pytest.importorskip("selenium")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -62,6 +64,15 @@ def test_runs_list_shows_filters_and_sorts(browser, board, runs_root, artifacts)
     browser.find_element(By.CSS_SELECTOR, 'th[data-key="name"]').click()
     names = [r.get_attribute("data-name") for r in browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")]
     assert names == sorted(names, reverse=True)
+    # the list refreshes statuses without a reload: the running run finishes on disk, its badge follows
+    run = runs_root / "malformed"
+    saved = (run / "status.json").read_bytes()
+    write_status(run, {"state": "completed", "kind": "xfp", "seed": 0, "summary": {"exploitability": 0.2}})
+    try:
+        badge = browser.find_element(By.CSS_SELECTOR, 'tr[data-id="malformed"] .state')
+        WebDriverWait(browser, WAIT).until(lambda d: badge.text == "finished")
+    finally:
+        write_atomic(run / "status.json", saved)
 
 
 def test_run_page_shows_curves_config_figures_checkpoints_log_and_fl_views(browser, board, runs_root, artifacts):

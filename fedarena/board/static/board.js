@@ -5,7 +5,7 @@
 "use strict";
 
 const DATA = JSON.parse(document.getElementById("board-data").textContent || "{}");
-const POLL_MS = 1000;
+const POLL_MS = DATA.poll_ms || 1000;
 const PLOT_CONFIG = { displaylogo: false, responsive: true, displayModeBar: false };  // drag zooms, double-click resets
 
 function esc(s) {
@@ -116,6 +116,29 @@ function runsPage() {
     for (const id of selected()) q.append("id", id);
     window.location.href = "/compare?" + q.toString();
   });
+  // status and progress of the listed runs, refreshed every 5 s (new run folders are counted, not inserted)
+  const note = document.getElementById("new-runs");
+  async function refresh() {
+    const runs = await getJSON("/api/runs", {});
+    const byId = new Map(rows.map((tr) => [tr.dataset.id, tr]));
+    let fresh = 0;
+    for (const r of runs) {
+      const tr = byId.get(r.id);
+      if (!tr) { fresh += 1; continue; }
+      tr.dataset.state = r.state;
+      tr.dataset.progress = String(r.progress === null ? -1 : r.progress);
+      tr.className = "run-row state-" + r.state;
+      const badge = tr.querySelector(".state");
+      badge.textContent = r.state; badge.className = "state state-" + r.state;
+      const bar = tr.querySelector("progress");
+      if (bar && r.progress !== null) bar.value = r.progress;
+      const step = tr.querySelector(".step-text");
+      if (step && r.step !== null) step.textContent = "step " + r.step + (r.total ? " / " + r.total : "");
+    }
+    note.textContent = fresh ? fresh + " new run" + (fresh > 1 ? "s" : "") + " since this page loaded: reload to list them" : "";
+  }
+  const loop = () => refresh().catch(() => {}).finally(() => setTimeout(loop, 5 * POLL_MS));
+  setTimeout(loop, 5 * POLL_MS);
 }
 
 // ---------------------------------------------------------------- run page
