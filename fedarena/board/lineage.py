@@ -89,11 +89,12 @@ class Lineage:
         return [*self.params, *[d for d in self.data_params if d not in self.params]]
 
     def dimensions(self) -> list[dict[str, Any]]:
-        """Plotly ``parcoords`` dimensions over the runs that have every metric shown.
+        """Plotly ``parcoords`` dimensions over the finished runs.
 
         A numeric config key is one numeric axis; any other (strings, lists, booleans, absent values) is a
         categorical axis whose ticks are the values' text.  Metrics are numeric axes; a metric that a
-        finished run lacks or that is not finite in some run is left out of the plot (it stays in the table).
+        finished run lacks or that is not finite in some run is left out of the plot.  With two or more runs,
+        an axis on which every run has the same value is left out too (the table keeps all of them).
         """
         rows = [i for i, s in enumerate(self.states) if s == "finished"]
         metrics = [m for m in self.metrics
@@ -105,12 +106,12 @@ class Lineage:
                 dims.append({"label": p, "values": [float(v) for v in vals]})
             else:
                 cats = sorted({display(v) for v in vals})
-                if len(cats) < 2 and p not in self.data_params:
-                    continue
                 dims.append({"label": p, "values": [cats.index(display(v)) for v in vals],
                              "tickvals": list(range(len(cats))), "ticktext": cats})
         for m in metrics:
             dims.append({"label": m, "values": [float(self.results[i][m]) for i in rows]})
+        if len(rows) > 1:
+            dims = [d for d in dims if len(set(d["values"])) > 1]
         return dims
 
     def plotted_runs(self) -> list[str]:

@@ -144,10 +144,14 @@ def test_lineage_plots_config_values_against_final_metrics(browser, board, runs_
     _open(browser, board, "/lineage?kind=fedsim")
     _wait(browser, "#parcoords .parcoords .y-axis", 3)
     titles = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#parcoords .axis-title")]
-    assert {"partition", "alpha", "num_clients", "test_acc", "client_acc_worst"} <= set(titles)
+    # the axes where the two runs differ: the overridden settings and the final numbers (num_clients is equal)
+    assert {"partition", "alpha", "personalize_epochs", "test_acc", "test_loss"} <= set(titles)
+    assert "num_clients" not in titles
     assert len(titles) == int(browser.find_element(By.ID, "parcoords").get_attribute("data-dimensions"))
     table = browser.find_elements(By.CSS_SELECTOR, "#lineage-table tbody tr")
     assert len(table) == 2
+    heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#lineage-table thead th")]
+    assert {"partition", "alpha", "num_clients", "clients_per_round"} <= set(heads)  # the FL data settings
     status = json.loads((runs_root / DIR / "status.json").read_text())
     assert f"{status['summary']['test_acc']:.4g}" in table[1].text and "dirichlet" in table[1].text
     _shot(browser, artifacts, "lineage")

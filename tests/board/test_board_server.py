@@ -77,6 +77,7 @@ def test_lineage_and_diff_name_exactly_the_overridden_settings(runs_root):
     dims = {d["label"]: d for d in lin.dimensions()}
     assert dims["partition"]["ticktext"] == ["dirichlet", "iid"]
     assert sorted(dims["alpha"]["values"]) == [0.3, 0.5] and "test_acc" in dims
+    assert "num_clients" not in dims and "dataset" not in dims  # equal in both runs: table only
     by_id = {r.id: r for r in runs}
     assert dims["test_acc"]["values"] == [by_id[i].metrics["test_acc"] for i in lin.plotted_runs()]
 

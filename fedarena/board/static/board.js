@@ -350,8 +350,8 @@ function lineagePage() {
   });
   Plotly.newPlot(div, [{ type: "parcoords", dimensions,
     line: { color: colorDim.values, colorscale: "Viridis", showscale: true, colorbar: { title: { text: esc(colorDim.label) } } } }],
-  { height: 420, margin: { l: 70, r: 70, t: 60, b: 30 }, font: { size: 11 },
-    title: { text: esc("config values vs final metrics, " + DATA.runs.length + " finished runs of " + DATA.kind), font: { size: 13 } } }, PLOT_CONFIG);
+  { height: 440, margin: { l: 70, r: 70, t: 100, b: 30 }, font: { size: 11 },
+    title: { text: esc("config values vs final metrics, " + DATA.runs.length + " finished runs of " + DATA.kind), font: { size: 13 }, y: 0.97 } }, PLOT_CONFIG);
   div.dataset.dimensions = String(dims.length);
 }
 
