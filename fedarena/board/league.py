@@ -11,10 +11,12 @@ The ``league`` kind's files are read tolerantly, since several layouts are accep
 ``payoff.json``
     ``{"players": [names], "win_rate" | "payoff" | "matrix": [[...]]}`` (row player's win rate or payoff
     against the column player), or the matrix alone; a matrix that is not square with one row per player is
-    reported instead of drawn.
+    reported instead of drawn.  With a ``games`` matrix of the same shape, pairs with no games are left blank.
 
-Without ``ratings.jsonl``, metric columns named ``elo/<player>`` or ``rating/<player>`` (``.`` or ``/``
-separated) are used as ratings over the step.
+Without ``ratings.jsonl``, metric columns named ``<system>/<player>`` for the systems ``elo``, ``trueskill``
+(TrueSkill's mu), ``rating`` (``/`` or ``.`` separated) are used as ratings over the step: the ``league``
+kind logs ``elo/<player>`` and ``trueskill/<player>`` per iteration and writes ``payoff.json`` with
+``players`` and ``win_rate`` (plus ``games`` and ``ratings``, not drawn).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from fedarena.board.folders import finite_or_none, is_number, read_json
 
 X_KEYS = ("step", "generation", "games", "iteration")
 VALUE_KEYS = ("rating", "elo", "mu")
-_METRIC = re.compile(r"^(?:elo|rating|ratings|trueskill_mu)[./](.+)$")
+_METRIC = re.compile(r"^(elo|trueskill|trueskill_mu|rating|ratings)[./](.+)$")
+SYSTEM_NAMES = {"elo": "Elo", "trueskill": "TrueSkill mu", "trueskill_mu": "TrueSkill mu", "rating": "rating",
+                "ratings": "rating"}
 
 
 def _value(v: Any) -> float | None:
@@ -79,14 +83,16 @@ def read_ratings(path: Path) -> dict[str, list[list[float]]]:
     return series
 
 
-def ratings_from_metrics(rows: list[dict[str, Any]]) -> dict[str, list[list[float]]]:
-    series: dict[str, list[list[float]]] = {}
+def ratings_from_metrics(rows: list[dict[str, Any]]) -> dict[str, dict[str, list[list[float]]]]:
+    """``{system: {player: [[step, rating], ...]}}`` from metric columns ``elo/<player>``, ``trueskill/<player>``..."""
+    systems: dict[str, dict[str, list[list[float]]]] = {}
     for row in rows:
         for k, v in row.items():
             m = _METRIC.match(k)
             if m and is_number(v) and math.isfinite(v):
-                series.setdefault(m.group(1), []).append([float(row["step"]), float(v)])
-    return series
+                system = SYSTEM_NAMES[m.group(1)]
+                systems.setdefault(system, {}).setdefault(m.group(2), []).append([float(row["step"]), float(v)])
+    return systems
 
 
 def read_payoff(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -112,12 +118,21 @@ def read_payoff(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "payoff.json: the matrix is not a square table of numbers"
     if not isinstance(players, list) or len(players) != len(matrix):
         players = [str(i) for i in range(len(matrix))]
-    return {"players": [str(p) for p in players], "matrix": finite_or_none(matrix), "label": label}, None
+    games = doc.get("games") if isinstance(doc, dict) else None
+    if isinstance(games, list) and len(games) == len(matrix) and all(
+            isinstance(r, list) and len(r) == len(matrix) and all(is_number(g) for g in r) for r in games):
+        # a pair that never played has no win rate (the table's 0.5 is a prior, not a result)
+        matrix = [[None if g == 0 else x for x, g in zip(row, grow)] for row, grow in zip(matrix, games)]
+    else:
+        games = None
+    return {"players": [str(p) for p in players], "matrix": finite_or_none(matrix), "label": label,
+            "games": games}, None
 
 
 def league_data(run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``{"ratings": {player: [[x, r]]}, "ratings_source", "payoff": {...} | None, "problems": [...]}``."""
-    ratings = read_ratings(run_dir / "ratings.jsonl")
+    """``{"ratings": {system: {player: [[x, r]]}}, "ratings_source", "payoff": {...} | None, "problems": [...]}``."""
+    from_file = read_ratings(run_dir / "ratings.jsonl")
+    ratings = {"rating": from_file} if from_file else {}
     source = "ratings.jsonl" if ratings else None
     if not ratings and rows:
         ratings = ratings_from_metrics(rows)

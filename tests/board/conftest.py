@@ -89,6 +89,22 @@ def runs_root(tmp_path_factory) -> Path:
     (hostile / "run.log").write_text(XSS + "\n")
     write_status(hostile, {"state": "completed", "kind": "cfr", "seed": 0, "summary": {XSS: 3.0}})
 
+    # the league kind's files (fedarena/marl/league/experiment.py): elo/<player> and trueskill/<player> per
+    # iteration, payoff.json with players, win_rate, games and ratings
+    lg = root / "league-rps-20260101T000500Z-ffffff"
+    players = ["main-0", "main_exploiter-0", "league_exploiter-0"]
+    write_config(lg, {"kind": "league", "name": "rps", "seed": 0, "game": "rps", "iterations": 6})
+    with open(lg / "metrics.jsonl", "w") as f:
+        for it in range(1, 7):
+            row = {"step": it, "league_size": 3 + it // 2, "elo": [1500.0 + 10 * it * k for k in range(3)]}
+            row.update({f"elo/{p}": 1500.0 + 10 * it * k for k, p in enumerate(players)})
+            row.update({f"trueskill/{p}": 25.0 + it * k for k, p in enumerate(players)})
+            f.write(json.dumps({**row, "wall_time": 0.5 * it}) + "\n")
+    (lg / "payoff.json").write_text(json.dumps({
+        "players": players, "win_rate": [[0.5, 0.4, 0.5], [0.6, 0.5, 0.7], [0.5, 0.3, 0.5]],
+        "games": [[10, 20, 0], [20, 0, 5], [0, 5, 0]], "ratings": {p: {"elo": 1500.0} for p in players}}))
+    write_status(lg, {"state": "completed", "kind": "league", "seed": 0, "summary": {"league_size": 6}})
+
     broken = root / "malformed"
     write_config(broken, {"kind": "xfp", "name": "malformed", "seed": 0, "iterations": 10})
     good = [{"step": s, "exploitability": 1.0 / s, "wall_time": 0.01 * s} for s in range(1, 6)]

@@ -46,7 +46,7 @@ def _shot(browser, artifacts, name: str) -> None:
 def test_runs_list_shows_filters_and_sorts(browser, board, runs_root, artifacts):
     _open(browser, board, "/")
     rows = browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
-    assert len(rows) == len(folders.list_runs(runs_root)) == 5
+    assert len(rows) == len(folders.list_runs(runs_root)) == 6
     iid = browser.find_element(By.CSS_SELECTOR, f'tr[data-id="{IID}"]')
     assert "finished" in iid.text and "step 4 / 4" in iid.text and "test_acc" in iid.text
     failed = browser.find_element(By.CSS_SELECTOR, 'tr[data-state="failed"]')
@@ -55,7 +55,7 @@ def test_runs_list_shows_filters_and_sorts(browser, board, runs_root, artifacts)
     browser.find_element(By.ID, "filter").send_keys("dirichlet")
     visible = [r for r in browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr") if r.is_displayed()]
     assert [r.get_attribute("data-id") for r in visible] == [DIR]
-    assert browser.find_element(By.ID, "shown-count").text == "1 of 5 shown"
+    assert browser.find_element(By.ID, "shown-count").text == "1 of 6 shown"
     browser.find_element(By.ID, "filter").clear()
     browser.execute_script("document.getElementById('filter').dispatchEvent(new Event('input'))")
     browser.find_element(By.CSS_SELECTOR, 'th[data-key="name"]').click()
@@ -112,6 +112,21 @@ def test_run_page_curve_gains_points_while_the_run_writes(browser, board, live_r
     # every point on the chart is a complete row the writer had finished
     assert len(browser.find_elements(By.CSS_SELECTOR, css)) <= live_run.rows
     _shot(browser, artifacts, "run_live")
+
+
+def test_league_views_show_ratings_over_time_and_the_payoff_heat_map(browser, board, artifacts):
+    _open(browser, board, "/run?id=league-rps-20260101T000500Z-ffffff")
+    _wait(browser, ".league-rating-chart .scatterlayer .trace", 6)
+    systems = [c.get_attribute("data-system") for c in browser.find_elements(By.CSS_SELECTOR, ".league-rating-chart")]
+    assert systems == ["Elo", "TrueSkill mu"]
+    elo = browser.find_element(By.CSS_SELECTOR, '.league-rating-chart[data-system="Elo"]')
+    assert len(elo.find_elements(By.CSS_SELECTOR, ".scatterlayer .point")) == 3 * 6  # 3 players x 6 iterations
+    assert {"main-0", "main_exploiter-0", "league_exploiter-0"} <= set(elo.find_element(By.CSS_SELECTOR, ".legend").text.split("\n"))
+    _wait(browser, "#league-payoff .hm")
+    ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#league-payoff .xtick text")]
+    assert ticks == ["main-0", "main_exploiter-0", "league_exploiter-0"]
+    assert browser.find_element(By.ID, "league-problems").text == ""
+    _shot(browser, artifacts, "run_league")
 
 
 def test_failed_run_shows_the_nan_debugger_message(browser, board, artifacts):

@@ -151,8 +151,21 @@ def test_league_reader_accepts_its_layouts(tmp_path):
         '{"step": 2, "player": "main", "elo": 1250}\nbroken\n{"step": 3, "main": 1300, "exploiter": 1100}\n{"step": 4')
     (tmp_path / "payoff.json").write_text(json.dumps({"players": ["main", "exploiter"], "win_rate": [[0.5, 0.7], [0.3, 0.5]]}))
     d = league_data(tmp_path)
-    assert d["ratings"] == {"main": [[1.0, 1200.0], [2.0, 1250.0], [3.0, 1300.0]], "exploiter": [[1.0, 25.0], [3.0, 1100.0]]}
-    assert d["payoff"] == {"players": ["main", "exploiter"], "matrix": [[0.5, 0.7], [0.3, 0.5]], "label": "win rate"}
+    assert d["ratings"] == {"rating": {"main": [[1.0, 1200.0], [2.0, 1250.0], [3.0, 1300.0]],
+                                       "exploiter": [[1.0, 25.0], [3.0, 1100.0]]}}
+    assert d["payoff"] == {"players": ["main", "exploiter"], "matrix": [[0.5, 0.7], [0.3, 0.5]], "label": "win rate",
+                           "games": None}
+    # the league kind's layout: elo/<player> and trueskill/<player> metric columns, payoff.json with extras
+    (tmp_path / "ratings.jsonl").unlink()
+    rows = [{"step": 1, "elo/main-0": 1000.0, "trueskill/main-0": 25.0, "elo": [1000.0]},
+            {"step": 2, "elo/main-0": 1010.0, "elo/exploiter-0": 990.0, "trueskill/main-0": 26.0}]
+    (tmp_path / "payoff.json").write_text(json.dumps({"players": ["main-0", "exploiter-0"], "win_rate": [[0.5, 0.6], [0.4, 0.5]],
+                                                      "games": [[0, 3], [3, 0]], "ratings": {}}))
+    d = league_data(tmp_path, rows)
+    assert d["ratings"] == {"Elo": {"main-0": [[1.0, 1000.0], [2.0, 1010.0]], "exploiter-0": [[2.0, 990.0]]},
+                            "TrueSkill mu": {"main-0": [[1.0, 25.0], [2.0, 26.0]]}}
+    assert d["ratings_source"] == "metrics.jsonl" and d["payoff"]["players"] == ["main-0", "exploiter-0"]
+    assert d["payoff"]["matrix"] == [[None, 0.6], [0.4, None]]  # no games on the diagonal: blank, not 0.5
     (tmp_path / "payoff.json").write_text('{"win_rate": [[0.5, 0.7]]}')
     assert league_data(tmp_path)["problems"] == ["payoff.json: the matrix is not a square table of numbers"]
 

@@ -253,15 +253,23 @@ function runPage() {
   async function drawLeague() {
     const d = await getJSON("/api/league", { id: DATA.id });
     const probs = [...d.problems];
-    const players = Object.keys(d.ratings);
-    if (players.length) {
-      Plotly.react("league-ratings", players.map((p) => ({ x: d.ratings[p].map((v) => v[0]), y: d.ratings[p].map((v) => v[1]), name: esc(p), mode: "lines+markers", marker: { size: 3 } })),
-        layout("ratings over time (" + d.ratings_source + ")", { xaxis: { title: { text: "step" } } }), PLOT_CONFIG);
-    } else probs.push("no ratings (ratings.jsonl, or elo/<player> metrics)");
+    const box = document.getElementById("league-ratings");
+    for (const [system, byPlayer] of Object.entries(d.ratings)) {
+      const div = el("div", { class: "chart league-rating-chart" });
+      div.dataset.system = system;
+      box.appendChild(div);
+      const players = Object.keys(byPlayer);
+      Plotly.react(div, players.map((p) => ({ x: byPlayer[p].map((v) => v[0]), y: byPlayer[p].map((v) => v[1]), name: esc(p), mode: "lines+markers", marker: { size: 3 } })),
+        layout(system + " over time (" + d.ratings_source + ")", { xaxis: { title: { text: "step" } } }), PLOT_CONFIG);
+    }
+    if (!Object.keys(d.ratings).length) probs.push("no ratings (ratings.jsonl, or elo/<player> metrics)");
     if (d.payoff) {
       const names = d.payoff.players.map(esc);
-      Plotly.react("league-payoff", [{ z: d.payoff.matrix, x: names, y: names, type: "heatmap", colorscale: "RdBu", zmid: d.payoff.label === "win rate" ? 0.5 : 0 }],
-        layout("payoff: " + d.payoff.label + " of row vs column", { showlegend: false, yaxis: { autorange: "reversed" } }), PLOT_CONFIG);
+      const trace = { z: d.payoff.matrix, x: names, y: names, type: "heatmap", colorscale: "RdBu", reversescale: true,
+        zmid: d.payoff.label === "win rate" ? 0.5 : 0, hoverongaps: false };
+      if (d.payoff.games) { trace.customdata = d.payoff.games; trace.hovertemplate = "%{y} vs %{x}: %{z:.3f} (%{customdata} games)<extra></extra>"; }
+      Plotly.react("league-payoff", [trace], layout("payoff: " + d.payoff.label + " of row vs column" + (d.payoff.games ? " (blank: never played)" : ""),
+        { showlegend: false, height: 520, margin: { l: 150, r: 15, t: 36, b: 120 }, yaxis: { autorange: "reversed" } }), PLOT_CONFIG);
     } else probs.push("no payoff.json");
     document.getElementById("league-problems").textContent = probs.join("; ");
   }
