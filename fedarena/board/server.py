@@ -334,7 +334,11 @@ class BoardServer(ThreadingHTTPServer):
         return t
 
 
-def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8050, printer: Callable[[str], Any] = print) -> None:
+def _say(line: str) -> None:
+    print(line, flush=True)  # flushed: a script reading our stdout learns the port at once
+
+
+def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8050, printer: Callable[[str], Any] = _say) -> None:
     """Serve the board over ``root`` until interrupted."""
     server = BoardServer(root, host, port)
     printer(f"fedarena board: {server.board.root} at {server.url} (Ctrl-C stops it)")

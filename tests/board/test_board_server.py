@@ -175,3 +175,38 @@ def test_cli_board_defaults_to_localhost_and_rejects_a_missing_folder(tmp_path, 
     assert args.host == "127.0.0.1" and args.runs_dir == "runs"
     assert main(["board", str(tmp_path / "missing")]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+def test_seed_groups_list_their_seed_runs(tmp_path):
+    group = tmp_path / "fedsim-sweep-20260101T000000Z-123456"
+    (group / "logs").mkdir(parents=True)
+    (group / "group.json").write_text(json.dumps({"kind": "fedsim", "seeds": [0, 1], "state": "completed"}))
+    (group / "config.yaml").write_text("kind: fedsim\nseeds: [0, 1]\n")
+    for s in (0, 1):
+        (group / f"seed-{s}").mkdir()
+        (group / f"seed-{s}" / "config.yaml").write_text(f"kind: fedsim\nseed: {s}\nrounds: 2\n")
+        (group / f"seed-{s}" / "status.json").write_text('{"state": "completed", "summary": {"test_acc": 0.5}}')
+    runs = folders.list_runs(tmp_path)
+    assert sorted(r.id for r in runs) == [f"{group.name}/seed-0", f"{group.name}/seed-1"]
+    assert all(r.group == group.name and r.state == "finished" for r in runs)
+    assert folders.resolve_run(tmp_path, f"{group.name}/seed-1") == (group / "seed-1").resolve()
+
+
+def test_fedarena_board_command_serves_the_runs_folder(runs_root):
+    """The real command in a subprocess: it prints where it listens (port 0: a free one) and serves the list."""
+    import re
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "fedarena", "board", str(runs_root), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"at (http://127\.0\.0\.1:\d+/)", line)
+        assert m, line
+        with urllib.request.urlopen(m.group(1), timeout=30) as r:
+            page = r.read().decode()
+        assert r.status == 200 and IID in page and DIR in page
+    finally:
+        proc.terminate()
+        proc.wait(10)
