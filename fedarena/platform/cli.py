@@ -180,6 +180,9 @@ def cmd_board(args: argparse.Namespace) -> int:
     root = Path(args.runs_dir)
     if not root.is_dir():
         raise RunError(f"board {root}: not a folder (give the folder holding run folders, e.g. runs)")
+    if any((root / f).exists() for f in ("status.json", "metrics.jsonl", "group.json")):
+        print(f"board: {root} is a run folder; serving the folder that holds it", flush=True)
+        root = root.resolve().parent
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port: expected 0..65535, got {args.port}")
     try:
