@@ -29,7 +29,6 @@ import mimetypes
 import re
 import threading
 from functools import cached_property
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable

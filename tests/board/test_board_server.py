@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -115,6 +114,8 @@ def test_endpoints_escape_refuse_traversal_and_never_write(board, runs_root):
     for path in ("/lineage?kind=cfr", "/compare?id=hostile&id=malformed", "/profile?id=hostile"):
         code, body, _ = _get(board, path)
         assert code == 200 and b"<script>window" not in body and b"<img src=x" not in body, path
+    runs = {r["id"]: r for r in json.loads(_get(board, "/api/runs")[1])}
+    assert runs["hostile"]["name"] == XSS and XSS in runs["hostile"]["metrics"]  # data kept exactly; escaped when drawn
     code, body, _ = _get(board, "/api/metrics?id=malformed")
     chunk = json.loads(body)
     assert [r["step"] for r in chunk["rows"]] == [1, 2, 3, 4, 5] and chunk["malformed"] == 4
