@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -127,6 +128,10 @@ def test_endpoints_escape_refuse_traversal_and_never_write(board, runs_root):
     assert code == 200 and "attachment" in headers["Content-Disposition"] and "traceEvents" in json.loads(body)
     code, body, _ = _get(board, f"/file?id={IID}&path=report/fedsim.png")
     assert code == 200 and body[:8] == b"\x89PNG\r\n\x1a\n"
+    for run in folders.list_runs(runs_root):  # every page and endpoint of every run
+        for route in ("/run", "/profile", "/api/metrics", "/api/run", "/api/fl", "/api/league", "/compare"):
+            assert _get(board, f"{route}?id={urllib.parse.quote(run.id)}")[0] == 200, (route, run.id)
+        assert _get(board, f"/lineage?kind={urllib.parse.quote(run.kind)}")[0] == 200
     req = urllib.request.Request(board.url + "api/runs", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
