@@ -74,9 +74,9 @@ def test_fedsim_kind_runs_fedbuff_and_names_round_only_settings(tmp_path):
     out = execute(cfg, out=tmp_path / "fedbuff", quiet=True, report=False)
     assert out["server_steps"] >= 12 and out["test_acc"] > 0.5
     rows = [json.loads(line) for line in (tmp_path / "fedbuff" / "metrics.jsonl").read_text().splitlines()]
-    # a row when the version passes 4 and 8 (steps arrive asynchronously, so it may be 5 or 9), then the final
-    # model (the last step may overshoot 12)
+    # a row when the version passes a multiple of 4 (steps arrive asynchronously, so it may be past it), then
+    # the final model (the last step may overshoot 12)
     steps = [r["step"] for r in rows]
-    assert len(steps) == 3 and 4 <= steps[0] < 8 <= steps[1] < 12 <= steps[2]
+    assert 2 <= len(steps) <= 3 and steps == sorted(set(steps)) and steps[0] >= 4 and steps[-1] >= 12
     with pytest.raises((ConfigError, ValueError), match="upload_codec"):
         execute(dict(cfg, upload_codec="quantize"), out=tmp_path / "bad", quiet=True, report=False)
