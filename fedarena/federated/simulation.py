@@ -316,6 +316,11 @@ class Simulation:
     eval_clients: bool = True
     eval_every: int = 1
     """evaluate the global model every this many rounds (and after the last round of :meth:`run`)"""
+    client_trainer: Any = None
+    """local training by another trainer instead of the batched MLP: an object with ``train(params, client_ids,
+    round, fit) -> {client id: result}`` whose results have ``params``, ``loss``, ``num_examples`` and ``steps``
+    (e.g. :class:`fedarena.federated.flower.ClientAppTrainer`, a Flower ClientApp); its ``num_examples`` weigh
+    the updates. Evaluation still uses ``model``, so the trainer must train that architecture."""
 
     def __post_init__(self) -> None:
         if len(self.train) != len(self.client_ids):
@@ -344,6 +349,10 @@ class Simulation:
         self.bytes_up_total = 0
         self.bytes_down_total = 0
         self._remote = None
+        self._reported_examples: dict[str, int] = {}
+        if self.client_trainer is not None and (het.window_s > 0 or het.straggler_fraction > 0):
+            raise ValueError("heterogeneity.window_s/straggler_fraction: the time model caps the batched trainer's "
+                             "steps; a client_trainer trains as it trains")
         self.final_round = -1  # the round after which :meth:`run` evaluates in any case (set by run)
 
     # ------------------------------------------------------------------ training
@@ -378,6 +387,8 @@ class Simulation:
                corrections: dict[str, Params] | None, stragglers: bool = True
                ) -> tuple[dict[str, Params], dict[str, Params], dict[str, float], dict[str, int]]:
         """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps."""
+        if self.client_trainer is not None:
+            return self._train_external(params, selected, rnd, cfg, corrections)
         plans, allowed = self._plans(selected, rnd, cfg, stragglers)
         steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
         groups = group_by_steps(steps)
@@ -400,6 +411,20 @@ class Simulation:
                 deltas[c] = {k: v[r] for k, v in dstack.items()}
                 losses[c] = float(ls[r])
         return local, deltas, losses, {selected[j]: steps[j] for j in range(len(selected))}
+
+    def _train_external(self, params, selected, rnd, cfg, corrections):
+        if corrections is not None:
+            raise ValueError("client_trainer: SCAFFOLD's corrections need the batched trainer")
+        results = self.client_trainer.train(params, list(selected), rnd, cfg)
+        local, deltas, losses, steps = {}, {}, {}, {}
+        for c in selected:
+            r = results[c]
+            local[c] = {k: np.asarray(r.params[k], np.float32) for k in params}
+            deltas[c] = {k: (local[c][k].astype(np.float64) - params[k].astype(np.float64)).astype(np.float32)
+                         for k in params}
+            losses[c], steps[c] = float(r.loss), int(r.steps)
+            self._reported_examples[c] = int(r.num_examples)
+        return local, deltas, losses, steps
 
     def _run_jobs(self, params, jobs, cfg):
         if self.backend == "vmap":
@@ -475,7 +500,8 @@ class Simulation:
             control_delta = None
             if scaffold:
                 control_delta = self._scaffold_control(c, state, local[c], client_params, steps[c], cfg)
-            n = 1 if getattr(self.upload, "equal_weight", False) else len(self.train[self._pos[c]])
+            n = 1 if getattr(self.upload, "equal_weight", False) else \
+                self._reported_examples.get(c, len(self.train[self._pos[c]]))
             updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
         new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
         m.update(reporting=len(updates), bytes_up=bytes_up, bytes_down=down,
