@@ -38,7 +38,13 @@ class FedSimConfig(ExperimentConfig):
     synthetic_size_sigma: float = param(2.0, "see synthetic_size_mean")
     synthetic_size_min: int = param(50, "see synthetic_size_mean")
     synthetic_size_max: int = param(0, "cap on examples per device (0 = none)")
+    model: Literal["mlp", "cnn"] = param("mlp", "mlp (ReLU MLP of hidden sizes; the paper's 2NN is [200, 200]) or cnn "
+                                         "(McMahan et al. 2017's CNN: 5x5 convs, 2x2 max pools, a ReLU layer)")
     hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
+    cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions", factory=lambda: [32, 64])
+    cnn_hidden: int = param(512, "cnn: units of the fully connected ReLU layer")
+    image_shape: list[int] = param(doc="cnn: (channels, height, width) of an example; [] = one channel, square",
+                                   factory=list)
     zero_init: bool = param(False, "start from all-zero parameters (softmax regression)")
     rounds: int = param(50, "number of rounds")
     clients_per_round: int = param(10, "clients selected per round (0 = all)")
@@ -123,6 +129,8 @@ class FedSimConfig(ExperimentConfig):
             raise ValueError("secagg: secure aggregation gives only the sum, so aggregation must be fedavg")
         if self.dp_noise_multiplier and (self.secagg or self.aggregation != "fedavg"):
             raise ValueError("dp_noise_multiplier: DP-FedAvg wraps plain fedavg aggregation without secagg")
+        if self.model == "cnn" and self.image_shape and len(self.image_shape) != 3:
+            raise ValueError(f"image_shape: (channels, height, width) expected, got {self.image_shape}")
         _strategy(self, 1)  # validates the strategy fields (their errors name the field)
         _heterogeneity(self)
 
@@ -204,7 +212,7 @@ class StepSchedule:
 def build(cfg: FedSimConfig):
     """The data set and the :class:`~fedarena.federated.simulation.Simulation` of ``cfg``."""
     from fedarena.federated import compression, data, stages
-    from fedarena.federated.simulation import BatchedMLP, Simulation
+    from fedarena.federated.simulation import Simulation
 
     try:
         d = data.load(_data_spec(cfg), cfg.seed)
@@ -229,12 +237,33 @@ def build(cfg: FedSimConfig):
     if cfg.download_codec != "dense":
         kw["download"] = compression.Broadcast(compression.Codec(cfg.download_codec, cfg.download_bits,
                                                                  cfg.download_fraction), seed=cfg.seed)
-    model = BatchedMLP((d.num_features, *cfg.hidden, d.num_classes))
+    model = make_model(cfg, d.num_features, d.num_classes)
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
                      seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=_heterogeneity(cfg),
                      upload_stages=upload_stages, backend=cfg.backend, eval_every=cfg.eval_every,
                      privacy_seed=cfg.privacy_seed, **kw)
     return d, sim
+
+
+def make_model(cfg: FedSimConfig, num_features: int, num_classes: int):
+    """The batched model of ``cfg``: the MLP ``(features, *hidden, classes)`` or the CNN on ``image_shape``."""
+    from fedarena.federated.simulation import BatchedCNN, BatchedMLP
+
+    if cfg.model == "mlp":
+        return BatchedMLP((num_features, *cfg.hidden, num_classes))
+    image = tuple(cfg.image_shape)
+    if not image:
+        side = int(round(num_features ** 0.5))
+        if side * side != num_features:
+            raise ConfigError(f"image_shape: {num_features} features are not a square one-channel image; set "
+                              "image_shape")
+        image = (1, side, side)
+    if int(np.prod(image)) != num_features:
+        raise ConfigError(f"image_shape: {list(image)} has {int(np.prod(image))} pixels, the data has {num_features}")
+    try:
+        return BatchedCNN(image, num_classes, cfg.cnn_channels, cfg.cnn_hidden)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _with_steps(strategy: Any, steps: int) -> Any:
