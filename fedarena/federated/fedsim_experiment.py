@@ -58,10 +58,13 @@ class FedSimConfig(ExperimentConfig):
     steps_min: int = param(1, "fewest local steps of a schedule")
     steps_max: int = param(20, "most local steps of a schedule")
     divergence_target: float = param(1.0, "divergence schedule: halve steps above, double below this divergence")
-    aggregation: Literal["fedavg", "scaffold", "median", "trimmed_mean", "krum"] = param("fedavg", "aggregation rule")
+    aggregation: Literal["fedavg", "scaffold", "median", "trimmed_mean", "krum", "geometric_median"] = param(
+        "fedavg", "aggregation rule")
     trim_fraction: float = param(0.2, "trimmed mean: fraction trimmed at each end")
     krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f")
-    krum_keep: int = param(1, "multi-Krum: updates averaged")
+    krum_keep: int = param(1, "multi-Krum: updates averaged (m = n - f is Blanchard et al.'s multi-Krum)")
+    krum_preselect: bool = param(False, "median/trimmed_mean/geometric_median: first keep the n - f updates with "
+                                 "the lowest Krum scores (Bulyan's selection stage)")
     max_weight: float = param(0.0, "example-count bound on a client's FedAvg weight (0 = none)")
     server_optimizer: Literal["fedavg", "fedadagrad", "fedadam", "fedyogi"] = param("fedavg", "server update rule")
     server_lr: float = param(1.0, "server learning rate")
@@ -85,6 +88,9 @@ class FedSimConfig(ExperimentConfig):
     upload_bits: int = param(8, "bits of the upload quantizer")
     upload_fraction: float = param(0.01, "fraction kept by top-k uploads")
     upload_error_feedback: bool = param(True, "error feedback for compressed uploads")
+    upload_prediction: Literal["none", "trajectory"] = param(
+        "none", "compress the update's difference to its prediction from the global model's trajectory since the "
+        "client's last upload (for partial participation; see fedarena.federated.compression)")
     download_codec: Literal["dense", "quantize", "topk", "topk_quantize"] = param("dense", "broadcast compression")
     download_bits: int = param(8, "bits of the broadcast quantizer")
     download_fraction: float = param(0.01, "fraction kept by a top-k broadcast")
@@ -166,7 +172,8 @@ def _strategy(cfg: FedSimConfig, num_clients: int):
         s = st.Scaffold(**common, server_lr=cfg.server_lr)
     else:
         s = st.RobustAggregate(**common, rule=cfg.aggregation, trim_fraction=cfg.trim_fraction,
-                               num_byzantine=cfg.krum_byzantine, krum_keep=cfg.krum_keep)
+                               num_byzantine=cfg.krum_byzantine, krum_keep=cfg.krum_keep,
+                               krum_preselect=cfg.krum_preselect)
     if cfg.dp_noise_multiplier > 0:
         from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
 
@@ -233,7 +240,8 @@ def build(cfg: FedSimConfig):
         kw["upload"] = stages.SignDSUpload(cfg.signds_k, cfg.signds_h, cfg.signds_epsilon, cfg.signds_lr)
     elif cfg.upload_codec != "dense":
         kw["upload"] = compression.UploadCompression(
-            compression.Codec(cfg.upload_codec, cfg.upload_bits, cfg.upload_fraction), cfg.upload_error_feedback)
+            compression.Codec(cfg.upload_codec, cfg.upload_bits, cfg.upload_fraction), cfg.upload_error_feedback,
+            cfg.upload_prediction)
     if cfg.download_codec != "dense":
         kw["download"] = compression.Broadcast(compression.Codec(cfg.download_codec, cfg.download_bits,
                                                                  cfg.download_fraction), seed=cfg.seed)
@@ -361,6 +369,9 @@ def _snapshot(sim, state, last_div, steps_current) -> dict[str, Any]:
         "round": state.round, "params": state.params, "opt_state": state.opt_state, "control": state.control,
         "client_control": sim.client_control,
         "residuals": dict(getattr(up, "residuals", {})),
+        "upload_last_seen": dict(getattr(up, "last_seen", {})),
+        "upload_models": {str(r): m for r, m in getattr(up, "models", {}).items()},
+        "upload_round": int(getattr(up, "_round", 0)),
         "broadcast_reference": getattr(down, "reference", None) or {},
         "broadcast_round": getattr(down, "_round", 0),
         "bytes": [sim.bytes_up_total, sim.bytes_down_total],
@@ -376,6 +387,10 @@ def _restore(sim, saved: dict[str, Any]):
     sim.client_control = {c: dict(v) for c, v in saved["client_control"].items()}
     if hasattr(sim.upload, "residuals"):
         sim.upload.residuals = {c: np.asarray(v) for c, v in saved["residuals"].items()}
+    if hasattr(sim.upload, "last_seen"):
+        sim.upload.last_seen = {c: int(r) for c, r in saved.get("upload_last_seen", {}).items()}
+        sim.upload.models = {int(r): np.asarray(m) for r, m in saved.get("upload_models", {}).items()}
+        sim.upload._round = int(saved.get("upload_round", 0))
     if sim.download is not None:
         sim.download.reference = dict(saved["broadcast_reference"]) or None
         sim.download._round = int(saved["broadcast_round"])

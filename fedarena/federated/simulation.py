@@ -559,6 +559,9 @@ class Simulation:
         else:
             client_params, down = state.params, sum(4 * v.size for v in state.params.values()) * len(selected)
         training = [c for c in selected if not (het.drop_before_training and frng.random() < het.drop_before_training)]
+        begin = getattr(self.upload, "begin_round", None)
+        if begin is not None:  # a codec that predicts the update from the models the clients hold
+            begin(rnd, client_params)
         scaffold = bool(state.control)
         corrections = None
         if scaffold:
@@ -598,6 +601,9 @@ class Simulation:
             n = 1 if getattr(self.upload, "equal_weight", False) else \
                 self._reported_examples.get(c, len(self.train[self._pos[c]]))
             updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
+        extra = getattr(self.upload, "pop_download_bytes", None)
+        if extra is not None:
+            down += extra()
         new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
         m.update(reporting=len(updates), bytes_up=bytes_up, bytes_down=down,
                  train_loss=float(np.mean([u.loss for u in updates])) if updates else float("nan"))
