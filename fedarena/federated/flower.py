@@ -1,4 +1,4 @@
-"""Flower interoperability both ways (Flower's Message API: ``flwr.serverapp`` / ``flwr.clientapp``, flwr >= 1.21).
+"""Flower interoperability both ways (Flower's Message API: ``flwr.serverapp`` / ``flwr.clientapp``; flwr 1.42).
 
 * :class:`FlowerStrategy` -- a fedarena :class:`~fedarena.federated.strategy.Strategy` (FedAvg/FedProx/FedAdam/...,
   the robust rules, DP-FedAvg) as a ``flwr.serverapp.strategy.Strategy``: usable in a ``ServerApp`` under
