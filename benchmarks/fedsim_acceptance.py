@@ -14,7 +14,9 @@
   dropouts before the masked input, through the real protocol objects; checks the sum is exact and
   prints the time.
 
-    python benchmarks/fedsim_acceptance.py compression|robust|secagg [--seeds 0 1 2]
+* ``robust-error``: why the coordinate-wise rules lose points (see :func:`robust_error`).
+
+    python benchmarks/fedsim_acceptance.py compression|robust|robust-error|secagg [--seeds 0 1 2]
 """
 
 from __future__ import annotations
@@ -102,6 +104,42 @@ def robust(seeds) -> None:
                   f"{(attacked - clean_fedavg) * 100:+.2f} pts)", flush=True)
 
 
+def robust_error(seeds) -> None:
+    """Why the coordinate-wise rules lose points: one round's aggregation error against the honest mean.
+
+    After 50 clean FedAvg rounds (20 a round), 20 rounds of 20 fresh client updates each (E = 1, B = 10)
+    are aggregated with 4 of the 20 sign-flipped (-4 Delta); per rule: ||agg - mean_honest|| / ||mean_honest||
+    and the projection of the error on the honest mean (negative: the rule shrinks the step), attacked and
+    with the 16 honest updates alone; and the median over coordinates of the honest updates' std / |mean|."""
+    ra = lambda **kw: st.RobustAggregate(st.FitConfig(1, 10, 0.1), **kw)  # noqa: E731
+    rules = {"median": ra(rule="median"), "trimmed_mean 0.3": ra(rule="trimmed_mean", trim_fraction=0.3),
+             "krum f=6": ra(rule="krum", num_byzantine=6),
+             "multi-krum f=6 m=14": ra(rule="krum", num_byzantine=6, krum_keep=14),
+             "geometric_median": ra(rule="geometric_median"),
+             "krum-presel. median": ra(rule="median", num_byzantine=6, krum_preselect=True)}
+    for seed in seeds:
+        s = _digits_sim(seed, st.FedAvg(st.FitConfig(1, 10, 0.1), clients_per_round=20))
+        state, _ = s.run(50)
+        errs: dict[str, list] = {k: [] for k in rules}
+        snr = []
+        for r in range(20):
+            ids = st.select_clients(s.client_ids, 20, seed + 100, r)
+            _, deltas, _, _ = s._train(state.params, ids, 1000 + r, st.FitConfig(1, 10, 0.1), None)
+            x = np.stack([np.concatenate([deltas[c][k].ravel() for k in sorted(deltas[c])]) for c in ids])
+            honest, attacked = x[:16].astype(np.float64), np.concatenate([x[:16], -4.0 * x[16:]]).astype(np.float64)
+            mu = honest.mean(0)
+            nm = np.linalg.norm(mu)
+            snr.append(np.median(honest.std(0) / np.maximum(np.abs(mu), 1e-12)))
+            for name, rule in rules.items():
+                e_att, e_clean = rule.robust_delta(attacked) - mu, rule.robust_delta(honest) - mu
+                errs[name].append((np.linalg.norm(e_att) / nm, e_att @ mu / nm ** 2, np.linalg.norm(e_clean) / nm))
+        print(f"seed {seed}: honest updates' per-coordinate std/|mean| (median over coordinates) {np.mean(snr):.2f}")
+        for name, v in errs.items():
+            v = np.asarray(v)
+            print(f"  {name:22s} 4 of 20 flipped: error {v[:, 0].mean():.3f} of the honest mean, along it "
+                  f"{v[:, 1].mean():+.3f}; honest only: error {v[:, 2].mean():.3f}", flush=True)
+
+
 def secagg(seeds) -> None:
     from fedarena.federated.stages import SecureAggregation
     from fedarena.privacy.secagg.quantization import quantize
@@ -127,10 +165,10 @@ def secagg(seeds) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["compression", "robust", "secagg"])
+    ap.add_argument("what", choices=["compression", "robust", "robust-error", "secagg"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     a = ap.parse_args()
-    {"compression": compression, "robust": robust, "secagg": secagg}[a.what](a.seeds)
+    {"compression": compression, "robust": robust, "robust-error": robust_error, "secagg": secagg}[a.what](a.seeds)
     return 0
 
 
