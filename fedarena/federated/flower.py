@@ -203,6 +203,7 @@ class FlowerStrategy(_FlowerStrategy):
         self.names: dict[int, str] = {}
         self.history: list[dict[str, float]] = []
         self._selected: dict[str, int] = {}
+        self._num_clients = 0
 
     def summary(self) -> None:
         log.info("fedarena strategy %s (codec %s)", type(self.strategy).__name__,
