@@ -7,10 +7,9 @@
 2. fedarena runs Flower: a ClientApp written against Flower's API alone (numpy SGD) as the local trainer of
    fedarena's in-process simulation, with fedarena's per-client evaluation.
 
-``server_app`` and ``client_app`` are module-level Flower apps, so the same objects serve Flower's deployment
-runtime (``flwr run`` with ``serverapp = "examples.flower_interop:server_app"`` and ``clientapp =
-"examples.flower_interop:client_app"`` in a Flower app's pyproject.toml; nodes then need a ``partition-id`` in
-their node config). Run: ``python examples/flower_interop.py [--rounds 10]``.
+``server_app`` and ``client_app`` are module-level Flower apps of the kind Flower's deployment runtime loads;
+examples/flower_deployment/ is such an app, run by its run.sh on a SuperLink and three SuperNodes.
+Run: ``python examples/flower_interop.py [--rounds 10]``.
 """
 
 from __future__ import annotations
