@@ -15,12 +15,21 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 flower-superlink --insecure --port 18000 --database "$work/state.db" > "$work/superlink.log" 2>&1 &
 pids+=($!)
+python - <<'PY'  # wait until the SuperLink accepts connections (slow to start on a busy machine)
+import socket, sys, time
+for _ in range(300):
+    try:
+        socket.create_connection(("127.0.0.1", 18000), timeout=1).close()
+        sys.exit(0)
+    except OSError:
+        time.sleep(1)
+sys.exit("the SuperLink did not start listening on 127.0.0.1:18000 within 300 s")
+PY
 for i in 0 1 2; do
   flower-supernode --insecure --superlink 127.0.0.1:18000 --node-config "partition-id=$i num-partitions=3" \
     --port "181$i$i" > "$work/supernode$i.log" 2>&1 &
   pids+=($!)
 done
-sleep 10
 flwr run "$here" local --stream --run-config "result-path='$work/model.npz'"
 for _ in $(seq 600); do [ -f "$work/model.npz" ] && break; sleep 1; done
 python - "$here" "$work/model.npz" <<'PY'
