@@ -188,3 +188,4 @@ static int launch(dim3 g, dim3 b, bool barriers, const std::function<void()>& f)
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __ldg(p) (*(p))
+#define __align__(n) __attribute__((aligned(n)))

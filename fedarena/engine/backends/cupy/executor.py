@@ -1,0 +1,200 @@
+"""The cupy backend's executor: a compiled graph as a flat list of device steps over one arena.
+
+Each equation of the schedule becomes one step: a fused elementwise group (or a lone elementwise
+equation) launches its generated kernel (:mod:`.kernels`), a reduction its row or column kernel,
+the softmax and logsumexp chains their row kernels, ``matmul`` goes to ``xp.matmul`` (cuBLAS under
+cupy), ``conv2d`` to an im2col kernel and a GEMM, views (reshape, transpose, slices, broadcasts)
+are views of device arrays.  The memory plan of the engine (:func:`memory_plan.plan_memory`)
+places every intermediate value at an offset of one device arena, allocated once per executable.
+Primitives with no device rule run their numpy kernel on host copies; those steps are listed in
+``Executable.host_steps`` (empty for the PPO and CNN steps measured in benchmarks/gpu_check.sh, so a
+step then makes no host round trip).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ...compiler.memory_plan import VIEW_PRIMITIVES, nbytes, plan_memory
+from ...compiler.passes import dead_code_elimination
+from ...core.ir import Eqn, Graph, Literal, Var
+from . import kernels as K
+from .patterns import RowKernelOp
+
+REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}
+
+
+def _single_body(e: Eqn) -> Graph:
+    """One elementwise equation as a body of its own (its variable operands become inputs)."""
+    outer: list = []
+    for a in e.inputs:
+        if isinstance(a, Var) and a not in outer:
+            outer.append(a)
+    inner = [Var(a.aval) for a in outer]
+    ren = dict(zip(outer, inner))
+    eq = Eqn(e.prim, [ren.get(a, a) if isinstance(a, Var) else a for a in e.inputs], e.outputs, e.attrs, e.source)
+    return Graph(inner, [], [], [eq], [e.outputs[0]]), outer
+
+
+class Executable:
+    """``exe(*flat_inputs) -> list of device arrays`` on ``device`` (see :mod:`.device`).
+
+    ``kernels``: every generated kernel, ``source``: the CUDA module they form, ``memory``: the
+    plan the arena follows, ``host_steps``: primitives run on host copies (no device rule)."""
+
+    def __init__(self, graph: Graph, device: Any, validate: bool = True):
+        if validate:
+            graph.validate()
+        self.device = device
+        self.xp = device.xp
+        graph = dead_code_elimination(graph)
+        self.graph = graph
+        self.kernels: list = []
+        self.host_steps: list = []
+        self._plan_steps()
+        self.source = K.module_source(self.kernels)
+        self.memory = plan_memory(graph)
+        self._module = None
+
+    # ------------------------------------------------------------------ building
+
+    def _plan_steps(self) -> None:
+        """Decide each equation's step and generate its kernel (no device work yet)."""
+        self._specs: list = []
+        for e in self.graph.eqns:
+            name = e.prim.name
+            spec: tuple
+            if name == "fused_elementwise":
+                spec = ("kernel", K.elementwise_kernel(e.attrs["body"]), list(e.inputs))
+            elif isinstance(e.prim, RowKernelOp):
+                x = e.inputs[0]
+                rows = math.prod(x.aval.shape[:-1])
+                spec = ("kernel", K.row_softmax_kernel(rows, x.aval.shape[-1], x.aval.dtype, log=e.prim.name == "row_logsumexp"), [x])
+            elif name in K.ELEMENTWISE_OPS and name != "broadcast_to" and all(a.aval.dtype in K.CTYPE for a in e.inputs) and e.outputs[0].aval.dtype in K.CTYPE:
+                body, outer = _single_body(e)
+                spec = ("kernel", K.elementwise_kernel(body), outer)
+            elif name in REDUCTIONS and e.inputs[0].aval.dtype in K.CTYPE and e.outputs[0].aval.dtype in K.CTYPE:
+                x = e.inputs[0]
+                spec = ("kernel", K.reduction_kernel(REDUCTIONS[name], x.aval, e.attrs["axes"], e.outputs[0].aval.dtype), [x])
+            elif name in VIEW_PRIMITIVES:
+                spec = ("view", None, list(e.inputs))
+            elif name == "matmul":
+                spec = ("matmul", None, list(e.inputs))
+            else:
+                spec = ("host", None, list(e.inputs))
+                self.host_steps.append(name)
+            if spec[0] == "kernel":
+                self.kernels.append(spec[1])
+            self._specs.append(spec)
+
+    def _build(self) -> Callable:
+        xp, dev = self.xp, self.device
+        g, plan = self.graph, self.memory
+        if self._module is None and self.kernels:
+            self._module = dev.load(self.source, [k.name for k in self.kernels])
+        mod = self._module
+        bases: dict = {}
+        if plan.arena_bytes:
+            arena = xp.empty(plan.arena_bytes, np.uint8)
+        values: dict = {}
+        for v, b in plan.buffer_of.items():
+            if b not in bases:
+                off = plan.offset.get(b)
+                bases[b] = arena[off : off + plan.buffer_bytes[b]] if off is not None else xp.empty(plan.buffer_bytes[b], np.uint8)
+            values[v] = bases[b][: nbytes(v)].view(v.aval.dtype).reshape(v.aval.shape)
+        consts = {v: dev.to_device(np.asarray(c)) for v, c in zip(g.constvars, g.consts)}
+        steps = []
+        for e, (kind, kern, operands) in zip(g.eqns, self._specs):
+            steps.append(self._step(e, kind, kern, operands, values, mod))
+        invars, outvars = list(g.invars), list(g.outvars)
+        to_device, is_dev = dev.to_device, dev.is_device_array
+
+        def run(*args: Any) -> list:
+            env = dict(consts)
+            for v, a in zip(invars, args):
+                env[v] = a if is_dev(a) else to_device(a)
+            for step in steps:
+                step(env)
+            outs = []
+            for a in outvars:
+                if isinstance(a, Literal):
+                    outs.append(xp.asarray(np.asarray(a.value, a.aval.dtype)))
+                elif a in invars:
+                    outs.append(env[a])
+                else:
+                    outs.append(xp.array(env[a], copy=True))  # the arena is reused by the next call
+            return outs
+
+        return run
+
+    def _step(self, e: Eqn, kind: str, kern: Any, operands: list, values: dict, mod: Any) -> Callable:
+        xp = self.xp
+        out = e.outputs[0]
+        buf = values.get(out)
+
+        def read(env: dict, a: Any) -> Any:
+            if isinstance(a, Literal):
+                return a.value
+            return env[a]
+
+        if kind == "kernel":
+            n = math.prod(out.aval.shape)
+            grid, block, name = kern.blocks, kern.threads, kern.name
+            launch = mod.launch
+            contiguous = xp.ascontiguousarray
+            tail = (n,) if name.startswith("fe_ew_") else ()
+
+            def kernel_step(env: dict) -> None:
+                ins = [contiguous(env[a]) for a in operands]
+                if n:
+                    launch(name, grid, block, *ins, buf, *tail)
+                env[out] = buf
+
+            return kernel_step
+        if kind == "view":
+            pname, attrs, shape = e.prim.name, e.attrs, out.aval.shape
+            if pname == "transpose":
+                perm = tuple(attrs["perm"])
+                return lambda env: env.__setitem__(out, xp.transpose(env[e.inputs[0]], perm))
+            if pname == "broadcast_to":
+                return lambda env: env.__setitem__(out, xp.broadcast_to(read(env, e.inputs[0]), shape))
+            if pname == "slice":
+                sl = tuple(slice(s, l, st) for s, l, st in zip(attrs["starts"], attrs["limits"], attrs["strides"]))
+                return lambda env: env.__setitem__(out, env[e.inputs[0]][sl])
+            if pname == "stop_gradient":
+                return lambda env: env.__setitem__(out, env[e.inputs[0]])
+            return lambda env: env.__setitem__(out, xp.reshape(env[e.inputs[0]], shape))
+        if kind == "matmul":
+            a, b = e.inputs
+
+            def matmul_step(env: dict) -> None:
+                x, y = env[a], env[b]
+                if buf is None:
+                    env[out] = xp.matmul(x, y)
+                else:
+                    xp.matmul(x, y, out=buf)
+                    env[out] = buf
+
+            return matmul_step
+        # host fallback: the primitive's numpy kernel on host copies
+        dev, impl, attrs = self.device, e.prim.impl, e.attrs
+
+        def host_step(env: dict) -> None:
+            host = [dev.to_host(env[a]) if isinstance(a, Var) else a.value for a in e.inputs]
+            r = np.asarray(impl(*host, **attrs), out.aval.dtype)
+            if buf is None:
+                env[out] = dev.to_device(r)
+            else:
+                buf[...] = dev.to_device(r)
+                env[out] = buf
+
+        return host_step
+
+    def __call__(self, *args: Any) -> list:
+        run = getattr(self, "_run", None)
+        if run is None:
+            run = self._run = self._build()
+        return run(*args)
