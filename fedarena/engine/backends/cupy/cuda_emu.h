@@ -19,8 +19,6 @@
 #include <string.h>
 #include <ucontext.h>
 
-#include <functional>
-
 struct dim3 {
   unsigned x, y, z;
 };
@@ -35,7 +33,9 @@ static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 namespace cuda_emu {
 static dim3 grid_dim, block_dim, block_idx, thread_idx;
-static const std::function<void()>* body = nullptr;
+typedef void (*Body)(void**);
+static Body body = nullptr;
+static void** body_args = nullptr;
 static unsigned current = 0;
 static const size_t kStack = 128 * 1024;
 
@@ -78,7 +78,7 @@ static char* stacks = nullptr;
 static unsigned capacity = 0;
 
 static void fibre_entry() {
-  (*body)();
+  body(body_args);
   fibres[current].done = 1;
   void* dead;
   cuda_emu_swap(&dead, scheduler_sp);  // never resumed
@@ -107,7 +107,7 @@ static Fibre* fibres = nullptr;
 static char* stacks = nullptr;
 static unsigned capacity = 0;
 static void fibre_entry() {
-  (*body)();
+  body(body_args);
   fibres[current].done = 1;  // returning resumes uc_link: the scheduler
 }
 static inline void fibre_start(unsigned t) {
@@ -133,7 +133,7 @@ static inline void set_thread(unsigned t) {
 }
 
 // Run the grid: every block in order; threads as fibres when the kernel has barriers.
-static int launch(dim3 g, dim3 b, bool barriers, const std::function<void()>& f) {
+static int launch(dim3 g, dim3 b, bool barriers, Body f, void** args) {
   grid_dim = g;
   block_dim = b;
   unsigned n = b.x * b.y * b.z;
@@ -146,7 +146,8 @@ static int launch(dim3 g, dim3 b, bool barriers, const std::function<void()>& f)
     if (!fibres || !stacks) return 2;
     capacity = n;
   }
-  body = &f;
+  body = f;
+  body_args = args;
   for (unsigned bz = 0; bz < g.z; ++bz)
     for (unsigned by = 0; by < g.y; ++by)
       for (unsigned bx = 0; bx < g.x; ++bx) {
@@ -154,7 +155,7 @@ static int launch(dim3 g, dim3 b, bool barriers, const std::function<void()>& f)
         if (!barriers) {
           for (unsigned t = 0; t < n; ++t) {
             set_thread(t);
-            f();
+            f(args);
           }
           continue;
         }

@@ -12,7 +12,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...core.ir import EngineError
-from .kernels import parse_signatures
+from . import emulation
+from .kernels import module_source, parse_signatures
 
 
 class GpuUnavailableError(EngineError, RuntimeError):
@@ -104,13 +105,12 @@ class EmulatedDevice:
 
     name = "cpu-emulation"
 
-    def __init__(self, cache_dir: str | os.PathLike | None = None):
-        from . import emulation
-
+    def __init__(self, cache_dir: str | os.PathLike | None = None, opt: str = "-O0"):
         if emulation.host_compiler() is None:
             raise GpuUnavailableError("CUDA emulation: no C++ compiler (g++, c++ or clang++) on PATH")
         self._emulation = emulation
         self.cache_dir = cache_dir
+        self.opt = opt  # the host compiler's optimisation level (-O0 compiles large batches fastest)
         self.xp = np
         self._modules: dict = {}
         self._batch: Any = None
@@ -119,10 +119,8 @@ class EmulatedDevice:
     def prepare(self, kernels_of_modules: Sequence[Sequence[Any]]) -> None:
         """Compile every kernel of these modules at once (one C++ translation unit); later
         ``load`` calls whose kernels are all in it use it without compiling."""
-        from .kernels import module_source
-
         kernels = [k for ks in kernels_of_modules for k in ks]
-        self._batch = self._emulation.EmulatedModule(module_source(kernels), self.cache_dir)
+        self._batch = self._emulation.EmulatedModule(module_source(kernels), self.cache_dir, self.opt)
         self._batched = set(self._batch.signatures)
 
     def load(self, source: str, names: Sequence[str] | None = None) -> Any:
@@ -130,7 +128,7 @@ class EmulatedDevice:
             return self._batch
         mod = self._modules.get(source)
         if mod is None:
-            mod = self._modules[source] = self._emulation.EmulatedModule(source, self.cache_dir)
+            mod = self._modules[source] = self._emulation.EmulatedModule(source, self.cache_dir, self.opt)
         return mod
 
     def to_device(self, x: Any) -> np.ndarray:

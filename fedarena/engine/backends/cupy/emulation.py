@@ -56,8 +56,9 @@ def _launcher(name: str, params: tuple, barriers: bool) -> str:
     args = ", ".join(f"*({t}*)args[{k}]" if "*" not in t else f"*({t.replace('__restrict__', '').strip()}*)args[{k}]" for k, (t, _) in enumerate(params))
     b = "true" if barriers else "false"
     return (
+        f"static void call_{name}(void** args) {{ {name}({args}); }}\n"
         f'extern "C" int launch_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, void** args) {{\n'
-        f"  return cuda_emu::launch(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, {b}, [&]() {{ {name}({args}); }});\n"
+        f"  return cuda_emu::launch(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, {b}, call_{name}, args);\n"
         "}\n"
     )
 
