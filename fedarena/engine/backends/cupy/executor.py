@@ -27,6 +27,21 @@ from .patterns import RowKernelOp
 REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}
 
 
+def _pad(xp: Any, ins: list, attrs: dict, out: Any) -> None:
+    out.fill(0)
+    out[tuple(slice(lo, lo + max(0, s - 1) * (it + 1) + 1, it + 1) for s, lo, it in zip(ins[0].shape, attrs["low"], attrs["interior"]))] = ins[0]
+
+
+DEVICE_RULES: dict = {
+    "concatenate": lambda xp, ins, attrs, out: xp.concatenate(ins, axis=attrs["axis"], out=out),
+    "stack": lambda xp, ins, attrs, out: xp.stack(ins, axis=attrs["axis"], out=out),
+    "full": lambda xp, ins, attrs, out: out.fill(attrs["value"]),
+    "pad": _pad,
+}
+"""Primitives run by the array module's own device functions (cupy's kernels on a GPU), writing
+into their arena buffer: ``rule(xp, operands, attrs, out)``."""
+
+
 def _single_body(e: Eqn) -> Graph:
     """One elementwise equation as a body of its own (its variable operands become inputs)."""
     outer: list = []
@@ -79,6 +94,12 @@ class Executable:
             elif name in REDUCTIONS and e.inputs[0].aval.dtype in K.CTYPE and e.outputs[0].aval.dtype in K.CTYPE:
                 x = e.inputs[0]
                 spec = ("kernel", K.reduction_kernel(REDUCTIONS[name], x.aval, e.attrs["axes"], e.outputs[0].aval.dtype), [x])
+            elif name == "gather" and e.inputs[0].aval.dtype in K.CTYPE:
+                spec = ("kernel", K.gather_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"]), list(e.inputs))
+            elif name == "scatter_add" and e.inputs[0].aval.dtype in (np.float32, np.float64, np.int32):
+                spec = ("scatter", K.scatter_add_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"], tuple(e.attrs["shape"])), list(e.inputs))
+            elif name in DEVICE_RULES:
+                spec = ("xp", None, list(e.inputs))
             elif name in VIEW_PRIMITIVES:
                 spec = ("view", None, list(e.inputs))
             elif name == "matmul":
@@ -86,7 +107,7 @@ class Executable:
             else:
                 spec = ("host", None, list(e.inputs))
                 self.host_steps.append(name)
-            if spec[0] == "kernel":
+            if spec[0] in ("kernel", "scatter"):
                 self.kernels.append(spec[1])
             self._specs.append(spec)
 
@@ -140,20 +161,32 @@ class Executable:
                 return a.value
             return env[a]
 
-        if kind == "kernel":
+        if kind in ("kernel", "scatter"):
             n = math.prod(out.aval.shape)
             grid, block, name = kern.blocks, kern.threads, kern.name
             launch = mod.launch
             contiguous = xp.ascontiguousarray
             tail = (n,) if name.startswith("fe_ew_") else ()
 
+            zero = kind == "scatter"
+
             def kernel_step(env: dict) -> None:
                 ins = [contiguous(env[a]) for a in operands]
-                if n:
+                if zero:
+                    buf.fill(0)
+                if n and all(x.size for x in ins):
                     launch(name, grid, block, *ins, buf, *tail)
                 env[out] = buf
 
             return kernel_step
+        if kind == "xp":
+            rule, attrs = DEVICE_RULES[e.prim.name], e.attrs
+
+            def xp_step(env: dict) -> None:
+                rule(xp, [read(env, a) for a in e.inputs], attrs, buf)
+                env[out] = buf
+
+            return xp_step
         if kind == "view":
             pname, attrs, shape = e.prim.name, e.attrs, out.aval.shape
             if pname == "transpose":

@@ -490,3 +490,49 @@ def module_source(kernels: Sequence[Kernel]) -> str:
             seen.add(k.name)
             parts.append(k.source)
     return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- gather / scatter
+
+
+def gather_kernel(x_aval: ShapedArray, idx_aval: ShapedArray, axis: int) -> Kernel:
+    """``out = take_along_axis(x, idx, axis)``: one thread per output element."""
+    return _along_axis("gather", x_aval, idx_aval, axis)
+
+
+def scatter_add_kernel(upd_aval: ShapedArray, idx_aval: ShapedArray, axis: int, shape: tuple) -> Kernel:
+    """``out[.., idx, ..] += upd`` along ``axis`` into a zeroed ``out`` of ``shape`` (atomic adds:
+    indices may repeat)."""
+    return _along_axis("scatter", ShapedArray(shape, upd_aval.dtype), idx_aval, axis)
+
+
+def _along_axis(kind: str, x_aval: ShapedArray, idx_aval: ShapedArray, axis: int) -> Kernel:
+    shape, ishape = x_aval.shape, idx_aval.shape
+    nd = len(shape)
+    axis %= nd
+    dt = x_aval.dtype
+    t = ctype(dt, kind)
+    it = ctype(idx_aval.dtype, f"{kind} indices")
+    if idx_aval.dtype.kind not in "iu":
+        raise KernelGenerationError(f"{kind}: indices must be integers, got {idx_aval.dtype}")
+    if kind == "scatter" and dt not in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32)):
+        raise KernelGenerationError(f"scatter_add: no atomic add for {dt} here (float32, float64, int32)")
+    n = math.prod(ishape)
+    strides = _strides(shape)
+    lines = [f"  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {n}LL; i += (long long)blockDim.x * gridDim.x) {{",
+             "    long long r = i, xoff = 0;"]
+    for d in reversed(range(nd)):
+        lines.append(f"    long long c{d} = r % {ishape[d]}LL; r /= {ishape[d]}LL;")
+        if d == axis:
+            lines.append(f"    long long j = (long long)ix[i]; if (j < 0) j += {shape[d]}LL;")
+            lines.append(f"    xoff += j * {strides[d]}LL;")
+        else:
+            lines.append(f"    xoff += c{d} * {strides[d]}LL;")
+    if kind == "gather":
+        params = [(f"const {t}* __restrict__", "x"), (f"const {it}* __restrict__", "ix"), (f"{t}* __restrict__", "out")]
+        lines.append("    out[i] = x[xoff];")
+    else:
+        params = [(f"const {t}* __restrict__", "upd"), (f"const {it}* __restrict__", "ix"), (f"{t}*", "out")]
+        lines.append("    atomicAdd(out + xoff, upd[i]);")
+    lines.append("  }")
+    return _finish(kind, "\n".join(lines) + "\n", params, False, THREADS, _grid(n, THREADS))
