@@ -80,36 +80,44 @@ class Executable:
         """Decide each equation's step and generate its kernel (no device work yet)."""
         self._specs: list = []
         for e in self.graph.eqns:
-            name = e.prim.name
-            spec: tuple
-            if name == "fused_elementwise":
-                spec = ("kernel", K.elementwise_kernel(e.attrs["body"]), list(e.inputs))
-            elif isinstance(e.prim, RowKernelOp):
-                x = e.inputs[0]
-                rows = math.prod(x.aval.shape[:-1])
-                spec = ("kernel", K.row_softmax_kernel(rows, x.aval.shape[-1], x.aval.dtype, log=e.prim.name == "row_logsumexp"), [x])
-            elif name in K.ELEMENTWISE_OPS and name != "broadcast_to" and all(a.aval.dtype in K.CTYPE for a in e.inputs) and e.outputs[0].aval.dtype in K.CTYPE:
-                body, outer = _single_body(e)
-                spec = ("kernel", K.elementwise_kernel(body), outer)
-            elif name in REDUCTIONS and e.inputs[0].aval.dtype in K.CTYPE and e.outputs[0].aval.dtype in K.CTYPE:
-                x = e.inputs[0]
-                spec = ("kernel", K.reduction_kernel(REDUCTIONS[name], x.aval, e.attrs["axes"], e.outputs[0].aval.dtype), [x])
-            elif name == "gather" and e.inputs[0].aval.dtype in K.CTYPE:
-                spec = ("kernel", K.gather_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"]), list(e.inputs))
-            elif name == "scatter_add" and e.inputs[0].aval.dtype in (np.float32, np.float64, np.int32):
-                spec = ("scatter", K.scatter_add_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"], tuple(e.attrs["shape"])), list(e.inputs))
-            elif name in DEVICE_RULES:
-                spec = ("xp", None, list(e.inputs))
-            elif name in VIEW_PRIMITIVES:
-                spec = ("view", None, list(e.inputs))
-            elif name == "matmul":
-                spec = ("matmul", None, list(e.inputs))
-            else:
+            try:
+                spec = self._spec(e)
+            except K.KernelGenerationError:  # e.g. float16 operands: no generated kernel
                 spec = ("host", None, list(e.inputs))
-                self.host_steps.append(name)
+            if spec[0] == "host":
+                self.host_steps.append(e.prim.name)
             if spec[0] in ("kernel", "scatter"):
                 self.kernels.append(spec[1])
             self._specs.append(spec)
+
+    def _spec(self, e: Eqn) -> tuple:
+        """``(kind, kernel or None, operands)`` of one equation's step."""
+        name = e.prim.name
+        if name == "fused_elementwise":
+            spec = ("kernel", K.elementwise_kernel(e.attrs["body"]), list(e.inputs))
+        elif isinstance(e.prim, RowKernelOp):
+            x = e.inputs[0]
+            rows = math.prod(x.aval.shape[:-1])
+            spec = ("kernel", K.row_softmax_kernel(rows, x.aval.shape[-1], x.aval.dtype, log=e.prim.name == "row_logsumexp"), [x])
+        elif name in K.ELEMENTWISE_OPS and name != "broadcast_to" and all(a.aval.dtype in K.CTYPE for a in e.inputs) and e.outputs[0].aval.dtype in K.CTYPE:
+            body, outer = _single_body(e)
+            spec = ("kernel", K.elementwise_kernel(body), outer)
+        elif name in REDUCTIONS and e.inputs[0].aval.dtype in K.CTYPE and e.outputs[0].aval.dtype in K.CTYPE:
+            x = e.inputs[0]
+            spec = ("kernel", K.reduction_kernel(REDUCTIONS[name], x.aval, e.attrs["axes"], e.outputs[0].aval.dtype), [x])
+        elif name == "gather" and e.inputs[0].aval.dtype in K.CTYPE:
+            spec = ("kernel", K.gather_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"]), list(e.inputs))
+        elif name == "scatter_add" and e.inputs[0].aval.dtype in (np.float32, np.float64, np.int32):
+            spec = ("scatter", K.scatter_add_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"], tuple(e.attrs["shape"])), list(e.inputs))
+        elif name in DEVICE_RULES:
+            spec = ("xp", None, list(e.inputs))
+        elif name in VIEW_PRIMITIVES:
+            spec = ("view", None, list(e.inputs))
+        elif name == "matmul":
+            spec = ("matmul", None, list(e.inputs))
+        else:
+            spec = ("host", None, list(e.inputs))
+        return spec
 
     def _build(self) -> Callable:
         xp, dev = self.xp, self.device
