@@ -134,11 +134,17 @@ class Executable:
                 off = plan.offset.get(b)
                 bases[b] = arena[off : off + plan.buffer_bytes[b]] if off is not None else xp.empty(plan.buffer_bytes[b], np.uint8)
             values[v] = bases[b][: nbytes(v)].view(v.aval.dtype).reshape(v.aval.shape)
+        # graph outputs computed by a step get a fresh array each call (callers keep them), the
+        # rest of the arena is reused by the next call
+        fresh = {a for a in g.outvars if isinstance(a, Var) and a not in g.invars}
+        for v in fresh:
+            values.pop(v, None)
         consts = {v: dev.to_device(np.asarray(c)) for v, c in zip(g.constvars, g.consts)}
         steps = []
         for e, (kind, kern, operands) in zip(g.eqns, self._specs):
             steps.append(self._step(e, kind, kern, operands, values, mod))
         invars, outvars = list(g.invars), list(g.outvars)
+        owned = {e.outputs[0] for e, spec in zip(g.eqns, self._specs) if spec[0] != "view" and e.outputs[0] in fresh}
         to_device, is_dev = dev.to_device, dev.is_device_array
 
         def run(*args: Any) -> list:
@@ -151,10 +157,10 @@ class Executable:
             for a in outvars:
                 if isinstance(a, Literal):
                     outs.append(xp.asarray(np.asarray(a.value, a.aval.dtype)))
-                elif a in invars:
+                elif a in invars or a in owned:
                     outs.append(env[a])
                 else:
-                    outs.append(xp.array(env[a], copy=True))  # the arena is reused by the next call
+                    outs.append(xp.array(env[a], copy=True))  # a view of the arena: copied out
             return outs
 
         return run
@@ -178,21 +184,25 @@ class Executable:
 
             zero = kind == "scatter"
 
+            shape, dtype, empty = out.aval.shape, out.aval.dtype, xp.empty
+
             def kernel_step(env: dict) -> None:
                 ins = [contiguous(env[a]) for a in operands]
+                o = buf if buf is not None else empty(shape, dtype)
                 if zero:
-                    buf.fill(0)
+                    o.fill(0)
                 if n and all(x.size for x in ins):
-                    launch(name, grid, block, *ins, buf, *tail)
-                env[out] = buf
+                    launch(name, grid, block, *ins, o, *tail)
+                env[out] = o
 
             return kernel_step
         if kind == "xp":
             rule, attrs = DEVICE_RULES[e.prim.name], e.attrs
 
             def xp_step(env: dict) -> None:
-                rule(xp, [read(env, a) for a in e.inputs], attrs, buf)
-                env[out] = buf
+                o = buf if buf is not None else xp.empty(out.aval.shape, out.aval.dtype)
+                rule(xp, [read(env, a) for a in e.inputs], attrs, o)
+                env[out] = o
 
             return xp_step
         if kind == "view":
