@@ -50,16 +50,18 @@ step() {  # step NAME SECONDS COMMAND...
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$summary"
 }
 
-env_info() {
+# shellcheck disable=SC2016  # expanded by the inner shell
+env_info='
   if command -v nvidia-smi > /dev/null 2>&1; then nvidia-smi; else echo "nvidia-smi: not found"; fi
-  "$py" -c 'import sys, numpy; print("python", sys.version.split()[0], "numpy", numpy.__version__)'
-  "$py" -c 'import cupy; print("cupy", cupy.__version__)' || echo "cupy: not importable"
-  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' || echo "torch: not importable"
-  "$py" -c 'from fedarena.engine.backends import cupy as cb; print("cupy backend:", cb.gpu_unavailable_reason() or "device available")'
-}
+  "$PY" -c "import sys, numpy; print(\"python\", sys.version.split()[0], \"numpy\", numpy.__version__)"
+  "$PY" -c "import cupy; print(\"cupy\", cupy.__version__)" || echo "cupy: not importable"
+  "$PY" -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())" || echo "torch: not importable"
+  "$PY" -c "from fedarena.engine.backends import cupy as cb; print(\"cupy backend:\", cb.gpu_unavailable_reason() or \"device available\")"
+'
+export PY="$py"
 
 cd "$root" || exit 1
-step env 60 env_info
+step env 60 bash -c "$env_info"
 step tests 150 "$py" -m pytest -q -m gpu -p no:cacheprovider -rs tests/engine/gpu tests/envs/test_classic_control_cupy.py
 for part in gemm fused ppo cnn fl; do
   case "$part" in

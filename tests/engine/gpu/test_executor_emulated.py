@@ -136,3 +136,21 @@ def test_backend_cupy_without_gpu_raises_one_clear_error():
         engine.jit(lambda x: x + 1, backend="cupy")
     with pytest.raises(engine.EngineError, match="backend must be 'numpy' or 'cupy'"):
         engine.jit(lambda x: x + 1, backend="tpu")
+
+
+def test_special_values_follow_numpy(emulated_device):
+    """NaN propagation of maximum/minimum/clip, infinite literals, integer division by zero
+    (numpy gives 0), floor division and remainder of negative operands."""
+
+    def f(x, i, k):
+        return (ops.maximum(x, 0.5), ops.minimum(x, np.float32(np.inf)), ops.clip(x, -np.inf, 1.0), ops.where(x > 0, x, np.float32(np.nan)),
+                i // k, i % k, x // np.float32(-0.75), x % np.float32(-0.75), ops.isnan(x), ops.isfinite(x * 1e38))
+
+    x = np.array([-1.5, 0.0, -0.0, 2.5, np.nan, np.inf, -np.inf, 3e-39], np.float32)
+    i = np.array([-7, 7, -7, 7, 0, 5, -5, 9], np.int32)
+    k = np.array([2, -2, -2, 0, 3, 0, 3, -4], np.int32)
+    with np.errstate(all="ignore"):
+        ref = engine.jit(f)(x, i, k)
+        got = cb.jit(f, device=emulated_device)(x, i, k)
+    for n, (a, r) in enumerate(zip(got, ref)):
+        np.testing.assert_array_equal(a, r, err_msg=f"output {n}")

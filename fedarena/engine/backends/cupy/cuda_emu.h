@@ -189,6 +189,9 @@ static int launch(dim3 g, dim3 b, bool barriers, Body f, void** args) {
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __ldg(p) (*(p))
+// CUDA's bit-cast intrinsics
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
+static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, sizeof d); return d; }
 // blocks and threads run one at a time: an atomic add is a plain add
 template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
 #define __align__(n) __attribute__((aligned(n)))

@@ -60,10 +60,10 @@ class Kernel:
 
 # helpers every generated module starts with (numpy's semantics where C's differ)
 PRELUDE = r"""
-#define FE_INF_F __builtin_huge_valf()
-#define FE_INF_D __builtin_huge_val()
-#define FE_NAN_F __builtin_nanf("")
-#define FE_NAN_D __builtin_nan("")
+#define FE_INF_F __int_as_float(0x7f800000)
+#define FE_INF_D __longlong_as_double(0x7ff0000000000000LL)
+#define FE_NAN_F __int_as_float(0x7fc00000)
+#define FE_NAN_D __longlong_as_double(0x7ff8000000000000LL)
 template <typename T> __device__ __forceinline__ T fe_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> __device__ __forceinline__ T fe_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
 template <typename T> __device__ __forceinline__ T fe_sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
