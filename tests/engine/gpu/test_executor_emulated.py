@@ -154,3 +154,34 @@ def test_special_values_follow_numpy(emulated_device):
         got = cb.jit(f, device=emulated_device)(x, i, k)
     for n, (a, r) in enumerate(zip(got, ref)):
         np.testing.assert_array_equal(a, r, err_msg=f"output {n}")
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation", [(3, 1, 0, 1), (3, 2, 1, 1), (5, 3, 2, 2), (2, 2, 0, 1), (1, 1, 0, 1)])
+def test_conv2d_value_and_grads_run_on_the_device(emulated_device, kernel, stride, padding, dilation):
+    """im2col (plain and phase-plane layouts), the conv GEMM, the input gradient and col2im as
+    device steps: outputs and gradients equal the numpy backend's (gradients are sums over
+    windows and batch, so relative 1e-5)."""
+    conv = nn.Conv2d(3, 5, kernel, stride=stride, padding=padding, dilation=dilation)
+    params = conv.init(1)
+    x = np.random.default_rng(kernel + stride).standard_normal((2, 3, 11, 13)).astype(np.float32)
+
+    def f(p, z):
+        return engine.value_and_grad(lambda q, v: ops.sum(ops.tanh(conv.apply(q, v))), argnums=(0, 1))(p, z)
+
+    j = cb.jit(f, device=emulated_device)
+    exe = j.entry(params, x)[0]
+    assert exe.host_steps == []
+    assert {"im2col"} <= {e.prim.name for e in exe.graph.eqns}
+    for a, r in zip(engine.tree_leaves(j(params, x)), engine.tree_leaves(engine.jit(f)(params, x))):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+
+
+def test_cross_entropy_label_check_raises_on_the_device_path(emulated_device):
+    def f(logits, y):
+        return ops.cross_entropy(logits, y)
+
+    logits = np.zeros((4, 3), np.float32)
+    j = cb.jit(f, device=emulated_device)
+    np.testing.assert_allclose(j(logits, np.array([0, 1, 2, 1])), np.log(3.0), rtol=1e-6)
+    with pytest.raises(IndexError, match="3"):
+        j(logits, np.array([0, 1, 3, 1]))

@@ -69,6 +69,29 @@ def test_ppo_step_on_gpu(cp):
         np.testing.assert_allclose(cp.asnumpy(a), r, rtol=1e-5, atol=1e-6)
 
 
+def test_cnn_step_on_gpu(cp):
+    from fedarena.engine import nn, ops, optim
+
+    cnn = nn.Sequential([nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(16 * 14 * 14, 10)])
+    opt = optim.adam(1e-3)
+
+    def step(p, s, x, y):
+        loss, g = engine.value_and_grad(lambda q: ops.cross_entropy(cnn.apply(q, x), y))(p)
+        p, s = opt.update(g, s, p)
+        return p, s, loss
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 64)
+    p0 = cnn.init(0)
+    j = engine.jit(step, backend="cupy")
+    assert j.entry(p0, opt.init(p0), x, y)[0].host_steps == []
+    got = j(p0, opt.init(p0), x, y)
+    ref = engine.jit(step)(p0, opt.init(p0), x, y)
+    for a, r in zip(engine.tree_leaves(got), engine.tree_leaves(ref)):
+        np.testing.assert_allclose(cp.asnumpy(a), r, rtol=1e-4, atol=1e-5)
+
+
 def test_device_inputs_stay_on_device(cp):
     x = cp.arange(10, dtype=cp.float32)
     out = engine.jit(lambda v: v * 2.0 + 1.0, backend="cupy")(x)

@@ -3,12 +3,13 @@
 Each equation of the schedule becomes one step: a fused elementwise group (or a lone elementwise
 equation) launches its generated kernel (:mod:`.kernels`), a reduction its row or column kernel,
 the softmax and logsumexp chains their row kernels, ``matmul`` goes to ``xp.matmul`` (cuBLAS under
-cupy), ``conv2d`` to an im2col kernel and a GEMM, views (reshape, transpose, slices, broadcasts)
-are views of device arrays.  The memory plan of the engine (:func:`memory_plan.plan_memory`)
+cupy), convolutions to generated im2col/col2im kernels around ``xp.matmul`` GEMMs, gathers and
+scatters to generated kernels, views (reshape, transpose, slices, broadcasts) are views of device
+arrays.  The memory plan of the engine (:func:`memory_plan.plan_memory`)
 places every intermediate value at an offset of one device arena, allocated once per executable.
 Primitives with no device rule run their numpy kernel on host copies; those steps are listed in
-``Executable.host_steps`` (empty for the PPO and CNN steps measured in benchmarks/gpu_check.sh, so a
-step then makes no host round trip).
+``Executable.host_steps`` (empty for the PPO and CNN steps measured in benchmarks/gpu_check.sh; the
+CNN step's label check reads back one flag).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from ...compiler.memory_plan import VIEW_PRIMITIVES, nbytes, plan_memory
 from ...compiler.passes import dead_code_elimination
 from ...core.ir import Eqn, Graph, Literal, Var
+from ...core.tracing import PRIMITIVES
 from . import kernels as K
 from .patterns import RowKernelOp
 
@@ -32,7 +34,18 @@ def _pad(xp: Any, ins: list, attrs: dict, out: Any) -> None:
     out[tuple(slice(lo, lo + max(0, s - 1) * (it + 1) + 1, it + 1) for s, lo, it in zip(ins[0].shape, attrs["low"], attrs["interior"]))] = ins[0]
 
 
+def _check_range(xp: Any, ins: list, attrs: dict, out: Any) -> None:
+    """Pass the indices through; one flag read back from the device says whether one is out of
+    range, and only then the host kernel runs to raise its error."""
+    x = ins[0]
+    out[...] = x
+    if x.size and bool(xp.any((x < attrs["lo"]) | (x >= attrs["hi"]))):
+        PRIMITIVES["check_range"].impl(np.asarray(x.get() if hasattr(x, "get") else x), **attrs)
+
+
 DEVICE_RULES: dict = {
+    "conv_gemm": lambda xp, ins, attrs, out: xp.matmul(ins[0], ins[1], out=out),
+    "check_range": _check_range,
     "concatenate": lambda xp, ins, attrs, out: xp.concatenate(ins, axis=attrs["axis"], out=out),
     "stack": lambda xp, ins, attrs, out: xp.stack(ins, axis=attrs["axis"], out=out),
     "full": lambda xp, ins, attrs, out: out.fill(attrs["value"]),
@@ -86,7 +99,7 @@ class Executable:
                 spec = ("host", None, list(e.inputs))
             if spec[0] == "host":
                 self.host_steps.append(e.prim.name)
-            if spec[0] in ("kernel", "scatter"):
+            if spec[0] in ("kernel", "scatter", "col2im"):
                 self.kernels.append(spec[1])
             self._specs.append(spec)
 
@@ -109,6 +122,14 @@ class Executable:
             spec = ("kernel", K.gather_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"]), list(e.inputs))
         elif name == "scatter_add" and e.inputs[0].aval.dtype in (np.float32, np.float64, np.int32):
             spec = ("scatter", K.scatter_add_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"], tuple(e.attrs["shape"])), list(e.inputs))
+        elif name == "im2col" and e.inputs[0].aval.dtype in (np.float32, np.float64):
+            spec = ("kernel", K.im2col_kernel(e.inputs[0].aval, e.attrs), [e.inputs[0]])
+        elif name == "col2im" and e.inputs[0].aval.dtype in (np.float32, np.float64):
+            make = K.phase_col2im_kernel if e.attrs.get("phased") else K.plain_col2im_kernel
+            spec = ("kernel", make(e.inputs[0].aval.shape[1], tuple(e.attrs["x_shape"]), e.inputs[0].aval.dtype, e.attrs), [e.inputs[0]])
+        elif name == "conv_input_grad" and e.outputs[0].aval.dtype in (np.float32, np.float64) and all(a.aval.dtype == e.outputs[0].aval.dtype for a in e.inputs):
+            ct, w2 = e.inputs
+            spec = ("col2im", K.phase_col2im_kernel(w2.aval.shape[1], tuple(e.attrs["x_shape"]), e.outputs[0].aval.dtype, e.attrs), [ct, w2])
         elif name in DEVICE_RULES:
             spec = ("xp", None, list(e.inputs))
         elif name in VIEW_PRIMITIVES:
@@ -196,6 +217,17 @@ class Executable:
                 env[out] = o
 
             return kernel_step
+        if kind == "col2im":
+            ct, w2 = operands
+            name, grid, block, launch = kern.name, kern.blocks, kern.threads, mod.launch
+
+            def conv_input_grad_step(env: dict) -> None:
+                cols = xp.matmul(xp.transpose(env[w2]), env[ct])  # (N, KH*KW*C [+1], HQ*WQ)
+                o = buf if buf is not None else xp.empty(out.aval.shape, out.aval.dtype)
+                launch(name, grid, block, xp.ascontiguousarray(cols), o)
+                env[out] = o
+
+            return conv_input_grad_step
         if kind == "xp":
             rule, attrs = DEVICE_RULES[e.prim.name], e.attrs
 

@@ -536,3 +536,128 @@ def _along_axis(kind: str, x_aval: ShapedArray, idx_aval: ShapedArray, axis: int
         lines.append("    atomicAdd(out + xoff, upd[i]);")
     lines.append("  }")
     return _finish(kind, "\n".join(lines) + "\n", params, False, THREADS, _grid(n, THREADS))
+
+
+# ----------------------------------------------------------------------------- convolution
+
+
+def _conv_geometry(x_shape: tuple, attrs: dict) -> dict:
+    n, c, h, w = x_shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"]
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    hq, wq = -(-(h + 2 * ph) // sh), -(-(w + 2 * pw) // sw)
+    return dict(n=n, c=c, h=h, w=w, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, oh=oh, ow=ow, hq=hq, wq=wq)
+
+
+def im2col_kernel(x_aval: ShapedArray, attrs: dict) -> Kernel:
+    """The engine's ``im2col`` (NCHW -> (N, KH*KW*C [+1], L), rows in (kh, kw, c) order): one
+    thread per column entry.  Plain layout: L = OH*OW, entry (oh, ow) of tap (i, j) reads padded
+    pixel (oh*SH + i*DH, ow*SW + j*DW).  Phase-plane layout (``phased``, see the engine's
+    ``PhaseGeometry``): L = HQ*WQ, entry p of tap (i, j) reads flat position
+    ``off(i, j) + (n*C + c)*HQ*WQ + p`` of phase plane ((i*DH) % SH, (j*DW) % SW), which holds
+    padded pixel (SH*q + a, SW*r + b); positions outside the image read ``pad_value``.  A
+    ``bias_row`` appends a constant last row."""
+    g = _conv_geometry(x_aval.shape, attrs)
+    dt = x_aval.dtype
+    t = ctype(dt, "im2col")
+    n, c, h, w = g["n"], g["c"], g["h"], g["w"]
+    kk = g["kh"] * g["kw"]
+    phased = bool(attrs.get("phased"))
+    bias = attrs.get("bias_row")
+    rows = kk * c + (bias is not None)
+    length = g["hq"] * g["wq"] if phased else g["oh"] * g["ow"]
+    total = n * rows * length
+    pad = c_literal(attrs.get("pad_value", 0.0), dt)
+    lines = [
+        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
+        f"    long long p = e % {length}LL, row = (e / {length}LL) % {rows}LL, img = e / ({length}LL * {rows}LL);",
+    ]
+    if bias is not None:
+        lines.append(f"    if (row == {kk * c}LL) {{ out[e] = {c_literal(bias, dt)}; continue; }}")
+    lines.append(f"    long long tap = row / {c}LL, ch = row % {c}LL, i = tap / {g['kw']}LL, j = tap % {g['kw']}LL;")
+    if phased:
+        plane = g["hq"] * g["wq"]
+        lines += [
+            f"    long long a = (i * {g['dh']}LL) % {g['sh']}LL, b = (j * {g['dw']}LL) % {g['sw']}LL;",
+            f"    long long off = ((i * {g['dh']}LL) / {g['sh']}LL) * {g['wq']}LL + (j * {g['dw']}LL) / {g['sw']}LL;",
+            f"    long long pos = off + (img * {c}LL + ch) * {plane}LL + p;",
+            f"    {t} v = {pad};",
+            f"    if (pos < {n * c * plane}LL) {{",
+            f"      long long r = pos % {g['wq']}LL, q = (pos / {g['wq']}LL) % {g['hq']}LL, nc = pos / {plane}LL;",
+            f"      long long y = {g['sh']}LL * q + a - {g['ph']}LL, x = {g['sw']}LL * r + b - {g['pw']}LL;",
+            f"      if (y >= 0 && y < {h}LL && x >= 0 && x < {w}LL) v = src[(nc * {h}LL + y) * {w}LL + x];",
+            "    }",
+            "    out[e] = v;",
+        ]
+    else:
+        lines += [
+            f"    long long oh = p / {g['ow']}LL, ow = p % {g['ow']}LL;",
+            f"    long long y = oh * {g['sh']}LL + i * {g['dh']}LL - {g['ph']}LL, x = ow * {g['sw']}LL + j * {g['dw']}LL - {g['pw']}LL;",
+            f"    out[e] = (y >= 0 && y < {h}LL && x >= 0 && x < {w}LL) ? src[((img * {c}LL + ch) * {h}LL + y) * {w}LL + x] : {pad};",
+        ]
+    lines.append("  }")
+    params = [(f"const {t}* __restrict__", "src"), (f"{t}* __restrict__", "out")]
+    return _finish("im2col", "\n".join(lines) + "\n", params, False, THREADS, _grid(total, THREADS))
+
+
+def phase_col2im_kernel(cols_rows: int, x_shape: tuple, dtype: np.dtype, attrs: dict) -> Kernel:
+    """The adjoint of the phase-plane ``im2col`` (pad value 0) for columns of (N, ``cols_rows``,
+    HQ*WQ), rows in (kh, kw, c) order (a trailing bias row, if any, is ignored): one thread per
+    image pixel gathering, from every tap whose phase plane holds it, the column entry that read
+    it (a gather, so no atomics)."""
+    g = _conv_geometry(x_shape, attrs)
+    t = ctype(dtype, "col2im")
+    n, c, h, w = g["n"], g["c"], g["h"], g["w"]
+    plane = g["hq"] * g["wq"]
+    size = n * c * plane
+    total = n * c * h * w
+    lines = [
+        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
+        f"    long long x = e % {w}LL, y = (e / {w}LL) % {h}LL, nc = e / ({h}LL * {w}LL);",
+        f"    long long Y = y + {g['ph']}LL, X = x + {g['pw']}LL;",
+        f"    long long a = Y % {g['sh']}LL, b = X % {g['sw']}LL;",
+        f"    long long gpix = (nc * {g['hq']}LL + Y / {g['sh']}LL) * {g['wq']}LL + X / {g['sw']}LL;",
+        "    double acc = 0.0;",
+        f"    for (long long i = 0; i < {g['kh']}LL; ++i) {{",
+        f"      if ((i * {g['dh']}LL) % {g['sh']}LL != a) continue;",
+        f"      for (long long j = 0; j < {g['kw']}LL; ++j) {{",
+        f"        if ((j * {g['dw']}LL) % {g['sw']}LL != b) continue;",
+        f"        long long idx = gpix - (((i * {g['dh']}LL) / {g['sh']}LL) * {g['wq']}LL + (j * {g['dw']}LL) / {g['sw']}LL);",
+        f"        if (idx < 0 || idx >= {size}LL) continue;",
+        f"        long long p = idx % {plane}LL, ch = (idx / {plane}LL) % {c}LL, img = idx / ({plane}LL * {c}LL);",
+        f"        acc += (double)cols[(img * {cols_rows}LL + (i * {g['kw']}LL + j) * {c}LL + ch) * {plane}LL + p];",
+        "      }",
+        "    }",
+        f"    out[e] = ({t})acc;",
+        "  }",
+    ]
+    params = [(f"const {t}* __restrict__", "cols"), (f"{t}* __restrict__", "out")]
+    return _finish("col2im", "\n".join(lines) + "\n", params, False, THREADS, _grid(total, THREADS))
+
+
+def plain_col2im_kernel(cols_rows: int, x_shape: tuple, dtype: np.dtype, attrs: dict) -> Kernel:
+    """The adjoint of the plain ``im2col`` (columns (N, ``cols_rows``, OH*OW), a trailing bias row
+    ignored): one thread per image pixel summing the column entries of the windows covering it."""
+    g = _conv_geometry(x_shape, attrs)
+    t = ctype(dtype, "col2im")
+    n, c, h, w = g["n"], g["c"], g["h"], g["w"]
+    length = g["oh"] * g["ow"]
+    total = n * c * h * w
+    lines = [
+        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
+        f"    long long x = e % {w}LL, y = (e / {w}LL) % {h}LL, ch = (e / ({h}LL * {w}LL)) % {c}LL, img = e / ({c}LL * {h}LL * {w}LL);",
+        "    double acc = 0.0;",
+        f"    for (long long i = 0; i < {g['kh']}LL; ++i) {{",
+        f"      long long ty = y + {g['ph']}LL - i * {g['dh']}LL;",
+        f"      if (ty < 0 || ty % {g['sh']}LL != 0 || ty / {g['sh']}LL >= {g['oh']}LL) continue;",
+        f"      for (long long j = 0; j < {g['kw']}LL; ++j) {{",
+        f"        long long tx = x + {g['pw']}LL - j * {g['dw']}LL;",
+        f"        if (tx < 0 || tx % {g['sw']}LL != 0 || tx / {g['sw']}LL >= {g['ow']}LL) continue;",
+        f"        acc += (double)cols[(img * {cols_rows}LL + (i * {g['kw']}LL + j) * {c}LL + ch) * {length}LL + (ty / {g['sh']}LL) * {g['ow']}LL + tx / {g['sw']}LL];",
+        "      }",
+        "    }",
+        f"    out[e] = ({t})acc;",
+        "  }",
+    ]
+    params = [(f"const {t}* __restrict__", "cols"), (f"{t}* __restrict__", "out")]
+    return _finish("col2im", "\n".join(lines) + "\n", params, False, THREADS, _grid(total, THREADS))
