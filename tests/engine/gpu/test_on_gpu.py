@@ -27,7 +27,9 @@ def cp():
 
 
 def test_random_programs_on_gpu_match_numpy_backend(cp):
-    for seed in range(200):
+    """The first 100 of the CI's random programs (each a fresh NVRTC compile; the CPU emulation
+    covers all 200)."""
+    for seed in range(100):
         p = make_program(seed)
         ref = np.asarray(engine.jit(p.fn)(*p.args))
         got = engine.jit(p.fn, backend="cupy")(*p.args)
