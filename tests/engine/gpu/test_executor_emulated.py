@@ -15,6 +15,7 @@ from fedarena.engine import nn, ops, optim
 from fedarena.engine.backends import cupy as cb
 from fedarena.engine.backends.cupy import kernels as K
 from fedarena.engine.backends.cupy.emulation import EmulatedModule
+from fedarena.engine.primitives.reductions import cumsum as reverse_cumsum
 
 from .programs import assert_close
 
@@ -185,3 +186,19 @@ def test_cross_entropy_label_check_raises_on_the_device_path(emulated_device):
     np.testing.assert_allclose(j(logits, np.array([0, 1, 2, 1])), np.log(3.0), rtol=1e-6)
     with pytest.raises(IndexError, match="3"):
         j(logits, np.array([0, 1, 3, 1]))
+
+
+def test_array_module_rules_match_numpy_backend(emulated_device):
+    """argmax, cumsum (both directions), prod and one_hot run as the array module's device
+    functions writing into the arena."""
+
+    def f(x, i):
+        return (ops.argmax(x, axis=1), ops.cumsum(x, axis=0), reverse_cumsum(x, 1, reverse=True), ops.prod(x + 2.0, axis=1),
+                ops.one_hot(i, 5, np.float32) * 2.0)
+
+    x = np.random.default_rng(5).standard_normal((6, 7)).astype(np.float32)
+    i = np.array([0, 4, 2, 1, 3, 0])
+    j = cb.jit(f, device=emulated_device)
+    assert j.entry(x, i)[0].host_steps == []
+    for n, (a, r) in enumerate(zip(j(x, i), engine.jit(f)(x, i))):
+        assert_close(a, r, f"output {n}", (x,))

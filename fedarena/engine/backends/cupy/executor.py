@@ -43,7 +43,19 @@ def _check_range(xp: Any, ins: list, attrs: dict, out: Any) -> None:
         PRIMITIVES["check_range"].impl(np.asarray(x.get() if hasattr(x, "get") else x), **attrs)
 
 
+def _cumsum(xp: Any, ins: list, attrs: dict, out: Any) -> None:
+    x, axis = ins[0], attrs["axis"]
+    if attrs["reverse"]:
+        out[...] = xp.flip(xp.cumsum(xp.flip(x, axis), axis, dtype=out.dtype), axis)
+    else:
+        xp.cumsum(x, axis, dtype=out.dtype, out=out)
+
+
 DEVICE_RULES: dict = {
+    "argmax": lambda xp, ins, attrs, out: out.__setitem__(Ellipsis, xp.argmax(ins[0], axis=attrs["axis"]).reshape(out.shape)),
+    "cumsum": _cumsum,
+    "reduce_prod": lambda xp, ins, attrs, out: out.__setitem__(Ellipsis, xp.prod(ins[0], axis=tuple(attrs["axes"]), dtype=out.dtype).reshape(out.shape)),
+    "one_hot": lambda xp, ins, attrs, out: out.__setitem__(Ellipsis, ins[0][..., None] == xp.arange(attrs["num_classes"])),
     "conv_gemm": lambda xp, ins, attrs, out: xp.matmul(ins[0], ins[1], out=out),
     "check_range": _check_range,
     "concatenate": lambda xp, ins, attrs, out: xp.concatenate(ins, axis=attrs["axis"], out=out),
