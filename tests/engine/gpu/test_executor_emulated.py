@@ -202,3 +202,17 @@ def test_array_module_rules_match_numpy_backend(emulated_device):
     assert j.entry(x, i)[0].host_steps == []
     for n, (a, r) in enumerate(zip(j(x, i), engine.jit(f)(x, i))):
         assert_close(a, r, f"output {n}", (x,))
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_pooling_value_and_grad_run_on_the_device(emulated_device, pool):
+    layer = nn.MaxPool2d(3, stride=2, padding=1) if pool == "max" else nn.AvgPool2d(2)
+    x = np.random.default_rng(7).standard_normal((2, 3, 9, 8)).astype(np.float32)
+
+    def f(z):
+        return engine.value_and_grad(lambda v: ops.sum(ops.tanh(layer.apply(None, v)) ** 2))(z)
+
+    j = cb.jit(f, device=emulated_device)
+    assert j.entry(x)[0].host_steps == []
+    for a, r in zip(j(x), engine.jit(f)(x)):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-6)

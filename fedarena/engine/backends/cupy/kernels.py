@@ -661,3 +661,37 @@ def plain_col2im_kernel(cols_rows: int, x_shape: tuple, dtype: np.dtype, attrs: 
     ]
     params = [(f"const {t}* __restrict__", "cols"), (f"{t}* __restrict__", "out")]
     return _finish("col2im", "\n".join(lines) + "\n", params, False, THREADS, _grid(total, THREADS))
+
+
+def pool_kernel(mode: str, x_aval: ShapedArray, attrs: dict) -> Kernel:
+    """``max_pool2d`` / ``avg_pool2d`` (NCHW): one thread per output, the window's maximum
+    (NaN-propagating; padding is -inf) or its mean (padding counts as 0, divided by KH*KW)."""
+    g = _conv_geometry(x_aval.shape, dict(attrs, dilation=(1, 1)))
+    dt = x_aval.dtype
+    t = ctype(dt, f"{mode}_pool2d")
+    if mode == "max":
+        init = c_literal(-np.inf, dt) if dt.kind == "f" else c_literal(np.iinfo(dt).min, dt)
+    else:
+        if dt.kind != "f":
+            raise KernelGenerationError(f"avg_pool2d needs floats, got {dt}")
+        init = c_literal(0, dt)
+    n, c, h, w, oh, ow = g["n"], g["c"], g["h"], g["w"], g["oh"], g["ow"]
+    total = n * c * oh * ow
+    comb = f"acc = fe_max<{t}>(acc, v);" if mode == "max" else "acc += v;"
+    lines = [
+        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
+        f"    long long ox = e % {ow}LL, oy = (e / {ow}LL) % {oh}LL, nc = e / ({oh}LL * {ow}LL);",
+        f"    {t} acc = {init};",
+        f"    for (long long i = 0; i < {g['kh']}LL; ++i) {{",
+        f"      long long y = oy * {g['sh']}LL + i - {g['ph']}LL;",
+        f"      for (long long j = 0; j < {g['kw']}LL; ++j) {{",
+        f"        long long x = ox * {g['sw']}LL + j - {g['pw']}LL;",
+        f"        {t} v = (y >= 0 && y < {h}LL && x >= 0 && x < {w}LL) ? src[(nc * {h}LL + y) * {w}LL + x] : {init};",
+        f"        {comb}",
+        "      }",
+        "    }",
+        "    out[e] = acc;" if mode == "max" else f"    out[e] = acc * {c_literal(1.0 / (g['kh'] * g['kw']), dt)};",
+        "  }",
+    ]
+    params = [(f"const {t}* __restrict__", "src"), (f"{t}* __restrict__", "out")]
+    return _finish(f"{mode}pool", "\n".join(lines) + "\n", params, False, THREADS, _grid(total, THREADS))
