@@ -31,6 +31,17 @@ def test_generated_kernels_compile_with_nvcc(compiled_programs):
         for kind in ("sum", "mean", "max", "min"):
             kernels.append(K.reduction_kernel(kind, K.ShapedArray((6, 50, 40), dt), (2,), dt))
             kernels.append(K.reduction_kernel(kind, K.ShapedArray((6, 50, 4), dt), (0, 2), dt))
+        x = K.ShapedArray((2, 3, 11, 13), dt)
+        geo = dict(kernel=(3, 3), stride=(2, 2), padding=(1, 1), dilation=(1, 1))
+        kernels.append(K.im2col_kernel(x, dict(geo, pad_value=0.0)))
+        kernels.append(K.im2col_kernel(x, dict(geo, pad_value=0.0, phased=True, bias_row=1.0)))
+        kernels.append(K.phase_col2im_kernel(28, (2, 3, 11, 13), dt, geo))
+        kernels.append(K.plain_col2im_kernel(27, (2, 3, 11, 13), dt, geo))
+        kernels.append(K.pool_kernel("max", x, geo))
+        kernels.append(K.pool_kernel("avg", x, geo))
+        idx = K.ShapedArray((6, 1), np.int64)
+        kernels.append(K.gather_kernel(K.ShapedArray((6, 5), dt), idx, 1))
+        kernels.append(K.scatter_add_kernel(K.ShapedArray((6, 1), dt), idx, 1, (6, 5)))
     ptx = toolchain.ptx(K.module_source(kernels), nvcc=NVCC)
     assert {k.name for k in kernels} <= _entries(ptx)
 

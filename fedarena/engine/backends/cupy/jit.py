@@ -121,6 +121,18 @@ class CupyJitted:
         """The CUDA module generated for these arguments."""
         return self.entry(*args, **kwargs)[0].source
 
+    def graph(self, *args: Any, **kwargs: Any):
+        """The graph compiled for these arguments (after the cupy pipeline)."""
+        return self.entry(*args, **kwargs)[0].graph
+
+    def memory(self, *args: Any, **kwargs: Any):
+        """The memory plan of the device arena for these arguments."""
+        return self.entry(*args, **kwargs)[0].memory
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._cache)
+
 
 def jit(fn: Callable | None = None, static_argnums: int | Sequence[int] = (), passes: Any = None, device: Any = None) -> Any:
     """Compile ``fn`` for the GPU (``device``: a :class:`.device.CupyDevice` by default, or an
