@@ -156,7 +156,12 @@ __device__ __forceinline__ void sg_write(float* __restrict__ C, const float (*ac
     for (int j = 0; j < SG_TN; j += 4) {
       const int c = c0 + j;
       if (vec && c + 3 < N) {
-        *reinterpret_cast<float4*>(row + c) = make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]);
+        float4 v;
+        v.x = acc[i][j];
+        v.y = acc[i][j + 1];
+        v.z = acc[i][j + 2];
+        v.w = acc[i][j + 3];
+        *reinterpret_cast<float4*>(row + c) = v;
       } else {
         for (int q = 0; q < 4; ++q)
           if (c + q < N) row[c + q] = acc[i][j + q];
@@ -168,8 +173,8 @@ __device__ __forceinline__ void sg_write(float* __restrict__ C, const float (*ac
 #define SG_ALIGNED(p) ((((unsigned long long)(p)) & 15ULL) == 0ULL)
 
 extern "C" __global__ void __launch_bounds__(SG_THREADS) sgemm_vec(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
-  __shared__ __align__(16) float As[SG_BK][SG_BM];
-  __shared__ __align__(16) float Bs[SG_BK][SG_BN];
+  __shared__ alignas(16) float As[SG_BK][SG_BM];
+  __shared__ alignas(16) float Bs[SG_BK][SG_BN];
   const int tid = threadIdx.x;
   const int trow = tid / (SG_BN / SG_TN), tcol = tid % (SG_BN / SG_TN);
   const int m0 = blockIdx.y * SG_BM, n0 = blockIdx.x * SG_BN;
@@ -193,8 +198,8 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS) sgemm_vec(const float* 
 }
 
 extern "C" __global__ void __launch_bounds__(SG_THREADS) sgemm_dbuf(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
-  __shared__ __align__(16) float As[2][SG_BK][SG_BM];
-  __shared__ __align__(16) float Bs[2][SG_BK][SG_BN];
+  __shared__ alignas(16) float As[2][SG_BK][SG_BM];
+  __shared__ alignas(16) float Bs[2][SG_BK][SG_BN];
   const int tid = threadIdx.x;
   const int trow = tid / (SG_BN / SG_TN), tcol = tid % (SG_BN / SG_TN);
   const int m0 = blockIdx.y * SG_BM, n0 = blockIdx.x * SG_BN;

@@ -3,6 +3,8 @@ checks that generated kernels are valid CUDA without a GPU (CI runs it for every
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import shutil
 import subprocess
@@ -45,3 +47,61 @@ def ptx(source: str, arch: str = ARCH, nvcc: str | None = None, optimize: bool =
         if res.returncode != 0:
             raise NvccError(f"nvcc --ptx -arch={arch} failed:\n{res.stderr[-4000:]}")
         return out.read_text()
+
+
+def find_nvrtc() -> str | None:
+    """Path of an NVRTC library (the runtime compiler cupy uses): the ``nvidia-cuda-nvrtc``
+    wheel's, else one under ``$CUDA_HOME``/``$CUDA_PATH``/``/usr/local/cuda``, else the loader's."""
+    try:
+        import nvidia  # the namespace package of NVIDIA's CUDA wheels
+
+        for base in getattr(nvidia, "__path__", []):
+            hits = sorted(Path(base).glob("*/lib/libnvrtc.so*")) + sorted(Path(base).glob("cuda_nvrtc/lib/libnvrtc.so*"))
+            hits = [h for h in hits if "builtins" not in h.name]
+            if hits:
+                return str(hits[0])
+    except ImportError:
+        pass
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root:
+            hits = sorted((Path(root) / "lib64").glob("libnvrtc.so*"))
+            if hits:
+                return str(hits[0])
+    return ctypes.util.find_library("nvrtc")
+
+
+def nvrtc_ptx(source: str, arch: str = "compute_90", library: str | None = None) -> str:
+    """PTX of a module through NVRTC with the options the cupy backend gives ``RawModule``
+    (``--std=c++17``, no include paths): checks that a kernel compiles as it will on a GPU."""
+    path = library or find_nvrtc()
+    if path is None:
+        raise NvccError("NVRTC not found (pip install nvidia-cuda-nvrtc, or a CUDA toolkit)")
+    lib = ctypes.CDLL(path)
+    prog = ctypes.c_void_p()
+    src = source.encode()
+
+    def check(rc: int, what: str) -> None:
+        if rc != 0:
+            lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            msg = lib.nvrtcGetErrorString(rc).decode()
+            log = ""
+            if prog.value:
+                n = ctypes.c_size_t()
+                lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+                buf = ctypes.create_string_buffer(n.value)
+                lib.nvrtcGetProgramLog(prog, buf)
+                log = buf.value.decode(errors="replace")
+            raise NvccError(f"NVRTC {what} failed ({msg}):\n{log[-4000:]}")
+
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"module.cu", 0, None, None), "create")
+    try:
+        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        check(lib.nvrtcCompileProgram(prog, len(opts), arr), "compile")
+        n = ctypes.c_size_t()
+        check(lib.nvrtcGetPTXSize(prog, ctypes.byref(n)), "PTX size")
+        buf = ctypes.create_string_buffer(n.value)
+        check(lib.nvrtcGetPTX(prog, buf), "PTX")
+        return buf.value.decode()
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
