@@ -173,8 +173,8 @@ __device__ __forceinline__ void sg_write(float* __restrict__ C, const float (*ac
 #define SG_ALIGNED(p) ((((unsigned long long)(p)) & 15ULL) == 0ULL)
 
 extern "C" __global__ void __launch_bounds__(SG_THREADS) sgemm_vec(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
-  __shared__ alignas(16) float As[SG_BK][SG_BM];
-  __shared__ alignas(16) float Bs[SG_BK][SG_BN];
+  alignas(16) __shared__ float As[SG_BK][SG_BM];
+  alignas(16) __shared__ float Bs[SG_BK][SG_BN];
   const int tid = threadIdx.x;
   const int trow = tid / (SG_BN / SG_TN), tcol = tid % (SG_BN / SG_TN);
   const int m0 = blockIdx.y * SG_BM, n0 = blockIdx.x * SG_BN;
@@ -198,8 +198,8 @@ extern "C" __global__ void __launch_bounds__(SG_THREADS) sgemm_vec(const float* 
 }
 
 extern "C" __global__ void __launch_bounds__(SG_THREADS) sgemm_dbuf(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
-  __shared__ alignas(16) float As[2][SG_BK][SG_BM];
-  __shared__ alignas(16) float Bs[2][SG_BK][SG_BN];
+  alignas(16) __shared__ float As[2][SG_BK][SG_BM];
+  alignas(16) __shared__ float Bs[2][SG_BK][SG_BN];
   const int tid = threadIdx.x;
   const int trow = tid / (SG_BN / SG_TN), tcol = tid % (SG_BN / SG_TN);
   const int m0 = blockIdx.y * SG_BM, n0 = blockIdx.x * SG_BN;
