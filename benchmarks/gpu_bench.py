@@ -300,16 +300,20 @@ def summarize(out: Path) -> str:
         if r.get("status") != "ok":
             lines.append(f"{name}: ERROR {r.get('error')}")
             continue
-        tag = " (CPU dry run: timings meaningless)" if r.get("dry_run") else ""
+        dry = bool(r.get("dry_run"))
+        tag = " (CPU dry run: timings meaningless, no verdict)" if dry else ""
+
+        def verdict(ok: bool) -> str:
+            return "n/a" if dry else ("met" if ok else "NOT met")
         if name == "gemm":
             at = r["rows"][-2] if len(r["rows"]) > 2 else r["rows"][-1]
-            lines.append(f"gemm: best tiled variant {r['best_vs_cublas_at_4096']:.2f}x cuBLAS at n={at['n']} (target >= 0.7: {'met' if r['met'] else 'NOT met'}){tag}")
+            lines.append(f"gemm: best tiled variant {r['best_vs_cublas_at_4096']:.2f}x cuBLAS at n={at['n']} (target >= 0.7: {verdict(r['met'])}){tag}")
             for row in r["rows"]:
                 lines.append(f"  n={row['n']}: cuBLAS {row['cublas_tflops']:.2f} TFLOPS | " + " | ".join(f"{k} {d['tflops']:.2f} ({d['vs_cublas']:.2f}x, err {d['max_rel_err']:.1e})" for k, d in row["variants"].items()))
         elif name == "fused":
-            lines.append(f"fused: 10-op chain at {r['n']} elements: {r['speedup_jit']:.2f}x separate cupy calls per jit call, {r['speedup_executable']:.2f}x for the executable alone (target >= 2: {'met' if r['met'] else 'NOT met'}){tag}")
+            lines.append(f"fused: 10-op chain at {r['n']} elements: {r['speedup_jit']:.2f}x separate cupy calls per jit call, {r['speedup_executable']:.2f}x for the executable alone (target >= 2: {verdict(r['met'])}){tag}")
         elif name == "ppo":
-            lines.append(f"ppo: batch {r['batch']}: ours {r['ours_us']:.0f} us vs torch CUDA eager {r['torch_eager_us']:.0f} us = {r['speedup']:.2f}x (target > 1: {'met' if r['met'] else 'NOT met'}); host steps {r['host_steps']}{tag}")
+            lines.append(f"ppo: batch {r['batch']}: ours {r['ours_us']:.0f} us vs torch CUDA eager {r['torch_eager_us']:.0f} us = {r['speedup']:.2f}x (target > 1: {verdict(r['met'])}); host steps {r['host_steps']}{tag}")
         elif name == "cnn":
             lines.append(f"cnn: batch {r['batch']}: ours {r['ours_ms']:.2f} ms vs torch CUDA eager {r['torch_eager_ms']:.2f} ms = {r['speedup']:.2f}x; host steps {r['host_steps']}{tag}")
         elif name == "fl":
