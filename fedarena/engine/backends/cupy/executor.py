@@ -67,7 +67,7 @@ DEVICE_RULES: dict = {
 into their arena buffer: ``rule(xp, operands, attrs, out)``."""
 
 
-def _single_body(e: Eqn) -> Graph:
+def _single_body(e: Eqn) -> tuple[Graph, list]:
     """One elementwise equation as a body of its own (its variable operands become inputs)."""
     outer: list = []
     for a in e.inputs:
