@@ -53,6 +53,7 @@ class CupyJitted:
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
         self.pipeline = PIPELINE if passes is None else _passes.resolve(passes)
         self.device = device if device is not None else CupyDevice()
+        self._device_array = type(self.device.xp.empty(0))  # cupy.ndarray (numpy.ndarray when emulated)
         self._cache: dict = {}
         functools.update_wrapper(self, fn)
 
@@ -62,13 +63,19 @@ class CupyJitted:
         leaves, treedef = tree_flatten((dyn, kwargs))
         sig, arrays = [], []
         for x in leaves:
-            if type(x) in _PY_SCALARS:
+            t = type(x)
+            if t is np.ndarray or t is self._device_array:
+                sig.append(x.shape)
+                sig.append(x.dtype)
+                arrays.append(x)
+            elif t in _PY_SCALARS:
                 sig.append(_static_key(x))
-                continue
-            if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-                x = np.asarray(x)
-            sig.append((tuple(x.shape), np.dtype(x.dtype)))
-            arrays.append(x)
+            else:
+                if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+                    x = np.asarray(x)
+                sig.append(tuple(x.shape))
+                sig.append(np.dtype(x.dtype))
+                arrays.append(x)
         key = (treedef, tuple(sig), tuple(_static_key(s) for s in static), len(args))
         return key, leaves, treedef, static, arrays
 
