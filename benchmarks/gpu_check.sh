@@ -53,25 +53,35 @@ step() {  # step NAME SECONDS COMMAND...
 # shellcheck disable=SC2016  # expanded by the inner shell
 env_info='
   if command -v nvidia-smi > /dev/null 2>&1; then nvidia-smi; else echo "nvidia-smi: not found"; fi
-  "$PY" -c "import sys, numpy; print(\"python\", sys.version.split()[0], \"numpy\", numpy.__version__)"
-  "$PY" -c "import cupy; print(\"cupy\", cupy.__version__)" || echo "cupy: not importable"
-  "$PY" -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.cuda.is_available())" || echo "torch: not importable"
-  "$PY" -c "from fedarena.engine.backends import cupy as cb; print(\"cupy backend:\", cb.gpu_unavailable_reason() or \"device available\")"
+  "$PY" - << "PYEOF"
+import sys
+import numpy
+print("python", sys.version.split()[0], "numpy", numpy.__version__)
+for name in ("cupy", "torch"):
+    try:
+        mod = __import__(name)
+        extra = f" cuda {mod.cuda.is_available()}" if name == "torch" else ""
+        print(name, mod.__version__ + extra)
+    except Exception as exc:  # noqa: BLE001
+        print(name, "not importable:", exc)
+from fedarena.engine.backends import cupy as cb
+print("cupy backend:", cb.gpu_unavailable_reason() or "device available")
+PYEOF
 '
 export PY="$py"
 
 cd "$root" || exit 1
-step env 20 bash -c "$env_info"
-step tests 140 "$py" -m pytest -q -m gpu -p no:cacheprovider -rs tests/engine/gpu tests/envs/test_classic_control_cupy.py
+step env 40 bash -c "$env_info"
+step tests 130 "$py" -m pytest -q -m gpu -p no:cacheprovider -rs tests/engine/gpu tests/envs/test_classic_control_cupy.py
 for part in gemm fused ppo cnn fl; do
   case "$part" in
     gemm) limit=90 ;;
     fused) limit=30 ;;
-    fl) limit=40 ;;
+    fl) limit=35 ;;
     *) limit=50 ;;
   esac
   step "$part" "$limit" "$py" "$here/gpu_bench.py" "$part" --out "$out" ${dry[@]+"${dry[@]}"}
 done
-step summary 15 "$py" "$here/gpu_bench.py" summary --out "$out"
+step summary 10 "$py" "$here/gpu_bench.py" summary --out "$out"
 echo "total $((SECONDS - start))s; results in $out" | tee -a "$summary"
 cat "$out/summary.txt" 2> /dev/null
