@@ -19,6 +19,7 @@ import numpy as np
 
 from .compiler import passes as _passes
 from .backends.numpy.executor import Executable
+from .backends.cupy import jit as _cupy_jit
 from .core.ir import EngineError, Graph, ShapedArray, check_dtype
 from .core.pytree import tree_flatten, tree_unflatten
 from .core.tracing import _TRACE_STACK, Tracer, trace_flat
@@ -379,6 +380,7 @@ def jit(
     static_argnums: int | Sequence[int] = (),
     passes: Any = None,
     static_argnames: str | Sequence[str] = (),
+    backend: str = "numpy",
 ) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
@@ -389,7 +391,15 @@ def jit(
     compared by value (floats by ``repr``, so ``nan`` hits the cache).
     ``passes``: graph passes run before compilation (``None``: ``passes.DEFAULT_PIPELINE``;
     ``()``: none; a list of ``Graph -> Graph`` functions or a ``passes.Pipeline``).
+    ``backend="cupy"``: compile for a CUDA GPU (``backends.cupy``; raises
+    ``backends.cupy.GpuUnavailableError`` when cupy or a device is missing).
     """
+    if backend == "cupy":
+        if static_argnames:
+            raise EngineError("jit(backend='cupy'): static_argnames is not supported, use static_argnums")
+        return _cupy_jit(fn, static_argnums, passes)
+    if backend != "numpy":
+        raise EngineError(f"jit: backend must be 'numpy' or 'cupy', got {backend!r}")
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     if isinstance(static_argnames, str):
