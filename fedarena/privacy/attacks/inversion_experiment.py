@@ -159,7 +159,8 @@ def run(cfg: GradientInversionConfig, run) -> dict:
                 mse = min(errs)
                 recon[(d, t)] = r.x
                 summary[f"{d}_target{t}_mse"] = mse
-                summary[f"{d}_target{t}_label_correct"] = int(label == y_all[idx])
+                if distance == "l2":  # the label was inferred (iDLG); SignDS's attack is given it
+                    summary[f"{d}_target{t}_label_correct"] = int(label == y_all[idx])
                 run.logger.info("target %d, %s: MSE %.3g, label %s, matching loss %.3g", t, d, mse,
                                 "correct" if label == y_all[idx] else "wrong", r.matching_loss)
                 step += 1
