@@ -31,7 +31,8 @@ def test_membership_kind_reports_attacks_bound_and_trial_statistics(tmp_path):
                 per_trial = [r[f"{attack}_{metric}"][i] for r in trials]
                 assert 0 <= min(per_trial) and max(per_trial) <= 1
                 assert summary[f"{tag}_{attack}_{metric}"] == pytest.approx(np.mean(per_trial))
-                assert summary[f"{tag}_{attack}_{metric}_stderr"] == pytest.approx(np.std(per_trial, ddof=1) / math.sqrt(2))
+                se = np.std(per_trial, ddof=1) / math.sqrt(2)
+                assert summary[f"{tag}_{attack}_{metric}_stderr"] == pytest.approx(se)
         drop = [r[f"{attack}_auc"][0] - r[f"{attack}_auc"][1] for r in trials]
         assert summary[f"{attack}_auc_drop_nonprivate_to_eps1"] == pytest.approx(np.mean(drop))
     (table,) = [r for r in rows if r.get("summary_table")]

@@ -71,7 +71,8 @@ class GradientInversionConfig(ExperimentConfig):
         if any(not (math.isfinite(e) and e > 0) for e in self.signds_epsilons):
             raise ValueError(f"signds_epsilons: must be finite numbers > 0, got {list(self.signds_epsilons)!r}")
         if not 1 <= self.signds_h <= self.signds_k or self.signds_k < 1:
-            raise ValueError(f"signds_h, signds_k: need 1 <= signds_h <= signds_k, got {self.signds_h}, {self.signds_k}")
+            raise ValueError(f"signds_h, signds_k: need 1 <= signds_h <= signds_k, got {self.signds_h}, "
+                             f"{self.signds_k}")
         if self.secagg_clients < 3:
             raise ValueError(f"secagg_clients: must be >= 3 (SecAgg's threshold is at least 2), got {self.secagg_clients}")
         if self.max_iterations < 1 or not self.mse_threshold > 0:
@@ -201,7 +202,8 @@ def plots(rows, cfg, report_dir) -> list[str]:
     for a in axes.ravel():
         a.set_xticks([])
         a.set_yticks([])
-    fig.suptitle(f"DLG + iDLG from one FedAvg update\n(recovered: MSE < {cfg.mse_threshold:g}; SignDS: cosine DLG)", fontsize=9)
+    fig.suptitle(f"DLG + iDLG from one FedAvg update\n(recovered: MSE < {cfg.mse_threshold:g}; SignDS: cosine DLG)",
+                 fontsize=9)
     fig.tight_layout()
     out = Path(report_dir) / "reconstructions.png"
     fig.savefig(out, dpi=110)
