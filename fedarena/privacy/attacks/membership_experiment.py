@@ -252,9 +252,10 @@ def plots(rows, cfg, report_dir) -> list[str]:
     for a, t in zip(ax, titles):
         a.set_xscale("log")
         a.set_xticks(xs)
-        a.set_xticklabels([f"{e:.3g}" for e in xs])
+        a.set_xticklabels([f"{eps[i]:.3g}\ntest acc {last['test_accuracy'][i]:.2f}" for i in finite], fontsize=8)
         a.minorticks_off()
-        a.set_xlabel("DP-SGD epsilon (log scale); dashed: no noise")
+        acc = "".join(f", test acc {last['test_accuracy'][i]:.2f}" for i in inf)
+        a.set_xlabel(f"DP-SGD epsilon (log scale); dashed: no noise{acc}")
         a.set_title(t, fontsize=10)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
