@@ -106,8 +106,10 @@ def _key(model: str, attack: str, eps: float) -> str:
 
 
 def _detection(cfg: DigitsRobustnessConfig, apply, params, x: np.ndarray, y: np.ndarray, cw_adv: np.ndarray,
-               run) -> dict:
-    """Feature squeezing on the standard model: thresholds on the calibration half, rates on the evaluation half."""
+               run) -> tuple[dict, dict]:
+    """Feature squeezing on the standard model: thresholds on the calibration half, rates on the evaluation half.
+
+    Returns the summary entries and the metrics row the report's detector figure is drawn from."""
     from sklearn.model_selection import train_test_split
 
     calib, held = train_test_split(np.arange(len(x)), test_size=0.5, random_state=cfg.seed, stratify=y)
@@ -136,7 +138,7 @@ def _detection(cfg: DigitsRobustnessConfig, apply, params, x: np.ndarray, y: np.
     detectors.append(("joint", [names.index(n) for n in cfg.joint_squeezers]))
     row: dict = {"detector_names": [d for d, _ in detectors]}
     for name, cols in detectors:
-        det = FeatureSqueezingDetector.fit(lambda p, a: apply(p, a), params, x[calib],
+        det = FeatureSqueezingDetector.fit(apply, params, x[calib],
                                            [squeezers[j] for j in cols], IMAGE, cfg.detector_fpr)
         thr = det.threshold
         clean_joint = eval_scores[:, cols].max(axis=1)
