@@ -8,12 +8,12 @@ advantage ``max_t TPR(t) - FPR(t)`` (Yeom et al.'s Adv, the best threshold chose
 populations, i.e. an upper estimate for an attacker who must pick the threshold blindly).
 
 Shadow models (R. Shokri, M. Stronati, C. Song, V. Shmatikov, "Membership Inference Attacks Against Machine
-Learning Models", IEEE S&P 2017, Section V): the attacker trains ``k`` shadow models the way the target was trained,
-each on its own "in" set, disjoint from the other shadows' data and from the target's, drawn from the same
-distribution, and keeps an equally large "out" set per shadow. Every shadow labels its in records 1 and its out
+Learning Models", IEEE S&P 2017): the attacker trains ``k`` shadow models the way the target was trained, each on
+its own "in" set drawn from the same distribution (here disjoint from the other shadows' data and from the
+target's), and keeps an equally large "out" set per shadow. Every shadow labels its in records 1 and its out
 records 0; for each class ``c`` an attack model learns ``(prediction vector, label c) -> in/out`` from the shadows'
 records of class ``c``. The target's records are then scored by the attack model of their label. Here an attack
-model is an engine MLP (one hidden ReLU layer of 64 units, as Shokri et al.'s) trained full-batch with Adam on the
+model is an engine MLP (by default one hidden ReLU layer of 64 units) trained full-batch with Adam on the
 *log* of the softmax vector (a monotone re-encoding of the prediction vector that keeps overconfident outputs such
 as 0.9999 and 0.999999 apart); its score is the logit difference ``z_in - z_out``.
 
