@@ -13,7 +13,7 @@ from fedarena.privacy.attacks.membership_experiment import disjoint_splits
 
 
 def test_membership_kind_reports_attacks_bound_and_trial_statistics(tmp_path):
-    cfg = {"kind": "dpsgd_membership", "seed": 0, "epsilons": [1.0], "members": 30, "shadows": 1, "trials": 2,
+    cfg = {"kind": "dpsgd_membership", "seed": 0, "epsilons": [2.0, 1.0], "members": 30, "shadows": 1, "trials": 2,
            "epochs": 2, "batch_size": 10, "hidden": [16], "attack_steps": 20, "insecure_seeded_noise": True}
     with pytest.warns(UserWarning, match="insecure_seeded_noise"):
         summary = execute(cfg, out=tmp_path / "run", quiet=True, report=True)
@@ -26,18 +26,20 @@ def test_membership_kind_reports_attacks_bound_and_trial_statistics(tmp_path):
     trials = [r for r in rows if "trial" in r]
     assert [r["trial"] for r in trials] == [0, 1]
     for attack in ("loss", "shadow"):
-        for i, tag in enumerate(("nonprivate", "eps1")):
+        for i, tag in enumerate(("nonprivate", "eps2", "eps1")):
             for metric in ("auc", "advantage"):
                 per_trial = [r[f"{attack}_{metric}"][i] for r in trials]
                 assert 0 <= min(per_trial) and max(per_trial) <= 1
                 assert summary[f"{tag}_{attack}_{metric}"] == pytest.approx(np.mean(per_trial))
                 se = np.std(per_trial, ddof=1) / math.sqrt(2)
                 assert summary[f"{tag}_{attack}_{metric}_stderr"] == pytest.approx(se)
-        drop = [r[f"{attack}_auc"][0] - r[f"{attack}_auc"][1] for r in trials]
+        drop = [r[f"{attack}_auc"][0] - r[f"{attack}_auc"][2] for r in trials]
         assert summary[f"{attack}_auc_drop_nonprivate_to_eps1"] == pytest.approx(np.mean(drop))
+        slopes = [r[f"{attack}_auc"][1] - r[f"{attack}_auc"][2] for r in trials]  # two points: the slope per doubling
+        assert summary[f"{attack}_auc_slope_per_doubling"] == pytest.approx(np.mean(slopes))
     (table,) = [r for r in rows if r.get("summary_table")]
-    assert [math.isinf(e) for e in table["epsilon"]] == [True, False]
-    assert table["loss_auc"] == [summary["nonprivate_loss_auc"], summary["eps1_loss_auc"]]
+    assert [math.isinf(e) for e in table["epsilon"]] == [True, False, False]
+    assert table["loss_auc"] == [summary["nonprivate_loss_auc"], summary["eps2_loss_auc"], summary["eps1_loss_auc"]]
     assert (tmp_path / "run" / "report" / "membership_vs_epsilon.png").exists()
 
 

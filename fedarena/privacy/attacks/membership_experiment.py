@@ -17,8 +17,9 @@ Two attacks score every member and non-member of the target:
 
 The summary has, per setting and attack, the AUC and advantage averaged over ``trials`` with their standard error
 across trials (std / sqrt(trials)), the (epsilon, delta) bound ``(e^eps - 1 + 2 delta) / (e^eps + 1)`` on any
-attack's advantage (:func:`fedarena.privacy.attacks.membership.dp_advantage_bound`), and the drop of the AUC from
-the noise-free model to the smallest epsilon with its standard error. Batches and noise come from ``os.urandom``
+attack's advantage (:func:`fedarena.privacy.attacks.membership.dp_advantage_bound`), the drop of the AUC from
+the noise-free model to the smallest epsilon, and the trend over the DP settings (the least-squares slope of the
+AUC on log2 epsilon, i.e. the AUC gained per doubling of epsilon), each with its standard error across trials. Batches and noise come from ``os.urandom``
 unless ``insecure_seeded_noise`` (tests) derives them from the seed.
 """
 
@@ -213,6 +214,13 @@ def run(cfg: DPSGDMembershipConfig, run) -> dict:
         for a in attacks:
             drop = np.subtract(per_trial[(math.inf, a, "auc")], per_trial[(low, a, "auc")])
             summary[f"{a}_auc_drop_nonprivate_to_eps{low:g}"], summary[f"{a}_auc_drop_stderr"] = mean_se(list(drop))
+    finite = [t for t in settings if math.isfinite(t)]
+    if len(finite) >= 2:  # the trend over the DP settings: least-squares slope of AUC on log2(epsilon), per trial
+        x = np.log2(finite)
+        for a in attacks:
+            aucs = np.array([per_trial[(t, a, "auc")] for t in finite])  # (settings, trials)
+            slopes = [float(np.polyfit(x, aucs[:, i], 1)[0]) for i in range(cfg.trials)]
+            summary[f"{a}_auc_slope_per_doubling"], summary[f"{a}_auc_slope_stderr"] = mean_se(slopes)
     # one row of lists (a column per quantity, an entry per setting), so the generic per-step plots leave it out
     run.log(cfg.trials, summary_table=True, **table)
     summary["privacy"] = ("void: seeded noise" if cfg.insecure_seeded_noise
