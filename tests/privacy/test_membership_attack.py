@@ -80,3 +80,35 @@ def test_auc_standard_error_matches_the_spread_of_simulated_aucs():
         aucs.append(roc_auc_score(np.r_[np.ones(80), np.zeros(120)], np.r_[m, o]))
         errs.append(res.auc_stderr)
     assert np.mean(errs) == pytest.approx(np.std(aucs), rel=0.15)
+
+
+def test_shadow_attack_models_reach_the_bayes_auc_per_class():
+    """Members of class 0 are shifted by +mu, of class 1 by -mu (non-members centred): the per-class attack models
+    reach the Bayes-optimal AUC Phi(mu / sqrt 2) of one unit-variance Gaussian shift; one pooled model cannot."""
+    from scipy.stats import norm
+
+    from fedarena.privacy.attacks.membership import ShadowAttackConfig, attack_model_scores, train_attack_models
+
+    rng = np.random.default_rng(4)
+    mu, d = 1.5, 3
+
+    def records(n):
+        labels = np.repeat([0, 1], 2 * n)
+        member = np.tile(np.repeat([1, 0], n), 2)
+        x = rng.normal(size=(4 * n, d))
+        x[:, 0] += mu * member * np.where(labels == 0, 1.0, -1.0)
+        return x, labels, member
+
+    cfg = ShadowAttackConfig(hidden=(16,), steps=300, lr=0.02)
+    x, labels, member = records(300)
+    models = train_attack_models(x, labels, member, 2, cfg, seed=0)
+    xt, lt, mt = records(1000)
+    scores = attack_model_scores(models, xt, lt, cfg.hidden)
+    res = membership_attack(scores[mt == 1], scores[mt == 0])
+    bayes = norm.cdf(mu / math.sqrt(2))
+    assert res.auc == pytest.approx(bayes, abs=0.03)
+    pooled = train_attack_models(x, np.zeros_like(labels), member, 1, ShadowAttackConfig(hidden=(1,), steps=300), 0)
+    pooled_scores = attack_model_scores(pooled, xt, np.zeros_like(lt), (1,))
+    assert membership_attack(pooled_scores[mt == 1], pooled_scores[mt == 0]).auc < bayes - 0.15
+    with pytest.raises(ValueError, match="class 1"):
+        train_attack_models(x, labels, np.where(labels == 1, 1, member), 2, cfg)

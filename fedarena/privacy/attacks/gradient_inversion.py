@@ -7,6 +7,11 @@ reads it off the gradient instead of optimising a dummy label: for softmax cross
 gradient of the last layer's bias is ``softmax(z) - onehot(y)``, negative exactly at the true class (their
 argument is made on the last weight layer; the bias is the same quantity times the constant input 1).
 
+Distance: DLG's squared Euclidean distance (``distance="l2"``), or one minus the cosine similarity of the two
+gradients (``distance="cosine"``, the objective of J. Geiping, H. Bauermeister, H. Droege, M. Moeller, "Inverting
+Gradients", NeurIPS 2020), which ignores the gradient's scale: the attack for updates whose magnitudes were
+replaced (SignDS uploads only a sign and a set of dimensions).
+
 Here L-BFGS is scipy's L-BFGS-B with the box [0, 1] (the input domain) and the gradient of the matching
 objective comes from the engine's nested reverse-mode autodiff (the objective differentiates a gradient).
 """
@@ -20,6 +25,9 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops
+
+
+DISTANCES = ("l2", "cosine")
 
 
 def infer_label(last_bias_gradient: np.ndarray) -> int:
@@ -39,13 +47,16 @@ class Reconstruction:
 
 
 def reconstruct(apply: Callable[[Any, Any], Any], params: Any, target_gradient: Any, input_shape: tuple,
-                label: int, *, max_iterations: int = 300, seed: int = 0) -> Reconstruction:
-    """DLG with a known (e.g. iDLG-inferred) label: ``argmin_x' ||grad L(x', label) - target||^2`` over [0, 1].
+                label: int, *, max_iterations: int = 300, seed: int = 0, distance: str = "l2") -> Reconstruction:
+    """DLG with a known (e.g. iDLG-inferred) label: ``argmin_x' ||grad L(x', label) - target||^2`` over [0, 1]
+    (``distance="cosine"``: ``argmin_x' 1 - cos(grad L(x', label), target)``).
 
     ``target_gradient`` has the pytree structure of ``params``; ``input_shape`` is one example's shape (the batch
     axis of size 1 is added). The start is uniform noise from ``seed``."""
     from scipy.optimize import minimize
 
+    if distance not in DISTANCES:
+        raise ValueError(f"distance: must be one of {DISTANCES}, got {distance!r}")
     y = np.array([int(label)])
     targets = [np.asarray(t, dtype=np.float64) for t in engine.tree_leaves(target_gradient)]
     params64 = engine.tree_map(lambda a: np.asarray(a, dtype=np.float64), params)
@@ -57,12 +68,23 @@ def reconstruct(apply: Callable[[Any, Any], Any], params: Any, target_gradient: 
 
     param_grad = engine.grad(loss)
 
+    target_norm = float(np.sqrt(sum(float(np.sum(t * t)) for t in targets)))
+    if distance == "cosine" and not target_norm > 0:
+        raise ValueError("target_gradient: the cosine distance needs a non-zero target")
+
     def matching(x, p):
         leaves = engine.tree_leaves(param_grad(p, x))
-        total = ops.sum(ops.square(ops.subtract(leaves[0], targets[0])))
+        if distance == "l2":
+            total = ops.sum(ops.square(ops.subtract(leaves[0], targets[0])))
+            for a, b in zip(leaves[1:], targets[1:]):
+                total = ops.add(total, ops.sum(ops.square(ops.subtract(a, b))))
+            return total
+        inner = ops.sum(ops.multiply(leaves[0], targets[0]))
+        sq = ops.sum(ops.square(leaves[0]))
         for a, b in zip(leaves[1:], targets[1:]):
-            total = ops.add(total, ops.sum(ops.square(ops.subtract(a, b))))
-        return total
+            inner = ops.add(inner, ops.sum(ops.multiply(a, b)))
+            sq = ops.add(sq, ops.sum(ops.square(a)))
+        return ops.subtract(1.0, ops.divide(inner, ops.multiply(ops.sqrt(ops.add(sq, 1e-30)), target_norm)))
 
     # not jitted: the engine's jit currently rejects this nested-gradient graph (reported in issue 23's notes)
     value_grad = engine.value_and_grad(matching)

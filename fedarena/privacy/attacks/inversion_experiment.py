@@ -1,5 +1,5 @@
 """Experiment kind ``fl_gradient_inversion``: DLG with iDLG labels (Zhu et al. 2019; Zhao et al. 2020) against one
-FedAvg update of a digits client, unprotected, under LDP at several epsilons, and under SecAgg.
+FedAvg update of a digits client, unprotected, under LDP at several epsilons, under SignDS, and under SecAgg.
 
 Round 1 of FedAvg: the server sends the initial global model (a sigmoid MLP, as in DLG's experiments); each client
 holds one training digit and runs one local SGD step of ``client_lr``, so its update is ``client_lr`` times its
@@ -9,6 +9,13 @@ gradient. The attacking server divides what it receives by ``client_lr`` and run
 - ``ldp_eps<e>``: the update after :class:`fedarena.privacy.ldp.GaussianMechanism` (clip to ``ldp_clip_norm``,
   analytic-Gaussian noise for (e, ``ldp_delta``)); the noise comes from ``os.urandom`` unless
   ``insecure_seeded_noise``;
+- ``signds_eps<e>``: the client uploads a SignDS report instead (:func:`fedarena.privacy.signds.signds_report`:
+  a random sign ``s`` and ``signds_h`` of the ``d`` dimensions chosen by EM-MDS from the top ``signds_k`` of
+  ``s * update``, epsilon-LDP; the FL chapter's SignDS upload stage), and the server sees the dense update
+  :func:`fedarena.privacy.signds.signds_aggregate` builds from it, ``s * 1[J]`` (times the global learning rate).
+  Its magnitudes carry no information, so the attack switches to the scale-free cosine distance of Geiping et al.
+  (2020) and is given the true label (the attacker's best case: iDLG's sign argument does not apply to a
+  sign-only report); the report's randomness comes from ``os.urandom`` unless ``insecure_seeded_noise``;
 - ``secagg``: the server learns only the sum of ``secagg_clients`` clients' updates, computed by the real
   SecAgg protocol (:func:`fedarena.privacy.secagg.secure_aggregate`); the attack inverts the sum as if it came
   from one example, and the MSE is taken to the *closest* of the clients' digits (the attacker's best case).
@@ -35,6 +42,7 @@ from fedarena.privacy.attacks.gradient_inversion import infer_label, reconstruct
 from fedarena.privacy.dpsgd import warn_insecure
 from fedarena.privacy.ldp import GaussianMechanism
 from fedarena.privacy.secagg import SecAggConfig, secure_aggregate
+from fedarena.privacy.signds import SignDSConfig, signds_aggregate, signds_report
 
 
 @dataclass(frozen=True)
@@ -45,10 +53,13 @@ class GradientInversionConfig(ExperimentConfig):
     ldp_epsilons: tuple[float, ...] = param((8.0, 1.0), "LDP epsilons of the Gaussian mechanism on the update")
     ldp_delta: float = param(1e-5, "LDP delta")
     ldp_clip_norm: float = param(0.1, "L2 clip norm of the update before LDP noise")
+    signds_epsilons: tuple[float, ...] = param((8.0, 1.0), "SignDS epsilons of the EM-MDS dimension selection")
+    signds_k: int = param(500, "SignDS top-k set size (of the model's d parameters)")
+    signds_h: int = param(50, "SignDS output size: dimensions uploaded per report")
     secagg_clients: int = param(4, "clients whose updates SecAgg sums (the target plus others, one digit each)")
     max_iterations: int = param(300, "L-BFGS iterations of the gradient matching")
     mse_threshold: float = param(0.01, "per-pixel MSE below which a reconstruction counts as recovered")
-    insecure_seeded_noise: bool = param(False, "TESTS ONLY: LDP noise from the seed instead of os.urandom")
+    insecure_seeded_noise: bool = param(False, "TESTS ONLY: LDP noise and SignDS reports from the seed, not os.urandom")
 
     def __post_init__(self) -> None:
         if not 1 <= self.targets <= 10:
@@ -57,6 +68,11 @@ class GradientInversionConfig(ExperimentConfig):
             raise ValueError("client_lr, ldp_clip_norm: must be > 0")
         if any(not (math.isfinite(e) and e > 0) for e in self.ldp_epsilons):
             raise ValueError(f"ldp_epsilons: must be finite numbers > 0, got {list(self.ldp_epsilons)!r}")
+        if any(not (math.isfinite(e) and e > 0) for e in self.signds_epsilons):
+            raise ValueError(f"signds_epsilons: must be finite numbers > 0, got {list(self.signds_epsilons)!r}")
+        if not 1 <= self.signds_h <= self.signds_k or self.signds_k < 1:
+            raise ValueError(f"signds_h, signds_k: need 1 <= signds_h <= signds_k, got {self.signds_h}, "
+                             f"{self.signds_k}")
         if self.secagg_clients < 3:
             raise ValueError(f"secagg_clients: must be >= 3 (SecAgg's threshold is at least 2), got {self.secagg_clients}")
         if self.max_iterations < 1 or not self.mse_threshold > 0:
@@ -77,6 +93,11 @@ def _unflatten(flat: np.ndarray, like):
     return engine.tree_unflatten(treedef, out)
 
 
+def _defences(cfg: GradientInversionConfig) -> list[str]:
+    return (["plain"] + [f"ldp_eps{e:g}" for e in cfg.ldp_epsilons] + [f"signds_eps{e:g}" for e in cfg.signds_epsilons]
+            + ["secagg"])
+
+
 def run(cfg: GradientInversionConfig, run) -> dict:
     from sklearn.datasets import load_digits
 
@@ -95,7 +116,9 @@ def run(cfg: GradientInversionConfig, run) -> dict:
         return cfg.client_lr * _flatten(grad_fn(params, x_all[i:i + 1], y_all[i:i + 1]))
 
     dim = update(target_idx[0]).size
-    defences = ["plain"] + [f"ldp_eps{e:g}" for e in cfg.ldp_epsilons] + ["secagg"]
+    defences = _defences(cfg)
+    if cfg.signds_epsilons and cfg.signds_k >= dim:
+        raise ValueError(f"signds_k: must be below the model's {dim} parameters, got {cfg.signds_k}")
     secure_seed = lambda: int.from_bytes(os.urandom(8), "little")  # noqa: E731
     summary: dict = {"parameters": dim}
     recon: dict = {}
@@ -108,8 +131,14 @@ def run(cfg: GradientInversionConfig, run) -> dict:
             summary[f"target{t}_same_class_mse"] = float(np.mean((x_all[same] - x_all[idx]) ** 2))
             for d in defences:
                 truths = [idx]
+                distance, label = "l2", None
                 if d == "plain":
                     seen = update(idx)
+                elif d.startswith("signds_eps"):
+                    sd = SignDSConfig(d=dim, k=cfg.signds_k, h=cfg.signds_h, epsilon=float(d[len("signds_eps"):]))
+                    report_rng = np.random.default_rng([cfg.seed, t, step]) if cfg.insecure_seeded_noise else None
+                    seen = signds_aggregate([signds_report(update(idx), sd, report_rng)], dim, cfg.client_lr)
+                    distance, label = "cosine", int(y_all[idx])
                 elif d == "secagg":
                     truths = [idx, *others]
                     inputs = {u + 1: update(j) for u, j in enumerate(truths)}
@@ -123,14 +152,16 @@ def run(cfg: GradientInversionConfig, run) -> dict:
                     noise_seed = [cfg.seed, t, step] if cfg.insecure_seeded_noise else secure_seed()
                     seen = mech(update(idx), np.random.default_rng(noise_seed))
                 observed = _unflatten(seen / cfg.client_lr, params)
-                label = infer_label(observed[-1]["b"])
+                if label is None:
+                    label = infer_label(observed[-1]["b"])
                 r = reconstruct(mlp.apply, params, observed, (64,), label, max_iterations=cfg.max_iterations,
-                                seed=cfg.seed + t)
+                                seed=cfg.seed + t, distance=distance)
                 errs = [float(np.mean((r.x - x_all[j]) ** 2)) for j in truths]
                 mse = min(errs)
                 recon[(d, t)] = r.x
                 summary[f"{d}_target{t}_mse"] = mse
-                summary[f"{d}_target{t}_label_correct"] = int(label == y_all[idx])
+                if distance == "l2":  # the label was inferred (iDLG); SignDS's attack is given it
+                    summary[f"{d}_target{t}_label_correct"] = int(label == y_all[idx])
                 run.logger.info("target %d, %s: MSE %.3g, label %s, matching loss %.3g", t, d, mse,
                                 "correct" if label == y_all[idx] else "wrong", r.matching_loss)
                 step += 1
@@ -157,7 +188,7 @@ def plots(rows, cfg, report_dir) -> list[str]:
     if not path.exists():
         return []
     data = np.load(path)
-    defences = ["plain"] + [f"ldp_eps{e:g}" for e in cfg.ldp_epsilons] + ["secagg"]
+    defences = _defences(cfg)
     last = next((r for r in reversed(rows) if "plain_mse" in r), {})
     mse = {(d, t): v for d in defences for t, v in enumerate(last.get(f"{d}_mse", []))}
     k = len(data["targets"])
@@ -171,7 +202,8 @@ def plots(rows, cfg, report_dir) -> list[str]:
     for a in axes.ravel():
         a.set_xticks([])
         a.set_yticks([])
-    fig.suptitle(f"DLG + iDLG from one FedAvg update (recovered: MSE < {cfg.mse_threshold:g})", fontsize=9)
+    fig.suptitle(f"DLG + iDLG from one FedAvg update\n(recovered: MSE < {cfg.mse_threshold:g}; SignDS: cosine DLG)",
+                 fontsize=9)
     fig.tight_layout()
     out = Path(report_dir) / "reconstructions.png"
     fig.savefig(out, dpi=110)

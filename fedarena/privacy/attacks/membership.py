@@ -1,10 +1,21 @@
-"""Membership inference: the loss-threshold attack and the (epsilon, delta)-DP bound on its advantage.
+"""Membership inference: the loss-threshold attack, the shadow-model attack, and the (epsilon, delta)-DP bound on
+their advantage.
 
-Attack (S. Yeom, I. Giacomelli, M. Fredrikson, S. Jha, "Privacy Risk in Machine Learning: Analyzing the
+Loss threshold (S. Yeom, I. Giacomelli, M. Fredrikson, S. Jha, "Privacy Risk in Machine Learning: Analyzing the
 Connection to Overfitting", CSF 2018): guess "member" when an example's loss under the released model is below a
 threshold. Over all thresholds this is a ROC curve of the score ``-loss``; we report its AUC and the membership
 advantage ``max_t TPR(t) - FPR(t)`` (Yeom et al.'s Adv, the best threshold chosen with knowledge of both
 populations, i.e. an upper estimate for an attacker who must pick the threshold blindly).
+
+Shadow models (R. Shokri, M. Stronati, C. Song, V. Shmatikov, "Membership Inference Attacks Against Machine
+Learning Models", IEEE S&P 2017): the attacker trains ``k`` shadow models the way the target was trained, each on
+its own "in" set drawn from the same distribution (here disjoint from the other shadows' data and from the
+target's), and keeps an equally large "out" set per shadow. Every shadow labels its in records 1 and its out
+records 0; for each class ``c`` an attack model learns ``(prediction vector, label c) -> in/out`` from the shadows'
+records of class ``c``. The target's records are then scored by the attack model of their label. Here an attack
+model is an engine MLP (by default one hidden ReLU layer of 64 units) trained full-batch with Adam on the
+*log* of the softmax vector (a monotone re-encoding of the prediction vector that keeps overconfident outputs such
+as 0.9999 and 0.999999 apart); its score is the logit difference ``z_in - z_out``.
 
 Bound. An (epsilon, delta)-DP training algorithm makes any membership test satisfy ``TPR <= e^eps FPR + delta``
 and ``1 - FPR <= e^eps (1 - TPR) + delta`` (the hypothesis-testing view of DP: Wasserman and Zhou, JASA 2010;
@@ -73,6 +84,75 @@ def auc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
 def loss_threshold_attack(member_losses: np.ndarray, nonmember_losses: np.ndarray) -> MembershipResult:
     """Yeom et al.'s attack on per-example losses: the score is ``-loss``."""
     return membership_attack(-np.asarray(member_losses, float), -np.asarray(nonmember_losses, float))
+
+
+@dataclass(frozen=True)
+class ShadowAttackConfig:
+    """Per-class attack models: MLP widths, full-batch Adam steps and learning rate, and the log-probability floor."""
+
+    hidden: tuple[int, ...] = (64,)
+    steps: int = 300
+    lr: float = 0.01
+    log_floor: float = -30.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or not self.lr > 0 or any(int(h) < 1 for h in self.hidden):
+            raise ValueError(f"steps, lr, hidden: need steps >= 1, lr > 0, widths >= 1; got {self.steps}, "
+                             f"{self.lr}, {list(self.hidden)}")
+
+
+def attack_features(log_probs: np.ndarray, floor: float = -30.0) -> np.ndarray:
+    """The attack models' input: the log-softmax vector, clipped below at ``floor`` (float64)."""
+    return np.maximum(np.asarray(log_probs, dtype=np.float64), floor)
+
+
+def train_attack_models(features: np.ndarray, labels: np.ndarray, membership: np.ndarray, num_classes: int,
+                        config: ShadowAttackConfig = ShadowAttackConfig(), seed: int = 0) -> list[Any]:
+    """Shokri et al.'s per-class attack models from the shadow models' records.
+
+    ``features[i]`` is the (transformed) prediction vector of record ``i`` under the shadow model that saw or did not
+    see it, ``labels[i]`` its class, ``membership[i]`` 1 if it was in that shadow's training set. Returns one
+    parameter pytree per class; every class needs records of both kinds."""
+    from fedarena.engine import nn, optim
+
+    features, labels = np.asarray(features, np.float64), np.asarray(labels)
+    membership = np.asarray(membership).astype(np.int64)
+    if features.ndim != 2 or len(features) != len(labels) or len(labels) != len(membership):
+        raise ValueError(f"features, labels, membership: need (n, d), (n,), (n,); got {features.shape}, "
+                         f"{labels.shape}, {membership.shape}")
+    mlp = nn.MLP([features.shape[1], *[int(h) for h in config.hidden], 2], activation="relu")
+    opt = optim.adam(config.lr)
+    value_grad = engine.jit(engine.value_and_grad(lambda p, x, y: ops.cross_entropy(mlp.apply(p, x), y)))
+    update = engine.jit(lambda g, s, p: opt.update(g, s, p))
+    models = []
+    for c in range(int(num_classes)):
+        rows = labels == c
+        if not (np.any(membership[rows] == 1) and np.any(membership[rows] == 0)):
+            raise ValueError(f"membership: class {c} needs shadow records both in and out of training")
+        x, y = features[rows], membership[rows]
+        params = mlp.init(np.random.default_rng([seed, c]), dtype=np.float64)
+        state = opt.init(params)
+        for _ in range(int(config.steps)):
+            _, grads = value_grad(params, x, y)
+            params, state = update(grads, state, params)
+        models.append(params)
+    return models
+
+
+def attack_model_scores(models: list[Any], features: np.ndarray, labels: np.ndarray,
+                        hidden: tuple[int, ...] = (64,)) -> np.ndarray:
+    """Membership score of each record from the attack model of its class: ``z_in - z_out`` (higher = member)."""
+    from fedarena.engine import nn
+
+    features, labels = np.asarray(features, np.float64), np.asarray(labels)
+    mlp = nn.MLP([features.shape[1], *[int(h) for h in hidden], 2], activation="relu")
+    logits = engine.jit(mlp.apply)
+    scores = np.empty(len(labels))
+    for c in np.unique(labels):
+        rows = labels == c
+        z = np.asarray(logits(models[int(c)], features[rows]))
+        scores[rows] = z[:, 1] - z[:, 0]
+    return scores
 
 
 def dp_advantage_bound(epsilon: float, delta: float) -> float:
