@@ -20,30 +20,13 @@ from .. import primitives as P
 from ..core.ir import EngineError, Graph, Literal, ShapedArray, Var, is_float
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.interpreter import interpret
-from ..core.tracing import Tracer, aval_of, bind, bind_rule, current_trace, trace_flat
+from ..core.tracing import Tracer, aval_of, bind, bind_rule, current_trace, source_scope, trace_flat
 
 
 def _read(env: dict, a: Any) -> Any:
     if isinstance(a, Literal):
         return a.value if a.weak else np.asarray(a.value, a.aval.dtype)[()]
     return env[a]
-
-
-class _SourceScope:
-    """Attribute emitted equations to the source line of the forward equation they come from."""
-
-    def __init__(self, source: str | None):
-        self.source = source
-        self.trace = current_trace()
-
-    def __enter__(self) -> None:
-        if self.trace is not None:
-            self.saved = self.trace.source_override
-            self.trace.source_override = self.source
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.trace is not None:
-            self.trace.source_override = self.saved
 
 
 def forward(graph: Graph, args: Sequence[Any], active: Sequence[bool]) -> tuple[dict, set]:
@@ -84,7 +67,7 @@ def backward(graph: Graph, env: dict, live: set, out_cts: Sequence[Any]) -> list
             raise EngineError(f"primitive {e.prim.name!r} has no VJP rule (at {e.source})")
         need = tuple(isinstance(a, Var) and a in live for a in e.inputs)
         ins = [_read(env, a) for a in e.inputs]
-        with _SourceScope(e.source):
+        with source_scope(e.source):
             gs = e.prim.vjp(need, c, env[o], *ins, **e.attrs)
             for a, n, g in zip(e.inputs, need, gs):
                 if n and g is not None:
@@ -279,7 +262,7 @@ def jvp_graph(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> 
             return out, None
         if e.prim.jvp is None:
             raise EngineError(f"primitive {e.prim.name!r} has no JVP rule (at {e.source})")
-        with _SourceScope(e.source):
+        with source_scope(e.source):
             t = e.prim.jvp(ts, out, *vals, **e.attrs)
         if t is not None:
             o = e.outputs[0].aval

@@ -18,13 +18,15 @@ binary ufuncs over build-time views, outer products become a one-term matmul.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
 import scipy.special
 
-from ...core.ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var
+from ...core.ir import Graph, Literal, ShapedArray, UnknownPrimitiveError, Var, is_float
+from ...core.nonfinite import raise_non_finite
 from ...core.tracing import names_with
 from ...primitives.emit import CLIP as _CLIP
 from ...primitives.emit import Code
@@ -67,10 +69,14 @@ class Executable:
     set), ``source`` the generated code.
     """
 
-    def __init__(self, graph: Graph, validate: bool = True, reuse: bool = True):
+    def __init__(self, graph: Graph, validate: bool = True, reuse: bool = True, check_finite: bool = False):
         if validate:
             graph.validate()
-        self.reuse = reuse  # False: no buffer sharing, no in-place (one buffer per value; for testing)
+        # check_finite (the NaN debugger, core/nonfinite.py): after each equation with a float output the
+        # code tests it and raises NonFiniteError at the first NaN/Inf; every value keeps a buffer of its own
+        # so the operands are still intact for the error's statistics
+        self.check_finite = check_finite
+        self.reuse = reuse and not check_finite  # False: no buffer sharing, no in-place (one buffer per value)
         self.graph = dead_code_elimination(graph)
         self.source = ""
         self._packing = None  # the planner's offline buffer assignment, shared by every buffer set
@@ -202,7 +208,17 @@ class Executable:
                 return None
             return form.format(*args)
 
+        checked = self.check_finite and not probe
+        if checked:
+            ns["_finite"] = _finite
+            ns["_non_finite"] = functools.partial(_report_non_finite, g.eqns)
+        pending: int | None = None  # the equation whose output the next check tests
         for n, e in enumerate(g.eqns):
+            if pending is not None:
+                body.append(_check_line(g.eqns[pending], pending, names, atom))
+                pending = None
+            if checked and e.prim.name not in _VIEW_PRIMS and is_float(e.outputs[0].aval.dtype):
+                pending = n
             if e.prim.emit is None:
                 raise UnknownPrimitiveError(f"primitive {e.prim.name!r} has no numpy kernel")
             out = e.outputs[0]
@@ -493,6 +509,8 @@ class Executable:
             else:
                 body.append(line)
 
+        if pending is not None:
+            body.append(_check_line(g.eqns[pending], pending, names, atom))
         rets = []
         for a in g.outvars:
             if isinstance(a, Literal):
@@ -544,5 +562,21 @@ def _safe_view(arr: np.ndarray, shape: tuple, storage: str | None) -> np.ndarray
     return None
 
 
-def compile_graph(graph: Graph, validate: bool = True, reuse: bool = True) -> Executable:
-    return Executable(graph, validate, reuse)
+def _finite(x: Any) -> bool:
+    return bool(np.isfinite(x).all())
+
+
+def _check_line(e: Any, n: int, names: dict, atom: Any) -> str:
+    """Generated code testing equation ``n``'s output (NaN debugger)."""
+    ins = ", ".join(atom(a) if isinstance(a, Literal) else names[a] for a in e.inputs)
+    out = names[e.outputs[0]]
+    return f"if not _finite({out}): _non_finite({n}, {out}, ({ins}{',' if len(e.inputs) == 1 else ''}))"
+
+
+def _report_non_finite(eqns: list, n: int, out: Any, ins: tuple) -> None:
+    e = eqns[n]
+    raise_non_finite(e.prim.name, out, ins, e.source, n)
+
+
+def compile_graph(graph: Graph, validate: bool = True, reuse: bool = True, check_finite: bool = False) -> Executable:
+    return Executable(graph, validate, reuse, check_finite)
