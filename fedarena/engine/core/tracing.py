@@ -40,6 +40,12 @@ class Primitive:
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
         self.traits: frozenset = frozenset()  # see TRAITS
         self.in_place_operands: tuple | None = None  # operands the output may overwrite, when not all/none
+        # optional pair for primitives whose reverse rule needs values computed with the output
+        # (custom_vjp's residuals): ``vjp_forward(ins, **attrs) -> (out, residuals)`` replaces the
+        # primitive in a differentiated forward pass, ``vjp_saved(residuals, need, ct, out, *ins, **attrs)``
+        # is then its VJP
+        self.vjp_forward: Callable | None = None
+        self.vjp_saved: Callable | None = None
 
     def __repr__(self) -> str:
         return self.name

@@ -31,15 +31,24 @@ def _read(env: dict, a: Any) -> Any:
 
 def forward(graph: Graph, args: Sequence[Any], active: Sequence[bool]) -> tuple[dict, set]:
     """Replay ``graph`` on ``args``; return the value environment and the set of variables that
-    depend differentiably on the inputs flagged ``active``."""
+    depend differentiably on the inputs flagged ``active``.  A primitive with a ``vjp_forward`` rule
+    computes its output and residuals there (instead of binding itself); the environment keeps the
+    residuals under the equation, for its ``vjp_saved`` rule in :func:`backward`."""
     live = {v for v, a in zip(graph.invars, active) if a}
+    saved: dict = {}
 
     def rule(e, ins):
         if e.prim.differentiable and any(isinstance(a, Var) and a in live for a in e.inputs):
             live.add(e.outputs[0])
+            if e.prim.vjp_forward is not None:  # the primitive computes what its VJP needs now (custom_vjp's fwd)
+                with source_scope(e.source):
+                    out, saved[e] = e.prim.vjp_forward(ins, **e.attrs)
+                return out
         return bind_rule(e, ins)
 
-    return interpret(graph, args, rule)[1], live
+    env = interpret(graph, args, rule)[1]
+    env.update(saved)  # keyed by equation: the residuals backward hands to vjp_saved
+    return env, live
 
 
 def _accumulate(cts: dict, v: Var, g: Any) -> None:
@@ -68,7 +77,10 @@ def backward(graph: Graph, env: dict, live: set, out_cts: Sequence[Any]) -> list
         need = tuple(isinstance(a, Var) and a in live for a in e.inputs)
         ins = [_read(env, a) for a in e.inputs]
         with source_scope(e.source):
-            gs = e.prim.vjp(need, c, env[o], *ins, **e.attrs)
+            if e in env:  # residuals saved by vjp_forward in the forward pass
+                gs = e.prim.vjp_saved(env[e], need, c, env[o], *ins, **e.attrs)
+            else:
+                gs = e.prim.vjp(need, c, env[o], *ins, **e.attrs)
             for a, n, g in zip(e.inputs, need, gs):
                 if n and g is not None:
                     _accumulate(cts, a, g)
