@@ -20,7 +20,12 @@ ALLOWED = {
     "robustness": {"engine", "platform"},
     "marl": {"rl", "envs", "engine", "platform"},
     "federated": {"privacy", "engine", "envs", "platform"},
+    # the training board reads run folders (platform); its profile recorder runs engine.profile (issue 22)
+    "board": {"engine", "platform"},
 }
+# The `fedarena board` subcommand: the CLI is the top of the stack (experiments -> platform.cli) and starts the
+# board's server inside cmd_board, at call time only (test_platform_imports_no_higher_layer_at_import_time).
+EXCEPTIONS = {("platform/cli.py", "board")}
 
 
 def _imports(path: Path) -> set[str]:
@@ -47,7 +52,8 @@ def test_imports_point_down_only():
             continue  # fedarena/__init__.py, __main__.py
         layer = rel.parts[0]
         for target in sorted(_imports(path) - {layer} - ALLOWED[layer]):
-            violations.append(f"{rel} imports fedarena.{target}")
+            if (rel.as_posix(), target) not in EXCEPTIONS:
+                violations.append(f"{rel} imports fedarena.{target}")
     assert not violations, "layering violations:\n" + "\n".join(violations)
 
 

@@ -38,7 +38,15 @@ class FedSimConfig(ExperimentConfig):
     synthetic_size_sigma: float = param(2.0, "see synthetic_size_mean")
     synthetic_size_min: int = param(50, "see synthetic_size_mean")
     synthetic_size_max: int = param(0, "cap on examples per device (0 = none)")
+    model: str = param("mlp", "mlp (ReLU MLP of hidden sizes; the paper's 2NN is [200, 200]), cnn (McMahan et al. "
+                       "2017's CNN: 5x5 convs, 2x2 max pools, a ReLU layer), or a torch model "
+                       "'torch:module.path:factory' (factory(num_features, num_classes) -> nn.Module, converted by "
+                       "engine.from_torch)")
     hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
+    cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions", factory=lambda: [32, 64])
+    cnn_hidden: int = param(512, "cnn: units of the fully connected ReLU layer")
+    image_shape: list[int] = param(doc="cnn: (channels, height, width) of an example; [] = one channel, square",
+                                   factory=list)
     zero_init: bool = param(False, "start from all-zero parameters (softmax regression)")
     rounds: int = param(50, "number of rounds")
     clients_per_round: int = param(10, "clients selected per round (0 = all)")
@@ -52,10 +60,13 @@ class FedSimConfig(ExperimentConfig):
     steps_min: int = param(1, "fewest local steps of a schedule")
     steps_max: int = param(20, "most local steps of a schedule")
     divergence_target: float = param(1.0, "divergence schedule: halve steps above, double below this divergence")
-    aggregation: Literal["fedavg", "scaffold", "median", "trimmed_mean", "krum"] = param("fedavg", "aggregation rule")
+    aggregation: Literal["fedavg", "scaffold", "median", "trimmed_mean", "krum", "geometric_median"] = param(
+        "fedavg", "aggregation rule")
     trim_fraction: float = param(0.2, "trimmed mean: fraction trimmed at each end")
     krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f")
-    krum_keep: int = param(1, "multi-Krum: updates averaged")
+    krum_keep: int = param(1, "multi-Krum: updates averaged (m = n - f is Blanchard et al.'s multi-Krum)")
+    krum_preselect: bool = param(False, "median/trimmed_mean/geometric_median: first keep the n - f updates with "
+                                 "the lowest Krum scores (Bulyan's selection stage)")
     max_weight: float = param(0.0, "example-count bound on a client's FedAvg weight (0 = none)")
     server_optimizer: Literal["fedavg", "fedadagrad", "fedadam", "fedyogi"] = param("fedavg", "server update rule")
     server_lr: float = param(1.0, "server learning rate")
@@ -79,6 +90,9 @@ class FedSimConfig(ExperimentConfig):
     upload_bits: int = param(8, "bits of the upload quantizer")
     upload_fraction: float = param(0.01, "fraction kept by top-k uploads")
     upload_error_feedback: bool = param(True, "error feedback for compressed uploads")
+    upload_prediction: Literal["none", "trajectory"] = param(
+        "none", "compress the update's difference to its prediction from the global model's trajectory since the "
+        "client's last upload (for partial participation; see fedarena.federated.compression)")
     download_codec: Literal["dense", "quantize", "topk", "topk_quantize"] = param("dense", "broadcast compression")
     download_bits: int = param(8, "bits of the broadcast quantizer")
     download_fraction: float = param(0.01, "fraction kept by a top-k broadcast")
@@ -102,6 +116,13 @@ class FedSimConfig(ExperimentConfig):
     backend: Literal["vmap", "ray"] = param("vmap", "vmap: one process; ray: groups of clients as Ray tasks")
     personalize_epochs: int = param(0, "local fine-tuning epochs after the last round (0 = off)")
     eval_every: int = param(1, "evaluate every this many rounds")
+    server_mode: Literal["rounds", "sync", "threshold", "async"] = param(
+        "rounds", "rounds: synchronous rounds; sync / threshold (FedBuff) / async: the global model lives on the "
+        "engine's parameter server, async_concurrency clients train at once and `rounds` counts server steps "
+        "(fedarena.federated.buffered_async; plain FedAvg with dense uploads only)")
+    async_concurrency: int = param(10, "clients training at once (server_mode sync / threshold / async)")
+    async_buffer: int = param(5, "deltas per server step in threshold mode (FedBuff's K)")
+    async_staleness: int = param(4, "largest model-version lag of an applied delta (threshold / async)")
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -123,8 +144,41 @@ class FedSimConfig(ExperimentConfig):
             raise ValueError("secagg: secure aggregation gives only the sum, so aggregation must be fedavg")
         if self.dp_noise_multiplier and (self.secagg or self.aggregation != "fedavg"):
             raise ValueError("dp_noise_multiplier: DP-FedAvg wraps plain fedavg aggregation without secagg")
+        if self.model not in ("mlp", "cnn") and not self.model.startswith("torch:"):
+            raise ValueError(f"model: expected mlp, cnn or torch:module:factory, got {self.model!r}")
+        if self.model.startswith("torch:") and self.backend != "vmap":
+            raise ValueError("model: a torch model trains with backend vmap (the ray backend rebuilds its models "
+                             "from a spec)")
+        if self.model == "cnn" and self.image_shape and len(self.image_shape) != 3:
+            raise ValueError(f"image_shape: (channels, height, width) expected, got {self.image_shape}")
         _strategy(self, 1)  # validates the strategy fields (their errors name the field)
         _heterogeneity(self)
+        if self.server_mode != "rounds":
+            _check_async(self)
+
+
+_ROUND_ONLY = {"aggregation": "fedavg", "server_optimizer": "fedavg", "upload_codec": "dense",
+               "download_codec": "dense", "clip_norm": 0.0, "ldp_epsilon": 0.0, "signds_k": 0,
+               "dp_noise_multiplier": 0.0, "secagg": False, "step_schedule": "fixed", "availability": 1.0,
+               "speed_mean": 0.0, "window_s": 0.0, "straggler_fraction": 0.0, "drop_before_training": 0.0,
+               "drop_after_training": 0.0, "drop_upload": 0.0, "adversary_fraction": 0.0, "backend": "vmap",
+               "personalize_epochs": 0}
+"""Settings the asynchronous server modes do not implement (they are round-based), with their defaults."""
+
+
+def _check_async(cfg: FedSimConfig) -> None:
+    from fedarena.federated.buffered_async import AsyncFLConfig
+
+    for name, default in _ROUND_ONLY.items():
+        if getattr(cfg, name) != default:
+            raise ValueError(f"{name}: server_mode {cfg.server_mode} runs plain FedAvg with dense uploads; "
+                             f"set {name} to {default!r} or use server_mode rounds")
+    _async_config(cfg, AsyncFLConfig)
+
+
+def _async_config(cfg: FedSimConfig, cls: Any) -> Any:
+    return cls(mode=cfg.server_mode, concurrency=cfg.async_concurrency, buffer=cfg.async_buffer,
+               staleness=cfg.async_staleness, server_lr=cfg.server_lr, steps=cfg.rounds, eval_every=cfg.eval_every)
 
 
 def _data_spec(cfg: FedSimConfig):
@@ -158,7 +212,8 @@ def _strategy(cfg: FedSimConfig, num_clients: int):
         s = st.Scaffold(**common, server_lr=cfg.server_lr)
     else:
         s = st.RobustAggregate(**common, rule=cfg.aggregation, trim_fraction=cfg.trim_fraction,
-                               num_byzantine=cfg.krum_byzantine, krum_keep=cfg.krum_keep)
+                               num_byzantine=cfg.krum_byzantine, krum_keep=cfg.krum_keep,
+                               krum_preselect=cfg.krum_preselect)
     if cfg.dp_noise_multiplier > 0:
         from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
 
@@ -204,7 +259,7 @@ class StepSchedule:
 def build(cfg: FedSimConfig):
     """The data set and the :class:`~fedarena.federated.simulation.Simulation` of ``cfg``."""
     from fedarena.federated import compression, data, stages
-    from fedarena.federated.simulation import BatchedMLP, Simulation
+    from fedarena.federated.simulation import Simulation
 
     try:
         d = data.load(_data_spec(cfg), cfg.seed)
@@ -225,16 +280,47 @@ def build(cfg: FedSimConfig):
         kw["upload"] = stages.SignDSUpload(cfg.signds_k, cfg.signds_h, cfg.signds_epsilon, cfg.signds_lr)
     elif cfg.upload_codec != "dense":
         kw["upload"] = compression.UploadCompression(
-            compression.Codec(cfg.upload_codec, cfg.upload_bits, cfg.upload_fraction), cfg.upload_error_feedback)
+            compression.Codec(cfg.upload_codec, cfg.upload_bits, cfg.upload_fraction), cfg.upload_error_feedback,
+            cfg.upload_prediction)
     if cfg.download_codec != "dense":
         kw["download"] = compression.Broadcast(compression.Codec(cfg.download_codec, cfg.download_bits,
                                                                  cfg.download_fraction), seed=cfg.seed)
-    model = BatchedMLP((d.num_features, *cfg.hidden, d.num_classes))
+    model = make_model(cfg, d.num_features, d.num_classes)
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
                      seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=_heterogeneity(cfg),
                      upload_stages=upload_stages, backend=cfg.backend, eval_every=cfg.eval_every,
                      privacy_seed=cfg.privacy_seed, **kw)
     return d, sim
+
+
+def make_model(cfg: FedSimConfig, num_features: int, num_classes: int):
+    """The batched model of ``cfg``: the MLP ``(features, *hidden, classes)``, the CNN on ``image_shape``, or a
+    torch model through engine.from_torch (:mod:`fedarena.federated.torch_model`)."""
+    from fedarena.federated.simulation import BatchedCNN, BatchedMLP
+
+    if cfg.model == "mlp":
+        return BatchedMLP((num_features, *cfg.hidden, num_classes))
+    if cfg.model.startswith("torch:"):
+        from fedarena.engine.interop import TorchConversionError
+        from fedarena.federated.torch_model import BatchedTorchModel
+
+        try:
+            return BatchedTorchModel(cfg.model, num_features, num_classes)
+        except (ValueError, TorchConversionError) as e:
+            raise ConfigError(f"model: {e}") from None
+    image = tuple(cfg.image_shape)
+    if not image:
+        side = int(round(num_features ** 0.5))
+        if side * side != num_features:
+            raise ConfigError(f"image_shape: {num_features} features are not a square one-channel image; set "
+                              "image_shape")
+        image = (1, side, side)
+    if int(np.prod(image)) != num_features:
+        raise ConfigError(f"image_shape: {list(image)} has {int(np.prod(image))} pixels, the data has {num_features}")
+    try:
+        return BatchedCNN(image, num_classes, cfg.cnn_channels, cfg.cnn_hidden)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _with_steps(strategy: Any, steps: int) -> Any:
@@ -260,6 +346,8 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     sim.final_round = cfg.rounds
     hist = data.label_histogram(d.y, d.train, d.num_classes)
     np.save(run.dir / "label_histogram.npy", hist)
+    if cfg.server_mode != "rounds":
+        return _run_async(cfg, run, sim, params)
     schedule = StepSchedule(cfg.step_schedule, cfg.steps_min, cfg.steps_max, cfg.divergence_target)
     base = sim.strategy
     last_div: float | None = None
@@ -313,6 +401,24 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     return out
 
 
+def _run_async(cfg: FedSimConfig, run: Any, sim: Any, params: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``server_mode`` sync / threshold / async: one metrics row per evaluation, keyed by server version."""
+    from fedarena.federated.buffered_async import AsyncFLConfig, run_async
+
+    if run.restore() is not None:
+        raise ConfigError(f"server_mode: {cfg.server_mode} runs keep no mid-run checkpoint; start a new run")
+    with run.progress(total=cfg.rounds, desc=f"fedsim {cfg.server_mode}") as bar:
+        def on_eval(version: int, row: dict[str, float]) -> None:
+            run.log(max(int(version), 1), **row)
+            bar.update(max(0, min(int(version), cfg.rounds) - bar.n), acc=row.get("test_acc", float("nan")))
+
+        final, rows = run_async(sim, _async_config(cfg, AsyncFLConfig), params=params, on_eval=on_eval)
+    run.save_checkpoint(cfg.rounds, {"params": final})
+    last = rows[-1]
+    return {"test_acc": last.get("test_acc", float("nan")), "test_loss": last.get("test_loss", float("nan")),
+            "server_steps": int(last["version"]), "clients_dispatched": int(last["clients_dispatched"])}
+
+
 def ldp_cumulative_epsilon(cfg: FedSimConfig, uploads: int) -> float:
     """Epsilon (at ``ldp_delta``) of the client that uploaded most often: its ``uploads`` analytic-Gaussian
     releases (sigma for (ldp_epsilon, ldp_delta), L2 sensitivity 2 C) composed in RDP (Mironov 2017)."""
@@ -332,6 +438,9 @@ def _snapshot(sim, state, last_div, steps_current) -> dict[str, Any]:
         "round": state.round, "params": state.params, "opt_state": state.opt_state, "control": state.control,
         "client_control": sim.client_control,
         "residuals": dict(getattr(up, "residuals", {})),
+        "upload_last_seen": dict(getattr(up, "last_seen", {})),
+        "upload_models": {str(r): m for r, m in getattr(up, "models", {}).items()},
+        "upload_round": int(getattr(up, "_round", 0)),
         "broadcast_reference": getattr(down, "reference", None) or {},
         "broadcast_round": getattr(down, "_round", 0),
         "bytes": [sim.bytes_up_total, sim.bytes_down_total],
@@ -347,6 +456,10 @@ def _restore(sim, saved: dict[str, Any]):
     sim.client_control = {c: dict(v) for c, v in saved["client_control"].items()}
     if hasattr(sim.upload, "residuals"):
         sim.upload.residuals = {c: np.asarray(v) for c, v in saved["residuals"].items()}
+    if hasattr(sim.upload, "last_seen"):
+        sim.upload.last_seen = {c: int(r) for c, r in saved.get("upload_last_seen", {}).items()}
+        sim.upload.models = {int(r): np.asarray(m) for r, m in saved.get("upload_models", {}).items()}
+        sim.upload._round = int(saved.get("upload_round", 0))
     if sim.download is not None:
         sim.download.reference = dict(saved["broadcast_reference"]) or None
         sim.download._round = int(saved["broadcast_round"])
@@ -365,7 +478,9 @@ def plots(rows, cfg, report_dir) -> list[str]:
 
     out: list[str] = []
     report_dir = Path(report_dir)
-    if rows:
+    if rows and cfg.server_mode != "rounds":
+        out.append(_async_plot(rows, cfg, report_dir))
+    elif rows:
         r = [row["step"] for row in rows]
         get = lambda k: [row.get(k, float("nan")) for row in rows]  # noqa: E731
         fig, ax = plt.subplots(2, 2, figsize=(11, 7))
@@ -418,6 +533,30 @@ def plots(rows, cfg, report_dir) -> list[str]:
         plt.close(fig)
         out.append(str(report_dir / "personalization.png"))
     return out
+
+
+def _async_plot(rows, cfg, report_dir: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    steps = [row["step"] for row in rows]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    ax[0].plot(steps, [row.get("test_acc", float("nan")) for row in rows], "-o", ms=3, lw=2)
+    ax[0].set_title(f"global model, test accuracy ({cfg.server_mode} mode, {cfg.async_concurrency} clients "
+                    f"in flight" + (f", steps on {cfg.async_buffer}" if cfg.server_mode == "threshold" else "") + ")",
+                    fontsize=10)
+    ax[0].annotate(f"{int(rows[-1]['clients_dispatched'])} client updates dispatched in all",
+                   xy=(0.98, 0.04), xycoords="axes fraction", ha="right", fontsize=8)
+    ax[1].plot(steps, [row.get("test_loss", float("nan")) for row in rows], label="test")
+    ax[1].plot(steps, [row.get("train_loss", float("nan")) for row in rows], label="client training (last 50)")
+    ax[1].set_title("cross-entropy")
+    ax[1].legend(fontsize=8)
+    for a in ax:
+        a.set_xlabel("server step")
+        a.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(report_dir / "fedsim.png", dpi=110)
+    plt.close(fig)
+    return str(report_dir / "fedsim.png")
 
 
 EXPERIMENT = Experiment(config=FedSimConfig, run=run, plots=plots,

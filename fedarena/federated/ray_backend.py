@@ -1,6 +1,7 @@
 """Ray backend of the simulation: groups of clients trained by Ray actors spread over a cluster.
 
-Each actor holds the batched trainer (:class:`fedarena.federated.simulation.BatchedMLP`) and the
+Each actor holds the batched trainer (:class:`fedarena.federated.simulation.BatchedModel`, rebuilt from its
+``spec``) and the
 data set (shared once through the object store); the driver keeps the round loop, the strategy and
 the stages, and sends every actor the global model and the padded training plans of its groups.
 A group is trained by exactly the code of the in-process backend, so the same seed gives the same
@@ -10,16 +11,16 @@ every node; :meth:`RayTrainer.nodes` says where each actor runs.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 
 class _Worker:
-    def __init__(self, sizes: Sequence[int], x: np.ndarray, onehot: np.ndarray) -> None:
-        from fedarena.federated.simulation import BatchedMLP
+    def __init__(self, spec: tuple, x: np.ndarray, onehot: np.ndarray) -> None:
+        from fedarena.federated.simulation import batched_model
 
-        self.model = BatchedMLP(sizes)
+        self.model = batched_model(spec)
         self.x, self.onehot = x, onehot
 
     def node(self) -> str:
@@ -34,7 +35,7 @@ class _Worker:
 class RayTrainer:
     """``num_workers`` actors (default: one per CPU of the cluster, at most 8), each with 1 CPU."""
 
-    def __init__(self, sizes: Sequence[int], x: np.ndarray, onehot: np.ndarray, num_workers: int = 0) -> None:
+    def __init__(self, spec: tuple, x: np.ndarray, onehot: np.ndarray, num_workers: int = 0) -> None:
         import ray
 
         if not ray.is_initialized():
@@ -42,7 +43,7 @@ class RayTrainer:
         n = num_workers or max(1, min(8, int(ray.cluster_resources().get("CPU", 1))))
         remote = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(_Worker)
         xr, yr = ray.put(x), ray.put(onehot)
-        self.workers = [remote.remote(tuple(sizes), xr, yr) for _ in range(n)]
+        self.workers = [remote.remote(spec, xr, yr) for _ in range(n)]
 
     def nodes(self) -> list[str]:
         import ray

@@ -46,7 +46,12 @@ class FedAvgTableConfig(ExperimentConfig):
     path: str = param("", "folder with the MNIST IDX files (dataset: mnist)")
     num_clients: int = param(100, "number of clients K")
     shards_per_client: int = param(2, "label shards per client of the non-IID split")
+    model: Literal["mlp", "cnn"] = param("mlp", "mlp, or cnn: the paper's CNN (5x5 convs of cnn_channels, 2x2 max "
+                                         "pools, cnn_hidden ReLU units, softmax)")
     hidden: list[int] = param(doc="MLP hidden sizes (the paper's 2NN is [200, 200])", factory=lambda: [32])
+    cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions (paper: 32, 64)",
+                                    factory=lambda: [32, 64])
+    cnn_hidden: int = param(512, "cnn: fully connected ReLU units (paper: 512)")
     lr: float = param(0.1, "local SGD learning rate")
     target: float = param(0.95, "test accuracy whose first crossing is counted")
     max_rounds: int = param(500, "a cell that has not reached the target after this many rounds is reported '>'")
@@ -84,7 +89,8 @@ class FedAvgTableConfig(ExperimentConfig):
         return FedSimConfig(kind="fedsim", seed=self.seed, dataset=self.dataset, path=self.path,
                             num_clients=self.num_clients, partition=partition,
                             shards_per_client=self.shards_per_client, test_fraction=self.test_fraction,
-                            held_out_fraction=0.0, hidden=list(self.hidden), rounds=self.max_rounds,
+                            held_out_fraction=0.0, model=self.model, hidden=list(self.hidden),
+                            cnn_channels=list(self.cnn_channels), cnn_hidden=self.cnn_hidden, rounds=self.max_rounds,
                             clients_per_round=self.clients_per_round(c), epochs=e, batch_size=max(b, 1),
                             lr=self.lr, privacy_seed=0)
 

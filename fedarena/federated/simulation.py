@@ -115,21 +115,30 @@ def make_group_plan(plans: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], 
     return GroupPlan(index, mask, valid, last, len(plans))
 
 
-class BatchedMLP:
-    """Local SGD of many clients' copies of one ReLU MLP, batched by ``engine.vmap`` (see module doc).
+class BatchedModel:
+    """Local SGD of many clients' copies of one model, batched by ``engine.vmap`` (see module doc).
 
-    Parameters are the runtime's flat ``{"l{i}.w": (in, out), "l{i}.b": (out,)}`` float32 dicts; the
-    objective is the mean cross-entropy of the batch's real examples, plus FedProx's
-    ``mu/2 ||w - w_global||^2``; SCAFFOLD's correction ``c - c_i`` is added to every gradient."""
+    Parameters are flat ``{name: array}`` float32 dicts (the runtime's wire format); a subclass says how they
+    map to the pytree its ``forward(tree, x)`` takes (``_tree``/``_flat``). The objective is the mean
+    cross-entropy of the batch's real examples, plus FedProx's ``mu/2 ||w - w_global||^2``; SCAFFOLD's
+    correction ``c - c_i`` is added to every gradient. ``spec`` rebuilds the model elsewhere (Ray actors)."""
 
-    def __init__(self, sizes: Sequence[int]) -> None:
-        self.sizes = tuple(int(s) for s in sizes)
-        self.depth = len(self.sizes) - 1
-        mlp = nn.MLP(list(self.sizes), activation="relu")
-        self._mlp = mlp
+    spec: tuple
+
+    def forward(self, tree: Any, x: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _tree(self, params: Params) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _flat(self, tree: Any) -> Params:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _compile(self) -> None:
+        forward = self.forward
 
         def loss_fn(w, x, y, m):
-            logits = mlp.apply(w, x)
+            logits = forward(w, x)
             ce = ops.logsumexp(logits, axis=1) - ops.sum(logits * y, axis=1)
             return ops.sum(ce * m) / ops.maximum(ops.sum(m), 1.0)
 
@@ -144,28 +153,22 @@ class BatchedMLP:
 
         self._step = engine.jit(engine.vmap(step, in_axes=(0, None, 0, 0, 0, 0, 0, None, None)))
         self._step_plain = engine.jit(engine.vmap(step_plain, in_axes=(0, 0, 0, 0, 0, None)))
-
-    def init_params(self, seed: int) -> Params:
-        return mlp_init(self.sizes, seed)
-
-    def _layers(self, params: Params) -> list[dict[str, np.ndarray]]:
-        return [{"w": np.asarray(params[f"l{i}.w"], np.float32), "b": np.asarray(params[f"l{i}.b"], np.float32)}
-                for i in range(self.depth)]
+        self._forward = engine.jit(forward)
 
     def train_group(self, params: Params, plan: GroupPlan, x: np.ndarray, y_onehot: np.ndarray, cfg: FitConfig,
                     corrections: list[Params] | None = None) -> tuple[Params, np.ndarray]:
         """Train the clients of ``plan`` from ``params``; returns their parameters stacked along a leading
         client axis (``plan.clients`` rows) and their last-epoch mean losses."""
         G, S = plan.valid.shape
-        anchor = self._layers(params)
-        w = [{k: np.repeat(v[None], G, axis=0) for k, v in layer.items()} for layer in anchor]
+        anchor = self._tree(params)
+        w = self._tree({k: np.repeat(np.asarray(v, np.float32)[None], G, axis=0) for k, v in params.items()})
         lr, mu = np.float32(cfg.lr), np.float32(cfg.prox_mu)
         plain = corrections is None and cfg.prox_mu == 0
         if not plain:
-            corr = ([{k: np.zeros((G, *v.shape), np.float32) for k, v in layer.items()} for layer in anchor]
-                    if corrections is None else
-                    [{k: self._pad_rows(np.stack([c[f"l{i}.{k}"] for c in corrections]).astype(np.float32), G)
-                      for k in ("w", "b")} for i in range(self.depth)])
+            corr = self._tree({k: np.zeros((G, *np.shape(v)), np.float32) for k, v in params.items()}
+                              if corrections is None else
+                              {k: self._pad_rows(np.stack([c[k] for c in corrections]).astype(np.float32), G)
+                               for k in params})
         loss_sum = np.zeros(G)
         for s in range(S):
             idx = plan.index[:, s]
@@ -176,7 +179,7 @@ class BatchedMLP:
                 w, ce = self._step(w, anchor, corr, xb, yb, mb, vb, lr, mu)
             loss_sum += np.asarray(ce, np.float64) * plan.last_epoch[:, s]
         losses = loss_sum / np.maximum(plan.last_epoch.sum(1), 1.0)
-        out = {f"l{i}.{k}": np.asarray(w[i][k])[: plan.clients] for i in range(self.depth) for k in ("w", "b")}
+        out = {k: np.asarray(v)[: plan.clients] for k, v in self._flat(w).items()}
         return out, losses[: plan.clients]
 
     @staticmethod
@@ -184,7 +187,39 @@ class BatchedMLP:
         """``a`` with zero rows appended up to ``rows`` (the padded clients of a group)."""
         return a if len(a) == rows else np.concatenate([a, np.zeros((rows - len(a), *a.shape[1:]), a.dtype)])
 
-    def logits(self, params: Params, x: np.ndarray) -> np.ndarray:
+    def logits(self, params: Params, x: np.ndarray, chunk: int = 4096) -> np.ndarray:
+        """Forward pass for evaluation (the compiled forward in chunks; float64 logits)."""
+        tree = self._tree(params)
+        x = np.asarray(x, np.float32)
+        return np.concatenate([np.asarray(self._forward(tree, x[i: i + chunk]), np.float64)
+                               for i in range(0, max(len(x), 1), chunk)]) if len(x) else np.zeros((0, 0))
+
+
+class BatchedMLP(BatchedModel):
+    """A ReLU MLP ``sizes`` (McMahan et al. 2017's 2NN is ``(784, 200, 200, 10)``), parameters
+    ``{"l{i}.w": (in, out), "l{i}.b": (out,)}``."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(int(s) for s in sizes)
+        self.depth = len(self.sizes) - 1
+        self.spec = ("mlp", self.sizes)
+        self._mlp = nn.MLP(list(self.sizes), activation="relu")
+        self._compile()
+
+    def forward(self, tree, x):
+        return self._mlp.apply(tree, x)
+
+    def init_params(self, seed: int) -> Params:
+        return mlp_init(self.sizes, seed)
+
+    def _tree(self, params: Params) -> list[dict[str, np.ndarray]]:
+        return [{"w": np.asarray(params[f"l{i}.w"], np.float32), "b": np.asarray(params[f"l{i}.b"], np.float32)}
+                for i in range(self.depth)]
+
+    def _flat(self, tree) -> Params:
+        return {f"l{i}.{k}": tree[i][k] for i in range(self.depth) for k in ("w", "b")}
+
+    def logits(self, params: Params, x: np.ndarray, chunk: int = 4096) -> np.ndarray:
         """Forward pass for evaluation (float32 matmuls, float64 logits)."""
         h = np.asarray(x, np.float32)
         for i in range(self.depth):
@@ -194,7 +229,67 @@ class BatchedMLP:
         return h.astype(np.float64)
 
 
-def evaluate_params(model: BatchedMLP, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+class BatchedCNN(BatchedModel):
+    """McMahan et al. 2017's CNN: two 5x5 convolutions (``channels``, 32 and 64 in the paper; padding 2, so
+    28x28 stays 28x28) each followed by ReLU and 2x2 max pooling, a ``hidden``-unit ReLU layer (512) and a
+    softmax output; on 28x28 MNIST that is the paper's 1,663,370 parameters. Inputs are flattened
+    ``image`` = (channels, height, width) pixels (height and width divisible by 4). Parameters:
+    ``conv1.w`` (OIHW), ``conv1.b``, ``conv2.w``, ``conv2.b``, ``fc.w`` (in, out), ``fc.b``, ``out.w``, ``out.b``;
+    initialisation is PyTorch's default (LeCun uniform), as :class:`fedarena.engine.nn.Conv2d`."""
+
+    NAMES = ("conv1.w", "conv1.b", "conv2.w", "conv2.b", "fc.w", "fc.b", "out.w", "out.b")
+
+    def __init__(self, image: Sequence[int], num_classes: int, channels: Sequence[int] = (32, 64),
+                 hidden: int = 512) -> None:
+        c, h, w = (int(v) for v in image)
+        if h % 4 or w % 4:
+            raise ValueError(f"model.image: height and width must be divisible by 4 (two 2x2 poolings), got {h}x{w}")
+        if len(channels) != 2 or min(channels) < 1 or hidden < 1:
+            raise ValueError(f"model.channels/hidden: two positive channel counts and hidden >= 1, got "
+                             f"{list(channels)}, {hidden}")
+        self.image, self.num_classes = (c, h, w), int(num_classes)
+        self.channels, self.hidden = tuple(int(v) for v in channels), int(hidden)
+        self.spec = ("cnn", self.image, self.num_classes, self.channels, self.hidden)
+        self.flat_features = self.channels[1] * (h // 4) * (w // 4)
+        self._layers = (nn.Conv2d(c, self.channels[0], 5, padding=2), nn.Conv2d(self.channels[0], self.channels[1], 5,
+                        padding=2), nn.Linear(self.flat_features, self.hidden), nn.Linear(self.hidden, num_classes))
+        self._compile()
+
+    def forward(self, tree, x):
+        c, h, w = self.image
+        z = ops.reshape(x, (ops.shape(x)[0], c, h, w))
+        for conv, name in zip(self._layers[:2], ("conv1", "conv2")):
+            z = ops.max_pool2d(ops.maximum(conv.apply(tree[name], z), 0.0), 2, None, 0)
+        z = ops.reshape(z, (ops.shape(z)[0], self.flat_features))
+        z = ops.maximum(self._layers[2].apply(tree["fc"], z), 0.0)
+        return self._layers[3].apply(tree["out"], z)
+
+    def init_params(self, seed: int) -> Params:
+        rng = np.random.default_rng(seed)
+        out: Params = {}
+        for layer, name in zip(self._layers, ("conv1", "conv2", "fc", "out")):
+            for k, v in layer.init(rng).items():
+                out[f"{name}.{k}"] = np.asarray(v, np.float32)
+        return out
+
+    def _tree(self, params: Params) -> dict[str, dict[str, np.ndarray]]:
+        return {n: {"w": np.asarray(params[f"{n}.w"], np.float32), "b": np.asarray(params[f"{n}.b"], np.float32)}
+                for n in ("conv1", "conv2", "fc", "out")}
+
+    def _flat(self, tree) -> Params:
+        return {f"{n}.{k}": tree[n][k] for n in ("conv1", "conv2", "fc", "out") for k in ("w", "b")}
+
+
+def batched_model(spec: tuple) -> BatchedModel:
+    """The model of ``BatchedModel.spec`` (how a Ray actor rebuilds the driver's model)."""
+    if spec[0] == "mlp":
+        return BatchedMLP(spec[1])
+    if spec[0] == "cnn":
+        return BatchedCNN(*spec[1:])
+    raise ValueError(f"model: unknown spec {spec[0]!r}")
+
+
+def evaluate_params(model: BatchedModel, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) of ``params`` on ``(x, y)``."""
     if len(y) == 0:
         return float("nan"), float("nan")
@@ -204,7 +299,7 @@ def evaluate_params(model: BatchedMLP, params: Params, x: np.ndarray, y: np.ndar
     return float(-logp[np.arange(len(y)), y].mean()), float((logp.argmax(1) == y).mean())
 
 
-def per_client_accuracy(model: BatchedMLP, params: Params, x: np.ndarray, y: np.ndarray,
+def per_client_accuracy(model: BatchedModel, params: Params, x: np.ndarray, y: np.ndarray,
                         index: Sequence[np.ndarray]) -> np.ndarray:
     """Accuracy of ``params`` on each client's examples ``index[i]`` (NaN for a client without any)."""
     sizes = np.array([len(i) for i in index])
@@ -291,7 +386,7 @@ class RoundRecord:
 class Simulation:
     """Clients ``client_ids[i]`` with training indices ``train[i]`` into ``(x, y)``; see the module docstring."""
 
-    model: BatchedMLP
+    model: BatchedModel
     strategy: Strategy
     x: np.ndarray
     y: np.ndarray
@@ -316,6 +411,11 @@ class Simulation:
     eval_clients: bool = True
     eval_every: int = 1
     """evaluate the global model every this many rounds (and after the last round of :meth:`run`)"""
+    client_trainer: Any = None
+    """local training by another trainer instead of the batched MLP: an object with ``train(params, client_ids,
+    round, fit) -> {client id: result}`` whose results have ``params``, ``loss``, ``num_examples`` and ``steps``
+    (e.g. :class:`fedarena.federated.flower.ClientAppTrainer`, a Flower ClientApp); its ``num_examples`` weigh
+    the updates. Evaluation still uses ``model``, so the trainer must train that architecture."""
 
     def __post_init__(self) -> None:
         if len(self.train) != len(self.client_ids):
@@ -344,6 +444,10 @@ class Simulation:
         self.bytes_up_total = 0
         self.bytes_down_total = 0
         self._remote = None
+        self._reported_examples: dict[str, int] = {}
+        if self.client_trainer is not None and (het.window_s > 0 or het.straggler_fraction > 0):
+            raise ValueError("heterogeneity.window_s/straggler_fraction: the time model caps the batched trainer's "
+                             "steps; a client_trainer trains as it trains")
         self.final_round = -1  # the round after which :meth:`run` evaluates in any case (set by run)
 
     # ------------------------------------------------------------------ training
@@ -378,6 +482,8 @@ class Simulation:
                corrections: dict[str, Params] | None, stragglers: bool = True
                ) -> tuple[dict[str, Params], dict[str, Params], dict[str, float], dict[str, int]]:
         """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps."""
+        if self.client_trainer is not None:
+            return self._train_external(params, selected, rnd, cfg, corrections)
         plans, allowed = self._plans(selected, rnd, cfg, stragglers)
         steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
         groups = group_by_steps(steps)
@@ -401,13 +507,27 @@ class Simulation:
                 losses[c] = float(ls[r])
         return local, deltas, losses, {selected[j]: steps[j] for j in range(len(selected))}
 
+    def _train_external(self, params, selected, rnd, cfg, corrections):
+        if corrections is not None:
+            raise ValueError("client_trainer: SCAFFOLD's corrections need the batched trainer")
+        results = self.client_trainer.train(params, list(selected), rnd, cfg)
+        local, deltas, losses, steps = {}, {}, {}, {}
+        for c in selected:
+            r = results[c]
+            local[c] = {k: np.asarray(r.params[k], np.float32) for k in params}
+            deltas[c] = {k: (local[c][k].astype(np.float64) - params[k].astype(np.float64)).astype(np.float32)
+                         for k in params}
+            losses[c], steps[c] = float(r.loss), int(r.steps)
+            self._reported_examples[c] = int(r.num_examples)
+        return local, deltas, losses, steps
+
     def _run_jobs(self, params, jobs, cfg):
         if self.backend == "vmap":
             return [self.model.train_group(params, plan, self.x, self._onehot, cfg, corr) for _, plan, corr in jobs]
         from fedarena.federated import ray_backend
 
         if self._remote is None:
-            self._remote = ray_backend.RayTrainer(self.model.sizes, self.x, self._onehot, self.ray_workers)
+            self._remote = ray_backend.RayTrainer(self.model.spec, self.x, self._onehot, self.ray_workers)
         return self._remote.run(params, [(plan, corr) for _, plan, corr in jobs], cfg, self.ray_groups_per_task)
 
     def ray_nodes(self) -> list[str]:
@@ -439,6 +559,9 @@ class Simulation:
         else:
             client_params, down = state.params, sum(4 * v.size for v in state.params.values()) * len(selected)
         training = [c for c in selected if not (het.drop_before_training and frng.random() < het.drop_before_training)]
+        begin = getattr(self.upload, "begin_round", None)
+        if begin is not None:  # a codec that predicts the update from the models the clients hold
+            begin(rnd, client_params)
         scaffold = bool(state.control)
         corrections = None
         if scaffold:
@@ -475,8 +598,12 @@ class Simulation:
             control_delta = None
             if scaffold:
                 control_delta = self._scaffold_control(c, state, local[c], client_params, steps[c], cfg)
-            n = 1 if getattr(self.upload, "equal_weight", False) else len(self.train[self._pos[c]])
+            n = 1 if getattr(self.upload, "equal_weight", False) else \
+                self._reported_examples.get(c, len(self.train[self._pos[c]]))
             updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
+        extra = getattr(self.upload, "pop_download_bytes", None)
+        if extra is not None:
+            down += extra()
         new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
         m.update(reporting=len(updates), bytes_up=bytes_up, bytes_down=down,
                  train_loss=float(np.mean([u.loss for u in updates])) if updates else float("nan"))

@@ -25,7 +25,9 @@ with :meth:`FedAvg.aggregate_partial`, so linear strategies share one code path 
 * Robust rules over the unweighted client deltas: coordinate-wise median and trimmed mean (Yin et
   al., ICML 2018: drop the ``floor(beta n)`` largest and smallest values per coordinate), Krum and
   multi-Krum (Blanchard et al., NeurIPS 2017: score = sum of squared distances to the ``n - f - 2``
-  nearest other updates; keep the lowest-scored ``m``, average them).
+  nearest other updates; keep the lowest-scored ``m``, average them), the geometric median (RFA,
+  Pillutla et al. 2022, smoothed Weiszfeld), and Krum preselection of the ``n - f`` most central updates
+  before a coordinate-wise or geometric-median rule (Bulyan's selection stage, El Mhamdi et al. 2018).
 * Example-count bounds: a client's FedAvg weight is ``min(n_i, max_weight)`` so no client can
   dominate a round by claiming (or holding) many examples.
 
@@ -307,7 +309,7 @@ class Scaffold(FedAvg):
         return RoundState(state.round + 1, params, {}, control)
 
 
-RobustRule = Literal["median", "trimmed_mean", "krum"]
+RobustRule = Literal["median", "trimmed_mean", "krum", "geometric_median"]
 
 
 def coordinate_median(x: np.ndarray) -> np.ndarray:
@@ -324,15 +326,36 @@ def trimmed_mean(x: np.ndarray, beta: float) -> np.ndarray:
     return s[b: n - b].mean(axis=0)
 
 
-def krum(x: np.ndarray, num_byzantine: int, keep: int = 1) -> np.ndarray:
-    """(Multi-)Krum: average of the ``keep`` updates with the lowest Krum scores."""
+def krum_scores(x: np.ndarray, num_byzantine: int) -> np.ndarray:
+    """Krum's score of every row: the sum of squared distances to its ``n - f - 2`` nearest other rows."""
     n = x.shape[0]
     sq = np.sum(x * x, axis=1)
     d = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T), 0.0)
     m = max(1, n - num_byzantine - 2)
-    scores = np.array([np.sort(np.delete(d[i], i))[:m].sum() for i in range(n)])
-    best = np.argsort(scores, kind="stable")[: max(1, keep)]
+    return np.array([np.sort(np.delete(d[i], i))[:m].sum() for i in range(n)])
+
+
+def krum(x: np.ndarray, num_byzantine: int, keep: int = 1) -> np.ndarray:
+    """(Multi-)Krum: average of the ``keep`` updates with the lowest Krum scores."""
+    best = np.argsort(krum_scores(x, num_byzantine), kind="stable")[: max(1, keep)]
     return x[best].mean(axis=0)
+
+
+def geometric_median(x: np.ndarray, smoothing: float = 1e-6, max_iter: int = 100, tol: float = 1e-7) -> np.ndarray:
+    """The geometric median ``argmin_z sum_i ||x_i - z||`` by the smoothed Weiszfeld iteration of RFA (Pillutla,
+    Kakade & Harchaoui, "Robust aggregation for federated learning", IEEE TSP 2022, Algorithm 2):
+    ``z <- sum_i b_i x_i / sum_i b_i`` with ``b_i = 1 / max(smoothing, ||x_i - z||)``, from the mean, until the
+    objective improves by less than ``tol`` relatively. Breakdown point 1/2."""
+    z = x.mean(axis=0)
+    obj = np.linalg.norm(x - z, axis=1).sum()
+    for _ in range(max_iter):
+        b = 1.0 / np.maximum(smoothing, np.linalg.norm(x - z, axis=1))
+        z = (b[:, None] * x).sum(axis=0) / b.sum()
+        new = np.linalg.norm(x - z, axis=1).sum()
+        if obj - new <= tol * max(new, 1e-30):
+            break
+        obj = new
+    return z
 
 
 @dataclass(frozen=True)
@@ -344,16 +367,30 @@ class RobustAggregate(FedAvg):
     num_byzantine: int = 0
     """Krum's f (assumed number of Byzantine clients per round)"""
     krum_keep: int = 1
+    """multi-Krum's m (1 = Krum); Blanchard et al.'s multi-Krum with m = n - f averages every update it trusts"""
+    krum_preselect: bool = False
+    """before median / trimmed mean / geometric median, keep the ``n - f`` updates with the lowest Krum scores
+    (the selection stage of Bulyan, El Mhamdi et al. ICML 2018): a sign-flipped update stands out in the whole
+    parameter space while, coordinate by coordinate, it hides inside the honest clients' noise"""
 
     linear = False
 
     def __post_init__(self) -> None:
-        if self.rule not in ("median", "trimmed_mean", "krum"):
-            raise ValueError(f"aggregation: unknown '{self.rule}' (median, trimmed_mean, krum)")
+        if self.rule not in ("median", "trimmed_mean", "krum", "geometric_median"):
+            raise ValueError(f"aggregation: unknown '{self.rule}' (median, trimmed_mean, krum, geometric_median)")
         if not 0 <= self.trim_fraction < 0.5:
             raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {self.trim_fraction}")
+        if self.num_byzantine < 0:
+            raise ValueError(f"krum_byzantine: must be >= 0, got {self.num_byzantine}")
+        if self.krum_preselect and (self.rule == "krum" or self.num_byzantine < 1):
+            raise ValueError("krum_preselect: needs a coordinate-wise or geometric-median rule and krum_byzantine >= 1")
 
     def robust_delta(self, x: np.ndarray) -> np.ndarray:
+        if self.krum_preselect and len(x) > self.num_byzantine:
+            keep = np.sort(np.argsort(krum_scores(x, self.num_byzantine), kind="stable")[: len(x) - self.num_byzantine])
+            x = x[keep]
+        if self.rule == "geometric_median":
+            return geometric_median(x)
         if self.rule == "median":
             return coordinate_median(x)
         if self.rule == "trimmed_mean":
@@ -369,14 +406,15 @@ class RobustAggregate(FedAvg):
         return RoundState(state.round + 1, params, opt, state.control)
 
 
-def robust_rule(rule: RobustRule, trim_fraction: float = 0.2,
-                krum_byzantine: int = 0) -> Callable[[Sequence[Params], Sequence[float]], Params]:
+def robust_rule(rule: RobustRule, trim_fraction: float = 0.2, krum_byzantine: int = 0, krum_keep: int = 1,
+                krum_preselect: bool = False) -> Callable[[Sequence[Params], Sequence[float]], Params]:
     """:class:`RobustAggregate`'s rule in the gRPC runtime's form (``Scheduler(aggregator=...)``, or
     ``RoundPolicy.aggregation``): the client deltas and their weights (unused: the robust rules are unweighted)
     -> the global delta. A bad argument raises ValueError naming the field."""
     if krum_byzantine < 0:
         raise ValueError(f"krum_byzantine: must be >= 0, got {krum_byzantine}")
-    agg = RobustAggregate(rule=rule, trim_fraction=trim_fraction, num_byzantine=krum_byzantine)
+    agg = RobustAggregate(rule=rule, trim_fraction=trim_fraction, num_byzantine=krum_byzantine, krum_keep=krum_keep,
+                          krum_preselect=krum_preselect)
 
     def aggregate(deltas: Sequence[Params], weights: Sequence[float]) -> Params:
         names = sorted(deltas[0])

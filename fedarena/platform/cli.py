@@ -1,4 +1,5 @@
-"""The ``fedarena`` command: run, evaluate, list, show and report experiments (``python -m fedarena`` too).
+"""The ``fedarena`` command: run, evaluate, list, show and report experiments, and serve the board
+(``python -m fedarena`` too).
 
 Exit status: 0 on success; 2 for a *user error*, 1 for an *internal error*; 130 when interrupted. Either error
 prints one line on stderr (``fedarena: error: ...``) and, for ``run`` with a config whose kind is known, the run
@@ -68,6 +69,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value; repeatable")
     s.add_argument("--docs", action="store_true", help="list every field with its type, default and description")
+
+    b = sub.add_parser("board", help="serve the training board (runs, live curves, compare, lineage, profiles)",
+                       description="A read-only local web server over a folder of run folders: runs list, live "
+                                   "run pages, comparison, lineage, engine profiles, FL and league views.")
+    b.add_argument("runs_dir", nargs="?", default="runs", help="folder holding run folders (default: runs)")
+    b.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050; 0 picks a free one)")
+    b.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1, this machine only; the board has no authentication)")
 
     rep = sub.add_parser("report", help="re-render the report of a run folder",
                          description="Re-create report/ (plots and index.html) of a run folder from its metrics.")
@@ -164,10 +173,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_board(args: argparse.Namespace) -> int:
+    from fedarena.board import serve  # the board sits above the platform (tests/test_layering.py allows this one)
+    from fedarena.platform.errors import RunError
+
+    root = Path(args.runs_dir)
+    if not root.is_dir():
+        raise RunError(f"board {root}: not a folder (give the folder holding run folders, e.g. runs)")
+    if any((root / f).exists() for f in ("status.json", "metrics.jsonl", "group.json")):
+        print(f"board: {root} is a run folder; serving the folder that holds it", flush=True)
+        root = root.resolve().parent
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port: expected 0..65535, got {args.port}")
+    try:
+        serve(root, args.host, args.port)
+    except OSError as e:
+        raise RunError(f"board: cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"list": lambda: cmd_list(), "show": lambda: cmd_show(args), "run": lambda: cmd_run(args),
-                "evaluate": lambda: cmd_evaluate(args), "report": lambda: cmd_report(args)}
+                "evaluate": lambda: cmd_evaluate(args), "report": lambda: cmd_report(args),
+                "board": lambda: cmd_board(args)}
     try:
         return commands[args.command]()
     except KeyboardInterrupt:

@@ -153,6 +153,11 @@ class LearnerHost:
     def dropped_stale(self) -> int:
         return int(getattr(self.agent, "dropped_stale", 0))
 
+    def close(self) -> None:
+        """Release what the algorithm runs in the background (IMPALA's parameter server)."""
+        if hasattr(self.agent, "close"):
+            self.agent.close()
+
     def state(self) -> dict[str, Any]:
         learner = self.agent.learner
         state = {"params": learner.params, "opt_state": learner.opt_state, "version": learner.version,
@@ -187,7 +192,12 @@ class RemoteLearner:
     def close(self) -> None:
         import ray
 
-        ray.kill(self._actor, no_restart=True)
+        try:
+            ray.get(self._actor.close.remote(), timeout=30)
+        except ray.exceptions.RayError:  # the actor is gone already: nothing left to release
+            pass
+        finally:
+            ray.kill(self._actor, no_restart=True)
 
 
 # ------------------------------------------------------------------------------------------ local

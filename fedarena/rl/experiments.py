@@ -324,8 +324,7 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
     finally:
         pool.close()
         evaluation.close()
-        if isinstance(learner, RemoteLearner):
-            learner.close()
+        learner.close()
     out["startup_s"] = t_start  # Ray start-up and actor creation included
     out.update({f"last_{k}": v for k, v in summary_metrics.items() if k in ("loss", "entropy")})
     return out

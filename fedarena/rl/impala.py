@@ -18,7 +18,9 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
-from fedarena.engine.distributed import DataParallelLearner, ReplicaStep
+from fedarena.engine.distributed import (DataParallelLearner, ParameterServerConfig, ParameterServerLearner,
+                                         ReplicaStep)
+from fedarena.engine.distributed.parameter_server import MODES as PS_MODES
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import ActorCritic, torso_for
 from fedarena.rl.returns import vtrace
@@ -41,16 +43,27 @@ class IMPALAConfig:
     max_policy_lag: int = param(20, "drop trajectories whose weights are more than this many learner versions old")
     hidden: tuple[int, ...] = param((64, 64), "hidden layer sizes of the actor-critic MLP")
     activation: str = param("tanh", "hidden activation: tanh or relu")
-    learners: int = param(1, "data-parallel learner replicas; each trajectory batch is split evenly over them")
+    learners: int = param(1, "data-parallel learner replicas; each trajectory batch is split evenly over them "
+                          "(with a parameter server: its workers, one trajectory each)")
     learner_transport: str = param("threads", "how learner replicas communicate: threads, shm or tcp")
+    parameter_server: str = param("off", "off, or sync / threshold / async: the learner's parameters live on a "
+                                  "parameter server (threads in the learner's process) and `learners` workers "
+                                  "push V-trace gradients to it")
+    ps_servers: int = param(1, "parameter-server shards (server ranks)")
+    ps_threshold: float = param(0.5, "threshold mode: the fraction of workers a server step waits for")
+    ps_staleness: int = param(1, "threshold / async mode: largest version lag of an applied gradient")
 
     def __post_init__(self) -> None:
         checks = {"num_envs": self.num_envs >= 1, "unroll_length": self.unroll_length >= 1,
                   "gamma": 0.0 <= self.gamma <= 1.0, "learning_rate": self.learning_rate > 0,
                   "max_policy_lag": self.max_policy_lag >= 0, "clip_rho_threshold": self.clip_rho_threshold > 0,
                   "clip_c_threshold": self.clip_c_threshold > 0,
-                  "learners": self.learners >= 1 and (self.unroll_length * self.num_envs) % self.learners == 0,
-                  "learner_transport": self.learner_transport in ("threads", "shm", "tcp")}
+                  "learners": self.learners >= 1 and (self.parameter_server != "off"
+                                                     or (self.unroll_length * self.num_envs) % self.learners == 0),
+                  "learner_transport": self.learner_transport in ("threads", "shm", "tcp"),
+                  "parameter_server": self.parameter_server in ("off",) + PS_MODES,
+                  "ps_servers": self.ps_servers >= 1, "ps_threshold": 0.0 < self.ps_threshold <= 1.0,
+                  "ps_staleness": self.ps_staleness >= 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"impala.{name}: invalid value {getattr(self, name)!r}")
@@ -67,12 +80,15 @@ class IMPALA:
         self.rng = np.random.default_rng(seed)
         params = self.net.init(self.rng)
         self.optimizer = optim.adam(config.learning_rate, eps=1e-5)
-        self.learner = Learner(params, self.optimizer.init(params), self._learn)
         self.forward = engine.jit(self._forward)
+        self.dropped_stale = 0
+        if config.parameter_server != "off":
+            self.learner: Any = ParameterServerIMPALALearner(self, params)
+            return
+        self.learner = Learner(params, self.optimizer.init(params), self._learn)
         self._step = engine.jit(self._train_step) if config.learners == 1 else DataParallelLearner(
             partial(impala_replica, observation_space, action_space, config, seed), config.learners,
             config.learner_transport)
-        self.dropped_stale = 0
 
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
         return self.net.policy(params, x), self.net.value(params, x)
@@ -100,6 +116,11 @@ class IMPALA:
     def _grad(self, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, batch)
         return grads, dict(aux, loss=loss)
+
+    def _clipped_grad(self, params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        grads, aux = self._grad(params, batch)
+        grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
+        return grads, dict(aux, grad_norm=grad_norm)
 
     def _apply(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any, dict[str, Any]]:
         grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
@@ -145,6 +166,63 @@ class IMPALA:
         metrics = self.learner.update(traj)
         metrics["policy_lag"] = float(lag)
         return metrics
+
+    def close(self) -> None:
+        """Stop the background parameter server, if this learner uses one."""
+        if isinstance(self.learner, ParameterServerIMPALALearner):
+            self.learner.close()
+
+
+class ParameterServerIMPALALearner:
+    """IMPALA's learner with its parameters on a :class:`ParameterServerLearner`: ``learners`` workers each
+    take a trajectory, compute V-trace targets and the clipped gradient on the parameters they last pulled,
+    and push it; the servers apply Adam to their shards in the configured mode. It has the interface of
+    :class:`fedarena.rl.workers.Learner` (``update``, ``weights``, ``version``, ``params``, ``opt_state``,
+    ``set_state``), so actors, checkpoints and resume work unchanged; ``opt_state`` is the list of shard
+    states."""
+
+    def __init__(self, impala: IMPALA, params: Any) -> None:
+        self._impala = impala
+        self._grad_step = engine.jit(impala._clipped_grad)
+        self._start(params, None, 0)
+
+    def _start(self, params: Any, opt_state: list | None, version: int) -> None:
+        c = self._impala.config
+        ps = ParameterServerConfig(mode=c.parameter_server, servers=c.ps_servers, threshold=c.ps_threshold,
+                                   staleness=c.ps_staleness)
+        self.server = ParameterServerLearner(params, self._gradient, self._impala.optimizer, ps, c.learners,
+                                             opt_state, version)
+
+    def _gradient(self, params: Any, traj: Mapping[str, Any]) -> tuple[Any, dict[str, float]]:
+        batch = self._impala.vtrace_batch(params, traj)
+        mean_rho = float(batch.pop("mean_rho"))
+        grads, aux = self._grad_step(params, batch)
+        return grads, dict({k: float(v) for k, v in aux.items()}, mean_clipped_rho=mean_rho)
+
+    def update(self, traj: Mapping[str, Any]) -> dict[str, float]:
+        return self.server.update(traj)
+
+    def weights(self) -> Weights:
+        return Weights(*self.server.weights())
+
+    @property
+    def version(self) -> int:
+        return self.server.version
+
+    @property
+    def params(self) -> Any:
+        return self.server.params
+
+    @property
+    def opt_state(self) -> list:
+        return self.server.opt_state
+
+    def set_state(self, params: Any, opt_state: list, version: int) -> None:
+        self.server.close()
+        self._start(params, list(opt_state), int(version))
+
+    def close(self) -> None:
+        self.server.close()
 
 
 def impala_replica(observation_space: Any, action_space: Any, config: IMPALAConfig, seed: int) -> ReplicaStep:

@@ -22,11 +22,13 @@ import numpy as np
 from fedarena import engine
 from fedarena.engine import ops, optim
 from fedarena.engine.distributed import DataParallelLearner, ReplicaStep
+from fedarena.engine.interop import TorchConversionError, load_torch_factory
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import LOG_STD_MODES, ActorCritic, torso_for
 from fedarena.rl.normalization import RewardScaler, RunningMeanStd, obs_norm_params
 from fedarena.rl.returns import gae
 from fedarena.rl.spaces import action_distribution, observation_adapter
+from fedarena.rl.torch_torso import TorchTorso
 from fedarena.rl.workers import Learner, Weights
 
 
@@ -62,6 +64,9 @@ class PPOConfig:
     normalize_reward: bool = param(False, "scale rewards by the running std of the discounted return")
     obs_clip: float = param(10.0, "normalized observations are clipped to [-obs_clip, obs_clip]")
     reward_clip: float = param(10.0, "scaled rewards are clipped to [-reward_clip, reward_clip]")
+    torso: str = param("", "a torch feature extractor 'torch:module.path:factory' (factory(observation_shape) -> "
+                       "nn.Module giving (batch, features), converted by engine.from_torch) for the actor and critic "
+                       "instead of the MLP of hidden / the Nature CNN; '' = those")
     learners: int = param(1, "data-parallel learner replicas; each minibatch is split evenly over them")
     learner_transport: str = param("threads", "how learner replicas communicate: threads, shm or tcp")
 
@@ -79,6 +84,11 @@ class PPOConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"ppo.{name}: invalid value {getattr(self, name)!r}")
+        if self.torso:
+            try:
+                load_torch_factory(self.torso)
+            except ValueError as e:
+                raise ValueError(f"ppo.torso: {e}") from None
         if (self.num_envs * self.num_steps) % self.num_minibatches:
             raise ValueError(f"ppo.num_minibatches: {self.num_minibatches} does not divide the rollout size "
                              f"{self.num_envs * self.num_steps}")
@@ -105,7 +115,9 @@ class PPO:
         self.config = config
         self.adapter = observation_adapter(observation_space)
         self.dist = action_distribution(action_space, squash=config.squash)
-        self.net = ActorCritic(torso_for(self.adapter, config.hidden, config.activation), self.dist,
+        torso = torso_for(self.adapter, config.hidden, config.activation) if not config.torso else \
+            torch_torso(config.torso, self.adapter.shape)
+        self.net = ActorCritic(torso, self.dist,
                                log_std=config.log_std, log_std_init=config.log_std_init,
                                normalize_obs=config.normalize_obs, obs_clip=config.obs_clip, sde=config.use_sde)
         self.rng = np.random.default_rng(seed)
@@ -258,6 +270,14 @@ class PPO:
     def update(self, rollout: Mapping[str, Any]) -> dict[str, float]:
         """Learn from one rollout (``update_epochs`` passes of minibatch updates)."""
         return self.learner.update(rollout)
+
+
+def torch_torso(spec: str, observation_shape: tuple[int, ...]) -> Any:
+    """``ppo.torso``: the converted torch torso (:mod:`fedarena.rl.torch_torso`); errors name the field."""
+    try:
+        return TorchTorso(spec, observation_shape)
+    except (ValueError, TorchConversionError) as e:
+        raise ValueError(f"ppo.torso: {e}") from None
 
 
 def ppo_replica(observation_space: Any, action_space: Any, config: PPOConfig, seed: int,

@@ -4,6 +4,8 @@ asynchronous workers)."""
 
 from .data_parallel import DataParallelLearner, GradientBuckets, ReplicaStep, data_parallel_step
 from .parameter_server import ParameterServerConfig, ServerShard, WorkerLog, run_parameter_server
+from .ps_learner import ParameterServerLearner
 
-__all__ = ["DataParallelLearner", "GradientBuckets", "ParameterServerConfig", "ReplicaStep", "ServerShard",
+__all__ = ["DataParallelLearner", "GradientBuckets", "ParameterServerConfig", "ParameterServerLearner",
+           "ReplicaStep", "ServerShard",
            "WorkerLog", "data_parallel_step", "run_parameter_server"]

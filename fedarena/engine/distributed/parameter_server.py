@@ -21,6 +21,7 @@ shard. Ranks ``0 .. servers-1`` are servers, the rest workers, in one communicat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -91,8 +92,11 @@ def _shard_bounds(size: int, servers: int) -> list[int]:
     return [size * i // servers for i in range(servers + 1)]
 
 
-def _serve(comm: Communicator, cfg: ParameterServerConfig, shard: np.ndarray, optimizer: Any) -> ServerShard:
+def _serve(comm: Communicator, cfg: ParameterServerConfig, shard: np.ndarray, optimizer: Any,
+           opt_state: Any = None, version: int = 0, monitor: Callable[..., None] | None = None,
+           lock: Any = None) -> ServerShard:
     tr = comm.transport
+    guard = lock if lock is not None else contextlib.nullcontext()
     workers = list(range(cfg.servers, comm.world_size))
     inbox: queue.Queue = queue.Queue()
 
@@ -109,9 +113,9 @@ def _serve(comm: Communicator, cfg: ParameterServerConfig, shard: np.ndarray, op
 
     for w in workers:
         threading.Thread(target=listen, args=(w,), daemon=True).start()
-    state = optimizer.init(shard)
+    state = optimizer.init(shard) if opt_state is None else opt_state
     update = engine.jit(optimizer.update)
-    out = ServerShard(shard.copy())
+    out = ServerShard(shard.copy(), version=int(version))
     reqs = []
 
     def reply(w: int) -> None:
@@ -141,11 +145,14 @@ def _serve(comm: Communicator, cfg: ParameterServerConfig, shard: np.ndarray, op
             out.max_applied_staleness = max(out.max_applied_staleness, out.version - version)
         if pending and len(pending) >= min(cfg.quorum(len(workers)), len(alive)):
             mean = np.mean(np.stack([g for _, g in pending]), axis=0).astype(out.params.dtype)
-            params, state = update(mean, state, out.params)
+            with guard:
+                params, state = update(mean, state, out.params)
             out.params = np.asarray(params)
             out.version += 1
             out.step_workers.append(tuple(sorted(w for w, _ in pending)))
             out.step_times.append(time.monotonic() - start)
+            if monitor is not None:
+                monitor(comm.rank, out.version, out.params, state)
             for w, _ in pending:
                 out.applied[w] = out.applied.get(w, 0) + 1
                 reply(w)
@@ -212,11 +219,17 @@ def _work(comm: Communicator, cfg: ParameterServerConfig, template: Any,
 
 def run_parameter_server(comm: Communicator, cfg: ParameterServerConfig, params: Any,
                          gradient: Callable[[Any, int, int], Any],
-                         optimizer: Any = None) -> ServerShard | WorkerLog:
+                         optimizer: Any = None, opt_state: Any = None, version: int = 0,
+                         monitor: Callable[..., None] | None = None,
+                         lock: Any = None) -> ServerShard | WorkerLog:
     """This rank's part: a server (rank < ``cfg.servers``) returns its :class:`ServerShard`, a worker its
     :class:`WorkerLog`. ``params``: the initial parameter pytree (the same on every rank); ``gradient(params,
     worker_index, push_index)`` returns a gradient pytree of the same structure; ``optimizer``: an engine
-    optimizer applied by each server to its flat shard (default ``optim.sgd(0.1)``)."""
+    optimizer applied by each server to its flat shard (default ``optim.sgd(0.1)``). A server may resume from
+    ``opt_state`` (its shard's optimizer state) at ``version``; ``monitor(rank, version, shard, opt_state)``
+    is called on a server after each of its steps (the arrays are the server's own: copy what you keep).
+    ``lock``: held around the server's optimizer step; ranks that are threads of one process must share one
+    (the engine's tracing state is global, so its calls from several threads must not interleave)."""
     if comm.world_size <= cfg.servers:
         raise ValueError(f"servers: {cfg.servers} servers leave no workers in a group of {comm.world_size}")
     if comm.rank >= cfg.servers:
@@ -224,4 +237,5 @@ def run_parameter_server(comm: Communicator, cfg: ParameterServerConfig, params:
     leaves = engine.tree_flatten(params)[0]
     flat = np.concatenate([np.asarray(x).reshape(-1) for x in leaves])
     bounds = _shard_bounds(flat.size, cfg.servers)
-    return _serve(comm, cfg, flat[bounds[comm.rank]:bounds[comm.rank + 1]].copy(), optimizer or optim.sgd(0.1))
+    return _serve(comm, cfg, flat[bounds[comm.rank]:bounds[comm.rank + 1]].copy(), optimizer or optim.sgd(0.1),
+                  opt_state, version, monitor, lock)

@@ -1,0 +1,11 @@
+"""The training board: a read-only local web server over a folder of run folders (``fedarena board RUNS_DIR``).
+
+Runs list, live run pages, comparison, lineage across runs, engine profiles, FL and league views
+(:mod:`fedarena.board.server`); the readers of run folders (:mod:`fedarena.board.folders`) never write.
+:mod:`fedarena.board.record` is the one writer: a run's own code calls ``record_profile`` to save an engine
+profile the profile page shows.  docs/board.md describes the pages and the files they read.
+"""
+
+from fedarena.board.server import Board, BoardServer, serve
+
+__all__ = ["Board", "BoardServer", "serve"]
