@@ -26,7 +26,7 @@ result through malloc's adaptive thresholds), the processes interleaved, at 1 an
       (28 steps over the 1797 images).
 
 Run:  python benchmarks/engine_vs_torch.py [--quick] [--blas-threads N|match]
-      python benchmarks/engine_vs_torch.py --large [--rounds 5]
+      python benchmarks/engine_vs_torch.py --large [--rounds 5] [--clock cpu]  (cpu: one thread only)
 """
 
 from __future__ import annotations
@@ -201,8 +201,9 @@ def _digits():
     return x, d.target.astype(np.int64)
 
 
-def _large_worker(model: str, framework: str, threads: int, reps: int) -> float:
-    """Median seconds per MLP step / per digits epoch of one framework in this (fresh) process."""
+def _large_worker(model: str, framework: str, threads: int, reps: int, clock: str = "wall") -> float:
+    """Median seconds per MLP step / per digits epoch of one framework in this (fresh) process
+    (``clock="cpu"``: this thread's CPU time, for one thread on a loaded machine)."""
     rng = np.random.default_rng(0)
     if model == "mlp":
         x = rng.standard_normal((MLP_BATCH, MLP_SIZES[0])).astype(np.float32)
@@ -268,42 +269,55 @@ def _large_worker(model: str, framework: str, threads: int, reps: int) -> float:
 
     for _ in range(3):
         run()
+    tick = CLOCKS[clock]
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = tick()
         run()
-        times.append(time.perf_counter() - t0)
+        times.append(tick() - t0)
     return statistics.median(times)
 
 
-def large_main(rounds: int, reps: int) -> None:
+def large_main(rounds: int, reps: int, clock: str = "wall") -> None:
     import json
     import subprocess
     import sys
 
     results: dict = {}
+    load_before = _load()
+    thread_counts = (1,) if clock == "cpu" else (1, 2)
     for r in range(rounds):
         for model in ("mlp", "cnn"):
-            for threads in (1, 2):
+            for threads in thread_counts:
                 order = ("ours", "torch") if r % 2 == 0 else ("torch", "ours")
                 for fw in order:
                     out = subprocess.run(
-                        [sys.executable, __file__, "--worker", model, fw, str(threads), str(reps)],
+                        [sys.executable, __file__, "--worker", model, fw, str(threads), str(reps), "--clock", clock],
                         capture_output=True, text=True, check=True,
                     )
                     results.setdefault((model, threads, fw), []).append(json.loads(out.stdout.strip().splitlines()[-1])["s"])
-    print(f"fedarena.engine (numpy {np.__version__}) vs PyTorch eager, each in a fresh process, {rounds} interleaved rounds")
+    print(f"fedarena.engine (numpy {np.__version__}) vs PyTorch eager, each in a fresh process, {rounds} interleaved rounds, "
+          f"{'CPU time of the calling thread' if clock == 'cpu' else 'wall time'}; load average before: {load_before}")
     print(f"{'':34s}{'threads':>8s}{'ours':>12s}{'torch':>12s}{'ratio (median)':>16s}{'ratio range':>18s}")
     names = {"mlp": "(d) MLP 784-512-512-10 B=128 step", "cnn": "(e) digits CNN B=64 epoch"}
     for model in ("mlp", "cnn"):
-        for threads in (1, 2):
+        for threads in thread_counts:
             ours, theirs = results[(model, threads, "ours")], results[(model, threads, "torch")]
             ratios = [t / o for o, t in zip(ours, theirs)]
             print(
                 f"{names[model]:34s}{threads:8d}{statistics.median(ours) * 1e3:10.2f}ms{statistics.median(theirs) * 1e3:10.2f}ms"
                 f"{statistics.median(ratios):15.2f}x{min(ratios):8.2f}x-{max(ratios):.2f}x   target >= 1x"
             )
-    print("ratio = torch time / fedarena time per round (> 1: fedarena is faster)")
+    print("ratio = torch time / fedarena time per round (> 1: fedarena is faster); load average after:", _load())
+
+
+def _load() -> str:
+    import os
+
+    try:
+        return " ".join(f"{v:.1f}" for v in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "n/a"
 
 
 # ----------------------------------------------------------------------------- main
@@ -330,10 +344,10 @@ def main() -> None:
         import json
 
         model, fw, th, reps = args.worker
-        print(json.dumps({"s": _large_worker(model, fw, int(th), int(reps))}))
+        print(json.dumps({"s": _large_worker(model, fw, int(th), int(reps), args.clock)}))
         return
     if args.large:
-        large_main(args.rounds if args.rounds != 7 else 3, 3 if args.quick else 10)
+        large_main(args.rounds if args.rounds != 7 else 3, 3 if args.quick else 10, args.clock)
         return
     if args.blas_threads != "match":
         if not args.blas_threads.isdigit() or int(args.blas_threads) < 1:

@@ -26,6 +26,7 @@ from .inspection import inspect
 from .profiler import profile
 from .core.pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 from .core.threads import get_num_threads, set_num_threads
+from .core.nonfinite import NonFiniteError, debug_nans, debugging_nans
 from .core.tracing import PRIMITIVES, Tracer
 from .interop import from_dlpack, from_torch, to_dlpack  # noqa: F401  (torch.fx / DLPack interop)
 
@@ -34,6 +35,9 @@ __all__ = [
     "Graph",
     "GraphValidationError",
     "LeakedTracerError",
+    "NonFiniteError",
+    "debug_nans",
+    "debugging_nans",
     "PRIMITIVES",
     "ShapeError",
     "ShapedArray",

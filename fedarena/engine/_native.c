@@ -491,6 +491,263 @@ static PyObject *py_rowreduce(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_TRUE;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * Convolution windows and max pooling on NCHW images (the convolution family's kernels).
+ *
+ * Geometry g[] = {N, C, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW}.  im2col writes the
+ * windows as columns (N, ROWS, OH*OW), rows in (kh, kw, c) order (ROWS = KH*KW*C, or one more:
+ * a constant bias row), out-of-image positions = pad; col2im is its transpose (scatter-add,
+ * the bias row ignored).  numpy's strided copies over the short rows of small images cost far
+ * more than these loops.  max_pool2d takes the window maximum over in-image positions (NaN
+ * propagates, as numpy's maximum); its gradient gives each window's output gradient to the
+ * in-image positions equal to the maximum, split evenly between ties.
+ * ------------------------------------------------------------------------------------------ */
+enum { G_N, G_C, G_H, G_W, G_KH, G_KW, G_SH, G_SW, G_PH, G_PW, G_DH, G_DW, G_OH, G_OW, G_COUNT };
+
+#define DEFINE_WINDOWS(T, SUFFIX)                                                                  \
+    static void im2col_##SUFFIX(const T *x, T *o, const Py_ssize_t *g, Py_ssize_t rows, T pad,      \
+                                int bias, T bias_value)                                            \
+    {                                                                                              \
+        const Py_ssize_t N = g[G_N], C = g[G_C], H = g[G_H], W = g[G_W], OH = g[G_OH], OW = g[G_OW]; \
+        const Py_ssize_t L = OH * OW;                                                              \
+        for (Py_ssize_t n = 0; n < N; n++) {                                                       \
+            T *on = o + n * rows * L;                                                              \
+            for (Py_ssize_t i = 0; i < g[G_KH]; i++)                                               \
+                for (Py_ssize_t j = 0; j < g[G_KW]; j++) {                                         \
+                    /* output columns ow in [lo, hi) read image column ow*sw + w0, inside [0, W) */ \
+                    const Py_ssize_t sw = g[G_SW], w0 = j * g[G_DW] - g[G_PW];                     \
+                    Py_ssize_t lo = w0 >= 0 ? 0 : (-w0 + sw - 1) / sw;                             \
+                    Py_ssize_t hi = W - w0 <= 0 ? 0 : (W - w0 + sw - 1) / sw;                      \
+                    if (hi > OW) hi = OW;                                                          \
+                    if (lo > hi) lo = hi;                                                          \
+                    for (Py_ssize_t c = 0; c < C; c++) {                                           \
+                        const T *xc = x + (n * C + c) * H * W;                                     \
+                        T *dst = on + ((i * g[G_KW] + j) * C + c) * L;                             \
+                        for (Py_ssize_t oh = 0; oh < OH; oh++) {                                   \
+                            const Py_ssize_t h = oh * g[G_SH] - g[G_PH] + i * g[G_DH];             \
+                            T *d = dst + oh * OW;                                                  \
+                            if (h < 0 || h >= H) {                                                 \
+                                for (Py_ssize_t ow = 0; ow < OW; ow++) d[ow] = pad;                \
+                                continue;                                                          \
+                            }                                                                      \
+                            const T *xr = xc + h * W;                                              \
+                            Py_ssize_t ow = 0;                                                     \
+                            for (; ow < lo; ow++) d[ow] = pad;                                     \
+                            if (sw == 1)                                                           \
+                                for (; ow < hi; ow++) d[ow] = xr[ow + w0];                         \
+                            else                                                                   \
+                                for (; ow < hi; ow++) d[ow] = xr[ow * sw + w0];                    \
+                            for (; ow < OW; ow++) d[ow] = pad;                                     \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            if (bias)                                                                              \
+                for (Py_ssize_t l = 0; l < L; l++) on[(rows - 1) * L + l] = bias_value;            \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    static void col2im_##SUFFIX(const T *cols, T *x, const Py_ssize_t *g, Py_ssize_t rows)         \
+    {                                                                                              \
+        const Py_ssize_t N = g[G_N], C = g[G_C], H = g[G_H], W = g[G_W], OH = g[G_OH], OW = g[G_OW]; \
+        const Py_ssize_t L = OH * OW;                                                              \
+        memset(x, 0, (size_t)(N * C * H * W) * sizeof(T));                                         \
+        for (Py_ssize_t n = 0; n < N; n++) {                                                       \
+            const T *cn = cols + n * rows * L;                                                     \
+            for (Py_ssize_t i = 0; i < g[G_KH]; i++)                                               \
+                for (Py_ssize_t j = 0; j < g[G_KW]; j++) {                                         \
+                    /* output columns ow in [lo, hi) read image column ow*sw + w0, inside [0, W) */ \
+                    const Py_ssize_t sw = g[G_SW], w0 = j * g[G_DW] - g[G_PW];                     \
+                    Py_ssize_t lo = w0 >= 0 ? 0 : (-w0 + sw - 1) / sw;                             \
+                    Py_ssize_t hi = W - w0 <= 0 ? 0 : (W - w0 + sw - 1) / sw;                      \
+                    if (hi > OW) hi = OW;                                                          \
+                    if (lo > hi) lo = hi;                                                          \
+                    for (Py_ssize_t c = 0; c < C; c++) {                                           \
+                        T *xc = x + (n * C + c) * H * W;                                           \
+                        const T *src = cn + ((i * g[G_KW] + j) * C + c) * L;                       \
+                        for (Py_ssize_t oh = 0; oh < OH; oh++) {                                   \
+                            const Py_ssize_t h = oh * g[G_SH] - g[G_PH] + i * g[G_DH];             \
+                            if (h < 0 || h >= H)                                                   \
+                                continue;                                                          \
+                            T *xr = xc + h * W;                                                    \
+                            const T *s = src + oh * OW;                                            \
+                            if (sw == 1)                                                           \
+                                for (Py_ssize_t ow = lo; ow < hi; ow++) xr[ow + w0] += s[ow];      \
+                            else                                                                   \
+                                for (Py_ssize_t ow = lo; ow < hi; ow++) xr[ow * sw + w0] += s[ow]; \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    static void maxpool_##SUFFIX(const T *x, T *o, const Py_ssize_t *g)                            \
+    {                                                                                              \
+        const Py_ssize_t H = g[G_H], W = g[G_W], OH = g[G_OH], OW = g[G_OW], KH = g[G_KH], KW = g[G_KW]; \
+        const int two = KH == 2 && KW == 2 && g[G_SH] == 2 && g[G_SW] == 2 && g[G_PH] == 0 && g[G_PW] == 0; \
+        for (Py_ssize_t p = 0; p < g[G_N] * g[G_C]; p++) {                                         \
+            const T *xp = x + p * H * W;                                                           \
+            T *op = o + p * OH * OW;                                                               \
+            for (Py_ssize_t oh = 0; oh < OH; oh++) {                                               \
+                if (two) { /* the common 2x2 / stride-2 pool: a max of four, NaN kept */           \
+                    const T *r0 = xp + 2 * oh * W, *r1 = r0 + W;                                   \
+                    for (Py_ssize_t ow = 0; ow < OW; ow++) {                                       \
+                        T m = r0[2 * ow], v = r0[2 * ow + 1];                                      \
+                        if (v > m || v != v) m = v;                                                \
+                        v = r1[2 * ow];                                                            \
+                        if (v > m || v != v) m = v;                                                \
+                        v = r1[2 * ow + 1];                                                        \
+                        if (v > m || v != v) m = v;                                                \
+                        op[oh * OW + ow] = m;                                                      \
+                    }                                                                              \
+                    continue;                                                                      \
+                }                                                                                  \
+                const Py_ssize_t h0 = oh * g[G_SH] - g[G_PH];                                      \
+                const Py_ssize_t hs = h0 < 0 ? 0 : h0, he = h0 + KH < H ? h0 + KH : H;             \
+                for (Py_ssize_t ow = 0; ow < OW; ow++) {                                           \
+                    const Py_ssize_t w0 = ow * g[G_SW] - g[G_PW];                                  \
+                    const Py_ssize_t ws = w0 < 0 ? 0 : w0, we = w0 + KW < W ? w0 + KW : W;         \
+                    T m = -INFINITY; /* a window wholly in the padding: -inf, as numpy's padded max */ \
+                    for (Py_ssize_t h = hs; h < he; h++)                                           \
+                        for (Py_ssize_t w = ws; w < we; w++) {                                     \
+                            const T v = xp[h * W + w];                                             \
+                            if (v > m || v != v) m = v; /* once NaN, m stays NaN */                \
+                        }                                                                          \
+                    op[oh * OW + ow] = m;                                                          \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    static void maxpool_grad_##SUFFIX(const T *x, const T *out, const T *ct, T *gx, const Py_ssize_t *g) \
+    {                                                                                              \
+        const Py_ssize_t H = g[G_H], W = g[G_W], OH = g[G_OH], OW = g[G_OW], KH = g[G_KH], KW = g[G_KW]; \
+        memset(gx, 0, (size_t)(g[G_N] * g[G_C] * H * W) * sizeof(T));                              \
+        for (Py_ssize_t p = 0; p < g[G_N] * g[G_C]; p++) {                                         \
+            const T *xp = x + p * H * W;                                                           \
+            T *gp = gx + p * H * W;                                                                \
+            const T *mp = out + p * OH * OW, *cp = ct + p * OH * OW;                               \
+            for (Py_ssize_t oh = 0; oh < OH; oh++) {                                               \
+                const Py_ssize_t h0 = oh * g[G_SH] - g[G_PH];                                      \
+                const Py_ssize_t hs = h0 < 0 ? 0 : h0, he = h0 + KH < H ? h0 + KH : H;             \
+                for (Py_ssize_t ow = 0; ow < OW; ow++) {                                           \
+                    const T m = mp[oh * OW + ow];                                                  \
+                    const Py_ssize_t w0 = ow * g[G_SW] - g[G_PW];                                  \
+                    const Py_ssize_t ws = w0 < 0 ? 0 : w0, we = w0 + KW < W ? w0 + KW : W;         \
+                    Py_ssize_t count = 0, at = 0;                                                  \
+                    for (Py_ssize_t h = hs; h < he; h++)                                           \
+                        for (Py_ssize_t w = ws; w < we; w++) { /* branch-free: the max is anywhere */ \
+                            const int hit = xp[h * W + w] == m;                                    \
+                            count += hit;                                                          \
+                            at = hit ? h * W + w : at;                                             \
+                        }                                                                          \
+                    if (count == 1) {                                                              \
+                        gp[at] += cp[oh * OW + ow];                                                \
+                    } else if (count > 1) {                                                        \
+                        const T share = cp[oh * OW + ow] / (T)count;                               \
+                        for (Py_ssize_t h = hs; h < he; h++)                                       \
+                            for (Py_ssize_t w = ws; w < we; w++)                                   \
+                                if (xp[h * W + w] == m) gp[h * W + w] += share;                    \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+DEFINE_WINDOWS(float, f32)
+DEFINE_WINDOWS(double, f64)
+
+/* Read the geometry tuple; 0 (no exception) when it is not 14 non-negative sizes with positive
+ * kernel, stride and dilation. */
+static int read_geometry(PyObject *tuple, Py_ssize_t *g)
+{
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != G_COUNT)
+        return 0;
+    for (Py_ssize_t i = 0; i < G_COUNT; i++) {
+        g[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(tuple, i));
+        if (g[i] < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return g[G_KH] > 0 && g[G_KW] > 0 && g[G_SH] > 0 && g[G_SW] > 0 && g[G_DH] > 0 && g[G_DW] > 0;
+}
+
+static int disjoint(const Py_buffer *a, const Py_buffer *b)
+{
+    const char *x = a->buf, *y = b->buf;
+    return x + a->len <= y || y + b->len <= x;
+}
+
+/* windows(op, geometry, double, rows, pad, bias, bias_value, out, *inputs) -> bool
+ *   op 0: im2col(x) -> out (N, rows, OH*OW);   op 1: col2im(cols (N, rows, OH*OW)) -> out (N, C, H, W)
+ *   op 2: max_pool2d(x) -> out (N, C, OH, OW); op 3: max_pool2d_grad(x, pooled, ct) -> out (N, C, H, W)
+ * False (nothing written) when a buffer is not C-contiguous of the expected size and type, or the
+ * output overlaps an input. */
+static PyObject *py_windows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 9) {
+        PyErr_SetString(PyExc_TypeError, "windows(op, geometry, double, rows, pad, bias, bias_value, out, *inputs)");
+        return NULL;
+    }
+    Py_ssize_t op = PyLong_AsSsize_t(args[0]), rows = PyLong_AsSsize_t(args[3]);
+    if ((op == -1 || rows == -1) && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t g[G_COUNT];
+    if (!read_geometry(args[1], g) || op < 0 || op > 3)
+        Py_RETURN_FALSE;
+    int dbl = PyObject_IsTrue(args[2]), bias = PyObject_IsTrue(args[5]);
+    double pad = PyFloat_AsDouble(args[4]), bias_value = PyFloat_AsDouble(args[6]);
+    if (dbl < 0 || bias < 0 || PyErr_Occurred())
+        return NULL;
+    const Py_ssize_t it = dbl ? sizeof(double) : sizeof(float);
+    const char fmt = dbl ? 'd' : 'f';
+    const Py_ssize_t image = g[G_N] * g[G_C] * g[G_H] * g[G_W] * it;
+    const Py_ssize_t cols = g[G_N] * rows * g[G_OH] * g[G_OW] * it;
+    const Py_ssize_t pooled = g[G_N] * g[G_C] * g[G_OH] * g[G_OW] * it;
+    const Py_ssize_t kk = g[G_KH] * g[G_KW] * g[G_C];
+    if ((op <= 1 && rows != kk && rows != kk + 1) || (op == 0 && bias && rows != kk + 1))
+        Py_RETURN_FALSE;
+    Py_ssize_t out_bytes = op == 0 ? cols : op == 2 ? pooled : image;
+    Py_ssize_t in_bytes[3] = {op == 1 ? cols : image, pooled, pooled};
+    Py_ssize_t n_in = op == 3 ? 3 : 1;
+    if (nargs != 8 + n_in)
+        Py_RETURN_FALSE;
+    Py_buffer vo, vi[3];
+    if (!borrow(args[7], &vo, 1, out_bytes, fmt))
+        Py_RETURN_FALSE;
+    Py_ssize_t got = 0;
+    int ok = 1;
+    for (; got < n_in; got++) {
+        if (!borrow(args[8 + got], &vi[got], 0, in_bytes[got], fmt)) {
+            ok = 0;
+            break;
+        }
+        if (!disjoint(&vo, &vi[got])) {
+            got++;
+            ok = 0;
+            break;
+        }
+    }
+    if (ok) {
+        if (dbl) {
+            if (op == 0) im2col_f64(vi[0].buf, vo.buf, g, rows, pad, bias, bias_value);
+            else if (op == 1) col2im_f64(vi[0].buf, vo.buf, g, rows);
+            else if (op == 2) maxpool_f64(vi[0].buf, vo.buf, g);
+            else maxpool_grad_f64(vi[0].buf, vi[1].buf, vi[2].buf, vo.buf, g);
+        } else {
+            if (op == 0) im2col_f32(vi[0].buf, vo.buf, g, rows, (float)pad, bias, (float)bias_value);
+            else if (op == 1) col2im_f32(vi[0].buf, vo.buf, g, rows);
+            else if (op == 2) maxpool_f32(vi[0].buf, vo.buf, g);
+            else maxpool_grad_f32(vi[0].buf, vi[1].buf, vi[2].buf, vo.buf, g);
+        }
+    }
+    for (Py_ssize_t k = 0; k < got; k++)
+        PyBuffer_Release(&vi[k]);
+    PyBuffer_Release(&vo);
+    if (ok)
+        Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
     {"dense", (PyCFunction)(void (*)(void))py_dense, METH_FASTCALL,
      "dense(x, w, b, out, M, K, N, act, double) -> bool: out = x @ w + b (relu if act == 1)"},
@@ -500,6 +757,8 @@ static PyMethodDef methods[] = {
      "rowreduce(x, out, R, C, op, double) -> bool: max (op 0) / min (op 1) of each row"},
     {"elementwise", (PyCFunction)(void (*)(void))py_elementwise, METH_FASTCALL,
      "elementwise(program, consts, modes, bparams, n, double, out, *inputs) -> bool: run a fused program"},
+    {"windows", (PyCFunction)(void (*)(void))py_windows, METH_FASTCALL,
+     "windows(op, geometry, double, rows, pad, bias, bias_value, out, *inputs) -> bool: im2col / col2im / max pooling"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,6 +27,7 @@ import numpy as np
 from .transforms import autodiff as AD
 from . import primitives as P
 from .backends.numpy.executor import Executable
+from .core.nonfinite import SWITCH as _NAN_SWITCH
 from .core.ir import EngineError, Graph, Literal, ShapedArray, ShapeError, Var, is_float
 from .core.pytree import tree_flatten, tree_unflatten
 from .core.tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
@@ -134,13 +135,19 @@ def _coerce_outs(outs: Sequence[Any], avals: Sequence[ShapedArray], what: str) -
 
 
 class _Compiled:
-    """A sub-graph compiled once by the numpy executor (built lazily, shared by kernels)."""
+    """A sub-graph compiled once by the numpy executor (built lazily, shared by kernels); while the
+    NaN debugger is on (``engine.debug_nans``), a checking build of it runs instead."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self._exe: Executable | None = None
+        self._checked: Executable | None = None
 
     def __call__(self, *args: Any) -> list:
+        if _NAN_SWITCH.on:
+            if self._checked is None:
+                self._checked = Executable(self.graph, validate=False, check_finite=True)
+            return self._checked(*args)
         if self._exe is None:
             self._exe = Executable(self.graph, validate=False)
         return self._exe(*args)

@@ -7,9 +7,10 @@ backward pass recomputes them from the inputs and then differentiates (Griewank 
 memory cost", 2016).  Only the body's inputs and output stay alive between the passes.
 
 ``custom_vjp(fn)`` with ``fn.defvjp(fwd, bwd)`` (JAX's interface): ``fwd(*args) -> (out,
-residuals)``, ``bwd(residuals, cotangent) -> tuple with one cotangent per argument``.  The
-reverse pass calls ``fwd`` again to obtain the residuals (the functions are pure, so this is the
-same value), then ``bwd``.  Forward mode (``jvp``) is refused, as in JAX.
+residuals)``, ``bwd(residuals, cotangent) -> tuple with one cotangent per argument``.  Under
+differentiation the forward pass runs ``fwd`` (not ``fn``) and keeps its residuals for ``bwd``
+(autodiff's ``vjp_forward``/``vjp_saved`` rules), so nothing is computed twice; undifferentiated
+calls run ``fn``.  Forward mode (``jvp``) is refused, as in JAX.
 
 Both take array arguments and return one array.  Under ``vmap`` the body (and ``fwd``/``bwd``)
 are batched and bound again as the same kind of call, so checkpointing and the custom rule
@@ -141,8 +142,22 @@ custom_vjp_p.impl = lambda *args, body, body_name, fwd, bwd: body(*args)
 custom_vjp_p.emit = _call_emit
 
 
-def _custom_vjp_rule(need, ct, out, *ins, body, body_name, fwd, bwd):
-    _, res = fwd(*ins)
+def _custom_vjp_forward(ins, body, body_name, fwd, bwd):
+    """The differentiated forward pass runs ``fwd``: its output, and its residuals for ``bwd``."""
+    got = fwd(*ins)
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise EngineError(f"custom_vjp: fwd must return (output, residuals), got {type(got).__name__}")
+    out, res = got
+    want = body.graph.outvars[0].aval
+    oav = aval_of(out)
+    if oav.shape != want.shape:
+        raise EngineError(f"custom_vjp: fwd's output has shape {oav.shape} but the function's has {want.shape}")
+    if oav.dtype != want.dtype:
+        out = ops.astype(out, want.dtype)
+    return out, res
+
+
+def _custom_vjp_saved(res, need, ct, out, *ins, body, body_name, fwd, bwd):
     cts = bwd(res, ct)
     if not isinstance(cts, tuple) or len(cts) != len(ins):
         raise EngineError(f"custom_vjp: bwd must return a tuple with one cotangent per argument ({len(ins)}), got {type(cts).__name__}")
@@ -180,7 +195,16 @@ def _sum0(x: Any) -> Any:
     return ops.sum(x, axis=0)
 
 
+def _custom_vjp_rule(need, ct, out, *ins, body, body_name, fwd, bwd):
+    """The VJP where no forward pass saved residuals (the equation was not replayed by autodiff's
+    forward, e.g. a graph differentiated after the fact): ``fwd`` runs again for them."""
+    _, res = _custom_vjp_forward(list(ins), body, body_name, fwd, bwd)
+    return _custom_vjp_saved(res, need, ct, out, *ins, body=body, body_name=body_name, fwd=fwd, bwd=bwd)
+
+
 custom_vjp_p.vjp = _custom_vjp_rule
+custom_vjp_p.vjp_forward = _custom_vjp_forward
+custom_vjp_p.vjp_saved = _custom_vjp_saved
 custom_vjp_p.jvp = _custom_jvp
 custom_vjp_p.batch = _custom_batch
 

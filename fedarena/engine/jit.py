@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from .compiler import passes as _passes
 from .backends.numpy.executor import Executable
 from .backends.cupy import jit as _cupy_jit
 from .core.ir import EngineError, Graph, ShapedArray, check_dtype
+from .core.nonfinite import SWITCH as _NAN_SWITCH
 from .core.pytree import tree_flatten, tree_unflatten
 from .core.tracing import _TRACE_STACK, Tracer, trace_flat
 
@@ -265,11 +267,27 @@ def _compile_fn(src: str, ns: dict, name: str):
     return ns[name]
 
 
+_LIVE: "weakref.WeakSet[Jitted]" = weakref.WeakSet()
+
+
+def _forget_fast_paths() -> None:
+    """The NaN debugger was switched: every jitted function looks its program up again (the
+    checking and the ordinary program are cached under different keys)."""
+    for j in list(_LIVE):
+        j._fast.clear()
+        j._fast0 = _always_miss
+
+
+_NAN_SWITCH.listeners.append(_forget_fast_paths)
+
+
 class Jitted:
     """A jit-compiled function; call it like the original."""
 
-    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, static_argnames: Sequence[str] = ()):
+    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, static_argnames: Sequence[str] = (),
+                 debug_nans: bool | None = None):
         self.fn = fn
+        self.debug_nans = debug_nans  # None: follow engine.debug_nans; True/False: always / never check
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
         self.static_argnames = frozenset(static_argnames)
         self.passes = passes  # see passes.resolve: None -> the default pipeline, () -> none
@@ -279,23 +297,26 @@ class Jitted:
         self._variants: dict = {}  # signature without Python scalar values -> number of compiles
         self._warned = False
         functools.update_wrapper(self, fn)
+        _LIVE.add(self)
 
     def _lookup(self, args: tuple, kwargs: dict, static_kw: tuple = ()):
         dyn, static = _split(args, self.static_argnums)
         leaves, treedef = tree_flatten((dyn, kwargs))
         sig, arrays = _signature(leaves)
+        check = _NAN_SWITCH.on if self.debug_nans is None else self.debug_nans
         try:
-            key = (treedef, sig, static_key(static), static_key(static_kw), len(args))
+            key = (treedef, sig, static_key(static), static_key(static_kw), len(args), check)
             hash(key)
         except TypeError:
             raise EngineError(f"jit: static arguments must be hashable, got {static + static_kw!r}") from None
         entry = self._cache.get(key)
         if entry is None:
             graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args), static_kw)
-            pipeline = _passes.resolve(self.passes)
+            # the NaN debugger checks the equations as traced (no fusion), unless passes are given
+            pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
             if pipeline is not None:
                 graph = pipeline(graph)
-            entry = _Entry(Executable(graph), out_tree, graph)
+            entry = _Entry(Executable(graph, check_finite=check), out_tree, graph)
             self._cache[key] = entry
             self._count_variant(key, args, leaves)
             if not static_kw and not self.static_argnames:
@@ -381,6 +402,7 @@ def jit(
     passes: Any = None,
     static_argnames: str | Sequence[str] = (),
     backend: str = "numpy",
+    debug_nans: bool | None = None,
 ) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
@@ -393,10 +415,15 @@ def jit(
     ``()``: none; a list of ``Graph -> Graph`` functions or a ``passes.Pipeline``).
     ``backend="cupy"``: compile for a CUDA GPU (``backends.cupy``; raises
     ``backends.cupy.GpuUnavailableError`` when cupy or a device is missing).
+    ``debug_nans``: ``True`` compiles a program that raises :class:`~fedarena.engine.NonFiniteError` at
+    the first equation producing NaN/Inf (see ``engine.debug_nans``), ``False`` never checks, ``None``
+    (default) follows ``engine.debug_nans``.
     """
     if backend == "cupy":
         if static_argnames:
             raise EngineError("jit(backend='cupy'): static_argnames is not supported, use static_argnums")
+        if debug_nans:
+            raise EngineError("jit(backend='cupy'): debug_nans runs on the numpy backend only")
         return _cupy_jit(fn, static_argnums, passes)
     if backend != "numpy":
         raise EngineError(f"jit: backend must be 'numpy' or 'cupy', got {backend!r}")
@@ -405,8 +432,8 @@ def jit(
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
     if fn is None:
-        return lambda f: Jitted(f, static_argnums, passes, static_argnames)
-    return Jitted(fn, static_argnums, passes, static_argnames)
+        return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans)
+    return Jitted(fn, static_argnums, passes, static_argnames, debug_nans)
 
 
 def make_graph(fn: Callable, static_argnums: int | Sequence[int] = ()) -> Callable[..., Graph]:

@@ -138,6 +138,13 @@ CASES = [
         lambda r: [_distinct(r, 2, 2, 5, 5)],
     ),
     (
+        "max_pool2d_grad",  # the pooling gradient primitive, differentiated again (x: zero almost everywhere)
+        lambda x, c: engine.grad(lambda x: ops.sum(ops.max_pool2d(x, 2, stride=2, padding=1) * c))(x),
+        lambda x, c: __import__("torch").autograd.grad(
+            (__import__("torch").nn.functional.max_pool2d(x, 2, stride=2, padding=1) * c).sum(), x, create_graph=True)[0],
+        lambda r: [_distinct(r, 2, 2, 5, 5), _r(r, 2, 2, 3, 3)],
+    ),
+    (
         "avg_pool2d",
         lambda x: ops.avg_pool2d(x, 3, stride=2, padding=1),
         lambda x: __import__("torch").nn.functional.avg_pool2d(x, 3, stride=2, padding=1),

@@ -152,3 +152,28 @@ def test_einsum_refuses_what_it_does_not_support():
         ops.einsum("...i->i", x)
     with pytest.raises(engine.ShapeError, match="sizes"):
         ops.einsum("ij,jk->ik", x, np.ones((4, 2)))
+
+
+def test_custom_vjp_keeps_fwd_residuals_instead_of_running_fwd_again():
+    calls = {"fwd": 0}
+
+    def fwd(x):
+        calls["fwd"] += 1
+        y = ops.exp(x)
+        return y, y  # the residual is the output itself
+
+    f = engine.custom_vjp(lambda x: ops.exp(x))
+    f.defvjp(fwd, lambda y, g: (g * y,))
+    loss = lambda x: ops.sum(f(x) * np.array([1.0, -2.0, 0.5]))  # noqa: E731
+    x = np.array([0.1, 0.7, -1.2])
+    g = engine.make_graph(engine.grad(loss))(x)
+    names = [e.prim.name for e in g.eqns]
+    # the differentiated forward is fwd's own equations: no custom_vjp_call, and exp once (bwd reuses it)
+    assert "custom_vjp_call" not in names and names.count("exp") == 1
+    calls["fwd"] = 0
+    np.testing.assert_allclose(engine.grad(loss)(x), np.exp(x) * [1.0, -2.0, 0.5], rtol=1e-15)
+    assert calls["fwd"] == 1
+    np.testing.assert_allclose(engine.jit(engine.grad(loss))(x), np.exp(x) * [1.0, -2.0, 0.5], rtol=1e-15)
+    hess = engine.grad(lambda x: ops.sum(engine.grad(loss)(x)))(x)  # grad of grad through fwd's residual
+    np.testing.assert_allclose(hess, np.exp(x) * [1.0, -2.0, 0.5], rtol=1e-14)
+    np.testing.assert_allclose(f(x), np.exp(x), rtol=1e-15)  # undifferentiated: fn

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
@@ -96,3 +97,13 @@ def test_lower_bound_is_a_bound_for_in_place_chains():
     plan = plan_memory(g)
     check_plan(g, plan)
     assert plan.lower_bound_bytes <= plan.planned_bytes <= plan.unplanned_bytes
+
+
+def test_cpu_clock_and_a_bad_clock_name():
+    f = engine.jit(lambda x: ops.tanh(x @ x))
+    x = np.eye(16, dtype=np.float32)
+    prof = engine.profile(f, repeat=2, printer=None, clock="cpu")(x)
+    assert prof.compiled_seconds > 0 and {e.primitive for e in prof.equations} >= {"matmul", "tanh"}
+    assert all(t >= 0 for _, t in prof.lines)
+    with pytest.raises(ValueError, match="clock"):
+        engine.profile(f, printer=None, clock="gpu")

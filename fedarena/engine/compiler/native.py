@@ -190,6 +190,10 @@ def select_native_kernels(graph: Graph) -> Graph:
     return Graph(graph.invars, graph.constvars, graph.consts, eqns, graph.outvars)
 
 
+def _unclaimed(e: Eqn | None, replace: dict, drop: set) -> Eqn | None:
+    return None if e is None or id(e) in replace or id(e) in drop else e
+
+
 def _match_dense(e: Eqn, only_use, replace: dict, drop: set) -> None:
     x, w = e.inputs
     y = e.outputs[0]
@@ -203,7 +207,10 @@ def _match_dense(e: Eqn, only_use, replace: dict, drop: set) -> None:
     ins = [x, w]
     bias = relu = False
     last = y
-    nxt = only_use(last)
+    # an equation already taken into another chain is not extended: ``add(x1 @ w1, x2 @ w2)`` with a
+    # (1, n) second product matches as the bias of either matmul, and claiming it twice would drop
+    # the product the surviving chain reads
+    nxt = _unclaimed(only_use(last), replace, drop)
     if nxt is not None and nxt.prim.name == "add":
         other = nxt.inputs[1] if nxt.inputs[0] is last else nxt.inputs[0]
         if (
@@ -217,7 +224,7 @@ def _match_dense(e: Eqn, only_use, replace: dict, drop: set) -> None:
             ins.append(other)
             bias = True
             last = nxt.outputs[0]
-            nxt = only_use(last)
+            nxt = _unclaimed(only_use(last), replace, drop)
     if nxt is not None and nxt.prim.name == "relu" and nxt.outputs[0].aval == last.aval:
         chain.append(nxt)
         relu = True

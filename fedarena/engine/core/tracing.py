@@ -16,6 +16,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .interpreter import interpret
+from .nonfinite import SWITCH as _NAN_SWITCH
+from .nonfinite import check as _check_finite
 from .ir import Eqn, Graph, LeakedTracerError, Literal, ShapedArray, ShapeError, TracerControlFlowError, UnknownPrimitiveError, Var, check_dtype
 
 
@@ -38,6 +40,12 @@ class Primitive:
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
         self.traits: frozenset = frozenset()  # see TRAITS
         self.in_place_operands: tuple | None = None  # operands the output may overwrite, when not all/none
+        # optional pair for primitives whose reverse rule needs values computed with the output
+        # (custom_vjp's residuals): ``vjp_forward(ins, **attrs) -> (out, residuals)`` replaces the
+        # primitive in a differentiated forward pass, ``vjp_saved(residuals, need, ct, out, *ins, **attrs)``
+        # is then its VJP
+        self.vjp_forward: Callable | None = None
+        self.vjp_saved: Callable | None = None
 
     def __repr__(self) -> str:
         return self.name
@@ -143,6 +151,7 @@ class Trace:
 
 
 _TRACE_STACK: list[Trace] = []
+_EAGER_SOURCE: list = []  # source lines eager calls are attributed to (replayed / backward equations)
 
 
 def current_trace() -> Trace | None:
@@ -308,10 +317,13 @@ def bind(prim: Primitive, *args: Any, **attrs: Any) -> Any:
         raise UnknownPrimitiveError(f"primitive {prim.name!r} is not registered with the engine")
     if trace is None:
         arrays = [a if isinstance(a, np.ndarray) or _weak_flags([a])[0] else np.asarray(a) for a in args]
-        out_aval = abstract_eval(prim, arrays, attrs, user_source())
+        source = _EAGER_SOURCE[-1] if _EAGER_SOURCE else user_source()
+        out_aval = abstract_eval(prim, arrays, attrs, source)
         out = prim.impl(*arrays, **attrs)
         if not isinstance(out, np.ndarray) or out.dtype != out_aval.dtype:
             out = np.asarray(out, dtype=out_aval.dtype)
+        if _NAN_SWITCH.on:
+            _check_finite(prim.name, out, arrays, source)
         return out
     source = trace.source_override or user_source()
     out_aval = abstract_eval(prim, args, attrs, source)
@@ -337,12 +349,41 @@ def trace_flat(fn: Callable[..., Sequence[Any]], in_avals: Sequence[ShapedArray]
     return graph, list(t.captured)
 
 
+class source_scope:
+    """Attribute the equations recorded (or, eagerly, the calls made) inside the block to ``source``."""
+
+    __slots__ = ("source", "trace", "saved")
+
+    def __init__(self, source: str | None):
+        self.source = source
+        self.trace = current_trace()
+
+    def __enter__(self) -> None:
+        if self.trace is not None:
+            self.saved = self.trace.source_override
+            self.trace.source_override = self.source
+        else:
+            _EAGER_SOURCE.append(self.source)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.trace is not None:
+            self.trace.source_override = self.saved
+        else:
+            _EAGER_SOURCE.pop()
+
+
 def bind_rule(e: Eqn, ins: list) -> Any:
     """The interpreter rule of evaluation: ``bind`` the equation again (eagerly on arrays, or into
     the current trace, keeping the equation's source line)."""
     trace = current_trace()
     if trace is None:
-        return bind(e.prim, *ins, **e.attrs)
+        if e.source is None:
+            return bind(e.prim, *ins, **e.attrs)
+        _EAGER_SOURCE.append(e.source)
+        try:
+            return bind(e.prim, *ins, **e.attrs)
+        finally:
+            _EAGER_SOURCE.pop()
     saved, trace.source_override = trace.source_override, e.source
     try:
         return bind(e.prim, *ins, **e.attrs)

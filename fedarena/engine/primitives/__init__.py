@@ -4,7 +4,7 @@ the generic loop is not enough) batching rule.
 
 Families: ``elementwise``, ``reductions`` (sum/max/min/prod, cumsum, argsort), ``linalg``
 (matmul), ``shapes`` (views, slice/pad, concatenate/stack), ``indexing`` (gather/scatter/take/
-one_hot), ``conv`` (convolution, pooling), ``random`` (PRNG keys), ``checks`` (run-time checks);
+one_hot), ``conv`` (convolution), ``pooling`` (max/avg pooling and the max-pooling gradient), ``random`` (PRNG keys), ``checks`` (run-time checks);
 ``base`` holds the helpers they share and ``emit`` the emit vocabulary.  This package imports
 every family, so the registry is complete once it is imported, and re-exports their names
 (``primitives.add_p``, ``primitives.reshape``, ...) for the modules built on them.
@@ -25,7 +25,9 @@ from .shapes import _broadcast_rule, _concat_emit, _concat_jvp, _concat_rule, _c
 from . import indexing  # noqa: E402,F401
 from .indexing import FlatIndex, _FLAT_INDEX_MIN, _check_index, _flat_index_pays, _full_index, _gather_emit, _gather_impl, _gather_jvp, _gather_rule, _gather_vjp, _grid, _index_add_emit, _index_add_impl, _index_add_rule, _one_hot_emit, _one_hot_impl, _one_hot_rule, _scatter_emit, _scatter_impl, _scatter_rule, _scatter_vjp, _take_emit, _take_rule, _take_vjp, gather_p, index_add_p, one_hot_p, scatter_add_p, take_p
 from . import conv  # noqa: E402,F401
-from .conv import BiasRow, Col2Im, Conv2dKernel, ConvInputGrad, Im2Col, PhaseCol2Im, PhaseGeometry, PhaseIm2Col, PoolKernel, _col2im_attrs, _col2im_emit, _col2im_impl, _col2im_kernel, _col2im_rule, _col2im_vjp, _conv_emit, _conv_gemm_batch, _conv_gemm_emit, _conv_gemm_jvp, _conv_gemm_rule, _conv_gemm_vjp, _conv_geometry, _conv_impl, _conv_input_grad_batch, _conv_input_grad_emit, _conv_input_grad_impl, _conv_input_grad_jvp, _conv_input_grad_kernel, _conv_input_grad_rule, _conv_input_grad_vjp, _conv_jvp, _conv_kernel, _conv_rule, _conv_vjp, _geometry, _im2col_emit, _im2col_impl, _im2col_jvp, _im2col_kernel, _im2col_rule, _im2col_vjp, _max_pool_jvp, _pair, _pool_def, _pool_rule, _reshaped, abstract_eval_conv, avg_pool2d_p, col2im_p, conv2d_p, conv_gemm_p, conv_input_grad_p, conv_out_size, im2col_p, max_pool2d_p
+from .conv import BiasRow, Col2Im, Conv2dKernel, ConvInputGrad, Im2Col, PhaseCol2Im, PhaseGeometry, PhaseIm2Col, _col2im_attrs, _col2im_emit, _col2im_impl, _col2im_kernel, _col2im_rule, _col2im_vjp, _conv_emit, _conv_gemm_batch, _conv_gemm_emit, _conv_gemm_jvp, _conv_gemm_rule, _conv_gemm_vjp, _conv_geometry, _conv_impl, _conv_input_grad_batch, _conv_input_grad_emit, _conv_input_grad_impl, _conv_input_grad_jvp, _conv_input_grad_kernel, _conv_input_grad_rule, _conv_input_grad_vjp, _conv_jvp, _conv_kernel, _conv_rule, _conv_vjp, _geometry, _im2col_emit, _im2col_impl, _im2col_jvp, _im2col_kernel, _im2col_rule, _im2col_vjp, _pair, _reshaped, abstract_eval_conv, col2im_p, conv2d_p, conv_gemm_p, conv_input_grad_p, conv_out_size, im2col_p, window_geometry
+from . import pooling  # noqa: E402,F401
+from .pooling import MaxPoolGrad, PoolKernel, _max_pool_jvp, _pool_def, _pool_rule, avg_pool2d_p, max_pool2d_grad_p, max_pool2d_p
 from . import checks  # noqa: E402,F401
 from .checks import IndexRangeError, RangeCheck, _check_batch, _check_emit, _check_impl, _check_rule, check_range, check_range_p
 from . import random  # noqa: E402,F401

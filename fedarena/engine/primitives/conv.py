@@ -10,6 +10,7 @@ import numpy as np
 import scipy.special
 from numpy.lib.stride_tricks import as_strided
 
+from ..core import cext
 from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
 from ..core.tracing import bind, user_source
 from .emit import expr, stmt
@@ -29,13 +30,49 @@ def _pair(v) -> tuple:
     return (int(v), int(v)) if np.isscalar(v) else tuple(int(a) for a in v)
 
 
+def window_geometry(x_shape, kernel, stride, padding, dilation) -> tuple:
+    """The geometry tuple of ``_native.windows``: (N, C, H, W, KH, KW, SH, SW, PH, PW, DH, DW, OH, OW)."""
+    n, c, h, w = x_shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
+    return tuple(int(v) for v in (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow))
+
+
+class _NativeWindows:
+    """The C window kernels (``_native.windows``) for one geometry, when built and the dtype is
+    float32/float64; each call returns False (nothing written) when an operand does not fit, and
+    the caller runs its numpy kernel instead."""
+
+    def __init__(self, x_shape, dtype, kernel, stride, padding, dilation):
+        self.geometry = window_geometry(x_shape, kernel, stride, padding, dilation)
+        self.on = cext.available() and np.dtype(dtype) in cext.FLOATS
+        self.double = np.dtype(dtype) == np.float64
+        self.fn = cext._native.windows if self.on else None
+
+    def im2col(self, x, out, rows: int, pad: float, bias_value=None) -> bool:
+        return self.on and self.fn(0, self.geometry, self.double, rows, pad, bias_value is not None, bias_value or 0.0, out, x)
+
+    def col2im(self, cols, out, rows: int) -> bool:
+        return self.on and self.fn(1, self.geometry, self.double, rows, 0.0, False, 0.0, out, cols)
+
+    def max_pool(self, x, out) -> bool:
+        return self.on and self.fn(2, self.geometry, self.double, 0, 0.0, False, 0.0, out, x)
+
+    def max_pool_grad(self, x, pooled, ct, out) -> bool:
+        return self.on and self.fn(3, self.geometry, self.double, 0, 0.0, False, 0.0, out, x, pooled, ct)
+
+
 class Im2Col:
     """im2col for fixed shapes: (N,C,H,W) -> (N, KH*KW*C, OH*OW), rows ordered (kh, kw, c) so that
-    each kernel offset's block is contiguous; reuses a padded scratch buffer."""
+    each kernel offset's block is contiguous; one C loop (``_NativeWindows``) when it applies,
+    otherwise a strided copy through a padded scratch buffer."""
 
     def __init__(self, x_shape, dtype, kernel, stride, padding, dilation, pad_value=0.0):
         n, c, h, w = x_shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+        self.native = _NativeWindows(x_shape, dtype, kernel, stride, padding, dilation)
+        self.pad_value = float(pad_value)
+        self.rows = kh * kw * c
         self.oh, self.ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
         self.pad = ph > 0 or pw > 0
         self.xp = np.full((n, c, h + 2 * ph, w + 2 * pw), pad_value, dtype)
@@ -58,7 +95,8 @@ class Im2Col:
         return self._view(x)
 
     def __call__(self, x, out):
-        np.copyto(_reshaped(out, self.view.shape), self.windows(x))
+        if not self.native.im2col(x, out, self.rows, self.pad_value):
+            np.copyto(_reshaped(out, self.view.shape), self.windows(x))
         return out
 
 
@@ -225,6 +263,8 @@ class Col2Im:
     def __init__(self, x_shape, dtype, kernel, stride, padding, dilation):
         n, c, h, w = x_shape
         (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+        self.native = _NativeWindows(x_shape, dtype, kernel, stride, padding, dilation)
+        self.rows = kh * kw * c
         oh, ow = conv_out_size(h, kh, sh, ph, dh), conv_out_size(w, kw, sw, pw, dw)
         hp, wp = h + 2 * ph, w + 2 * pw
         hq = max(-(-hp // sh), (dh * (kh - 1)) // sh + oh)
@@ -245,6 +285,8 @@ class Col2Im:
         self.cols6 = (n, kh, kw, c, oh, ow)
 
     def __call__(self, cols, out):
+        if self.native.col2im(cols, out, self.rows):
+            return out
         self.acc.fill(0)
         c6 = cols.reshape(self.cols6)
         for i, j, t in self.targets:
@@ -273,8 +315,13 @@ class BiasRow:
         self.kernel, self.value = kernel, value
 
     def __call__(self, a, out):
+        native = getattr(self.kernel, "native", None)  # the plain layout's C kernels take the row
         if self.value is None:  # col2im: drop the row
+            if native is not None and native.col2im(a, out, self.kernel.rows + 1):
+                return out
             return self.kernel(a[:, :-1], out)
+        if native is not None and native.im2col(a, out, self.kernel.rows + 1, self.kernel.pad_value, float(self.value)):
+            return out
         self.kernel(a, out[:, :-1])
         out[:, -1] = self.value
         return out
@@ -571,78 +618,3 @@ def _conv_jvp(ts, out, x, w, stride, padding, dilation):
 
 
 conv2d_p = _define("conv2d", _conv_rule, _conv_impl, _conv_emit, _conv_vjp, _conv_jvp)
-
-
-def _pool_rule(avals, attrs, weak):
-    av = avals[0]
-    oh, ow = _conv_geometry(av.shape, dict(attrs, dilation=(1, 1)), attrs["kernel"])
-    return ShapedArray(av.shape[:2] + (oh, ow), av.dtype)
-
-
-class PoolKernel:
-    def __init__(self, x_shape, dtype, kernel, stride, padding, mode):
-        pad_value = -np.inf if mode == "max" else 0.0
-        if mode == "max" and np.dtype(dtype).kind != "f":
-            pad_value = np.iinfo(dtype).min
-        self.im2col = Im2Col(x_shape, dtype, kernel, stride, padding, (1, 1), pad_value)
-        self.mode = mode
-        self.scale = 1.0 / (kernel[0] * kernel[1])
-
-    def __call__(self, x, out):
-        win = self.im2col.windows(x)
-        if self.mode == "max":
-            np.maximum.reduce(win, axis=(1, 2), out=out)
-        else:
-            np.add.reduce(win, axis=(1, 2), out=out)
-            np.multiply(out, self.scale, out=out)
-        return out
-
-
-def _pool_def(mode):
-    def kernel(shape, dtype, attrs):
-        return PoolKernel(shape, dtype, attrs["kernel"], attrs["stride"], attrs["padding"], mode)
-
-    def impl(x, **attrs):
-        k = kernel(x.shape, x.dtype, attrs)
-        return k(x, np.empty(x.shape[:2] + (k.im2col.oh, k.im2col.ow), x.dtype))
-
-    def emit(ctx, ins, attrs, in_avals, out_aval):
-        k = ctx.const(kernel(in_avals[0].shape, in_avals[0].dtype, attrs))
-        return stmt(f"{k}({ins[0]}, {{o}})")
-
-    def vjp(need, ct, out, x, kernel, stride, padding):
-        n, c, h, w = shape_of(x)
-        kh, kw = kernel
-        oh, ow = shape_of(out)[2:]
-        geo = dict(kernel=kernel, stride=stride, padding=padding, dilation=(1, 1))
-        ct5 = reshape(ct, (n, 1, c, oh, ow))
-        if mode == "max":
-            patches = reshape(bind(im2col_p, x, pad_value=-np.inf, **geo), (n, kh * kw, c, oh, ow))
-            loc = cast(eq(patches, reshape(out, (n, 1, c, oh, ow))), dtype_of(x))
-            cnt = reduce_sum(loc, (1,), keepdims=True)
-            g = mul(loc, div(ct5, cnt))
-        else:
-            g = broadcast_to(mul(ct5, 1.0 / (kh * kw)), (n, kh * kw, c, oh, ow))
-        return (bind(col2im_p, reshape(g, (n, kh * kw * c, oh * ow)), x_shape=(n, c, h, w), **geo),)
-
-    return impl, emit, vjp
-
-
-max_pool2d_p = _define("max_pool2d", _pool_rule, *_pool_def("max"))
-
-
-def _max_pool_jvp(ts, out, x, kernel, stride, padding):
-    """Tangent of the window maximum: the tangent at the arg-max (averaged over ties)."""
-    n, c, h, w = shape_of(x)
-    kh, kw = kernel
-    oh, ow = shape_of(out)[2:]
-    geo = dict(kernel=kernel, stride=stride, padding=padding, dilation=(1, 1))
-    patches = reshape(bind(im2col_p, x, pad_value=-np.inf, **geo), (n, kh * kw, c, oh, ow))
-    loc = cast(eq(patches, reshape(out, (n, 1, c, oh, ow))), dtype_of(x))
-    t_patches = reshape(bind(im2col_p, ts[0], pad_value=0.0, **geo), (n, kh * kw, c, oh, ow))
-    return div(reduce_sum(mul(t_patches, loc), (1,)), reduce_sum(loc, (1,)))
-
-
-max_pool2d_p.jvp = _max_pool_jvp
-avg_pool2d_p = _define("avg_pool2d", _pool_rule, *_pool_def("avg"))
-avg_pool2d_p.jvp = lambda ts, out, x, **a: bind(avg_pool2d_p, ts[0], **a)

@@ -20,7 +20,7 @@ from .. import primitives as P
 from ..core.ir import EngineError, Graph, Literal, ShapedArray, Var, is_float
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core.interpreter import interpret
-from ..core.tracing import Tracer, aval_of, bind, bind_rule, current_trace, trace_flat
+from ..core.tracing import Tracer, aval_of, bind, bind_rule, current_trace, source_scope, trace_flat
 
 
 def _read(env: dict, a: Any) -> Any:
@@ -29,34 +29,26 @@ def _read(env: dict, a: Any) -> Any:
     return env[a]
 
 
-class _SourceScope:
-    """Attribute emitted equations to the source line of the forward equation they come from."""
-
-    def __init__(self, source: str | None):
-        self.source = source
-        self.trace = current_trace()
-
-    def __enter__(self) -> None:
-        if self.trace is not None:
-            self.saved = self.trace.source_override
-            self.trace.source_override = self.source
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.trace is not None:
-            self.trace.source_override = self.saved
-
-
 def forward(graph: Graph, args: Sequence[Any], active: Sequence[bool]) -> tuple[dict, set]:
     """Replay ``graph`` on ``args``; return the value environment and the set of variables that
-    depend differentiably on the inputs flagged ``active``."""
+    depend differentiably on the inputs flagged ``active``.  A primitive with a ``vjp_forward`` rule
+    computes its output and residuals there (instead of binding itself); the environment keeps the
+    residuals under the equation, for its ``vjp_saved`` rule in :func:`backward`."""
     live = {v for v, a in zip(graph.invars, active) if a}
+    saved: dict = {}
 
     def rule(e, ins):
         if e.prim.differentiable and any(isinstance(a, Var) and a in live for a in e.inputs):
             live.add(e.outputs[0])
+            if e.prim.vjp_forward is not None:  # the primitive computes what its VJP needs now (custom_vjp's fwd)
+                with source_scope(e.source):
+                    out, saved[e] = e.prim.vjp_forward(ins, **e.attrs)
+                return out
         return bind_rule(e, ins)
 
-    return interpret(graph, args, rule)[1], live
+    env = interpret(graph, args, rule)[1]
+    env.update(saved)  # keyed by equation: the residuals backward hands to vjp_saved
+    return env, live
 
 
 def _accumulate(cts: dict, v: Var, g: Any) -> None:
@@ -84,8 +76,11 @@ def backward(graph: Graph, env: dict, live: set, out_cts: Sequence[Any]) -> list
             raise EngineError(f"primitive {e.prim.name!r} has no VJP rule (at {e.source})")
         need = tuple(isinstance(a, Var) and a in live for a in e.inputs)
         ins = [_read(env, a) for a in e.inputs]
-        with _SourceScope(e.source):
-            gs = e.prim.vjp(need, c, env[o], *ins, **e.attrs)
+        with source_scope(e.source):
+            if e in env:  # residuals saved by vjp_forward in the forward pass
+                gs = e.prim.vjp_saved(env[e], need, c, env[o], *ins, **e.attrs)
+            else:
+                gs = e.prim.vjp(need, c, env[o], *ins, **e.attrs)
             for a, n, g in zip(e.inputs, need, gs):
                 if n and g is not None:
                     _accumulate(cts, a, g)
@@ -279,7 +274,7 @@ def jvp_graph(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> 
             return out, None
         if e.prim.jvp is None:
             raise EngineError(f"primitive {e.prim.name!r} has no JVP rule (at {e.source})")
-        with _SourceScope(e.source):
+        with source_scope(e.source):
             t = e.prim.jvp(ts, out, *vals, **e.attrs)
         if t is not None:
             o = e.outputs[0].aval

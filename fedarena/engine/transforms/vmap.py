@@ -22,7 +22,7 @@ from .. import primitives as P
 from ..core.interpreter import interpret
 from ..core.ir import EngineError, Literal, ShapedArray, Var
 from ..core.pytree import tree_flatten, tree_unflatten
-from ..core.tracing import Primitive, Tracer, aval_of, bind, names_with, trace_flat
+from ..core.tracing import Primitive, Tracer, aval_of, bind, bind_rule, names_with, source_scope, trace_flat
 
 BatchRule = Callable[..., Any]
 BATCH_RULES: dict[str, BatchRule] = {}
@@ -339,12 +339,13 @@ def batch_graph(graph, args: Sequence[Any], batched: Sequence[bool], size: int) 
         vals = [v for v, _ in ins]
         flags = [b for _, b in ins]
         if not any(flags):
-            return bind(e.prim, *vals, **e.attrs), False
+            return bind_rule(e, vals), False
         rule_fn = BATCH_RULES.get(e.prim.name)
         if rule_fn is None:
             custom = getattr(e.prim, "batch", None)
             rule_fn = custom if custom is not None else _generic_rule
-        out = rule_fn(e.prim, vals, flags, size, **e.attrs)
+        with source_scope(e.source):  # batched equations keep the user's source line
+            out = rule_fn(e.prim, vals, flags, size, **e.attrs)
         want = (size,) + e.outputs[0].aval.shape
         if _shape(out) != want:  # pragma: no cover - a rule bug
             raise EngineError(f"vmap: batching rule of {e.prim.name} gave shape {_shape(out)}, expected {want}")
