@@ -138,6 +138,8 @@ class Executable:
             spec = ("kernel", K.im2col_kernel(e.inputs[0].aval, e.attrs), [e.inputs[0]])
         elif name in ("max_pool2d", "avg_pool2d"):
             spec = ("kernel", K.pool_kernel(name[:3], e.inputs[0].aval, e.attrs), [e.inputs[0]])
+        elif name == "max_pool2d_grad" and e.inputs[0].aval.dtype in (np.float32, np.float64):
+            spec = ("kernel", K.max_pool_grad_kernel(e.inputs[0].aval, e.attrs), list(e.inputs))
         elif name == "col2im" and e.inputs[0].aval.dtype in (np.float32, np.float64):
             make = K.phase_col2im_kernel if e.attrs.get("phased") else K.plain_col2im_kernel
             spec = ("kernel", make(e.inputs[0].aval.shape[1], tuple(e.attrs["x_shape"]), e.inputs[0].aval.dtype, e.attrs), [e.inputs[0]])

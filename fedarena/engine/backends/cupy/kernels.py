@@ -663,6 +663,51 @@ def plain_col2im_kernel(cols_rows: int, x_shape: tuple, dtype: np.dtype, attrs: 
     return _finish("col2im", "\n".join(lines) + "\n", params, False, THREADS, _grid(total, THREADS))
 
 
+def max_pool_grad_kernel(x_aval: ShapedArray, attrs: dict) -> Kernel:
+    """``max_pool2d_grad(x, pooled, ct)`` (NCHW): one thread per input pixel gathers, from every window
+    covering it whose maximum it holds, that window's gradient divided by the window's count of in-image
+    positions holding the maximum (ties share evenly; a NaN maximum equals nothing and passes nothing)."""
+    g = _conv_geometry(x_aval.shape, dict(attrs, dilation=(1, 1)))
+    dt = x_aval.dtype
+    t = ctype(dt, "max_pool2d_grad")
+    n, c, h, w, oh, ow = g["n"], g["c"], g["h"], g["w"], g["oh"], g["ow"]
+    kh, kw, sh, sw, ph, pw = g["kh"], g["kw"], g["sh"], g["sw"], g["ph"], g["pw"]
+    total = n * c * h * w
+    lines = [
+        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
+        f"    long long x = e % {w}LL, y = (e / {w}LL) % {h}LL, nc = e / ({h}LL * {w}LL);",
+        f"    {t} v = src[e];",
+        "    double acc = 0.0;",
+        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
+        f"      long long ty = y + {ph}LL - i;",
+        f"      if (ty < 0 || ty % {sh}LL != 0 || ty / {sh}LL >= {oh}LL) continue;",
+        f"      long long oy = ty / {sh}LL;",
+        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
+        f"        long long tx = x + {pw}LL - j;",
+        f"        if (tx < 0 || tx % {sw}LL != 0 || tx / {sw}LL >= {ow}LL) continue;",
+        f"        long long ox = tx / {sw}LL, o = (nc * {oh}LL + oy) * {ow}LL + ox;",
+        f"        {t} m = pooled[o];",
+        "        if (!(v == m)) continue;",
+        "        long long cnt = 0;",
+        f"        for (long long a = 0; a < {kh}LL; ++a) {{",
+        f"          long long yy = oy * {sh}LL + a - {ph}LL;",
+        f"          if (yy < 0 || yy >= {h}LL) continue;",
+        f"          for (long long b = 0; b < {kw}LL; ++b) {{",
+        f"            long long xx = ox * {sw}LL + b - {pw}LL;",
+        f"            if (xx >= 0 && xx < {w}LL && src[(nc * {h}LL + yy) * {w}LL + xx] == m) ++cnt;",
+        "          }",
+        "        }",
+        "        acc += (double)ct[o] / (double)cnt;",
+        "      }",
+        "    }",
+        f"    out[e] = ({t})acc;",
+        "  }",
+    ]
+    params = [(f"const {t}* __restrict__", "src"), (f"const {t}* __restrict__", "pooled"),
+              (f"const {t}* __restrict__", "ct"), (f"{t}* __restrict__", "out")]
+    return _finish("maxpoolgrad", "\n".join(lines) + "\n", params, False, THREADS, _grid(total, THREADS))
+
+
 def pool_kernel(mode: str, x_aval: ShapedArray, attrs: dict) -> Kernel:
     """``max_pool2d`` / ``avg_pool2d`` (NCHW): one thread per output, the window's maximum
     (NaN-propagating; padding is -inf) or its mean (padding counts as 0, divided by KH*KW)."""
