@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -150,8 +151,31 @@ class Trace:
         return Graph(self.invars + self.captured_vars, self.constvars, self.consts, self.eqns, outvars)
 
 
-_TRACE_STACK: list[Trace] = []
-_EAGER_SOURCE: list = []  # source lines eager calls are attributed to (replayed / backward equations)
+class _ThreadStack(threading.local):
+    """A stack of its own in every thread: tracing in one thread never sees (or pops) another's traces, as
+    JAX keeps its trace state per thread. ``bool``, ``len``, ``[-1]``, ``append`` and ``pop`` as a list."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.items[i]
+
+    def append(self, item: Any) -> None:
+        self.items.append(item)
+
+    def pop(self) -> Any:
+        return self.items.pop()
+
+
+_TRACE_STACK = _ThreadStack()
+_EAGER_SOURCE = _ThreadStack()  # source lines eager calls are attributed to (replayed / backward equations)
 
 
 def current_trace() -> Trace | None:
