@@ -18,11 +18,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fedarena import engine
-from fedarena.engine import nn, optim
+from fedarena.engine import nn, ops, optim
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.robustness.attacks import PGDConfig, fgsm, input_gradient, pgd
 from fedarena.robustness.carlini_wagner import CWConfig, carlini_wagner_l2
@@ -46,7 +47,10 @@ def parse_squeezer(name: str) -> Squeezer:
 
 @dataclass(frozen=True)
 class DigitsRobustnessConfig(ExperimentConfig):
+    model: str = param("mlp", "mlp (ReLU MLP of `hidden`) or cnn (two 3x3 ReLU convolutions of `channels` on the "
+                       "8x8 image, 2x2 max pool after each, a linear layer)")
     hidden: tuple[int, ...] = param((256,), "hidden layer widths of the ReLU MLP")
+    channels: tuple[int, ...] = param((16, 32), "cnn: channels of its two convolutions")
     epochs: int = param(20, "training epochs of each model")
     batch_size: int = param(64, "minibatch size")
     lr: float = param(1e-3, "Adam learning rate")
@@ -68,6 +72,10 @@ class DigitsRobustnessConfig(ExperimentConfig):
     test_fraction: float = param(0.2, "fraction of digits held out for evaluation (stratified)")
 
     def __post_init__(self) -> None:
+        if self.model not in ("mlp", "cnn"):
+            raise ValueError(f"model: expected mlp or cnn, got {self.model!r}")
+        if len(self.channels) != 2 or any(int(c) < 1 for c in self.channels):
+            raise ValueError(f"channels: two positive channel counts expected, got {list(self.channels)}")
         if not 0 < self.train_epsilon <= 1:
             raise ValueError(f"train_epsilon: must lie in (0, 1], got {self.train_epsilon!r}")
         if self.epochs < 1 or self.batch_size < 1 or self.train_steps < 1 or self.eval_pgd_steps < 1:
@@ -165,9 +173,32 @@ def _detection(cfg: DigitsRobustnessConfig, apply, params, x: np.ndarray, y: np.
     return out, row
 
 
+class _ImageCNN:
+    """The cnn classifier on flat 64-pixel digits (reshaped to 1x8x8): conv-relu-pool twice, then linear."""
+
+    def __init__(self, channels: tuple[int, ...]) -> None:
+        c1, c2 = (int(c) for c in channels)
+        self.net = nn.Sequential([nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Flatten(), nn.Linear(c2 * 2 * 2, 10)])
+
+    def init(self, seed: int) -> Any:
+        return self.net.init(seed)
+
+    def apply(self, params: Any, x: Any) -> Any:
+        return self.net.apply(params, ops.reshape(x, (-1, 1, 8, 8)))
+
+
+def classifier(cfg: DigitsRobustnessConfig) -> Any:
+    """The model of ``cfg`` (``init(seed)``, ``apply(params, x)`` on flat 64-pixel inputs in [0, 1])."""
+    if cfg.model == "cnn":
+        return _ImageCNN(cfg.channels)
+    return nn.MLP([64, *[int(h) for h in cfg.hidden], 10], activation="relu")
+
+
 def run(cfg: DigitsRobustnessConfig, run) -> dict:
     x_train, x_test, y_train, y_test = _data(cfg)
-    mlp = nn.MLP([64, *[int(h) for h in cfg.hidden], 10], activation="relu")
+    mlp = classifier(cfg)
     steps_per_epoch = -(-len(x_train) // cfg.batch_size)
     train_attack = PGDConfig(cfg.train_epsilon, 2.5 * cfg.train_epsilon / cfg.train_steps, cfg.train_steps)
     eps_grid = sorted({float(e) for e in cfg.eval_epsilons} | {float(cfg.train_epsilon)})
@@ -254,7 +285,7 @@ def plots(rows, cfg, report_dir) -> list[str]:
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle("digits MLP: accuracy under attack, standard vs PGD adversarial training", fontsize=10)
+        fig.suptitle(f"digits {cfg.model.upper()}: accuracy under attack, standard vs PGD adversarial training", fontsize=10)
         fig.tight_layout()
         path = Path(report_dir) / "accuracy_vs_epsilon.png"
         fig.savefig(path, dpi=110)

@@ -49,3 +49,16 @@ def test_bad_config_is_named(tmp_path):
         execute({"kind": "digits_robustness", "attacks": ["deepfool"]}, out=tmp_path / "r", quiet=True)
     with pytest.raises(ConfigError, match="squeezers"):
         execute({"kind": "digits_robustness", "squeezers": ["median_2x3"]}, out=tmp_path / "r2", quiet=True)
+
+
+def test_the_cnn_model_trains_and_adversarial_training_helps(tmp_path):
+    cfg = {"kind": "digits_robustness", "seed": 0, "model": "cnn", "channels": [4, 8], "epochs": 3,
+           "batch_size": 64, "lr": 0.01, "train_epsilon": 0.2, "train_steps": 3, "eval_epsilons": [0.0, 0.2],
+           "l2_epsilons": [0.0, 1.0], "eval_pgd_steps": 5, "attacks": ["fgsm", "pgd"], "cw_steps": 5,
+           "cw_search_steps": 1,
+           "squeezers": ["bit_depth_2"], "joint_squeezers": ["bit_depth_2"]}
+    summary = execute(cfg, out=tmp_path / "cnn", quiet=True, report=False)
+    assert summary["standard_clean_accuracy"] > 0.7
+    assert summary["adversarial_pgd_eps0.2"] > summary["standard_pgd_eps0.2"]
+    with pytest.raises(Exception, match="model"):
+        execute(dict(cfg, model="resnet"), out=tmp_path / "bad", quiet=True)
