@@ -88,6 +88,7 @@ class BoardGameBatch:
         self.to_play = np.zeros(n, dtype=np.int64)
         self.heights = np.zeros((n, C4_COLS), dtype=np.int64)  # connect four only
         self._rows = np.arange(n)
+        self.moves = 0  # moves played so far, summed over boards (the env steps of throughput counts)
         self._won = tictactoe_won if game == "tictactoe" else connect_four_won
         self._full = np.uint64(self.spec.full)
 
@@ -134,6 +135,7 @@ class BoardGameBatch:
         if not legal.all():
             raise ValueError(f"actions: illegal move on boards {np.flatnonzero(~legal)[:8].tolist()}")
         seat = self.to_play
+        self.moves += self.num_envs
         if self.game == "tictactoe":
             bit = _ONE << a.astype(np.uint64)
         else:

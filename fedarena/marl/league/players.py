@@ -127,6 +127,8 @@ def tictactoe_solution() -> TicTacToeSolution:
 
 def tictactoe_codes(obs: np.ndarray) -> np.ndarray:
     """Base-3 codes (B,) of tic-tac-toe observations (B, 3, 3, 2) from the mover's view."""
+    if np.shape(obs)[1:] != (3, 3, 2):
+        raise ValueError(f"obs: expected tic-tac-toe observations (B, 3, 3, 2), got {np.shape(obs)}")
     o = np.asarray(obs).reshape(len(obs), 9, 2)
     return ((o[:, :, 0] > 0.5) * 1 + (o[:, :, 1] > 0.5) * 2) @ _POW3
 
@@ -152,6 +154,8 @@ _C4_BITS = np.array([7 * c + (C4_ROWS - 1 - r) for r in range(C4_ROWS) for c in 
 def connect_four_bitboards(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(mine, theirs, heights)``: the mover's and opponent's bitboards (7-bit-column layout) and the column
     heights (B, 7) of connect four observations (B, 6, 7, 2)."""
+    if np.shape(obs)[1:] != (C4_ROWS, C4_COLS, 2):
+        raise ValueError(f"obs: expected connect four observations (B, 6, 7, 2), got {np.shape(obs)}")
     o = np.asarray(obs).reshape(len(obs), C4_ROWS * C4_COLS, 2) > 0.5
     mine = (o[:, :, 0].astype(np.uint64) << _C4_BITS).sum(axis=1, dtype=np.uint64)
     theirs = (o[:, :, 1].astype(np.uint64) << _C4_BITS).sum(axis=1, dtype=np.uint64)
@@ -179,6 +183,62 @@ def one_ply_player() -> TablePlayer:
         return _uniform(choice)
 
     return TablePlayer("one_ply", policy)
+
+
+# ---------------------------------------------------------------- exact evaluation (tic-tac-toe)
+
+def tictactoe_exact_results(agent: Any, params: dict[str, np.ndarray]) -> dict[str, float]:
+    """Exact outcome probabilities of ``agent``'s greedy policy in tic-tac-toe, from each seat, against a uniform
+    random player and against :func:`minimax_player` (uniform among optimal moves), by enumerating every game.
+
+    The greedy move of every reachable position is computed in one batch; the game tree is then walked with the
+    opponent's move probabilities. Keys: ``{random,minimax}_{win,draw,loss}_seat{0,1}`` and the seat averages
+    ``{random,minimax}_{win,draw,loss}``."""
+    sol = tictactoe_solution()
+    codes = np.flatnonzero(sol.reachable & ~sol.terminal)
+    digits = (codes[:, None] // _POW3[None, :]) % 3
+    obs = np.stack([digits == 1, digits == 2], axis=-1).reshape(len(codes), 3, 3, 2).astype(np.float32)
+    logits, _ = agent.policy(params, obs, digits == 0)
+    greedy = dict(zip(codes.tolist(), np.argmax(logits, axis=1).tolist()))
+    full = (1 << 9) - 1
+    opponents = {"random": lambda code, legal: np.full(len(legal), 1.0 / len(legal)),
+                 "minimax": lambda code, legal: _uniform(sol.optimal[code][None, legal])[0]}
+
+    def won(b: int) -> bool:
+        return bool(tictactoe_won(np.array([b], dtype=np.uint64))[0])
+
+    out: dict[str, float] = {}
+    for name, dist in opponents.items():
+        memo: dict[tuple[int, int, bool], np.ndarray] = {}
+
+        def walk(mover: int, other: int, agent_moves: bool) -> np.ndarray:
+            """(win, draw, loss) probabilities for the agent; ``mover`` holds the stones of the side to move."""
+            key = (mover, other, agent_moves)
+            if key in memo:
+                return memo[key]
+            code = board_code(mover, other)
+            legal = [a for a in range(9) if not (mover | other) >> a & 1]
+            moves = [(greedy[code], 1.0)] if agent_moves else list(zip(legal, dist(code, legal)))
+            total = np.zeros(3)
+            for a, p in moves:
+                if p == 0:
+                    continue
+                nxt = mover | 1 << a
+                if won(nxt):
+                    total += p * (np.array([1.0, 0, 0]) if agent_moves else np.array([0, 0, 1.0]))
+                elif (nxt | other) == full:
+                    total += p * np.array([0, 1.0, 0])
+                else:
+                    total += p * walk(other, nxt, not agent_moves)
+            memo[key] = total
+            return total
+
+        for seat in (0, 1):
+            w, d, lo = walk(0, 0, seat == 0)
+            out.update({f"{name}_win_seat{seat}": w, f"{name}_draw_seat{seat}": d, f"{name}_loss_seat{seat}": lo})
+        for k in ("win", "draw", "loss"):
+            out[f"{name}_{k}"] = 0.5 * (out[f"{name}_{k}_seat0"] + out[f"{name}_{k}_seat1"])
+    return {k: float(v) for k, v in out.items()}
 
 
 # ---------------------------------------------------------------- evaluation
@@ -210,5 +270,5 @@ def evaluate(agent: Any, params: dict[str, np.ndarray], opponent: Any, game: str
 
 
 __all__ = ["ScriptedPlayer", "TablePlayer", "TicTacToeSolution", "connect_four_bitboards", "evaluate",
-           "minimax_player", "one_ply_player", "random_player", "tictactoe_codes", "tictactoe_solution",
+           "minimax_player", "one_ply_player", "random_player", "tictactoe_codes", "tictactoe_exact_results", "tictactoe_solution",
            "winning_moves"]

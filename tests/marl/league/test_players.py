@@ -10,7 +10,7 @@ from open_spiel.python.algorithms import minimax
 from fedarena.envs.boardgames import BoardGameBatch
 from fedarena.marl.league.agent import AgentConfig, BoardAgent
 from fedarena.marl.league.players import (evaluate, minimax_player, one_ply_player, random_player, tictactoe_codes,
-                                          tictactoe_solution)
+                                          tictactoe_exact_results, tictactoe_solution)
 
 
 def _ttt_obs(cells: str) -> tuple[np.ndarray, np.ndarray]:
@@ -129,3 +129,17 @@ def test_evaluate_counts_both_seats() -> None:
     assert r["wins"] == 0  # nobody beats perfect play
     s = evaluate(agent, params, random_player(), "tictactoe", 51, seed=0)
     assert s == evaluate(agent, params, random_player(), "tictactoe", 51, seed=0)  # seeded
+
+
+def test_exact_tictactoe_results_match_simulation() -> None:
+    agent = BoardAgent((3, 3, 2), 9, AgentConfig(hidden=(16,)))
+    params = agent.init_params(1)
+    exact = tictactoe_exact_results(agent, params)
+    for name, player in (("random", random_player()), ("minimax", minimax_player())):
+        sim = evaluate(agent, params, player, "tictactoe", 3000, seed=1)
+        for k, counted in (("win", "wins"), ("draw", "draws"), ("loss", "losses")):
+            for seat in (0, 1):
+                # 1500 games a seat: 4 standard errors of a rate are at most 0.052
+                assert abs(exact[f"{name}_{k}_seat{seat}"] - sim[f"{counted}_seat{seat}"] / 1500) < 0.052
+        assert abs(sum(exact[f"{name}_{k}"] for k in ("win", "draw", "loss")) - 1.0) < 1e-9
+    assert exact["minimax_win"] == 0.0
