@@ -103,6 +103,13 @@ class LeagueExperimentConfig(ExperimentConfig):
             raise ValueError(f"draw_probability: expected a number in [0, 1), got {self.draw_probability}")
         if self.nash_solver not in META_SOLVERS:
             raise ValueError(f"nash_solver: unknown meta-solver '{self.nash_solver}'; known: {', '.join(sorted(META_SOLVERS))}")
+        if self.execution == "ray" and not self.cluster.address:
+            learners = self.roles.main_agents + self.roles.main_exploiters + self.roles.league_exploiters
+            need = learners * (1 + self.ray.rollout_actors) * self.ray.actor_cpus
+            if need > self.cluster.num_cpus + 1e-9:
+                raise ValueError(f"ray.actor_cpus: {learners} learners x (1 + {self.ray.rollout_actors} rollout actors) "
+                                 f"x {self.ray.actor_cpus} CPUs = {need:g} exceeds cluster.num_cpus = {self.cluster.num_cpus}; "
+                                 "the actors could never all be placed")
         if self.imitation.enabled and self.game == "rps":
             raise ValueError("imitation.enabled: rps has no scripted expert to imitate")
         if self.imitation.expert and self.imitation.expert not in ("random", "minimax", "one_ply"):

@@ -290,8 +290,15 @@ class RayLeague:
                 self.throughput[k] = RoleThroughput(**d)
         self.game = game
 
+    def submit(self) -> list:
+        """Start one iteration of every learner (in parallel); :meth:`collect` waits for them."""
+        return [self.learners[i].iteration.remote(self.cfg.games_per_iteration) for i in self.learner_ids]
+
     def iteration(self) -> list[IterationResult]:
-        outs = ray.get([self.learners[i].iteration.remote(self.cfg.games_per_iteration) for i in self.learner_ids])
+        return self.collect(self.submit())
+
+    def collect(self, futures: list) -> list[IterationResult]:
+        outs = ray.get(futures)
         done = []
         for o in outs:
             tp = self.throughput[o["role"]]
