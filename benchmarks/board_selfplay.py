@@ -39,10 +39,10 @@ PRESETS = {
     "tictactoe": dict(config=AgentConfig(network="mlp", hidden=(128, 128), learning_rate=3e-4, ent_coef=0.01),
                       expert=minimax_player, refs=(random_player, minimax_player), ref_shares=(0.35, 0.25),
                       bc_games=3000, bc_epochs=10),
-    "connect_four": dict(config=AgentConfig(network="cnn", channels=(32, 32), hidden=(128,), learning_rate=3e-4,
-                                            ent_coef=0.01, minibatch_size=512, update_epochs=3),
-                         expert=one_ply_player, refs=(random_player, one_ply_player), ref_shares=(0.1, 0.35),
-                         bc_games=2000, bc_epochs=4),
+    "connect_four": dict(config=AgentConfig(network="cnn", channels=(32,), hidden=(128,), learning_rate=3e-4,
+                                            ent_coef=0.01, minibatch_size=512, update_epochs=2),
+                         expert=one_ply_player, refs=(random_player, one_ply_player), ref_shares=(0.1, 0.5),
+                         bc_games=800, bc_epochs=2),
 }
 
 

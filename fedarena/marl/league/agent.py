@@ -24,6 +24,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.envs.boardgames import PASS
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import orthogonal
 
@@ -387,7 +388,7 @@ def play(agent: BoardAgent, env: Any, learner_params: Params, opponents: list[Op
     opp_of_game = np.zeros(num_games, np.int64)
     finish_order: list[np.ndarray] = []
     while active.any():
-        actions = np.argmax(mask, axis=1)  # boards that finished their quota keep playing legal filler moves
+        actions = np.full(n, PASS, dtype=np.int64)  # boards that finished their share of games pass
         mine = np.flatnonzero(active & (to_play == seat))
         if len(mine):
             a, lp, v = agent.sample(learner_params, obs[mine], mask[mine], rng, greedy)
