@@ -1,22 +1,23 @@
 """Behaviour cloning, then PPO self-play against a snapshot pool (PFSP) for the league's BoardAgent on tic-tac-toe or
 connect four: the learning side of issue 14 proved before (and independently of) the league.
 
-Stage 1 (AlphaStar's supervised stage): an expert dataset (minimax for tic-tac-toe, one-ply lookahead for connect
-four; a share ``--explore`` of the moves played uniformly at random, the labels always the expert's) and behaviour
-cloning. Stage 2: PPO updates of ``--games`` games each against a mixture of opponents: the learner itself (plain
-self-play, share ``--latest``), the scripted reference players (fixed shares ``--ref-shares``), and a pool of the
-learner's snapshots (one every ``--snapshot-every`` updates) weighted by PFSP's ``squared`` weighting
+Stage 1 (AlphaStar's supervised stage): an expert dataset (minimax for tic-tac-toe; for connect four the two-ply
+heuristic of :func:`~fedarena.marl.league.players.two_ply_player`, since a clone of the one-ply player, uniform in
+quiet positions, loses most games to it; ``--expert one_ply`` for that one), a share ``--explore`` of the moves
+played uniformly at random, the labels always the expert's, and behaviour cloning. Stage 2: PPO updates of
+``--games`` games each against a mixture of opponents: the learner itself (plain self-play, share ``--latest``), the
+scripted reference players (fixed shares ``--ref-shares``), and a pool of the learner's snapshots (one every ``--snapshot-every`` updates) weighted by PFSP's ``squared`` weighting
 (1 - p)^2 of the learner's decayed win rate p against each (Vinyals et al., 2019). Every ``--eval-every`` updates
 the greedy learner plays the references (200 games, both seats equally); the final evaluation uses a fresh seed.
 For tic-tac-toe each evaluation also gives the exact outcome probabilities against both references (every game
 enumerated; :func:`~fedarena.marl.league.players.tictactoe_exact_results`). Against a uniform random player no
 policy that never loses to minimax wins more than 95.56% of games on average over the two seats (99.48% moving
 first, 91.64% second: the same enumeration with the best such policy), so the 95% acceptance needs close to the
-best exploitation of random play. Prints one JSON line per evaluation and a final summary: win/draw/loss rates, wall times of both stages, env steps
-(moves of both players) per second and learner updates per second.
+best exploitation of random play. Prints one JSON line per evaluation and a final summary: win/draw/loss rates,
+wall times of both stages, env steps (moves of both players) per second and learner updates per second.
 
-    python benchmarks/board_selfplay.py --game tictactoe --minutes 12
-    python benchmarks/board_selfplay.py --game connect_four --minutes 18
+    python benchmarks/board_selfplay.py --game tictactoe --minutes 8 --ref-shares 0.55 0.2 --latest 0.1
+    python benchmarks/board_selfplay.py --game connect_four --minutes 15 --eval-every 10 --games 256 --explore 0.2
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from fedarena.envs.boardgames import BoardGameBatch
 from fedarena.marl.league.agent import AgentConfig, BoardAgent, play
 from fedarena.marl.league.imitation import behaviour_clone, expert_dataset
 from fedarena.marl.league.players import (evaluate, minimax_player, one_ply_player, random_player,
-                                          tictactoe_exact_results)
+                                          tictactoe_exact_results, two_ply_player)
 
 PRESETS = {
     "tictactoe": dict(config=AgentConfig(network="mlp", hidden=(128, 128), learning_rate=3e-4, ent_coef=0.01),
@@ -41,8 +42,8 @@ PRESETS = {
                       bc_games=3000, bc_epochs=10),
     "connect_four": dict(config=AgentConfig(network="cnn", channels=(32,), hidden=(128,), learning_rate=3e-4,
                                             ent_coef=0.01, minibatch_size=512, update_epochs=2),
-                         expert=one_ply_player, refs=(random_player, one_ply_player), ref_shares=(0.1, 0.5),
-                         bc_games=800, bc_epochs=2),
+                         expert=two_ply_player, refs=(random_player, one_ply_player), ref_shares=(0.1, 0.5),
+                         bc_games=1500, bc_epochs=3),
 }
 
 
@@ -66,6 +67,8 @@ def main() -> None:
     ap.add_argument("--explore", type=float, default=0.5)
     ap.add_argument("--bc-games", type=int, default=None)
     ap.add_argument("--bc-epochs", type=int, default=None)
+    ap.add_argument("--expert", choices=("", "minimax", "one_ply", "two_ply"), default="",
+                    help="imitation expert ('' for the preset's)")
     ap.add_argument("--threads", type=int, default=1, help="engine threads (1 is fastest on a loaded machine)")
     args = ap.parse_args()
     engine.set_num_threads(args.threads)
@@ -90,7 +93,9 @@ def main() -> None:
 
     # -- stage 1: behaviour cloning
     params = agent.init_params(args.seed)
-    data = expert_dataset(args.game, preset["expert"](), args.bc_games or preset["bc_games"], seed=args.seed,
+    experts = {"minimax": minimax_player, "one_ply": one_ply_player, "two_ply": two_ply_player}
+    expert = experts[args.expert]() if args.expert else preset["expert"]()
+    data = expert_dataset(args.game, expert, args.bc_games or preset["bc_games"], seed=args.seed,
                           explore=args.explore)
     params, bc = behaviour_clone(agent, params, data, epochs=args.bc_epochs or preset["bc_epochs"], lr=1e-3,
                                  seed=args.seed)
