@@ -17,7 +17,8 @@ best exploitation of random play. Prints one JSON line per evaluation and a fina
 wall times of both stages, env steps (moves of both players) per second and learner updates per second.
 
     python benchmarks/board_selfplay.py --game tictactoe --minutes 8 --ref-shares 0.55 0.2 --latest 0.1
-    python benchmarks/board_selfplay.py --game connect_four --minutes 15 --eval-every 10 --games 256 --explore 0.2
+    python benchmarks/board_selfplay.py --game connect_four --minutes 17 --eval-every 10 --games 256 --explore 0.2 \
+        --latest 0.1
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ PRESETS = {
     "tictactoe": dict(config=AgentConfig(network="mlp", hidden=(128, 128), learning_rate=3e-4, ent_coef=0.01),
                       expert=minimax_player, refs=(random_player, minimax_player), ref_shares=(0.35, 0.25),
                       bc_games=3000, bc_epochs=10),
-    "connect_four": dict(config=AgentConfig(network="cnn", channels=(32,), hidden=(128,), learning_rate=3e-4,
-                                            ent_coef=0.01, minibatch_size=512, update_epochs=2),
-                         expert=two_ply_player, refs=(random_player, one_ply_player), ref_shares=(0.1, 0.5),
+    "connect_four": dict(config=AgentConfig(network="cnn", channels=(64,), kernel=4, hidden=(128,), learning_rate=5e-4,
+                                            ent_coef=0.01, minibatch_size=512, update_epochs=3),
+                         expert=two_ply_player, refs=(random_player, one_ply_player), ref_shares=(0.1, 0.7),
                          bc_games=1500, bc_epochs=3),
 }
 

@@ -24,7 +24,7 @@ interpreter (``--rllib-python``, default ``$FEDARENA_RLLIB_PYTHON`` or /work/ven
 ``env_runners`` results). Reported per side: environment steps/s (moves of both seats: RLlib's sampled env steps,
 fedarena's moves played), learner updates/s (PPO updates: one per trained module and train batch), samples trained
 per second (rows through gradient steps, epochs counted), wall time to the 95% mark, the machine's load average,
-and the fedarena/RLlib ratios. fedarena's agent here is the one-convolution CNN (32 channels, dense 128) with 2 PPO
+and the fedarena/RLlib ratios. fedarena's agent here is a one-convolution CNN (64 4x4 filters, dense 128) with 3 PPO
 epochs per batch.
 
     python benchmarks/league_vs_rllib.py --budget-min 15
@@ -184,8 +184,8 @@ def fedarena_side(budget_s: float, seed: int, num_envs: int, games: int) -> dict
     engine.set_num_threads(1)
     game = get_game("connect_four")
     agent = BoardAgent(game.observation_shape, game.num_actions,
-                       AgentConfig(network="cnn", channels=(32,), hidden=(128,), learning_rate=3e-4, ent_coef=0.01,
-                                   update_epochs=2))
+                       AgentConfig(network="cnn", channels=(64,), kernel=4, hidden=(128,), learning_rate=5e-4,
+                                   ent_coef=0.01, update_epochs=3))
     roles = RoleConfig(main_agents=1, main_exploiters=1, league_exploiters=1, snapshot_min_steps=20_000,
                        snapshot_max_steps=60_000)  # experiments/connect_four_league.yaml
     train_s = eval_s = 0.0

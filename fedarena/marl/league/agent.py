@@ -2,7 +2,7 @@
 and :func:`play`, which runs batched games of the learner against a mixture of opponents.
 
 Network (:class:`BoardAgent`): an MLP (``network="mlp"``, any observation shape, flattened) or a small CNN
-(``network="cnn"``: 3x3 convolutions with padding 1 over (H, W, C) observations, then one dense layer), a shared
+(``network="cnn"``: k x k convolutions with padding k // 2 over (H, W, C) observations, then one dense layer), a shared
 torso with a policy head (logits; illegal actions get ``-1e9`` added, so the softmax, log-probabilities and
 entropies are those of the masked distribution) and a value head. Orthogonal initialisation with gains sqrt(2),
 0.01 (policy head) and 1 (value head), as in PPO implementations (Huang et al., 2022).
@@ -38,7 +38,8 @@ ACT_BUCKET_MIN = 16  # act() pads batches to a power of two >= this, so a few co
 class AgentConfig:
     network: str = param("mlp", "torso: mlp (any observation shape, flattened) or cnn ((H, W, C) observations)")
     hidden: tuple[int, ...] = param((128, 128), "MLP hidden sizes; for the CNN, the last entry is its dense layer")
-    channels: tuple[int, ...] = param((32, 32), "CNN: output channels of the 3x3 convolutions (padding 1)")
+    channels: tuple[int, ...] = param((32, 32), "CNN: output channels of the k x k convolutions (padding k // 2)")
+    kernel: int = param(3, "CNN: kernel size k (4 covers a connect-four line in one window)")
     learning_rate: float = param(3e-4, "Adam learning rate")
     gamma: float = param(1.0, "discount over the learner's own turns")
     gae_lambda: float = param(0.95, "GAE lambda")
@@ -54,6 +55,7 @@ class AgentConfig:
         checks = {
             "network": self.network in NETWORKS, "hidden": len(self.hidden) >= 1 and min(self.hidden) >= 1,
             "channels": self.network != "cnn" or (len(self.channels) >= 1 and min(self.channels) >= 1),
+            "kernel": self.kernel >= 1,
             "learning_rate": self.learning_rate > 0, "gamma": 0.0 <= self.gamma <= 1.0,
             "gae_lambda": 0.0 <= self.gae_lambda <= 1.0, "clip_coef": self.clip_coef > 0,
             "ent_coef": self.ent_coef >= 0, "vf_coef": self.vf_coef >= 0, "max_grad_norm": self.max_grad_norm > 0,
@@ -137,11 +139,14 @@ class BoardAgent:
                 width = h
         else:
             height, wide, chans = self.observation_shape
+            k, pad = c.kernel, c.kernel // 2
             for i, o in enumerate(c.channels):
-                fan = chans * 9
-                w = orthogonal(rng, fan, o, root2).T.reshape(o, 9, chans).transpose(0, 2, 1).reshape(o, chans, 3, 3)
+                w = orthogonal(rng, chans * k * k, o, root2).T.reshape(o, chans, k, k)
                 p[f"conv.{i}.w"], p[f"conv.{i}.b"] = np.ascontiguousarray(w), np.zeros(o, np.float32)
                 chans = o
+                height, wide = height + 2 * pad - k + 1, wide + 2 * pad - k + 1
+                if height < 1 or wide < 1:
+                    raise ValueError(f"agent.kernel: {k} leaves no output for observations {self.observation_shape}")
             width = chans * height * wide
             h = c.hidden[-1]
             p["dense.w"], p["dense.b"] = orthogonal(rng, width, h, root2), np.zeros(h, np.float32)
@@ -160,7 +165,7 @@ class BoardAgent:
             return x
         x = ops.transpose(obs, (0, 3, 1, 2))  # NHWC -> NCHW
         for i in range(len(c.channels)):
-            x = ops.relu(ops.conv2d(x, params[f"conv.{i}.w"], padding=1, bias=params[f"conv.{i}.b"]))
+            x = ops.relu(ops.conv2d(x, params[f"conv.{i}.w"], padding=c.kernel // 2, bias=params[f"conv.{i}.b"]))
         x = ops.reshape(x, (n, -1))
         return ops.relu(ops.matmul(x, params["dense.w"]) + params["dense.b"])
 

@@ -23,8 +23,10 @@ def one_engine_thread():
 
 
 def _agent(game: str) -> tuple[BoardGameBatch, BoardAgent]:
-    env = BoardGameBatch(game, 16)
+    env = BoardGameBatch(game.rstrip("4"), 16)
     cfg = AgentConfig(network="cnn", hidden=(32,), channels=(8, 8)) if game == "connect_four" else AgentConfig(hidden=(32, 32))
+    if game == "connect_four4":  # an even kernel: padding 2 grows the maps by one row and column
+        cfg = AgentConfig(network="cnn", hidden=(32,), channels=(8,), kernel=4)
     return env, BoardAgent(env.observation_shape, env.num_actions, cfg)
 
 
@@ -93,7 +95,7 @@ def _torch_loss(agent: BoardAgent, params: dict, mb: dict) -> tuple[torch.Tensor
     else:
         h = x.permute(0, 3, 1, 2)
         for i in range(len(c.channels)):
-            h = torch.relu(torch.nn.functional.conv2d(h, tp[f"conv.{i}.w"], tp[f"conv.{i}.b"], padding=1))
+            h = torch.relu(torch.nn.functional.conv2d(h, tp[f"conv.{i}.w"], tp[f"conv.{i}.b"], padding=c.kernel // 2))
         h = torch.relu(h.reshape(len(x), -1) @ tp["dense.w"] + tp["dense.b"])
     mask = torch.tensor(mb["mask"], dtype=torch.float64)
     logits = h @ tp["pi.w"] + tp["pi.b"] + (1 - mask) * -1e9
@@ -111,7 +113,7 @@ def _torch_loss(agent: BoardAgent, params: dict, mb: dict) -> tuple[torch.Tensor
     return loss, {k: t.grad.numpy() for k, t in tp.items()}
 
 
-@pytest.mark.parametrize("game", ["tictactoe", "connect_four"])
+@pytest.mark.parametrize("game", ["tictactoe", "connect_four", "connect_four4"])
 def test_ppo_loss_and_gradients_match_torch(game: str) -> None:
     env, agent = _agent(game)
     params = agent.init_params(3)
