@@ -6,8 +6,9 @@ heuristic of :func:`~fedarena.marl.league.players.two_ply_player`, since a clone
 quiet positions, loses most games to it; ``--expert one_ply`` for that one), a share ``--explore`` of the moves
 played uniformly at random, the labels always the expert's, and behaviour cloning. Stage 2: PPO updates of
 ``--games`` games each against a mixture of opponents: the learner itself (plain self-play, share ``--latest``), the
-scripted reference players (fixed shares ``--ref-shares``), and a pool of the learner's snapshots (one every ``--snapshot-every`` updates) weighted by PFSP's ``squared`` weighting
-(1 - p)^2 of the learner's decayed win rate p against each (Vinyals et al., 2019). Every ``--eval-every`` updates
+scripted reference players (fixed shares ``--ref-shares``), and a pool of the learner's snapshots (one every
+``--snapshot-every`` updates) weighted by PFSP's ``squared`` weighting (1 - p)^2 of the learner's decayed win rate
+p against each (Vinyals et al., 2019). Every ``--eval-every`` updates
 the greedy learner plays the references (200 games, both seats equally); the final evaluation uses a fresh seed.
 For tic-tac-toe each evaluation also gives the exact outcome probabilities against both references (every game
 enumerated; :func:`~fedarena.marl.league.players.tictactoe_exact_results`). Against a uniform random player no

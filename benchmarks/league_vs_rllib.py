@@ -72,7 +72,8 @@ def env_throughput(game: str, num_envs: int, seconds: float) -> dict:
         _, mask, *_ = batch.step(a)
         steps += 1
     ours = steps * num_envs / (time.perf_counter() - t0)
-    return {"game": game, "num_envs": num_envs, "pettingzoo_moves_per_s": round(pz), "fedarena_moves_per_s": round(ours),
+    return {"game": game, "num_envs": num_envs, "pettingzoo_moves_per_s": round(pz),
+            "fedarena_moves_per_s": round(ours),
             "ratio": round(ours / pz, 1)}
 
 
@@ -143,7 +144,8 @@ def rllib_side(budget_s: float, seed: int) -> dict:
         train_s += time.time() - t
         steps = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
         # one PPO update per trained module and iteration (the league grows its trainable set)
-        learners = {k: v for k, v in result.get("learners", {}).items() if k != "__all_modules__" and isinstance(v, dict)}
+        learners = {k: v for k, v in result.get("learners", {}).items()
+                    if k != "__all_modules__" and isinstance(v, dict)}
         updates += sum(1 for v in learners.values() if v.get("num_module_steps_trained", 0) > 0)
         sgd_steps = int(sum(v.get("num_module_steps_trained_lifetime", 0) for v in learners.values()))
         iterations = len(history) + 1
@@ -161,7 +163,8 @@ def rllib_side(budget_s: float, seed: int) -> dict:
     return {"side": "rllib", "reached": reached is not None, "time_to_target_s": reached, "train_s": round(train_s, 1),
             "eval_s": round(eval_s, 1), "env_steps": steps, "env_steps_per_s": round(steps / train_s, 1),
             "updates": updates, "updates_per_s": round(updates / train_s, 4),
-            "samples_trained": sgd_steps, "samples_trained_per_s": round(sgd_steps / train_s, 1), "startup_s": round(time.time() - launched - train_s - eval_s, 1),
+            "samples_trained": sgd_steps, "samples_trained_per_s": round(sgd_steps / train_s, 1),
+            "startup_s": round(time.time() - launched - train_s - eval_s, 1),
             "history": history}
 
 
@@ -219,7 +222,8 @@ def fedarena_side(budget_s: float, seed: int, num_envs: int, games: int) -> dict
             "train_s": round(train_s, 1), "eval_s": round(eval_s, 1), "env_steps": steps,
             "env_steps_per_s": round(steps / train_s, 1), "updates": updates,
             "updates_per_s": round(updates / train_s, 4), "samples_trained": samples * agent.config.update_epochs,
-            "samples_trained_per_s": round(samples * agent.config.update_epochs / train_s, 1), "startup_s": round(startup, 1), "history": history}
+            "samples_trained_per_s": round(samples * agent.config.update_epochs / train_s, 1),
+            "startup_s": round(startup, 1), "history": history}
 
 
 # ---------------------------------------------------------------- driver

@@ -17,7 +17,8 @@ gradient-norm clipping; the whole step is one ``engine.jit`` graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ast
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -336,16 +337,15 @@ class BoardLearner:
         self.opt_state = engine.tree_unflatten(treedef, [np.array(d[f"optimizer/{i}"], dtype=np.asarray(leaf).dtype)
                                                          for i, leaf in enumerate(leaves)])
         self.updates = int(d.get("updates", 0))
-        if "rng" in d:
-            import ast
-
+        if "rng" in d:  # the generator state's repr (a literal; never unpickled)
             self.rng.bit_generator.state = ast.literal_eval(bytes(np.asarray(d["rng"], np.uint8)).decode())
 
 
 Opponent = Any  # a parameter dict of the same BoardAgent, or a ScriptedPlayer (players.py)
 
 
-def _opponent_actor(agent: BoardAgent, opponent: Opponent) -> Callable[[np.ndarray, np.ndarray, np.random.Generator], np.ndarray]:
+def _opponent_actor(agent: BoardAgent, opponent: Opponent
+                    ) -> Callable[[np.ndarray, np.ndarray, np.random.Generator], np.ndarray]:
     if isinstance(opponent, dict):
         return lambda obs, mask, rng: agent.act(opponent, obs, mask, rng)
     if callable(opponent):

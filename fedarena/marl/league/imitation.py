@@ -80,7 +80,8 @@ def behaviour_clone(agent: BoardAgent, params: Params, dataset: dict[str, np.nda
     if n == 0 or epochs < 1 or lr <= 0 or batch_size < 1:
         raise ValueError(f"behaviour_clone: need rows, epochs >= 1, lr > 0, batch_size >= 1 (got {n}, {epochs}, "
                          f"{lr}, {batch_size})")
-    target = dataset["target"] if "target" in dataset else np.eye(agent.num_actions, dtype=np.float32)[dataset["action"]]
+    one_hot = np.eye(agent.num_actions, dtype=np.float32)
+    target = dataset["target"] if "target" in dataset else one_hot[dataset["action"]]
     has_value = "result" in dataset
     result = dataset["result"] if has_value else np.zeros(n, np.float32)
     opt = optim.adam(lr)

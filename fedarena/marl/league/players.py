@@ -299,5 +299,5 @@ def evaluate(agent: Any, params: dict[str, np.ndarray], opponent: Any, game: str
 
 
 __all__ = ["ScriptedPlayer", "TablePlayer", "TicTacToeSolution", "connect_four_bitboards", "evaluate",
-           "minimax_player", "one_ply_player", "random_player", "tictactoe_codes", "tictactoe_exact_results", "tictactoe_solution",
-           "two_ply_player", "unsafe_moves", "winning_moves"]
+           "minimax_player", "one_ply_player", "random_player", "tictactoe_codes", "tictactoe_exact_results",
+           "tictactoe_solution", "two_ply_player", "unsafe_moves", "winning_moves"]
