@@ -263,11 +263,13 @@ def main() -> None:
     for game in ("connect_four", "tictactoe"):
         print(json.dumps({"env_throughput": env_throughput(game, 256, args.env_seconds)}), flush=True)
     sides = {"fedarena": run_side(sys.executable, "fedarena", args)}
-    print(json.dumps({k: v for k, v in sides["fedarena"].items() if k != "history"}), flush=True)
+    brief = lambda d: dict({k: v for k, v in d.items() if k != "history"},  # noqa: E731
+                           last_win_vs_random=d["history"][-1]["win_vs_random"] if d["history"] else None)
+    print(json.dumps(brief(sides["fedarena"])), flush=True)
     if args.skip_rllib:
         return
     sides["rllib"] = run_side(args.rllib_python, "rllib", args)
-    print(json.dumps({k: v for k, v in sides["rllib"].items() if k != "history"}), flush=True)
+    print(json.dumps(brief(sides["rllib"])), flush=True)
     f, r = sides["fedarena"], sides["rllib"]
     ratios = {k: round(f[k] / r[k], 2) for k in ("env_steps_per_s", "updates_per_s", "samples_trained_per_s")
               if r.get(k)}
