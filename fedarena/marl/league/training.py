@@ -1,0 +1,140 @@
+"""One league iteration in one process (no Ray): every learning player draws its opponents from the league
+manager, plays a batch of games on its own environments, makes one PPO update from its moves, reports
+results and steps, and snapshots (and maybe resets) when its role says so. The Ray execution
+(:mod:`fedarena.marl.league.ray_execution`) runs the same steps in actors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedarena.marl.league.agent import BoardAgent, BoardLearner
+from fedarena.marl.league.games import LeagueGame
+from fedarena.marl.league.manager import LeagueManager
+
+
+@dataclass
+class RoleThroughput:
+    """Work done by the learners of one role: env transitions, learner moves, games, updates, busy seconds."""
+
+    env_steps: int = 0
+    moves: int = 0
+    games: int = 0
+    updates: int = 0
+    seconds: float = 0.0
+
+    def rates(self) -> dict[str, float]:
+        s = max(self.seconds, 1e-9)
+        return {"env_steps_per_s": self.env_steps / s, "updates_per_s": self.updates / s, "games_per_s": self.games / s}
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class IterationResult:
+    """What one learner did in one iteration."""
+
+    learner: int
+    moves: int
+    games: int
+    env_steps: int
+    results: list[tuple[int, int]]
+    metrics: dict[str, float]
+    branches: dict[str, int]
+    seconds: float
+    snapshot: str | None = None
+    reset: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def learner_seed(seed: int, learner: int, version: int) -> int:
+    return int(np.random.SeedSequence([seed, 101, learner, version]).generate_state(1)[0])
+
+
+def train_step(game: LeagueGame, agent: BoardAgent, learner: BoardLearner, env, opponents: list, probs: np.ndarray,
+               ids: list[int], num_games: int, rng: np.random.Generator) -> tuple[list[tuple[int, int]], int, int, dict]:
+    """Play ``num_games`` against ``opponents`` and update once; returns (results by league id, moves,
+    env steps, update metrics). Shared by the in-process league and the Ray learner actors."""
+    before = env.env_steps
+    traj, results = game.play(agent, env, learner.params, opponents, probs, num_games, rng)
+    metrics = learner.update(traj)
+    return [(ids[k], int(round(r))) for k, r in results], len(traj), env.env_steps - before, metrics
+
+
+class LocalLeague:
+    """The league's learners, their environments and the manager, stepped in one process."""
+
+    def __init__(self, game: LeagueGame, agent: BoardAgent, manager: LeagueManager, num_envs: int,
+                 games_per_iteration: int, seed: int) -> None:
+        self.game, self.agent, self.manager = game, agent, manager
+        self.num_envs, self.games_per_iteration, self.seed = num_envs, games_per_iteration, seed
+        init = manager.initial_params()
+        self.learners: dict[int, BoardLearner] = {
+            i: agent.learner(dict(init), learner_seed(seed, i, 0)) for i in manager.learners}
+        self.envs = {i: game.make_env(num_envs, learner_seed(seed, i, 1 << 20)) for i in manager.learners}
+        self.rngs = {i: np.random.default_rng(learner_seed(seed, i, 1 << 21)) for i in manager.learners}
+        self.throughput = {manager.role(i): RoleThroughput() for i in manager.learners}
+
+    def opponents(self, ids: list[int]) -> list:
+        return [self.learners[i].params if self.manager.players[i].learning else self.manager.frozen_params(i)
+                for i in ids]
+
+    def step_learner(self, i: int) -> IterationResult:
+        t0 = time.perf_counter()
+        ids, probs, branches = self.manager.get_matches(i, self.games_per_iteration)
+        results, moves, env_steps, metrics = train_step(self.game, self.agent, self.learners[i], self.envs[i],
+                                                        self.opponents(ids), probs, ids, self.games_per_iteration,
+                                                        self.rngs[i])
+        self.manager.add_steps(i, moves)
+        self.manager.report_many(i, results)
+        out = IterationResult(i, moves, len(results), env_steps, results, metrics, branches, 0.0)
+        ev = self.manager.maybe_snapshot(i, self.learners[i].params)
+        if ev is not None:
+            out.snapshot, out.reset = ev.record.name, ev.reset
+            if ev.reset:
+                version = self.manager.versions[i]
+                self.learners[i] = self.agent.learner(dict(self.manager.initial_params()),
+                                                      learner_seed(self.seed, i, version))
+        out.seconds = time.perf_counter() - t0
+        tp = self.throughput[self.manager.role(i)]
+        tp.env_steps += env_steps
+        tp.moves += moves
+        tp.games += len(results)
+        tp.updates += 1
+        tp.seconds += out.seconds
+        return out
+
+    def iteration(self) -> list[IterationResult]:
+        return [self.step_learner(i) for i in self.manager.learners]
+
+    def learner_params(self, i: int) -> dict[str, np.ndarray]:
+        return self.learners[i].params
+
+    def view(self) -> LeagueManager:
+        return self.manager
+
+    def shutdown(self) -> None:
+        pass
+
+    # -- state
+    def state_dict(self) -> dict[str, Any]:
+        return {"manager": self.manager.state_dict(),
+                "learners": {str(i): l.state_dict() for i, l in self.learners.items()},
+                "rngs": {str(i): r.bit_generator.state for i, r in self.rngs.items()},
+                "env_steps": {str(i): e.env_steps for i, e in self.envs.items()},
+                "throughput": {k: v.to_json() for k, v in self.throughput.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, d in state["learners"].items():
+            self.learners[int(k)].load_state_dict(d)
+        for k, s in state["rngs"].items():
+            self.rngs[int(k)].bit_generator.state = s
+        for k, n in state["env_steps"].items():
+            self.envs[int(k)].env_steps = int(n)
+        for k, d in state["throughput"].items():
+            self.throughput[k] = RoleThroughput(**d)
