@@ -55,6 +55,14 @@ class ManagerActor:
             self.m = LeagueManager.from_state(state, roles, store)
         else:
             self.m = LeagueManager(roles, store, initial_params, seed, decay, draw_probability)
+        self.live: dict[str, tuple[int, dict]] = {}
+
+    def set_live(self, name: str, version: int, params: dict[str, np.ndarray]) -> None:
+        """Learners' newest weights, kept here too so a restarted inference server gets them back."""
+        self.live[name] = (version, params)
+
+    def live_weights(self, name: str) -> tuple[int, dict] | None:
+        return self.live.get(name)
 
     def roster(self) -> list[dict]:
         return [p.to_json() for p in self.m.players]
@@ -100,11 +108,12 @@ class InferenceActor:
     """Batched opponent actions for every policy of the league (threaded: requests run concurrently)."""
 
     def __init__(self, game: str, agent_config: AgentConfig, store_root: str, max_batch: int, deadline_s: float,
-                 capacity: int = 64, seed: int = 0) -> None:
+                 manager, capacity: int = 64, seed: int = 0) -> None:
         g = get_game(game)
         self.agent = BoardAgent(g.observation_shape, g.num_actions, agent_config)
         self.shape, self.num_actions = g.observation_shape, g.num_actions
         self.store = SnapshotStore(store_root)
+        self.manager = manager
         self.max_batch, self.deadline_s, self.capacity, self.seed = max_batch, deadline_s, capacity, seed
         self.servers: OrderedDict[str, InferenceServer] = OrderedDict()
         self.lock = threading.Lock()
@@ -126,9 +135,13 @@ class InferenceActor:
                     server.set_weights(weights)
                 return server
             if weights is None:
-                if key.startswith(LIVE):
-                    raise KeyError(f"inference: no weights pushed yet for {key}")
-                weights = Weights(0, self.store.load(key, checksum))
+                if key.startswith(LIVE):   # e.g. after a restart of this actor: the manager has them
+                    live = ray.get(self.manager.live_weights.remote(key[len(LIVE):]))
+                    if live is None:
+                        raise KeyError(f"inference: no weights pushed yet for {key}")
+                    weights = Weights(*live)
+                else:
+                    weights = Weights(0, self.store.load(key, checksum))
             server = InferenceServer(self._forward, Categorical(self.num_actions), weights, self.max_batch,
                                      self.deadline_s, seed=self.seed + len(self.servers) + self.requests)
             self.servers[key] = server
@@ -204,7 +217,11 @@ class LearnerActor:
                 self.learner.load_state_dict(state["learner"])
                 self.iterations = int(state["iterations"])
         self.version = self.iterations
-        ray.get(server.set_live.remote(name, self.version, self.learner.params))
+        self._publish()
+
+    def _publish(self) -> None:
+        ray.get([self.manager.set_live.remote(self.name, self.version, self.learner.params),
+                 self.server.set_live.remote(self.name, self.version, self.learner.params)])
 
     def _load(self, name: str, checksum: str) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in self.store.load(name, checksum).items()}
@@ -233,7 +250,7 @@ class LearnerActor:
                                               learner_seed(self.seed, self.id, 1000 + self.iterations))
         self.iterations += 1
         self.version += 1
-        ray.get(self.server.set_live.remote(self.name, self.version, self.learner.params))
+        self._publish()
         return {"learner": self.id, "role": self.role, "moves": len(traj), "games": len(results),
                 "env_steps": int(sum(o[2] for o in outs)), "metrics": metrics, "branches": branches,
                 "results": results, "snapshot": snap, "reset": reset, "seconds": time.perf_counter() - t0}
@@ -246,7 +263,7 @@ class LearnerActor:
 
 
 def _here() -> NodeAffinitySchedulingStrategy:
-    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 class RayLeague:
@@ -265,7 +282,7 @@ class RayLeague:
         self.server = ray.remote(InferenceActor).options(
             num_cpus=0, max_concurrency=256, scheduling_strategy=_here(), **restart).remote(
             cfg.game, cfg.agent, store_root, cfg.ray.inference_max_batch, cfg.ray.inference_deadline_s,
-            seed=cfg.seed)
+            self.manager, seed=cfg.seed)
         roster = ray.get(self.manager.roster.remote())
         self.players = roster
         self.learner_ids = [p["id"] for p in roster if p["learning"]]
