@@ -76,12 +76,16 @@ class ManagerActor:
             sums.append(None if p.learning else self.m.checksums[p.snapshot])
         return ids, probs, branches, keys, sums
 
-    def finish_iteration(self, learner: int, moves: int, results: list[tuple[int, int]],
-                         params: dict[str, np.ndarray]) -> tuple[str | None, bool]:
+    def finish_iteration(self, learner: int, moves: int, results: list[tuple[int, int]]) -> bool:
+        """Record an iteration's steps and games; True when the learner is due for a snapshot (it then sends
+        its weights to :meth:`snapshot`, so weights cross the network only when a snapshot is taken)."""
         self.m.add_steps(learner, moves)
         self.m.report_many(learner, results)
-        ev = self.m.maybe_snapshot(learner, params)
-        return (None, False) if ev is None else (ev.record.name, ev.reset)
+        return self.m.snapshot_due(learner)
+
+    def snapshot(self, learner: int, params: dict[str, np.ndarray]) -> tuple[str, bool]:
+        ev = self.m.take_snapshot(learner, params)
+        return ev.record.name, ev.reset
 
     def latest_snapshot(self, learner: int) -> tuple[str | None, str | None]:
         rec = self.m.latest_snapshot(learner)
@@ -244,7 +248,9 @@ class LearnerActor:
         traj = Trajectories.concatenate([Trajectories(**o[0]) for o in outs])
         metrics = self.learner.update(traj)
         results = [(ids[k], int(round(r))) for o in outs for k, r in o[1]]
-        snap, reset = ray.get(self.manager.finish_iteration.remote(self.id, len(traj), results, self.learner.params))
+        snap, reset = None, False
+        if ray.get(self.manager.finish_iteration.remote(self.id, len(traj), results)):
+            snap, reset = ray.get(self.manager.snapshot.remote(self.id, self.learner.params))
         if reset:
             self.learner = self.agent.learner(self._load(*self._initial),
                                               learner_seed(self.seed, self.id, 1000 + self.iterations))

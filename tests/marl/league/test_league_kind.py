@@ -38,7 +38,7 @@ def test_rps_exploitability_is_the_closed_form():
 
 def test_tictactoe_league_with_imitation(tmp_path):
     cfg = {**TINY, "imitation": {"enabled": True, "games": 40, "epochs": 1}}
-    res = fedarena.run(cfg, out=tmp_path / "run")
+    res = fedarena.run(cfg, out=tmp_path / "run", report=False)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert "imitation/accuracy" in rows[0] and "eval/main-0/vs_minimax/loss_rate" in rows[-1]
@@ -51,14 +51,15 @@ def test_tictactoe_league_with_imitation(tmp_path):
     names = store.verify()
     assert "initial-v0000" in names and "main-0-v0001" in names
     assert res.summary["snapshots"] == len(names) >= 3       # snapshot_max_steps forces more snapshots
-    assert (tmp_path / "run" / "report" / "league.png").exists()
+    from fedarena.marl.league.experiment import LeagueExperimentConfig, plots_league
+    (tmp_path / "run" / "report").mkdir()
+    assert plots_league(rows, res.config, str(tmp_path / "run" / "report")) == [str(tmp_path / "run" / "report" / "league.png")]
 
 
 def test_rps_league_nash_mixture_is_evaluated_exactly(tmp_path):
     cfg = {**TINY, "game": "rps", "iterations": 2, "eval": {"every": 1, "games": 4}}
-    fedarena.run(cfg, out=tmp_path / "run")
+    fedarena.run(cfg, out=tmp_path / "run", report=False)
     row = read_metrics(tmp_path / "run")[-1]
-    state = None
     from fedarena.platform.checkpoint import list_checkpoints, load
     _, full = load(list_checkpoints(tmp_path / "run" / "checkpoints")[-1][1])
     state = full["experiment"]["league"]["manager"]
@@ -98,7 +99,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    proc = subprocess.Popen([sys.executable, "-m", "fedarena", "run", str(path), "--out", str(run_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "fedarena", "run", str(path), "--out", str(run_dir), "--no-report"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ckpts = run_dir / "checkpoints"
     deadline = time.monotonic() + 240
@@ -111,7 +112,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = set(SnapshotStore(run_dir / "snapshots").names())
-    out = subprocess.run([sys.executable, "-m", "fedarena", "run", "--resume", str(run_dir)], env=env,
+    out = subprocess.run([sys.executable, "-m", "fedarena", "run", "--resume", str(run_dir), "--no-report"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     status = json.loads((run_dir / "status.json").read_text())
