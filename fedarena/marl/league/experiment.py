@@ -73,6 +73,15 @@ class RayLeagueConfig:
 
 
 @dataclass(frozen=True)
+class ReferenceOpponent:
+    """A scripted player that main agents meet in a fixed share of their training games (outside the league:
+    not in the payoff table or the ratings)."""
+
+    name: str = param("random", "reference player: random, minimax (tic-tac-toe), one_ply (connect four)")
+    share: float = param(0.1, "share of each main agent's training games against it")
+
+
+@dataclass(frozen=True)
 class LeagueExperimentConfig(ExperimentConfig):
     game: str = param("tictactoe", f"league game: {', '.join(GAMES)}")
     execution: str = param("local", "local (one process) or ray (learner/rollout/inference/manager actors)")
@@ -84,6 +93,9 @@ class LeagueExperimentConfig(ExperimentConfig):
     payoff_decay: float = param(0.99, "decay of the payoff table's counts per game of a pair")
     draw_probability: float = param(0.1, "TrueSkill's prior draw probability")
     nash_solver: str = param("nash", "meta-solver for the league's mixture over frozen players")
+    reference_opponents: list[ReferenceOpponent] = param(
+        doc="scripted players main agents also train against, each a fixed share of their games (empty: league only)",
+        factory=list)
     store_path: str = param("", "snapshot store folder ('' = <run folder>/snapshots; a shared path on a cluster)")
     imitation: ImitationConfig = param(doc="imitation pre-training", factory=ImitationConfig)
     eval: EvalConfig = param(doc="evaluation against reference players", factory=EvalConfig)
@@ -110,6 +122,15 @@ class LeagueExperimentConfig(ExperimentConfig):
                 raise ValueError(f"ray.actor_cpus: {learners} learners x (1 + {self.ray.rollout_actors} rollout actors) "
                                  f"x {self.ray.actor_cpus} CPUs = {need:g} exceeds cluster.num_cpus = {self.cluster.num_cpus}; "
                                  "the actors could never all be placed")
+        refs = get_game(self.game).references
+        for k, r in enumerate(self.reference_opponents):
+            if r.name not in refs:
+                raise ValueError(f"reference_opponents[{k}].name: '{r.name}' is not a reference player of {self.game} "
+                                 f"({', '.join(refs)})")
+            if not 0.0 < r.share < 1.0:
+                raise ValueError(f"reference_opponents[{k}].share: expected a number in (0, 1), got {r.share}")
+        if sum(r.share for r in self.reference_opponents) >= 1.0:
+            raise ValueError("reference_opponents: the shares must sum to less than 1 (league games need the rest)")
         if self.imitation.enabled and self.game == "rps":
             raise ValueError("imitation.enabled: rps has no scripted expert to imitate")
         if self.imitation.expert and self.imitation.expert not in ("random", "minimax", "one_ply"):
@@ -179,6 +200,8 @@ def league_row(manager: LeagueManager, throughput: dict, results, t_iter: float)
                 row[f"branch/{b}"] = n / max(1, sum(res.branches.values()))
             won = [r for _, r in res.results]
             row["main_train_score"] = float(np.mean(won)) if won else float("nan")
+            for name, rs in res.extra.get("references", {}).items():
+                row[f"main_train_score/vs_{name}"] = float(np.mean(rs))
     row["snapshots_this_iteration"] = sum(r.snapshot is not None for r in results)
     return row
 
@@ -205,7 +228,8 @@ def make_league(cfg: LeagueExperimentConfig, game, agent: BoardAgent, store: Sna
         manager = LeagueManager(cfg.roles, store, init, cfg.seed, cfg.payoff_decay, cfg.draw_probability)
     else:
         manager = LeagueManager.from_state(state["manager"], cfg.roles, store)
-    league = LocalLeague(game, agent, manager, cfg.num_envs, cfg.games_per_iteration, cfg.seed)
+    league = LocalLeague(game, agent, manager, cfg.num_envs, cfg.games_per_iteration, cfg.seed,
+                         tuple((r.name, r.share) for r in cfg.reference_opponents))
     if state is not None:
         league.load_state_dict(state)
     return league, start, extra

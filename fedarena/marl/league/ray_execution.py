@@ -36,11 +36,13 @@ from fedarena.marl.league.games import get_game
 from fedarena.marl.league.manager import LeagueManager
 from fedarena.marl.league.roles import RoleConfig
 from fedarena.marl.league.store import SnapshotStore
-from fedarena.marl.league.training import IterationResult, RoleThroughput, learner_seed
+from fedarena.marl.league.roles import MAIN
+from fedarena.marl.league.training import IterationResult, RoleThroughput, learner_seed, split_results, with_references
 from fedarena.rl.distributions import Categorical
 from fedarena.rl.workers import InferenceServer, Weights
 
 LIVE = "live:"
+REF = "ref:"   # a scripted reference player, built inside the rollout actor
 
 
 def live_key(name: str) -> str:
@@ -192,7 +194,8 @@ class RolloutActor:
 
     def rollout(self, params, keys: list[str], checksums: list, probs: np.ndarray, num_games: int,
                 seed: int) -> tuple[dict, list[tuple[int, float]], int]:
-        opponents = [RemotePolicy(self.server, k, c) for k, c in zip(keys, checksums)]
+        opponents = [self.game.reference(k[len(REF):]) if k.startswith(REF) else RemotePolicy(self.server, k, c)
+                     for k, c in zip(keys, checksums)]
         before = self.env.env_steps
         traj, results = self.game.play(self.agent, self.env, params, opponents, probs, num_games,
                                        np.random.default_rng(seed))
@@ -201,11 +204,13 @@ class RolloutActor:
 
 class LearnerActor:
     def __init__(self, learner: int, name: str, role: str, game: str, agent_config: AgentConfig, seed: int,
-                 store_root: str, manager, server, rollouts: list, state: dict | None = None) -> None:
+                 store_root: str, manager, server, rollouts: list, state: dict | None = None,
+                 references: tuple = ()) -> None:
         g = get_game(game)
         self.agent = BoardAgent(g.observation_shape, g.num_actions, agent_config)
         self.id, self.name, self.role, self.seed = learner, name, role, seed
         self.manager, self.server, self.rollouts = manager, server, rollouts
+        self.references = tuple(references) if role == MAIN else ()
         self.store = SnapshotStore(store_root)
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.iterations = 0
@@ -239,6 +244,10 @@ class LearnerActor:
     def iteration(self, num_games: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         ids, probs, branches, keys, sums = ray.get(self.manager.get_matches.remote(self.id, num_games))
+        if self.references:
+            ids, probs = with_references(ids, probs, self.references)
+            keys = keys + [REF + n for n, _ in self.references]
+            sums = sums + [None] * len(self.references)
         n = len(self.rollouts)
         share = [num_games // n + (k < num_games % n) for k in range(n)]
         seeds = np.random.SeedSequence([self.seed, self.id, self.iterations]).generate_state(n)
@@ -247,7 +256,7 @@ class LearnerActor:
                         for r, g, s in zip(self.rollouts, share, seeds) if g > 0])
         traj = Trajectories.concatenate([Trajectories(**o[0]) for o in outs])
         metrics = self.learner.update(traj)
-        results = [(ids[k], int(round(r))) for o in outs for k, r in o[1]]
+        results, refs = split_results(ids, [x for o in outs for x in o[1]])
         snap, reset = None, False
         if ray.get(self.manager.finish_iteration.remote(self.id, len(traj), results)):
             snap, reset = ray.get(self.manager.snapshot.remote(self.id, self.learner.params))
@@ -257,7 +266,8 @@ class LearnerActor:
         self.iterations += 1
         self.version += 1
         self._publish()
-        return {"learner": self.id, "role": self.role, "moves": len(traj), "games": len(results),
+        return {"learner": self.id, "role": self.role, "moves": len(traj), "references": refs,
+                "games": len(results) + sum(len(v) for v in refs.values()),
                 "env_steps": int(sum(o[2] for o in outs)), "metrics": metrics, "branches": branches,
                 "results": results, "snapshot": snap, "reset": reset, "seconds": time.perf_counter() - t0}
 
@@ -305,7 +315,8 @@ class RayLeague:
             self.learners[i] = ray.remote(LearnerActor).options(num_cpus=cfg.ray.actor_cpus, scheduling_strategy="SPREAD",
                                                                  **restart).remote(
                 i, p["name"], p["role"], cfg.game, cfg.agent, cfg.seed, store_root, self.manager, self.server,
-                self.rollouts[i], None if state is None else state["learners"][str(i)])
+                self.rollouts[i], None if state is None else state["learners"][str(i)],
+                tuple((r.name, r.share) for r in cfg.reference_opponents))
         ray.get([l.node_id.remote() for l in self.learners.values()])   # constructed (weights pushed)
         self.throughput = {p["role"]: RoleThroughput() for p in roster if p["learning"]}
         if state is not None:
@@ -331,7 +342,8 @@ class RayLeague:
             tp.updates += 1
             tp.seconds += o["seconds"]
             done.append(IterationResult(o["learner"], o["moves"], o["games"], o["env_steps"], o["results"],
-                                        o["metrics"], o["branches"], o["seconds"], o["snapshot"], o["reset"]))
+                                        o["metrics"], o["branches"], o["seconds"], o["snapshot"], o["reset"],
+                                        {"references": o["references"]}))
         return done
 
     def view(self) -> LeagueManager:

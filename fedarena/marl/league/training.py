@@ -15,6 +15,7 @@ import numpy as np
 from fedarena.marl.league.agent import BoardAgent, BoardLearner
 from fedarena.marl.league.games import LeagueGame
 from fedarena.marl.league.manager import LeagueManager
+from fedarena.marl.league.roles import MAIN
 
 
 @dataclass
@@ -56,22 +57,45 @@ def learner_seed(seed: int, learner: int, version: int) -> int:
     return int(np.random.SeedSequence([seed, 101, learner, version]).generate_state(1)[0])
 
 
+def with_references(ids: list, probs: np.ndarray, references: tuple[tuple[str, float], ...]) -> tuple[list, np.ndarray]:
+    """Mix fixed shares of scripted reference opponents (by name) into a match distribution over league ids."""
+    if not references:
+        return list(ids), probs
+    shares = np.array([s for _, s in references], dtype=np.float64)
+    return list(ids) + [n for n, _ in references], np.concatenate([probs * (1.0 - shares.sum()), shares])
+
+
+def split_results(ids: list, results: list[tuple[int, float]]) -> tuple[list[tuple[int, int]], dict[str, list[int]]]:
+    """Results by league id, and results against scripted references (not league players) by name."""
+    league, refs = [], {}
+    for k, r in results:
+        if isinstance(ids[k], str):
+            refs.setdefault(ids[k], []).append(int(round(r)))
+        else:
+            league.append((ids[k], int(round(r))))
+    return league, refs
+
+
 def train_step(game: LeagueGame, agent: BoardAgent, learner: BoardLearner, env, opponents: list, probs: np.ndarray,
-               ids: list[int], num_games: int, rng: np.random.Generator) -> tuple[list[tuple[int, int]], int, int, dict]:
-    """Play ``num_games`` against ``opponents`` and update once; returns (results by league id, moves,
-    env steps, update metrics). Shared by the in-process league and the Ray learner actors."""
+               ids: list, num_games: int, rng: np.random.Generator
+               ) -> tuple[list[tuple[int, int]], dict[str, list[int]], int, int, dict]:
+    """Play ``num_games`` against ``opponents`` and update once; returns (results by league id, results by
+    reference name, moves, env steps, update metrics). Shared by the in-process league and the Ray learners."""
     before = env.env_steps
     traj, results = game.play(agent, env, learner.params, opponents, probs, num_games, rng)
     metrics = learner.update(traj)
-    return [(ids[k], int(round(r))) for k, r in results], len(traj), env.env_steps - before, metrics
+    league, refs = split_results(ids, results)
+    return league, refs, len(traj), env.env_steps - before, metrics
 
 
 class LocalLeague:
     """The league's learners, their environments and the manager, stepped in one process."""
 
     def __init__(self, game: LeagueGame, agent: BoardAgent, manager: LeagueManager, num_envs: int,
-                 games_per_iteration: int, seed: int) -> None:
+                 games_per_iteration: int, seed: int, references: tuple[tuple[str, float], ...] = ()) -> None:
         self.game, self.agent, self.manager = game, agent, manager
+        self.references = tuple(references)
+        self.reference_players = {n: game.reference(n) for n, _ in self.references}
         self.num_envs, self.games_per_iteration, self.seed = num_envs, games_per_iteration, seed
         init = manager.initial_params()
         self.learners: dict[int, BoardLearner] = {
@@ -87,12 +111,17 @@ class LocalLeague:
     def step_learner(self, i: int) -> IterationResult:
         t0 = time.perf_counter()
         ids, probs, branches = self.manager.get_matches(i, self.games_per_iteration)
-        results, moves, env_steps, metrics = train_step(self.game, self.agent, self.learners[i], self.envs[i],
-                                                        self.opponents(ids), probs, ids, self.games_per_iteration,
-                                                        self.rngs[i])
+        opponents = self.opponents(ids)
+        if self.manager.role(i) == MAIN:
+            ids, probs = with_references(ids, probs, self.references)
+            opponents += [self.reference_players[n] for n, _ in self.references]
+        results, refs, moves, env_steps, metrics = train_step(self.game, self.agent, self.learners[i], self.envs[i],
+                                                              opponents, probs, ids, self.games_per_iteration,
+                                                              self.rngs[i])
         self.manager.add_steps(i, moves)
         self.manager.report_many(i, results)
-        out = IterationResult(i, moves, len(results), env_steps, results, metrics, branches, 0.0)
+        out = IterationResult(i, moves, len(results), env_steps, results, metrics, branches, 0.0,
+                              extra={"references": refs})
         ev = self.manager.maybe_snapshot(i, self.learners[i].params)
         if ev is not None:
             out.snapshot, out.reset = ev.record.name, ev.reset
@@ -104,7 +133,7 @@ class LocalLeague:
         tp = self.throughput[self.manager.role(i)]
         tp.env_steps += env_steps
         tp.moves += moves
-        tp.games += len(results)
+        tp.games += len(results) + sum(len(v) for v in refs.values())
         tp.updates += 1
         tp.seconds += out.seconds
         return out
