@@ -21,6 +21,7 @@ GAMES = ("tictactoe", "connect_four")
 TICTACTOE_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 C4_ROWS, C4_COLS = 6, 7
 C4_SHIFTS = (1, 7, 6, 8)  # vertical, horizontal, the two diagonals in the 7-bit-column layout
+PASS = -1  # the action that leaves a board untouched in BoardGameBatch.step
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class BoardGameBatch:
     mask (N, num_actions) bool, to_play (N,) int. :meth:`step` plays one move on every board and returns
     ``(obs, mask, to_play, rewards, done)``; rewards (N, 2) float32 hold the final result (+1 win, -1 loss,
     0 draw) for seats 0 and 1 of games that ended with this move and 0 elsewhere; finished boards are reset
-    in place, so their obs/mask/to_play are those of the new game. The games are deterministic: ``seed`` is
+    in place, so their obs/mask/to_play are those of the new game; a board given ``PASS`` (-1) is left as it is.
+    ``moves`` counts the moves played, summed over boards. The games are deterministic: ``seed`` is
     accepted for the batched-env signature and draws nothing.
     """
 
@@ -88,6 +90,7 @@ class BoardGameBatch:
         self.to_play = np.zeros(n, dtype=np.int64)
         self.heights = np.zeros((n, C4_COLS), dtype=np.int64)  # connect four only
         self._rows = np.arange(n)
+        self.moves = 0  # moves played so far, summed over boards (the env steps of throughput counts)
         self._won = tictactoe_won if game == "tictactoe" else connect_four_won
         self._full = np.uint64(self.spec.full)
 
@@ -123,32 +126,38 @@ class BoardGameBatch:
         return self._state()
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Play ``actions[i]`` on board ``i``; a negative action (``PASS``) leaves that board untouched (a board
+        with no game to play: its obs/mask/to_play stay, its reward is 0 and done False, no move is counted)."""
         a = np.asarray(actions)
         if a.shape != (self.num_envs,) or not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"actions: expected ({self.num_envs},) integers, got {a.shape} {a.dtype}")
         a = a.astype(np.int64)
-        if ((a < 0) | (a >= self.num_actions)).any():
+        if (a >= self.num_actions).any():
             raise ValueError(f"actions: out of range [0, {self.num_actions}) on boards "
-                             f"{np.flatnonzero((a < 0) | (a >= self.num_actions))[:8].tolist()}")
-        legal = self.legal_mask()[self._rows, a]
+                             f"{np.flatnonzero(a >= self.num_actions)[:8].tolist()}")
+        rows = self._rows if (a >= 0).all() else np.flatnonzero(a >= 0)
+        a = a[rows]
+        legal = self.legal_mask()[rows, a]
         if not legal.all():
-            raise ValueError(f"actions: illegal move on boards {np.flatnonzero(~legal)[:8].tolist()}")
-        seat = self.to_play
+            raise ValueError(f"actions: illegal move on boards {rows[~legal][:8].tolist()}")
+        seat = self.to_play[rows]
+        self.moves += len(rows)
         if self.game == "tictactoe":
             bit = _ONE << a.astype(np.uint64)
         else:
-            bit = _ONE << (7 * a + self.heights[self._rows, a]).astype(np.uint64)
-            self.heights[self._rows, a] += 1
-        self.stones[self._rows, seat] |= bit
-        mover = self.stones[self._rows, seat]
-        won = self._won(mover)
-        done = won | (self.occupied() == self._full)
+            bit = _ONE << (7 * a + self.heights[rows, a]).astype(np.uint64)
+            self.heights[rows, a] += 1
+        self.stones[rows, seat] |= bit
+        won = self._won(self.stones[rows, seat])
+        ended = won | ((self.stones[rows, 0] | self.stones[rows, 1]) == self._full)
         rewards = np.zeros((self.num_envs, 2), dtype=np.float32)
-        sign = np.where(won, 1.0, 0.0).astype(np.float32)
-        rewards[self._rows, seat] = sign
-        rewards[self._rows, 1 - seat] = -sign
-        self.to_play = 1 - seat
-        if done.any():
+        sign = won.astype(np.float32)
+        rewards[rows, seat] = sign
+        rewards[rows, 1 - seat] = -sign
+        self.to_play[rows] = 1 - seat
+        done = np.zeros(self.num_envs, dtype=bool)
+        done[rows] = ended
+        if ended.any():
             self.stones[done] = 0
             self.heights[done] = 0
             self.to_play[done] = 0
@@ -156,4 +165,4 @@ class BoardGameBatch:
         return obs, mask, to_play, rewards, done
 
 
-__all__ = ["BoardGameBatch", "GAMES", "GameSpec", "connect_four_won", "tictactoe_won"]
+__all__ = ["BoardGameBatch", "GAMES", "PASS", "GameSpec", "connect_four_won", "tictactoe_won"]

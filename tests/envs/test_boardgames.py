@@ -83,3 +83,22 @@ def test_win_detection_equals_brute_force_on_random_stone_sets() -> None:
     tb = (t.astype(np.uint64) << np.arange(9, dtype=np.uint64)).sum(axis=1).astype(np.uint64)
     lines = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
     np.testing.assert_array_equal(tictactoe_won(tb), [any(row[list(li)].all() for li in lines) for row in t])
+
+
+def test_pass_leaves_a_board_untouched() -> None:
+    b = BoardGameBatch("tictactoe", 3)
+    b.reset()
+    # board 0 passes from its second step on; board 2's seat 0 completes the top row (0, 1, 2) on the fifth move
+    plays = ([4, 4, 0], [-1, 0, 3], [-1, 3, 1], [-1, 8, 4], [-1, 6, 2])
+    for a in plays[:2]:
+        obs, mask, to_play, rewards, done = b.step(np.array(a))
+    assert b.moves == 5
+    np.testing.assert_array_equal(to_play, [1, 0, 0])
+    np.testing.assert_array_equal(obs[0, 1, 1], [0, 1])  # board 0's mover (seat 1) sees seat 0's centre stone
+    assert not done.any() and not rewards.any()
+    for a in plays[2:]:
+        obs, mask, to_play, rewards, done = b.step(np.array(a))
+    np.testing.assert_array_equal(done, [False, False, True])
+    np.testing.assert_array_equal(rewards[2], [1.0, -1.0])
+    np.testing.assert_array_equal(rewards[:2], 0.0)
+    assert b.moves == 11 and to_play[0] == 1 and mask[0].sum() == 8

@@ -24,6 +24,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.envs.boardgames import PASS
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import orthogonal
 
@@ -380,50 +381,53 @@ def play(agent: BoardAgent, env: Any, learner_params: Params, opponents: list[Op
     opp = np.zeros(n, dtype=np.int64)
     active = quota > 0
     new_games(np.flatnonzero(active))
+    game_of = np.where(active, game_ids, -1)  # id of the game each board is playing
     obs, mask, to_play = env.reset()
-    # per-board buffers of the game in progress (learner's moves), flushed in game order when a game ends
-    bufs: list[list[tuple]] = [[] for _ in range(n)]
-    games: list[list[tuple]] = []
-    results: list[tuple[int, float]] = []
+    steps: list[tuple] = []  # per env step: the learner's boards' (game id, obs, mask, action, log_prob, value)
+    result = np.zeros(num_games, np.float32)
+    opp_of_game = np.zeros(num_games, np.int64)
+    finish_order: list[np.ndarray] = []
     while active.any():
-        actions = np.argmax(mask, axis=1)  # boards that finished their quota keep playing legal filler moves
+        actions = np.full(n, PASS, dtype=np.int64)  # boards that finished their share of games pass
         mine = np.flatnonzero(active & (to_play == seat))
         if len(mine):
             a, lp, v = agent.sample(learner_params, obs[mine], mask[mine], rng, greedy)
             actions[mine] = a
             if collect:
-                for j, b in enumerate(mine):
-                    bufs[b].append((obs[b], mask[b], a[j], lp[j], v[j]))
+                steps.append((game_of[mine], obs[mine], mask[mine], a, lp, v))
         theirs = active & (to_play != seat)
         for k in np.unique(opp[theirs]):
             rows = np.flatnonzero(theirs & (opp == k))
             actions[rows] = actors[k](obs[rows], mask[rows], rng)
         obs, mask, to_play, rewards, done = env.step(actions)
         ended = np.flatnonzero(done & active)
-        for b in ended:
-            r = float(rewards[b, seat[b]])
-            results.append((int(opp[b]), r))
-            if collect:
-                games.append(bufs[b] + [r])
-            bufs[b] = []
-        played[ended] += 1
-        active &= played < quota
-        restart = ended[active[ended]]
-        if len(restart):
-            new_games(restart)
+        if len(ended):
+            g = game_of[ended]
+            result[g] = rewards[ended, seat[ended]]
+            opp_of_game[g] = opp[ended]
+            finish_order.append(g)
+            played[ended] += 1
+            active &= played < quota
+            restart = ended[active[ended]]
+            if len(restart):
+                new_games(restart)
+                game_of[restart] = game_ids[restart] + played[restart]
+    order = np.concatenate(finish_order)
+    results = list(zip(opp_of_game[order].tolist(), result[order].astype(float).tolist()))
     if not collect:
         return None, results
-    rows = [(m, i == len(g) - 2, g[-1]) for g in games for i, m in enumerate(g[:-1])]
-    if not rows:
-        raise RuntimeError("play: the learner made no move")  # impossible in these games: each seat moves
+    gid = np.concatenate([s[0] for s in steps])
+    rank = np.argsort(gid, kind="stable")  # game by game, each game's moves in time order
+    gid = gid[rank]
+    done_rows = np.append(gid[1:] != gid[:-1], True)
     traj = Trajectories(
-        obs=np.stack([m[0] for m, _, _ in rows]).astype(np.float32),
-        mask=np.stack([m[1] for m, _, _ in rows]).astype(bool),
-        action=np.array([m[2] for m, _, _ in rows], dtype=np.int64),
-        log_prob=np.array([m[3] for m, _, _ in rows], dtype=np.float32),
-        value=np.array([m[4] for m, _, _ in rows], dtype=np.float32),
-        reward=np.array([r if last else 0.0 for _, last, r in rows], dtype=np.float32),
-        done=np.array([last for _, last, _ in rows], dtype=bool),
+        obs=np.concatenate([s[1] for s in steps])[rank].astype(np.float32),
+        mask=np.concatenate([s[2] for s in steps])[rank].astype(bool),
+        action=np.concatenate([s[3] for s in steps])[rank].astype(np.int64),
+        log_prob=np.concatenate([s[4] for s in steps])[rank].astype(np.float32),
+        value=np.concatenate([s[5] for s in steps])[rank].astype(np.float32),
+        reward=np.where(done_rows, result[gid], 0.0).astype(np.float32),
+        done=done_rows,
     )
     return traj, results
 

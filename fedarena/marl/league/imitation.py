@@ -19,7 +19,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
-from fedarena.envs.boardgames import BoardGameBatch
+from fedarena.envs.boardgames import PASS, BoardGameBatch
 from fedarena.marl.league.agent import BoardAgent, Params
 
 
@@ -44,7 +44,7 @@ def expert_dataset(game: str, expert: Any, num_games: int, seed: int, explore: f
     while active.any():
         probs = np.zeros(mask.shape)
         probs[active] = expert.probs(obs[active], mask[active])
-        labels = np.argmax(mask, axis=1)
+        labels = np.full(n, PASS, dtype=np.int64)  # boards that finished their share of games pass
         labels[active] = expert(obs[active], mask[active], rng)
         actions = labels.copy()
         wild = active & (rng.random(n) < explore)

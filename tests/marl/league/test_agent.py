@@ -13,6 +13,15 @@ from fedarena.marl.league.agent import AgentConfig, BoardAgent, Trajectories, ga
 from fedarena.marl.league.players import random_player
 
 
+@pytest.fixture(autouse=True)
+def one_engine_thread():
+    """Small batches: the engine's thread pool only adds synchronisation (slow on a loaded machine)."""
+    before = engine.get_num_threads()
+    engine.set_num_threads(1)
+    yield
+    engine.set_num_threads(before)
+
+
 def _agent(game: str) -> tuple[BoardGameBatch, BoardAgent]:
     env = BoardGameBatch(game, 16)
     cfg = AgentConfig(network="cnn", hidden=(32,), channels=(8, 8)) if game == "connect_four" else AgentConfig(hidden=(32, 32))

@@ -6,9 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedarena import engine
 from fedarena.marl.league.agent import AgentConfig, BoardAgent
 from fedarena.marl.league.imitation import behaviour_clone, expert_dataset
 from fedarena.marl.league.players import minimax_player, one_ply_player, tictactoe_codes, tictactoe_solution
+
+
+@pytest.fixture(autouse=True)
+def one_engine_thread():
+    """Small batches: the engine's thread pool only adds synchronisation (slow on a loaded machine)."""
+    before = engine.get_num_threads()
+    engine.set_num_threads(1)
+    yield
+    engine.set_num_threads(before)
 
 
 def test_expert_dataset_rows_are_the_experts() -> None:

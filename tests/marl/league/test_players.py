@@ -4,13 +4,24 @@ connect-four player against a brute-force scan of the grid, evaluate()'s bookkee
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pyspiel
 from open_spiel.python.algorithms import minimax
 
+from fedarena import engine
 from fedarena.envs.boardgames import BoardGameBatch
 from fedarena.marl.league.agent import AgentConfig, BoardAgent
 from fedarena.marl.league.players import (evaluate, minimax_player, one_ply_player, random_player, tictactoe_codes,
-                                          tictactoe_solution)
+                                          tictactoe_exact_results, tictactoe_solution, two_ply_player)
+
+
+@pytest.fixture(autouse=True)
+def one_engine_thread():
+    """Small batches: the engine's thread pool only adds synchronisation (slow on a loaded machine)."""
+    before = engine.get_num_threads()
+    engine.set_num_threads(1)
+    yield
+    engine.set_num_threads(before)
 
 
 def _ttt_obs(cells: str) -> tuple[np.ndarray, np.ndarray]:
@@ -96,9 +107,10 @@ def test_one_ply_equals_brute_force_scan() -> None:
     env = BoardGameBatch("connect_four", 24)
     obs, mask, _ = env.reset()
     player = one_ply_player()
-    seen = {"win": 0, "block": 0, "free": 0}
+    seen = {"win": 0, "block": 0, "free": 0, "unsafe": 0}
     for _ in range(36):
         probs = player.probs(obs, mask)
+        probs2 = two_ply_player().probs(obs, mask)
         for i in range(len(obs)):
             grid = obs[i, :, :, 0] * 1 + obs[i, :, :, 1] * 2
             win, block = _brute_wins(grid, 1), _brute_wins(grid, 2)
@@ -106,6 +118,17 @@ def test_one_ply_equals_brute_force_scan() -> None:
             seen["win" if win else "block" if block else "free"] += 1
             assert set(np.flatnonzero(probs[i] > 0).tolist()) == want
             np.testing.assert_allclose(probs[i][list(want)], 1.0 / len(want))
+            # two_ply: the same wins and blocks, else the columns after which the opponent cannot win at once
+            legal = np.flatnonzero(mask[i]).tolist()
+            safe = []
+            for c in legal:
+                g = grid.copy()
+                g[max(r for r in range(6) if g[r, c] == 0), c] = 1
+                if c not in _brute_wins(g, 2):
+                    safe.append(c)
+            want2 = win or block or set(safe or legal)
+            assert set(np.flatnonzero(probs2[i] > 0).tolist()) == want2
+            seen["unsafe"] += not (win or block) and len(safe) < len(legal)
         obs, mask, *_ = env.step(random_player()(obs, mask, rng))
     assert min(seen.values()) > 10
 
@@ -129,3 +152,17 @@ def test_evaluate_counts_both_seats() -> None:
     assert r["wins"] == 0  # nobody beats perfect play
     s = evaluate(agent, params, random_player(), "tictactoe", 51, seed=0)
     assert s == evaluate(agent, params, random_player(), "tictactoe", 51, seed=0)  # seeded
+
+
+def test_exact_tictactoe_results_match_simulation() -> None:
+    agent = BoardAgent((3, 3, 2), 9, AgentConfig(hidden=(16,)))
+    params = agent.init_params(1)
+    exact = tictactoe_exact_results(agent, params)
+    for name, player in (("random", random_player()), ("minimax", minimax_player())):
+        sim = evaluate(agent, params, player, "tictactoe", 3000, seed=1)
+        for k, counted in (("win", "wins"), ("draw", "draws"), ("loss", "losses")):
+            for seat in (0, 1):
+                # 1500 games a seat: 4 standard errors of a rate are at most 0.052
+                assert abs(exact[f"{name}_{k}_seat{seat}"] - sim[f"{counted}_seat{seat}"] / 1500) < 0.052
+        assert abs(sum(exact[f"{name}_{k}"] for k in ("win", "draw", "loss")) - 1.0) < 1e-9
+    assert exact["minimax_win"] == 0.0
