@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from fedarena import engine
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedarena.marl.league.agent import AgentConfig, BoardAgent, Trajectories
@@ -114,7 +115,8 @@ class InferenceActor:
     """Batched opponent actions for every policy of the league (threaded: requests run concurrently)."""
 
     def __init__(self, game: str, agent_config: AgentConfig, store_root: str, max_batch: int, deadline_s: float,
-                 manager, capacity: int = 64, seed: int = 0) -> None:
+                 manager, capacity: int = 64, seed: int = 0, engine_threads: int = 1) -> None:
+        engine.set_num_threads(engine_threads)
         g = get_game(game)
         self.agent = BoardAgent(g.observation_shape, g.num_actions, agent_config)
         self.shape, self.num_actions = g.observation_shape, g.num_actions
@@ -183,7 +185,9 @@ class RemotePolicy:
 
 
 class RolloutActor:
-    def __init__(self, game: str, agent_config: AgentConfig, num_envs: int, seed: int, server) -> None:
+    def __init__(self, game: str, agent_config: AgentConfig, num_envs: int, seed: int, server,
+                 engine_threads: int = 1) -> None:
+        engine.set_num_threads(engine_threads)
         self.game = get_game(game)
         self.agent = BoardAgent(self.game.observation_shape, self.game.num_actions, agent_config)
         self.env = self.game.make_env(num_envs, seed)
@@ -205,7 +209,8 @@ class RolloutActor:
 class LearnerActor:
     def __init__(self, learner: int, name: str, role: str, game: str, agent_config: AgentConfig, seed: int,
                  store_root: str, manager, server, rollouts: list, state: dict | None = None,
-                 references: tuple = ()) -> None:
+                 references: tuple = (), engine_threads: int = 1) -> None:
+        engine.set_num_threads(engine_threads)
         g = get_game(game)
         self.agent = BoardAgent(g.observation_shape, g.num_actions, agent_config)
         self.id, self.name, self.role, self.seed = learner, name, role, seed
@@ -298,7 +303,7 @@ class RayLeague:
         self.server = ray.remote(InferenceActor).options(
             num_cpus=0, max_concurrency=256, scheduling_strategy=_here(), **restart).remote(
             cfg.game, cfg.agent, store_root, cfg.ray.inference_max_batch, cfg.ray.inference_deadline_s,
-            self.manager, seed=cfg.seed)
+            self.manager, seed=cfg.seed, engine_threads=cfg.engine_threads)
         roster = ray.get(self.manager.roster.remote())
         self.players = roster
         self.learner_ids = [p["id"] for p in roster if p["learning"]]
@@ -308,7 +313,7 @@ class RayLeague:
             p = roster[i]
             self.rollouts[i] = [ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_cpus, scheduling_strategy="SPREAD",
                                                                   **restart).remote(
-                cfg.game, cfg.agent, cfg.num_envs, learner_seed(cfg.seed, i, 2000 + k), self.server)
+                cfg.game, cfg.agent, cfg.num_envs, learner_seed(cfg.seed, i, 2000 + k), self.server, cfg.engine_threads)
                 for k in range(cfg.ray.rollout_actors)]
         for i in self.learner_ids:
             p = roster[i]
@@ -316,7 +321,7 @@ class RayLeague:
                                                                  **restart).remote(
                 i, p["name"], p["role"], cfg.game, cfg.agent, cfg.seed, store_root, self.manager, self.server,
                 self.rollouts[i], None if state is None else state["learners"][str(i)],
-                tuple((r.name, r.share) for r in cfg.reference_opponents))
+                tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.engine_threads)
         ray.get([l.node_id.remote() for l in self.learners.values()])   # constructed (weights pushed)
         self.throughput = {p["role"]: RoleThroughput() for p in roster if p["learning"]}
         if state is not None:

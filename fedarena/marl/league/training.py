@@ -88,13 +88,29 @@ def train_step(game: LeagueGame, agent: BoardAgent, learner: BoardLearner, env, 
     return league, refs, len(traj), env.env_steps - before, metrics
 
 
+def evaluate_snapshot(game: LeagueGame, agent: BoardAgent, env, params_of, new: int, others: list[int],
+                      num_games: int, rng: np.random.Generator) -> list[tuple[int, int, int]]:
+    """The evaluator: ``num_games`` games of a new frozen player against each other frozen player (random
+    seats), as ``(home, away, result)`` for the payoff table. Frozen players never meet in training, so
+    without this their part of the table stays at its 0.5 prior and a meta-solver over them sees no game."""
+    out = []
+    for j in others:
+        _, results = game.play(agent, env, params_of(new), [params_of(j)], np.ones(1), num_games, rng, collect=False)
+        out.extend((new, j, int(round(r))) for _, r in results)
+    return out
+
+
 class LocalLeague:
     """The league's learners, their environments and the manager, stepped in one process."""
 
     def __init__(self, game: LeagueGame, agent: BoardAgent, manager: LeagueManager, num_envs: int,
-                 games_per_iteration: int, seed: int, references: tuple[tuple[str, float], ...] = ()) -> None:
+                 games_per_iteration: int, seed: int, references: tuple[tuple[str, float], ...] = (),
+                 evaluator_games: int = 0) -> None:
         self.game, self.agent, self.manager = game, agent, manager
         self.references = tuple(references)
+        self.evaluator_games = evaluator_games
+        self.eval_env = game.make_env(min(num_envs, max(1, evaluator_games)), learner_seed(seed, 0, 1 << 23))
+        self.eval_rng = np.random.default_rng(learner_seed(seed, 0, 1 << 24))
         self.reference_players = {n: game.reference(n) for n, _ in self.references}
         self.num_envs, self.games_per_iteration, self.seed = num_envs, games_per_iteration, seed
         init = manager.initial_params()
@@ -125,6 +141,11 @@ class LocalLeague:
         ev = self.manager.maybe_snapshot(i, self.learners[i].params)
         if ev is not None:
             out.snapshot, out.reset = ev.record.name, ev.reset
+            if self.evaluator_games:
+                others = [j for j in self.manager.frozen if j != ev.record.id]
+                for home, away, r in evaluate_snapshot(self.game, self.agent, self.eval_env, self.manager.frozen_params,
+                                                       ev.record.id, others, self.evaluator_games, self.eval_rng):
+                    self.manager.report(home, away, r)
             if ev.reset:
                 version = self.manager.versions[i]
                 self.learners[i] = self.agent.learner(dict(self.manager.initial_params()),
@@ -155,6 +176,7 @@ class LocalLeague:
         return {"manager": self.manager.state_dict(),
                 "learners": {str(i): l.state_dict() for i, l in self.learners.items()},
                 "rngs": {str(i): r.bit_generator.state for i, r in self.rngs.items()},
+                "eval_rng": self.eval_rng.bit_generator.state,
                 "env_steps": {str(i): e.env_steps for i, e in self.envs.items()},
                 "throughput": {k: v.to_json() for k, v in self.throughput.items()}}
 
@@ -163,6 +185,7 @@ class LocalLeague:
             self.learners[int(k)].load_state_dict(d)
         for k, s in state["rngs"].items():
             self.rngs[int(k)].bit_generator.state = s
+        self.eval_rng.bit_generator.state = state["eval_rng"]
         for k, n in state["env_steps"].items():
             self.envs[int(k)].env_steps = int(n)
         for k, d in state["throughput"].items():
