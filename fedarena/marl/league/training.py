@@ -142,10 +142,13 @@ class LocalLeague:
         if ev is not None:
             out.snapshot, out.reset = ev.record.name, ev.reset
             if self.evaluator_games:
+                t_eval = time.perf_counter()
                 others = [j for j in self.manager.frozen if j != ev.record.id]
                 for home, away, r in evaluate_snapshot(self.game, self.agent, self.eval_env, self.manager.frozen_params,
                                                        ev.record.id, others, self.evaluator_games, self.eval_rng):
                     self.manager.report(home, away, r)
+                out.extra["evaluator_seconds"] = time.perf_counter() - t_eval
+                t0 += out.extra["evaluator_seconds"]     # the role's throughput counts its own work only
             if ev.reset:
                 version = self.manager.versions[i]
                 self.learners[i] = self.agent.learner(dict(self.manager.initial_params()),
