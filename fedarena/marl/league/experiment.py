@@ -38,7 +38,7 @@ class ImitationConfig:
     """AlphaStar's supervised stage: behaviour cloning from games of the game's scripted expert."""
 
     enabled: bool = param(False, "pre-train the initial weights by behaviour cloning before league RL")
-    expert: str = param("", "expert player: '' for the game's strongest reference (minimax / one_ply)")
+    expert: str = param("", "expert player: '' for the game's strongest reference (minimax / one_ply); two_ply for connect four")
     games: int = param(2000, "expert self-play games in the dataset")
     explore: float = param(0.1, "probability of a random move in the dataset's games (states off the expert's path)")
     epochs: int = param(20, "passes over the dataset")
@@ -73,6 +73,15 @@ class RayLeagueConfig:
 
 
 @dataclass(frozen=True)
+class ReferenceOpponent:
+    """A scripted player that main agents meet in a fixed share of their training games (outside the league:
+    not in the payoff table or the ratings)."""
+
+    name: str = param("random", "reference player: random, minimax (tic-tac-toe), one_ply (connect four)")
+    share: float = param(0.1, "share of each main agent's training games against it")
+
+
+@dataclass(frozen=True)
 class LeagueExperimentConfig(ExperimentConfig):
     game: str = param("tictactoe", f"league game: {', '.join(GAMES)}")
     execution: str = param("local", "local (one process) or ray (learner/rollout/inference/manager actors)")
@@ -84,6 +93,11 @@ class LeagueExperimentConfig(ExperimentConfig):
     payoff_decay: float = param(0.99, "decay of the payoff table's counts per game of a pair")
     draw_probability: float = param(0.1, "TrueSkill's prior draw probability")
     nash_solver: str = param("nash", "meta-solver for the league's mixture over frozen players")
+    evaluator_games: int = param(0, "games of each new snapshot against every other frozen player, into the payoff table (0: none)")
+    reference_opponents: list[ReferenceOpponent] = param(
+        doc="scripted players main agents also train against, each a fixed share of their games (empty: league only)",
+        factory=list)
+    engine_threads: int = param(1, "engine (BLAS) threads per process; 1 is fastest for these small batches on a loaded machine")
     store_path: str = param("", "snapshot store folder ('' = <run folder>/snapshots; a shared path on a cluster)")
     imitation: ImitationConfig = param(doc="imitation pre-training", factory=ImitationConfig)
     eval: EvalConfig = param(doc="evaluation against reference players", factory=EvalConfig)
@@ -94,7 +108,7 @@ class LeagueExperimentConfig(ExperimentConfig):
             raise ValueError(f"game: unknown league game '{self.game}'; known: {', '.join(GAMES)}")
         if self.execution not in EXECUTIONS:
             raise ValueError(f"execution: expected one of {', '.join(EXECUTIONS)}, got '{self.execution}'")
-        for name in ("iterations", "games_per_iteration", "num_envs"):
+        for name in ("iterations", "games_per_iteration", "num_envs", "engine_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.payoff_decay <= 1.0:
@@ -103,6 +117,10 @@ class LeagueExperimentConfig(ExperimentConfig):
             raise ValueError(f"draw_probability: expected a number in [0, 1), got {self.draw_probability}")
         if self.nash_solver not in META_SOLVERS:
             raise ValueError(f"nash_solver: unknown meta-solver '{self.nash_solver}'; known: {', '.join(sorted(META_SOLVERS))}")
+        if self.evaluator_games < 0:
+            raise ValueError(f"evaluator_games: must be >= 0, got {self.evaluator_games}")
+        if self.execution == "ray" and self.evaluator_games:
+            raise ValueError("evaluator_games: the snapshot evaluator runs with execution: local only")
         if self.execution == "ray" and not self.cluster.address:
             learners = self.roles.main_agents + self.roles.main_exploiters + self.roles.league_exploiters
             need = learners * (1 + self.ray.rollout_actors) * self.ray.actor_cpus
@@ -110,9 +128,18 @@ class LeagueExperimentConfig(ExperimentConfig):
                 raise ValueError(f"ray.actor_cpus: {learners} learners x (1 + {self.ray.rollout_actors} rollout actors) "
                                  f"x {self.ray.actor_cpus} CPUs = {need:g} exceeds cluster.num_cpus = {self.cluster.num_cpus}; "
                                  "the actors could never all be placed")
+        refs = get_game(self.game).references
+        for k, r in enumerate(self.reference_opponents):
+            if r.name not in refs:
+                raise ValueError(f"reference_opponents[{k}].name: '{r.name}' is not a reference player of {self.game} "
+                                 f"({', '.join(refs)})")
+            if not 0.0 < r.share < 1.0:
+                raise ValueError(f"reference_opponents[{k}].share: expected a number in (0, 1), got {r.share}")
+        if sum(r.share for r in self.reference_opponents) >= 1.0:
+            raise ValueError("reference_opponents: the shares must sum to less than 1 (league games need the rest)")
         if self.imitation.enabled and self.game == "rps":
             raise ValueError("imitation.enabled: rps has no scripted expert to imitate")
-        if self.imitation.expert and self.imitation.expert not in ("random", "minimax", "one_ply"):
+        if self.imitation.expert and self.imitation.expert not in ("random", "minimax", "one_ply", "two_ply"):
             raise ValueError(f"imitation.expert: unknown player '{self.imitation.expert}'")
 
 
@@ -148,10 +175,18 @@ def evaluate_mains(cfg, game, agent, manager, params_of, seed: int) -> dict[str,
         if cfg.game == "rps":
             out[f"exploitability/{name}"] = rps_exploitability(game.strategy(agent, params_of(i)))
     if cfg.game == "rps":
-        ids, sigma = manager.nash_mixture(solver=cfg.nash_solver)
-        mix = sum(w * game.strategy(agent, manager.frozen_params(j)) for j, w in zip(ids, sigma))
-        out["exploitability/nash_mixture"] = rps_exploitability(mix)
-        out["nash_mixture_support"] = float((sigma > 1e-6).sum())
+        # over every frozen player, and over the learned ones only (the snapshot of the initial weights, a
+        # near-uniform policy at random initialisation, is already close to the equilibrium by itself)
+        learned = [p.id for p in manager.players if not p.learning and p.step > 0]
+        for suffix, ids in (("", manager.frozen), ("_learned", learned)):
+            if not ids:
+                out[f"exploitability/nash_mixture{suffix}"] = float("nan")
+                continue
+            ids, sigma = manager.nash_mixture(ids, solver=cfg.nash_solver)
+            mix = sum(w * game.strategy(agent, manager.frozen_params(j)) for j, w in zip(ids, sigma))
+            out[f"exploitability/nash_mixture{suffix}"] = rps_exploitability(mix)
+            out[f"nash_mixture_support{suffix}"] = float((sigma > 1e-6).sum())
+        out["exploitability/initial"] = rps_exploitability(game.strategy(agent, manager.initial_params()))
     return out
 
 
@@ -179,6 +214,8 @@ def league_row(manager: LeagueManager, throughput: dict, results, t_iter: float)
                 row[f"branch/{b}"] = n / max(1, sum(res.branches.values()))
             won = [r for _, r in res.results]
             row["main_train_score"] = float(np.mean(won)) if won else float("nan")
+            for name, rs in res.extra.get("references", {}).items():
+                row[f"main_train_score/vs_{name}"] = float(np.mean(rs))
     row["snapshots_this_iteration"] = sum(r.snapshot is not None for r in results)
     return row
 
@@ -205,13 +242,17 @@ def make_league(cfg: LeagueExperimentConfig, game, agent: BoardAgent, store: Sna
         manager = LeagueManager(cfg.roles, store, init, cfg.seed, cfg.payoff_decay, cfg.draw_probability)
     else:
         manager = LeagueManager.from_state(state["manager"], cfg.roles, store)
-    league = LocalLeague(game, agent, manager, cfg.num_envs, cfg.games_per_iteration, cfg.seed)
+    league = LocalLeague(game, agent, manager, cfg.num_envs, cfg.games_per_iteration, cfg.seed,
+                         tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.evaluator_games)
     if state is not None:
         league.load_state_dict(state)
     return league, start, extra
 
 
 def run_league(cfg: LeagueExperimentConfig, run) -> dict[str, Any]:
+    from fedarena import engine
+
+    engine.set_num_threads(cfg.engine_threads)
     game = get_game(cfg.game)
     agent = BoardAgent(game.observation_shape, game.num_actions, cfg.agent)
     store = SnapshotStore(cfg.store_path or run.dir / "snapshots")
@@ -297,7 +338,11 @@ def plots_league(rows, cfg: LeagueExperimentConfig, report_dir: str) -> list[str
     ex = [r for r in rows if "exploitability/nash_mixture" in r]
     if ex:
         ax.plot([r["step"] for r in ex], [r["exploitability/nash_mixture"] for r in ex], "k^-", ms=3,
-                label="exploitability of the league's Nash mixture")
+                label="exploitability of the league's Nash mixture (all frozen players)")
+        ax.plot([r["step"] for r in ex], [r.get("exploitability/nash_mixture_learned", np.nan) for r in ex], "ms-", ms=3,
+                label="... of learned snapshots only (initial weights left out)")
+        ax.plot([r["step"] for r in ex], [r.get("exploitability/main-0", np.nan) for r in ex], "c.-", ms=3,
+                label="exploitability of main-0")
         ax.axhline(0.05, color="k", ls=":", lw=0.8)
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("main agents vs reference players (greedy, both seats)" + (" / rps exploitability" if ex else ""))

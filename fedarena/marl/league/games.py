@@ -21,7 +21,7 @@ import numpy as np
 
 from fedarena.envs.boardgames import BoardGameBatch
 from fedarena.marl.league.agent import BoardAgent, Trajectories, play
-from fedarena.marl.league.players import evaluate, minimax_player, one_ply_player, random_player
+from fedarena.marl.league.players import evaluate, minimax_player, one_ply_player, random_player, two_ply_player
 
 GAMES = ("tictactoe", "connect_four", "rps")
 
@@ -148,7 +148,8 @@ class LeagueGame:
         return play(agent, env, learner_params, opponents, probs, num_games, rng, collect)
 
     def reference(self, name: str) -> Any:
-        return {"random": random_player, "minimax": minimax_player, "one_ply": one_ply_player}[name]()
+        return {"random": random_player, "minimax": minimax_player, "one_ply": one_ply_player,
+                "two_ply": two_ply_player}[name]()
 
     def evaluate(self, agent: BoardAgent, params, opponent_name: str, num_games: int, seed: int,
                  greedy: bool = True) -> dict[str, float]:

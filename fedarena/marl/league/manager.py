@@ -137,14 +137,19 @@ class LeagueManager:
     def add_steps(self, learner: int, n: int) -> None:
         self.steps[learner] += int(n)
 
-    def maybe_snapshot(self, learner: int, params: dict[str, np.ndarray]) -> SnapshotEvent | None:
-        """AlphaStar's ``ready_to_checkpoint`` / ``checkpoint``: if the player is due, store a frozen copy and
-        say whether its role resets it to the initial weights."""
+    def snapshot_due(self, learner: int) -> bool:
+        """AlphaStar's ``ready_to_checkpoint`` for this learner now."""
         role = self._roles[self.players[learner].role]
-        if not ready_to_snapshot(role, learner, self, self.steps[learner] - self.snapshot_steps[learner]):
-            return None
+        return ready_to_snapshot(role, learner, self, self.steps[learner] - self.snapshot_steps[learner])
+
+    def take_snapshot(self, learner: int, params: dict[str, np.ndarray]) -> SnapshotEvent:
+        """AlphaStar's ``checkpoint``: store a frozen copy and say whether the role resets the learner."""
         record = self._snapshot(learner, params)
-        return SnapshotEvent(record, role.resets(self.rng))
+        return SnapshotEvent(record, self._roles[self.players[learner].role].resets(self.rng))
+
+    def maybe_snapshot(self, learner: int, params: dict[str, np.ndarray]) -> SnapshotEvent | None:
+        """:meth:`take_snapshot` if :meth:`snapshot_due`."""
+        return self.take_snapshot(learner, params) if self.snapshot_due(learner) else None
 
     # -- weights
     def frozen_params(self, player: int) -> dict[str, np.ndarray]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from fedarena import engine
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedarena.marl.league.agent import AgentConfig, BoardAgent, Trajectories
@@ -36,11 +37,13 @@ from fedarena.marl.league.games import get_game
 from fedarena.marl.league.manager import LeagueManager
 from fedarena.marl.league.roles import RoleConfig
 from fedarena.marl.league.store import SnapshotStore
-from fedarena.marl.league.training import IterationResult, RoleThroughput, learner_seed
+from fedarena.marl.league.roles import MAIN
+from fedarena.marl.league.training import IterationResult, RoleThroughput, learner_seed, split_results, with_references
 from fedarena.rl.distributions import Categorical
 from fedarena.rl.workers import InferenceServer, Weights
 
 LIVE = "live:"
+REF = "ref:"   # a scripted reference player, built inside the rollout actor
 
 
 def live_key(name: str) -> str:
@@ -55,6 +58,14 @@ class ManagerActor:
             self.m = LeagueManager.from_state(state, roles, store)
         else:
             self.m = LeagueManager(roles, store, initial_params, seed, decay, draw_probability)
+        self.live: dict[str, tuple[int, dict]] = {}
+
+    def set_live(self, name: str, version: int, params: dict[str, np.ndarray]) -> None:
+        """Learners' newest weights, kept here too so a restarted inference server gets them back."""
+        self.live[name] = (version, params)
+
+    def live_weights(self, name: str) -> tuple[int, dict] | None:
+        return self.live.get(name)
 
     def roster(self) -> list[dict]:
         return [p.to_json() for p in self.m.players]
@@ -68,12 +79,16 @@ class ManagerActor:
             sums.append(None if p.learning else self.m.checksums[p.snapshot])
         return ids, probs, branches, keys, sums
 
-    def finish_iteration(self, learner: int, moves: int, results: list[tuple[int, int]],
-                         params: dict[str, np.ndarray]) -> tuple[str | None, bool]:
+    def finish_iteration(self, learner: int, moves: int, results: list[tuple[int, int]]) -> bool:
+        """Record an iteration's steps and games; True when the learner is due for a snapshot (it then sends
+        its weights to :meth:`snapshot`, so weights cross the network only when a snapshot is taken)."""
         self.m.add_steps(learner, moves)
         self.m.report_many(learner, results)
-        ev = self.m.maybe_snapshot(learner, params)
-        return (None, False) if ev is None else (ev.record.name, ev.reset)
+        return self.m.snapshot_due(learner)
+
+    def snapshot(self, learner: int, params: dict[str, np.ndarray]) -> tuple[str, bool]:
+        ev = self.m.take_snapshot(learner, params)
+        return ev.record.name, ev.reset
 
     def latest_snapshot(self, learner: int) -> tuple[str | None, str | None]:
         rec = self.m.latest_snapshot(learner)
@@ -100,11 +115,13 @@ class InferenceActor:
     """Batched opponent actions for every policy of the league (threaded: requests run concurrently)."""
 
     def __init__(self, game: str, agent_config: AgentConfig, store_root: str, max_batch: int, deadline_s: float,
-                 capacity: int = 64, seed: int = 0) -> None:
+                 manager, capacity: int = 64, seed: int = 0, engine_threads: int = 1) -> None:
+        engine.set_num_threads(engine_threads)
         g = get_game(game)
         self.agent = BoardAgent(g.observation_shape, g.num_actions, agent_config)
         self.shape, self.num_actions = g.observation_shape, g.num_actions
         self.store = SnapshotStore(store_root)
+        self.manager = manager
         self.max_batch, self.deadline_s, self.capacity, self.seed = max_batch, deadline_s, capacity, seed
         self.servers: OrderedDict[str, InferenceServer] = OrderedDict()
         self.lock = threading.Lock()
@@ -126,9 +143,13 @@ class InferenceActor:
                     server.set_weights(weights)
                 return server
             if weights is None:
-                if key.startswith(LIVE):
-                    raise KeyError(f"inference: no weights pushed yet for {key}")
-                weights = Weights(0, self.store.load(key, checksum))
+                if key.startswith(LIVE):   # e.g. after a restart of this actor: the manager has them
+                    live = ray.get(self.manager.live_weights.remote(key[len(LIVE):]))
+                    if live is None:
+                        raise KeyError(f"inference: no weights pushed yet for {key}")
+                    weights = Weights(*live)
+                else:
+                    weights = Weights(0, self.store.load(key, checksum))
             server = InferenceServer(self._forward, Categorical(self.num_actions), weights, self.max_batch,
                                      self.deadline_s, seed=self.seed + len(self.servers) + self.requests)
             self.servers[key] = server
@@ -164,7 +185,9 @@ class RemotePolicy:
 
 
 class RolloutActor:
-    def __init__(self, game: str, agent_config: AgentConfig, num_envs: int, seed: int, server) -> None:
+    def __init__(self, game: str, agent_config: AgentConfig, num_envs: int, seed: int, server,
+                 engine_threads: int = 1) -> None:
+        engine.set_num_threads(engine_threads)
         self.game = get_game(game)
         self.agent = BoardAgent(self.game.observation_shape, self.game.num_actions, agent_config)
         self.env = self.game.make_env(num_envs, seed)
@@ -175,7 +198,8 @@ class RolloutActor:
 
     def rollout(self, params, keys: list[str], checksums: list, probs: np.ndarray, num_games: int,
                 seed: int) -> tuple[dict, list[tuple[int, float]], int]:
-        opponents = [RemotePolicy(self.server, k, c) for k, c in zip(keys, checksums)]
+        opponents = [self.game.reference(k[len(REF):]) if k.startswith(REF) else RemotePolicy(self.server, k, c)
+                     for k, c in zip(keys, checksums)]
         before = self.env.env_steps
         traj, results = self.game.play(self.agent, self.env, params, opponents, probs, num_games,
                                        np.random.default_rng(seed))
@@ -184,11 +208,14 @@ class RolloutActor:
 
 class LearnerActor:
     def __init__(self, learner: int, name: str, role: str, game: str, agent_config: AgentConfig, seed: int,
-                 store_root: str, manager, server, rollouts: list, state: dict | None = None) -> None:
+                 store_root: str, manager, server, rollouts: list, state: dict | None = None,
+                 references: tuple = (), engine_threads: int = 1) -> None:
+        engine.set_num_threads(engine_threads)
         g = get_game(game)
         self.agent = BoardAgent(g.observation_shape, g.num_actions, agent_config)
         self.id, self.name, self.role, self.seed = learner, name, role, seed
         self.manager, self.server, self.rollouts = manager, server, rollouts
+        self.references = tuple(references) if role == MAIN else ()
         self.store = SnapshotStore(store_root)
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.iterations = 0
@@ -204,7 +231,11 @@ class LearnerActor:
                 self.learner.load_state_dict(state["learner"])
                 self.iterations = int(state["iterations"])
         self.version = self.iterations
-        ray.get(server.set_live.remote(name, self.version, self.learner.params))
+        self._publish()
+
+    def _publish(self) -> None:
+        ray.get([self.manager.set_live.remote(self.name, self.version, self.learner.params),
+                 self.server.set_live.remote(self.name, self.version, self.learner.params)])
 
     def _load(self, name: str, checksum: str) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in self.store.load(name, checksum).items()}
@@ -218,6 +249,10 @@ class LearnerActor:
     def iteration(self, num_games: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         ids, probs, branches, keys, sums = ray.get(self.manager.get_matches.remote(self.id, num_games))
+        if self.references:
+            ids, probs = with_references(ids, probs, self.references)
+            keys = keys + [REF + n for n, _ in self.references]
+            sums = sums + [None] * len(self.references)
         n = len(self.rollouts)
         share = [num_games // n + (k < num_games % n) for k in range(n)]
         seeds = np.random.SeedSequence([self.seed, self.id, self.iterations]).generate_state(n)
@@ -226,15 +261,18 @@ class LearnerActor:
                         for r, g, s in zip(self.rollouts, share, seeds) if g > 0])
         traj = Trajectories.concatenate([Trajectories(**o[0]) for o in outs])
         metrics = self.learner.update(traj)
-        results = [(ids[k], int(round(r))) for o in outs for k, r in o[1]]
-        snap, reset = ray.get(self.manager.finish_iteration.remote(self.id, len(traj), results, self.learner.params))
+        results, refs = split_results(ids, [x for o in outs for x in o[1]])
+        snap, reset = None, False
+        if ray.get(self.manager.finish_iteration.remote(self.id, len(traj), results)):
+            snap, reset = ray.get(self.manager.snapshot.remote(self.id, self.learner.params))
         if reset:
             self.learner = self.agent.learner(self._load(*self._initial),
                                               learner_seed(self.seed, self.id, 1000 + self.iterations))
         self.iterations += 1
         self.version += 1
-        ray.get(self.server.set_live.remote(self.name, self.version, self.learner.params))
-        return {"learner": self.id, "role": self.role, "moves": len(traj), "games": len(results),
+        self._publish()
+        return {"learner": self.id, "role": self.role, "moves": len(traj), "references": refs,
+                "games": len(results) + sum(len(v) for v in refs.values()),
                 "env_steps": int(sum(o[2] for o in outs)), "metrics": metrics, "branches": branches,
                 "results": results, "snapshot": snap, "reset": reset, "seconds": time.perf_counter() - t0}
 
@@ -246,7 +284,7 @@ class LearnerActor:
 
 
 def _here() -> NodeAffinitySchedulingStrategy:
-    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
 class RayLeague:
@@ -265,7 +303,7 @@ class RayLeague:
         self.server = ray.remote(InferenceActor).options(
             num_cpus=0, max_concurrency=256, scheduling_strategy=_here(), **restart).remote(
             cfg.game, cfg.agent, store_root, cfg.ray.inference_max_batch, cfg.ray.inference_deadline_s,
-            seed=cfg.seed)
+            self.manager, seed=cfg.seed, engine_threads=cfg.engine_threads)
         roster = ray.get(self.manager.roster.remote())
         self.players = roster
         self.learner_ids = [p["id"] for p in roster if p["learning"]]
@@ -275,14 +313,15 @@ class RayLeague:
             p = roster[i]
             self.rollouts[i] = [ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_cpus, scheduling_strategy="SPREAD",
                                                                   **restart).remote(
-                cfg.game, cfg.agent, cfg.num_envs, learner_seed(cfg.seed, i, 2000 + k), self.server)
+                cfg.game, cfg.agent, cfg.num_envs, learner_seed(cfg.seed, i, 2000 + k), self.server, cfg.engine_threads)
                 for k in range(cfg.ray.rollout_actors)]
         for i in self.learner_ids:
             p = roster[i]
             self.learners[i] = ray.remote(LearnerActor).options(num_cpus=cfg.ray.actor_cpus, scheduling_strategy="SPREAD",
                                                                  **restart).remote(
                 i, p["name"], p["role"], cfg.game, cfg.agent, cfg.seed, store_root, self.manager, self.server,
-                self.rollouts[i], None if state is None else state["learners"][str(i)])
+                self.rollouts[i], None if state is None else state["learners"][str(i)],
+                tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.engine_threads)
         ray.get([l.node_id.remote() for l in self.learners.values()])   # constructed (weights pushed)
         self.throughput = {p["role"]: RoleThroughput() for p in roster if p["learning"]}
         if state is not None:
@@ -308,7 +347,8 @@ class RayLeague:
             tp.updates += 1
             tp.seconds += o["seconds"]
             done.append(IterationResult(o["learner"], o["moves"], o["games"], o["env_steps"], o["results"],
-                                        o["metrics"], o["branches"], o["seconds"], o["snapshot"], o["reset"]))
+                                        o["metrics"], o["branches"], o["seconds"], o["snapshot"], o["reset"],
+                                        {"references": o["references"]}))
         return done
 
     def view(self) -> LeagueManager:

@@ -15,6 +15,7 @@ import numpy as np
 from fedarena.marl.league.agent import BoardAgent, BoardLearner
 from fedarena.marl.league.games import LeagueGame
 from fedarena.marl.league.manager import LeagueManager
+from fedarena.marl.league.roles import MAIN
 
 
 @dataclass
@@ -56,22 +57,61 @@ def learner_seed(seed: int, learner: int, version: int) -> int:
     return int(np.random.SeedSequence([seed, 101, learner, version]).generate_state(1)[0])
 
 
+def with_references(ids: list, probs: np.ndarray, references: tuple[tuple[str, float], ...]) -> tuple[list, np.ndarray]:
+    """Mix fixed shares of scripted reference opponents (by name) into a match distribution over league ids."""
+    if not references:
+        return list(ids), probs
+    shares = np.array([s for _, s in references], dtype=np.float64)
+    return list(ids) + [n for n, _ in references], np.concatenate([probs * (1.0 - shares.sum()), shares])
+
+
+def split_results(ids: list, results: list[tuple[int, float]]) -> tuple[list[tuple[int, int]], dict[str, list[int]]]:
+    """Results by league id, and results against scripted references (not league players) by name."""
+    league, refs = [], {}
+    for k, r in results:
+        if isinstance(ids[k], str):
+            refs.setdefault(ids[k], []).append(int(round(r)))
+        else:
+            league.append((ids[k], int(round(r))))
+    return league, refs
+
+
 def train_step(game: LeagueGame, agent: BoardAgent, learner: BoardLearner, env, opponents: list, probs: np.ndarray,
-               ids: list[int], num_games: int, rng: np.random.Generator) -> tuple[list[tuple[int, int]], int, int, dict]:
-    """Play ``num_games`` against ``opponents`` and update once; returns (results by league id, moves,
-    env steps, update metrics). Shared by the in-process league and the Ray learner actors."""
+               ids: list, num_games: int, rng: np.random.Generator
+               ) -> tuple[list[tuple[int, int]], dict[str, list[int]], int, int, dict]:
+    """Play ``num_games`` against ``opponents`` and update once; returns (results by league id, results by
+    reference name, moves, env steps, update metrics). Shared by the in-process league and the Ray learners."""
     before = env.env_steps
     traj, results = game.play(agent, env, learner.params, opponents, probs, num_games, rng)
     metrics = learner.update(traj)
-    return [(ids[k], int(round(r))) for k, r in results], len(traj), env.env_steps - before, metrics
+    league, refs = split_results(ids, results)
+    return league, refs, len(traj), env.env_steps - before, metrics
+
+
+def evaluate_snapshot(game: LeagueGame, agent: BoardAgent, env, params_of, new: int, others: list[int],
+                      num_games: int, rng: np.random.Generator) -> list[tuple[int, int, int]]:
+    """The evaluator: ``num_games`` games of a new frozen player against each other frozen player (random
+    seats), as ``(home, away, result)`` for the payoff table. Frozen players never meet in training, so
+    without this their part of the table stays at its 0.5 prior and a meta-solver over them sees no game."""
+    out = []
+    for j in others:
+        _, results = game.play(agent, env, params_of(new), [params_of(j)], np.ones(1), num_games, rng, collect=False)
+        out.extend((new, j, int(round(r))) for _, r in results)
+    return out
 
 
 class LocalLeague:
     """The league's learners, their environments and the manager, stepped in one process."""
 
     def __init__(self, game: LeagueGame, agent: BoardAgent, manager: LeagueManager, num_envs: int,
-                 games_per_iteration: int, seed: int) -> None:
+                 games_per_iteration: int, seed: int, references: tuple[tuple[str, float], ...] = (),
+                 evaluator_games: int = 0) -> None:
         self.game, self.agent, self.manager = game, agent, manager
+        self.references = tuple(references)
+        self.evaluator_games = evaluator_games
+        self.eval_env = game.make_env(min(num_envs, max(1, evaluator_games)), learner_seed(seed, 0, 1 << 23))
+        self.eval_rng = np.random.default_rng(learner_seed(seed, 0, 1 << 24))
+        self.reference_players = {n: game.reference(n) for n, _ in self.references}
         self.num_envs, self.games_per_iteration, self.seed = num_envs, games_per_iteration, seed
         init = manager.initial_params()
         self.learners: dict[int, BoardLearner] = {
@@ -87,15 +127,28 @@ class LocalLeague:
     def step_learner(self, i: int) -> IterationResult:
         t0 = time.perf_counter()
         ids, probs, branches = self.manager.get_matches(i, self.games_per_iteration)
-        results, moves, env_steps, metrics = train_step(self.game, self.agent, self.learners[i], self.envs[i],
-                                                        self.opponents(ids), probs, ids, self.games_per_iteration,
-                                                        self.rngs[i])
+        opponents = self.opponents(ids)
+        if self.manager.role(i) == MAIN:
+            ids, probs = with_references(ids, probs, self.references)
+            opponents += [self.reference_players[n] for n, _ in self.references]
+        results, refs, moves, env_steps, metrics = train_step(self.game, self.agent, self.learners[i], self.envs[i],
+                                                              opponents, probs, ids, self.games_per_iteration,
+                                                              self.rngs[i])
         self.manager.add_steps(i, moves)
         self.manager.report_many(i, results)
-        out = IterationResult(i, moves, len(results), env_steps, results, metrics, branches, 0.0)
+        out = IterationResult(i, moves, len(results), env_steps, results, metrics, branches, 0.0,
+                              extra={"references": refs})
         ev = self.manager.maybe_snapshot(i, self.learners[i].params)
         if ev is not None:
             out.snapshot, out.reset = ev.record.name, ev.reset
+            if self.evaluator_games:
+                t_eval = time.perf_counter()
+                others = [j for j in self.manager.frozen if j != ev.record.id]
+                for home, away, r in evaluate_snapshot(self.game, self.agent, self.eval_env, self.manager.frozen_params,
+                                                       ev.record.id, others, self.evaluator_games, self.eval_rng):
+                    self.manager.report(home, away, r)
+                out.extra["evaluator_seconds"] = time.perf_counter() - t_eval
+                t0 += out.extra["evaluator_seconds"]     # the role's throughput counts its own work only
             if ev.reset:
                 version = self.manager.versions[i]
                 self.learners[i] = self.agent.learner(dict(self.manager.initial_params()),
@@ -104,7 +157,7 @@ class LocalLeague:
         tp = self.throughput[self.manager.role(i)]
         tp.env_steps += env_steps
         tp.moves += moves
-        tp.games += len(results)
+        tp.games += len(results) + sum(len(v) for v in refs.values())
         tp.updates += 1
         tp.seconds += out.seconds
         return out
@@ -126,6 +179,7 @@ class LocalLeague:
         return {"manager": self.manager.state_dict(),
                 "learners": {str(i): l.state_dict() for i, l in self.learners.items()},
                 "rngs": {str(i): r.bit_generator.state for i, r in self.rngs.items()},
+                "eval_rng": self.eval_rng.bit_generator.state,
                 "env_steps": {str(i): e.env_steps for i, e in self.envs.items()},
                 "throughput": {k: v.to_json() for k, v in self.throughput.items()}}
 
@@ -134,6 +188,7 @@ class LocalLeague:
             self.learners[int(k)].load_state_dict(d)
         for k, s in state["rngs"].items():
             self.rngs[int(k)].bit_generator.state = s
+        self.eval_rng.bit_generator.state = state["eval_rng"]
         for k, n in state["env_steps"].items():
             self.envs[int(k)].env_steps = int(n)
         for k, d in state["throughput"].items():

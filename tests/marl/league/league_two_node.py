@@ -26,19 +26,20 @@ def main() -> int:
     from fedarena.platform.experiment import ClusterConfig
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": 80 * 2**20,
-                                                            "include_dashboard": False})
+                                                            "include_dashboard": True, "dashboard_port": 0})
     second = cluster.add_node(num_cpus=2, object_store_memory=80 * 2**20)
     try:
         cfg = tiny_config(cluster=ClusterConfig(address=cluster.address))
         init_ray(cfg.cluster)
         cluster.wait_for_nodes()
+        dashboard = "http://" + ray._private.worker.get_dashboard_url()   # the state API talks to the dashboard
         g = get_game(cfg.game)
         init = BoardAgent(g.observation_shape, g.num_actions, cfg.agent).init_params(0)
         root = tempfile.mkdtemp()
         league = RayLeague(cfg, root, init)
 
         def actor_nodes() -> set[str]:
-            alive = list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+            alive = list_actors(address=dashboard, filters=[("state", "=", "ALIVE")], limit=1000)
             return {a.node_id for a in alive if a.class_name in ("LearnerActor", "RolloutActor")}
 
         league.iteration()

@@ -37,32 +37,42 @@ def test_rps_exploitability_is_the_closed_form():
 
 
 def test_tictactoe_league_with_imitation(tmp_path):
-    cfg = {**TINY, "imitation": {"enabled": True, "games": 40, "epochs": 1}}
-    res = fedarena.run(cfg, out=tmp_path / "run")
+    cfg = {**TINY, "imitation": {"enabled": True, "games": 40, "epochs": 1},
+           "reference_opponents": [{"name": "random", "share": 0.25}, {"name": "minimax", "share": 0.25}]}
+    res = fedarena.run(cfg, out=tmp_path / "run", report=False)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert "imitation/accuracy" in rows[0] and "eval/main-0/vs_minimax/loss_rate" in rows[-1]
+    assert "main_train_score/vs_minimax" in rows[-1]         # games against references: outside the table
     assert all(len(r["elo"]) == r["league_size"] for r in rows)
     payoff = json.loads((tmp_path / "run" / "payoff.json").read_text())
     games = np.array(payoff["games"])
-    # every game of every learner is in the table, counted once per side: 3 learners x 3 iterations x 24
-    assert games.sum() == 2 * 3 * 3 * 24 and res.summary["games"] == 3 * 3 * 24
+    # every league game is in the table, counted once per side: the exploiters' 2 x 3 x 24 and the main
+    # agent's games against league players (its games against the scripted references stay outside)
+    assert games.sum() == 2 * res.summary["games"]
+    assert 2 * 3 * 24 < res.summary["games"] < 3 * 3 * 24
     store = SnapshotStore(tmp_path / "run" / "snapshots")
     names = store.verify()
     assert "initial-v0000" in names and "main-0-v0001" in names
     assert res.summary["snapshots"] == len(names) >= 3       # snapshot_max_steps forces more snapshots
-    assert (tmp_path / "run" / "report" / "league.png").exists()
+    from fedarena.marl.league.experiment import plots_league
+    from fedarena.platform.runs import resolve
+    _, cfg_obj = resolve(tmp_path / "run" / "config.yaml")
+    (tmp_path / "run" / "report").mkdir()
+    assert plots_league(rows, cfg_obj, str(tmp_path / "run" / "report")) == [str(tmp_path / "run" / "report" / "league.png")]
 
 
 def test_rps_league_nash_mixture_is_evaluated_exactly(tmp_path):
-    cfg = {**TINY, "game": "rps", "iterations": 2, "eval": {"every": 1, "games": 4}}
-    fedarena.run(cfg, out=tmp_path / "run")
+    cfg = {**TINY, "game": "rps", "iterations": 2, "eval": {"every": 1, "games": 4}, "evaluator_games": 8}
+    fedarena.run(cfg, out=tmp_path / "run", report=False)
     row = read_metrics(tmp_path / "run")[-1]
-    state = None
     from fedarena.platform.checkpoint import list_checkpoints, load
     _, full = load(list_checkpoints(tmp_path / "run" / "checkpoints")[-1][1])
     state = full["experiment"]["league"]["manager"]
     m = LeagueManager.from_state(state, RoleConfig(**TINY["roles"]), SnapshotStore(tmp_path / "run" / "snapshots"))
+    frozen = m.frozen
+    # the evaluator played every new snapshot against the frozen players before it (8 games per pair)
+    assert all(m.payoff.total_games[a, b] == 8 for a in frozen for b in frozen if a != b)
     ids, sigma = m.nash_mixture()
     from fedarena.marl.league.agent import AgentConfig, BoardAgent
     from fedarena.marl.league.games import get_game
@@ -85,6 +95,11 @@ def test_rps_league_nash_mixture_is_evaluated_exactly(tmp_path):
     ({"roles": {"main_agents": 0}}, "main_agents: must be >= 1"),
     ({"game": "rps", "imitation": {"enabled": True}}, "imitation.enabled: rps has no scripted expert"),
     ({"roles": {"league_exploiter_weighting": "cubic"}}, "league_exploiter_weighting: unknown opponent selector"),
+    ({"reference_opponents": [{"name": "one_ply", "share": 0.2}]}, r"reference_opponents\[0\].name: 'one_ply' is not"),
+    ({"reference_opponents": [{"name": "random", "share": 0.6}, {"name": "minimax", "share": 0.5}]},
+     "reference_opponents: the shares must sum to less than 1"),
+    ({"execution": "ray", "evaluator_games": 4}, "evaluator_games: the snapshot evaluator runs with execution: local"),
+    ({"execution": "ray", "ray": {"rollout_actors": 3}}, "ray.actor_cpus: 3 learners x"),
 ])
 def test_bad_config_names_the_field(tmp_path, override, message):
     with pytest.raises((ConfigError, ValueError), match=message):
@@ -98,7 +113,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    proc = subprocess.Popen([sys.executable, "-m", "fedarena", "run", str(path), "--out", str(run_dir)],
+    proc = subprocess.Popen([sys.executable, "-m", "fedarena", "run", str(path), "--out", str(run_dir), "--no-report"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ckpts = run_dir / "checkpoints"
     deadline = time.monotonic() + 240
@@ -111,7 +126,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = set(SnapshotStore(run_dir / "snapshots").names())
-    out = subprocess.run([sys.executable, "-m", "fedarena", "run", "--resume", str(run_dir)], env=env,
+    out = subprocess.run([sys.executable, "-m", "fedarena", "run", "--resume", str(run_dir), "--no-report"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     status = json.loads((run_dir / "status.json").read_text())

@@ -70,8 +70,19 @@ def test_killed_learner_and_rollout_actor_restart_and_the_league_continues(ray_s
         check_store_and_payoff(SnapshotStore(tmp_path / "store"), state, 5, len(league.learner_ids))
         # the restarted exploiter resumed from its newest snapshot (or the initial weights if it had none)
         assert len(league.learner_params(exploiter)) == len(init)
+        saved = league.state_dict()
     finally:
         league.shutdown()
+    # a new set of actors from the driver's saved state (what `fedarena run --resume` does) continues the league
+    again = RayLeague(cfg, str(tmp_path / "store"), None, saved)
+    try:
+        main_params = saved["learners"][str(main)]["learner"]
+        assert all(np.array_equal(np.asarray(v), np.asarray(main_params[k]))
+                   for k, v in ray.get(again.learners[main].state_dict.remote())["learner"].items())
+        again.iteration()
+        check_store_and_payoff(SnapshotStore(tmp_path / "store"), again.manager_state(), 6, len(again.learner_ids))
+    finally:
+        again.shutdown()
 
 
 def test_two_node_cluster_spreads_actors_and_survives_losing_a_node():
