@@ -20,6 +20,7 @@ stated rather than emulated.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -67,7 +68,7 @@ def run_async(sim: Simulation, cfg: AsyncFLConfig, params: dict[str, np.ndarray]
     start = dict(params) if params is not None else sim.model.init_params(sim.seed)
     rng = np.random.default_rng([sim.seed, 17])
     pick = clients or (lambda i: sim.client_ids[int(rng.integers(len(sim.client_ids)))])
-    losses: list[float] = []
+    losses: deque[float] = deque(maxlen=50)  # the last 50 clients' training losses, for the metrics rows
 
     def gradient(p: dict[str, np.ndarray], job: tuple[str, int]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         cid, wave = job
@@ -103,9 +104,9 @@ def run_async(sim: Simulation, cfg: AsyncFLConfig, params: dict[str, np.ndarray]
     return {k: np.asarray(v) for k, v in current.items()}, rows
 
 
-def _evaluate(sim: Simulation, params: Any, version: int, dispatched: int, losses: list[float]) -> dict[str, float]:
+def _evaluate(sim: Simulation, params: Any, version: int, dispatched: int, losses: deque[float]) -> dict[str, float]:
     row = {"version": float(version), "clients_dispatched": float(dispatched),
-           "train_loss": float(np.mean(losses[-50:])) if losses else float("nan")}
+           "train_loss": float(np.mean(losses)) if losses else float("nan")}
     if sim.test is not None:
         loss, acc = evaluate_params(sim.model, params, *sim.test)
         row.update(test_loss=loss, test_acc=acc)
