@@ -1,0 +1,61 @@
+"""``ppo.engine_backend``: one PPO update on the cupy backend (its generated CUDA kernels run on the
+CPU emulation) equals the numpy backend's; a bad or unavailable backend is a one-line error naming
+the field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+from fedarena.engine.backends.cupy import CupyJitted, emulation, gpu_unavailable_reason
+from fedarena.engine.core.pytree import tree_leaves
+from fedarena.rl.ppo import PPO, PPOConfig
+
+needs_cxx = pytest.mark.skipif(emulation.host_compiler() is None, reason="no C++ compiler for the CUDA emulation")
+
+
+def _rollout(t: int, n: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.standard_normal((t, n, 3)).astype(np.float32),
+        "action": rng.integers(0, 2, (t, n)),
+        "log_prob": np.full((t, n), np.log(0.5), np.float32) + 0.05 * rng.standard_normal((t, n)).astype(np.float32),
+        "value": rng.standard_normal((t, n)).astype(np.float32),
+        "reward": rng.standard_normal((t, n)).astype(np.float32),
+        "discount": np.where(rng.random((t, n)) < 0.2, 0.0, 0.99).astype(np.float32),
+        "bootstrap_value": rng.standard_normal(n).astype(np.float32),
+    }
+
+
+@needs_cxx
+def test_ppo_update_on_the_emulated_device_equals_the_numpy_backend():
+    obs_space, act_space = spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(2)
+    kw = dict(num_envs=2, num_steps=4, num_minibatches=2, update_epochs=1, hidden=(4,), ent_coef=0.01, anneal_lr=False,
+              learning_rate=0.05)
+    ref = PPO(obs_space, act_space, PPOConfig(**kw), seed=3)
+    dev = PPO(obs_space, act_space, PPOConfig(**kw, engine_backend="cupy-emulated"), seed=3)
+    before = [np.array(x) for x in tree_leaves(ref.learner.params)]
+    rollout = _rollout(4, 2)
+    m_ref, m_dev = ref.update(rollout), dev.update(rollout)
+    assert isinstance(dev._step, CupyJitted) and dev._step.cache_size == 1
+    assert [exe.host_steps for exe, _ in dev._step._cache.values()] == [[]]  # the whole step runs as device kernels
+    p_ref, p_dev = tree_leaves(ref.learner.params), tree_leaves(dev.learner.params)
+    assert all(type(x) is np.ndarray for x in p_dev)  # handed back to the host after the rollout
+    assert max(float(np.abs(a - b).max()) for a, b in zip(p_ref, before)) > 1e-3  # the update moved the weights
+    for a, b in zip(p_ref, p_dev):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    for k in m_ref:
+        np.testing.assert_allclose(m_dev[k], m_ref[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    assert int(dev.learner.opt_state["count"]) == int(ref.learner.opt_state["count"]) == 2
+
+
+def test_engine_backend_errors_name_the_field():
+    with pytest.raises(ValueError, match=r"^ppo\.engine_backend: expected numpy, cupy or cupy-emulated, got 'torch'$"):
+        PPOConfig(engine_backend="torch")
+    if gpu_unavailable_reason() is not None:
+        with pytest.raises(ValueError, match=r"^ppo\.engine_backend: cupy selected but "):
+            PPOConfig(engine_backend="cupy")
+    if emulation.host_compiler() is not None:
+        with pytest.raises(ValueError, match=r"^ppo\.engine_backend: cupy-emulated runs one learner"):
+            PPOConfig(engine_backend="cupy-emulated", learners=2, num_envs=2, num_steps=4, num_minibatches=1)
