@@ -4,6 +4,8 @@ the field."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gymnasium import spaces
@@ -12,6 +14,7 @@ from fedarena.engine.backends.cupy import CupyJitted, emulation, gpu_unavailable
 from fedarena.engine.core.pytree import tree_leaves
 from fedarena.rl.ppo import PPO, PPOConfig
 
+REPO = Path(__file__).resolve().parents[2]
 needs_cxx = pytest.mark.skipif(emulation.host_compiler() is None, reason="no C++ compiler for the CUDA emulation")
 
 
@@ -59,3 +62,13 @@ def test_engine_backend_errors_name_the_field():
     if emulation.host_compiler() is not None:
         with pytest.raises(ValueError, match=r"^ppo\.engine_backend: cupy-emulated runs one learner"):
             PPOConfig(engine_backend="cupy-emulated", learners=2, num_envs=2, num_steps=4, num_minibatches=1)
+
+
+@pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a CUDA device is visible: cupy is available")
+def test_fedarena_run_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
+    from fedarena.platform.cli import main
+
+    rc = main(["run", str(REPO / "experiments" / "ppo_cartpole.yaml"), "--set", "ppo.engine_backend=cupy", "--out", str(tmp_path / "r")])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, lines
+    assert "ppo.engine_backend: cupy selected but " in lines[0]
