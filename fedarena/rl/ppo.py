@@ -141,9 +141,9 @@ class PPO:
         self.learner = Learner(params, self.optimizer.init(params), self._update_rollout)
         self.forward = engine.jit(self._forward)
         self.forward_sde = engine.jit(self._forward_sde) if config.use_sde else None
-        self._step = backend_jit(self._train_step, config.engine_backend) if config.learners == 1 else DataParallelLearner(
-            partial(ppo_replica, observation_space, action_space, config, seed, total_steps), config.learners,
-            config.learner_transport)
+        self._step = backend_jit(self._train_step, config.engine_backend) if config.learners == 1 else \
+            DataParallelLearner(partial(ppo_replica, observation_space, action_space, config, seed, total_steps),
+                                config.learners, config.learner_transport)
 
     # -- acting
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:

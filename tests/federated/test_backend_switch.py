@@ -72,7 +72,8 @@ def test_engine_backend_settings_name_the_field():
 
 @pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a CUDA device is visible: cupy is available")
 def test_fedarena_run_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
-    rc = main(["run", str(REPO / "experiments" / "fedsim_digits.yaml"), "--set", "engine_backend=cupy", "--out", str(tmp_path / "r")])
+    rc = main(["run", str(REPO / "experiments" / "fedsim_digits.yaml"),
+               "--set", "engine_backend=cupy", "--out", str(tmp_path / "r")])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1, lines
     assert "engine_backend: cupy selected but " in lines[0]
