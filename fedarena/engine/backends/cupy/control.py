@@ -51,7 +51,9 @@ def store_outputs(xp: Any, e: Eqn, buffers: Sequence[Any], results: Sequence[Any
     buffer (or a fresh array); otherwise the equation has one output that packs every result,
     flattened and cast to its dtype, one after the other (as ``control_flow._unpack`` reads it)."""
     outs = list(e.outputs)
-    if len(outs) == len(results) and all(o.aval.shape == tuple(r.shape) and o.aval.dtype == r.dtype for o, r in zip(outs, results)):
+    one_each = len(outs) == len(results) and all(o.aval.shape == tuple(r.shape) and o.aval.dtype == r.dtype
+                                                 for o, r in zip(outs, results))
+    if one_each:
         for o, buf, r in zip(outs, buffers, results):
             if buf is None:
                 buf = xp.array(r, copy=True)  # a fresh array: never an alias of an operand
@@ -73,7 +75,8 @@ def store_outputs(xp: Any, e: Eqn, buffers: Sequence[Any], results: Sequence[Any
 def _reader(exe: Executable, operands: Sequence[Any]) -> Callable[[dict], list]:
     """``read(env)``: the operands' device arrays (literals copied to the device once, here)."""
     dev = exe.device
-    fixed = {k: dev.to_device(np.asarray(a.value, a.aval.dtype)) for k, a in enumerate(operands) if isinstance(a, Literal)}
+    fixed = {k: dev.to_device(np.asarray(a.value, a.aval.dtype))
+             for k, a in enumerate(operands) if isinstance(a, Literal)}
     ops = list(operands)
 
     def read(env: dict) -> list:
