@@ -11,7 +11,8 @@ import pytest
 from fedarena import engine
 from fedarena.engine import ops
 from fedarena.engine.backends import cupy as cb
-from fedarena.engine.backends.cupy import control, indexing
+from fedarena.engine.backends.cupy import control, indexing, toolchain
+from fedarena.engine.backends.cupy import kernels as K
 from fedarena.engine.core.pytree import tree_leaves
 
 
@@ -161,3 +162,33 @@ def test_store_outputs_packs_or_writes_one_output_per_result():
     control.store_outputs(np, e2, [None, buf], [a, b], env)
     np.testing.assert_array_equal(env[outs[0]], a)
     assert env[outs[0]] is not a and env[outs[1]] is buf and buf.tolist() == [0.5, 1.5]
+
+
+def _rule_kernels() -> list:
+    from fedarena.engine.core.ir import ShapedArray
+
+    out = []
+    for dt in (np.float32, np.float64, np.int32):
+        x, idx = ShapedArray((3, 4, 5), dt), ShapedArray((2, 2), np.int64)
+        out.append(indexing.take_kernel(x, idx, 1))
+        out.append(indexing.index_add_kernel(ShapedArray((3, 2, 2, 5), dt), idx, 1, 4))
+        out.append(indexing.argsort_kernel(x, 2))
+    return out
+
+
+@pytest.mark.skipif(toolchain.find_nvcc() is None, reason="nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda)")
+def test_rule_kernels_compile_with_nvcc():
+    import re
+
+    kernels = _rule_kernels()
+    ptx = toolchain.ptx(K.module_source(kernels), nvcc=toolchain.find_nvcc())
+    assert {k.name for k in kernels} <= set(re.findall(r"\.entry\s+(\w+)", ptx))
+
+
+@pytest.mark.skipif(toolchain.find_nvrtc() is None, reason="no NVRTC library (pip install nvidia-cuda-nvrtc)")
+def test_rule_kernels_compile_with_nvrtc():
+    import re
+
+    kernels = _rule_kernels()
+    ptx = toolchain.nvrtc_ptx(K.module_source(kernels), library=toolchain.find_nvrtc())
+    assert {k.name for k in kernels} <= set(re.findall(r"\.entry\s+(\w+)", ptx))
