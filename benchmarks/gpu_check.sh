@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The cupy backend's GPU check, for a session lent a CUDA device (an H200): at most 425 s of step
-# limits plus 5 s grace each for 9 steps (470 s < 8 minutes even if every step runs out its time),
+# The cupy backend's GPU check, for a session lent a CUDA device (an H200): at most 430 s of step
+# limits plus 5 s grace each for 9 steps (475 s < 8 minutes even if every step runs out its time),
 # all written to one folder.
 #
 #   benchmarks/gpu_check.sh [OUT_DIR] [--cpu-dry-run]
@@ -8,8 +8,9 @@
 # OUT_DIR defaults to $OUT, else ./gpu_results.  Steps (each under its own time limit, each
 # logged to OUT_DIR/<step>.log; a failing step does not stop the others):
 #   env      nvidia-smi, python/cupy/torch versions
-#   tests    pytest -m gpu: tests/engine/gpu (generated kernels, SGEMM variants, PPO step on the
-#            device) and tests/envs/test_classic_control_cupy.py (batched CartPole/Acrobot on cupy)
+#   tests    pytest -m gpu: tests/engine/gpu (generated kernels, SGEMM variants, PPO step, device
+#            rules on the device), tests/envs/test_classic_control_cupy.py (batched CartPole/Acrobot
+#            on cupy), tests/{rl,federated}/test_backend_switch.py (engine_backend: cupy)
 #   gemm     tiled SGEMM variants vs cuBLAS at 1024-8192 (TFLOPS)
 #   fused    a 10-op fused chain vs separate cupy calls at 1M elements
 #   ppo      the PPO step at batch 4096 vs PyTorch CUDA eager
@@ -29,7 +30,7 @@ out="${OUT:-gpu_results}"
 for arg in "$@"; do
   case "$arg" in
     --cpu-dry-run) dry=(--cpu-dry-run) ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) out="$arg" ;;
   esac
 done
@@ -118,8 +119,9 @@ PYEOF
 '
 
 cd "$root" || exit 1
-step env 20 bash -c "$env_info"
-step tests 105 "$py" -m pytest -q -m gpu -p no:cacheprovider -rs tests/engine/gpu tests/envs/test_classic_control_cupy.py
+step env 18 bash -c "$env_info"
+step tests 114 "$py" -m pytest -q -m gpu -p no:cacheprovider -rs tests/engine/gpu tests/envs/test_classic_control_cupy.py \
+  tests/rl/test_backend_switch.py tests/federated/test_backend_switch.py
 for part in gemm fused ppo cnn fl; do
   case "$part" in
     gemm) limit=75 ;;
@@ -130,6 +132,6 @@ for part in gemm fused ppo cnn fl; do
   step "$part" "$limit" "$py" "$here/gpu_bench.py" "$part" --out "$out" ${dry[@]+"${dry[@]}"}
 done
 DRY="${dry[*]+x}" OUT_DIR="$out" step switch 65 bash -c "$switch_runs"
-step summary 10 "$py" "$here/gpu_bench.py" summary --out "$out"
+step summary 8 "$py" "$here/gpu_bench.py" summary --out "$out"
 echo "total $((SECONDS - start))s; results in $out" | tee -a "$summary"
 cat "$out/summary.txt" "$out/switch.txt" 2> /dev/null

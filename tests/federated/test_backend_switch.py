@@ -18,6 +18,10 @@ from fedarena.platform.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 needs_cxx = pytest.mark.skipif(emulation.host_compiler() is None, reason="no C++ compiler for the CUDA emulation")
+_NO_GPU = gpu_unavailable_reason()
+DEVICE_BACKENDS = ["cupy-emulated", pytest.param("cupy", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(_NO_GPU is not None, reason=f"no CUDA device: {_NO_GPU}")])]
+"""The emulated device everywhere; the CUDA device with ``-m gpu`` where there is one."""
 
 
 def _data(seed=0):
@@ -42,9 +46,10 @@ def _round(strategy, engine_backend):
 @pytest.mark.parametrize("strategy", [st.FedAvg(st.FitConfig(2, 4, 0.2), clients_per_round=5),
                                       st.fedprox(0.5, st.FitConfig(1, 3, 0.2), clients_per_round=4)],
                          ids=["fedavg", "fedprox"])
-def test_fedsim_round_on_the_emulated_device_equals_the_numpy_backend(strategy):
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
+def test_fedsim_round_on_the_device_backend_equals_the_numpy_backend(strategy, backend):
     _, start, ref, rec_ref = _round(strategy, "numpy")
-    s, _, got, rec = _round(strategy, "cupy-emulated")
+    s, _, got, rec = _round(strategy, backend)
     step = s.model._step_plain if strategy.fit.prox_mu == 0 else s.model._step
     assert isinstance(step, CupyJitted) and step.cache_size >= 1
     assert all(exe.host_steps == [] for exe, _ in step._cache.values())  # local training: device kernels only

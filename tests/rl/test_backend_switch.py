@@ -16,6 +16,10 @@ from fedarena.rl.ppo import PPO, PPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 needs_cxx = pytest.mark.skipif(emulation.host_compiler() is None, reason="no C++ compiler for the CUDA emulation")
+_NO_GPU = gpu_unavailable_reason()
+DEVICE_BACKENDS = ["cupy-emulated", pytest.param("cupy", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(_NO_GPU is not None, reason=f"no CUDA device: {_NO_GPU}")])]
+"""The emulated device everywhere; the CUDA device with ``-m gpu`` where there is one."""
 
 
 def _rollout(t: int, n: int, seed: int = 0) -> dict:
@@ -32,12 +36,13 @@ def _rollout(t: int, n: int, seed: int = 0) -> dict:
 
 
 @needs_cxx
-def test_ppo_update_on_the_emulated_device_equals_the_numpy_backend():
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
+def test_ppo_update_on_the_device_backend_equals_the_numpy_backend(backend):
     obs_space, act_space = spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(2)
     kw = dict(num_envs=2, num_steps=4, num_minibatches=2, update_epochs=1, hidden=(4,), ent_coef=0.01, anneal_lr=False,
               learning_rate=0.05)
     ref = PPO(obs_space, act_space, PPOConfig(**kw), seed=3)
-    dev = PPO(obs_space, act_space, PPOConfig(**kw, engine_backend="cupy-emulated"), seed=3)
+    dev = PPO(obs_space, act_space, PPOConfig(**kw, engine_backend=backend), seed=3)
     before = [np.array(x) for x in tree_leaves(ref.learner.params)]
     rollout = _rollout(4, 2)
     m_ref, m_dev = ref.update(rollout), dev.update(rollout)
@@ -96,13 +101,14 @@ def _replay_batch(n: int, obs_dim: int, actions: int, seed: int = 1) -> dict:
 
 
 @needs_cxx
-def test_dqn_and_impala_updates_on_the_emulated_device_equal_the_numpy_backend():
+@pytest.mark.parametrize("backend", DEVICE_BACKENDS)
+def test_dqn_and_impala_updates_on_the_device_backend_equal_the_numpy_backend(backend):
     from fedarena.rl.dqn import DQN, DQNConfig
     from fedarena.rl.impala import IMPALA, IMPALAConfig
 
     obs_space, act_space = spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Discrete(2)
     kw = dict(num_envs=2, batch_size=6, buffer_size=16, hidden=(4,), learning_rate=0.05, prioritized=False)
-    agents = [DQN(obs_space, act_space, DQNConfig(**kw, engine_backend=b), seed=5) for b in ("numpy", "cupy-emulated")]
+    agents = [DQN(obs_space, act_space, DQNConfig(**kw, engine_backend=b), seed=5) for b in ("numpy", backend)]
     batch = _replay_batch(6, 3, 2)
     for _ in range(2):
         m = [a.learner.update(dict(batch)) for a in agents]
@@ -113,7 +119,7 @@ def test_dqn_and_impala_updates_on_the_emulated_device_equal_the_numpy_backend()
 
     kw = dict(num_envs=2, unroll_length=3, hidden=(4,), learning_rate=0.05)
     learners = [IMPALA(obs_space, act_space, IMPALAConfig(**kw, engine_backend=b), seed=5)
-                for b in ("numpy", "cupy-emulated")]
+                for b in ("numpy", backend)]
     r = _rollout(3, 2, seed=4)
     traj = dict(r, last_obs=np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32), version=0)
     m = [lr.update(dict(traj)) for lr in learners]

@@ -1,7 +1,8 @@
 """Device rules of the cupy backend for control flow (``scan``, ``cond``, ``while``), ``take``,
 ``index_add`` and the stable ``argsort`` (so ``sort``), run on the emulated device (the generated
-CUDA kernels compiled for the CPU) against the numpy backend; ``host_steps`` is empty and only
-``cond``'s and ``while``'s predicates cross to the host."""
+CUDA kernels compiled for the CPU) and, with ``-m gpu`` on a machine with one, on the CUDA device,
+against the numpy backend; ``host_steps`` is empty and only ``cond``'s and ``while``'s predicates
+cross to the host."""
 
 from __future__ import annotations
 
@@ -13,26 +14,39 @@ from fedarena.engine import ops
 from fedarena.engine.backends import cupy as cb
 from fedarena.engine.backends.cupy import control, indexing, toolchain
 from fedarena.engine.backends.cupy import kernels as K
+from fedarena.engine.backends.cupy.selection import to_host
 from fedarena.engine.core.pytree import tree_leaves
 
 
-class CountingDevice(cb.EmulatedDevice):
-    """The emulated device, counting device-to-host copies."""
+class _Counting:
+    """A device counting its device-to-host copies."""
 
-    def __init__(self, cache_dir):
-        super().__init__(cache_dir=cache_dir)
-        self.to_host_calls = 0
+    to_host_calls = 0
 
     def to_host(self, x):
         self.to_host_calls += 1
         return super().to_host(x)
 
 
-@pytest.fixture(scope="module")
-def device(tmp_path_factory):
+class CountingEmulated(_Counting, cb.EmulatedDevice):
+    pass
+
+
+class CountingCuda(_Counting, cb.CupyDevice):
+    pass
+
+
+_NO_GPU = cb.gpu_unavailable_reason()
+
+
+@pytest.fixture(scope="module", params=["emulated", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(_NO_GPU is not None, reason=f"no CUDA device: {_NO_GPU}")])])
+def device(request, tmp_path_factory):
+    if request.param == "cuda":
+        return CountingCuda()
     if cb.emulation.host_compiler() is None:
         pytest.skip("no C++ compiler for the CUDA emulation")
-    return CountingDevice(tmp_path_factory.mktemp("cuda_emu_rules"))
+    return CountingEmulated(cache_dir=tmp_path_factory.mktemp("cuda_emu_rules"))
 
 
 def _check(device, fn, *args, prims=(), crossings=0, exact=False):
@@ -48,7 +62,7 @@ def _check(device, fn, *args, prims=(), crossings=0, exact=False):
     before = device.to_host_calls
     got = j(*args)
     assert device.to_host_calls - before == crossings
-    for r, g in zip(tree_leaves(ref), tree_leaves(got)):
+    for r, g in zip(tree_leaves(ref), tree_leaves(to_host(got))):
         assert np.asarray(g).dtype == np.asarray(r).dtype and np.shape(g) == np.shape(r)
         if exact:
             np.testing.assert_array_equal(g, r)
@@ -125,7 +139,7 @@ def test_take_and_its_gradient_index_add(device):
 
 def test_take_writes_zero_for_an_out_of_range_index(device):
     got = cb.jit(lambda a: ops.take(a, np.array([0, 7]), axis=0), device=device)(np.arange(3.0))
-    np.testing.assert_array_equal(got, [0.0, 0.0])
+    np.testing.assert_array_equal(to_host(got), [0.0, 0.0])
 
 
 def test_argsort_and_sort_are_numpys_stable_order(device):
