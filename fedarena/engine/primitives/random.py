@@ -131,12 +131,12 @@ def transform(words: np.ndarray, kind: str, dtype: np.dtype, n: int) -> np.ndarr
     if kind == "uniform" and dt == np.float64:
         return (words >> _S11).astype(np.float64) * 2.0**-53
     if kind == "uniform":
-        halves = np.stack([words & _LO32, words >> _S32], axis=-1).reshape(words.shape[0], -1)[:, :n]
+        halves = np.stack([words & _LO32, words >> _S32], axis=-1).reshape(words.shape[0], 2 * words.shape[1])[:, :n]
         return (halves >> _S8).astype(np.float32) * np.float32(2.0**-24)
     u = (words >> _S11).astype(np.float64) * 2.0**-53
     r = np.sqrt(-2.0 * np.log(1.0 - u[:, 0::2]))
     t = (2.0 * math.pi) * u[:, 1::2]
-    z = np.stack([r * np.cos(t), r * np.sin(t)], axis=-1).reshape(words.shape[0], -1)[:, :n]
+    z = np.stack([r * np.cos(t), r * np.sin(t)], axis=-1).reshape(words.shape[0], 2 * r.shape[1])[:, :n]
     return z.astype(dt, copy=False)
 
 
