@@ -22,7 +22,7 @@ Transforms of the words (sample ``j`` of a draw of ``n``):
   ``w[2i], w[2i+1]``: ``u1 = 1 - (w[2i] >> 11) * 2^-53`` in ``(0, 1]``, ``u2 = (w[2i+1] >> 11) *
   2^-53``, ``r = sqrt(-2 log u1)``, samples ``2i`` and ``2i+1`` are ``r cos(2 pi u2)`` and
   ``r sin(2 pi u2)``, computed in float64 (float32 rounds the float64 result; an odd ``n`` drops
-  the last sine).  ``|z|`` is at most ``sqrt(-2 log 2^-53)`` = 8.57.  This is not numpy's
+  the last sine).  ``|z|`` is at most ``sqrt(-2 log 2^-53)`` = 8.5717.  This is not numpy's
   (ziggurat) normal stream.
 
 The uniforms and split keys are the same bits with and without the extension.  The normals use

@@ -164,9 +164,11 @@ def test_sampling_on_gpu_equals_numpy_backend():
 
     for fn, arg in ((_draws, R.key(5)), (engine.vmap(_draws), R.split(R.key(6), 4096))):
         got, want = engine.jit(fn, backend="cupy")(arg), engine.jit(fn)(arg)
-        for g, w in zip(got, want):
+        for i, (g, w) in enumerate(zip(got, want)):
             g = cupy.asnumpy(g)
             if g.dtype.kind == "f":
                 np.testing.assert_array_max_ulp(g, w, maxulp=8)  # the device's log/cos/sin
+            elif i == 3:  # categorical: argmax of logits + Gumbel noise, whose log may differ by an ulp
+                assert g.shape == w.shape and (g != w).mean() < 1e-3
             else:
                 np.testing.assert_array_equal(g, w)
