@@ -748,6 +748,184 @@ static PyObject *py_windows(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_FALSE;
 }
 
+/* ------------------------------------------------------------------------------------ random
+ * Philox-4x64-10 (Salmon et al., SC 2011; numpy's np.random.Philox) over many keys at once, and
+ * the engine's transforms of its words (primitives/random.py documents the stream layout and the
+ * transforms; its numpy fallback computes the same words).  Block b of a key is Philox of the
+ * counter (b + 1, 0, 0, top); word i of the stream is word i % 4 of block i / 4. */
+
+typedef unsigned long long u64;
+
+static inline u64 mulhilo64(u64 a, u64 b, u64 *hi)
+{
+    unsigned __int128 p = (unsigned __int128)a * b;
+    *hi = (u64)(p >> 64);
+    return (u64)p;
+}
+
+static inline void philox4x64_10(u64 c[4], u64 k0, u64 k1)
+{
+    for (int r = 0; r < 10; r++) {
+        if (r) {
+            k0 += 0x9E3779B97F4A7C15ULL;
+            k1 += 0xBB67AE8584CAA73BULL;
+        }
+        u64 hi0, hi1;
+        u64 lo0 = mulhilo64(0xD2E7470EE14C6C93ULL, c[0], &hi0);
+        u64 lo1 = mulhilo64(0xCA5A826395121157ULL, c[2], &hi1);
+        u64 n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = lo1;
+        c[2] = n2;
+        c[3] = lo0;
+    }
+}
+
+/* words 0 .. nwords-1 of one key's stream */
+static void philox_stream(const u64 *key, u64 top, u64 *out, Py_ssize_t nwords)
+{
+    for (Py_ssize_t b = 0; 4 * b < nwords; b++) {
+        u64 c[4] = {(u64)b + 1, 0, 0, top};
+        philox4x64_10(c, key[0], key[1]);
+        for (Py_ssize_t j = 0; j < 4 && 4 * b + j < nwords; j++)
+            out[4 * b + j] = c[j];
+    }
+}
+
+/* Box-Muller of two words into two normals (float64) */
+static inline void box_muller(u64 w0, u64 w1, double *z0, double *z1)
+{
+    double u1 = 1.0 - (double)(w0 >> 11) * 0x1p-53, u2 = (double)(w1 >> 11) * 0x1p-53;
+    double r = sqrt(-2.0 * log(u1)), t = 6.283185307179586 * u2;
+    *z0 = r * cos(t);
+    *z1 = r * sin(t);
+}
+
+/* one key's draw of n samples: kind 0 uniform, 1 normal; dbl: float64 (else float32) */
+static void random_draw(const u64 *key, void *out, Py_ssize_t n, int kind, int dbl)
+{
+    double *od = out;
+    float *of = out;
+    for (Py_ssize_t b = 0;; b++) {
+        Py_ssize_t per = (kind == 0 && !dbl) ? 8 : 4; /* samples one block gives */
+        Py_ssize_t s0 = b * per;
+        if (s0 >= n)
+            break;
+        u64 c[4] = {(u64)b + 1, 0, 0, 0};
+        philox4x64_10(c, key[0], key[1]);
+        if (kind == 0 && dbl) {
+            for (int j = 0; j < 4 && s0 + j < n; j++)
+                od[s0 + j] = (double)(c[j] >> 11) * 0x1p-53;
+        } else if (kind == 0) {
+            for (int j = 0; j < 8 && s0 + j < n; j++) {
+                uint32_t h = (uint32_t)(j & 1 ? c[j >> 1] >> 32 : c[j >> 1]);
+                of[s0 + j] = (float)(h >> 8) * 0x1p-24f;
+            }
+        } else {
+            double z[4];
+            box_muller(c[0], c[1], &z[0], &z[1]);
+            box_muller(c[2], c[3], &z[2], &z[3]);
+            for (int j = 0; j < 4 && s0 + j < n; j++) {
+                if (dbl)
+                    od[s0 + j] = z[j];
+                else
+                    of[s0 + j] = (float)z[j];
+            }
+        }
+    }
+}
+
+/* Borrow a C-contiguous buffer of 8-byte integers of exactly `nbytes` bytes. */
+static int borrow_u64(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t nbytes)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = view->format ? view->format : "B";
+    size_t n = strlen(f);
+    char c = n ? f[n - 1] : 'B';
+    int fmt_ok = (c == 'q' || c == 'Q' || c == 'l' || c == 'L') && view->itemsize == 8 &&
+                 (n == 1 || (n == 2 && (f[0] == '@' || f[0] == '=' || f[0] == '<')));
+    if (!fmt_ok || view->len != nbytes) {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+/* philox(keys, out, nkeys, nwords, top) -> bool: out[k, i] = word i of key k's stream (keys
+ * (nkeys, 2) and out (nkeys, nwords) 64-bit integers); False (nothing written) on a bad buffer. */
+static PyObject *py_philox(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "philox(keys, out, nkeys, nwords, top) takes 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t s[2];
+    if (!as_sizes(args + 2, 2, s))
+        return NULL;
+    u64 top = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t nkeys = s[0], nwords = s[1];
+    if (nkeys > PY_SSIZE_T_MAX / 16 || (nkeys && nwords > PY_SSIZE_T_MAX / 8 / nkeys))
+        Py_RETURN_FALSE;
+    Py_buffer vk, vo;
+    if (!borrow_u64(args[0], &vk, 0, nkeys * 16))
+        Py_RETURN_FALSE;
+    if (!borrow_u64(args[1], &vo, 1, nkeys * nwords * 8)) {
+        PyBuffer_Release(&vk);
+        Py_RETURN_FALSE;
+    }
+    const u64 *keys = vk.buf;
+    u64 *out = vo.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < nkeys; k++)
+        philox_stream(keys + 2 * k, top, out + k * nwords, nwords);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&vo);
+    PyBuffer_Release(&vk);
+    Py_RETURN_TRUE;
+}
+
+/* random(keys, out, nkeys, n, kind, double) -> bool: out[k] = n samples of key k (kind 0
+ * uniform, 1 normal; float64 if double else float32); False (nothing written) on a bad buffer. */
+static PyObject *py_random(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "random(keys, out, nkeys, n, kind, double) takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t s[3];
+    if (!as_sizes(args + 2, 3, s))
+        return NULL;
+    int dbl = PyObject_IsTrue(args[5]);
+    if (dbl < 0)
+        return NULL;
+    Py_ssize_t nkeys = s[0], n = s[1], kind = s[2];
+    const Py_ssize_t it = dbl ? 8 : 4;
+    if (kind > 1 || nkeys > PY_SSIZE_T_MAX / 16 || (nkeys && n > PY_SSIZE_T_MAX / it / nkeys))
+        Py_RETURN_FALSE;
+    Py_buffer vk, vo;
+    if (!borrow_u64(args[0], &vk, 0, nkeys * 16))
+        Py_RETURN_FALSE;
+    if (!borrow(args[1], &vo, 1, nkeys * n * it, dbl ? 'd' : 'f')) {
+        PyBuffer_Release(&vk);
+        Py_RETURN_FALSE;
+    }
+    const u64 *keys = vk.buf;
+    char *out = vo.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < nkeys; k++)
+        random_draw(keys + 2 * k, out + k * n * it, n, (int)kind, dbl);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&vo);
+    PyBuffer_Release(&vk);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"dense", (PyCFunction)(void (*)(void))py_dense, METH_FASTCALL,
      "dense(x, w, b, out, M, K, N, act, double) -> bool: out = x @ w + b (relu if act == 1)"},
@@ -759,6 +937,10 @@ static PyMethodDef methods[] = {
      "elementwise(program, consts, modes, bparams, n, double, out, *inputs) -> bool: run a fused program"},
     {"windows", (PyCFunction)(void (*)(void))py_windows, METH_FASTCALL,
      "windows(op, geometry, double, rows, pad, bias, bias_value, out, *inputs) -> bool: im2col / col2im / max pooling"},
+    {"philox", (PyCFunction)(void (*)(void))py_philox, METH_FASTCALL,
+     "philox(keys, out, nkeys, nwords, top) -> bool: Philox-4x64-10 stream words of many keys"},
+    {"random", (PyCFunction)(void (*)(void))py_random, METH_FASTCALL,
+     "random(keys, out, nkeys, n, kind, double) -> bool: uniform (kind 0) / normal (kind 1) samples of many keys"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,7 +5,8 @@ time a signature (tree structure, shapes, dtypes, static values) is seen, compil
 numpy executor and caches it; later calls with the same signature only run the compiled code
 (JAX's ``jit`` design; Frostig et al., SysML 2018).  Python scalars in the arguments are static
 (part of the signature, with a warning when they keep changing); pass numpy scalars/arrays for
-values that change between calls.
+values that change between calls.  The cache of a jitted function is bounded
+(:data:`CACHE_SIZE` programs, least recently used dropped first).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import functools
 import inspect
 import warnings
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -30,6 +32,11 @@ _PY_SCALARS = (bool, int, float)
 
 RECOMPILE_WARNING_AFTER = 8
 """A jitted function warns (once) when this many compiles differ only in Python scalar values."""
+
+CACHE_SIZE = 64
+"""Compiled programs a jitted function keeps; past this the least recently used one is dropped
+(a call that needs it again traces and compiles again), so the cache stays bounded however many
+distinct static values a caller passes."""
 
 
 class RecompileWarning(UserWarning):
@@ -291,7 +298,7 @@ class Jitted:
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
         self.static_argnames = frozenset(static_argnames)
         self.passes = passes  # see passes.resolve: None -> the default pipeline, () -> none
-        self._cache: dict = {}
+        self._cache: OrderedDict = OrderedDict()  # key -> _Entry, least recently used first
         self._fast: list = []  # (fast call, executable) for recently used signatures, newest first
         self._fast0: Callable = _always_miss  # self._fast[0]'s fast call
         self._variants: dict = {}  # signature without Python scalar values -> number of compiles
@@ -310,7 +317,9 @@ class Jitted:
         except TypeError:
             raise EngineError(f"jit: static arguments must be hashable, got {static + static_kw!r}") from None
         entry = self._cache.get(key)
-        if entry is None:
+        if entry is not None:
+            self._cache.move_to_end(key)
+        else:
             graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args), static_kw)
             # the NaN debugger checks the equations as traced (no fusion), unless passes are given
             pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
@@ -318,6 +327,7 @@ class Jitted:
                 graph = pipeline(graph)
             entry = _Entry(Executable(graph, check_finite=check), out_tree, graph)
             self._cache[key] = entry
+            self._evict()
             self._count_variant(key, args, leaves)
             if not static_kw and not self.static_argnames:
                 gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args))
@@ -328,6 +338,16 @@ class Jitted:
                 del self._fast[4:]
                 self._fast0 = fast[0]
         return entry, arrays
+
+    def _evict(self) -> None:
+        """Drop the least recently used programs past :data:`CACHE_SIZE` (and their fast paths)."""
+        while len(self._cache) > CACHE_SIZE:
+            # the oldest entry without a fast path (fast-path hits do not refresh the order)
+            hot = {id(f[1]) for f in self._fast}
+            key = next((k for k, e in self._cache.items() if id(e.executable) not in hot), next(iter(self._cache)))
+            old = self._cache.pop(key)
+            self._fast = [f for f in self._fast if f[1] is not old.executable]
+            self._fast0 = self._fast[0][0] if self._fast else _always_miss
 
     def _count_variant(self, key: tuple, args: tuple, leaves: list) -> None:
         """Warn once when compiles pile up that differ only in the values of Python scalars."""

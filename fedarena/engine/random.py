@@ -1,9 +1,12 @@
 """Explicit PRNG keys, in JAX's style: ``key = random.key(0)``, ``k1, k2 = random.split(key)``,
 ``random.normal(k1, (3,))``.
 
-A key is an int64 array of shape ``(2,)`` (a Philox-4x64 key, see ``primitives/random.py``); the
-same key gives the same numbers eagerly, under ``jit`` and under ``vmap`` (where each key of a
-batch draws what it would draw alone).  Reusing a key reuses its numbers: split it instead.
+A key is an int64 array of shape ``(2,)`` (a Philox-4x64-10 key, see ``primitives/random.py``,
+which defines the stream and its transforms); the same key gives the same numbers eagerly, under
+``jit`` and under ``vmap`` (where each key of a batch draws what it would draw alone), all keys of
+a batch in one vectorised call.  Uniforms are numpy's ``Generator(Philox(key=key)).random`` bit
+for bit; normals are the Box-Muller transform of the key's words (not numpy's ziggurat stream).
+Reusing a key reuses its numbers: split it instead.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def _shape(shape: Sequence[int] | int) -> tuple:
 
 
 def normal(key: Key, shape: Sequence[int] | int = (), dtype: Any = np.float32) -> Any:
-    """Standard normal samples of ``shape``."""
+    """Standard normal samples of ``shape`` (Box-Muller, computed in float64; ``|z| < 8.572``)."""
     return bind(R.random_normal_p, _key(key), shape=_shape(shape), dtype=np.dtype(dtype))
 
 

@@ -164,3 +164,30 @@ def test_cross_entropy_in_range_matches_torch():
     labels = rng.integers(0, 4, 5)
     ref = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(labels)).item()
     assert engine.jit(ops.cross_entropy)(logits, labels) == pytest.approx(ref, rel=1e-14)
+
+
+def test_the_compile_cache_is_bounded_and_drops_the_least_recently_used_program(monkeypatch):
+    import importlib
+
+    jit_module = importlib.import_module("fedarena.engine.jit")
+
+    monkeypatch.setattr(jit_module, "CACHE_SIZE", 4)
+    traces = []
+
+    def f(x, s):
+        traces.append(s)
+        return x * s
+
+    g = engine.jit(f)
+    x = np.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", engine.RecompileWarning)
+        for s in range(10):
+            np.testing.assert_array_equal(g(x, float(s)), x * s)
+        assert g.cache_size == 4
+        assert traces == [float(s) for s in range(10)]
+        for s in (9.0, 8.0, 7.0, 6.0):  # the four newest are still compiled
+            np.testing.assert_array_equal(g(x, s), x * s)
+        assert len(traces) == 10
+        np.testing.assert_array_equal(g(x, 0.0), x * 0)  # dropped: traced again, still correct
+        assert traces[-1] == 0.0 and len(traces) == 11 and g.cache_size == 4

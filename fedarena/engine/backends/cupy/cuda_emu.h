@@ -192,6 +192,10 @@ static int launch(dim3 g, dim3 b, bool barriers, Body f, void** args) {
 // CUDA's bit-cast intrinsics
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
 static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, sizeof d); return d; }
+// CUDA's high word of a 64x64-bit unsigned product
+static inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+  return static_cast<unsigned long long>((static_cast<unsigned __int128>(a) * b) >> 64);
+}
 // blocks and threads run one at a time: an atomic add is a plain add
 template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
 #define __align__(n) __attribute__((aligned(n)))

@@ -24,6 +24,7 @@ from ...compiler.passes import dead_code_elimination
 from ...core.ir import Eqn, Graph, Literal, Var
 from ...core.tracing import PRIMITIVES
 from . import kernels as K
+from . import random_kernels as RK
 from .patterns import RowKernelOp
 
 REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}
@@ -160,6 +161,8 @@ class Executable:
         elif name == "conv_input_grad" and e.outputs[0].aval.dtype in (np.float32, np.float64) and all(a.aval.dtype == e.outputs[0].aval.dtype for a in e.inputs):
             ct, w2 = e.inputs
             spec = ("col2im", K.phase_col2im_kernel(w2.aval.shape[1], tuple(e.attrs["x_shape"]), e.outputs[0].aval.dtype, e.attrs), [ct, w2])
+        elif name in RK.RANDOM_PRIMITIVES:
+            spec = ("kernel", RK.random_kernel(e), [e.inputs[0]])
         elif name in DEVICE_RULES:
             spec = ("xp", None, list(e.inputs))
         elif name in VIEW_PRIMITIVES:
