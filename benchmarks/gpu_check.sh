@@ -76,7 +76,7 @@ PYEOF
 export PY="$py"
 
 # the config switch: the same runs on numpy and on the device backend (cupy-emulated in a dry run),
-# every run under its own limit (4 runs, 13 s each + 2 s to be killed: 60 s < the step's 65 s)
+# every run under its own limit (4 runs, 12 s each + 2 s to be killed: 56 s < the step's 62 s)
 # shellcheck disable=SC2016  # expanded by the inner shell
 switch_runs='
   runs="$OUT_DIR/runs"
@@ -91,7 +91,7 @@ switch_runs='
     ppo=(--set total_steps=4096)
     fl=(--set rounds=5)
   fi
-  run=(timeout --kill-after=2 13 "$PY" -m fedarena run --quiet --no-report)
+  run=(timeout --kill-after=2 12 "$PY" -m fedarena run --quiet --no-report)
   for b in numpy "$dev"; do
     "${run[@]}" experiments/ppo_cartpole.yaml --set ppo.engine_backend="$b" --set eval.every=0 \
       --set checkpoint.every=0 "${ppo[@]}" --out "$runs/ppo_$b"
@@ -119,19 +119,19 @@ PYEOF
 '
 
 cd "$root" || exit 1
-step env 18 bash -c "$env_info"
-step tests 114 "$py" -m pytest -q -m gpu -p no:cacheprovider -rs tests/engine/gpu tests/envs/test_classic_control_cupy.py \
+step env 40 bash -c "$env_info"
+step tests 110 "$py" -m pytest -q -m gpu -p no:cacheprovider -rs tests/engine/gpu tests/envs/test_classic_control_cupy.py \
   tests/rl/test_backend_switch.py tests/federated/test_backend_switch.py
 for part in gemm fused ppo cnn fl; do
   case "$part" in
-    gemm) limit=75 ;;
+    gemm) limit=70 ;;
     fused) limit=25 ;;
     fl) limit=35 ;;
-    *) limit=45 ;;
+    *) limit=40 ;;
   esac
   step "$part" "$limit" "$py" "$here/gpu_bench.py" "$part" --out "$out" ${dry[@]+"${dry[@]}"}
 done
-DRY="${dry[*]+x}" OUT_DIR="$out" step switch 65 bash -c "$switch_runs"
+DRY="${dry[*]+x}" OUT_DIR="$out" step switch 62 bash -c "$switch_runs"
 step summary 8 "$py" "$here/gpu_bench.py" summary --out "$out"
 echo "total $((SECONDS - start))s; results in $out" | tee -a "$summary"
 cat "$out/summary.txt" "$out/switch.txt" 2> /dev/null
