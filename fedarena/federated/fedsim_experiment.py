@@ -114,6 +114,9 @@ class FedSimConfig(ExperimentConfig):
     privacy_seed: int = param(-1, "seed of the privacy randomness (LDP noise, SignDS); "
                               "-1 = every draw from the OS CSPRNG; set only for reproducible tests")
     backend: Literal["vmap", "ray"] = param("vmap", "vmap: one process; ray: groups of clients as Ray tasks")
+    engine_backend: str = param("numpy", "where the vmapped client training step runs: numpy, cupy (a CUDA GPU) or "
+                                "cupy-emulated (the cupy backend's kernels on the CPU, a testing aid); backend vmap "
+                                "and server_mode rounds only; aggregation is numpy on the host")
     personalize_epochs: int = param(0, "local fine-tuning epochs after the last round (0 = off)")
     eval_every: int = param(1, "evaluate every this many rounds")
     server_mode: Literal["rounds", "sync", "threshold", "async"] = param(
@@ -146,6 +149,12 @@ class FedSimConfig(ExperimentConfig):
             raise ValueError("dp_noise_multiplier: DP-FedAvg wraps plain fedavg aggregation without secagg")
         if self.model not in ("mlp", "cnn") and not self.model.startswith("torch:"):
             raise ValueError(f"model: expected mlp, cnn or torch:module:factory, got {self.model!r}")
+        from fedarena.engine.backends.cupy.selection import check_engine_backend
+
+        check_engine_backend(self.engine_backend, "engine_backend")
+        if self.engine_backend != "numpy" and (self.backend != "vmap" or self.server_mode != "rounds"):
+            raise ValueError(f"engine_backend: {self.engine_backend} runs with backend vmap and server_mode rounds, "
+                             f"got backend {self.backend}, server_mode {self.server_mode}")
         if self.model.startswith("torch:") and self.backend != "vmap":
             raise ValueError("model: a torch model trains with backend vmap (the ray backend rebuilds its models "
                              "from a spec)")
@@ -288,7 +297,8 @@ def build(cfg: FedSimConfig):
     model = make_model(cfg, d.num_features, d.num_classes)
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
                      seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=_heterogeneity(cfg),
-                     upload_stages=upload_stages, backend=cfg.backend, eval_every=cfg.eval_every,
+                     upload_stages=upload_stages, backend=cfg.backend, engine_backend=cfg.engine_backend,
+                     eval_every=cfg.eval_every,
                      privacy_seed=cfg.privacy_seed, **kw)
     return d, sim
 

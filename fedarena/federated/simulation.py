@@ -36,6 +36,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import nn, ops
+from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
 from fedarena.federated.strategy import ClientUpdate, FitConfig, Params, RoundState, Strategy
 from fedarena.federated.trainer import mlp_init
 from fedarena.privacy.secure_random import SecureRandom
@@ -124,6 +125,8 @@ class BatchedModel:
     correction ``c - c_i`` is added to every gradient. ``spec`` rebuilds the model elsewhere (Ray actors)."""
 
     spec: tuple
+    engine_backend: str = "numpy"
+    """where the compiled steps run (:meth:`use_engine_backend`)"""
 
     def forward(self, tree: Any, x: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -151,9 +154,19 @@ class BatchedModel:
             ce, g = engine.value_and_grad(loss_fn)(w, x, y, m)
             return engine.tree_map(lambda p, gp: p - (lr * valid) * gp, w, g), ce
 
-        self._step = engine.jit(engine.vmap(step, in_axes=(0, None, 0, 0, 0, 0, 0, None, None)))
-        self._step_plain = engine.jit(engine.vmap(step_plain, in_axes=(0, 0, 0, 0, 0, None)))
-        self._forward = engine.jit(forward)
+        backend = self.engine_backend
+        self._step = backend_jit(engine.vmap(step, in_axes=(0, None, 0, 0, 0, 0, 0, None, None)), backend)
+        self._step_plain = backend_jit(engine.vmap(step_plain, in_axes=(0, 0, 0, 0, 0, None)), backend)
+        self._forward = backend_jit(forward, backend)
+
+    def use_engine_backend(self, backend: str) -> None:
+        """Compile the batched local step and the forward pass for ``backend`` (numpy, cupy or cupy-emulated,
+        :mod:`fedarena.engine.backends.cupy.selection`). On a device backend the clients' stacked parameters
+        stay on the device across a group's steps; each step copies its minibatch in and its losses out."""
+        check_engine_backend(backend, "engine_backend")
+        if backend != self.engine_backend:
+            self.engine_backend = backend
+            self._compile()
 
     def train_group(self, params: Params, plan: GroupPlan, x: np.ndarray, y_onehot: np.ndarray, cfg: FitConfig,
                     corrections: list[Params] | None = None) -> tuple[Params, np.ndarray]:
@@ -177,9 +190,9 @@ class BatchedModel:
                 w, ce = self._step_plain(w, xb, yb, mb, vb, lr)
             else:
                 w, ce = self._step(w, anchor, corr, xb, yb, mb, vb, lr, mu)
-            loss_sum += np.asarray(ce, np.float64) * plan.last_epoch[:, s]
+            loss_sum += np.asarray(to_host(ce), np.float64) * plan.last_epoch[:, s]
         losses = loss_sum / np.maximum(plan.last_epoch.sum(1), 1.0)
-        out = {k: np.asarray(v)[: plan.clients] for k, v in self._flat(w).items()}
+        out = {k: np.asarray(v)[: plan.clients] for k, v in to_host(self._flat(w)).items()}
         return out, losses[: plan.clients]
 
     @staticmethod
@@ -191,7 +204,7 @@ class BatchedModel:
         """Forward pass for evaluation (the compiled forward in chunks; float64 logits)."""
         tree = self._tree(params)
         x = np.asarray(x, np.float32)
-        return np.concatenate([np.asarray(self._forward(tree, x[i: i + chunk]), np.float64)
+        return np.concatenate([np.asarray(to_host(self._forward(tree, x[i: i + chunk])), np.float64)
                                for i in range(0, max(len(x), 1), chunk)]) if len(x) else np.zeros((0, 0))
 
 
@@ -402,6 +415,9 @@ class Simulation:
     download: Any = None
     """a :class:`fedarena.federated.compression.Broadcast` (compressed model broadcast) or None"""
     backend: Literal["vmap", "ray"] = "vmap"
+    engine_backend: str = "numpy"
+    """where the vmapped local step runs: numpy, cupy (a CUDA GPU) or cupy-emulated (the cupy backend's kernels on
+    the CPU, a testing aid); vmap backend only. Strategies aggregate in numpy on the host"""
     ray_groups_per_task: int = 1
     ray_workers: int = 0
     """Ray actors of the ray backend (0 = one per cluster CPU, at most 8)"""
@@ -448,6 +464,11 @@ class Simulation:
         if self.client_trainer is not None and (het.window_s > 0 or het.straggler_fraction > 0):
             raise ValueError("heterogeneity.window_s/straggler_fraction: the time model caps the batched trainer's "
                              "steps; a client_trainer trains as it trains")
+        if self.engine_backend != "numpy":
+            if self.backend != "vmap":
+                raise ValueError(f"engine_backend: {self.engine_backend} runs with backend vmap (the ray backend "
+                                 "rebuilds its models from a spec), got backend ray")
+            self.model.use_engine_backend(self.engine_backend)
         self.final_round = -1  # the round after which :meth:`run` evaluates in any case (set by run)
 
     # ------------------------------------------------------------------ training

@@ -22,6 +22,7 @@ from fedarena.engine import ops, optim, tree_map
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import QNetwork, torso_for
 from fedarena.rl.nstep import NStepAccumulator
+from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
 from fedarena.rl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from fedarena.rl.spaces import observation_adapter
 from fedarena.rl.workers import EpisodeStats, Learner, Weights
@@ -51,6 +52,9 @@ class DQNConfig:
     max_grad_norm: float = param(10.0, "global gradient-norm clipping threshold")
     huber_delta: float = param(1.0, "Huber loss threshold of the TD error")
     hidden: tuple[int, ...] = param((128, 128), "hidden layer sizes of the Q network")
+    engine_backend: str = param("numpy", "where the compiled update step runs: numpy, cupy (a CUDA GPU) or "
+                                "cupy-emulated (the cupy backend's kernels on the CPU, a testing aid); acting "
+                                "stays on the numpy backend")
 
     def __post_init__(self) -> None:
         checks = {
@@ -64,6 +68,7 @@ class DQNConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"dqn.{name}: invalid value {getattr(self, name)!r}")
+        check_engine_backend(self.engine_backend, "dqn.engine_backend")
 
 
 class DQN:
@@ -87,7 +92,7 @@ class DQN:
             self.replay = ReplayBuffer(config.buffer_size, seed=self.rng)
         self.nstep = NStepAccumulator(config.n_step, config.gamma, config.num_envs)
         self.q_values = engine.jit(self.q.__call__)
-        self._step = engine.jit(self._train_step)
+        self._step = backend_jit(self._train_step, config.engine_backend)
         self.beta = config.beta_start
         self.env_steps = 0
         self._last_target_update = 0
@@ -135,6 +140,8 @@ class DQN:
     def _learn(self, params: Any, opt_state: Any, batch: Mapping[str, Any]) -> tuple[Any, Any, dict]:
         feed = {k: batch[k] for k in ("obs", "action", "reward", "discount", "next_obs", "weights")}
         params, opt_state, aux = self._step(params, self.target_params, opt_state, feed)
+        if self.config.engine_backend != "numpy":  # acting and the target update read numpy: back once per step
+            params, opt_state, aux = to_host((params, opt_state, aux))
         td = np.asarray(aux.pop("td_error"))
         if isinstance(self.replay, PrioritizedReplayBuffer):
             self.replay.update_priorities(batch["indices"], np.abs(td))

@@ -18,6 +18,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
 from fedarena.engine.distributed import (DataParallelLearner, ParameterServerConfig, ParameterServerLearner,
                                          ReplicaStep)
 from fedarena.engine.distributed.parameter_server import MODES as PS_MODES
@@ -52,6 +53,9 @@ class IMPALAConfig:
     ps_servers: int = param(1, "parameter-server shards (server ranks)")
     ps_threshold: float = param(0.5, "threshold mode: the fraction of workers a server step waits for")
     ps_staleness: int = param(1, "threshold / async mode: largest version lag of an applied gradient")
+    engine_backend: str = param("numpy", "where the compiled update step runs: numpy, cupy (a CUDA GPU) or "
+                                "cupy-emulated (the cupy backend's kernels on the CPU, a testing aid); acting "
+                                "stays on the numpy backend")
 
     def __post_init__(self) -> None:
         checks = {"num_envs": self.num_envs >= 1, "unroll_length": self.unroll_length >= 1,
@@ -67,6 +71,10 @@ class IMPALAConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"impala.{name}: invalid value {getattr(self, name)!r}")
+        check_engine_backend(self.engine_backend, "impala.engine_backend")
+        if self.engine_backend != "numpy" and (self.learners != 1 or self.parameter_server != "off"):
+            raise ValueError(f"impala.engine_backend: {self.engine_backend} runs one learner without a parameter "
+                             f"server, got learners = {self.learners}, parameter_server = {self.parameter_server}")
 
 
 class IMPALA:
@@ -86,9 +94,9 @@ class IMPALA:
             self.learner: Any = ParameterServerIMPALALearner(self, params)
             return
         self.learner = Learner(params, self.optimizer.init(params), self._learn)
-        self._step = engine.jit(self._train_step) if config.learners == 1 else DataParallelLearner(
-            partial(impala_replica, observation_space, action_space, config, seed), config.learners,
-            config.learner_transport)
+        self._step = backend_jit(self._train_step, config.engine_backend) if config.learners == 1 else \
+            DataParallelLearner(partial(impala_replica, observation_space, action_space, config, seed),
+                                config.learners, config.learner_transport)
 
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
         return self.net.policy(params, x), self.net.value(params, x)
@@ -153,6 +161,8 @@ class IMPALA:
         batch = self.vtrace_batch(params, traj)
         mean_rho = float(batch.pop("mean_rho"))
         params, opt_state, aux = self._step(params, opt_state, batch)
+        if self.config.engine_backend != "numpy":  # V-trace and the actors read numpy: back once per step
+            params, opt_state, aux = to_host((params, opt_state, aux))
         metrics = {k: float(v) for k, v in aux.items()}
         metrics["mean_clipped_rho"] = mean_rho
         return params, opt_state, metrics

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
+from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
 from fedarena.engine.distributed import DataParallelLearner, ReplicaStep
 from fedarena.engine.interop import TorchConversionError, load_torch_factory
 from fedarena.platform.experiment import param
@@ -69,6 +70,9 @@ class PPOConfig:
                        "instead of the MLP of hidden / the Nature CNN; '' = those")
     learners: int = param(1, "data-parallel learner replicas; each minibatch is split evenly over them")
     learner_transport: str = param("threads", "how learner replicas communicate: threads, shm or tcp")
+    engine_backend: str = param("numpy", "where the compiled update step runs: numpy, cupy (a CUDA GPU) or "
+                                "cupy-emulated (the cupy backend's kernels on the CPU, a testing aid); acting "
+                                "stays on the numpy backend")
 
     def __post_init__(self) -> None:
         checks = {
@@ -84,6 +88,10 @@ class PPOConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"ppo.{name}: invalid value {getattr(self, name)!r}")
+        check_engine_backend(self.engine_backend, "ppo.engine_backend")
+        if self.engine_backend != "numpy" and self.learners != 1:
+            raise ValueError(f"ppo.engine_backend: {self.engine_backend} runs one learner (learners = 1), "
+                             f"got learners = {self.learners}")
         if self.torso:
             try:
                 load_torch_factory(self.torso)
@@ -133,9 +141,9 @@ class PPO:
         self.learner = Learner(params, self.optimizer.init(params), self._update_rollout)
         self.forward = engine.jit(self._forward)
         self.forward_sde = engine.jit(self._forward_sde) if config.use_sde else None
-        self._step = engine.jit(self._train_step) if config.learners == 1 else DataParallelLearner(
-            partial(ppo_replica, observation_space, action_space, config, seed, total_steps), config.learners,
-            config.learner_transport)
+        self._step = backend_jit(self._train_step, config.engine_backend) if config.learners == 1 else \
+            DataParallelLearner(partial(ppo_replica, observation_space, action_space, config, seed, total_steps),
+                                config.learners, config.learner_transport)
 
     # -- acting
     def _forward(self, params: Any, x: Any) -> tuple[tuple[Any, ...], Any]:
@@ -230,11 +238,15 @@ class PPO:
                 if c.norm_adv:
                     a = mb["advantage"]
                     mb["advantage"] = ((a - a.mean()) / (a.std() + 1e-8)).astype(np.float32)
-                params, opt_state, aux = self._step(params, opt_state, mb)
+                params, opt_state, aux = self._step(params, opt_state, mb)  # device arrays stay on the device
+                if c.engine_backend != "numpy":
+                    aux = to_host(aux)
                 for k, v in aux.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
         metrics = {k: v / count for k, v in sums.items()}
+        if c.engine_backend != "numpy":
+            params, opt_state = to_host(params), to_host(opt_state)  # actors and checkpoints read numpy
         var_y = float(np.var(data["value_target"]))
         metrics["explained_variance"] = float("nan") if var_y == 0 else 1.0 - float(
             np.var(data["value_target"] - data["value"])) / var_y

@@ -67,6 +67,14 @@ DEVICE_RULES: dict = {
 """Primitives run by the array module's own device functions (cupy's kernels on a GPU), writing
 into their arena buffer: ``rule(xp, operands, attrs, out)``."""
 
+SPEC_RULES: dict = {}
+"""Device rules registered by other modules (:mod:`.indexing`, :mod:`.control`):
+``rule(executable, eqn) -> spec or None`` (``None``: no device rule for this equation).  A spec is
+``("kernel" | "scatter", Kernel, operands)`` (a generated kernel; ``scatter`` zeroes the output
+first) or ``("step", builder, operands)`` where ``builder(executable, eqn, buffers)`` returns the
+step ``step(env)`` (``buffers``: the arena buffer of each output, ``None`` for a fresh array) and
+``builder.host_steps`` lists host steps nested inside it."""
+
 
 def _single_body(e: Eqn) -> tuple[Graph, list]:
     """One elementwise equation as a body of its own (its variable operands become inputs)."""
@@ -112,6 +120,8 @@ class Executable:
                 spec = ("host", None, list(e.inputs))
             if spec[0] == "host":
                 self.host_steps.append(e.prim.name)
+            elif spec[0] == "step":
+                self.host_steps.extend(spec[1].host_steps)
             if spec[0] in ("kernel", "scatter", "col2im"):
                 self.kernels.append(spec[1])
             self._specs.append(spec)
@@ -119,6 +129,10 @@ class Executable:
     def _spec(self, e: Eqn) -> tuple:
         """``(kind, kernel or None, operands)`` of one equation's step."""
         name = e.prim.name
+        rule = SPEC_RULES.get(name)
+        spec = rule(self, e) if rule is not None else None
+        if spec is not None:
+            return spec
         if name == "fused_elementwise":
             spec = ("kernel", K.elementwise_kernel(e.attrs["body"]), list(e.inputs))
         elif isinstance(e.prim, RowKernelOp):
@@ -207,6 +221,8 @@ class Executable:
 
     def _step(self, e: Eqn, kind: str, kern: Any, operands: list, values: dict, mod: Any) -> Callable:
         xp = self.xp
+        if kind == "step":
+            return kern(self, e, [values.get(o) for o in e.outputs])
         out = e.outputs[0]
         buf = values.get(out)
 

@@ -14,6 +14,7 @@ from ...compiler.fusion import elementwise_fusion
 from ...core.ir import EngineError, ShapedArray, check_dtype
 from ...core.pytree import tree_flatten, tree_unflatten
 from ...core.tracing import _TRACE_STACK, trace_flat
+from . import control, indexing  # noqa: F401 - they register their device rules with the executor
 from .device import CupyDevice
 from .executor import Executable
 from .patterns import find_row_kernels
