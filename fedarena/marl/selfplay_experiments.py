@@ -85,7 +85,7 @@ def run_selfplay(cfg: SelfPlayExperimentConfig, run) -> dict[str, Any]:
     game = board_game(cfg.env_id)
     if game is not None:
         return run_board_selfplay(cfg, run, game)
-    if run.restore() is not None:
+    if run.resuming:
         raise RunError(f"--resume: the PettingZoo self-play backend ({cfg.env_id}) has no checkpoints; only "
                        f"{', '.join(BOARD_GAMES)} resume")
     return run_pettingzoo_selfplay(cfg, run)
