@@ -91,7 +91,7 @@ class ParallelBatchStep:
 
     obs: np.ndarray            # (n, M, D) float32
     action_mask: np.ndarray    # (n, M, A) bool; all false for dead agents
-    state: np.ndarray          # (n, S) float32 global state (env.state(), else the concatenated observations)
+    state: np.ndarray          # (n, S) float32 global state (the env's state() method, else the concatenated observations)
     reward: np.ndarray         # (n, M) float64
     terminated: np.ndarray     # (n, M) bool
     truncated: np.ndarray      # (n, M) bool
@@ -124,7 +124,7 @@ class ParallelEnvBatch:
         self.obs_size, self.num_actions = sizes.pop(), acts.pop()
         self.num_envs, self.num_agents = num_envs, len(self.agents)
         self.seed = seed
-        self._has_state = callable(getattr(e0, "state", None))
+        self._has_state = False  # decided at reset()
         self._returns = np.zeros((num_envs, self.num_agents))
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._obs = np.zeros((num_envs, self.num_agents, self.obs_size), dtype=np.float32)
@@ -145,6 +145,15 @@ class ParallelEnvBatch:
             except NotImplementedError:
                 self._has_state = False
         return self._obs[i].reshape(-1).copy()
+
+    def _detect_state(self) -> bool:
+        """Whether the copies offer a global state: ``state`` must be a method of the env itself, not an
+        attribute holding data. PettingZoo's wrappers forward ``state()`` to the unwrapped env, and some
+        envs (``rps_v2``) keep a dict named ``state`` on their instance once reset, which the forwarded
+        call would try to call."""
+        env = self.envs[0]
+        base = getattr(env, "unwrapped", env)
+        return callable(getattr(env, "state", None)) and callable(getattr(base, "state", None))
 
     def _write(self, i: int, obs: dict, infos: dict) -> None:
         env = self.envs[i]
@@ -167,6 +176,7 @@ class ParallelEnvBatch:
         self._resets = 0
         for i in range(self.num_envs):
             self._reset_copy(i)
+        self._has_state = self._detect_state()  # after reset: an env may replace its state() by data then
         self._state = np.stack([self._global_state(i) for i in range(self.num_envs)])
         self._returns[:] = 0.0
         self._lengths[:] = 0

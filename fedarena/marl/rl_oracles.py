@@ -6,12 +6,14 @@ opponent plays one member of its population per episode, drawn from the meta-str
 distribution of play as the mixture (Kuhn's theorem), so the best response to the episodes is the best
 response to the mixture.
 
-- :class:`DQNOracle`: DQN (Mnih et al., 2015) with fedarena.rl's Q network and replay buffer, double-DQN
-  targets (van Hasselt et al., 2016), Adam and global-norm clipping as in :mod:`fedarena.rl.dqn`, plus
-  legal-action masks (the greedy action, exploration and the target's argmax range over legal actions
-  only), which :class:`fedarena.rl.dqn.DQN` has no notion of. The TD loss is the squared error by default:
-  poker payoffs are random given the information state (+1 or -2 after a bluff), and the Huber loss's
-  minimiser is then not the mean but lies toward the median, which biases Q and picks wrong responses;
+- :class:`DQNOracle`: :class:`fedarena.rl.dqn.DQN` (Mnih et al., 2015) with one-step double-DQN targets
+  (van Hasselt et al., 2016), uniform replay, no dueling head, and its legal-action masks (the greedy
+  action, exploration and the target's argmax range over legal actions only). The TD loss is DQN's
+  ``loss: mse`` by default: poker payoffs are random given the information state (+1 or -2 after a bluff),
+  and the Huber loss's minimiser is then not the mean but lies toward the median, which biases Q and picks
+  wrong responses. The oracle keeps its own schedule: ``train_every`` transitions per gradient phase
+  (with 128 games stepped together, 32 phases per step of the batch), counted in transitions as the
+  target-network copies are;
 - :class:`PPOOracle`: :class:`fedarena.rl.ppo.PPO` unchanged (clipped surrogate, GAE, minibatch epochs) on
   the same environment; since its categorical policy has no action mask it is refused for games whose
   legal actions vary (Leduc), and accepted where every action is always legal (Kuhn, matrix games).
@@ -30,15 +32,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from fedarena import engine
-from fedarena.engine import ops, optim, tree_map
+from fedarena.engine import tree_map
 from fedarena.envs.efg import Game
 from fedarena.envs.efg_vector import GameTables, Population, ResponseEnv, compile_tables
 from fedarena.marl.game_tree import GameTree
-from fedarena.marl.nfsp import ILLEGAL_LOGIT, _softmax_legal, tabular_from_tables
+from fedarena.marl.nfsp import _softmax_legal, tabular_from_tables
 from fedarena.marl.policy import TabularPolicy
 from fedarena.platform.experiment import param
-from fedarena.rl.networks import QNetwork, Torso
-from fedarena.rl.replay import ReplayBuffer
+from fedarena.rl.dqn import DQN, DQNConfig
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,17 @@ class DQNOracleConfig:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"dqn_oracle.{name}: invalid value {getattr(self, name)!r}")
+
+    def dqn_config(self) -> DQNConfig:
+        """The :class:`~fedarena.rl.dqn.DQNConfig` of the oracle's DQN (its training schedule is the oracle's)."""
+        return DQNConfig(num_envs=self.num_envs, buffer_size=self.buffer_size, batch_size=self.batch_size,
+                         learning_rate=self.learning_rate, gamma=self.gamma, n_step=1, double=True, dueling=False,
+                         prioritized=False, target_update_interval=self.target_update_interval, tau=1.0,
+                         learning_starts=self.learning_starts, train_frequency=self.train_every,
+                         gradient_steps=self.gradient_steps, exploration_fraction=self.exploration_fraction,
+                         epsilon_start=self.epsilon_start, epsilon_final=self.epsilon_final,
+                         max_grad_norm=self.max_grad_norm, loss=self.loss, huber_delta=self.huber_delta,
+                         hidden=tuple(int(h) for h in self.hidden))
 
 
 @dataclass(eq=False)
@@ -126,34 +138,6 @@ class DQNOracle:
         self.networks: list[NetworkPolicy] = []
         self.training_episodes = 0
         self._prev: dict[int, Any] = {}
-        self._nets: dict[tuple, tuple] = {}
-
-    def _compiled(self, tables: GameTables) -> tuple[QNetwork, Any, Any, Any]:
-        key = (tables.tensor_size, tables.num_actions)
-        if key not in self._nets:
-            c = self.config
-            net = QNetwork(Torso("mlp", (tables.tensor_size,), tuple(int(h) for h in c.hidden), "relu"),
-                           tables.num_actions, dueling=False)
-            opt = optim.adam(c.learning_rate, eps=1e-5)
-
-            def loss(params, target, b):
-                q = ops.sum(net(params, b["obs"]) * b["action"], axis=-1)
-                online_next = ops.where(b["next_legal"], net(params, b["next_obs"]), ILLEGAL_LOGIT)
-                best = ops.one_hot(ops.argmax(online_next, axis=-1), tables.num_actions)
-                nxt = ops.sum(net(target, b["next_obs"]) * best, axis=-1)
-                y = ops.stop_gradient(b["reward"] + b["discount"] * nxt)
-                if c.loss == "huber":
-                    return ops.huber(q, y, delta=c.huber_delta)
-                return ops.mean(ops.square(q - y))
-
-            def step(params, target, state, b):
-                value, g = engine.value_and_grad(loss)(params, target, b)
-                g, _ = optim.clip_by_global_norm(g, c.max_grad_norm)
-                params, state = opt.update(g, state, params)
-                return params, state, value
-
-            self._nets[key] = (net, opt, engine.jit(step), engine.jit(net.__call__))
-        return self._nets[key]
 
     def network(self, game: Game | GameTree, player: int, opponent_policies: Sequence[Any],
                 opponent_weights: np.ndarray, opponents: Mapping[int, Any] | None = None) -> NetworkPolicy:
@@ -167,48 +151,41 @@ class DQNOracle:
                 raise ValueError("opponents: for games with more than two players pass each opponent's policy")
             opponents = {1 - player: Population(list(opponent_policies), opponent_weights)}
         env = ResponseEnv(tables, player, opponents, c.num_envs, seed=self.rng)
-        net, opt, step, forward = self._compiled(tables)
-        params = tree_map(np.copy, self._prev[player]) if (c.warm_start and player in self._prev) else net.init(self.rng)
-        target = tree_map(np.copy, params)
-        state = opt.init(params)
-        replay = ReplayBuffer(c.buffer_size, seed=self.rng)
-        A = tables.num_actions
-        eye = np.eye(A, dtype=np.float32)
+        agent = DQN(env.observation_space, env.action_space, c.dqn_config(), seed=int(self.rng.integers(2**63)))
+        if c.warm_start and player in self._prev:
+            params = tree_map(np.copy, self._prev[player])
+            agent.learner.set_state(params, agent.optimizer.init(params), 0)
+            agent.target_params = tree_map(np.copy, params)
         obs = env.reset()
         legal = env.legal_mask
         seen = trained = targeted = 0
         start = len(env.episode_returns)
         while len(env.episode_returns) - start < c.episodes:
             progress = (len(env.episode_returns) - start) / c.episodes
-            eps = c.epsilon_start + min(1.0, progress / c.exploration_fraction) * (c.epsilon_final - c.epsilon_start)
-            q = np.asarray(forward(params, obs))
-            greedy = np.argmax(np.where(legal, q, -np.inf), axis=1)
-            rand = np.argmax(self.rng.random(legal.shape) * legal, axis=1)
-            actions = np.where(self.rng.random(len(obs)) < eps, rand, greedy)
+            x = agent.adapter(obs)
+            actions = agent.act(x, agent.epsilon(progress), legal=legal)
             st = env.step(actions)
             next_legal = env.legal_mask
-            done = np.asarray(st.terminated)
-            replay.add({"obs": obs, "action": eye[actions], "reward": st.reward.astype(np.float32),
-                        "next_obs": st.final_obs.astype(np.float32),
-                        "next_legal": np.where(done[:, None], True, next_legal),
-                        "discount": np.where(done, 0.0, c.gamma).astype(np.float32)})
-            seen += len(obs)
+            agent.observe(x, actions, st.reward, agent.adapter(st.final_obs), st.terminated,
+                          np.zeros(len(actions), bool), next_legal=next_legal)
+            seen += len(actions)
             obs, legal = st.obs, next_legal
-            if seen >= c.learning_starts and len(replay) >= c.batch_size:
+            if seen >= c.learning_starts and len(agent.replay) >= c.batch_size:
                 while trained + c.train_every <= seen:
                     trained += c.train_every
                     for _ in range(c.gradient_steps):
-                        b = replay.sample(c.batch_size)
-                        b.pop("indices")
-                        params, state, _ = step(params, target, state, b)
+                        batch = agent.replay.sample(c.batch_size)
+                        batch["weights"] = np.ones(c.batch_size, dtype=np.float32)
+                        agent.learner.update(batch)
                 if seen - targeted >= c.target_update_interval:
                     targeted = seen
-                    target = tree_map(np.copy, params)
+                    agent.target_params = tree_map(np.copy, agent.learner.params)
             else:
                 trained = seen
         self.training_episodes += len(env.episode_returns) - start
+        params = agent.learner.params
         self._prev[player] = params
-        pol = NetworkPolicy(tables, player, net, params, "greedy", forward)
+        pol = NetworkPolicy(tables, player, agent.q, params, "greedy", agent.q_values)
         self.networks.append(pol)
         return pol
 

@@ -1,13 +1,24 @@
-"""PPO self-play on turn-based PettingZoo games against a pool of the learner's past snapshots.
+"""PPO self-play on two-player turn-based games against a pool of the learner's past snapshots.
 
-The learner plays a random seat of every episode (:class:`~fedarena.envs.pettingzoo_batch.TurnBasedVecEnv`);
-each other seat is played by an opponent drawn when the episode starts: with probability ``latest_prob``
-the learner's current parameters (plain self-play), otherwise a snapshot drawn uniformly from the pool
-(fictitious self-play over past policies; Heinrich et al., 2015; the "pool of past selves" of Bansal et al.,
-2018, "Emergent complexity via multi-agent competition"). A snapshot of the learner joins the pool every
-``snapshot_every`` PPO updates; the pool keeps the newest ``pool_size``. Learning is masked PPO
-(:func:`fedarena.marl.independent.masked_ppo`) on the learner's own moves, with the reward of a move being
-everything the learner received until its next move.
+The learner plays a random seat of every game; the other seat is played by an opponent drawn when the game
+starts: with probability ``latest_prob`` the learner's current parameters (plain self-play), otherwise a
+snapshot drawn uniformly from the pool (fictitious self-play over past policies; Heinrich et al., 2015; the
+"pool of past selves" of Bansal et al., 2018, "Emergent complexity via multi-agent competition"). A snapshot of
+the learner joins the pool every ``snapshot_every`` PPO updates; the pool keeps the newest ``pool_size``.
+Learning is masked PPO on the learner's own moves, the opponent's moves being part of the environment.
+
+Two backends:
+
+- :class:`BoardSelfPlay`, for tic-tac-toe and connect four: the league's masked actor-critic
+  :class:`~fedarena.marl.league.agent.BoardAgent` and its PPO learner (GAE over the learner's turns, the game's
+  result as the reward of its last turn), on the numpy-batched boards of
+  :class:`~fedarena.envs.boardgames.BoardGameBatch` (PettingZoo's rules, observations and masks), a whole
+  number of complete games per update; resumable (:meth:`BoardSelfPlay.state_dict`).
+- :class:`SelfPlayPPO`, for any other turn-based PettingZoo AEC env (e.g. a fedarena game wrapped by
+  :class:`~fedarena.envs.pettingzoo_adapters.GameAECEnv`): :func:`fedarena.marl.independent.masked_ppo` on
+  :class:`~fedarena.envs.pettingzoo_batch.TurnBasedVecEnv`, ``num_steps`` learner moves per copy per update,
+  the reward of a move being everything the learner received until its next move. Its PettingZoo envs
+  hold mid-episode state that cannot be saved, so it has no checkpoint.
 
 :class:`SnapshotPool` is the small store the league builds on: immutable parameter snapshots with ids,
 sampled uniformly.
@@ -15,14 +26,17 @@ sampled uniformly.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from fedarena import engine
+from fedarena.envs.boardgames import BoardGameBatch
 from fedarena.envs.pettingzoo_batch import OpponentPolicy, TurnBasedVecEnv, observation_size
 from fedarena.marl.independent import masked_ppo, sample_actions
+from fedarena.marl.league.agent import AgentConfig, BoardAgent, play
 from fedarena.platform.experiment import param
 from fedarena.rl.ppo import PPO, PPOConfig
 
@@ -174,4 +188,81 @@ class SelfPlayPPO:
                 "return": float(r.mean())}
 
 
-__all__ = ["Snapshot", "SnapshotPool", "SelfPlayConfig", "SelfPlayPPO", "network_policy"]
+def _rng_state(rng: np.random.Generator) -> np.ndarray:
+    return np.frombuffer(repr(rng.bit_generator.state).encode(), dtype=np.uint8).copy()
+
+
+def _set_rng_state(rng: np.random.Generator, blob: np.ndarray) -> None:
+    rng.bit_generator.state = ast.literal_eval(bytes(np.asarray(blob, np.uint8)).decode())  # a literal, never unpickled
+
+
+class BoardSelfPlay:
+    """Self-play of a :class:`~fedarena.marl.league.agent.BoardAgent` with a snapshot pool on ``game``
+    ("tictactoe" | "connect_four"): ``games_per_update`` complete games on ``num_envs`` boards per PPO update."""
+
+    def __init__(self, game: str, num_envs: int, games_per_update: int, agent: AgentConfig,
+                 selfplay: SelfPlayConfig, seed: int = 0) -> None:
+        if games_per_update < 1:
+            raise ValueError(f"games_per_update: must be >= 1, got {games_per_update}")
+        self.game = game
+        self.env = BoardGameBatch(game, num_envs)
+        self.agent = BoardAgent(self.env.spec.observation_shape, self.env.spec.num_actions, agent)
+        self.selfplay = selfplay
+        self.games_per_update = games_per_update
+        self.rng = np.random.default_rng([seed, 3])
+        self.initial_params = self.agent.init_params(seed)
+        self.learner = self.agent.learner(self.initial_params, seed + 1)
+        self.pool = SnapshotPool(selfplay.pool_size)
+        self.pool.add(self.initial_params, 0)
+        self.updates = 0
+        self.episodes = 0
+        self.learner_moves = 0
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        return self.learner.params
+
+    def opponents(self) -> tuple[list[Any], np.ndarray]:
+        """The opponents of the next update (the current parameters, then the pool) and their probabilities."""
+        k = len(self.pool)
+        q = self.selfplay.latest_prob
+        return [self.learner.params] + [s.params for s in self.pool.snapshots], \
+            np.array([q] + [(1.0 - q) / k] * k)
+
+    def iteration(self) -> tuple[np.ndarray, dict[str, float]]:
+        """One batch of games and one PPO update; returns the learner's results (+1/0/-1) and PPO diagnostics."""
+        opponents, probs = self.opponents()
+        traj, results = play(self.agent, self.env, self.learner.params, opponents, probs, self.games_per_update,
+                             self.rng)
+        metrics = self.learner.update(traj)
+        self.updates += 1
+        self.episodes += len(results)
+        self.learner_moves += len(traj)
+        if self.updates % self.selfplay.snapshot_every == 0:
+            self.pool.add(self.learner.params, self.updates)
+        return np.array([r for _, r in results], dtype=np.float64), metrics
+
+    # -- resume
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the next update depends on, as nested dicts of numpy arrays and scalars."""
+        return {"learner": self.learner.state_dict(), "rng": _rng_state(self.rng),
+                "pool": [{"update": s.update, "params": {k: np.array(v) for k, v in s.params.items()}}
+                         for s in self.pool.snapshots],
+                "updates": self.updates, "episodes": self.episodes, "learner_moves": self.learner_moves}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state["learner"])
+        _set_rng_state(self.rng, state["rng"])
+        shapes = {k: np.shape(v) for k, v in self.initial_params.items()}
+        self.pool.snapshots = []
+        for snap in state["pool"]:
+            got = {k: np.shape(v) for k, v in snap["params"].items()}
+            if got != shapes:
+                raise ValueError(f"checkpoint: pool snapshot of update {snap['update']} has parameters {got}, "
+                                 f"the agent has {shapes}")
+            self.pool.add(snap["params"], int(snap["update"]))
+        self.updates, self.episodes = int(state["updates"]), int(state["episodes"])
+        self.learner_moves = int(state["learner_moves"])
+
+
+__all__ = ["BoardSelfPlay", "Snapshot", "SnapshotPool", "SelfPlayConfig", "SelfPlayPPO", "network_policy"]

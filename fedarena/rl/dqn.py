@@ -6,8 +6,17 @@ network evaluates it); dueling heads (Wang et al., 2016); n-step returns and pri
 
 The TD target for a stored n-step transition (s, a, R, s', d) is y = R + d * Q_target(s', a*) with
 d = gamma^m, or 0 when the episode terminated inside the window; the loss is the importance-weighted
-Huber loss of Q(s, a) - y, and |Q(s, a) - y| becomes the new priority. One update (both forward
-passes, the gradient and Adam) compiles into one graph.
+Huber loss (``loss: huber``, the default) or squared error (``loss: mse``) of Q(s, a) - y, and
+|Q(s, a) - y| becomes the new priority. One update (both forward passes, the gradient and Adam) compiles
+into one graph. The squared error's minimiser is the mean target; the Huber loss's lies between the mean
+and the median, so with random returns (card games: +1 or -2 from the same information state) Huber
+biases Q.
+
+Action masks, for environments whose legal actions vary (board and card games): pass ``legal`` (B, A)
+bool to :meth:`DQN.act` and ``next_legal`` to :meth:`DQN.observe`. Then the greedy action, the uniform
+exploratory action and the bootstrap (the max of Q_target(s', .), or double DQN's argmax of Q(s', .))
+range over legal actions only; the mask of s' is stored in the replay with the transition. Without masks
+every action is legal and nothing changes.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_ba
 from fedarena.rl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from fedarena.rl.spaces import observation_adapter
 from fedarena.rl.workers import EpisodeStats, Learner, Weights
+
+LOSSES = ("huber", "mse")
+ILLEGAL_Q = -1e9  # stands in for Q of illegal actions in the bootstrap's max / argmax
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,8 @@ class DQNConfig:
     epsilon_start: float = param(1.0, "initial epsilon of epsilon-greedy exploration")
     epsilon_final: float = param(0.02, "final epsilon of epsilon-greedy exploration")
     max_grad_norm: float = param(10.0, "global gradient-norm clipping threshold")
-    huber_delta: float = param(1.0, "Huber loss threshold of the TD error")
+    loss: str = param("huber", "TD loss: huber (Mnih et al. 2015) or mse (unbiased when returns are random)")
+    huber_delta: float = param(1.0, "Huber loss threshold of the TD error (loss: huber)")
     hidden: tuple[int, ...] = param((128, 128), "hidden layer sizes of the Q network")
     engine_backend: str = param("numpy", "where the compiled update step runs: numpy, cupy (a CUDA GPU) or "
                                 "cupy-emulated (the cupy backend's kernels on the CPU, a testing aid); acting "
@@ -64,10 +77,12 @@ class DQNConfig:
             "gradient_steps": self.gradient_steps >= 1, "target_update_interval": self.target_update_interval >= 1,
             "exploration_fraction": 0.0 < self.exploration_fraction <= 1.0,
             "epsilon_final": 0.0 <= self.epsilon_final <= self.epsilon_start <= 1.0,
+            "loss": self.loss in LOSSES, "huber_delta": self.huber_delta > 0,
         }
         for name, ok in checks.items():
             if not ok:
-                raise ValueError(f"dqn.{name}: invalid value {getattr(self, name)!r}")
+                expected = f" (expected one of {', '.join(LOSSES)})" if name == "loss" else ""
+                raise ValueError(f"dqn.{name}: invalid value {getattr(self, name)!r}{expected}")
         check_engine_backend(self.engine_backend, "dqn.engine_backend")
 
 
@@ -104,12 +119,28 @@ class DQN:
         frac = min(1.0, progress / c.exploration_fraction)
         return c.epsilon_start + frac * (c.epsilon_final - c.epsilon_start)
 
-    def act(self, x: np.ndarray, epsilon: float, params: Any | None = None) -> np.ndarray:
-        """Epsilon-greedy actions for a batch of adapted observations."""
+    def act(self, x: np.ndarray, epsilon: float, params: Any | None = None,
+            legal: np.ndarray | None = None) -> np.ndarray:
+        """Epsilon-greedy actions for a batch of adapted observations; with ``legal`` (B, A) bool, the greedy
+        and the exploratory actions are legal ones (exploration uniform over them)."""
         q = np.asarray(self.q_values(self.learner.params if params is None else params, x))
-        greedy = np.argmax(q, axis=-1)
+        if legal is None:
+            greedy = np.argmax(q, axis=-1)
+            explore = self.rng.random(x.shape[0]) < epsilon
+            return np.where(explore, self.rng.integers(self.num_actions, size=x.shape[0]), greedy)
+        legal = self._check_legal(legal, x.shape[0], "legal")
+        greedy = np.argmax(np.where(legal, q, -np.inf), axis=-1)
         explore = self.rng.random(x.shape[0]) < epsilon
-        return np.where(explore, self.rng.integers(self.num_actions, size=x.shape[0]), greedy)
+        uniform = np.argmax(self.rng.random(legal.shape) * legal, axis=-1)  # uniform over the legal actions
+        return np.where(explore, uniform, greedy)
+
+    def _check_legal(self, legal: np.ndarray, n: int, name: str) -> np.ndarray:
+        legal = np.asarray(legal, dtype=bool)
+        if legal.shape != (n, self.num_actions):
+            raise ValueError(f"{name}: expected a ({n}, {self.num_actions}) action mask, got shape {legal.shape}")
+        if not legal.any(axis=1).all():
+            raise ValueError(f"{name}: rows {np.flatnonzero(~legal.any(axis=1))[:8].tolist()} have no legal action")
+        return legal
 
     def weights(self) -> Weights:
         return self.learner.weights()
@@ -119,15 +150,24 @@ class DQN:
         q_all = self.q(params, batch["obs"])
         q_taken = ops.sum(q_all * batch["action"], axis=-1)
         q_next_target = self.q(target_params, batch["next_obs"])
+        masked = "next_legal" in batch
         if self.config.double:
             q_next_online = self.q(params, batch["next_obs"])
+            if masked:
+                q_next_online = ops.where(batch["next_legal"], q_next_online, ILLEGAL_Q)
             best = ops.one_hot(ops.argmax(q_next_online, axis=-1), self.num_actions)
             next_value = ops.sum(q_next_target * best, axis=-1)
         else:
+            if masked:
+                q_next_target = ops.where(batch["next_legal"], q_next_target, ILLEGAL_Q)
             next_value = ops.max(q_next_target, axis=-1)
         target = ops.stop_gradient(batch["reward"] + batch["discount"] * next_value)
         td = q_taken - target
-        loss = ops.mean(batch["weights"] * ops.huber(q_taken, target, delta=self.config.huber_delta, reduction="none"))
+        if self.config.loss == "mse":
+            per_item = ops.square(td)
+        else:
+            per_item = ops.huber(q_taken, target, delta=self.config.huber_delta, reduction="none")
+        loss = ops.mean(batch["weights"] * per_item)
         return loss, {"td_error": td, "q_mean": ops.mean(q_taken)}
 
     def _train_step(self, params: Any, target_params: Any, opt_state: Any,
@@ -138,7 +178,8 @@ class DQN:
         return params, opt_state, dict(aux, loss=loss, grad_norm=grad_norm)
 
     def _learn(self, params: Any, opt_state: Any, batch: Mapping[str, Any]) -> tuple[Any, Any, dict]:
-        feed = {k: batch[k] for k in ("obs", "action", "reward", "discount", "next_obs", "weights")}
+        feed = {k: batch[k] for k in ("obs", "action", "reward", "discount", "next_obs", "weights", "next_legal")
+                if k in batch}
         params, opt_state, aux = self._step(params, self.target_params, opt_state, feed)
         if self.config.engine_backend != "numpy":  # acting and the target update read numpy: back once per step
             params, opt_state, aux = to_host((params, opt_state, aux))
@@ -148,15 +189,33 @@ class DQN:
         return params, opt_state, {k: float(v) for k, v in aux.items()}
 
     def observe(self, x: np.ndarray, actions: np.ndarray, reward: np.ndarray, next_x: np.ndarray,
-                terminated: np.ndarray, truncated: np.ndarray) -> None:
-        """Feed one vectorized step (observations already adapted) into the n-step window and the replay."""
-        out = self.nstep.push(x, actions, reward, next_x, terminated, truncated)
+                terminated: np.ndarray, truncated: np.ndarray, next_legal: np.ndarray | None = None) -> None:
+        """Feed one vectorized step (observations already adapted) into the n-step window and the replay.
+
+        ``next_legal`` (B, A) bool: the legal actions at ``next_x`` (ignored where ``terminated``, whose
+        bootstrap has discount 0); give it on every step or on none."""
+        if next_legal is None:
+            out = self.nstep.push(x, actions, reward, next_x, terminated, truncated)
+        else:
+            n = x.shape[0]
+            done = np.asarray(terminated, dtype=bool)
+            next_legal = np.asarray(next_legal, dtype=bool) | done[:, None]
+            next_legal = self._check_legal(next_legal, n, "next_legal")
+            # the window's transitions end at this step, so their s' is a row of next_x: carry the row index
+            # through the window in next_obs' place and look up the observation and its mask afterwards
+            out = self.nstep.push(x, actions, reward, np.arange(n), terminated, truncated)
+            if out:
+                rows = out.pop("next_obs")
+                out["next_obs"], out["next_legal"] = np.asarray(next_x)[rows], next_legal[rows]
         if out:
-            self.replay.add({"obs": out["obs"].astype(np.float32),
-                             "action": np.eye(self.num_actions, dtype=np.float32)[out["action"]],
-                             "reward": out["reward"].astype(np.float32),
-                             "discount": out["discount"].astype(np.float32),
-                             "next_obs": out["next_obs"].astype(np.float32)})
+            item = {"obs": out["obs"].astype(np.float32),
+                    "action": np.eye(self.num_actions, dtype=np.float32)[out["action"]],
+                    "reward": out["reward"].astype(np.float32),
+                    "discount": out["discount"].astype(np.float32),
+                    "next_obs": out["next_obs"].astype(np.float32)}
+            if "next_legal" in out:
+                item["next_legal"] = out["next_legal"]
+            self.replay.add(item)
         self.env_steps += x.shape[0]
 
     def maybe_train(self, progress: float) -> dict[str, float] | None:

@@ -115,8 +115,8 @@ def test_experiment_kinds_run_end_to_end(tmp_path):
     assert summary["qmix/greedy_return_per_seed"][0] in (0.0, 1.0, 7.0, 8.0)
     assert (tmp_path / "coop" / "report" / "returns.png").exists()
     summary = execute("experiments/tictactoe_selfplay.yaml",
-                      ["env_steps=64", "num_envs=2", "ppo.num_steps=32", "ppo.update_epochs=1", "ppo.num_minibatches=1",
-                       "ppo.hidden=[16]", "eval_episodes=4"],
+                      ["updates=1", "num_envs=2", "games_per_update=4", "agent.update_epochs=1", "agent.hidden=[16]",
+                       "eval_episodes=4"],
                       out=str(tmp_path / "sp"), quiet=True)
     assert (tmp_path / "sp" / "report" / "selfplay.png").exists()
     assert 0.0 <= summary["vs_random/win"] <= 1.0 and summary["updates"] == 1
