@@ -257,12 +257,34 @@ class Executable:
         pending: int | None = None  # the equation whose output the next check tests
         for n, e in enumerate(g.eqns):
             if pending is not None:
-                body.append(_check_line(g.eqns[pending], pending, names, atom))
+                body.extend(_check_lines(g.eqns[pending], pending, names, atom))
                 pending = None
-            if checked and e.prim.name not in _VIEW_PRIMS and is_float(e.outputs[0].aval.dtype):
+            if checked and e.prim.name not in _VIEW_PRIMS and any(is_float(o.aval.dtype) for o in e.outputs):
                 pending = n
             if e.prim.emit is None:
                 raise UnknownPrimitiveError(f"primitive {e.prim.name!r} has no numpy kernel")
+            if e.prim.multiple_results:
+                # several outputs: the emit rule gives an expression whose value is a sequence of
+                # new arrays, one per output, unpacked into names of their own (fresh storage)
+                code = e.prim.emit(ctx, [atom(a) for a in e.inputs], e.attrs, [a.aval for a in e.inputs], [o.aval for o in e.outputs])
+                if code.kind != "expr":  # pragma: no cover - a rule bug
+                    raise UnknownPrimitiveError(f"primitive {e.prim.name!r}: a multi-output emit rule must give an expression")
+                targets = [f"v{n}_{k}" for k in range(len(e.outputs))]
+                lhs = (", ".join(targets) + ("," if len(targets) == 1 else "")) if targets else "_"
+                if all(not isinstance(a, Var) or a in static for a in e.inputs):
+                    targets = [ctx.const(None) for _ in e.outputs]
+                    if targets:
+                        run_now(f"{', '.join(targets)}{',' if len(targets) == 1 else ''} = {code.text}")
+                    static.update(e.outputs)
+                    kind = "const"
+                else:
+                    body.append(f"{lhs} = {code.text}")
+                    fresh_bytes += sum(nbytes(o) for o in e.outputs)
+                    kind = "fresh"
+                for o, t in zip(e.outputs, targets):
+                    names[o] = t
+                    storage[o] = kind
+                continue
             out = e.outputs[0]
             pname = e.prim.name
             x0 = e.inputs[0] if e.inputs else None
@@ -555,7 +577,7 @@ class Executable:
                 body.append(line)
 
         if pending is not None:
-            body.append(_check_line(g.eqns[pending], pending, names, atom))
+            body.extend(_check_lines(g.eqns[pending], pending, names, atom))
         rets = []
         for a in g.outvars:
             if isinstance(a, Literal):
@@ -614,11 +636,15 @@ def _finite(x: Any) -> bool:
     return bool(np.isfinite(x).all())
 
 
-def _check_line(e: Any, n: int, names: dict, atom: Any) -> str:
-    """Generated code testing equation ``n``'s output (NaN debugger)."""
+def _check_lines(e: Any, n: int, names: dict, atom: Any) -> list:
+    """Generated code testing equation ``n``'s float outputs (NaN debugger)."""
     ins = ", ".join(atom(a) if isinstance(a, Literal) else names[a] for a in e.inputs)
-    out = names[e.outputs[0]]
-    return f"if not _finite({out}): _non_finite({n}, {out}, ({ins}{',' if len(e.inputs) == 1 else ''}))"
+    lines = []
+    for o in e.outputs:
+        if is_float(o.aval.dtype):
+            out = names[o]
+            lines.append(f"if not _finite({out}): _non_finite({n}, {out}, ({ins}{',' if len(e.inputs) == 1 else ''}))")
+    return lines
 
 
 def _report_non_finite(eqns: list, n: int, out: Any, ins: tuple) -> None:
