@@ -28,12 +28,13 @@ class Inspection:
         lines = ["schedule:"]
         g = self.graph
         for i, e in enumerate(g.eqns):
-            o = e.outputs[0]
-            buf = self.plan.buffer_of.get(o) if self.plan else None
-            where = f"buf{buf}" if buf is not None else "-"
             src = f"  # {e.source}" if e.source else ""
             inplace = " (in place)" if self.plan and i in self.plan.in_place else ""
-            lines.append(f"  [{i:3d}] {e.prim.name:<18} -> {o.aval.str_short():<14} {nbytes(o):>10,} B  {where}{inplace}{src}")
+            for k, o in enumerate(e.outputs):  # one line per output; an equation's later outputs unnumbered
+                buf = self.plan.buffer_of.get(o) if self.plan else None
+                where = f"buf{buf}" if buf is not None else "-"
+                head = f"  [{i:3d}] {e.prim.name:<18}" if k == 0 else f"  {'':5} {'':<18}"
+                lines.append(f"{head} -> {o.aval.str_short():<14} {nbytes(o):>10,} B  {where}{inplace if k == 0 else ''}{src if k == 0 else ''}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -124,12 +124,17 @@ def profile_graph(graph: Graph, flat_args: list, repeat: int = 5, clock: str = "
             t0 = tick()
             out = e.prim.impl(*ins, **e.attrs)
             samples[i].append(tick() - t0)
-            env[e.outputs[0]] = out
+            if e.prim.multiple_results:
+                env.update(zip(e.outputs, out))
+            else:
+                env[e.outputs[0]] = out
     prof = Profile()
     for i, e in enumerate(graph.eqns):
-        o = e.outputs[0]
+        o = e.outputs[0]  # an equation with several outputs is reported with its first one's type and all their bytes
         prof.equations.append(
-            EquationTiming(i, e.prim.name, o.aval.shape, o.aval.dtype.name, nbytes(o), statistics.median(samples[i]), e.source)
+            EquationTiming(
+                i, e.prim.name, o.aval.shape, o.aval.dtype.name, sum(nbytes(v) for v in e.outputs), statistics.median(samples[i]), e.source
+            )
         )
     return prof
 

@@ -86,16 +86,16 @@ def test_registry_is_complete_right_after_import():
 
 
 def test_op_sets_are_derived_from_traits():
-    """The executor's, memory planner's, fusion's and vmap's op sets are the primitives' traits."""
+    """The executor's emit rules', memory planner's, fusion's and vmap's op sets are the primitives' traits."""
     import importlib
 
     from fedarena.engine.tracing import TRAITS, names_with
 
-    paths = {"executor": "backends.numpy.executor", "memory_plan": "compiler.memory_plan", "fusion": "compiler.fusion", "vmap": "transforms.vmap"}
+    paths = {"emit_elementwise": "backends.numpy.emit_elementwise", "emit_shapes": "backends.numpy.emit_shapes", "memory_plan": "compiler.memory_plan", "fusion": "compiler.fusion", "vmap": "transforms.vmap"}
     mods = {m: importlib.import_module(f"fedarena.engine.{p}") for m, p in paths.items()}
     for name, p in engine.PRIMITIVES.items():
         assert p.traits <= set(TRAITS), f"{name}: unknown traits {sorted(p.traits - set(TRAITS))}"
-    assert mods["executor"]._ELEMENTWISE == names_with("elementwise")
+    assert mods["emit_elementwise"].ELEMENTWISE == names_with("elementwise") == mods["emit_shapes"].ELEMENTWISE
     assert mods["memory_plan"].VIEW_PRIMITIVES == names_with("view")
     assert mods["fusion"].FUSIBLE == names_with("fusible")
     assert set(mods["vmap"]._ELEMENTWISE) == names_with("elementwise")

@@ -197,7 +197,7 @@ def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph]
     members: dict = {}  # group id -> list of equation indices
     producer: dict = {}
     for i, e in enumerate(graph.eqns):
-        producer[e.outputs[0]] = i
+        producer.update((o, i) for o in e.outputs)
     for i, e in enumerate(graph.eqns):
         o = e.outputs[0]
         if e.prim.name not in FUSIBLE or len(e.outputs) != 1 or _int_cast(e):

@@ -114,11 +114,11 @@ def liveness(graph: Graph) -> tuple[dict, dict]:
                 r = root.get(a, a)
                 if r in interval:
                     interval[r] = (interval[r][0], i)
-        o = e.outputs[0]
         if e.prim.name in VIEW_PRIMITIVES and e.inputs and isinstance(e.inputs[0], Var):
-            root[o] = root.get(e.inputs[0], e.inputs[0])
+            root[e.outputs[0]] = root.get(e.inputs[0], e.inputs[0])
         else:
-            interval[o] = (i, i)
+            for o in e.outputs:
+                interval[o] = (i, i)
     for a in graph.outvars:
         if isinstance(a, Var):
             r = root.get(a, a)
@@ -307,6 +307,10 @@ def plan_memory(graph: Graph, reuse: bool = True) -> MemoryPlan:
         planner = BufferPlanner(graph, reuse, packing)
         interval = planner.interval
         for i, e in enumerate(graph.eqns):
+            if len(e.outputs) > 1:  # several outputs: a buffer each, none in place
+                for o in e.outputs:
+                    planner.assign(i, o, ())
+                continue
             o = e.outputs[0]
             if o not in interval:
                 continue

@@ -30,7 +30,8 @@ def interpret(
     lift: Callable[[Any], Any] = lambda v: v,
 ) -> tuple[list, dict]:
     """Run ``graph`` on ``args`` (already in the domain): ``rule(eqn, input_values)`` gives the
-    value of the equation's output; ``lift`` brings constants and literals into the domain.
+    value of the equation's output (a sequence of values, one per output, for a primitive with
+    ``multiple_results``); ``lift`` brings constants and literals into the domain.
     Returns the output values and the environment (variable -> value)."""
     env: dict[Var, Any] = {v: lift(c) for v, c in zip(graph.constvars, graph.consts)}
     env.update(zip(graph.invars, args))
@@ -39,7 +40,14 @@ def interpret(
         return lift(literal_value(a)) if isinstance(a, Literal) else env[a]
 
     for e in graph.eqns:
-        env[e.outputs[0]] = rule(e, [read(a) for a in e.inputs])
+        out = rule(e, [read(a) for a in e.inputs])
+        if e.prim.multiple_results:
+            out = list(out)
+            if len(out) != len(e.outputs):
+                raise ValueError(f"{e.prim.name}: the rule gave {len(out)} values for {len(e.outputs)} outputs")
+            env.update(zip(e.outputs, out))
+        else:
+            env[e.outputs[0]] = out
     return [read(a) for a in graph.outvars], env
 
 

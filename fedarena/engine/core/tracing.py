@@ -27,8 +27,15 @@ class Primitive:
 
     ``abstract_eval(in_avals, attrs, weak) -> ShapedArray`` is the shape/dtype rule,
     ``impl(*arrays, **attrs)`` the numpy kernel, ``emit`` the code generator for the compiled
-    executor, ``vjp(cts, ins, out, **attrs)`` the reverse-mode rule returning one cotangent (or
-    ``None``) per input, ``jvp(primals, tangents, out, **attrs)`` the forward-mode rule.
+    executor, ``vjp(need, ct, out, *ins, **attrs)`` the reverse-mode rule returning one cotangent
+    (or ``None``) per input, ``jvp(tangents, out, *ins, **attrs)`` the forward-mode rule.
+
+    A primitive with ``multiple_results`` (the control-flow primitives) has equations with several
+    outputs, each with its own shape and dtype: its ``abstract_eval`` returns a list of avals, its
+    ``impl`` a list of arrays, ``bind`` a list of values; its ``vjp`` receives the list of output
+    cotangents (``None`` for an output without one) and the list of outputs, its ``jvp`` the list of
+    outputs and returns a list of tangents (``None`` for none), and its ``batch`` rule returns a list
+    of values, all batched on axis 0.
     """
 
     def __init__(self, name: str):
@@ -38,6 +45,7 @@ class Primitive:
         self.emit: Callable | None = None
         self.vjp: Callable | None = None
         self.jvp: Callable | None = None
+        self.multiple_results = False  # True: abstract_eval/impl/bind/rules give a list, one entry per output
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
         self.traits: frozenset = frozenset()  # see TRAITS
         self.in_place_operands: tuple | None = None  # operands the output may overwrite, when not all/none
@@ -343,18 +351,36 @@ def bind(prim: Primitive, *args: Any, **attrs: Any) -> Any:
         arrays = [a if isinstance(a, np.ndarray) or _weak_flags([a])[0] else np.asarray(a) for a in args]
         source = _EAGER_SOURCE[-1] if _EAGER_SOURCE else user_source()
         out_aval = abstract_eval(prim, arrays, attrs, source)
-        out = prim.impl(*arrays, **attrs)
-        if not isinstance(out, np.ndarray) or out.dtype != out_aval.dtype:
-            out = np.asarray(out, dtype=out_aval.dtype)
+        if prim.multiple_results:
+            outs = list(prim.impl(*arrays, **attrs))
+            if len(outs) != len(out_aval):
+                raise ShapeError(f"{prim.name}: the kernel gave {len(outs)} outputs, the shape rule {len(out_aval)}")
+            outs = [_conform(o, av) for o, av in zip(outs, out_aval)]
+            if _NAN_SWITCH.on:
+                for o in outs:
+                    _check_finite(prim.name, o, arrays, source)
+            return outs
+        out = _conform(prim.impl(*arrays, **attrs), out_aval)
         if _NAN_SWITCH.on:
             _check_finite(prim.name, out, arrays, source)
         return out
     source = trace.source_override or user_source()
     out_aval = abstract_eval(prim, args, attrs, source)
     ins = [trace.atom(a) for a in args]
+    if prim.multiple_results:
+        outs = [Var(av) for av in out_aval]
+        trace.eqns.append(Eqn(prim, ins, outs, attrs, source))
+        return [Tracer(trace, v) for v in outs]
     out = Var(out_aval)
     trace.eqns.append(Eqn(prim, ins, [out], attrs, source))
     return Tracer(trace, out)
+
+
+def _conform(out: Any, aval: ShapedArray) -> np.ndarray:
+    """A kernel's result as an array of the dtype the shape rule gave."""
+    if not isinstance(out, np.ndarray) or out.dtype != aval.dtype:
+        out = np.asarray(out, dtype=aval.dtype)
+    return out
 
 
 # ----------------------------------------------------------------------------- graphs <-> functions

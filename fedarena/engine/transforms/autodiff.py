@@ -39,7 +39,7 @@ def forward(graph: Graph, args: Sequence[Any], active: Sequence[bool]) -> tuple[
 
     def rule(e, ins):
         if e.prim.differentiable and any(isinstance(a, Var) and a in live for a in e.inputs):
-            live.add(e.outputs[0])
+            live.update(e.outputs)
             if e.prim.vjp_forward is not None:  # the primitive computes what its VJP needs now (custom_vjp's fwd)
                 with source_scope(e.source):
                     out, saved[e] = e.prim.vjp_forward(ins, **e.attrs)
@@ -68,19 +68,26 @@ def backward(graph: Graph, env: dict, live: set, out_cts: Sequence[Any]) -> list
         if c is not None and isinstance(v, Var) and v in live:
             _accumulate(cts, v, c)
     for e in reversed(graph.eqns):
-        o = e.outputs[0]
-        c = cts.pop(o, None)
-        if c is None:
-            continue
+        if e.prim.multiple_results:  # a list of cotangents (None for an output without one) and outputs
+            c = [cts.pop(o, None) for o in e.outputs]
+            if all(x is None for x in c):
+                continue
+            out = [env[o] for o in e.outputs]
+        else:
+            o = e.outputs[0]
+            c = cts.pop(o, None)
+            if c is None:
+                continue
+            out = env[o]
         if e.prim.vjp is None:
             raise EngineError(f"primitive {e.prim.name!r} has no VJP rule (at {e.source})")
         need = tuple(isinstance(a, Var) and a in live for a in e.inputs)
         ins = [_read(env, a) for a in e.inputs]
         with source_scope(e.source):
             if e in env:  # residuals saved by vjp_forward in the forward pass
-                gs = e.prim.vjp_saved(env[e], need, c, env[o], *ins, **e.attrs)
+                gs = e.prim.vjp_saved(env[e], need, c, out, *ins, **e.attrs)
             else:
-                gs = e.prim.vjp(need, c, env[o], *ins, **e.attrs)
+                gs = e.prim.vjp(need, c, out, *ins, **e.attrs)
             for a, n, g in zip(e.inputs, need, gs):
                 if n and g is not None:
                     _accumulate(cts, a, g)
@@ -262,6 +269,16 @@ def vjp(fn: Callable, *primals: Any, has_aux: bool = False):
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)
 
 
+def _fit_tangent(t: Any, o: ShapedArray) -> Any:
+    """A JVP rule's tangent cast and broadcast to its output's type (``None`` stays ``None``)."""
+    if t is not None:
+        if aval_of(t).dtype != o.dtype:
+            t = P.cast(t, o.dtype)
+        if aval_of(t).shape != o.shape:
+            t = P.broadcast_to(t, o.shape)
+    return t
+
+
 def jvp_graph(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[list, list]:
     """Forward mode through ``graph`` with each primitive's JVP rule: the output values and their
     tangents (``None`` where no tangent flows).  ``tangents[i]`` is ``None`` for an input without one."""
@@ -270,19 +287,16 @@ def jvp_graph(graph: Graph, primals: Sequence[Any], tangents: Sequence[Any]) -> 
         vals = [v for v, _ in ins]
         ts = [t for _, t in ins]
         out = bind_rule(e, vals)
+        multi = e.prim.multiple_results
         if not e.prim.differentiable or all(t is None for t in ts):
-            return out, None
+            return [(o, None) for o in out] if multi else (out, None)
         if e.prim.jvp is None:
             raise EngineError(f"primitive {e.prim.name!r} has no JVP rule (at {e.source})")
         with source_scope(e.source):
             t = e.prim.jvp(ts, out, *vals, **e.attrs)
-        if t is not None:
-            o = e.outputs[0].aval
-            if aval_of(t).dtype != o.dtype:
-                t = P.cast(t, o.dtype)
-            if aval_of(t).shape != o.shape:
-                t = P.broadcast_to(t, o.shape)
-        return out, t
+        if multi:
+            return [(o, _fit_tangent(x, v.aval)) for o, x, v in zip(out, t, e.outputs)]
+        return out, _fit_tangent(t, e.outputs[0].aval)
 
     res, _ = interpret(graph, list(zip(primals, tangents)), rule, lift=lambda c: (c, None))
     return [v for v, _ in res], [t for _, t in res]

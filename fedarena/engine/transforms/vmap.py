@@ -26,8 +26,8 @@ from ..core.tracing import Primitive, Tracer, aval_of, bind, bind_rule, names_wi
 
 BatchRule = Callable[..., Any]
 BATCH_RULES: dict[str, BatchRule] = {}
-"""``rule(prim, vals, batched, size, **attrs) -> value batched on axis 0``; ``vals[i]`` has its
-batch dimension in front when ``batched[i]``."""
+"""``rule(prim, vals, batched, size, **attrs) -> value batched on axis 0`` (a list of them for a
+primitive with ``multiple_results``); ``vals[i]`` has its batch dimension in front when ``batched[i]``."""
 
 
 def batch_rule(*names: str) -> Callable[[BatchRule], BatchRule]:
@@ -92,6 +92,8 @@ def _generic_rule(prim: Primitive, vals, batched, size, **attrs):
             else:
                 args.append(v)
         outs.append(bind(prim, *args, **attrs))
+    if prim.multiple_results:  # one stack per output
+        return [bind(P.stack_p, *col, axis=0) for col in zip(*outs)]
     return bind(P.stack_p, *outs, axis=0)
 
 
@@ -339,17 +341,20 @@ def batch_graph(graph, args: Sequence[Any], batched: Sequence[bool], size: int) 
         vals = [v for v, _ in ins]
         flags = [b for _, b in ins]
         if not any(flags):
-            return bind_rule(e, vals), False
+            out = bind_rule(e, vals)
+            return [(o, False) for o in out] if e.prim.multiple_results else (out, False)
         rule_fn = BATCH_RULES.get(e.prim.name)
         if rule_fn is None:
             custom = getattr(e.prim, "batch", None)
             rule_fn = custom if custom is not None else _generic_rule
         with source_scope(e.source):  # batched equations keep the user's source line
             out = rule_fn(e.prim, vals, flags, size, **e.attrs)
-        want = (size,) + e.outputs[0].aval.shape
-        if _shape(out) != want:  # pragma: no cover - a rule bug
-            raise EngineError(f"vmap: batching rule of {e.prim.name} gave shape {_shape(out)}, expected {want}")
-        return out, True
+        outs = list(out) if e.prim.multiple_results else [out]
+        for o, v in zip(outs, e.outputs):
+            want = (size,) + v.aval.shape
+            if _shape(o) != want:  # pragma: no cover - a rule bug
+                raise EngineError(f"vmap: batching rule of {e.prim.name} gave shape {_shape(o)}, expected {want}")
+        return [(o, True) for o in outs] if e.prim.multiple_results else (out, True)
 
     res, _ = interpret(graph, [(a, b) for a, b in zip(args, batched)], rule, lift=lambda c: (c, False))
     return [v for v, _ in res], [b for _, b in res]

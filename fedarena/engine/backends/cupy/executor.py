@@ -198,7 +198,7 @@ class Executable:
         for e, (kind, kern, operands) in zip(g.eqns, self._specs):
             steps.append(self._step(e, kind, kern, operands, values, mod))
         invars, outvars = list(g.invars), list(g.outvars)
-        owned = {e.outputs[0] for e, spec in zip(g.eqns, self._specs) if spec[0] != "view" and e.outputs[0] in fresh}
+        owned = {o for e, spec in zip(g.eqns, self._specs) if spec[0] != "view" for o in e.outputs if o in fresh}
         to_device, is_dev = dev.to_device, dev.is_device_array
 
         def run(*args: Any) -> list:
@@ -299,6 +299,20 @@ class Executable:
             return matmul_step
         # host fallback: the primitive's numpy kernel on host copies
         dev, impl, attrs = self.device, e.prim.impl, e.attrs
+        if e.prim.multiple_results:  # one result per output (control flow)
+            bufs = [values.get(o) for o in e.outputs]
+
+            def host_multi_step(env: dict) -> None:
+                host = [dev.to_host(env[a]) if isinstance(a, Var) else a.value for a in e.inputs]
+                for o, b, r in zip(e.outputs, bufs, impl(*host, **attrs)):
+                    r = dev.to_device(np.asarray(r, o.aval.dtype))
+                    if b is None:
+                        env[o] = r
+                    else:
+                        b[...] = r
+                        env[o] = b
+
+            return host_multi_step
 
         def host_step(env: dict) -> None:
             host = [dev.to_host(env[a]) if isinstance(a, Var) else a.value for a in e.inputs]

@@ -1,0 +1,173 @@
+"""The context the numpy executor's emit rules share: :class:`EmitState` (one code generation over a
+graph: the names, storage classes and build-time values of its variables, the generated lines, the
+buffers) and :class:`Step` (one equation being lowered).
+
+An emit rule is a function ``rule(state, step)`` in one of the ``emit_*`` modules, one module per
+family of primitives: it reads the state and either defines the equation's outputs itself (the rules
+of ``executor.DEFINE_RULES``), rewrites the operands (``OPERAND_RULES``), or chooses the kernel
+(``KERNEL_RULES``: sets ``step.code``).  The primitive's own emit rule (``prim.emit``, written next to
+the primitive) gives the kernel when no rule chose one; the executor then places the result
+(buffer, in place, fresh array or build-time constant).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import scipy.special
+
+from ...compiler.memory_plan import VIEW_PRIMITIVES, BufferPlanner, nbytes
+from ...core.ir import Eqn, Graph, Literal, Var
+from ...primitives.emit import CLIP, Code, EmitContext
+
+
+class EmitState:
+    """One generation of code for ``graph``, taking buffers from ``planner``.
+
+    ``names``: the source name of each variable; ``storage``: ``input`` | ``const`` | ``buffer`` |
+    ``fresh`` (allocated per call); ``root``: the variable whose memory a view aliases; ``static``:
+    values known once the executable is built (their names are in ``ns``); ``scalars``: 0-d values
+    held as numpy scalars; ``phys``: the shape of the array a name holds when it differs from the
+    variable's (elided broadcasts); ``escapes``: variables whose memory reaches a graph output
+    through views; ``body``/``setup``: the generated lines of each call / of the build.
+    """
+
+    def __init__(self, graph: Graph, planner: BufferPlanner):
+        self.graph = graph
+        self.planner = planner
+        self.ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": CLIP}
+        self.ctx = EmitContext(self.ns)
+        self.names: dict[Var, str] = {}
+        self.storage: dict[Var, str] = {}
+        self.root: dict[Var, Var] = {}
+        self.static: set[Var] = set()
+        self.scalars: set[Var] = set()
+        self.phys: dict[Var, tuple] = {}
+        self.outs = {a for a in graph.outvars if isinstance(a, Var)}
+        self.consumers: dict[Var, list] = {}
+        for e in graph.eqns:
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    self.consumers.setdefault(a, []).append(e)
+        self.escapes = set(self.outs)
+        for e in reversed(graph.eqns):
+            if e.prim.name in VIEW_PRIMITIVES and e.outputs[0] in self.escapes and isinstance(e.inputs[0], Var):
+                self.escapes.add(e.inputs[0])
+        for i, v in enumerate(graph.invars):
+            self.names[v] = f"i{i}"
+            self.storage[v] = "input"
+        for c, v in zip(graph.consts, graph.constvars):
+            self.names[v] = self.ctx.const(c)
+            self.storage[v] = "const"
+            self.static.add(v)
+        self.body: list[str] = []
+        self.setup: list[str] = []
+        self.fresh_bytes = 0  # bytes the generated code allocates per call
+        self._views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
+        self._scalar_consts: dict = {}
+
+    # ------------------------------------------------------------------ names
+
+    def atom(self, a: Any) -> str:
+        """Source for an operand: a variable's name, or a literal (a typed constant unless a finite
+        Python number)."""
+        if isinstance(a, Literal):
+            val = a.value
+            if a.weak and isinstance(val, (bool, int)):
+                return repr(val)
+            if a.weak and isinstance(val, float) and math.isfinite(val):
+                return repr(val)
+            return self.ctx.const(a.aval.dtype.type(val))
+        return self.names[a]
+
+    def ufunc_literal(self, a: Literal, operands: list) -> str | None:
+        """A literal operand of a ufunc as a 0-d array of the dtype numpy would convert it to
+        (NEP 50: a Python scalar takes the array operands' type): ufuncs take that path about
+        twice as fast as a Python scalar, which they must convert on every call."""
+        val = a.value
+        try:
+            dt = np.result_type(*[b.aval.dtype for b in operands if isinstance(b, Var)], val if a.weak else a.aval.dtype)
+            c = np.asarray(val, dt)
+        except (OverflowError, TypeError, ValueError):
+            return None
+        if c.item() != val and not (isinstance(val, float) and (math.isnan(val) or dt.kind == "f")):
+            return None  # a Python int that this dtype cannot hold exactly: keep numpy's own handling
+        key = (c.dtype.str, c.tobytes())
+        if key not in self._scalar_consts:
+            self._scalar_consts[key] = self.ctx.const(c)
+        return self._scalar_consts[key]
+
+    def all_static(self, e: Eqn) -> bool:
+        """Whether every operand of ``e`` is known at build time."""
+        return all(not isinstance(a, Var) or a in self.static for a in e.inputs)
+
+    # ------------------------------------------------------------------ code and memory
+
+    def run_now(self, line: str) -> None:
+        """Run ``line`` once, at build time (its results become constants of the code)."""
+        self.setup.append(line)
+        exec(line, self.ns)  # noqa: S102 - our own generated code
+
+    def buffer_for(self, n: int, out: Var, cands: tuple, dedicated: bool) -> tuple[str, Var | None]:
+        """The name of a buffer view for ``out`` (equation ``n``) and the operand it takes over in
+        place (or ``None``), from the planner: a buffer is a byte array (its own, or a range of the
+        arena) and each value a typed, reshaped view of it made once here."""
+        planner, ns = self.planner, self.ns
+        bid, donor = planner.assign(n, out, cands, dedicated)
+        base = ns.get(f"_b{bid}")
+        if base is None:
+            size, off = planner.plan.buffer_bytes[bid], planner.plan.offset.get(bid)
+            if off is None:  # a block of its own (dedicated, or the first pass)
+                base = np.empty(size, np.uint8)
+            else:  # a range of the arena
+                if "_arena" not in ns:
+                    ns["_arena"] = np.empty(planner.plan.arena_bytes, np.uint8)
+                base = ns["_arena"][off : off + size]
+            ns[f"_b{bid}"] = base
+        key = (bid, out.aval.shape, out.aval.dtype)
+        if key not in self._views:
+            self._views[key] = self.ctx.const(base[: nbytes(out)].view(out.aval.dtype).reshape(out.aval.shape))
+        return self._views[key], donor
+
+    def define(self, v: Var, name: str, storage: str) -> None:
+        self.names[v] = name
+        self.storage[v] = storage
+
+
+class Step:
+    """One equation being lowered: ``ins`` (the operands' source), the attributes and avals the
+    kernel is emitted for (a rule may change them, e.g. a reduction over a squeezed operand),
+    ``out_shape`` (the shape the kernel writes when not the output's own: it then writes a view
+    of the output's buffer) and ``code`` (the chosen kernel, ``None`` until one is chosen)."""
+
+    __slots__ = ("n", "e", "out", "ins", "attrs", "in_avals", "out_aval", "out_shape", "code")
+
+    def __init__(self, n: int, e: Eqn):
+        self.n = n
+        self.e = e
+        self.out = e.outputs[0]
+        self.ins: list[str] = []
+        self.attrs = e.attrs
+        self.in_avals = [a.aval for a in e.inputs]
+        self.out_aval = self.out.aval
+        self.out_shape: tuple | None = None
+        self.code: Code | None = None
+
+    @property
+    def name(self) -> str:
+        """The per-call name of the equation's (first) output."""
+        return f"v{self.n}"
+
+
+def safe_view(arr: np.ndarray, shape: tuple, storage: str | None) -> np.ndarray | None:
+    """``arr.reshape(shape)`` if it can be made once at build time: always for constants, and for
+    buffers only when it is a view (so it sees every later write)."""
+    v = arr.reshape(shape)
+    if storage == "const" or np.shares_memory(v, arr):
+        return v
+    return None
+
+
+__all__ = ["EmitState", "Step", "safe_view"]
