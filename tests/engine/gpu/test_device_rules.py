@@ -160,22 +160,20 @@ def test_long_rows_fall_back_to_the_array_modules_stable_sort(device, monkeypatc
     assert not any(k.name.startswith("fe_argsort_") for k in exe.kernels)
 
 
-def test_store_outputs_packs_or_writes_one_output_per_result():
+def test_store_outputs_writes_one_output_per_result_with_its_own_dtype():
     from fedarena.engine.core.ir import Eqn, ShapedArray, Var
     from fedarena.engine.core.tracing import PRIMITIVES
 
-    a, b = np.arange(6, dtype=np.int32).reshape(2, 3), np.array([0.5, 1.5], np.float32)
-    packed = Var(ShapedArray((8,), np.float64))
+    a, b = np.arange(6, dtype=np.int64).reshape(2, 3) + 2**60, np.array([0.5, 1.5], np.float32)
     env: dict = {}
-    e = Eqn(PRIMITIVES["scan"], [], [packed], {}, None)
-    control.store_outputs(np, e, [None], [a, b], env)
-    np.testing.assert_array_equal(env[packed], [0, 1, 2, 3, 4, 5, 0.5, 1.5])
-    outs = [Var(ShapedArray((2, 3), np.int32)), Var(ShapedArray((2,), np.float32))]
-    e2 = Eqn(e.prim, [], outs, {}, None)
+    outs = [Var(ShapedArray((2, 3), np.int64)), Var(ShapedArray((2,), np.float32))]
+    e = Eqn(PRIMITIVES["scan"], [], outs, {}, None)
     buf = np.zeros(2, np.float32)
-    control.store_outputs(np, e2, [None, buf], [a, b], env)
-    np.testing.assert_array_equal(env[outs[0]], a)
+    control.store_outputs(np, e, [None, buf], [a, b], env)
+    np.testing.assert_array_equal(env[outs[0]], a)  # int64 beyond 2**53 stays exact
     assert env[outs[0]] is not a and env[outs[1]] is buf and buf.tolist() == [0.5, 1.5]
+    with pytest.raises(AssertionError, match="2 results for 1 outputs"):
+        control.store_outputs(np, Eqn(e.prim, [], outs[:1], {}, None), [None], [a, b], env)
 
 
 def _rule_kernels() -> list:

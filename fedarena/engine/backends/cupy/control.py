@@ -19,8 +19,8 @@ Body executables are themselves planned by the executor, so control flow nested 
 handled by these same rules; host steps inside a body appear in the outer
 ``Executable.host_steps`` as ``"<primitive>:<inner primitive>"``.
 
-:func:`store_outputs` is the only place that knows how a control-flow equation returns its
-results (today: packed into one flat vector; with one output per result, each written to its own).
+:func:`store_outputs` writes a control-flow equation's results to its outputs, one output per
+result with its own dtype (control flow equations have several outputs; nothing is packed).
 """
 
 from __future__ import annotations
@@ -45,31 +45,17 @@ def body_executable(graph: Graph, device: Any) -> Executable:
 
 
 def store_outputs(xp: Any, e: Eqn, buffers: Sequence[Any], results: Sequence[Any], env: dict) -> None:
-    """Write a control-flow equation's ``results`` (carry, then stacked ys, in order) to its outputs.
-
-    With one output per result (same shapes and dtypes) each result is copied to its output's
-    buffer (or a fresh array); otherwise the equation has one output that packs every result,
-    flattened and cast to its dtype, one after the other (as ``control_flow._unpack`` reads it)."""
-    outs = list(e.outputs)
-    one_each = len(outs) == len(results) and all(o.aval.shape == tuple(r.shape) and o.aval.dtype == r.dtype
-                                                 for o, r in zip(outs, results))
-    if one_each:
-        for o, buf, r in zip(outs, buffers, results):
-            if buf is None:
-                buf = xp.array(r, copy=True)  # a fresh array: never an alias of an operand
-            else:
-                buf[...] = r
-            env[o] = buf
-        return
-    (o,), (buf,) = outs, buffers
-    if buf is None:
-        buf = xp.empty(o.aval.shape, o.aval.dtype)
-    off = 0
-    for r in results:
-        n = int(r.size)
-        buf[off : off + n] = xp.reshape(r, (n,)).astype(buf.dtype, copy=False)
-        off += n
-    env[o] = buf
+    """Write a control-flow equation's ``results`` (carry, then stacked ys, in order) to its outputs,
+    one output per result with its own shape and dtype: each is copied into its output's buffer, or
+    into a fresh array, never left an alias of an operand."""
+    if len(e.outputs) != len(results):
+        raise AssertionError(f"{e.prim.name}: {len(results)} results for {len(e.outputs)} outputs")
+    for o, buf, r in zip(e.outputs, buffers, results):
+        if buf is None:
+            buf = xp.array(r, copy=True)
+        else:
+            buf[...] = r
+        env[o] = buf
 
 
 def _reader(exe: Executable, operands: Sequence[Any]) -> Callable[[dict], list]:
