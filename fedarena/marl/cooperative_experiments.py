@@ -2,8 +2,14 @@
 PettingZoo parallel task (MPE ``simple_spread_v3`` from ``mpe2``, or the QMIX paper's two-step game
 ``two_step_v0``), over several seeds.
 
-Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in chunks of
-``steps_per_round`` environment steps so the metric rows line up. Logged per learner: the mean team return
+Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in rounds of
+``steps_per_round`` environment steps so the metric rows line up. Every round starts fresh episodes on all
+copies, seeded by the learner's seed and the round, which is what makes a resumed run continue exactly as
+an uninterrupted one (episodes still running at a round's end are cut there and not counted; with
+``steps_per_round / num_envs`` a multiple of the episode length, as in the shipped configs, none is).
+Checkpoints (metric step = environment steps per learner) hold every learner's networks, optimizer state,
+RNGs, counters, wall time and, with ``checkpoint_replay``, its replay buffer; ``fedarena run --resume RUN_DIR``
+continues from the newest. Logged per learner: the mean team return
 (mean over agents, undiscounted) of the episodes finished in the chunk, episodes so far, learner wall time,
 and every ``eval_every`` rounds the greedy team return over ``eval_episodes`` episodes. The report plots
 return against episodes and against wall time (mean over seeds, min-max band) and, for the two-step game,
@@ -44,6 +50,8 @@ class CooperativeConfig(ExperimentConfig):
         doc="QMIX/VDN hyper-parameters (mixer is set per algorithm)", factory=ValueDecompositionConfig)
     ppo: PPOConfig = param(doc="IPPO's PPO hyper-parameters (num_envs is the env copies)", factory=PPOConfig)
     ippo_shared: bool = param(True, "IPPO: one network for all agents (agent-id input) instead of one per agent")
+    checkpoint_replay: bool = param(True, "store QMIX/VDN replay buffers in checkpoints (without them a resumed "
+                                    "run re-fills its buffers from empty)")
 
     def __post_init__(self) -> None:
         try:
@@ -64,6 +72,11 @@ class CooperativeConfig(ExperimentConfig):
         for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        chunk = self.num_envs * (self.ppo.num_steps if "ippo" in self.algorithms else 1)
+        if self.steps_per_round % chunk or self.env_steps % self.steps_per_round:
+            what = "num_envs x ppo.num_steps" if "ippo" in self.algorithms else "num_envs"
+            raise ValueError(f"steps_per_round: {self.steps_per_round} must be a multiple of {what} ({chunk}) and "
+                             f"divide env_steps ({self.env_steps}), so every round ends on the same step")
 
     def env_kwargs(self) -> dict[str, Any]:
         return {} if self.max_cycles is None else {"max_cycles": self.max_cycles}
@@ -84,6 +97,25 @@ class _Learner:
             self.impl = ValueDecompositionTrainer(self.env, replace(cfg.value_decomposition, mixer=algorithm), seed)
         self.wall = 0.0
         self.returns: list[float] = []
+        self.greedy = float("nan")
+
+    def start_round(self, k: int) -> None:
+        """Fresh episodes on every copy, seeded by the learner's seed and the round ``k``."""
+        self.env.seed = self.seed * 100_003 + k
+        self.impl.reset_episodes()
+
+    def state_dict(self, replay: bool) -> dict[str, Any]:
+        state = self.impl.state_dict()
+        if not replay:
+            state.pop("buffer", None)
+        return {"impl": state, "wall": self.wall, "greedy": self.greedy}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        impl = state["impl"]
+        if "buffer" not in impl and self.algorithm != "ippo":  # saved without it: re-filled from empty
+            impl = dict(impl, buffer=self.impl.buffer.state_dict())
+        self.impl.load_state_dict(impl)
+        self.wall, self.greedy = float(state["wall"]), float(state["greedy"])
 
     @property
     def env_steps(self) -> int:
@@ -120,14 +152,27 @@ class _Learner:
 
 def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
     learners = [_Learner(a, cfg.seed + s, cfg) for a in cfg.algorithms for s in cfg.learner_seeds]
-    rounds = -(-cfg.env_steps // cfg.steps_per_round)
-    greedy: dict[tuple[str, int], float] = {}
-    with run.progress(total=rounds, desc=f"cooperative {cfg.env_id}") as bar:
-        for k in range(1, rounds + 1):
+    rounds = cfg.env_steps // cfg.steps_per_round
+    done_rounds = 0
+    restored = run.restore()
+    if restored:
+        step, state = restored
+        done_rounds = step // cfg.steps_per_round
+        if len(state["learners"]) != len(learners):
+            raise ValueError(f"checkpoint: {len(state['learners'])} learners saved, the config has {len(learners)}")
+        for L, s in zip(learners, state["learners"]):
+            L.load_state_dict(s)
+
+    def snapshot() -> dict[str, Any]:
+        return {"learners": [L.state_dict(cfg.checkpoint_replay) for L in learners]}
+
+    with run.progress(total=rounds, initial=done_rounds, desc=f"cooperative {cfg.env_id}") as bar:
+        for k in range(done_rounds + 1, rounds + 1):
             row: dict[str, Any] = {}
             for L in learners:
                 seen = len(L.returns)
-                L.advance(min(k * cfg.steps_per_round, cfg.env_steps))
+                L.start_round(k)
+                L.advance(k * cfg.steps_per_round)
                 tag = f"{L.algorithm}/seed{L.seed}"
                 new = L.returns[seen:]
                 if new:
@@ -135,10 +180,11 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
                 row[f"{tag}/episodes"] = L.episodes
                 row[f"{tag}/wall_time"] = L.wall
                 if k % cfg.eval_every == 0 or k == rounds:
-                    greedy[(L.algorithm, L.seed)] = row[f"{tag}/greedy_return"] = L.greedy_return(cfg.eval_episodes)
+                    L.greedy = row[f"{tag}/greedy_return"] = L.greedy_return(cfg.eval_episodes)
             run.log(k * cfg.steps_per_round, **row)
-            bar.update(1, **{a: np.mean([greedy.get((a, cfg.seed + s), np.nan) for s in cfg.learner_seeds])
-                             for a in cfg.algorithms})
+            run.checkpoint(k * cfg.steps_per_round, snapshot)
+            bar.update(1, **{a: np.mean([L.greedy for L in learners if L.algorithm == a]) for a in cfg.algorithms})
+    greedy = {(L.algorithm, L.seed): L.greedy for L in learners}
     summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": cfg.env_steps}
     for a in cfg.algorithms:
         finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]

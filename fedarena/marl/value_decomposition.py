@@ -69,6 +69,12 @@ class ValueDecompositionConfig:
         return self.epsilon_start + frac * (self.epsilon_finish - self.epsilon_start)
 
 
+def rng_state_from_checkpoint(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A numpy bit-generator state from its checkpointed form (nested mappings of ints)."""
+    return {k: (rng_state_from_checkpoint(v) if isinstance(v, Mapping) else (int(v) if isinstance(v, np.integer) else v))
+            for k, v in state.items()}
+
+
 def elu(x: Any) -> Any:
     return ops.where(x > 0, x, ops.exp(ops.minimum(x, 0.0)) - 1.0)
 
@@ -182,6 +188,13 @@ class ValueDecomposition:
         return {"params": self.params, "target_params": self.target_params, "opt_state": self.opt_state,
                 "updates": self.updates, "rng": self.rng.bit_generator.state}
 
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        as_arrays = lambda tree: engine.tree_map(lambda a: np.array(a, copy=True), tree)  # noqa: E731
+        self.params, self.target_params = as_arrays(state["params"]), as_arrays(state["target_params"])
+        self.opt_state = as_arrays(state["opt_state"])
+        self.updates = int(state["updates"])
+        self.rng.bit_generator.state = rng_state_from_checkpoint(state["rng"])
+
 
 class ValueDecompositionTrainer:
     """VDN/QMIX learning on a :class:`~fedarena.envs.pettingzoo_batch.ParallelEnvBatch` of a cooperative task.
@@ -203,6 +216,22 @@ class ValueDecompositionTrainer:
         self.env_steps = 0
         self.episodes = 0
         self.last_metrics: dict[str, float] = {}
+
+    def reset_episodes(self) -> None:
+        """Start fresh episodes on every copy (``env.reset()``); the replay buffer keeps its transitions."""
+        self.obs, self.mask, self.state = self.env.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learner (networks, target, Adam, update count, exploration RNG), replay buffer and counters.
+        The environments are not part of it: a resumed run starts fresh episodes (:meth:`reset_episodes`)."""
+        return {"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
+                "env_steps": self.env_steps, "episodes": self.episodes, "last_metrics": dict(self.last_metrics)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.learner.load_state_dict(state["learner"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
+        self.last_metrics = {k: float(v) for k, v in state["last_metrics"].items()}
 
     def step(self) -> np.ndarray:
         """One batched step of every copy plus ``updates_per_step`` updates; returns the team returns of
