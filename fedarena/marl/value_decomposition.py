@@ -49,6 +49,10 @@ class ValueDecompositionConfig:
     epsilon_finish: float = param(0.05, "epsilon after annealing")
     epsilon_anneal_steps: int = param(5000, "environment steps (per copy, summed over copies) over which epsilon falls linearly")
     max_grad_norm: float = param(10.0, "global gradient-norm clipping")
+    double_q: bool = param(True, "choose the next joint action by the online utilities (double Q-learning), "
+                           "else by the target's")
+    standardise_rewards: bool = param(False, "train on team rewards standardised by their running mean and std "
+                                      "(EPyMARL's standardise_rewards)")
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:
@@ -134,9 +138,9 @@ class ValueDecomposition:
         chosen = ops.sum(q * ops.one_hot(batch["action"], A), axis=2)
         q_tot = self.mix(params, chosen, batch["state"])
         penalty = (batch["next_mask"] - 1.0) * 1e9  # illegal next actions never win the argmax
-        next_online = ops.stop_gradient(self.utilities(params, batch["next_obs"])) + penalty
-        next_action = ops.argmax(next_online, axis=2)
         next_target = self.utilities(target_params, batch["next_obs"])
+        chooser = self.utilities(params, batch["next_obs"]) if self.config.double_q else next_target
+        next_action = ops.argmax(ops.stop_gradient(chooser) + penalty, axis=2)
         next_chosen = ops.sum(next_target * ops.one_hot(next_action, A), axis=2)
         next_tot = self.mix(target_params, next_chosen, batch["next_state"])
         target = ops.stop_gradient(batch["reward"] + self.config.gamma * (1.0 - batch["terminal"]) * next_tot)
@@ -156,6 +160,8 @@ class ValueDecomposition:
         q = np.asarray(self._q(self.params, obs.astype(np.float32)))
         q = np.where(mask, q, -np.inf)
         greedy = np.argmax(q, axis=2)
+        if epsilon <= 0.0:  # greedy play (evaluation) draws nothing from the exploration RNG
+            return np.where(mask.any(axis=2), greedy, 0)
         noise = self.rng.random(mask.shape) * mask
         explore = np.argmax(noise + mask, axis=2)
         take = self.rng.random(greedy.shape) < epsilon
@@ -206,6 +212,7 @@ class ValueDecompositionTrainer:
     """
 
     def __init__(self, env: Any, config: ValueDecompositionConfig, seed: int = 0) -> None:
+        from fedarena.rl.normalization import RunningMeanStd
         from fedarena.rl.replay import ReplayBuffer
 
         self.env, self.config = env, config
@@ -213,6 +220,7 @@ class ValueDecompositionTrainer:
         self.learner = ValueDecomposition(env.obs_size, self.state.shape[1], env.num_agents, env.num_actions,
                                           config, seed)
         self.buffer = ReplayBuffer(config.buffer_size, seed=np.random.default_rng([seed, 1]))
+        self.reward_stats = RunningMeanStd(())
         self.env_steps = 0
         self.episodes = 0
         self.last_metrics: dict[str, float] = {}
@@ -225,11 +233,12 @@ class ValueDecompositionTrainer:
         """Learner (networks, target, Adam, update count, exploration RNG), replay buffer and counters.
         The environments are not part of it: a resumed run starts fresh episodes (:meth:`reset_episodes`)."""
         return {"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
-                "env_steps": self.env_steps, "episodes": self.episodes, "last_metrics": dict(self.last_metrics)}
+                "reward_stats": self.reward_stats.state(), "env_steps": self.env_steps, "episodes": self.episodes, "last_metrics": dict(self.last_metrics)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.learner.load_state_dict(state["learner"])
         self.buffer.load_state_dict(state["buffer"])
+        self.reward_stats.load(state["reward_stats"])
         self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
         self.last_metrics = {k: float(v) for k, v in state["last_metrics"].items()}
 
@@ -251,9 +260,14 @@ class ValueDecompositionTrainer:
                          "terminal": terminal.astype(np.float32)})
         self.obs, self.mask, self.state = st.obs, st.action_mask, st.state
         self.env_steps += env.num_envs
+        self.reward_stats.update(team_reward)
         if len(self.buffer) >= max(c.learning_starts, c.batch_size):
             for _ in range(c.updates_per_step):
-                self.last_metrics = self.learner.update(self.buffer.sample(c.batch_size))
+                batch = self.buffer.sample(c.batch_size)
+                if c.standardise_rewards:
+                    std = np.sqrt(self.reward_stats.var + 1e-8)
+                    batch = dict(batch, reward=(batch["reward"] - self.reward_stats.mean) / std)
+                self.last_metrics = self.learner.update(batch)
         finished = st.episode_return[st.episode_end]
         self.episodes += len(finished)
         return finished.mean(axis=1) if len(finished) else np.zeros(0)

@@ -90,3 +90,12 @@ def test_resume_without_the_replay_buffer_refills_it_and_diverges(tmp_path):
 def test_rounds_that_do_not_line_up_are_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="steps_per_round"):
         execute(dict(CFG, steps_per_round=15), out=tmp_path / "bad", quiet=True, report=False)
+
+
+def test_learners_spread_over_worker_processes_give_the_same_run(tmp_path):
+    cfg = dict(CFG, env_steps=20, eval_every=1, algorithms=["qmix", "ippo"])
+    execute(cfg, out=tmp_path / "one", quiet=True, report=False)
+    execute(dict(cfg, workers=2), ["env_steps=10"], out=tmp_path / "two", quiet=True, report=False)
+    execute(None, ["env_steps=20"], resume=tmp_path / "two", quiet=True, report=False)  # resumed across workers
+    assert _rows(tmp_path / "two") == _rows(tmp_path / "one")
+    _assert_same_state(_final_state(tmp_path / "one")[1], _final_state(tmp_path / "two")[1])
