@@ -10,8 +10,11 @@ observation plus a one-hot agent id, as in Rashid et al.). The joint value mixes
 
 Training minimizes the TD error ``(r + gamma (1 - terminal) Q_tot^-(s', argmax_u Q_a(o'_a, u)) - Q_tot(s, u))^2``
 on transitions drawn uniformly from a replay buffer, with a target network (``^-``) copied every
-``target_update_every`` updates and the next actions chosen by the online utilities among legal actions
-(double Q-learning, as PyMARL's ``double_q``). Agents act epsilon-greedily on their own utilities
+``target_update_every`` updates and the next actions chosen among legal actions by the online utilities
+(double Q-learning, as PyMARL's ``double_q``; ``double_q=False``: by the target's). With
+``standardise_rewards`` the rewards of each sampled batch are standardised by the running mean and standard
+deviation of every team reward seen so far (as EPyMARL's ``standardise_rewards``): mean 0 and variance 1,
+whatever the task's reward scale. Agents act epsilon-greedily on their own utilities
 (decentralized execution). The agents here are feed-forward networks of the current observation (the
 papers use GRU agents over the observation history; the tasks here are fully observed per agent).
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
