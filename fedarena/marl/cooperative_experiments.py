@@ -2,12 +2,19 @@
 PettingZoo parallel task (MPE ``simple_spread_v3`` from ``mpe2``, or the QMIX paper's two-step game
 ``two_step_v0``), over several seeds.
 
-Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in chunks of
-``steps_per_round`` environment steps so the metric rows line up. Logged per learner: the mean team return
+Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in rounds of
+``steps_per_round`` environment steps so the metric rows line up. Every round starts fresh episodes on all
+copies, seeded by the learner's seed and the round, which is what makes a resumed run continue exactly as
+an uninterrupted one (episodes still running at a round's end are cut there and not counted; with
+``steps_per_round / num_envs`` a multiple of the episode length, as in the shipped configs, none is).
+Checkpoints (metric step = environment steps per learner) hold every learner's networks, optimizer state,
+RNGs, counters, wall time and, with ``checkpoint_replay``, its replay buffer; ``fedarena run --resume RUN_DIR``
+continues from the newest. Logged per learner: the mean team return
 (mean over agents, undiscounted) of the episodes finished in the chunk, episodes so far, learner wall time,
 and every ``eval_every`` rounds the greedy team return over ``eval_episodes`` episodes. The report plots
-return against episodes and against wall time (mean over seeds, min-max band) and, for the two-step game,
-counts the seeds whose greedy policy reaches the optimal return 8.
+training and greedy returns against episodes and against learner wall time (mean over seeds, min-max
+band) and, for the two-step game, counts the seeds whose greedy policy reaches the optimal return 8.
+``workers`` spreads the learners over processes; the results do not depend on it.
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ class CooperativeConfig(ExperimentConfig):
         doc="QMIX/VDN hyper-parameters (mixer is set per algorithm)", factory=ValueDecompositionConfig)
     ppo: PPOConfig = param(doc="IPPO's PPO hyper-parameters (num_envs is the env copies)", factory=PPOConfig)
     ippo_shared: bool = param(True, "IPPO: one network for all agents (agent-id input) instead of one per agent")
+    workers: int = param(1, "processes the learners are spread over (round-robin); 1 runs them all in this "
+                         "process. Results do not depend on it: every learner has its own environments and RNGs")
+    checkpoint_replay: bool = param(True, "store QMIX/VDN replay buffers in checkpoints (without them a resumed "
+                                    "run re-fills its buffers from empty)")
 
     def __post_init__(self) -> None:
         try:
@@ -61,9 +72,14 @@ class CooperativeConfig(ExperimentConfig):
             raise ValueError(f"algorithms: listed twice in {self.algorithms}")
         if not self.learner_seeds or len(set(self.learner_seeds)) != len(self.learner_seeds):
             raise ValueError(f"learner_seeds: expected distinct seeds, got {self.learner_seeds}")
-        for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes"):
+        for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        chunk = self.num_envs * (self.ppo.num_steps if "ippo" in self.algorithms else 1)
+        if self.steps_per_round % chunk or self.env_steps % self.steps_per_round:
+            what = "num_envs x ppo.num_steps" if "ippo" in self.algorithms else "num_envs"
+            raise ValueError(f"steps_per_round: {self.steps_per_round} must be a multiple of {what} ({chunk}) and "
+                             f"divide env_steps ({self.env_steps}), so every round ends on the same step")
 
     def env_kwargs(self) -> dict[str, Any]:
         return {} if self.max_cycles is None else {"max_cycles": self.max_cycles}
@@ -84,6 +100,25 @@ class _Learner:
             self.impl = ValueDecompositionTrainer(self.env, replace(cfg.value_decomposition, mixer=algorithm), seed)
         self.wall = 0.0
         self.returns: list[float] = []
+        self.greedy = float("nan")
+
+    def start_round(self, k: int) -> None:
+        """Fresh episodes on every copy, seeded by the learner's seed and the round ``k``."""
+        self.env.seed = self.seed * 100_003 + k
+        self.impl.reset_episodes()
+
+    def state_dict(self, replay: bool) -> dict[str, Any]:
+        state = self.impl.state_dict()
+        if not replay:
+            state.pop("buffer", None)
+        return {"impl": state, "wall": self.wall, "greedy": self.greedy}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        impl = state["impl"]
+        if "buffer" not in impl and self.algorithm != "ippo":  # saved without it: re-filled from empty
+            impl = dict(impl, buffer=self.impl.buffer.state_dict())
+        self.impl.load_state_dict(impl)
+        self.wall, self.greedy = float(state["wall"]), float(state["greedy"])
 
     @property
     def env_steps(self) -> int:
@@ -118,27 +153,166 @@ class _Learner:
         return float(np.mean(done[:episodes]))
 
 
+class _Group:
+    """The learners one process owns: advances them round by round and gathers their metric columns."""
+
+    def __init__(self, specs: list[tuple[str, int]], cfg: CooperativeConfig) -> None:
+        self.cfg = cfg
+        self.learners = [_Learner(a, s, cfg) for a, s in specs]
+
+    def round(self, k: int, evaluate: bool) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for L in self.learners:
+            seen = len(L.returns)
+            L.start_round(k)
+            L.advance(k * self.cfg.steps_per_round)
+            tag = f"{L.algorithm}/seed{L.seed}"
+            new = L.returns[seen:]
+            if new:
+                row[f"{tag}/return"] = float(np.mean(new))
+            row[f"{tag}/episodes"] = L.episodes
+            row[f"{tag}/wall_time"] = L.wall
+            if evaluate:
+                L.greedy = row[f"{tag}/greedy_return"] = L.greedy_return(self.cfg.eval_episodes)
+        return row
+
+    def state(self, replay: bool) -> list[dict[str, Any]]:
+        return [L.state_dict(replay) for L in self.learners]
+
+    def load(self, states: list[dict[str, Any]]) -> None:
+        for L, s in zip(self.learners, states):
+            L.load_state_dict(s)
+
+    def results(self) -> list[tuple[str, int, int, float, float]]:
+        return [(L.algorithm, L.seed, L.episodes, L.wall, L.greedy) for L in self.learners]
+
+
+def _serve(conn: Any, specs: list[tuple[str, int]], cfg: CooperativeConfig) -> None:
+    """A worker process: builds its :class:`_Group` and answers ``(method, args)`` requests until ``close``."""
+    try:
+        group = _Group(specs, cfg)
+    except Exception as e:  # noqa: BLE001 -- reported to the parent as one line
+        conn.send((False, f"{type(e).__name__}: {e}"))
+        return
+    conn.send((True, None))
+    while True:
+        method, args = conn.recv()
+        if method == "close":
+            return
+        try:
+            conn.send((True, getattr(group, method)(*args)))
+        except Exception as e:  # noqa: BLE001
+            conn.send((False, f"{type(e).__name__}: {e}"))
+
+
+class _RemoteGroup:
+    """A :class:`_Group` in a worker process (spawned); requests are sent to all groups before any reply is
+    read, so the groups run their rounds at the same time."""
+
+    def __init__(self, specs: list[tuple[str, int]], cfg: CooperativeConfig) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, specs, cfg), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def send(self, method: str, *args: Any) -> None:
+        self.conn.send((method, args))
+
+    def recv(self) -> Any:
+        try:
+            ok, out = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"cooperative_marl worker {self.proc.pid} exited (code {self.proc.exitcode})") from None
+        if not ok:
+            raise RuntimeError(f"cooperative_marl worker: {out}")
+        return out
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            self.conn.send(("close", ()))
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.terminate()
+
+
+class _LocalGroup:
+    """A :class:`_Group` in this process behind the same send/recv interface."""
+
+    def __init__(self, specs: list[tuple[str, int]], cfg: CooperativeConfig) -> None:
+        self.group, self._out = _Group(specs, cfg), None
+
+    def send(self, method: str, *args: Any) -> None:
+        self._out = getattr(self.group, method)(*args)
+
+    def recv(self) -> Any:
+        return self._out
+
+    def close(self) -> None:
+        pass
+
+
+def _call(groups: list[Any], method: str, *per_group_args: Any) -> list[Any]:
+    for i, g in enumerate(groups):
+        g.send(method, *(a[i] if isinstance(a, _PerGroup) else a for a in per_group_args))
+    return [g.recv() for g in groups]
+
+
+class _PerGroup(list):
+    """An argument of :func:`_call` that differs per group."""
+
+
 def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
-    learners = [_Learner(a, cfg.seed + s, cfg) for a in cfg.algorithms for s in cfg.learner_seeds]
-    rounds = -(-cfg.env_steps // cfg.steps_per_round)
-    greedy: dict[tuple[str, int], float] = {}
-    with run.progress(total=rounds, desc=f"cooperative {cfg.env_id}") as bar:
-        for k in range(1, rounds + 1):
-            row: dict[str, Any] = {}
-            for L in learners:
-                seen = len(L.returns)
-                L.advance(min(k * cfg.steps_per_round, cfg.env_steps))
-                tag = f"{L.algorithm}/seed{L.seed}"
-                new = L.returns[seen:]
-                if new:
-                    row[f"{tag}/return"] = float(np.mean(new))
-                row[f"{tag}/episodes"] = L.episodes
-                row[f"{tag}/wall_time"] = L.wall
-                if k % cfg.eval_every == 0 or k == rounds:
-                    greedy[(L.algorithm, L.seed)] = row[f"{tag}/greedy_return"] = L.greedy_return(cfg.eval_episodes)
-            run.log(k * cfg.steps_per_round, **row)
-            bar.update(1, **{a: np.mean([greedy.get((a, cfg.seed + s), np.nan) for s in cfg.learner_seeds])
-                             for a in cfg.algorithms})
+    specs = [(a, cfg.seed + s) for a in cfg.algorithms for s in cfg.learner_seeds]
+    n = min(cfg.workers, len(specs))
+    parts = [specs[i::n] for i in range(n)]  # learner j lives in group j % n, at position j // n
+    make = _LocalGroup if n == 1 else _RemoteGroup
+    groups: list[Any] = []
+    try:
+        for part in parts:
+            groups.append(make(part, cfg))
+        if n > 1:
+            for g in groups:
+                g.recv()  # built (or the one-line error of why not)
+        rounds = cfg.env_steps // cfg.steps_per_round
+        done_rounds = 0
+        restored = run.restore()
+        if restored:
+            step, state = restored
+            done_rounds = step // cfg.steps_per_round
+            if len(state["learners"]) != len(specs):
+                raise ValueError(f"checkpoint: {len(state['learners'])} learners saved, the config has {len(specs)}")
+            _call(groups, "load", _PerGroup(state["learners"][i::n] for i in range(n)))
+
+        def snapshot() -> dict[str, Any]:
+            states = _call(groups, "state", cfg.checkpoint_replay)
+            return {"learners": [states[j % n][j // n] for j in range(len(specs))]}
+
+        greedy: dict[tuple[str, int], float] = {}
+        with run.progress(total=rounds, initial=done_rounds, desc=f"cooperative {cfg.env_id}") as bar:
+            for k in range(done_rounds + 1, rounds + 1):
+                row: dict[str, Any] = {}
+                for part in _call(groups, "round", k, k % cfg.eval_every == 0 or k == rounds):
+                    row.update(part)
+                row = {f"{a}/seed{s}/{key}": row[f"{a}/seed{s}/{key}"] for a, s in specs
+                       for key in ("return", "episodes", "wall_time", "greedy_return") if f"{a}/seed{s}/{key}" in row}
+                for key, v in row.items():
+                    if key.endswith("/greedy_return"):
+                        a, s = key.split("/")[:2]
+                        greedy[(a, int(s[4:]))] = v
+                run.log(k * cfg.steps_per_round, **row)
+                run.checkpoint(k * cfg.steps_per_round, snapshot)
+                bar.update(1, **{a: np.mean([greedy.get(x, np.nan) for x in specs if x[0] == a]) for a in cfg.algorithms})
+            run.final_checkpoint()  # while the workers still hold the state
+        results = {(a, s): (e, w, g) for part in _call(groups, "results") for a, s, e, w, g in part}
+    finally:
+        for g in groups:
+            g.close()
+    greedy = {key: r[2] for key, r in results.items()}
+    episodes = {key: r[0] for key, r in results.items()}
+    walls = {key: r[1] for key, r in results.items()}
     summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": cfg.env_steps}
     for a in cfg.algorithms:
         finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]
@@ -146,9 +320,9 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
         summary[f"{a}/greedy_return_mean"] = float(np.mean(finals))
         if cfg.env_id.endswith("two_step_v0"):
             summary[f"{a}/seeds_reaching_8"] = int(sum(abs(f - 8.0) < 1e-6 for f in finals))
-        mine = [L for L in learners if L.algorithm == a]
-        summary[f"{a}/episodes"] = int(np.mean([L.episodes for L in mine]))
-        summary[f"{a}/wall_seconds"] = float(np.mean([L.wall for L in mine]))
+        mine = [x for x in specs if x[0] == a]
+        summary[f"{a}/episodes"] = int(np.mean([episodes[x] for x in mine]))
+        summary[f"{a}/wall_seconds"] = float(np.mean([walls[x] for x in mine]))
     return summary
 
 
@@ -158,9 +332,11 @@ def plots_cooperative(rows, cfg: CooperativeConfig, report_dir: str) -> list[str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    fig, grid = plt.subplots(2, 2, figsize=(12, 8.4))
+    axes = grid.ravel()
+    panels = {"return": (axes[0], axes[1]), "greedy_return": (axes[2], axes[3])}
     for a in cfg.algorithms:
-        for key, ax_pair in (("return", (axes[0], axes[1])), ("greedy_return", (None, axes[2]))):
+        for key, (ax_ep, ax_wall) in panels.items():
             xs_ep, xs_wall, ys = [], [], []
             for s in cfg.learner_seeds:
                 tag = f"{a}/seed{cfg.seed + s}"
@@ -176,19 +352,18 @@ def plots_cooperative(rows, cfg: CooperativeConfig, report_dir: str) -> list[str
             E = np.mean([e[:n] for e in xs_ep], axis=0)
             W = np.mean([w[:n] for w in xs_wall], axis=0)
             label = f"{a.upper() if a != 'ippo' else 'IPPO'} ({len(ys)} seed{'s' if len(ys) > 1 else ''})"
-            if key == "return":
-                for ax, x in zip(ax_pair, (E, W)):
-                    ax.plot(x, Y.mean(axis=0), lw=1.4, label=label)
-                    ax.fill_between(x, Y.min(axis=0), Y.max(axis=0), alpha=0.2)
-            else:
-                ax_pair[1].plot(E, Y.mean(axis=0), "o-", lw=1.4, ms=3, label=label)
-                ax_pair[1].fill_between(E, Y.min(axis=0), Y.max(axis=0), alpha=0.2)
-    axes[0].set_xlabel("episodes")
-    axes[1].set_xlabel("learner wall time (s)")
-    axes[2].set_xlabel("episodes")
-    axes[0].set_ylabel("team return (training episodes, exploring)")
-    axes[1].set_ylabel("team return (training episodes, exploring)")
-    axes[2].set_ylabel("greedy team return (evaluation)")
+            style = "-" if key == "return" else "o-"
+            for ax, x in ((ax_ep, E), (ax_wall, W)):
+                ax.plot(x, Y.mean(axis=0), style, lw=1.4, ms=3, label=label)
+                ax.fill_between(x, Y.min(axis=0), Y.max(axis=0), alpha=0.2)
+    for ax in axes[::2]:
+        ax.set_xlabel("episodes (per learner)")
+    for ax in axes[1::2]:
+        ax.set_xlabel("learner wall time (s, mean over seeds)")
+    for ax in axes[:2]:
+        ax.set_ylabel("team return (training episodes, exploring)")
+    for ax in axes[2:]:
+        ax.set_ylabel("greedy team return (evaluation)")
     if cfg.env_id.endswith("two_step_v0"):
         for ax in axes:
             ax.axhline(8.0, color="k", ls=":", lw=0.8)

@@ -11,11 +11,13 @@ sampling, log-probabilities and entropies in PPO's loss are those of the masked 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 from gymnasium import spaces
 
+from fedarena import engine
+from fedarena.marl.value_decomposition import rng_state_from_checkpoint
 from fedarena.rl.ppo import PPO, PPOConfig
 
 ILLEGAL_LOGIT = -1e9
@@ -78,6 +80,29 @@ class IndependentPPO:
         self._ids = np.eye(M, dtype=np.float32)
         self.env_steps = 0
         self.episodes = 0
+
+    def reset_episodes(self) -> None:
+        """Start fresh episodes on every copy (``env.reset()``)."""
+        self.obs, self.mask, _ = self.env.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every PPO learner (parameters, Adam state, update count, RNG, normalization statistics), the acting
+        RNG and the counters. The environments are not part of it: a resumed run starts fresh episodes."""
+        return {"learners": [{"params": p.learner.params, "opt_state": p.learner.opt_state,
+                              "version": p.learner.version, "rng": p.rng.bit_generator.state,
+                              "normalization": p.normalization_state()} for p in self.learners],
+                "rng": self.rng.bit_generator.state, "env_steps": self.env_steps, "episodes": self.episodes}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if len(state["learners"]) != len(self.learners):
+            raise ValueError(f"state: {len(state['learners'])} PPO learners saved, this run has {len(self.learners)}")
+        copy = lambda tree: engine.tree_map(lambda a: np.array(a, copy=True), tree)  # noqa: E731
+        for p, s in zip(self.learners, state["learners"]):
+            p.learner.set_state(copy(s["params"]), copy(s["opt_state"]), int(s["version"]))
+            p.rng.bit_generator.state = rng_state_from_checkpoint(s["rng"])
+            p.load_normalization_state(s["normalization"])
+        self.rng.bit_generator.state = rng_state_from_checkpoint(state["rng"])
+        self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
 
     def _inputs(self, obs: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         """Per learner: its input rows ``(rows, F + A)``."""

@@ -10,8 +10,11 @@ observation plus a one-hot agent id, as in Rashid et al.). The joint value mixes
 
 Training minimizes the TD error ``(r + gamma (1 - terminal) Q_tot^-(s', argmax_u Q_a(o'_a, u)) - Q_tot(s, u))^2``
 on transitions drawn uniformly from a replay buffer, with a target network (``^-``) copied every
-``target_update_every`` updates and the next actions chosen by the online utilities among legal actions
-(double Q-learning, as PyMARL's ``double_q``). Agents act epsilon-greedily on their own utilities
+``target_update_every`` updates and the next actions chosen among legal actions by the online utilities
+(double Q-learning, as PyMARL's ``double_q``; ``double_q=False``: by the target's). With
+``standardise_rewards`` the rewards of each sampled batch are standardised by the running mean and standard
+deviation of every team reward seen so far (as EPyMARL's ``standardise_rewards``): mean 0 and variance 1,
+whatever the task's reward scale. Agents act epsilon-greedily on their own utilities
 (decentralized execution). The agents here are feed-forward networks of the current observation (the
 papers use GRU agents over the observation history; the tasks here are fully observed per agent).
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
@@ -49,6 +52,10 @@ class ValueDecompositionConfig:
     epsilon_finish: float = param(0.05, "epsilon after annealing")
     epsilon_anneal_steps: int = param(5000, "environment steps (per copy, summed over copies) over which epsilon falls linearly")
     max_grad_norm: float = param(10.0, "global gradient-norm clipping")
+    double_q: bool = param(True, "choose the next joint action by the online utilities (double Q-learning), "
+                           "else by the target's")
+    standardise_rewards: bool = param(False, "train on team rewards standardised by their running mean and std "
+                                      "(EPyMARL's standardise_rewards)")
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:
@@ -67,6 +74,12 @@ class ValueDecompositionConfig:
     def epsilon(self, steps: int) -> float:
         frac = min(1.0, steps / self.epsilon_anneal_steps)
         return self.epsilon_start + frac * (self.epsilon_finish - self.epsilon_start)
+
+
+def rng_state_from_checkpoint(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A numpy bit-generator state from its checkpointed form (nested mappings of ints)."""
+    return {k: (rng_state_from_checkpoint(v) if isinstance(v, Mapping) else (int(v) if isinstance(v, np.integer) else v))
+            for k, v in state.items()}
 
 
 def elu(x: Any) -> Any:
@@ -128,9 +141,9 @@ class ValueDecomposition:
         chosen = ops.sum(q * ops.one_hot(batch["action"], A), axis=2)
         q_tot = self.mix(params, chosen, batch["state"])
         penalty = (batch["next_mask"] - 1.0) * 1e9  # illegal next actions never win the argmax
-        next_online = ops.stop_gradient(self.utilities(params, batch["next_obs"])) + penalty
-        next_action = ops.argmax(next_online, axis=2)
         next_target = self.utilities(target_params, batch["next_obs"])
+        chooser = self.utilities(params, batch["next_obs"]) if self.config.double_q else next_target
+        next_action = ops.argmax(ops.stop_gradient(chooser) + penalty, axis=2)
         next_chosen = ops.sum(next_target * ops.one_hot(next_action, A), axis=2)
         next_tot = self.mix(target_params, next_chosen, batch["next_state"])
         target = ops.stop_gradient(batch["reward"] + self.config.gamma * (1.0 - batch["terminal"]) * next_tot)
@@ -150,6 +163,8 @@ class ValueDecomposition:
         q = np.asarray(self._q(self.params, obs.astype(np.float32)))
         q = np.where(mask, q, -np.inf)
         greedy = np.argmax(q, axis=2)
+        if epsilon <= 0.0:  # greedy play (evaluation) draws nothing from the exploration RNG
+            return np.where(mask.any(axis=2), greedy, 0)
         noise = self.rng.random(mask.shape) * mask
         explore = np.argmax(noise + mask, axis=2)
         take = self.rng.random(greedy.shape) < epsilon
@@ -182,6 +197,13 @@ class ValueDecomposition:
         return {"params": self.params, "target_params": self.target_params, "opt_state": self.opt_state,
                 "updates": self.updates, "rng": self.rng.bit_generator.state}
 
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        as_arrays = lambda tree: engine.tree_map(lambda a: np.array(a, copy=True), tree)  # noqa: E731
+        self.params, self.target_params = as_arrays(state["params"]), as_arrays(state["target_params"])
+        self.opt_state = as_arrays(state["opt_state"])
+        self.updates = int(state["updates"])
+        self.rng.bit_generator.state = rng_state_from_checkpoint(state["rng"])
+
 
 class ValueDecompositionTrainer:
     """VDN/QMIX learning on a :class:`~fedarena.envs.pettingzoo_batch.ParallelEnvBatch` of a cooperative task.
@@ -193,6 +215,7 @@ class ValueDecompositionTrainer:
     """
 
     def __init__(self, env: Any, config: ValueDecompositionConfig, seed: int = 0) -> None:
+        from fedarena.rl.normalization import RunningMeanStd
         from fedarena.rl.replay import ReplayBuffer
 
         self.env, self.config = env, config
@@ -200,9 +223,27 @@ class ValueDecompositionTrainer:
         self.learner = ValueDecomposition(env.obs_size, self.state.shape[1], env.num_agents, env.num_actions,
                                           config, seed)
         self.buffer = ReplayBuffer(config.buffer_size, seed=np.random.default_rng([seed, 1]))
+        self.reward_stats = RunningMeanStd(())
         self.env_steps = 0
         self.episodes = 0
         self.last_metrics: dict[str, float] = {}
+
+    def reset_episodes(self) -> None:
+        """Start fresh episodes on every copy (``env.reset()``); the replay buffer keeps its transitions."""
+        self.obs, self.mask, self.state = self.env.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Learner (networks, target, Adam, update count, exploration RNG), replay buffer and counters.
+        The environments are not part of it: a resumed run starts fresh episodes (:meth:`reset_episodes`)."""
+        return {"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
+                "reward_stats": self.reward_stats.state(), "env_steps": self.env_steps, "episodes": self.episodes, "last_metrics": dict(self.last_metrics)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.learner.load_state_dict(state["learner"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.reward_stats.load(state["reward_stats"])
+        self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
+        self.last_metrics = {k: float(v) for k, v in state["last_metrics"].items()}
 
     def step(self) -> np.ndarray:
         """One batched step of every copy plus ``updates_per_step`` updates; returns the team returns of
@@ -222,9 +263,14 @@ class ValueDecompositionTrainer:
                          "terminal": terminal.astype(np.float32)})
         self.obs, self.mask, self.state = st.obs, st.action_mask, st.state
         self.env_steps += env.num_envs
+        self.reward_stats.update(team_reward)
         if len(self.buffer) >= max(c.learning_starts, c.batch_size):
             for _ in range(c.updates_per_step):
-                self.last_metrics = self.learner.update(self.buffer.sample(c.batch_size))
+                batch = self.buffer.sample(c.batch_size)
+                if c.standardise_rewards:
+                    std = np.sqrt(self.reward_stats.var + 1e-8)
+                    batch = dict(batch, reward=(batch["reward"] - self.reward_stats.mean) / std)
+                self.last_metrics = self.learner.update(batch)
         finished = st.episode_return[st.episode_end]
         self.episodes += len(finished)
         return finished.mean(axis=1) if len(finished) else np.zeros(0)
