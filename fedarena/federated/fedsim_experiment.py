@@ -149,7 +149,7 @@ class FedSimConfig(ExperimentConfig):
             raise ValueError("dp_noise_multiplier: DP-FedAvg wraps plain fedavg aggregation without secagg")
         if self.model not in ("mlp", "cnn") and not self.model.startswith("torch:"):
             raise ValueError(f"model: expected mlp, cnn or torch:module:factory, got {self.model!r}")
-        from fedarena.engine.backends.cupy.selection import check_engine_backend
+        from fedarena.engine.backend_selection import check_engine_backend
 
         check_engine_backend(self.engine_backend, "engine_backend")
         if self.engine_backend != "numpy" and (self.backend != "vmap" or self.server_mode != "rounds"):

@@ -36,7 +36,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import nn, ops
-from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
+from fedarena.engine.backend_selection import backend_jit, check_engine_backend, to_host
 from fedarena.federated.strategy import ClientUpdate, FitConfig, Params, RoundState, Strategy
 from fedarena.federated.trainer import mlp_init
 from fedarena.privacy.secure_random import SecureRandom
@@ -161,7 +161,7 @@ class BatchedModel:
 
     def use_engine_backend(self, backend: str) -> None:
         """Compile the batched local step and the forward pass for ``backend`` (numpy, cupy or cupy-emulated,
-        :mod:`fedarena.engine.backends.cupy.selection`). On a device backend the clients' stacked parameters
+        :mod:`fedarena.engine.backend_selection`). On a device backend the clients' stacked parameters
         stay on the device across a group's steps; each step copies its minibatch in and its losses out."""
         check_engine_backend(backend, "engine_backend")
         if backend != self.engine_backend:

@@ -31,7 +31,7 @@ from fedarena.engine import ops, optim, tree_map
 from fedarena.platform.experiment import param
 from fedarena.rl.networks import QNetwork, torso_for
 from fedarena.rl.nstep import NStepAccumulator
-from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
+from fedarena.engine.backend_selection import backend_jit, check_engine_backend, to_host
 from fedarena.rl.replay import PrioritizedReplayBuffer, ReplayBuffer
 from fedarena.rl.spaces import observation_adapter
 from fedarena.rl.workers import EpisodeStats, Learner, Weights

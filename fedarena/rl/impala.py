@@ -18,7 +18,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
-from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
+from fedarena.engine.backend_selection import backend_jit, check_engine_backend, to_host
 from fedarena.engine.distributed import (DataParallelLearner, ParameterServerConfig, ParameterServerLearner,
                                          ReplicaStep)
 from fedarena.engine.distributed.parameter_server import MODES as PS_MODES

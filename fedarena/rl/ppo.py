@@ -21,7 +21,7 @@ import numpy as np
 
 from fedarena import engine
 from fedarena.engine import ops, optim
-from fedarena.engine.backends.cupy.selection import backend_jit, check_engine_backend, to_host
+from fedarena.engine.backend_selection import backend_jit, check_engine_backend, to_host
 from fedarena.engine.distributed import DataParallelLearner, ReplicaStep
 from fedarena.engine.interop import TorchConversionError, load_torch_factory
 from fedarena.platform.experiment import param

@@ -14,7 +14,7 @@ from fedarena.engine import ops
 from fedarena.engine.backends import cupy as cb
 from fedarena.engine.backends.cupy import control, indexing, toolchain
 from fedarena.engine.backends.cupy import kernels as K
-from fedarena.engine.backends.cupy.selection import to_host
+from fedarena.engine.backend_selection import to_host
 from fedarena.engine.core.pytree import tree_leaves
 
 

@@ -1,7 +1,7 @@
 """Device rules of the cupy backend for control flow: ``scan``, ``cond`` and ``while``.
 
 The body graph (each branch of ``cond``, the predicate and the body of ``while``) goes through the
-backend's :data:`.jit.PIPELINE` and becomes an :class:`.executor.Executable` on the same device,
+backend's :data:`.pipeline.PIPELINE` and becomes an :class:`.executor.Executable` on the same device,
 compiled once (cached on the graph object per device); the loop runs on the host and launches the
 body's kernels, its values staying device arrays from one step to the next:
 
@@ -31,6 +31,7 @@ import numpy as np
 
 from ...core.ir import Eqn, Graph, Literal, Var
 from .executor import SPEC_RULES, Executable
+from .pipeline import PIPELINE
 
 
 def body_executable(graph: Graph, device: Any) -> Executable:
@@ -38,8 +39,6 @@ def body_executable(graph: Graph, device: Any) -> Executable:
     cache = graph.__dict__.setdefault("_cupy_bodies", {})
     exe = cache.get(device)
     if exe is None:
-        from .jit import PIPELINE  # jit imports this module: import late
-
         exe = cache[device] = Executable(PIPELINE(graph), device, validate=False)
     return exe
 

@@ -1,4 +1,4 @@
-"""``jit`` for the cupy backend: trace per input signature, compile with :data:`PIPELINE`, run
+"""``jit`` for the cupy backend: trace per input signature, compile with :data:`.pipeline.PIPELINE`, run
 on a device (:class:`.device.CupyDevice` by default).  Arguments may be numpy arrays (copied to
 the device once per call) or device arrays; outputs are device arrays (``cupy.asnumpy`` them)."""
 
@@ -10,36 +10,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...compiler import passes as _passes
-from ...compiler.fusion import elementwise_fusion
 from ...core.ir import EngineError, ShapedArray, check_dtype
 from ...core.pytree import tree_flatten, tree_unflatten
 from ...core.tracing import _TRACE_STACK, trace_flat
 from . import control, indexing  # noqa: F401 - they register their device rules with the executor
 from .device import CupyDevice
 from .executor import Executable
-from .patterns import find_row_kernels
+from .pipeline import PIPELINE
 
 _PY_SCALARS = (bool, int, float)
-
-
-def fuse_all_elementwise(graph):
-    """Every elementwise tree (also a single equation) becomes one fused group: one kernel."""
-    return elementwise_fusion(graph, min_size=1)
-
-
-PIPELINE = _passes.Pipeline(
-    (
-        _passes.constant_folding,
-        _passes.algebraic_simplification,
-        _passes.common_subexpression_elimination,
-        find_row_kernels,
-        _passes.unroll_small_reductions,
-        fuse_all_elementwise,
-        _passes.dead_code_elimination,
-    )
-)
-"""The cupy backend's passes: folding, simplification, CSE, softmax/logsumexp row kernels,
-small-reduction unrolling, fusion of every elementwise tree, dead-code elimination."""
 
 
 def _static_key(v: Any) -> Any:

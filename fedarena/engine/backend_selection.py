@@ -3,8 +3,8 @@
 ``engine_backend`` names where a component's compiled steps run:
 
 - ``numpy``: ``engine.jit`` (the numpy backend, the default);
-- ``cupy``: ``jit(backend="cupy")`` on the current CUDA device (:class:`.device.CupyDevice`);
-- ``cupy-emulated``: the cupy backend on :class:`.device.EmulatedDevice`, the same generated CUDA
+- ``cupy``: ``jit(backend="cupy")`` on the current CUDA device (:class:`.backends.cupy.device.CupyDevice`);
+- ``cupy-emulated``: the cupy backend on :class:`.backends.cupy.device.EmulatedDevice`, the same generated CUDA
   kernels compiled for the CPU by g++. This is a testing aid (it is slow); it lets CI check that a
   learner on the device backend computes what the numpy backend computes.
 
@@ -19,9 +19,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence
 
-from ...core.pytree import tree_map
-from . import emulation
-from .device import CupyDevice, EmulatedDevice, gpu_unavailable_reason
+from .backends.cupy import emulation
+from .backends.cupy.device import CupyDevice, EmulatedDevice, gpu_unavailable_reason
+from .backends.cupy.jit import jit as cupy_jit
+from .core.pytree import tree_map
+from .jit import jit as numpy_jit
 
 ENGINE_BACKENDS = ("numpy", "cupy", "cupy-emulated")
 """The values ``engine_backend`` takes."""
@@ -62,11 +64,7 @@ def backend_jit(fn: Callable, backend: str, static_argnums: int | Sequence[int] 
     :func:`device_for` otherwise (arguments may be numpy or device arrays, outputs are device
     arrays: each call copies its numpy inputs to the device once and nothing else crosses)."""
     if backend == "numpy":
-        from ...jit import jit as numpy_jit  # engine.jit imports this package: import late
-
         return numpy_jit(fn, static_argnums=static_argnums)
-    from .jit import jit as cupy_jit
-
     return cupy_jit(fn, static_argnums=static_argnums, device=device_for(backend))
 
 
