@@ -163,7 +163,8 @@ def main() -> None:
     final = report("final", learner.params, updates, 20_000 + args.seed, {"env_steps": env_steps})
     summary = {"game": args.game, "bc_s": round(bc_time, 1), "rl_s": round(rl_time, 1),
                "total_s": round(time.time() - t0, 1), "updates": updates, "env_steps": env_steps,
-               "env_steps_per_s": round(env_steps / play_s, 1) if play_s else 0.0, "updates_per_s": round(updates / rl_time, 3),
+               "env_steps_per_s": round(env_steps / play_s, 1) if play_s else 0.0,
+               "updates_per_s": round(updates / rl_time, 3),
                "final": {k: final[k] for k in final if k not in ("stage",)}}
     print(json.dumps({"summary": summary}), flush=True)
 
