@@ -20,11 +20,18 @@ wall times of both stages, env steps (moves of both players) per second and lear
     python benchmarks/board_selfplay.py --game tictactoe --minutes 8 --ref-shares 0.55 0.2 --latest 0.1
     python benchmarks/board_selfplay.py --game connect_four --minutes 17 --eval-every 10 --games 256 --explore 0.2 \
         --latest 0.1
+
+``--minutes 0`` measures the behaviour-cloning stage alone (its row is the clone's strength), e.g. the
+connect-four league's network and dataset:
+
+    python benchmarks/board_selfplay.py --game connect_four --minutes 0 --channels 32 --kernel 3 --explore 0.2 \
+        --bc-games 12000 --bc-epochs 8
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -71,6 +78,8 @@ def main() -> None:
     ap.add_argument("--bc-epochs", type=int, default=None)
     ap.add_argument("--expert", choices=("", "minimax", "one_ply", "two_ply"), default="",
                     help="imitation expert ('' for the preset's)")
+    ap.add_argument("--channels", type=int, nargs="+", default=None, help="CNN channels (default: the preset's)")
+    ap.add_argument("--kernel", type=int, default=None, help="CNN kernel size (default: the preset's)")
     ap.add_argument("--threads", type=int, default=1, help="engine threads (1 is fastest on a loaded machine)")
     args = ap.parse_args()
     engine.set_num_threads(args.threads)
@@ -78,7 +87,12 @@ def main() -> None:
     refs = [make() for make in preset["refs"]]
     ref_shares = np.asarray(args.ref_shares if args.ref_shares else preset["ref_shares"], dtype=np.float64)
     env = BoardGameBatch(args.game, args.num_envs)
-    agent = BoardAgent(env.observation_shape, env.num_actions, preset["config"])
+    config = preset["config"]
+    if args.channels:
+        config = dataclasses.replace(config, channels=tuple(args.channels))
+    if args.kernel:
+        config = dataclasses.replace(config, kernel=args.kernel)
+    agent = BoardAgent(env.observation_shape, env.num_actions, config)
     rng = np.random.default_rng(args.seed)
     t0 = time.time()
 
@@ -149,7 +163,8 @@ def main() -> None:
     final = report("final", learner.params, updates, 20_000 + args.seed, {"env_steps": env_steps})
     summary = {"game": args.game, "bc_s": round(bc_time, 1), "rl_s": round(rl_time, 1),
                "total_s": round(time.time() - t0, 1), "updates": updates, "env_steps": env_steps,
-               "env_steps_per_s": round(env_steps / play_s, 1), "updates_per_s": round(updates / rl_time, 3),
+               "env_steps_per_s": round(env_steps / play_s, 1) if play_s else 0.0,
+               "updates_per_s": round(updates / rl_time, 3),
                "final": {k: final[k] for k in final if k not in ("stage",)}}
     print(json.dumps({"summary": summary}), flush=True)
 

@@ -87,6 +87,8 @@ class LeagueExperimentConfig(ExperimentConfig):
     execution: str = param("local", "local (one process) or ray (learner/rollout/inference/manager actors)")
     iterations: int = param(100, "league iterations; in each, every learning player plays a batch and updates once")
     games_per_iteration: int = param(256, "games each learning player plays per iteration (one PPO batch)")
+    main_agent_batches: int = param(1, "PPO batches (of games_per_iteration games each) every main agent plays and "
+                                       "learns from per iteration; exploiters play one")
     num_envs: int = param(128, "environments stepped together per learner (per rollout actor on Ray)")
     roles: RoleConfig = param(doc="league composition, matchmaking shares and snapshot rules (AlphaStar defaults)", factory=RoleConfig)
     agent: AgentConfig = param(doc="the learning agent (network and PPO)", factory=AgentConfig)
@@ -108,7 +110,7 @@ class LeagueExperimentConfig(ExperimentConfig):
             raise ValueError(f"game: unknown league game '{self.game}'; known: {', '.join(GAMES)}")
         if self.execution not in EXECUTIONS:
             raise ValueError(f"execution: expected one of {', '.join(EXECUTIONS)}, got '{self.execution}'")
-        for name in ("iterations", "games_per_iteration", "num_envs", "engine_threads"):
+        for name in ("iterations", "games_per_iteration", "main_agent_batches", "num_envs", "engine_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.payoff_decay <= 1.0:
@@ -119,8 +121,6 @@ class LeagueExperimentConfig(ExperimentConfig):
             raise ValueError(f"nash_solver: unknown meta-solver '{self.nash_solver}'; known: {', '.join(sorted(META_SOLVERS))}")
         if self.evaluator_games < 0:
             raise ValueError(f"evaluator_games: must be >= 0, got {self.evaluator_games}")
-        if self.execution == "ray" and self.evaluator_games:
-            raise ValueError("evaluator_games: the snapshot evaluator runs with execution: local only")
         if self.execution == "ray" and not self.cluster.address:
             learners = self.roles.main_agents + self.roles.main_exploiters + self.roles.league_exploiters
             need = learners * (1 + self.ray.rollout_actors) * self.ray.actor_cpus
@@ -243,7 +243,8 @@ def make_league(cfg: LeagueExperimentConfig, game, agent: BoardAgent, store: Sna
     else:
         manager = LeagueManager.from_state(state["manager"], cfg.roles, store)
     league = LocalLeague(game, agent, manager, cfg.num_envs, cfg.games_per_iteration, cfg.seed,
-                         tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.evaluator_games)
+                         tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.evaluator_games,
+                         cfg.main_agent_batches)
     if state is not None:
         league.load_state_dict(state)
     return league, start, extra
@@ -286,7 +287,10 @@ def _run(cfg, run, game, agent, store, restored) -> dict[str, Any]:
         run.final_checkpoint()
         manager = league.view()
         write_payoff(run.dir, manager)
-        return summary(cfg, manager, league.throughput, last_eval, store)
+        out = summary(cfg, manager, league.throughput, last_eval, store)
+        if cfg.game == "tictactoe":
+            out.update(exact_results(agent, manager, league.learner_params))
+        return out
     finally:
         league.shutdown()
 
@@ -303,6 +307,23 @@ def summary(cfg, manager: LeagueManager, throughput: dict, last_eval: dict, stor
     for role, tp in throughput.items():
         for k, v in tp.rates().items():
             out[f"throughput/{role}/{k}"] = v
+    return out
+
+
+def exact_results(agent: BoardAgent, manager: LeagueManager, params_of) -> dict[str, float]:
+    """Tic-tac-toe: the exact win/draw/loss probabilities of each main agent's greedy policy against the random
+    and minimax players, averaged over the two seats (every game enumerated,
+    :func:`~fedarena.marl.league.players.tictactoe_exact_results`)."""
+    from fedarena.marl.league.players import tictactoe_exact_results
+
+    out: dict[str, float] = {}
+    for p in manager.players:
+        if p.learning and p.role == MAIN:
+            exact = tictactoe_exact_results(agent, params_of(p.id))
+            for k, v in exact.items():
+                if "seat" not in k:
+                    ref, outcome = k.rsplit("_", 1)
+                    out[f"exact/{p.name}/vs_{ref}/{outcome}_rate"] = float(v)
     return out
 
 

@@ -49,6 +49,8 @@ class LeagueManager:
         self.versions: dict[int, int] = {}
         self.checksums: dict[str, str] = {}
         self.games = 0
+        self.reported: dict[int, int] = {}   # per learner: sequence number of its last counted iteration report
+        self.evaluated: set[int] = set()     # frozen players whose evaluator games are in the payoff table
         self._roles = {name: make_role(name, roles) for name in (MAIN, MAIN_EXPLOITER, LEAGUE_EXPLOITER)}
         self._cache: dict[str, dict[str, np.ndarray]] = {}
         if _restore:
@@ -137,6 +139,35 @@ class LeagueManager:
     def add_steps(self, learner: int, n: int) -> None:
         self.steps[learner] += int(n)
 
+    def finish_iteration(self, learner: int, seq: int, moves: int, results: Sequence[tuple[int, int]]) -> bool:
+        """Count one iteration's steps and games of ``learner`` once: a report whose sequence number ``seq`` is
+        not above the learner's last counted one (the same iteration replayed after a crash between reporting
+        and snapshotting, or a retried call) is ignored. Returns whether it was counted."""
+        seq = int(seq)
+        if seq <= self.reported.get(learner, 0):
+            return False
+        self.reported[learner] = seq
+        self.add_steps(learner, moves)
+        self.report_many(learner, results)
+        return True
+
+    def pending_evaluations(self, learner: int) -> list[tuple[int, list[int]]]:
+        """The evaluator's work for ``learner``: each of its snapshots whose games are not yet in the payoff
+        table, with its opponents: every frozen player that joined the league before it (a later one plays it
+        when that one is evaluated, so every pair of frozen players is evaluated once)."""
+        return [(p.id, [j for j in self.frozen if j < p.id]) for p in self.players
+                if not p.learning and p.parent == learner and p.id not in self.evaluated]
+
+    def report_evaluation(self, player: int, results: Sequence[tuple[int, int, int]]) -> bool:
+        """The evaluator's ``(home, away, result)`` games of frozen ``player``, counted once per player (a
+        replayed evaluation is ignored). Returns whether they were counted."""
+        if player in self.evaluated:
+            return False
+        self.evaluated.add(int(player))
+        for home, away, r in results:
+            self.report(int(home), int(away), int(r))
+        return True
+
     def snapshot_due(self, learner: int) -> bool:
         """AlphaStar's ``ready_to_checkpoint`` for this learner now."""
         role = self._roles[self.players[learner].role]
@@ -181,7 +212,8 @@ class LeagueManager:
                 "ratings": self.ratings.state_dict(), "rng": self.rng.bit_generator.state,
                 "steps": [self.steps.get(i, 0) for i in ids], "snapshot_steps": [self.snapshot_steps.get(i, 0) for i in ids],
                 "versions": [self.versions.get(i, 0) for i in ids], "checksums": dict(self.checksums),
-                "games": self.games}
+                "games": self.games, "reported": [self.reported.get(i, 0) for i in ids],
+                "evaluated": sorted(self.evaluated)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], roles: RoleConfig, store: SnapshotStore,
@@ -199,6 +231,8 @@ class LeagueManager:
         m.versions = {i: int(state["versions"][i]) for i in learners}
         m.checksums = {str(k): str(v) for k, v in state["checksums"].items()}
         m.games = int(state["games"])
+        m.reported = {i: int(state.get("reported", [0] * len(m.players))[i]) for i in learners}
+        m.evaluated = {int(i) for i in state.get("evaluated", [])}
         if m.payoff.num_players != len(m.players):
             raise ValueError(f"league state: payoff table has {m.payoff.num_players} players, the roster {len(m.players)}")
         for name in m.checksums if verify else ():   # every recorded snapshot must still be in the store, intact

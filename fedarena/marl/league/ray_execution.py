@@ -38,7 +38,8 @@ from fedarena.marl.league.manager import LeagueManager
 from fedarena.marl.league.roles import RoleConfig
 from fedarena.marl.league.store import SnapshotStore
 from fedarena.marl.league.roles import MAIN
-from fedarena.marl.league.training import IterationResult, RoleThroughput, learner_seed, split_results, with_references
+from fedarena.marl.league.training import (IterationResult, RoleThroughput, evaluate_snapshot, iteration_seq,
+                                           learner_seed, split_results, with_references)
 from fedarena.rl.distributions import Categorical
 from fedarena.rl.workers import InferenceServer, Weights
 
@@ -79,12 +80,23 @@ class ManagerActor:
             sums.append(None if p.learning else self.m.checksums[p.snapshot])
         return ids, probs, branches, keys, sums
 
-    def finish_iteration(self, learner: int, moves: int, results: list[tuple[int, int]]) -> bool:
-        """Record an iteration's steps and games; True when the learner is due for a snapshot (it then sends
-        its weights to :meth:`snapshot`, so weights cross the network only when a snapshot is taken)."""
-        self.m.add_steps(learner, moves)
-        self.m.report_many(learner, results)
+    def finish_iteration(self, learner: int, seq: int, moves: int, results: list[tuple[int, int]]) -> bool:
+        """Record an iteration's steps and games (once per sequence number ``seq``: a replayed report is
+        ignored); True when the learner is due for a snapshot (it then sends its weights to :meth:`snapshot`,
+        so weights cross the network only when a snapshot is taken)."""
+        self.m.finish_iteration(learner, seq, moves, results)
         return self.m.snapshot_due(learner)
+
+    def evaluation_work(self, learner: int) -> list[tuple[int, str, str, list[tuple[int, str, str]]]]:
+        """The evaluator's pending work for ``learner``: per snapshot of it not yet evaluated, ``(id, name,
+        checksum, [(id, name, checksum) of every other frozen player])``."""
+        def ref(i: int) -> tuple[int, str, str]:
+            name = self.m.players[i].snapshot
+            return i, name, self.m.checksums[name]
+        return [ref(new) + ([ref(j) for j in others],) for new, others in self.m.pending_evaluations(learner)]
+
+    def report_evaluation(self, player: int, results: list[tuple[int, int, int]]) -> bool:
+        return self.m.report_evaluation(player, results)
 
     def snapshot(self, learner: int, params: dict[str, np.ndarray]) -> tuple[str, bool]:
         ev = self.m.take_snapshot(learner, params)
@@ -186,12 +198,13 @@ class RemotePolicy:
 
 class RolloutActor:
     def __init__(self, game: str, agent_config: AgentConfig, num_envs: int, seed: int, server,
-                 engine_threads: int = 1) -> None:
+                 engine_threads: int = 1, store_root: str | None = None) -> None:
         engine.set_num_threads(engine_threads)
         self.game = get_game(game)
         self.agent = BoardAgent(self.game.observation_shape, self.game.num_actions, agent_config)
         self.env = self.game.make_env(num_envs, seed)
         self.server = server
+        self.store = None if store_root is None else SnapshotStore(store_root)
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -205,17 +218,28 @@ class RolloutActor:
                                        np.random.default_rng(seed))
         return traj.arrays(), results, self.env.env_steps - before
 
+    def evaluate(self, new: tuple[int, str, str], others: list[tuple[int, str, str]], num_games: int,
+                 seed: int) -> list[tuple[int, int, int]]:
+        """The evaluator's games: frozen ``new`` against each of ``others`` (``(id, snapshot, checksum)``, both
+        loaded from the store), ``num_games`` each, as ``(home, away, result)``."""
+        if self.store is None:
+            raise ValueError("evaluate: this rollout actor has no snapshot store")
+        params = {i: self.store.load(name, checksum) for i, name, checksum in [new, *others]}
+        return evaluate_snapshot(self.game, self.agent, self.env, params.__getitem__, new[0],
+                                 [j for j, _, _ in others], num_games, np.random.default_rng(seed))
+
 
 class LearnerActor:
     def __init__(self, learner: int, name: str, role: str, game: str, agent_config: AgentConfig, seed: int,
                  store_root: str, manager, server, rollouts: list, state: dict | None = None,
-                 references: tuple = (), engine_threads: int = 1) -> None:
+                 references: tuple = (), engine_threads: int = 1, evaluator_games: int = 0) -> None:
         engine.set_num_threads(engine_threads)
         g = get_game(game)
         self.agent = BoardAgent(g.observation_shape, g.num_actions, agent_config)
         self.id, self.name, self.role, self.seed = learner, name, role, seed
         self.manager, self.server, self.rollouts = manager, server, rollouts
         self.references = tuple(references) if role == MAIN else ()
+        self.evaluator_games = int(evaluator_games)
         self.store = SnapshotStore(store_root)
         self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
         self.iterations = 0
@@ -246,7 +270,10 @@ class LearnerActor:
     def was_restarted(self) -> bool:
         return bool(self.restarted)
 
-    def iteration(self, num_games: int) -> dict[str, Any]:
+    def iteration(self, num_games: int, seq: int) -> dict[str, Any]:
+        """One batch: play ``num_games`` on the rollout actors, update, report as number ``seq`` (a retried
+        call reports the same number, which the manager counts once), snapshot / reset when due, and run the
+        evaluator for this learner's snapshots not yet evaluated."""
         t0 = time.perf_counter()
         ids, probs, branches, keys, sums = ray.get(self.manager.get_matches.remote(self.id, num_games))
         if self.references:
@@ -263,8 +290,9 @@ class LearnerActor:
         metrics = self.learner.update(traj)
         results, refs = split_results(ids, [x for o in outs for x in o[1]])
         snap, reset = None, False
-        if ray.get(self.manager.finish_iteration.remote(self.id, len(traj), results)):
+        if ray.get(self.manager.finish_iteration.remote(self.id, seq, len(traj), results)):
             snap, reset = ray.get(self.manager.snapshot.remote(self.id, self.learner.params))
+        eval_s = self._evaluate(seq) if self.evaluator_games else 0.0
         if reset:
             self.learner = self.agent.learner(self._load(*self._initial),
                                               learner_seed(self.seed, self.id, 1000 + self.iterations))
@@ -274,7 +302,21 @@ class LearnerActor:
         return {"learner": self.id, "role": self.role, "moves": len(traj), "references": refs,
                 "games": len(results) + sum(len(v) for v in refs.values()),
                 "env_steps": int(sum(o[2] for o in outs)), "metrics": metrics, "branches": branches,
-                "results": results, "snapshot": snap, "reset": reset, "seconds": time.perf_counter() - t0}
+                "results": results, "snapshot": snap, "reset": reset, "evaluator_seconds": eval_s,
+                "seconds": time.perf_counter() - t0 - eval_s}
+
+    def _evaluate(self, seq: int) -> float:
+        """The evaluator for this learner's new snapshots (after a crash also those whose games were never
+        reported), the opponents spread over the rollout actors; returns its seconds."""
+        t0 = time.perf_counter()
+        for new, name, checksum, others in ray.get(self.manager.evaluation_work.remote(self.id)):
+            n = len(self.rollouts)
+            parts = [others[k::n] for k in range(n)]
+            seeds = np.random.SeedSequence([self.seed, self.id, new, 7]).generate_state(n)
+            outs = ray.get([r.evaluate.remote((new, name, checksum), part, self.evaluator_games, int(s))
+                            for r, part, s in zip(self.rollouts, parts, seeds) if part])
+            ray.get(self.manager.report_evaluation.remote(new, [x for o in outs for x in o]))
+        return time.perf_counter() - t0
 
     def params(self) -> dict[str, np.ndarray]:
         return self.learner.params
@@ -313,7 +355,8 @@ class RayLeague:
             p = roster[i]
             self.rollouts[i] = [ray.remote(RolloutActor).options(num_cpus=cfg.ray.actor_cpus, scheduling_strategy="SPREAD",
                                                                   **restart).remote(
-                cfg.game, cfg.agent, cfg.num_envs, learner_seed(cfg.seed, i, 2000 + k), self.server, cfg.engine_threads)
+                cfg.game, cfg.agent, cfg.num_envs, learner_seed(cfg.seed, i, 2000 + k), self.server, cfg.engine_threads,
+                store_root)
                 for k in range(cfg.ray.rollout_actors)]
         for i in self.learner_ids:
             p = roster[i]
@@ -321,17 +364,28 @@ class RayLeague:
                                                                  **restart).remote(
                 i, p["name"], p["role"], cfg.game, cfg.agent, cfg.seed, store_root, self.manager, self.server,
                 self.rollouts[i], None if state is None else state["learners"][str(i)],
-                tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.engine_threads)
+                tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.engine_threads, cfg.evaluator_games)
         ray.get([l.node_id.remote() for l in self.learners.values()])   # constructed (weights pushed)
         self.throughput = {p["role"]: RoleThroughput() for p in roster if p["learning"]}
+        self.completed = 0   # iterations done (the learners' report sequence numbers derive from it)
         if state is not None:
             for k, d in state["throughput"].items():
                 self.throughput[k] = RoleThroughput(**d)
+            self.completed = int(state.get("completed", 0))
         self.game = game
 
+    def batches(self, i: int) -> int:
+        """PPO batches learner ``i`` plays per iteration (main agents ``main_agent_batches``)."""
+        return self.cfg.main_agent_batches if self.players[i]["role"] == MAIN else 1
+
     def submit(self) -> list:
-        """Start one iteration of every learner (in parallel); :meth:`collect` waits for them."""
-        return [self.learners[i].iteration.remote(self.cfg.games_per_iteration) for i in self.learner_ids]
+        """Start one iteration of every learner (in parallel; a main agent's batches in order on its actor);
+        :meth:`collect` waits for them."""
+        futures = [self.learners[i].iteration.remote(self.cfg.games_per_iteration,
+                                                     iteration_seq(self.completed, self.batches(i), k))
+                   for i in self.learner_ids for k in range(self.batches(i))]
+        self.completed += 1
+        return futures
 
     def iteration(self) -> list[IterationResult]:
         return self.collect(self.submit())
@@ -348,7 +402,7 @@ class RayLeague:
             tp.seconds += o["seconds"]
             done.append(IterationResult(o["learner"], o["moves"], o["games"], o["env_steps"], o["results"],
                                         o["metrics"], o["branches"], o["seconds"], o["snapshot"], o["reset"],
-                                        {"references": o["references"]}))
+                                        {"references": o["references"], "evaluator_seconds": o["evaluator_seconds"]}))
         return done
 
     def view(self) -> LeagueManager:
@@ -365,7 +419,7 @@ class RayLeague:
         return {"manager": self.manager_state(),
                 "learners": {str(i): s for i, s in zip(self.learner_ids,
                                                         ray.get([self.learners[i].state_dict.remote() for i in self.learner_ids]))},
-                "throughput": {k: v.to_json() for k, v in self.throughput.items()}}
+                "throughput": {k: v.to_json() for k, v in self.throughput.items()}, "completed": self.completed}
 
     def placement(self) -> dict[str, list[str]]:
         """Node id of every learner and rollout actor."""

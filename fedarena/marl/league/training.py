@@ -100,15 +100,23 @@ def evaluate_snapshot(game: LeagueGame, agent: BoardAgent, env, params_of, new: 
     return out
 
 
+def iteration_seq(completed: int, batches: int, k: int) -> int:
+    """Sequence number of batch ``k`` (of ``batches`` per iteration) of a learner in iteration ``completed + 1``:
+    1, 2, ... over the run, the same for a replay of the same batch, so the manager counts a report once."""
+    return completed * batches + k + 1
+
+
 class LocalLeague:
     """The league's learners, their environments and the manager, stepped in one process."""
 
     def __init__(self, game: LeagueGame, agent: BoardAgent, manager: LeagueManager, num_envs: int,
                  games_per_iteration: int, seed: int, references: tuple[tuple[str, float], ...] = (),
-                 evaluator_games: int = 0) -> None:
+                 evaluator_games: int = 0, main_batches: int = 1) -> None:
         self.game, self.agent, self.manager = game, agent, manager
         self.references = tuple(references)
         self.evaluator_games = evaluator_games
+        self.main_batches = main_batches
+        self.completed = 0   # iterations done (sequence numbers of the learners' reports derive from it)
         self.eval_env = game.make_env(min(num_envs, max(1, evaluator_games)), learner_seed(seed, 0, 1 << 23))
         self.eval_rng = np.random.default_rng(learner_seed(seed, 0, 1 << 24))
         self.reference_players = {n: game.reference(n) for n, _ in self.references}
@@ -120,11 +128,15 @@ class LocalLeague:
         self.rngs = {i: np.random.default_rng(learner_seed(seed, i, 1 << 21)) for i in manager.learners}
         self.throughput = {manager.role(i): RoleThroughput() for i in manager.learners}
 
+    def batches(self, i: int) -> int:
+        """PPO batches learner ``i`` plays and learns from per iteration."""
+        return self.main_batches if self.manager.role(i) == MAIN else 1
+
     def opponents(self, ids: list[int]) -> list:
         return [self.learners[i].params if self.manager.players[i].learning else self.manager.frozen_params(i)
                 for i in ids]
 
-    def step_learner(self, i: int) -> IterationResult:
+    def step_learner(self, i: int, seq: int) -> IterationResult:
         t0 = time.perf_counter()
         ids, probs, branches = self.manager.get_matches(i, self.games_per_iteration)
         opponents = self.opponents(ids)
@@ -134,21 +146,20 @@ class LocalLeague:
         results, refs, moves, env_steps, metrics = train_step(self.game, self.agent, self.learners[i], self.envs[i],
                                                               opponents, probs, ids, self.games_per_iteration,
                                                               self.rngs[i])
-        self.manager.add_steps(i, moves)
-        self.manager.report_many(i, results)
+        self.manager.finish_iteration(i, seq, moves, results)
         out = IterationResult(i, moves, len(results), env_steps, results, metrics, branches, 0.0,
                               extra={"references": refs})
         ev = self.manager.maybe_snapshot(i, self.learners[i].params)
+        if self.evaluator_games:
+            t_eval = time.perf_counter()
+            for new, others in self.manager.pending_evaluations(i):
+                self.manager.report_evaluation(new, evaluate_snapshot(
+                    self.game, self.agent, self.eval_env, self.manager.frozen_params, new, others,
+                    self.evaluator_games, self.eval_rng))
+            out.extra["evaluator_seconds"] = time.perf_counter() - t_eval
+            t0 += out.extra["evaluator_seconds"]     # the role's throughput counts its own work only
         if ev is not None:
             out.snapshot, out.reset = ev.record.name, ev.reset
-            if self.evaluator_games:
-                t_eval = time.perf_counter()
-                others = [j for j in self.manager.frozen if j != ev.record.id]
-                for home, away, r in evaluate_snapshot(self.game, self.agent, self.eval_env, self.manager.frozen_params,
-                                                       ev.record.id, others, self.evaluator_games, self.eval_rng):
-                    self.manager.report(home, away, r)
-                out.extra["evaluator_seconds"] = time.perf_counter() - t_eval
-                t0 += out.extra["evaluator_seconds"]     # the role's throughput counts its own work only
             if ev.reset:
                 version = self.manager.versions[i]
                 self.learners[i] = self.agent.learner(dict(self.manager.initial_params()),
@@ -163,7 +174,11 @@ class LocalLeague:
         return out
 
     def iteration(self) -> list[IterationResult]:
-        return [self.step_learner(i) for i in self.manager.learners]
+        """One iteration: every learner plays and learns from its batches (main agents ``main_batches``)."""
+        out = [self.step_learner(i, iteration_seq(self.completed, self.batches(i), k))
+               for i in self.manager.learners for k in range(self.batches(i))]
+        self.completed += 1
+        return out
 
     def learner_params(self, i: int) -> dict[str, np.ndarray]:
         return self.learners[i].params
@@ -179,7 +194,7 @@ class LocalLeague:
         return {"manager": self.manager.state_dict(),
                 "learners": {str(i): l.state_dict() for i, l in self.learners.items()},
                 "rngs": {str(i): r.bit_generator.state for i, r in self.rngs.items()},
-                "eval_rng": self.eval_rng.bit_generator.state,
+                "eval_rng": self.eval_rng.bit_generator.state, "completed": self.completed,
                 "env_steps": {str(i): e.env_steps for i, e in self.envs.items()},
                 "throughput": {k: v.to_json() for k, v in self.throughput.items()}}
 
@@ -189,6 +204,7 @@ class LocalLeague:
         for k, s in state["rngs"].items():
             self.rngs[int(k)].bit_generator.state = s
         self.eval_rng.bit_generator.state = state["eval_rng"]
+        self.completed = int(state.get("completed", 0))
         for k, n in state["env_steps"].items():
             self.envs[int(k)].env_steps = int(n)
         for k, d in state["throughput"].items():

@@ -55,6 +55,23 @@ def test_tictactoe_league_with_imitation(tmp_path):
     names = store.verify()
     assert "initial-v0000" in names and "main-0-v0001" in names
     assert res.summary["snapshots"] == len(names) >= 3       # snapshot_max_steps forces more snapshots
+    # the summary has the final main agent's exact results: recompute them from the final checkpoint's weights
+    from fedarena.platform.checkpoint import list_checkpoints, load
+    from fedarena.marl.league.agent import AgentConfig, BoardAgent
+    from fedarena.marl.league.games import get_game
+    from fedarena.marl.league.players import tictactoe_exact_results
+    _, full = load(list_checkpoints(tmp_path / "run" / "checkpoints")[-1][1])
+    learner = full["experiment"]["league"]["learners"]["0"]
+    params = {k[len("params/"):]: np.asarray(v) for k, v in learner.items() if k.startswith("params/")}
+    g = get_game("tictactoe")
+    agent = BoardAgent(g.observation_shape, g.num_actions,
+                       AgentConfig(hidden=(16,), minibatch_size=64, update_epochs=1))
+    exact = tictactoe_exact_results(agent, params)
+    for ref in ("random", "minimax"):
+        for outcome in ("win", "draw", "loss"):
+            assert res.summary[f"exact/main-0/vs_{ref}/{outcome}_rate"] == pytest.approx(exact[f"{ref}_{outcome}"])
+        rates = [res.summary[f"exact/main-0/vs_{ref}/{o}_rate"] for o in ("win", "draw", "loss")]
+        assert sum(rates) == pytest.approx(1.0)
     from fedarena.marl.league.experiment import plots_league
     from fedarena.platform.runs import resolve
     _, cfg_obj = resolve(tmp_path / "run" / "config.yaml")
@@ -98,7 +115,7 @@ def test_rps_league_nash_mixture_is_evaluated_exactly(tmp_path):
     ({"reference_opponents": [{"name": "one_ply", "share": 0.2}]}, r"reference_opponents\[0\].name: 'one_ply' is not"),
     ({"reference_opponents": [{"name": "random", "share": 0.6}, {"name": "minimax", "share": 0.5}]},
      "reference_opponents: the shares must sum to less than 1"),
-    ({"execution": "ray", "evaluator_games": 4}, "evaluator_games: the snapshot evaluator runs with execution: local"),
+    ({"main_agent_batches": 0}, "main_agent_batches: must be >= 1"),
     ({"execution": "ray", "ray": {"rollout_actors": 3}}, "ray.actor_cpus: 3 learners x"),
 ])
 def test_bad_config_names_the_field(tmp_path, override, message):

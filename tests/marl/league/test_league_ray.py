@@ -95,3 +95,34 @@ def test_two_node_cluster_spreads_actors_and_survives_losing_a_node():
     assert out["cluster_nodes"] == 2 and out["actor_nodes_before"] == 2
     assert out["alive_nodes_after"] == 1 and out["actor_nodes_after"] == 1
     assert out["snapshots_lost"] == [] and out["iterations"] == 6
+
+
+def test_evaluator_on_ray_plays_every_frozen_pair_once_and_a_replayed_report_counts_once(ray_session, tmp_path):
+    ray = ray_session
+    from fedarena.marl.league.ray_execution import RayLeague
+
+    E = 4
+    cfg = tiny_config(evaluator_games=E, main_agent_batches=2)
+    g = get_game(cfg.game)
+    init = BoardAgent(g.observation_shape, g.num_actions, cfg.agent).init_params(0)
+    league = RayLeague(cfg, str(tmp_path / "store"), init)
+    try:
+        for _ in range(3):
+            league.iteration()
+        state = league.manager_state()
+        total = np.asarray(state["payoff"]["total_games"])
+        frozen = [p["id"] for p in state["players"] if not p["learning"]]
+        assert len(frozen) >= 3
+        # frozen players never train against each other: their games are the evaluator's, E per pair
+        assert all(total[a, b] == E for a in frozen for b in frozen if a != b)
+        pairs = len(frozen) * (len(frozen) - 1) // 2
+        batches = 3 * (2 + 1)                                   # main agent 2 batches, exploiter 1, per iteration
+        assert state["games"] == batches * G + pairs * E and total.sum() == 2 * state["games"]
+        # a learner's retried call (same sequence number, as Ray replays it after a crash) is not counted again
+        main = [i for i in league.learner_ids if league.players[i]["role"] == "main"][0]
+        out = ray.get(league.learners[main].iteration.remote(G, 6))   # main's 6th batch was iteration 3's last
+        assert out["games"] == G
+        again = league.manager_state()
+        assert again["games"] == state["games"] and np.array_equal(np.asarray(again["payoff"]["total_games"]), total)
+    finally:
+        league.shutdown()
