@@ -12,14 +12,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_shipped_kuhn_config_reaches_the_target_in_half_the_budget(tmp_path):
-    """Seed 0 of the shipped settings: exact exploitability of the average policy <= 0.10 after 100k of the
-    config's 200k episodes. Uniform play is at 0.4583; with the previous 200k-transition RL memory the same
-    seed was at 0.115 here (the memory then held almost the whole history, so the Q networks answered stale
-    opponents)."""
+    """Seed 0 of the shipped settings: exact exploitability of the average policy <= 0.07 after 100k of the
+    config's 200k episodes, inside the issue's 0.10 (measured: 0.0343; uniform play is at 0.4583). With the
+    former 200k-transition RL memory, which holds almost the whole history so the Q networks answer stale
+    opponents, the same seed is at 0.103 there (``benchmarks/nfsp_sweep.py --set '{"replay_capacity": 200000}'``)."""
     summary = execute(ROOT / "experiments/kuhn_nfsp.yaml",
                       ["learner_seeds=[0]", "episodes=100000", "eval_every=100000"],
                       out=str(tmp_path / "kuhn"), quiet=True)
-    assert summary["seed0/exploitability"] <= 0.10
+    assert summary["seed0/exploitability"] <= 0.07
 
 
 def test_each_network_learns_once_its_own_memory_is_ready():
