@@ -18,6 +18,7 @@ Prints episodes/s and exploitability (or best-response gap) side by side, and th
 
     python benchmarks/marl_vs_openspiel.py                      # Kuhn 20k / Leduc 4k NFSP episodes
     python benchmarks/marl_vs_openspiel.py --kuhn-episodes 50000 --leduc-episodes 20000
+    python benchmarks/marl_vs_openspiel.py --games kuhn_poker --skip-oracle   # the Kuhn NFSP rows only
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -33,11 +35,11 @@ from fedarena.marl import best_response, expected_returns, exploitability
 from fedarena.marl.nfsp import NFSP, NFSPConfig
 from fedarena.marl.psro import PSRO, mixture_policy
 from fedarena.marl.rl_oracles import DQNOracle, DQNOracleConfig
+from fedarena.platform.config import build, load_yaml
 
-NFSP_SETTINGS = NFSPConfig(num_games=128, hidden=(128,), anticipatory=0.2, replay_capacity=200_000,
-                           reservoir_capacity=2_000_000, batch_size=128, learn_every=64, min_buffer_size_to_learn=1000,
-                           optimizer="adam", rl_learning_rate=1e-3, sl_learning_rate=1e-3, target_update_interval=1000,
-                           epsilon_start=0.06, epsilon_end=0.001, epsilon_decay_steps=20_000_000)
+ROOT = Path(__file__).resolve().parents[1]
+NFSP_SETTINGS = build(NFSPConfig, load_yaml(ROOT / "experiments" / "kuhn_nfsp.yaml")["nfsp"], "nfsp")
+"""The shipped Kuhn settings (``experiments/kuhn_nfsp.yaml``), used for both games and both libraries."""
 
 
 # ----------------------------------------------------------------------------- NFSP
@@ -213,11 +215,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--oracle-episodes", type=int, default=10_000)
     ap.add_argument("--skip-oracle", action="store_true")
+    ap.add_argument("--games", default="kuhn_poker,leduc_poker",
+                    help="comma-separated NFSP games, from kuhn_poker and leduc_poker")
     args = ap.parse_args()
+    games = [g for g in args.games.split(",") if g]
+    bad = [g for g in games if g not in ("kuhn_poker", "leduc_poker")]
+    if bad or not games:
+        ap.error(f"--games: expected kuhn_poker and/or leduc_poker, got {args.games!r}")
     ORACLE = dataclasses.replace(ORACLE, episodes=args.oracle_episodes)
     print("NFSP, same hyper-parameters:", NFSP_SETTINGS)
     ratios = []
-    for game, total in (("kuhn_poker", args.kuhn_episodes), ("leduc_poker", args.leduc_episodes)):
+    totals = {"kuhn_poker": args.kuhn_episodes, "leduc_poker": args.leduc_episodes}
+    for game, total in ((g, totals[g]) for g in games):
         marks = sorted({max(1, total // 4), max(1, total // 2), total})
         ours = fedarena_nfsp(game, marks, args.seed)
         theirs = openspiel_nfsp(game, [n for n, _, _ in ours], args.seed)  # the same episode counts

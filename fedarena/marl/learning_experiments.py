@@ -144,7 +144,9 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
         ax.set_ylabel("exact exploitability of the average policy")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(f"NFSP on {cfg.game} ({cfg.nfsp.num_games} games per batch, {len(cfg.learner_seeds)} seeds)")
+    num_seeds = len(cfg.learner_seeds)
+    fig.suptitle(f"NFSP on {cfg.game} ({cfg.nfsp.num_games} games per batch, "
+                 f"{num_seeds} seed{'s' if num_seeds != 1 else ''})")
     fig.tight_layout()
     path = f"{report_dir}/exploitability.png"
     fig.savefig(path, dpi=110)

@@ -13,10 +13,12 @@ to a table over every information state (:func:`network_policy`).
 Batched: ``num_games`` games advance together through :class:`fedarena.envs.efg_vector.VectorGame`; one compiled
 call evaluates every player's two networks on every game's tensor, and one compiled call per gradient step
 trains one player's Q network and average network together (squared TD error with the legal-action-masked
-max, cross-entropy on the masked logits, SGD or Adam). Each player updates both networks once per ``learn_every`` of its steps (a step is one
-decision or the end of an episode, as counted by OpenSpiel's ``nfsp.py``), so the ratio of updates to experience
-does not depend on ``num_games``; the target network is copied every ``target_update_interval`` best-response
-steps and epsilon decays linearly over ``epsilon_decay_steps`` best-response steps.
+max, cross-entropy on the masked logits, SGD or Adam); each network starts learning as soon as its own memory
+holds ``min_buffer_size_to_learn`` items (the Q network first: every transition enters ``M_RL``, only
+best-response actions enter ``M_SL``). Each player updates both networks once per ``learn_every`` of its steps
+(a step is one decision or the end of an episode, as counted by OpenSpiel's ``nfsp.py``), so the ratio of updates
+to experience does not depend on ``num_games``; the target network is copied every ``target_update_interval``
+best-response steps and epsilon decays linearly over ``epsilon_decay_steps`` best-response steps.
 """
 
 from __future__ import annotations
@@ -215,6 +217,8 @@ class NFSP:
         self.episodes = 0
         self._act = engine.jit(self._forward_all)
         self._update = engine.jit(self._train_step)
+        self._update_rl = engine.jit(self._rl_step)
+        self._update_sl = engine.jit(self._sl_step)
 
     # ------------------------------------------------------------------ compiled functions
     def _forward_all(self, q_params: list, avg_params: list, x: Any) -> tuple[list, list]:
@@ -230,12 +234,20 @@ class NFSP:
         logp = ops.log_softmax(_masked(self.net(params, b["obs"]), b["legal"]), axis=-1)
         return -ops.mean(ops.sum(b["action"] * logp, axis=-1))
 
-    def _train_step(self, q: Any, target: Any, rl_state: Any, avg: Any, sl_state: Any,
-                    rl_batch: Mapping[str, Any], sl_batch: Mapping[str, Any]) -> tuple:
+    def _rl_step(self, q: Any, target: Any, rl_state: Any, rl_batch: Mapping[str, Any]) -> tuple:
         rl_loss, g = engine.value_and_grad(self._rl_loss)(q, target, rl_batch)
         q, rl_state = self.rl_opt.update(g, rl_state, q)
+        return q, rl_state, rl_loss
+
+    def _sl_step(self, avg: Any, sl_state: Any, sl_batch: Mapping[str, Any]) -> tuple:
         sl_loss, g = engine.value_and_grad(self._sl_loss)(avg, sl_batch)
         avg, sl_state = self.sl_opt.update(g, sl_state, avg)
+        return avg, sl_state, sl_loss
+
+    def _train_step(self, q: Any, target: Any, rl_state: Any, avg: Any, sl_state: Any,
+                    rl_batch: Mapping[str, Any], sl_batch: Mapping[str, Any]) -> tuple:
+        q, rl_state, rl_loss = self._rl_step(q, target, rl_state, rl_batch)
+        avg, sl_state, sl_loss = self._sl_step(avg, sl_state, sl_batch)
         return q, rl_state, avg, sl_state, rl_loss, sl_loss
 
     # ------------------------------------------------------------------ playing
@@ -317,18 +329,27 @@ class NFSP:
             if due <= 0:
                 continue
             self._learned_at[p] += due * c.learn_every
-            ready = (len(self.replay[p]) >= max(c.batch_size, c.min_buffer_size_to_learn)
-                     and len(self.reservoir[p]) >= max(c.batch_size, c.min_buffer_size_to_learn))
-            if ready:
-                for _ in range(int(due)):
-                    rl = self.replay[p].sample(c.batch_size)
+            need = max(c.batch_size, c.min_buffer_size_to_learn)
+            rl_ready, sl_ready = len(self.replay[p]) >= need, len(self.reservoir[p]) >= need
+            for _ in range(int(due) if rl_ready or sl_ready else 0):
+                rl = self.replay[p].sample(c.batch_size) if rl_ready else None
+                sl = self.reservoir[p].sample(c.batch_size) if sl_ready else None
+                if rl is not None:
                     rl.pop("indices", None)
-                    sl = self.reservoir[p].sample(c.batch_size)
+                if rl_ready and sl_ready:
                     out = self._update(self.q_params[p], self.target_params[p], self.rl_state[p],
                                        self.avg_params[p], self.sl_state[p], rl, sl)
                     self.q_params[p], self.rl_state[p], self.avg_params[p], self.sl_state[p] = out[:4]
                     self.last_losses = (float(out[4]), float(out[5]))
-                    self.updates += 1
+                elif rl_ready:
+                    self.q_params[p], self.rl_state[p], loss = self._update_rl(
+                        self.q_params[p], self.target_params[p], self.rl_state[p], rl)
+                    self.last_losses = (float(loss), float("nan"))
+                else:
+                    self.avg_params[p], self.sl_state[p], loss = self._update_sl(
+                        self.avg_params[p], self.sl_state[p], sl)
+                    self.last_losses = (float("nan"), float(loss))
+                self.updates += 1
             if self.br_steps[p] - self._target_at[p] >= c.target_update_interval:
                 self._target_at[p] = self.br_steps[p]
                 self.target_params[p] = tree_map(np.copy, self.q_params[p])
