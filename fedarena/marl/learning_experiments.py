@@ -118,6 +118,7 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     curves = []
@@ -138,6 +139,7 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
         axes[0].fill_between(ep, stack.min(axis=0), stack.max(axis=0), color="k", alpha=0.12,
                              label="min-max over seeds")
     axes[0].set_xlabel("training episodes")
+    axes[0].xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1M: long tick labels would overlap
     axes[1].set_xlabel("training wall time (s, evaluation excluded)")
     for ax in axes:
         ax.set_yscale("log")

@@ -3,9 +3,11 @@ in imperfect-information games", arXiv:1603.01121, Algorithm 1), batched over ma
 
 Each player has two networks over its information-state tensor: a Q network trained by DQN on its own
 transitions (replay memory ``M_RL``, a ring buffer) -- the approximate best response -- and an average-policy
-network trained by supervised classification (cross-entropy) on the actions it took while playing its best
-response, kept in a reservoir-sampled memory ``M_SL`` (Vitter, 1985) so the data stays a uniform sample of the
-whole history. At the start of every episode each player plays its epsilon-greedy best response with the
+network trained by supervised classification (cross-entropy) on its best response's behaviour, kept in a
+reservoir-sampled memory ``M_SL`` (Vitter, 1985) so the data stays a uniform sample of the whole history. Each
+``M_SL`` item holds the epsilon-greedy best response's action distribution at that state (``epsilon / |legal|``
+on every legal action, plus ``1 - epsilon`` on the greedy one), as OpenSpiel's ``nfsp.py`` stores it: the same
+target in expectation as the sampled action of Algorithm 1, with less variance. At the start of every episode each player plays its epsilon-greedy best response with the
 anticipatory probability ``eta`` and its average policy otherwise. The average policies approach a Nash
 equilibrium in two-player zero-sum games; their exploitability is measured exactly by converting the network
 to a table over every information state (:func:`network_policy`).
@@ -275,6 +277,16 @@ class NFSP:
             actions[bad] = np.argmax(legal[bad], axis=1)
         return actions
 
+    def _br_probs(self, player: int, q: np.ndarray, legal: np.ndarray) -> np.ndarray:
+        """The epsilon-greedy best response's action distribution (the supervised target of ``M_SL``):
+        ``epsilon / |legal|`` on every legal action plus ``1 - epsilon`` on the greedy one."""
+        eps = self.epsilon(player)
+        n_legal = legal.sum(axis=1, keepdims=True)
+        probs = np.where(legal, eps / np.maximum(n_legal, 1), 0.0)
+        greedy = np.argmax(np.where(legal, q, -np.inf), axis=1)
+        probs[np.arange(len(q)), greedy] += 1.0 - eps
+        return probs.astype(np.float32)
+
     def _tick(self) -> None:
         """Every game advances by one move of the player to act."""
         b, P, B = self.batch, self.P, self.config.num_games
@@ -295,7 +307,7 @@ class NFSP:
             actions[g] = self._choose(p, g, np.asarray(q_all[p])[g], np.asarray(logit_all[p])[g], legal[g])
             br = g[self.best_response_mode[p, g]]
             if len(br):
-                self.reservoir[p].add({"obs": obs[br], "action": np.eye(self.A, dtype=np.float32)[actions[br]],
+                self.reservoir[p].add({"obs": obs[br], "action": self._br_probs(p, np.asarray(q_all[p])[br], legal[br]),
                                        "legal": legal[br]})
                 self.br_steps[p] += len(br)
             self.pending[p, g] = True
