@@ -43,8 +43,9 @@ class CooperativeConfig(ExperimentConfig):
     learner_seeds: list[int] = param(doc="seeds per algorithm inside this one run, so the report compares them "
                                      "(the run's seed is added to each)", factory=lambda: [0])
     num_envs: int = param(8, "environment copies per learner")
-    env_steps: int = param(100_000, "environment steps per learner (summed over its copies)")
-    steps_per_round: int = param(2_000, "environment steps per learner between metric rows")
+    env_steps: int = param(102_400, "environment steps per learner (summed over its copies)")
+    steps_per_round: int = param(4_096, "environment steps per learner between metric rows: a multiple of "
+                                 "num_envs (of num_envs x ppo.num_steps with ippo) that divides env_steps")
     eval_every: int = param(5, "greedy evaluation every this many rounds (and at the end)")
     eval_episodes: int = param(16, "episodes per greedy evaluation")
     value_decomposition: ValueDecompositionConfig = param(
