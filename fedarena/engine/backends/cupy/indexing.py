@@ -38,6 +38,18 @@ def _split(shape: tuple, axis: int) -> tuple[int, int, int]:
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
 
 
+def _indexed_loop(total: int, post: int, m: int, size: int, body: str) -> list[str]:
+    """A grid-stride loop over element ``e = (p, j, q)`` of a ``(pre, m, post)`` index space, with
+    ``k = ix[j]`` wrapped once for negative indices into an axis of ``size``; ``body`` uses them."""
+    return [
+        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
+        f"    long long q = e % {post}LL, j = (e / {post}LL) % {m}LL, p = e / ({post}LL * {m}LL);",
+        f"    long long k = (long long)ix[j]; if (k < 0) k += {size}LL;",
+        f"    {body}",
+        "  }",
+    ]
+
+
 def take_kernel(x_aval: ShapedArray, idx_aval: ShapedArray, axis: int) -> K.Kernel:
     """``out = numpy.take(x, idx, axis)``: one thread per output element."""
     t = K.ctype(x_aval.dtype, "take")
@@ -47,13 +59,8 @@ def take_kernel(x_aval: ShapedArray, idx_aval: ShapedArray, axis: int) -> K.Kern
     pre, a, post = _split(x_aval.shape, axis)
     m = math.prod(idx_aval.shape)
     total = pre * m * post
-    lines = [
-        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
-        f"    long long q = e % {post}LL, j = (e / {post}LL) % {m}LL, p = e / ({post}LL * {m}LL);",
-        f"    long long k = (long long)ix[j]; if (k < 0) k += {a}LL;",
-        f"    out[e] = (k >= 0 && k < {a}LL) ? x[(p * {a}LL + k) * {post}LL + q] : ({t})0;",
-        "  }",
-    ]
+    body = f"out[e] = (k >= 0 && k < {a}LL) ? x[(p * {a}LL + k) * {post}LL + q] : ({t})0;"
+    lines = _indexed_loop(total, post, m, a, body)
     params = [(f"const {t}* __restrict__", "x"), (f"const {it}* __restrict__", "ix"), (f"{t}* __restrict__", "out")]
     return K._finish("take", "\n".join(lines) + "\n", params, False, K.THREADS, K._grid(total, K.THREADS))
 
@@ -70,13 +77,8 @@ def index_add_kernel(upd_aval: ShapedArray, idx_aval: ShapedArray, axis: int, si
     pre = math.prod(upd_aval.shape[:axis])
     post = math.prod(upd_aval.shape[axis + len(idx_aval.shape):])
     total = pre * m * post
-    lines = [
-        f"  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < {total}LL; e += (long long)blockDim.x * gridDim.x) {{",
-        f"    long long q = e % {post}LL, j = (e / {post}LL) % {m}LL, p = e / ({post}LL * {m}LL);",
-        f"    long long k = (long long)ix[j]; if (k < 0) k += {size}LL;",
-        f"    if (k >= 0 && k < {size}LL) atomicAdd(out + (p * {size}LL + k) * {post}LL + q, upd[e]);",
-        "  }",
-    ]
+    body = f"if (k >= 0 && k < {size}LL) atomicAdd(out + (p * {size}LL + k) * {post}LL + q, upd[e]);"
+    lines = _indexed_loop(total, post, m, size, body)
     params = [(f"const {t}* __restrict__", "upd"), (f"const {it}* __restrict__", "ix"), (f"{t}*", "out")]
     return K._finish("idxadd", "\n".join(lines) + "\n", params, False, K.THREADS, K._grid(total, K.THREADS))
 
