@@ -15,6 +15,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "_parallel.h"
+
 enum { ACT_NONE = 0, ACT_RELU = 1 };
 
 /* Borrow a C-contiguous buffer of exactly `nbytes` bytes of element type `fmt` ('f' or 'd'). */
@@ -941,6 +943,12 @@ static PyMethodDef methods[] = {
      "philox(keys, out, nkeys, nwords, top) -> bool: Philox-4x64-10 stream words of many keys"},
     {"random", (PyCFunction)(void (*)(void))py_random, METH_FASTCALL,
      "random(keys, out, nkeys, n, kind, double) -> bool: uniform (kind 0) / normal (kind 1) samples of many keys"},
+    {"set_threads", (PyCFunction)py_set_threads, METH_O, "set_threads(n): run large kernels on n threads (_parallel.c)"},
+    {"get_threads", (PyCFunction)py_get_threads, METH_NOARGS, "get_threads() -> int: threads of the kernel pool"},
+    {"set_blas", (PyCFunction)(void (*)(void))py_set_blas, METH_FASTCALL,
+     "set_blas(sgemm, dgemm, set_num_threads_local, ilp64): OpenBLAS functions for gemm"},
+    {"gemm", (PyCFunction)(void (*)(void))py_gemm, METH_FASTCALL,
+     "gemm(a, b, out) -> bool: out = a @ b split over the kernel pool"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core import cext
 from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
 from .emit import expr, stmt
 from .base import _define, _swap_last, broadcast_shapes, matmul, promote, shape_of, unbroadcast
 from .elementwise import _sum_tangents
 
 # ============================================================================ matmul
+
+# Smallest product (M*K*N multiply-adds) a compiled program hands to the engine's thread pool
+# (``_parallel.c``) when it has several threads: OpenBLAS itself uses one thread below 4 * 65536
+# (its GEMM_MULTITHREAD_THRESHOLD), so smaller products never wake its own pool anyway.
+POOL_GEMM_MIN = 1 << 18
 
 
 def _matmul_rule(avals, attrs, weak):
@@ -53,7 +59,11 @@ def _matmul_emit(ctx, ins, attrs, in_avals, out_aval):
     if a.dtype in LOW_PRECISION or b.dtype in LOW_PRECISION:
         return expr(f"{ctx.const(_low_precision_matmul)}({ins[0]}, {ins[1]})")
     if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == out_aval.dtype:
-        return stmt(f"np.dot({ins[0]}, {ins[1]}, {{o}})")  # much lower call overhead than matmul
+        dot = f"np.dot({ins[0]}, {ins[1]}, {{o}})"  # much lower call overhead than matmul
+        if cext.available() and a.dtype in cext.FLOATS and a.shape[0] * a.shape[1] * b.shape[1] >= POOL_GEMM_MIN:
+            # split over the engine's threads when it has several (engine.set_num_threads)
+            return stmt(f"if not {ctx.const(cext._native.gemm)}({ins[0]}, {ins[1]}, {{o}}): {dot}")
+        return stmt(dot)
     return stmt(f"np.matmul({ins[0]}, {ins[1]}, {{o}})")
 
 
