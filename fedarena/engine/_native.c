@@ -288,8 +288,8 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
 #define DEFINE_VM_RUN(T, SUFFIX)                                                                   \
     static void vm_run_##SUFFIX(const int *prog, Py_ssize_t ninstr, const double *consts,          \
                                 Py_ssize_t nc, const unsigned char *modes, const long long *bparams, \
-                                Py_ssize_t ni, Py_buffer *views, Py_ssize_t n, Py_ssize_t temp0,   \
-                                Py_ssize_t result, Py_ssize_t nregs)                               \
+                                Py_ssize_t ni, Py_buffer *views, Py_ssize_t begin, Py_ssize_t n,   \
+                                Py_ssize_t temp0, Py_ssize_t result, Py_ssize_t nregs)             \
     {                                                                                              \
         /* registers on this call's stack (at most 64 x 256 elements): no shared state */          \
         T regs[nregs][VM_BLOCK];                                                                   \
@@ -306,7 +306,7 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
                 ptr[k] = regs[k];                                                                  \
             }                                                                                      \
         for (Py_ssize_t r = temp0; r < nregs; r++) ptr[r] = regs[r];                               \
-        for (Py_ssize_t s0 = 0; s0 < n; s0 += VM_BLOCK) {                                          \
+        for (Py_ssize_t s0 = begin; s0 < n; s0 += VM_BLOCK) {                                      \
             const Py_ssize_t len = n - s0 < VM_BLOCK ? n - s0 : VM_BLOCK;                          \
             for (Py_ssize_t k = 0; k < ni; k++) {                                                  \
                 const T *base = (const T *)views[1 + k].buf;                                       \
@@ -355,6 +355,40 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
 
 DEFINE_VM_RUN(float, f32)
 DEFINE_VM_RUN(double, f64)
+
+/* A program over n elements split into nparts runs of whole blocks, one per thread of the pool
+ * (every element is computed by the same instructions whichever thread runs it, so the result
+ * does not depend on the thread count).  Below VM_PAR_MIN elements one thread is faster. */
+#define VM_PAR_MIN 65536
+
+typedef struct {
+    const int *prog;
+    Py_ssize_t ninstr;
+    const double *consts;
+    Py_ssize_t nc;
+    const unsigned char *modes;
+    const long long *bparams;
+    Py_ssize_t ni;
+    Py_buffer *views;
+    Py_ssize_t n, temp0, result, nregs;
+    int dbl;
+} vm_job;
+
+static void vm_part(void *p, int part, int nparts)
+{
+    const vm_job *j = (const vm_job *)p;
+    const Py_ssize_t blocks = (j->n + VM_BLOCK - 1) / VM_BLOCK;
+    const Py_ssize_t begin = blocks * part / nparts * VM_BLOCK;
+    Py_ssize_t end = blocks * (part + 1) / nparts * VM_BLOCK;
+    if (end > j->n)
+        end = j->n;
+    if (j->dbl)
+        vm_run_f64(j->prog, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end, j->temp0,
+                   j->result, j->nregs);
+    else
+        vm_run_f32(j->prog, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end, j->temp0,
+                   j->result, j->nregs);
+}
 
 static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -428,10 +462,15 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         }
         got++;
     }
-    if (dbl)
-        vm_run_f64(prog, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, result, nregs);
-    else
-        vm_run_f32(prog, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, result, nregs);
+    vm_job job = {prog, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, result, nregs, dbl};
+    int nparts = n >= VM_PAR_MIN ? par_threads() : 1;
+    if (nparts > 1) {
+        Py_BEGIN_ALLOW_THREADS
+        par_run(vm_part, &job, nparts);
+        Py_END_ALLOW_THREADS
+    } else {
+        vm_part(&job, 0, 1);
+    }
     for (Py_ssize_t j = 0; j < got; j++)
         PyBuffer_Release(&views[j]);
     Py_RETURN_TRUE;

@@ -154,3 +154,26 @@ def test_concurrent_callers_share_the_pool(two_threads):
     for t in ts:
         t.join()
     assert len(errors) == 80 and max(errors) < 1e-3
+
+
+def test_a_fused_program_split_over_threads_is_bitwise_the_one_thread_result():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((300, 1000)).astype(np.float32)  # 300k elements: split at 2 threads
+    row = rng.standard_normal(1000).astype(np.float32)
+    col = rng.standard_normal((300, 1)).astype(np.float32)
+
+    def f(x, row, col):
+        return (x * row + col) * x + ops.sqrt(ops.abs(x) + 1.0) / (x * x + 2.0)
+
+    fj = engine.jit(f)
+    graph = engine.inspect(f, printer=None)(x, row, col).graph
+    assert [e.prim.name for e in graph.eqns] == ["fused_elementwise"]  # one VM program
+    engine.set_num_threads(1)
+    one = np.asarray(fj(x, row, col)).copy()
+    engine.set_num_threads(2)
+    try:
+        two = np.asarray(fj(x, row, col)).copy()
+    finally:
+        engine.set_num_threads(1)
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(one, (x * row + col) * x + np.sqrt(np.abs(x) + 1.0) / (x * x + 2.0), rtol=2e-6, atol=2e-6)
