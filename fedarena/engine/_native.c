@@ -356,10 +356,11 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
 DEFINE_VM_RUN(float, f32)
 DEFINE_VM_RUN(double, f64)
 
-/* A program over n elements split into nparts runs of whole blocks, one per thread of the pool
+/* A program over n elements split into chunks of whole blocks claimed by the pool's threads
  * (every element is computed by the same instructions whichever thread runs it, so the result
  * does not depend on the thread count).  Below VM_PAR_MIN elements one thread is faster. */
 #define VM_PAR_MIN 65536
+#define VM_PAR_CHUNK 32 /* blocks */
 
 typedef struct {
     const int *prog;
@@ -463,10 +464,14 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         got++;
     }
     vm_job job = {prog, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, result, nregs, dbl};
-    int nparts = n >= VM_PAR_MIN ? par_threads() : 1;
-    if (nparts > 1) {
+    /* chunks of at least VM_PAR_CHUNK blocks, a few per thread so a late thread costs little */
+    const int threads = n >= VM_PAR_MIN ? par_threads() : 1;
+    Py_ssize_t nparts = (n + VM_BLOCK * VM_PAR_CHUNK - 1) / (VM_BLOCK * VM_PAR_CHUNK);
+    if (nparts > 4 * threads)
+        nparts = 4 * threads;
+    if (threads > 1 && nparts > 1) {
         Py_BEGIN_ALLOW_THREADS
-        par_run(vm_part, &job, nparts);
+        par_run(vm_part, &job, (int)nparts);
         Py_END_ALLOW_THREADS
     } else {
         vm_part(&job, 0, 1);

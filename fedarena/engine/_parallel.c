@@ -35,22 +35,28 @@
 #endif
 
 static struct {
-    pthread_mutex_t run;  /* held by the thread using the pool */
-    pthread_mutex_t mu;   /* guards sleeping workers' wait */
+    pthread_mutex_t run; /* held by the thread using the pool */
+    pthread_mutex_t mu;  /* guards sleeping workers' wait */
     pthread_cond_t wake;
     int nworkers;
     pthread_t tid[PAR_MAX];
-    atomic_ulong gen;     /* bumped to hand the workers a task (or to stop them) */
-    atomic_int remaining; /* workers that have not finished the current task */
+    /* the current task: generation << 32 | chunks << 16 | next unclaimed chunk.  A thread owns a
+     * chunk by advancing `next` with a compare-and-swap, so a worker that wakes late (or not at
+     * all, on a loaded machine) never holds up the caller, which claims what is left itself. */
+    atomic_ullong ticket;
+    atomic_int done; /* chunks of the current task finished */
     atomic_int sleepers;
     atomic_int stop;
     par_task fn;
     void *arg;
-    int nparts;
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 
+#define T_GEN(t) ((t) >> 32)
+#define T_CHUNKS(t) ((int)(((t) >> 16) & 0xffff))
+#define T_NEXT(t) ((int)((t) & 0xffff))
+#define HAS_WORK(t) (T_NEXT(t) < T_CHUNKS(t))
+
 static _Thread_local int on_worker;
-static unsigned long spawn_gen; /* the task generation when the workers were started */
 static int atfork_registered;
 
 /* OpenBLAS (numpy's), set by set_blas: cblas_{s,d}gemm with 64- or 32-bit integers, and the
@@ -66,46 +72,54 @@ static double now_s(void)
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-static void *worker_main(void *p)
+/* Claim and run chunks of the current task until none is left unclaimed.  The task's fn and arg
+ * stay valid while a chunk of it is claimed and not done: its caller waits for every chunk. */
+static void run_chunks(void)
 {
-    const int id = (int)(intptr_t)p;
+    unsigned long long t = atomic_load_explicit(&P.ticket, memory_order_acquire);
+    while (HAS_WORK(t)) {
+        if (atomic_compare_exchange_weak_explicit(&P.ticket, &t, t + 1, memory_order_acq_rel, memory_order_acquire)) {
+            P.fn(P.arg, T_NEXT(t), T_CHUNKS(t));
+            atomic_fetch_add_explicit(&P.done, 1, memory_order_release);
+            t = atomic_load_explicit(&P.ticket, memory_order_acquire);
+        }
+    }
+}
+
+static void *worker_main(void *unused)
+{
     on_worker = 1;
-    unsigned long seen = spawn_gen; /* not P.gen: a task may already be handed out */
     for (;;) {
-        unsigned long g;
         double t0 = 0;
         int spins = 0;
-        while ((g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen) {
+        while (!HAS_WORK(atomic_load_explicit(&P.ticket, memory_order_acquire)) && !atomic_load(&P.stop)) {
             CPU_RELAX();
             if (++spins < 256)
                 continue;
             spins = 0;
+            sched_yield(); /* a loaded machine: let another runnable thread have this core */
             double t = now_s();
             if (t0 == 0) {
                 t0 = t;
             } else if (t - t0 > PAR_SPIN_S) {
                 pthread_mutex_lock(&P.mu);
                 atomic_fetch_add(&P.sleepers, 1);
-                while ((g = atomic_load(&P.gen)) == seen)
+                while (!HAS_WORK(atomic_load(&P.ticket)) && !atomic_load(&P.stop))
                     pthread_cond_wait(&P.wake, &P.mu);
                 atomic_fetch_sub(&P.sleepers, 1);
                 pthread_mutex_unlock(&P.mu);
-                break;
+                t0 = 0;
             }
         }
-        seen = g;
         if (atomic_load(&P.stop))
             return NULL;
-        if (id < P.nparts)
-            P.fn(P.arg, id, P.nparts);
-        atomic_fetch_sub_explicit(&P.remaining, 1, memory_order_release);
+        run_chunks();
     }
 }
 
-static void hand_out(void)
+static void wake_sleepers(void)
 {
-    atomic_fetch_add(&P.gen, 1); /* sequentially consistent: ordered before the sleepers read */
-    if (atomic_load(&P.sleepers) > 0) {
+    if (atomic_load(&P.sleepers) > 0) { /* ordered after the ticket store (both sequentially consistent) */
         pthread_mutex_lock(&P.mu);
         pthread_cond_broadcast(&P.wake);
         pthread_mutex_unlock(&P.mu);
@@ -117,7 +131,9 @@ static void stop_workers(void)
     if (P.nworkers == 0)
         return;
     atomic_store(&P.stop, 1);
-    hand_out();
+    pthread_mutex_lock(&P.mu);
+    pthread_cond_broadcast(&P.wake);
+    pthread_mutex_unlock(&P.mu);
     for (int k = 0; k < P.nworkers; k++)
         pthread_join(P.tid[k], NULL);
     P.nworkers = 0;
@@ -139,27 +155,27 @@ static void after_fork_child(void)
 
 int par_threads(void) { return 1 + P.nworkers; }
 
-void par_run(par_task fn, void *arg, int nparts)
+void par_run(par_task fn, void *arg, int nchunks)
 {
-    if (nparts <= 1 || P.nworkers == 0 || pthread_mutex_trylock(&P.run) != 0) {
-        for (int k = 0; k < nparts; k++)
-            fn(arg, k, nparts);
-        return;
-    }
-    if (nparts > 1 + P.nworkers) { /* more parts than threads: not a pool call */
-        pthread_mutex_unlock(&P.run);
-        for (int k = 0; k < nparts; k++)
-            fn(arg, k, nparts);
+    if (nchunks > 0xffff)
+        nchunks = 0xffff;
+    if (nchunks <= 1 || P.nworkers == 0 || pthread_mutex_trylock(&P.run) != 0) {
+        for (int k = 0; k < nchunks; k++)
+            fn(arg, k, nchunks);
         return;
     }
     P.fn = fn;
     P.arg = arg;
-    P.nparts = nparts;
-    atomic_store(&P.remaining, P.nworkers);
-    hand_out();
-    fn(arg, 0, nparts);
-    while (atomic_load_explicit(&P.remaining, memory_order_acquire) > 0)
+    atomic_store(&P.done, 0);
+    unsigned long long gen = T_GEN(atomic_load(&P.ticket)) + 1;
+    atomic_store(&P.ticket, (gen << 32) | ((unsigned long long)nchunks << 16));
+    wake_sleepers();
+    run_chunks();
+    for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < nchunks; spins++) {
         CPU_RELAX();
+        if (spins > 4096)
+            sched_yield(); /* a worker holding a chunk was descheduled */
+    }
     pthread_mutex_unlock(&P.run);
 }
 
@@ -187,9 +203,8 @@ PyObject *py_set_threads(PyObject *self, PyObject *arg)
     stop_workers();
     Py_END_ALLOW_THREADS
     int started = 0;
-    spawn_gen = atomic_load(&P.gen);
     for (long k = 1; k < n; k++) {
-        if (pthread_create(&P.tid[started], NULL, worker_main, (void *)(intptr_t)k) != 0)
+        if (pthread_create(&P.tid[started], NULL, worker_main, NULL) != 0)
             break;
         started++;
     }
