@@ -7,6 +7,11 @@ Chen et al., "TVM", OSDI 2018, sec. 3 "operator fusion": injective/elementwise c
 node carries its sub-graph; on the numpy backend it runs as one generated function that writes
 each step into a temporary reused in place as soon as its value dies (so a chain of any length
 touches at most a couple of buffers), and it is the same node a GPU backend turns into one kernel.
+
+``multi_output_fusion`` then merges a fused producer whose values are also read elsewhere into its
+fused consumer: one ``fused_elementwise_multi`` node with several outputs of one shape, computed in
+one pass of the native VM (the moments and new weights of an Adam update).  The cupy pipeline keeps
+single-output trees.
 """
 
 from __future__ import annotations
@@ -365,54 +370,58 @@ def default_elementwise_fusion(graph: Graph) -> Graph:
 def multi_output_fusion(graph: Graph, accept: Callable[[Graph], bool] | None = None) -> Graph:
     """Merge a fused producer into a fused consumer of the same output shape and dtype when the
     producer's values have other uses too (which tree fusion cannot do): the merged node computes
-    both bodies in one pass and outputs the producer's values that are still read elsewhere
-    beside the consumer's ("multi-output" or producer-consumer sibling fusion; Ashari et al.,
-    "On optimizing machine learning workloads via kernel fusion", PPoPP 2015; XLA's multi-output
-    fusion).  The Adam update of one weight matrix -- m', v', and p' reading both -- becomes one
-    node reading g, m, v, p once and writing m', v', p' once, instead of three passes.
+    both bodies in one pass and outputs, beside the consumer's values, the producer's values that
+    are still read elsewhere (producer-consumer multi-output fusion, as XLA's
+    ``multi_output_fusion`` pass does it).  The Adam update of one weight matrix -- m', v', and p'
+    reading both -- becomes one node reading g, m, v, p once and writing m', v', p' once, instead
+    of three passes.
 
     A pair is merged only when no other equation lies on a path from the producer to the consumer
-    (that would be a cycle), the outputs fit the VM (``native.VM_MAX_OUTPUTS``) and ``accept``
-    takes the merged body.  The merged node sits where the consumer was; the equations between
-    the two that read the producer's values (and what depends on them) move after it."""
+    (the merged node would depend on itself), every output has the consumer's shape and dtype,
+    they fit the VM (``native.VM_MAX_OUTPUTS``) and ``accept`` takes the merged body.  The merged
+    node sits where the consumer was; the equations between the two that read the producer's
+    values (and those that depend on them) move after it, so the order stays topological."""
     eqns = list(graph.eqns)
     outvars = {a for a in graph.outvars if isinstance(a, Var)}
-    refused: dict = {}  # (id(producer), id(consumer)) -> the pair (kept alive so ids stay unique)
-    changed = True
-    while changed:
-        changed = False
-        i = 0
-        while i < len(eqns):
-            c = eqns[i]
-            merged = None
-            if c.prim is fused_p or c.prim is fused_multi_p:
-                merged = _merge_one_producer(eqns, i, outvars, accept, refused)
-            if merged is None:
-                i += 1
-                continue
-            eqns, i = merged  # the merged node may absorb another producer: try it again
-            changed = True
+    tried: set = set()  # (producer, consumer) pairs already tried
+    i = 0
+    producer, readers = _index(eqns)
+    while i < len(eqns):
+        merged = None
+        if eqns[i].prim is fused_p or eqns[i].prim is fused_multi_p:
+            merged = _merge_one_producer(eqns, i, producer, readers, outvars, accept, tried)
+        if merged is None:
+            i += 1
+            continue
+        eqns, i = merged  # the merged node may absorb another producer: try it again
+        producer, readers = _index(eqns)
     return Graph(graph.invars, graph.constvars, graph.consts, eqns, graph.outvars)
 
 
-def _merge_one_producer(eqns: list, ic: int, outvars: set, accept, refused: dict) -> tuple[list, int] | None:
-    """Merge one fused producer of ``eqns[ic]`` into it: ``(new equation list, index of the
-    merged node)``, or None when no producer can be merged."""
+def _index(eqns: list) -> tuple[dict, dict]:
+    """``(producer, readers)``: the position of the equation defining each value, and how many
+    equations read it."""
+    producer = {o: j for j, e in enumerate(eqns) for o in e.outputs}
+    readers: dict = {}
+    for e in eqns:
+        for x in {x for x in e.inputs if isinstance(x, Var)}:
+            readers[x] = readers.get(x, 0) + 1
+    return producer, readers
+
+
+def _merge_one_producer(eqns: list, ic: int, producer: dict, readers: dict, outvars: set, accept, tried: set) -> tuple[list, int] | None:
+    """Merge one fused producer of ``eqns[ic]`` into it: ``(new equation list, position of the
+    merged node)``, or None when none can be merged."""
     c = eqns[ic]
     aval = c.outputs[0].aval
-    producer = {o: j for j, e in enumerate(eqns[:ic]) for o in e.outputs}
-    seen: set = set()
-    for a in c.inputs:
-        ip = producer.get(a) if isinstance(a, Var) else None
-        if ip is None or ip in seen:
-            continue
-        seen.add(ip)
+    for ip in sorted({producer[a] for a in c.inputs if isinstance(a, Var) and a in producer}, reverse=True):
         p = eqns[ip]
-        key = (id(p), id(c))
-        if (p.prim is not fused_p and p.prim is not fused_multi_p) or key in refused or p.outputs[0].aval != aval:
+        if (p.prim is not fused_p and p.prim is not fused_multi_p) or (p, c) in tried:
             continue
-        refused[key] = (p, c)  # tried once: a success replaces both equations
-        # equations between the two that read the producer's values, and what depends on them
+        tried.add((p, c))
+        if any(o.aval != aval for o in list(p.outputs) + list(c.outputs)):
+            continue
+        # equations between the two that read the producer's values, and those that depend on them
         after = set(p.outputs)
         moved = []
         for j in range(ip + 1, ic):
@@ -420,15 +429,14 @@ def _merge_one_producer(eqns: list, ic: int, outvars: set, accept, refused: dict
                 moved.append(j)
                 after.update(eqns[j].outputs)
         if any(isinstance(x, Var) and x in after and x not in p.outputs for x in c.inputs):
-            continue  # the consumer depends on the producer through another equation: a cycle
-        readers = {x for j, e in enumerate(eqns) if j != ic for x in e.inputs if isinstance(x, Var)}
-        keep = [o for o in p.outputs if o in outvars or o in readers]
+            continue  # the consumer depends on the producer through another equation
+        keep = [o for o in p.outputs if o in outvars or readers.get(o, 0) > (o in c.inputs)]
         m = _merged(p, c, keep)
         if m is None or (accept is not None and not accept(m.attrs["body"])):
             continue
-        stay = [eqns[j] for j in range(ip + 1, ic) if j not in set(moved)]
-        new = eqns[:ip] + stay + [m] + [eqns[j] for j in moved] + eqns[ic + 1 :]
-        return new, ip + len(stay)
+        moved_set = set(moved)
+        stay = [eqns[j] for j in range(ip + 1, ic) if j not in moved_set]
+        return eqns[:ip] + stay + [m] + [eqns[j] for j in moved] + eqns[ic + 1 :], ip + len(stay)
     return None
 
 
