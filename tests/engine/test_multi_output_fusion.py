@@ -217,3 +217,29 @@ def test_vm_runs_a_two_result_program_and_rejects_malformed_ones():
     assert not ew(good, consts, *full, 600, True, (o0, np.zeros(599)), x)
     assert not ew(good, consts, *full, 600, True, (o0, np.zeros(600, np.float32)), x)
     assert not (o0 != 0).any() and not (o1 != 0).any()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_property_random_programs_compute_the_same_after_multi_output_fusion(seed):
+    from .test_passes import _random_program
+
+    rng = np.random.default_rng(300 + seed)
+    fn = _random_program(rng, n_ops=10)
+    x, y = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+
+    def loss(x, y):
+        outs = fn(x, y)
+        return outs[0] + ops.sum(outs[1] * outs[1]) + ops.sum(outs[2])
+
+    passes = [lambda g: multi_output_fusion(elementwise_fusion(g))]
+    if native.available():
+        passes.append(fuse_elementwise)  # the default pipeline's: VM-run trees, merged
+    for f in (fn, engine.value_and_grad(loss, argnums=(0, 1))):
+        g = engine.make_graph(f)(x, y)
+        for fuse in passes:
+            g2 = fuse(g)
+            g2.validate()
+            exe = Executable(g2)
+            check_plan(exe.graph, exe.memory)
+            for u, v in zip(Executable(g)(x, y), exe(x, y)):
+                np.testing.assert_allclose(v, u, rtol=1e-6, atol=1e-12)
