@@ -289,10 +289,10 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
  *            per instruction]
  *   consts:  float64 constants, registers n_inputs .. n_inputs + len(consts) - 1
  *   modes:   one byte per input (MODE_*); bparams: int64 (S, Cin) per input for MODE_BCAST
- * The last instruction writing a result register writes that block of its output buffer directly
- * (later instructions read it there); a result never written by an instruction is copied from its
- * register.  An output may be the buffer of an input when no instruction reads that input after
- * the output's last write (one output whose result the last instruction computes). */
+ * Every result register must be written by an instruction; the last instruction writing it writes
+ * that block of its output buffer directly (later instructions read it there).  An output may be
+ * the buffer of an input when no instruction reads that input after the output's last write (one
+ * output whose result the last instruction computes). */
 
 #define DEFINE_VM_RUN(T, SUFFIX)                                                                   \
     static void vm_run_##SUFFIX(const int *prog, Py_ssize_t nres, Py_ssize_t ninstr,               \
@@ -304,7 +304,7 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
         T regs[nregs][VM_BLOCK];                                                                   \
         const T *ptr[VM_MAX_REGS];                                                                 \
         T *out[VM_MAX_OUTPUTS];                                                                    \
-        Py_ssize_t last[VM_MAX_OUTPUTS]; /* the instruction writing result k's block, or -1 */     \
+        Py_ssize_t last[VM_MAX_OUTPUTS]; /* the instruction writing result k's block */           \
         const int *result = prog + 1, *code = prog + 1 + nres;                                     \
         Py_buffer *inputs = views + nres;                                                          \
         for (Py_ssize_t k = 0; k < nres; k++) {                                                    \
@@ -371,11 +371,8 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
                 vm_step_##SUFFIX(ins[0], d, ptr[ins[2]], ptr[ins[3]], ptr[ins[4]], len);           \
                 ptr[ins[1]] = d;                                                                   \
             }                                                                                      \
-            for (Py_ssize_t k = 0; k < nres; k++) {                                                \
-                if (ptr[result[k]] != out[k] + s0)                                                 \
-                    memcpy(out[k] + s0, ptr[result[k]], len * sizeof(T));                          \
+            for (Py_ssize_t k = 0; k < nres; k++) /* the next block's reads start from scratch */   \
                 ptr[result[k]] = regs[result[k]];                                                  \
-            }                                                                                      \
         }                                                                                          \
     }
 
@@ -444,6 +441,7 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, "elementwise: malformed register layout");
         return NULL;
     }
+    int written = 0; /* bit k: an instruction writes result k */
     for (Py_ssize_t k = 0; k < ninstr; k++) {
         const int *ins = prog + 1 + nres + 5 * k;
         if (ins[0] < 0 || ins[0] >= N_OPS || ins[1] < temp0 || ins[1] >= VM_MAX_REGS)
@@ -454,6 +452,13 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
             if (ins[j] + 1 > nregs)
                 nregs = ins[j] + 1;
         }
+        for (Py_ssize_t r = 0; r < nres; r++)
+            if (ins[1] == prog[1 + r])
+                written |= 1 << r;
+    }
+    if (written != (1 << nres) - 1) {
+        PyErr_SetString(PyExc_ValueError, "elementwise: a result register no instruction writes");
+        return NULL;
     }
     Py_ssize_t it = dbl ? sizeof(double) : sizeof(float);
     char fmt = dbl ? 'd' : 'f';

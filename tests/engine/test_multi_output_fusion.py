@@ -209,6 +209,7 @@ def test_vm_runs_a_two_result_program_and_rejects_malformed_ones():
         (np.array([2, 1, 3, add, 2, 0, 1, 0, mul, 3, 2, 2, 0], np.int32).tobytes(), (o0, o1)),  # a result in an input's register
         (np.array([2, 2, 64, add, 2, 0, 1, 0, mul, 3, 2, 2, 0], np.int32).tobytes(), (o0, o1)),  # beyond the registers
         (np.array([2, 2, 3, add, 2, 0, 1, 0, 99, 3, 2, 2, 0], np.int32).tobytes(), (o0, o1)),  # unknown opcode
+        (np.array([2, 2, 3, add, 2, 0, 1, 0, mul, 4, 2, 2, 0], np.int32).tobytes(), (o0, o1)),  # result 1 never written
     ]
     for prog, outs in bad:
         with pytest.raises(ValueError):
