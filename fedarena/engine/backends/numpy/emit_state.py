@@ -1,6 +1,7 @@
 """The context the numpy executor's emit rules share: :class:`EmitState` (one code generation over a
 graph: the names, storage classes and build-time values of its variables, the generated lines, the
-buffers) and :class:`Step` (one equation being lowered).
+buffers), :class:`Step` (one equation being lowered) and :class:`OutputRecycler` (the fresh arrays of
+large graph outputs, used by the executor's placement and by rules that place outputs themselves).
 
 An emit rule is a function ``rule(state, step)`` in one of the ``emit_*`` modules, one module per
 family of primitives: it reads the state and either defines the equation's outputs itself (the rules
