@@ -27,6 +27,8 @@ from fedarena.engine.compiler.passes import DEFAULT_PASSES, Pipeline, fuse_eleme
 from fedarena.engine.executor import Executable
 from fedarena.engine.tracing import eval_graph
 
+from .test_passes import _random_program
+
 needs_native = pytest.mark.skipif(not native.available(), reason="native kernels not built")
 
 
@@ -222,8 +224,6 @@ def test_vm_runs_a_two_result_program_and_rejects_malformed_ones():
 
 @pytest.mark.parametrize("seed", range(12))
 def test_property_random_programs_compute_the_same_after_multi_output_fusion(seed):
-    from .test_passes import _random_program
-
     rng = np.random.default_rng(300 + seed)
     fn = _random_program(rng, n_ops=10)
     x, y = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
