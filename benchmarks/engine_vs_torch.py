@@ -19,7 +19,8 @@ loss.
 With ``--large``: the larger models where PyTorch's kernels matter more than per-op overhead,
 each framework timed in its own fresh process (in one process the order of the two swings the
 result through malloc's adaptive thresholds), the processes interleaved, at 1 and 2 threads
-(engine: BLAS threads via ``engine.set_num_threads``; torch: ``torch.set_num_threads``):
+(engine: BLAS threads and the engine's kernel pool via ``engine.set_num_threads``; torch:
+``torch.set_num_threads``):
   (d) MLP 784 -> 512 -> 512 -> 10 (ReLU), batch 128, cross-entropy, backward, Adam: time per step;
   (e) a digits CNN, conv3x3(1->16, pad 1) -> ReLU -> maxpool2 -> conv3x3(16->32, pad 1) -> ReLU ->
       maxpool2 -> Linear(128 -> 10) on scikit-learn's 8x8 digits, batch 64, Adam: time per epoch

@@ -212,10 +212,14 @@ static PyObject *py_softmax(PyObject *self, PyObject *const *args, Py_ssize_t na
  * (same shape as the output), as a scalar, or broadcast: output element p reads input element
  * (p / S) * Cin + p % Cin, which covers a row repeated over leading axes (S = n), a column
  * repeated along trailing axes (Cin = 1) and a row repeated over middle axes.  Booleans are 0/1.
+ * A program may have several results of the same shape (multi-output fusion: the first and second
+ * moments and the new weights of an Adam update), each written to its own output buffer in the
+ * same pass, so every input is read once and every output written once.
  * ------------------------------------------------------------------------------------------ */
 #define VM_BLOCK 256
 #define VM_MAX_REGS 64
 #define VM_MAX_INPUTS 32
+#define VM_MAX_OUTPUTS 8
 
 enum {
     OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_NEG, OP_EXP, OP_LOG, OP_LOG1P, OP_TANH, OP_LOGISTIC,
@@ -281,27 +285,44 @@ DEFINE_VM(float, f32, expf, logf, log1pf, tanhf, sqrtf, fabsf, powf, sinf, cosf)
 DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
 
 /* elementwise(program, consts, modes, bparams, n, double, out, *inputs) -> bool
- *   program: int32 [n_regs_temp_start, result_reg, then (op, dst, a, b, c) per instruction]
+ *   out:     the output buffer, or a tuple of 1 .. VM_MAX_OUTPUTS output buffers (a multi-output
+ *            fused node: every result computed in the same pass over the blocks)
+ *   program: int32 [n_regs_temp_start, one result register per output, then (op, dst, a, b, c)
+ *            per instruction]
  *   consts:  float64 constants, registers n_inputs .. n_inputs + len(consts) - 1
- *   modes:   one byte per input (MODE_*); bparams: int64 (S, Cin) per input for MODE_BCAST */
+ *   modes:   one byte per input (MODE_*); bparams: int64 (S, Cin) per input for MODE_BCAST
+ * Every result register must be written by an instruction; the last instruction writing it writes
+ * that block of its output buffer directly (later instructions read it there).  An output may be
+ * the buffer of an input when no instruction reads that input after the output's last write (one
+ * output whose result the last instruction computes). */
 
 #define DEFINE_VM_RUN(T, SUFFIX)                                                                   \
-    static void vm_run_##SUFFIX(const int *prog, Py_ssize_t ninstr, const double *consts,          \
-                                Py_ssize_t nc, const unsigned char *modes, const long long *bparams, \
-                                Py_ssize_t ni, Py_buffer *views, Py_ssize_t begin, Py_ssize_t n,   \
-                                Py_ssize_t temp0, Py_ssize_t result, Py_ssize_t nregs)             \
+    static void vm_run_##SUFFIX(const int *prog, Py_ssize_t nres, Py_ssize_t ninstr,               \
+                                const double *consts, Py_ssize_t nc, const unsigned char *modes,   \
+                                const long long *bparams, Py_ssize_t ni, Py_buffer *views,         \
+                                Py_ssize_t begin, Py_ssize_t n, Py_ssize_t temp0, Py_ssize_t nregs) \
     {                                                                                              \
         /* registers on this call's stack (at most 64 x 256 elements): no shared state */          \
         T regs[nregs][VM_BLOCK];                                                                   \
         const T *ptr[VM_MAX_REGS];                                                                 \
-        T *out = (T *)views[0].buf;                                                                \
+        T *out[VM_MAX_OUTPUTS];                                                                    \
+        Py_ssize_t last[VM_MAX_OUTPUTS]; /* the instruction writing result k's block */           \
+        const int *result = prog + 1, *code = prog + 1 + nres;                                     \
+        Py_buffer *inputs = views + nres;                                                          \
+        for (Py_ssize_t k = 0; k < nres; k++) {                                                    \
+            out[k] = (T *)views[k].buf;                                                            \
+            last[k] = -1;                                                                          \
+            for (Py_ssize_t q = 0; q < ninstr; q++)                                                \
+                if (code[5 * q + 1] == result[k])                                                  \
+                    last[k] = q;                                                                   \
+        }                                                                                          \
         for (Py_ssize_t k = 0; k < nc; k++) {                                                      \
             for (int i = 0; i < VM_BLOCK; i++) regs[ni + k][i] = (T)consts[k];                     \
             ptr[ni + k] = regs[ni + k];                                                            \
         }                                                                                          \
         for (Py_ssize_t k = 0; k < ni; k++)                                                        \
             if (modes[k] == MODE_SCALAR) {                                                         \
-                const T v = *(const T *)views[1 + k].buf;                                          \
+                const T v = *(const T *)inputs[k].buf;                                             \
                 for (int i = 0; i < VM_BLOCK; i++) regs[k][i] = v;                                 \
                 ptr[k] = regs[k];                                                                  \
             }                                                                                      \
@@ -309,7 +330,7 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
         for (Py_ssize_t s0 = begin; s0 < n; s0 += VM_BLOCK) {                                      \
             const Py_ssize_t len = n - s0 < VM_BLOCK ? n - s0 : VM_BLOCK;                          \
             for (Py_ssize_t k = 0; k < ni; k++) {                                                  \
-                const T *base = (const T *)views[1 + k].buf;                                       \
+                const T *base = (const T *)inputs[k].buf;                                          \
                 switch (modes[k]) {                                                                \
                 case MODE_FULL: ptr[k] = base + s0; break;                                         \
                 case MODE_BCAST: { /* element p of the output reads base[(p / S) * Cin + p % Cin] */ \
@@ -342,14 +363,18 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
                 }                                                                                  \
             }                                                                                      \
             for (Py_ssize_t q = 0; q < ninstr; q++) {                                              \
-                const int *ins = prog + 2 + 5 * q;                                                 \
-                T *d = (ins[1] == result && q == ninstr - 1) ? out + s0 : regs[ins[1]];            \
+                const int *ins = code + 5 * q;                                                     \
+                T *d = regs[ins[1]];                                                               \
+                for (Py_ssize_t k = 0; k < nres; k++)                                              \
+                    if (q == last[k]) {                                                            \
+                        d = out[k] + s0;                                                           \
+                        break;                                                                     \
+                    }                                                                              \
                 vm_step_##SUFFIX(ins[0], d, ptr[ins[2]], ptr[ins[3]], ptr[ins[4]], len);           \
                 ptr[ins[1]] = d;                                                                   \
             }                                                                                      \
-            if (ptr[result] != out + s0)                                                           \
-                memcpy(out + s0, ptr[result], len * sizeof(T));                                    \
-            ptr[result] = regs[result];                                                            \
+            for (Py_ssize_t k = 0; k < nres; k++) /* the next block's reads start from scratch */   \
+                ptr[result[k]] = regs[result[k]];                                                  \
         }                                                                                          \
     }
 
@@ -364,14 +389,14 @@ DEFINE_VM_RUN(double, f64)
 
 typedef struct {
     const int *prog;
-    Py_ssize_t ninstr;
+    Py_ssize_t nres, ninstr;
     const double *consts;
     Py_ssize_t nc;
     const unsigned char *modes;
     const long long *bparams;
     Py_ssize_t ni;
     Py_buffer *views;
-    Py_ssize_t n, temp0, result, nregs;
+    Py_ssize_t n, temp0, nregs;
     int dbl;
 } vm_job;
 
@@ -384,11 +409,11 @@ static void vm_part(void *p, int part, int nparts)
     if (end > j->n)
         end = j->n;
     if (j->dbl)
-        vm_run_f64(j->prog, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end, j->temp0,
-                   j->result, j->nregs);
+        vm_run_f64(j->prog, j->nres, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end,
+                   j->temp0, j->nregs);
     else
-        vm_run_f32(j->prog, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end, j->temp0,
-                   j->result, j->nregs);
+        vm_run_f32(j->prog, j->nres, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end,
+                   j->temp0, j->nregs);
 }
 
 static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -412,6 +437,14 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
             PyErr_SetString(PyExc_TypeError, "elementwise: program, consts, modes and bparams must be bytes");
             return NULL;
         }
+    Py_ssize_t nres = 1;
+    if (PyTuple_Check(args[6])) {
+        nres = PyTuple_GET_SIZE(args[6]);
+        if (nres < 1 || nres > VM_MAX_OUTPUTS) {
+            PyErr_SetString(PyExc_ValueError, "elementwise: out must be a buffer or a tuple of 1 to 8 buffers");
+            return NULL;
+        }
+    }
     const int *prog = (const int *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t plen = PyBytes_GET_SIZE(args[0]) / (Py_ssize_t)sizeof(int);
     const double *consts = (const double *)PyBytes_AS_STRING(args[1]);
@@ -419,7 +452,7 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
     const unsigned char *modes = (const unsigned char *)PyBytes_AS_STRING(args[2]);
     const long long *bparams = (const long long *)PyBytes_AS_STRING(args[3]);
     if (PyBytes_GET_SIZE(args[2]) != ni || PyBytes_GET_SIZE(args[3]) != 2 * ni * (Py_ssize_t)sizeof(long long) ||
-        plen < 2 || (plen - 2) % 5 != 0 || PyBytes_GET_SIZE(args[0]) % (Py_ssize_t)sizeof(int) != 0) {
+        plen < 1 + nres || (plen - 1 - nres) % 5 != 0 || PyBytes_GET_SIZE(args[0]) % (Py_ssize_t)sizeof(int) != 0) {
         PyErr_SetString(PyExc_ValueError, "elementwise: malformed program");
         return NULL;
     }
@@ -430,14 +463,24 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
             return NULL;
         }
     }
-    Py_ssize_t temp0 = prog[0], result = prog[1], ninstr = (plen - 2) / 5;
-    if (temp0 != ni + nc || result < temp0 || result >= VM_MAX_REGS) {
+    Py_ssize_t temp0 = prog[0], ninstr = (plen - 1 - nres) / 5;
+    Py_ssize_t nregs = 0; /* registers in use: every index read or written, plus one */
+    int bad = temp0 != ni + nc;
+    for (Py_ssize_t k = 0; k < nres && !bad; k++) {
+        const int r = prog[1 + k];
+        bad = r < temp0 || r >= VM_MAX_REGS;
+        for (Py_ssize_t j = 0; j < k && !bad; j++)
+            bad = prog[1 + j] == r; /* two outputs of one register */
+        if (r + 1 > nregs)
+            nregs = r + 1;
+    }
+    if (bad) {
         PyErr_SetString(PyExc_ValueError, "elementwise: malformed register layout");
         return NULL;
     }
-    Py_ssize_t nregs = result + 1; /* registers in use: every index read or written, plus one */
+    int written = 0; /* bit k: an instruction writes result k */
     for (Py_ssize_t k = 0; k < ninstr; k++) {
-        const int *ins = prog + 2 + 5 * k;
+        const int *ins = prog + 1 + nres + 5 * k;
         if (ins[0] < 0 || ins[0] >= N_OPS || ins[1] < temp0 || ins[1] >= VM_MAX_REGS)
             goto malformed;
         for (int j = 1; j < 5; j++) {
@@ -446,24 +489,30 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
             if (ins[j] + 1 > nregs)
                 nregs = ins[j] + 1;
         }
+        for (Py_ssize_t r = 0; r < nres; r++)
+            if (ins[1] == prog[1 + r])
+                written |= 1 << r;
+    }
+    if (written != (1 << nres) - 1) {
+        PyErr_SetString(PyExc_ValueError, "elementwise: a result register no instruction writes");
+        return NULL;
     }
     Py_ssize_t it = dbl ? sizeof(double) : sizeof(float);
     char fmt = dbl ? 'd' : 'f';
-    Py_buffer views[VM_MAX_INPUTS + 1];
+    Py_buffer views[VM_MAX_OUTPUTS + VM_MAX_INPUTS]; /* the outputs, then the inputs */
     Py_ssize_t got = 0;
-    if (!borrow(args[6], &views[0], 1, n * it, fmt))
-        Py_RETURN_FALSE;
-    got = 1;
-    for (Py_ssize_t k = 0; k < ni; k++) {
-        Py_ssize_t want = modes[k] == MODE_FULL ? n : modes[k] == MODE_SCALAR ? 1 : (n / bparams[2 * k]) * bparams[2 * k + 1];
-        if (!borrow(args[7 + k], &views[1 + k], 0, want * it, fmt)) {
-            for (Py_ssize_t j = 0; j < got; j++)
-                PyBuffer_Release(&views[j]);
+    for (Py_ssize_t k = 0; k < nres + ni; k++) {
+        PyObject *obj = k < nres ? (PyTuple_Check(args[6]) ? PyTuple_GET_ITEM(args[6], k) : args[6]) : args[7 + k - nres];
+        const Py_ssize_t j = k - nres;
+        Py_ssize_t want = k < nres || modes[j] == MODE_FULL ? n : modes[j] == MODE_SCALAR ? 1 : (n / bparams[2 * j]) * bparams[2 * j + 1];
+        if (!borrow(obj, &views[k], k < nres, want * it, fmt)) {
+            for (Py_ssize_t q = 0; q < got; q++)
+                PyBuffer_Release(&views[q]);
             Py_RETURN_FALSE;
         }
         got++;
     }
-    vm_job job = {prog, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, result, nregs, dbl};
+    vm_job job = {prog, nres, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, nregs, dbl};
     /* chunks of at least VM_PAR_CHUNK blocks, a few per thread so a late thread costs little */
     const int threads = n >= VM_PAR_MIN ? par_threads() : 1;
     Py_ssize_t nparts = (n + VM_BLOCK * VM_PAR_CHUNK - 1) / (VM_BLOCK * VM_PAR_CHUNK);
@@ -476,8 +525,8 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
     } else {
         vm_part(&job, 0, 1);
     }
-    for (Py_ssize_t j = 0; j < got; j++)
-        PyBuffer_Release(&views[j]);
+    for (Py_ssize_t q = 0; q < got; q++)
+        PyBuffer_Release(&views[q]);
     Py_RETURN_TRUE;
 malformed:
     PyErr_SetString(PyExc_ValueError, "elementwise: malformed instruction");

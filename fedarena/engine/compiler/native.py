@@ -288,7 +288,7 @@ OPCODE = {name: k for k, name in enumerate(_OPS)}
 _TRANSCENDENTAL = frozenset({"exp", "log", "log1p", "tanh", "logistic", "pow", "sin", "cos"})
 _PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
 _MODE = {"full": 0, "scalar": 1, "bcast": 2}
-VM_MAX_REGS, VM_MAX_INPUTS = 64, 32
+VM_MAX_REGS, VM_MAX_INPUTS, VM_MAX_OUTPUTS = 64, 32, 8
 # numpy's SIMD exp/tanh/log beat the VM's scalar libm calls on long arrays: fused bodies with a
 # transcendental function run in the VM only up to this many elements
 VM_MAX_TRANSCENDENTAL_ELEMENTS = 512
@@ -296,7 +296,8 @@ VM_MAX_TRANSCENDENTAL_ELEMENTS = 512
 
 class ElementwiseProgram:
     """A fused elementwise body compiled for the VM: ``program``/``consts``/``modes``/``bparams``
-    bytes and the output's element count ``n`` (see ``_native.c``)."""
+    bytes and the element count ``n`` of each output (see ``_native.c``; a body with several
+    outputs has one result register per output)."""
 
     __slots__ = ("program", "consts", "modes", "bparams", "n", "double")
 
@@ -343,11 +344,15 @@ def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> 
     """Compile a fused elementwise body (fusion.py) for the native VM, or ``None`` when it uses
     something the VM does not do: dtypes other than one float type (booleans only as
     intermediate masks), a broadcast ``_input_mode`` cannot express, or a transcendental function
-    on a long array.  ``scalar_inputs``: positions of inputs passed as one element (operands
-    known to be broadcasts of a single value)."""
-    if not available() or len(body.outvars) != 1 or not isinstance(body.outvars[0], Var):
+    on a long array.  The body may have up to ``VM_MAX_OUTPUTS`` outputs (multi-output fusion),
+    distinct values computed in the body, all of one shape and dtype.  ``scalar_inputs``:
+    positions of inputs passed as one element (operands known to be broadcasts of a single value)."""
+    outs = body.outvars
+    if not available() or not 1 <= len(outs) <= VM_MAX_OUTPUTS or not all(isinstance(o, Var) for o in outs):
         return None
-    out = body.outvars[0]
+    out = outs[0]
+    if len(set(outs)) != len(outs) or any(o.aval != out.aval for o in outs):
+        return None
     dt = out.aval.dtype
     if dt not in FLOATS or out.aval.size == 0:
         return None
@@ -429,6 +434,8 @@ def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> 
         for a in operands:
             if isinstance(a, Var):
                 last_use[a] = q
+    for o in outs:  # a result keeps its register to the end of the block
+        last_use[o] = len(ops)
     free: list = []
     next_temp = temp0
     words = []
@@ -446,12 +453,12 @@ def elementwise_program(body: Graph, scalar_inputs: frozenset = frozenset()) -> 
         reg[o] = dst
         srcs += [0] * (3 - len(srcs))
         words += [OPCODE[op], dst, *srcs[:3]]
-    if out not in reg or reg[out] < temp0:
+    if any(o not in reg or reg[o] < temp0 for o in outs):
         return None
-    program = np.array([temp0, reg[out], *words], np.int32).tobytes()
+    program = np.array([temp0, *(reg[o] for o in outs), *words], np.int32).tobytes()
     return ElementwiseProgram(
         program, np.array(consts, np.float64).tobytes(), bytes(modes), np.array(bparams, np.int64).tobytes(), n, dt == np.float64
     )
 
 
-__all__ = ["DENSE_MAX_INPUT", "DENSE_MAX_MACS", "FLOATS", "ElementwiseProgram", "elementwise_program", "SOFTMAX_MAX_ELEMENTS", "available", "row_reduce_native", "dense_p", "select_native_kernels", "softmax_p"]
+__all__ = ["DENSE_MAX_INPUT", "DENSE_MAX_MACS", "FLOATS", "ElementwiseProgram", "VM_MAX_OUTPUTS", "elementwise_program", "SOFTMAX_MAX_ELEMENTS", "available", "row_reduce_native", "dense_p", "select_native_kernels", "softmax_p"]

@@ -1,13 +1,17 @@
-"""Emit rule of the primitives with several outputs (the control-flow primitives ``scan``, ``cond``,
-``while``): the primitive's emit rule gives an expression whose value is a sequence of new arrays, one
-per output, unpacked into names of their own (fresh storage; run once at build time when every
-operand is known then)."""
+"""Emit rule of the primitives with several outputs: the control-flow primitives ``scan``, ``cond``,
+``while``, whose emit rule gives an expression whose value is a sequence of new arrays, one per
+output, unpacked into names of their own (fresh storage; run once at build time when every operand
+is known then); and multi-output fused elementwise nodes, whose emit rule gives a statement writing
+into one buffer per output (``{o0}, {o1}, ...``): a planned buffer each, or a fresh (recycled) array
+for a value that reaches a graph output."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...core.ir import UnknownPrimitiveError
 from ...compiler.memory_plan import nbytes
-from .emit_state import EmitState, Step
+from .emit_state import RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, EmitState, OutputRecycler, Step
 
 
 def multiple_outputs(st: EmitState, step: Step) -> bool:
@@ -15,8 +19,11 @@ def multiple_outputs(st: EmitState, step: Step) -> bool:
     if not e.prim.multiple_results:
         return False
     code = e.prim.emit(st.ctx, [st.atom(a) for a in e.inputs], e.attrs, [a.aval for a in e.inputs], [o.aval for o in e.outputs])
+    if code.kind == "stmt":
+        _into_buffers(st, step, code.text)
+        return True
     if code.kind != "expr":  # pragma: no cover - a rule bug
-        raise UnknownPrimitiveError(f"primitive {e.prim.name!r}: a multi-output emit rule must give an expression")
+        raise UnknownPrimitiveError(f"primitive {e.prim.name!r}: a multi-output emit rule must give an expression or a statement")
     targets = [f"{step.name}_{k}" for k in range(len(e.outputs))]
     if st.all_static(e):
         targets = [st.ctx.const(None) for _ in e.outputs]
@@ -32,6 +39,37 @@ def multiple_outputs(st: EmitState, step: Step) -> bool:
     for o, t in zip(e.outputs, targets):
         st.define(o, t, kind)
     return True
+
+
+def _into_buffers(st: EmitState, step: Step, text: str) -> None:
+    """A statement writing output ``k`` into ``{ok}``: the memory planner's buffer for a value the
+    graph keeps to itself (none in place: the kernel writes an output while it still reads its
+    inputs), a fresh array for one that reaches a graph output, a build-time array when every
+    operand is known at build time (then run once, at build)."""
+    e = step.e
+    static = st.all_static(e)
+    targets = []
+    for k, o in enumerate(e.outputs):
+        if static:
+            name, kind = st.ctx.const(np.empty(o.aval.shape, o.aval.dtype)), "const"
+        elif o in st.escapes:
+            name, kind = f"{step.name}_{k}", "fresh"
+            if RECYCLE_MIN_BYTES <= nbytes(o) <= RECYCLE_MAX_BYTES:
+                st.body.append(f"{name} = {st.ctx.const(OutputRecycler(o.aval.shape, o.aval.dtype))}.take()")
+            else:
+                st.body.append(f"{name} = _empty({o.aval.shape!r}, np.{o.aval.dtype.name})")
+            st.fresh_bytes += nbytes(o)
+        else:
+            name, kind = st.buffer_for(step.n, o, (), False)[0], "buffer"
+        targets.append(name)
+        st.define(o, name, kind)
+    for k in reversed(range(len(targets))):  # {o10} before {o1}
+        text = text.replace(f"{{o{k}}}", targets[k])
+    if static:
+        st.run_now(text)
+        st.static.update(e.outputs)
+    else:
+        st.body.append(text)
 
 
 __all__ = ["multiple_outputs"]

@@ -24,7 +24,6 @@ primitive, ``primitives/<family>.py``) gives the kernel.  :func:`place` then put
 from __future__ import annotations
 
 import functools
-from sys import getrefcount as _refcount
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from ...core.nonfinite import raise_non_finite
 from ...compiler.memory_plan import VIEW_PRIMITIVES, BufferPlanner, in_place_operands, nbytes, size_of
 from ...compiler.passes import dead_code_elimination
 from . import emit_control, emit_elementwise, emit_linalg, emit_reductions, emit_shapes
-from .emit_state import EmitState, Step
+from .emit_state import RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, EmitState, OutputRecycler, Step
 
 _VIEW_PRIMS = VIEW_PRIMITIVES
 _OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -47,47 +46,6 @@ OPERAND_RULES = (emit_elementwise.typed_literals, emit_elementwise.same_size_ope
 KERNEL_RULES = (emit_reductions.drop_unit_axes, emit_reductions.unrolled_max_min, emit_linalg.outer_product, emit_elementwise.scalar_cast)
 """Rules that choose the kernel (``step.code``) or reshape what it computes, all applied in order;
 each declines once a kernel is chosen."""
-
-
-RECYCLE_MIN_BYTES = 64 * 1024
-RECYCLE_MAX_BYTES = 32 * 1024 * 1024
-"""Outputs of this size come from an :class:`OutputRecycler` (below: small ones are cheap to allocate;
-above: keeping spares would hold too much memory)."""
-
-
-class OutputRecycler:
-    """Fresh output arrays of one shape and dtype for successive calls, reusing one that nobody
-    references any more.
-
-    A graph output must be a new array the caller may keep.  Allocating a large one every call
-    costs page faults: glibc's malloc returns big freed blocks to the system (``mmap`` or a heap
-    trim) and the next call touches fresh pages (an MLP 784-512-512-10 Adam step: ~950 minor faults,
-    a fifth of its time).  So the recycler keeps the arrays it handed out (at most ``KEEP``) and
-    hands one out again only when its reference count says that only the recycler still holds it:
-    no caller variable, no view (a view references its base), no buffer export.  In a training
-    loop that passes the outputs back in, the outputs of the call before last are free again.
-    """
-
-    KEEP = 2
-    __slots__ = ("shape", "dtype", "pool")
-
-    def __init__(self, shape: tuple, dtype: np.dtype):
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.pool: list = []
-
-    def take(self) -> np.ndarray:
-        for a in self.pool:
-            if _refcount(a) == 3:  # the pool's list, the loop variable and getrefcount's argument
-                return a
-        a = np.empty(self.shape, self.dtype)
-        if len(self.pool) < self.KEEP:
-            self.pool.append(a)
-        return a
-
-    def copy(self, x: np.ndarray) -> np.ndarray:
-        a = self.take()
-        np.copyto(a, x)
-        return a
 
 
 class _Instance:
