@@ -300,7 +300,8 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
     static void vm_run_##SUFFIX(const int *prog, Py_ssize_t nres, Py_ssize_t ninstr,               \
                                 const double *consts, Py_ssize_t nc, const unsigned char *modes,   \
                                 const long long *bparams, Py_ssize_t ni, Py_buffer *views,         \
-                                Py_ssize_t begin, Py_ssize_t n, Py_ssize_t temp0, Py_ssize_t nregs) \
+                                Py_ssize_t begin, Py_ssize_t n, Py_ssize_t temp0, Py_ssize_t nregs, \
+                                int defer)                                                         \
     {                                                                                              \
         /* registers on this call's stack (at most 64 x 256 elements): no shared state */          \
         T regs[nregs][VM_BLOCK];                                                                   \
@@ -365,7 +366,7 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
             for (Py_ssize_t q = 0; q < ninstr; q++) {                                              \
                 const int *ins = code + 5 * q;                                                     \
                 T *d = regs[ins[1]];                                                               \
-                for (Py_ssize_t k = 0; k < nres; k++)                                              \
+                for (Py_ssize_t k = 0; k < nres && !defer; k++)                                    \
                     if (q == last[k]) {                                                            \
                         d = out[k] + s0;                                                           \
                         break;                                                                     \
@@ -373,8 +374,11 @@ DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
                 vm_step_##SUFFIX(ins[0], d, ptr[ins[2]], ptr[ins[3]], ptr[ins[4]], len);           \
                 ptr[ins[1]] = d;                                                                   \
             }                                                                                      \
-            for (Py_ssize_t k = 0; k < nres; k++) /* the next block's reads start from scratch */   \
+            for (Py_ssize_t k = 0; k < nres; k++) { /* the next block's reads start from scratch */ \
+                if (defer) /* outputs over inputs: written once every read of the block is done */  \
+                    memcpy(out[k] + s0, ptr[result[k]], len * sizeof(T));                          \
                 ptr[result[k]] = regs[result[k]];                                                  \
+            }                                                                                      \
         }                                                                                          \
     }
 
@@ -397,8 +401,14 @@ typedef struct {
     Py_ssize_t ni;
     Py_buffer *views;
     Py_ssize_t n, temp0, nregs;
-    int dbl;
+    int dbl, defer;
 } vm_job;
+
+static int vm_overlap(const Py_buffer *a, const Py_buffer *b)
+{
+    const char *alo = (const char *)a->buf, *blo = (const char *)b->buf;
+    return a->len > 0 && b->len > 0 && alo < blo + b->len && blo < alo + a->len;
+}
 
 static void vm_part(void *p, int part, int nparts)
 {
@@ -410,10 +420,10 @@ static void vm_part(void *p, int part, int nparts)
         end = j->n;
     if (j->dbl)
         vm_run_f64(j->prog, j->nres, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end,
-                   j->temp0, j->nregs);
+                   j->temp0, j->nregs, j->defer);
     else
         vm_run_f32(j->prog, j->nres, j->ninstr, j->consts, j->nc, j->modes, j->bparams, j->ni, j->views, begin, end,
-                   j->temp0, j->nregs);
+                   j->temp0, j->nregs, j->defer);
 }
 
 static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -512,7 +522,23 @@ static PyObject *py_elementwise(PyObject *self, PyObject *const *args, Py_ssize_
         }
         got++;
     }
-    vm_job job = {prog, nres, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, nregs, dbl};
+    /* Several outputs, one of them over an input (a donated argument, jit's donate_argnums): each
+     * block's results are written after every instruction has read the block.  An output over an
+     * input read in any other way (broadcast, scalar, shifted), or over another output, cannot be
+     * computed in place: the caller's numpy path takes it. */
+    int defer = 0;
+    for (Py_ssize_t k = 0; k < nres; k++)
+        for (Py_ssize_t q = 0; q < nres + ni; q++) {
+            if (q == k || !vm_overlap(&views[k], &views[q]))
+                continue;
+            if (q < nres || modes[q - nres] != MODE_FULL || views[q].buf != views[k].buf) {
+                for (Py_ssize_t r = 0; r < got; r++)
+                    PyBuffer_Release(&views[r]);
+                Py_RETURN_FALSE;
+            }
+            defer |= nres > 1;
+        }
+    vm_job job = {prog, nres, ninstr, consts, nc, modes, bparams, ni, views, n, temp0, nregs, dbl, defer};
     /* chunks of at least VM_PAR_CHUNK blocks, a few per thread so a late thread costs little */
     const int threads = n >= VM_PAR_MIN ? par_threads() : 1;
     Py_ssize_t nparts = (n + VM_BLOCK * VM_PAR_CHUNK - 1) / (VM_BLOCK * VM_PAR_CHUNK);
