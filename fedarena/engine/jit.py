@@ -292,8 +292,11 @@ class Jitted:
     """A jit-compiled function; call it like the original."""
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, static_argnames: Sequence[str] = (),
-                 debug_nans: bool | None = None):
+                 debug_nans: bool | None = None, donate_argnums: Sequence[int] = ()):
         self.fn = fn
+        self.donate_argnums = frozenset(int(i) for i in donate_argnums)
+        if self.donate_argnums & set(int(i) for i in static_argnums):
+            raise EngineError(f"jit: an argument cannot be both static and donated: {sorted(self.donate_argnums & set(static_argnums))}")
         self.debug_nans = debug_nans  # None: follow engine.debug_nans; True/False: always / never check
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
         self.static_argnames = frozenset(static_argnames)
@@ -325,7 +328,7 @@ class Jitted:
             pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
             if pipeline is not None:
                 graph = pipeline(graph)
-            entry = _Entry(Executable(graph, check_finite=check), out_tree, graph)
+            entry = _Entry(Executable(graph, check_finite=check, donated=self._donated(args, leaves)), out_tree, graph)
             self._cache[key] = entry
             self._evict()
             self._count_variant(key, args, leaves)
@@ -338,6 +341,23 @@ class Jitted:
                 del self._fast[4:]
                 self._fast0 = fast[0]
         return entry, arrays
+
+    def _donated(self, args: tuple, leaves: list) -> frozenset:
+        """Indices among the graph's inputs (the array leaves) of the leaves of donated arguments."""
+        if not self.donate_argnums:
+            return frozenset()
+        out, pos, k = [], 0, 0
+        for i in range(len(args)):
+            if i in self.static_argnums:
+                continue
+            n = len(tree_flatten(args[i])[0])
+            for leaf in leaves[pos : pos + n]:
+                if type(leaf) not in _PY_SCALARS:
+                    if i in self.donate_argnums:
+                        out.append(k)
+                    k += 1
+            pos += n
+        return frozenset(out)
 
     def _evict(self) -> None:
         """Drop the least recently used programs past :data:`CACHE_SIZE` (and their fast paths)."""
@@ -423,6 +443,7 @@ def jit(
     static_argnames: str | Sequence[str] = (),
     backend: str = "numpy",
     debug_nans: bool | None = None,
+    donate_argnums: int | Sequence[int] = (),
 ) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
@@ -438,6 +459,15 @@ def jit(
     ``debug_nans``: ``True`` compiles a program that raises :class:`~fedarena.engine.NonFiniteError` at
     the first equation producing NaN/Inf (see ``engine.debug_nans``), ``False`` never checks, ``None``
     (default) follows ``engine.debug_nans``.
+    ``donate_argnums``: positional arguments the caller gives up (JAX's option of that name): the
+    compiled program may write outputs into their arrays, so their contents after the call are
+    undefined and they must not be used again (pass the returned values instead).  A training step
+    ``jit(step, donate_argnums=(0, 1))`` then updates parameters and optimizer state in place, the
+    way PyTorch's optimizers do, reading and writing each array once.  An output takes a donated
+    array only when the multi-output elementwise program computing it (an optimizer update) is the
+    last to read that array, and only at run time if the array is a writeable, C-ordered numpy
+    array owning its memory that is passed once and is not the base of another argument; otherwise
+    the output is a new array as without donation.  The cupy backend does not reuse donated arrays.
     """
     if backend == "cupy":
         if static_argnames:
@@ -451,9 +481,11 @@ def jit(
         static_argnums = (static_argnums,)
     if isinstance(static_argnames, str):
         static_argnames = (static_argnames,)
+    if isinstance(donate_argnums, int):
+        donate_argnums = (donate_argnums,)
     if fn is None:
-        return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans)
-    return Jitted(fn, static_argnums, passes, static_argnames, debug_nans)
+        return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans, donate_argnums)
+    return Jitted(fn, static_argnums, passes, static_argnames, debug_nans, donate_argnums)
 
 
 def make_graph(fn: Callable, static_argnums: int | Sequence[int] = ()) -> Callable[..., Graph]:

@@ -3,7 +3,8 @@
 output, unpacked into names of their own (fresh storage; run once at build time when every operand
 is known then); and multi-output fused elementwise nodes, whose emit rule gives a statement writing
 into one buffer per output (``{o0}, {o1}, ...``): a planned buffer each, or a fresh (recycled) array
-for a value that reaches a graph output."""
+for a value that reaches a graph output, or the donated input it is computed from
+(``jit(..., donate_argnums=...)``) when nothing reads that input afterwards."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import numpy as np
 
 from ...core.ir import UnknownPrimitiveError
 from ...compiler.memory_plan import nbytes
-from .emit_state import RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, EmitState, OutputRecycler, Step
+from .emit_state import RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, EmitState, OutputRecycler, Step, donatable
+
+# multi-output nodes whose kernels may write an output over an input they read (the VM writes each
+# block's results after its reads; the numpy fallback computes into temporaries first)
+_IN_PLACE_OVER_DONATED = frozenset({"fused_elementwise_multi"})
 
 
 def multiple_outputs(st: EmitState, step: Step) -> bool:
@@ -55,9 +60,15 @@ def _into_buffers(st: EmitState, step: Step, text: str) -> None:
         elif o in st.escapes:
             name, kind = f"{step.name}_{k}", "fresh"
             if RECYCLE_MIN_BYTES <= nbytes(o) <= RECYCLE_MAX_BYTES:
-                st.body.append(f"{name} = {st.ctx.const(OutputRecycler(o.aval.shape, o.aval.dtype))}.take()")
+                fresh = f"{st.ctx.const(OutputRecycler(o.aval.shape, o.aval.dtype))}.take()"
             else:
-                st.body.append(f"{name} = _empty({o.aval.shape!r}, np.{o.aval.dtype.name})")
+                fresh = f"_empty({o.aval.shape!r}, np.{o.aval.dtype.name})"
+            donor = st.donor_for(step.n, o) if e.prim.name in _IN_PLACE_OVER_DONATED else None
+            if donor is not None:  # written over the donated input it is computed from, if that is allowed now
+                x = st.names[donor]
+                st.body.append(f"{name} = {x} if {st.ctx.const(donatable)}({x}, _dconf) else {fresh}")
+            else:
+                st.body.append(f"{name} = {fresh}")
             st.fresh_bytes += nbytes(o)
         else:
             name, kind = st.buffer_for(step.n, o, (), False)[0], "buffer"

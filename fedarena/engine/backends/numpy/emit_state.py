@@ -77,7 +77,7 @@ class EmitState:
     through views; ``body``/``setup``: the generated lines of each call / of the build.
     """
 
-    def __init__(self, graph: Graph, planner: BufferPlanner):
+    def __init__(self, graph: Graph, planner: BufferPlanner, donated: frozenset = frozenset()):
         self.graph = graph
         self.planner = planner
         self.ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": CLIP}
@@ -110,6 +110,8 @@ class EmitState:
         self.fresh_bytes = 0  # bytes the generated code allocates per call
         self._views: dict[tuple, str] = {}  # (buffer id, shape, dtype) -> name of that view
         self._scalar_consts: dict = {}
+        self._donors = _donor_last_readers(graph, {graph.invars[i] for i in donated})
+        self.donations: list[Var] = []  # donated inputs this code writes an output into
 
     # ------------------------------------------------------------------ names
 
@@ -174,6 +176,17 @@ class EmitState:
             self._views[key] = self.ctx.const(base[: nbytes(out)].view(out.aval.dtype).reshape(out.aval.shape))
         return self._views[key], donor
 
+    def donor_for(self, n: int, out: Var) -> Var | None:
+        """A donated input (``jit(..., donate_argnums=...)``) that equation ``n`` may write output
+        ``out`` into: read by ``n`` itself and by nothing after it (nor through a view), not a
+        graph output, of ``out``'s type, not taken by another output.  ``None`` if there is none."""
+        e = self.graph.eqns[n]
+        for a in e.inputs:
+            if isinstance(a, Var) and self._donors.get(a) == n and a.aval == out.aval and a not in self.donations:
+                self.donations.append(a)
+                return a
+        return None
+
     def define(self, v: Var, name: str, storage: str) -> None:
         self.names[v] = name
         self.storage[v] = storage
@@ -204,6 +217,47 @@ class Step:
         return f"v{self.n}"
 
 
+def _donor_last_readers(graph: Graph, donated: set) -> dict:
+    """For each donated input that is not (a view of which is not) a graph output: the index of
+    the last equation reading it or a view of it."""
+    if not donated:
+        return {}
+    root = {v: v for v in donated}  # a variable aliasing a donated input -> that input
+    last: dict = {}
+    for n, e in enumerate(graph.eqns):
+        for a in e.inputs:
+            if isinstance(a, Var) and a in root:
+                last[root[a]] = n
+        if e.prim.name in VIEW_PRIMITIVES and e.inputs and isinstance(e.inputs[0], Var) and e.inputs[0] in root:
+            for o in e.outputs:
+                root[o] = root[e.inputs[0]]
+    returned = {root[a] for a in graph.outvars if isinstance(a, Var) and a in root}
+    return {v: n for v, n in last.items() if v not in returned}
+
+
+def donation_conflicts(args: tuple) -> set:
+    """ids of the arguments no output may be written into: an array passed twice, a view and the
+    array it views (writing one would change the other while the program still reads it)."""
+    seen: set = set()
+    bad: set = set()
+    for a in args:
+        k = id(a)
+        if k in seen:
+            bad.add(k)
+        seen.add(k)
+        b = getattr(a, "base", None)
+        if b is not None:
+            bad.add(k)
+            bad.add(id(b))
+    return bad
+
+
+def donatable(a: Any, conflicts: set) -> bool:
+    """Whether the donated argument ``a`` can take an output: a writeable, aligned, C-ordered
+    numpy array that owns its memory and is not in ``conflicts``."""
+    return type(a) is np.ndarray and a.base is None and id(a) not in conflicts and a.flags.writeable and a.flags.c_contiguous and a.flags.aligned
+
+
 def safe_view(arr: np.ndarray, shape: tuple, storage: str | None) -> np.ndarray | None:
     """``arr.reshape(shape)`` if it can be made once at build time: always for constants, and for
     buffers only when it is a view (so it sees every later write)."""
@@ -213,4 +267,4 @@ def safe_view(arr: np.ndarray, shape: tuple, storage: str | None) -> np.ndarray 
     return None
 
 
-__all__ = ["RECYCLE_MAX_BYTES", "RECYCLE_MIN_BYTES", "EmitState", "OutputRecycler", "Step", "safe_view"]
+__all__ = ["RECYCLE_MAX_BYTES", "RECYCLE_MIN_BYTES", "EmitState", "OutputRecycler", "Step", "donatable", "donation_conflicts", "safe_view"]

@@ -33,7 +33,7 @@ from ...core.nonfinite import raise_non_finite
 from ...compiler.memory_plan import VIEW_PRIMITIVES, BufferPlanner, in_place_operands, nbytes, size_of
 from ...compiler.passes import dead_code_elimination
 from . import emit_control, emit_elementwise, emit_linalg, emit_reductions, emit_shapes
-from .emit_state import RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, EmitState, OutputRecycler, Step
+from .emit_state import RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, EmitState, OutputRecycler, Step, donation_conflicts
 
 _VIEW_PRIMS = VIEW_PRIMITIVES
 _OPERATORS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -62,7 +62,7 @@ class Executable:
     set), ``source`` the generated code.
     """
 
-    def __init__(self, graph: Graph, validate: bool = True, reuse: bool = True, check_finite: bool = False):
+    def __init__(self, graph: Graph, validate: bool = True, reuse: bool = True, check_finite: bool = False, donated: frozenset = frozenset()):
         if validate:
             graph.validate()
         # check_finite (the NaN debugger, core/nonfinite.py): after each equation with a float output the
@@ -71,6 +71,9 @@ class Executable:
         self.check_finite = check_finite
         self.reuse = reuse and not check_finite  # False: no buffer sharing, no in-place (one buffer per value)
         self.graph = dead_code_elimination(graph)
+        # inputs the caller gave up (jit's donate_argnums) whose memory outputs may take; not with the
+        # NaN debugger, which reports on intact operands
+        self.donated = frozenset() if check_finite else frozenset(donated)
         self.source = ""
         self._packing = None  # the planner's offline buffer assignment, shared by every buffer set
         self._pool: list = []
@@ -91,7 +94,7 @@ class Executable:
         (``DEFINE_RULES``, ``OPERAND_RULES``, ``KERNEL_RULES``, then the primitive's own emit rule)
         and :func:`place` puts its result in memory."""
         g = self.graph
-        st = EmitState(g, planner)
+        st = EmitState(g, planner, self.donated)
         checked = self.check_finite and not probe
         if checked:
             st.ns["_finite"] = _finite
@@ -122,6 +125,8 @@ class Executable:
         if probe:
             return None
         args = ", ".join(f"i{i}" for i in range(len(g.invars)))
+        if st.donations:  # which donated arguments may take an output this call
+            st.body.insert(0, f"_dconf = {st.ctx.const(donation_conflicts)}(({args}{',' if len(g.invars) == 1 else ''}))")
         src = ["# setup (run once per buffer set):"] + [f"#   {l}" for l in st.setup]
         src += [f"def _run({args}):"] + [f"    {l}" for l in st.body] + [f"    return [{', '.join(rets)}]"]
         self.source = "\n".join(src)
