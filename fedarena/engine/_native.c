@@ -216,7 +216,7 @@ static PyObject *py_softmax(PyObject *self, PyObject *const *args, Py_ssize_t na
  * moments and the new weights of an Adam update), each written to its own output buffer in the
  * same pass, so every input is read once and every output written once.
  * ------------------------------------------------------------------------------------------ */
-#define VM_BLOCK 512
+#define VM_BLOCK 256
 #define VM_MAX_REGS 64
 #define VM_MAX_INPUTS 32
 #define VM_MAX_OUTPUTS 8
