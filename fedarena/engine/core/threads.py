@@ -10,8 +10,9 @@ every BLAS loaded when it is set, so scipy's BLAS (used by the conv kernels) is 
 (``_parallel.c``): compiled programs split their large matrix products over it, each thread calling
 numpy's OpenBLAS for one block with OpenBLAS limited to that thread
 (``openblas_set_num_threads_local``, OpenBLAS >= 0.3.27), so OpenBLAS's own pool stays idle and
-does not compete with the engine's threads for the cores.  Until ``set_num_threads`` is called, or
-when numpy's BLAS is not such an OpenBLAS, products go to ``np.dot`` as they are.
+does not compete with the engine's threads for the cores, and their large fused elementwise
+programs.  Until ``set_num_threads`` is called with ``n > 1``, or when numpy's BLAS is not such an
+OpenBLAS, products go to ``np.dot`` as they are.
 """
 
 from __future__ import annotations
