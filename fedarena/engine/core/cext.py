@@ -8,6 +8,7 @@ can all ask it.
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -16,6 +17,19 @@ from .ir import ShapedArray
 try:  # built by `pip install` from _native.c; optional
     from .. import _native
 except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
+# every kernel the code generators call: a build from older sources (an editable install not rebuilt
+# after a pull) lacks some, and is then not used at all rather than failing in a generated program
+KERNELS = ("dense", "softmax", "rowreduce", "elementwise", "windows", "philox", "random", "set_threads", "get_threads", "set_blas", "gemm")
+STALE = _native is not None and not all(hasattr(_native, k) for k in KERNELS)
+if STALE:  # pragma: no cover - depends on the build
+    warnings.warn(
+        "fedarena.engine: the C extension was built from older sources and is not used; rebuild it "
+        "(pip install -e . or python setup.py build_ext --inplace)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     _native = None
 
 FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})  # the dtypes the kernels take
