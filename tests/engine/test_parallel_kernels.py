@@ -177,3 +177,20 @@ def test_a_fused_program_split_over_threads_is_bitwise_the_one_thread_result():
         engine.set_num_threads(1)
     np.testing.assert_array_equal(one, two)
     np.testing.assert_allclose(one, (x * row + col) * x + np.sqrt(np.abs(x) + 1.0) / (x * x + 2.0), rtol=2e-6, atol=2e-6)
+
+
+def test_a_stale_extension_is_not_used(monkeypatch):
+    """A build from older sources (missing a kernel) is refused with a warning, not called."""
+    import importlib.util
+    import sys
+    import types
+
+    stale = types.ModuleType("fedarena.engine._native")
+    stale.dense = stale.elementwise = lambda *a: True  # an old build: no pool, no gemm
+    monkeypatch.setitem(sys.modules, "fedarena.engine._native", stale)
+    monkeypatch.setattr(sys.modules["fedarena.engine"], "_native", stale, raising=False)
+    spec = importlib.util.spec_from_file_location("fedarena.engine.core._cext_probe", cext.__file__)
+    probe = importlib.util.module_from_spec(spec)
+    with pytest.warns(RuntimeWarning, match="older sources"):
+        spec.loader.exec_module(probe)
+    assert probe.STALE and probe._native is None and not probe.available()
