@@ -243,12 +243,14 @@ for _p in (fused_p, fused_multi_p):
     _p.batch = _fused_batch
 
 
-def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph], bool] | None = None) -> Graph:
+def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph], bool] | None = None, masks: bool = False) -> Graph:
     """Replace every maximal tree of at least ``min_size`` fusible equations (same output shape
     and dtype, inner values used only inside the tree) by one ``fused_elementwise`` equation.
     ``accept(body)``, if given, decides per tree whether to fuse it (the default pipeline fuses
     only what the native VM runs).  A ``broadcast_to`` whose only consumer is in the tree joins
-    it, so the tree reads the small operand instead of a strided view."""
+    it, so the tree reads the small operand instead of a strided view.  ``masks``: a boolean value
+    of the tree's shape (a comparison's result: the gradient mask of relu, clip, min/max) may be
+    an inner value of a float tree; the native VM holds it as 0/1 in the tree's float type."""
     uses: dict = {}
     for e in graph.eqns:
         for a in e.inputs:
@@ -273,7 +275,7 @@ def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph]
             if not isinstance(a, Var) or uses.get(a) != 1 or a not in producer:
                 continue
             j = producer[a]
-            if j not in group_of or a.aval != o.aval:
+            if j not in group_of or (a.aval != o.aval and not (masks and a.aval.dtype == np.bool_ and a.aval.shape == o.aval.shape)):
                 continue
             other = group_of[j]
             if other == gid:
@@ -373,7 +375,7 @@ def default_elementwise_fusion(graph: Graph) -> Graph:
     fusion of those trees; nothing when the native kernels are unavailable."""
     if not native.available():
         return graph
-    return multi_output_fusion(elementwise_fusion(graph, min_size=1, accept=_vm_worth), accept=_vm_worth)
+    return multi_output_fusion(elementwise_fusion(graph, min_size=1, accept=_vm_worth, masks=True), accept=_vm_worth)
 
 
 # ----------------------------------------------------------------------------- multi-output fusion
