@@ -12,7 +12,7 @@ import numpy as np
 
 from ...core.ir import UnknownPrimitiveError
 from ...compiler.memory_plan import nbytes
-from .emit_state import RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, EmitState, OutputRecycler, Step, donatable
+from .emit_state import EmitState, Step, donatable
 
 # multi-output nodes whose kernels may write an output over an input they read (the VM writes each
 # block's results after its reads; the numpy fallback computes into temporaries first)
@@ -59,10 +59,7 @@ def _into_buffers(st: EmitState, step: Step, text: str) -> None:
             name, kind = st.ctx.const(np.empty(o.aval.shape, o.aval.dtype)), "const"
         elif o in st.escapes:
             name, kind = f"{step.name}_{k}", "fresh"
-            if RECYCLE_MIN_BYTES <= nbytes(o) <= RECYCLE_MAX_BYTES:
-                fresh = f"{st.ctx.const(OutputRecycler(o.aval.shape, o.aval.dtype))}.take()"
-            else:
-                fresh = f"_empty({o.aval.shape!r}, np.{o.aval.dtype.name})"
+            fresh = st.fresh_array(o)
             donor = st.donor_for(step.n, o) if e.prim.name in _IN_PLACE_OVER_DONATED else None
             if donor is not None:  # written over the donated input it is computed from, if that is allowed now
                 x = st.names[donor]

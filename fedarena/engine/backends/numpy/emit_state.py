@@ -176,6 +176,13 @@ class EmitState:
             self._views[key] = self.ctx.const(base[: nbytes(out)].view(out.aval.dtype).reshape(out.aval.shape))
         return self._views[key], donor
 
+    def fresh_array(self, v: Var) -> str:
+        """Source of a new array for ``v`` each call (a graph output the caller may keep): from an
+        :class:`OutputRecycler` when it is large, else ``np.empty``."""
+        if RECYCLE_MIN_BYTES <= nbytes(v) <= RECYCLE_MAX_BYTES:
+            return f"{self.ctx.const(OutputRecycler(v.aval.shape, v.aval.dtype))}.take()"
+        return f"_empty({v.aval.shape!r}, np.{v.aval.dtype.name})"
+
     def donor_for(self, n: int, out: Var) -> Var | None:
         """A donated input (``jit(..., donate_argnums=...)``) that equation ``n`` may write output
         ``out`` into: read by ``n`` itself and by nothing after it (nor through a view), not a

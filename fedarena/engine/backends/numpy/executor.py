@@ -227,13 +227,11 @@ def place(st: EmitState, step: Step) -> None:
         return
     if (out in st.escapes) and not all_static:
         same_dtype = all(isinstance(a, Literal) and a.weak or a.aval.dtype == out.aval.dtype for a in e.inputs)
-        if RECYCLE_MIN_BYTES <= nbytes(out) <= RECYCLE_MAX_BYTES:
-            body.append(f"{name} = {st.ctx.const(OutputRecycler(out.aval.shape, out.aval.dtype))}.take()")
-            body.append(code.text.replace("{o}", name))
-        elif code.alloc is not None and out.aval.ndim > 0 and same_dtype:
+        recycled = RECYCLE_MIN_BYTES <= nbytes(out) <= RECYCLE_MAX_BYTES
+        if code.alloc is not None and out.aval.ndim > 0 and same_dtype and not recycled:
             body.append(f"{name} = {code.alloc}")  # let the ufunc allocate its result
         else:
-            body.append(f"{name} = _empty({out.aval.shape!r}, np.{out.aval.dtype.name})")
+            body.append(f"{name} = {st.fresh_array(out)}")
             body.append(code.text.replace("{o}", name))
         st.define(out, name, "fresh")
         st.fresh_bytes += nbytes(out)
