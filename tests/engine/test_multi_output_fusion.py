@@ -44,13 +44,18 @@ def _fused(graph):
     return [e for e in graph.eqns if e.prim is fused_p or e.prim is fused_multi_p]
 
 
+def _adam_update_graph(shape, seed):
+    """The compiled graph of an Adam update of one (per-parameter) weight of ``shape``, and the rng."""
+    opt = optim.adam(1e-3, fused=False)
+    rng = np.random.default_rng(seed)
+    p = {"w": rng.standard_normal(shape).astype(np.float32)}
+    g = {"w": rng.standard_normal(shape).astype(np.float32)}
+    return engine.jit(lambda g, s, p: opt.update(g, s, p)).graph(g, opt.init(p), p), rng
+
+
 @needs_native
 def test_adam_update_of_one_matrix_is_one_node_computing_m_v_and_p():
-    opt = optim.adam(1e-3, fused=False)
-    rng = np.random.default_rng(0)
-    p = {"w": rng.standard_normal((64, 32)).astype(np.float32)}
-    g = {"w": rng.standard_normal((64, 32)).astype(np.float32)}
-    graph = engine.jit(lambda g, s, p: opt.update(g, s, p)).graph(g, opt.init(p), p)
+    graph, _ = _adam_update_graph((64, 32), 0)
     big = [e for e in _fused(graph) if e.outputs[0].aval.shape == (64, 32)]
     assert len(big) == 1 and big[0].prim is fused_multi_p
     (node,) = big
@@ -172,11 +177,7 @@ def test_grad_jvp_vmap_through_a_multi_output_fused_node():
 
 @needs_native
 def test_numpy_fallback_kernel_equals_the_vm_on_a_multi_output_body():
-    opt = optim.adam(1e-3, fused=False)
-    rng = np.random.default_rng(5)
-    p = {"w": rng.standard_normal((300, 7)).astype(np.float32)}
-    g = {"w": rng.standard_normal((300, 7)).astype(np.float32)}
-    graph = engine.jit(lambda g, s, p: opt.update(g, s, p)).graph(g, opt.init(p), p)
+    graph, rng = _adam_update_graph((300, 7), 5)
     (node,) = [e for e in graph.eqns if e.prim is fused_multi_p and e.outputs[0].aval.shape == (300, 7)]
     body = node.attrs["body"]
     ins = [rng.random(v.aval.shape).astype(np.float32) + 0.5 for v in body.invars]

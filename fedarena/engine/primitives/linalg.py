@@ -14,9 +14,10 @@ from .elementwise import _sum_tangents
 
 # ============================================================================ matmul
 
-# Smallest product (M*K*N multiply-adds) a compiled program hands to the engine's thread pool
-# (``_parallel.c``) when it has several threads: OpenBLAS itself uses one thread below 4 * 65536
-# (its GEMM_MULTITHREAD_THRESHOLD), so smaller products never wake its own pool anyway.
+# Products of more than this many multiply-adds (M*K*N) go through the engine's thread pool
+# (``_parallel.c``; it splits them when it has several threads).  Up to 4 * 65536 OpenBLAS itself
+# runs one thread (its GEMM_MULTITHREAD_THRESHOLD), so those never wake its pool and stay a plain
+# np.dot: the 64x64x64 products of an RL network's step pay no extra call.
 POOL_GEMM_MIN = 1 << 18
 
 
@@ -60,7 +61,7 @@ def _matmul_emit(ctx, ins, attrs, in_avals, out_aval):
         return expr(f"{ctx.const(_low_precision_matmul)}({ins[0]}, {ins[1]})")
     if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == out_aval.dtype:
         dot = f"np.dot({ins[0]}, {ins[1]}, {{o}})"  # much lower call overhead than matmul
-        if cext.available() and a.dtype in cext.FLOATS and a.shape[0] * a.shape[1] * b.shape[1] >= POOL_GEMM_MIN:
+        if cext.available() and a.dtype in cext.FLOATS and a.shape[0] * a.shape[1] * b.shape[1] > POOL_GEMM_MIN:
             # split over the engine's threads when it has several (engine.set_num_threads)
             return stmt(f"if not {ctx.const(cext._native.gemm)}({ins[0]}, {ins[1]}, {{o}}): {dot}")
         return stmt(dot)
