@@ -9,9 +9,9 @@
  * (or columns) of the result with OpenBLAS limited to one thread for that call
  * (`openblas_set_num_threads_local`), and OpenBLAS's own pool stays asleep.  On the two cores of
  * the development machine the blocks are also faster than OpenBLAS's two-thread partitioning for
- * the thin products of a training step (`python benchmarks/engine_threads.py`: 1.06x-1.42x over
- * the five products of an MLP 784-512-512-10 step at batch 128; a (512,128) @ (128,512) product
- * takes 329 us on OpenBLAS's two threads and 232 us as two blocks of rows).
+ * the thin products of a training step (`python benchmarks/engine_threads.py`, two runs: 1.05x-1.47x
+ * over the five products of an MLP 784-512-512-10 step at batch 128; a (512,128) @ (128,512)
+ * product takes 314-329 us on OpenBLAS's two threads and 214-232 us as two blocks of rows).
  *
  * Workers spin for PAR_SPIN_S after a task (the next kernel of a training step comes within
  * microseconds) and then sleep on a condition variable.  A fork leaves the child without
