@@ -5,21 +5,30 @@ holding one entry per leaf plus a ``__meta__`` entry: UTF-8 JSON with the format
 tree structure, every leaf's shape and dtype, and optional user metadata.  Loading checks the
 stored arrays against that description and, when ``like`` is given, against the expected tree,
 shapes and dtypes, and names the offending parameter path in the error.
+
+A parameter file may come from anyone (a shared league store, a downloaded policy): it is read through
+:func:`fedarena.npz.read_npz`, which refuses a zip bomb without inflating it past its limit (by default
+``max(256 MiB, 4 x the file size)``), and its tree is checked node by node (at most ``MAX_DEPTH`` levels and
+``MAX_NODES`` nodes, every leaf an array the file holds), so a malformed file gives one
+:class:`ParamsFileError`, never a ``KeyError`` from inside the loader.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import zipfile
 from typing import Any
 
 import numpy as np
+
+from fedarena.npz import ArchiveError, read_npz
 
 from .core.ir import SUPPORTED_DTYPES
 
 FORMAT = "fedarena.params"
 VERSION = 1
+MAX_DEPTH = 64
+MAX_NODES = 1_000_000
 
 
 class ParamsFileError(ValueError):
@@ -61,28 +70,39 @@ def save_params(path: str | os.PathLike, params: Any, metadata: dict | None = No
     os.replace(tmp, path)
 
 
-def _decode(node: Any, arrays: dict, meta: dict) -> Any:
+def _decode(node: Any, arrays: dict, meta: dict, depth: int = 0, count: list | None = None) -> Any:
+    count = [0] if count is None else count
+    count[0] += 1
+    if count[0] > MAX_NODES:
+        raise ParamsFileError(f"the tree has more than {MAX_NODES} nodes")
+    if depth > MAX_DEPTH:
+        raise ParamsFileError(f"the tree is nested more than {MAX_DEPTH} levels deep")
     if node is None:
         return None
     if not isinstance(node, dict) or len(node) != 1:
         raise ParamsFileError(f"malformed tree node {node!r:.80}")
     (kind, val), = node.items()
-    if kind == "dict":
-        return {k: _decode(v, arrays, meta) for k, v in val.items()}
-    if kind == "list":
-        return [_decode(v, arrays, meta) for v in val]
-    if kind == "tuple":
-        return tuple(_decode(v, arrays, meta) for v in val)
-    if kind == "leaf":
-        if val not in arrays or val not in meta:
+    if kind == "dict" and isinstance(val, dict):
+        return {k: _decode(v, arrays, meta, depth + 1, count) for k, v in val.items()}
+    if kind in ("list", "tuple") and isinstance(val, list):
+        items = [_decode(v, arrays, meta, depth + 1, count) for v in val]
+        return items if kind == "list" else tuple(items)
+    if kind == "leaf" and isinstance(val, str):
+        if val not in arrays or not isinstance(meta.get(val), dict):
             raise ParamsFileError(f"leaf {val!r} is missing from the file")
         arr, m = arrays[val], meta[val]
-        if list(arr.shape) != list(m["shape"]) or arr.dtype.str != m["dtype"]:
+        try:
+            path, shape, dtype = str(m["path"]), [int(d) for d in m["shape"]], np.dtype(m["dtype"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ParamsFileError(f"leaf {val!r}: malformed metadata {m!r:.80} ({type(exc).__name__})") from None
+        if list(arr.shape) != shape or arr.dtype != dtype:
             raise ParamsFileError(
-                f"parameter {m['path']}: stored array has shape {arr.shape} dtype {arr.dtype}, "
-                f"metadata says {tuple(m['shape'])} {np.dtype(m['dtype'])}"
+                f"parameter {path}: stored array has shape {arr.shape} dtype {arr.dtype}, "
+                f"metadata says {tuple(shape)} {dtype}"
             )
         return arr
+    if kind in ("dict", "list", "tuple", "leaf"):
+        raise ParamsFileError(f"malformed tree node {node!r:.80}")
     raise ParamsFileError(f"unknown tree node kind {kind!r}")
 
 
@@ -114,24 +134,34 @@ def _check_like(got: Any, like: Any, path: str) -> None:
             raise ParamsFileError(f"parameter {where}: dtype {got.dtype} in file, expected {la.dtype}")
 
 
-def load_params(path: str | os.PathLike, like: Any = None, with_metadata: bool = False) -> Any:
-    """Read parameters saved by :func:`save_params`; with ``like``, check tree, shapes and dtypes."""
+def load_params(path: str | os.PathLike, like: Any = None, with_metadata: bool = False,
+                max_bytes: int | None = None) -> Any:
+    """Read parameters saved by :func:`save_params`; with ``like``, check tree, shapes and dtypes.
+
+    ``max_bytes`` caps the decompressed size (default :func:`fedarena.npz.inflate_limit` of the file's size).
+    """
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        arrays = read_npz(path, max_bytes=max_bytes)
+    except (ArchiveError, OSError) as exc:
         raise ParamsFileError(f"{os.fspath(path)}: not a readable parameter file ({exc})") from exc
     if "__meta__" not in arrays:
         raise ParamsFileError(f"{os.fspath(path)}: missing __meta__ entry (not a fedarena parameter file)")
     try:
         meta = json.loads(arrays.pop("__meta__").tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ParamsFileError(f"{os.fspath(path)}: metadata is not valid JSON ({exc})") from exc
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ParamsFileError(f"{os.fspath(path)}: metadata is not valid JSON ({type(exc).__name__})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ParamsFileError(f"{os.fspath(path)}: format is {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r}")
     if meta.get("version") != VERSION:
         raise ParamsFileError(f"{os.fspath(path)}: unsupported format version {meta.get('version')!r}")
-    params = _decode(meta.get("tree"), arrays, meta.get("leaves", {}))
+    leaves = meta.get("leaves", {})
+    if not isinstance(leaves, dict):
+        raise ParamsFileError(f"{os.fspath(path)}: malformed leaf table")
+    try:
+        params = _decode(meta.get("tree"), arrays, leaves)
+    except ParamsFileError as exc:
+        raise ParamsFileError(f"{os.fspath(path)}: {exc}") from None
     if like is not None:
         _check_like(params, like, "")
-    return (params, meta.get("metadata", {})) if with_metadata else params
+    metadata = meta.get("metadata", {})
+    return (params, metadata) if with_metadata else params
