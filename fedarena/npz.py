@@ -97,13 +97,16 @@ def _check_entry(info: zipfile.ZipInfo, keys: list[str]) -> str:
 
 
 def _read_npy(member, size: int, name: str) -> np.ndarray:
-    version = np.lib.format.read_magic(member)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-    elif version == (2, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-    else:
-        raise ArchiveError(f"entry {name!r}: .npy format version {version} (1.0 or 2.0 only)")
+    try:
+        version = np.lib.format.read_magic(member)
+        if version not in ((1, 0), (2, 0)):
+            raise ArchiveError(f"entry {name!r}: .npy format version {version} (1.0 or 2.0 only)")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(member)
+    except ArchiveError:
+        raise
+    except Exception as exc:   # numpy's header parser raises several types (ValueError, TokenError, ...)
+        raise ArchiveError(f"entry {name!r}: malformed .npy header ({type(exc).__name__}: {exc})") from None
     if dtype.hasobject or dtype.fields is not None or dtype.kind not in DTYPE_KINDS or dtype.subdtype is not None:
         raise ArchiveError(f"entry {name!r}: dtype {dtype} is not a plain numeric, boolean or string dtype")
     count = math.prod(shape)

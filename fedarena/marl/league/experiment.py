@@ -234,6 +234,10 @@ def make_league(cfg: LeagueExperimentConfig, game, agent: BoardAgent, store: Sna
     else:
         (start, full), init = restored, None
         state, extra = full["league"], dict(full.get("extra", {}))
+        # roll the store back to the checkpoint's view: snapshots written after it move out of the league's way
+        aside = store.set_aside(state["manager"]["checksums"])
+        if aside is not None:
+            log(f"snapshots written after the checkpoint of iteration {start} set aside in {aside}")
     if cfg.execution == "ray":
         from fedarena.marl.league.ray_execution import RayLeague
 

@@ -83,8 +83,8 @@ class LeagueManager:
     def _snapshot(self, learner: int, params: dict[str, np.ndarray]) -> PlayerRecord:
         p = self.players[learner]
         self.versions[learner] += 1
-        # a snapshot written after the last checkpoint of a run that was then killed stays in the store
-        # (nothing is deleted); a resumed league numbers its next snapshot past it
+        # resume sets aside the snapshots written after its checkpoint (SnapshotStore.set_aside), so a name is
+        # taken here only in a store something else also writes to; the league then numbers past it
         while (self.store.root / snapshot_name(p.name, self.versions[learner])).exists():
             self.versions[learner] += 1
         ref = self._save(p.name, self.versions[learner], params, role=p.role, parent=p.name, step=self.steps[learner])

@@ -6,7 +6,15 @@ Layout: ``ROOT/<player>-v<version>/params.npz`` (:func:`fedarena.engine.save_par
 file's byte size and SHA-256, UTC time). A snapshot is written into a temporary folder, fsynced and renamed
 into place, so a reader sees it whole or not at all; an existing name is never overwritten, and the files
 are made read-only. Loading recomputes the SHA-256 and refuses a mismatch (or any unreadable file) with one
-:class:`SnapshotError` line naming the snapshot and the reason.
+:class:`SnapshotError` line naming the snapshot and the reason; ``params.npz`` is read with the engine's
+bounded loader (no zip bomb inflates past its limit). When ``FEDARENA_CHECKPOINT_KEY`` holds a key
+(:func:`fedarena.platform.checkpoint.checkpoint_key`), the manifest carries ``mac``, the HMAC-SHA256 of the
+rest of the manifest (which includes the parameters' SHA-256), and a snapshot without a valid one is refused.
+
+Resuming a league from a checkpoint rolls the store back to that checkpoint's view
+(:meth:`SnapshotStore.set_aside`): snapshots the checkpoint does not record were written after it, and are
+moved into ``set-aside-<UTC time>-<id>/`` (kept, never reused), so the resumed league numbers and plays its
+snapshots exactly as the run that was not interrupted.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from fedarena import engine
+from fedarena.platform.checkpoint import checkpoint_key, mac, mac_matches
 from fedarena.platform.errors import UserError
 
 FORMAT = "fedarena.league.snapshot/1"
@@ -61,6 +70,12 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _manifest_body(manifest: dict) -> bytes:
+    """What a manifest's ``mac`` authenticates: the manifest without ``mac``, as canonical JSON."""
+    return json.dumps({k: v for k, v in manifest.items() if k != "mac"}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
 def snapshot_name(player: str, version: int) -> str:
     return f"{player}-v{int(version):04d}"
 
@@ -86,6 +101,9 @@ class SnapshotStore:
             manifest = {"format": FORMAT, "name": name, "player": player, "version": int(version),
                         "bytes": (tmp / PARAMS_FILE).stat().st_size, "sha256": _sha256(tmp / PARAMS_FILE),
                         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **info}
+            key = checkpoint_key()
+            if key is not None:
+                manifest["mac"] = mac(key, _manifest_body(manifest))
             (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             _fsync(tmp / MANIFEST_FILE)
             for f in (PARAMS_FILE, MANIFEST_FILE):
@@ -112,6 +130,10 @@ class SnapshotStore:
             raise SnapshotError(f"snapshot {name}: manifest.json is unreadable ({type(exc).__name__})") from None
         if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("name") != name:
             raise SnapshotError(f"snapshot {name}: manifest.json is not a {FORMAT} manifest of this snapshot")
+        key = checkpoint_key()
+        if key is not None and not mac_matches(key, _manifest_body(m), m.get("mac", "")):
+            raise SnapshotError(f"snapshot {name}: manifest.json has no valid HMAC under FEDARENA_CHECKPOINT_KEY "
+                                "(written without the key or with another one, or altered)")
         return m
 
     def load(self, name: str, expected_sha256: str | None = None) -> dict[str, np.ndarray]:
@@ -130,12 +152,34 @@ class SnapshotStore:
             params = engine.load_params(path)
         except ValueError as exc:
             raise SnapshotError(f"snapshot {name}: {exc}") from None
+        if not isinstance(params, dict) or not all(isinstance(v, np.ndarray) for v in params.values()):
+            raise SnapshotError(f"snapshot {name}: params.npz does not hold a flat dict of arrays")
         for v in params.values():
             v.setflags(write=False)
         return params
 
     def names(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and _NAME.match(p.name))
+
+    def set_aside(self, keep) -> Path | None:
+        """Move every snapshot not named in ``keep`` into a new folder ``set-aside-<UTC time>-<id>/`` of the
+        store (kept for inspection, never loaded or reused); returns that folder, or None if nothing moved.
+
+        Resume calls it with the snapshots its checkpoint records: the others were written after that
+        checkpoint by the run that was interrupted, and a league that found them would number its next
+        snapshots past them and diverge from the run it replays.
+        """
+        keep = set(keep)
+        extra = [n for n in self.names() if n not in keep]
+        if not extra:
+            return None
+        folder = self.root / f"set-aside-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        folder.mkdir()
+        for name in extra:
+            os.rename(self.root / name, folder / name)
+        _fsync(folder)
+        _fsync(self.root)
+        return folder
 
     def verify(self) -> dict[str, str]:
         """Every snapshot's checksum; raises :class:`SnapshotError` at the first corrupt one."""
