@@ -41,7 +41,8 @@ class FedSimConfig(ExperimentConfig):
     model: str = param("mlp", "mlp (ReLU MLP of hidden sizes; the paper's 2NN is [200, 200]), cnn (McMahan et al. "
                        "2017's CNN: 5x5 convs, 2x2 max pools, a ReLU layer), or a torch model "
                        "'torch:module.path:factory' (factory(num_features, num_classes) -> nn.Module, converted by "
-                       "engine.from_torch)")
+                       "engine.from_torch; the run imports that module and calls the factory: a config is code, "
+                       "run only configs you trust)")
     hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
     cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions", factory=lambda: [32, 64])
     cnn_hidden: int = param(512, "cnn: units of the fully connected ReLU layer")

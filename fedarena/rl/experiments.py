@@ -49,7 +49,8 @@ class WrappersConfig:
 @dataclass(frozen=True)
 class RLConfig(ExperimentConfig):
     env_id: str = param("CartPole-v1", "gymnasium id, 'module:EnvId' (module registers it) or "
-                        "'package.module:make_env' (a function returning a gymnasium.Env)")
+                        "'package.module:make_env' (a function returning a gymnasium.Env); a named module is "
+                        "imported, so a config is code: run only configs you trust")
     env_kwargs: dict[str, Any] = param(doc="keyword arguments for the environment's constructor", factory=dict)
     env_backend: str = param("auto", "auto | batched | sync | async: how the vectorized environment is built")
     wrappers: WrappersConfig = param(doc="per-environment wrappers", factory=WrappersConfig)

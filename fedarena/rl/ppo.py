@@ -67,7 +67,8 @@ class PPOConfig:
     reward_clip: float = param(10.0, "scaled rewards are clipped to [-reward_clip, reward_clip]")
     torso: str = param("", "a torch feature extractor 'torch:module.path:factory' (factory(observation_shape) -> "
                        "nn.Module giving (batch, features), converted by engine.from_torch) for the actor and critic "
-                       "instead of the MLP of hidden / the Nature CNN; '' = those")
+                       "instead of the MLP of hidden / the Nature CNN; '' = those. The run imports that module "
+                       "and calls the factory: a config is code, run only configs you trust")
     learners: int = param(1, "data-parallel learner replicas; each minibatch is split evenly over them")
     learner_transport: str = param("threads", "how learner replicas communicate: threads, shm or tcp")
     engine_backend: str = param("numpy", "where the compiled update step runs: numpy, cupy (a CUDA GPU) or "

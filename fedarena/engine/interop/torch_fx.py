@@ -389,7 +389,11 @@ def _check_examples(torch: Any, module: Any, fn: TorchFunction, params: dict, ex
 
 
 def load_torch_factory(spec: str) -> Callable[..., Any]:
-    """The callable named by ``"torch:<module.path>:<factory>"`` (how configs name a torch model)."""
+    """The callable named by ``"torch:<module.path>:<factory>"`` (how configs name a torch model).
+
+    This imports ``<module.path>``, which runs its code: a config naming a module is code, to be run only
+    when trusted (docs/security.md, "Checkpoints and configs").
+    """
     parts = spec.split(":")
     if len(parts) != 3 or parts[0] != "torch" or not parts[1] or not parts[2]:
         raise ValueError(f"expected 'torch:<module.path>:<factory>', got {spec!r}")
