@@ -492,16 +492,22 @@ def _data_setup(cfg) -> str:
 def _setup(cfg) -> str:
     """One line naming what a fedsim run trained: data, split, clients, aggregation and local work."""
     per_round = "all" if cfg.clients_per_round == 0 else str(cfg.clients_per_round)
+    server = (f"{per_round} a round, {cfg.aggregation}" if cfg.server_mode == "rounds" else
+              f"{cfg.server_mode} server mode, {cfg.async_concurrency} clients in flight")
     local = f"{cfg.local_steps} local steps" if cfg.local_steps else f"E={cfg.epochs}"
     model = f"MLP {list(cfg.hidden)}" if cfg.model == "mlp" else cfg.model
-    return (f"{_data_setup(cfg)}, {per_round} a round, {cfg.aggregation}, {model}, {local}, B={cfg.batch_size}, "
-            f"lr {cfg.lr:g}, seed {cfg.seed}")
+    return f"{_data_setup(cfg)}, {server}, {model}, {local}, B={cfg.batch_size}, lr {cfg.lr:g}, seed {cfg.seed}"
 
 
 def _integer_ticks(ax, y: bool = False) -> None:
-    """Rounds, server steps and client counts are integers: no fractional tick labels."""
+    """Rounds, server steps and client counts are integers: no fractional tick labels (an x range shorter than
+    two, as with one logged step, is widened so that integers fall in it)."""
     from matplotlib.ticker import MaxNLocator
 
+    lo, hi = ax.get_xlim()
+    if hi - lo < 2:
+        mid = (lo + hi) / 2
+        ax.set_xlim(mid - 1, mid + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if y:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -543,13 +549,15 @@ def plots(rows, cfg, report_dir) -> list[str]:
         ax[1, 0].set_title("clients per round", fontsize=10)
         ax[1, 0].set_ylabel("clients")
         ax[1, 0].legend(fontsize=8)
-        _integer_ticks(ax[1, 0], y=True)
         ax[1, 1].plot(r, np.asarray(get("bytes_up"), float) / 1e3, "-", lw=3, alpha=0.5, label="up (all clients)")
         ax[1, 1].plot(r, np.asarray(get("bytes_down"), float) / 1e3, "--", lw=1.5, label="down (all clients)")
         ax[1, 1].set_title("traffic per round (exact encoded bytes)", fontsize=10)
         ax[1, 1].set_ylabel("kB")
         ax[1, 1].legend(fontsize=8)
         for a in ax.flat:
+            if len(r) == 1:  # a single logged round is a point, not a line
+                for line in a.get_lines():
+                    line.set_marker("o")
             a.set_xlabel("round")
             _integer_ticks(a, y=a is ax[1, 0])
             a.grid(alpha=0.3)
@@ -628,8 +636,10 @@ def _async_plot(rows, cfg, report_dir: Path) -> str:
     ax[0].set_ylabel("accuracy")
     ax[0].annotate(f"{int(rows[-1]['clients_dispatched'])} client updates dispatched in all",
                    xy=(0.98, 0.04), xycoords="axes fraction", ha="right", fontsize=8)
-    ax[1].plot(steps, [row.get("test_loss", float("nan")) for row in rows], label="global model, test set")
-    ax[1].plot(steps, [row.get("train_loss", float("nan")) for row in rows], label="client training (last 50)")
+    ax[1].plot(steps, [row.get("test_loss", float("nan")) for row in rows], "-o", ms=3,
+               label="global model, test set")
+    ax[1].plot(steps, [row.get("train_loss", float("nan")) for row in rows], "-o", ms=3,
+               label="client training (last 50)")
     ax[1].set_title("cross-entropy", fontsize=10)
     ax[1].set_ylabel("loss")
     ax[1].legend(fontsize=8)
