@@ -186,8 +186,9 @@ def plot_label_histogram(hist: np.ndarray, path: str | Path, title: str = "", ma
     for c in range(h.shape[1]):
         ax.bar(np.arange(len(h)), h[:, c], bottom=bottom, color=cmap(c % cmap.N), width=0.85, label=str(c))
         bottom += h[:, c]
-    ax.set_xlabel(f"client (first {len(h)} of {len(hist)})")
+    ax.set_xlabel(f"client (first {len(h)} of {len(hist)})" if len(h) < len(hist) else f"client (all {len(h)})")
     ax.set_ylabel("training examples")
+    ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
     ax.set_title(title or "label histogram per client")
     if h.shape[1] <= 20:
         ax.legend(title="label", fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")

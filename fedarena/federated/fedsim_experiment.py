@@ -479,6 +479,41 @@ def _restore(sim, saved: dict[str, Any]):
     return state, (None if np.isnan(div) else div), int(saved["steps_current"])
 
 
+def _data_setup(cfg) -> str:
+    """The data set, the number of clients and how the examples are split over them."""
+    split = {"dirichlet": f"Dirichlet({cfg.alpha:g}) label skew", "shards": f"{cfg.shards_per_client} label shards "
+             "per client", "quantity": f"Dirichlet({cfg.beta:g}) client sizes", "iid": "IID"}[cfg.partition]
+    if cfg.dataset == "synthetic":  # its own device split (FedProx's Synthetic(alpha, beta)); partition unused
+        split = f"Synthetic({cfg.synthetic_alpha:g},{cfg.synthetic_beta:g}) devices"
+    elif cfg.dataset == "leaf":  # one client per LEAF user; partition unused
+        split = "LEAF users"
+    return f"{cfg.dataset}, {cfg.num_clients} clients ({split})"
+
+
+def _setup(cfg) -> str:
+    """One line naming what a fedsim run trained: data, split, clients, aggregation and local work."""
+    per_round = "all" if cfg.clients_per_round == 0 else str(cfg.clients_per_round)
+    server = (f"{per_round} a round, {cfg.aggregation}" if cfg.server_mode == "rounds" else
+              f"{cfg.server_mode} server mode, {cfg.async_concurrency} clients in flight")
+    local = f"{cfg.local_steps} local steps" if cfg.local_steps else f"E={cfg.epochs}"
+    model = f"MLP {list(cfg.hidden)}" if cfg.model == "mlp" else cfg.model
+    return f"{_data_setup(cfg)}, {server}, {model}, {local}, B={cfg.batch_size}, lr {cfg.lr:g}, seed {cfg.seed}"
+
+
+def _integer_ticks(ax, y: bool = False) -> None:
+    """Rounds, server steps and client counts are integers: no fractional tick labels (an x range shorter than
+    two, as with one logged step, is widened so that integers fall in it)."""
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = ax.get_xlim()
+    if hi - lo < 2:
+        mid = (lo + hi) / 2
+        ax.set_xlim(mid - 1, mid + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if y:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plots(rows, cfg, report_dir) -> list[str]:
     import matplotlib
 
@@ -489,81 +524,131 @@ def plots(rows, cfg, report_dir) -> list[str]:
 
     out: list[str] = []
     report_dir = Path(report_dir)
+    name = report_dir.parent.name
     if rows and cfg.server_mode != "rounds":
         out.append(_async_plot(rows, cfg, report_dir))
     elif rows:
         r = [row["step"] for row in rows]
         get = lambda k: [row.get(k, float("nan")) for row in rows]  # noqa: E731
-        fig, ax = plt.subplots(2, 2, figsize=(11, 7))
+        fig, ax = plt.subplots(2, 2, figsize=(11, 7.4))
         ax[0, 0].plot(r, get("test_acc"), "-", lw=2, label="global model, test set")
         ax[0, 0].plot(r, get("client_acc_mean"), "-", label="clients' held-out: mean")
-        ax[0, 0].plot(r, get("client_acc_p10"), "--", label="10th percentile")
-        ax[0, 0].plot(r, get("client_acc_worst"), ":", label="worst client")
-        ax[0, 0].set_title("accuracy")
+        ax[0, 0].plot(r, get("client_acc_p10"), "--", label="clients' held-out: 10th percentile")
+        ax[0, 0].plot(r, get("client_acc_worst"), ":", label="clients' held-out: worst client")
+        ax[0, 0].set_title("accuracy (clients: those with held-out examples)", fontsize=10)
+        ax[0, 0].set_ylabel("accuracy")
         ax[0, 0].legend(fontsize=8)
-        ax[0, 1].plot(r, get("test_loss"), label="test")
+        ax[0, 1].plot(r, get("test_loss"), label="global model, test set")
         ax[0, 1].plot(r, get("train_loss"), label="client training")
-        ax[0, 1].set_title("cross-entropy")
+        ax[0, 1].set_title("cross-entropy", fontsize=10)
+        ax[0, 1].set_ylabel("loss")
         ax[0, 1].legend(fontsize=8)
-        ax[1, 0].plot(r, get("selected"), label="selected")
-        ax[1, 0].plot(r, get("reporting"), label="reporting")
-        ax[1, 0].plot(r, get("stragglers"), label="stragglers")
-        ax[1, 0].set_title("clients per round")
+        # selected >= reporting and up / down can coincide: distinct line styles keep every curve visible
+        ax[1, 0].plot(r, get("selected"), "-", lw=3, alpha=0.5, label="selected")
+        ax[1, 0].plot(r, get("reporting"), "--", lw=1.5, label="reporting")
+        ax[1, 0].plot(r, get("stragglers"), ":", lw=1.5, label="stragglers")
+        ax[1, 0].set_title("clients per round", fontsize=10)
+        ax[1, 0].set_ylabel("clients")
         ax[1, 0].legend(fontsize=8)
-        ax[1, 1].plot(r, np.asarray(get("bytes_up"), float) / 1e3, label="up")
-        ax[1, 1].plot(r, np.asarray(get("bytes_down"), float) / 1e3, label="down")
-        ax[1, 1].set_title("kB per round (exact encoded bytes)")
+        ax[1, 1].plot(r, np.asarray(get("bytes_up"), float) / 1e3, "-", lw=3, alpha=0.5, label="up (all clients)")
+        ax[1, 1].plot(r, np.asarray(get("bytes_down"), float) / 1e3, "--", lw=1.5, label="down (all clients)")
+        ax[1, 1].set_title("traffic per round (exact encoded bytes)", fontsize=10)
+        ax[1, 1].set_ylabel("kB")
         ax[1, 1].legend(fontsize=8)
         for a in ax.flat:
+            if len(r) == 1:  # a single logged round is a point, not a line
+                for line in a.get_lines():
+                    line.set_marker("o")
             a.set_xlabel("round")
+            _integer_ticks(a, y=a is ax[1, 0])
             a.grid(alpha=0.3)
+        fig.suptitle(f"{name}: {_setup(cfg)}", fontsize=10)
         fig.tight_layout()
         fig.savefig(report_dir / "fedsim.png", dpi=110)
         plt.close(fig)
         out.append(str(report_dir / "fedsim.png"))
     hist_path = report_dir.parent / "label_histogram.npy"
     if hist_path.exists():
-        out.append(plot_label_histogram(np.load(hist_path), report_dir / "label_histogram.png",
-                                        f"per-client label histogram ({cfg.partition} split)"))
+        hist = np.load(hist_path)
+        out.append(plot_label_histogram(hist, report_dir / "label_histogram.png",
+                                        f"{name}: per-client label histogram of the training split\n{_data_setup(cfg)}",
+                                        max_clients=max(50, min(len(hist), 200))))
     pers = report_dir.parent / "personalization.npy"
     if pers.exists():
         before, after = np.load(pers)
-        ok = ~np.isnan(before) & ~np.isnan(after)
-        fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-        ax[0].scatter(before[ok], after[ok], s=10, alpha=0.6)
-        ax[0].plot([0, 1], [0, 1], "k--", lw=1)
-        ax[0].set_xlabel("held-out accuracy, global model")
-        ax[0].set_ylabel("after local fine-tuning")
-        ax[0].set_title("per-client accuracy before / after")
-        ax[1].hist([before[ok], after[ok]], bins=20, label=["global model", "fine-tuned"])
-        ax[1].set_xlabel("held-out accuracy")
-        ax[1].set_title("distribution over clients")
-        ax[1].legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(report_dir / "personalization.png", dpi=110)
-        plt.close(fig)
-        out.append(str(report_dir / "personalization.png"))
+        out.append(_personalization_plot(before, after, cfg, name, report_dir))
     return out
+
+
+def _personalization_plot(before: np.ndarray, after: np.ndarray, cfg, name: str, report_dir: Path) -> str:
+    """Per-client held-out accuracy before / after local fine-tuning; the figure says how many clients have no
+    held-out example (``floor(held_out_fraction * n) = 0``: no accuracy to draw) and leaves them out."""
+    import matplotlib.pyplot as plt
+
+    ok = ~np.isnan(before) & ~np.isnan(after)
+    n, shown = len(before), int(ok.sum())
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.6))
+    # held-out sets are small, so accuracies repeat: the marker area counts the clients at each point
+    pts, counts = np.unique(np.stack([before[ok], after[ok]], 1), axis=0, return_counts=True)
+    if len(pts):
+        ax[0].scatter(pts[:, 0], pts[:, 1], s=12 * counts, alpha=0.6)
+    ax[0].plot([0, 1], [0, 1], "k--", lw=1, label="no change")
+    ax[0].set_xlabel("held-out accuracy, global model")
+    ax[0].set_ylabel("held-out accuracy, after local fine-tuning")
+    ax[0].set_title("per-client accuracy before / after (marker area: clients)", fontsize=10)
+    ax[0].legend(fontsize=8, loc="lower right")
+    ax[1].hist([before[ok], after[ok]], bins=np.linspace(0, 1, 21), label=["global model", "fine-tuned"])
+    ax[1].set_xlabel("held-out accuracy")
+    ax[1].set_ylabel("clients")
+    ax[1].set_title("distribution over clients", fontsize=10)
+    ax[1].legend(fontsize=8)
+    _integer_ticks(ax[1], y=True)
+    ax[1].xaxis.set_major_locator(plt.MaxNLocator(6))
+    for a in ax:
+        a.grid(alpha=0.3)
+    excluded = n - shown
+    note = (f"all {n} clients" if not excluded else
+            f"{shown} of {n} clients; {excluded} have no held-out example and are not shown"
+            + (f" (fewer than {_min_examples(cfg)} examples at held_out_fraction {cfg.held_out_fraction:g})"
+               if cfg.held_out_fraction > 0 else " (held_out_fraction is 0)"))
+    fig.suptitle(f"{name}: personalization, {cfg.personalize_epochs} local epoch(s) of fine-tuning of the final "
+                 f"model\n{note}", fontsize=10)
+    fig.tight_layout()
+    path = report_dir / "personalization.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _min_examples(cfg) -> int:
+    """Fewest examples a client needs for one held-out example: floor(f * n) >= 1 with n >= 2."""
+    return max(2, int(np.ceil(1 / cfg.held_out_fraction - 1e-9)))
 
 
 def _async_plot(rows, cfg, report_dir: Path) -> str:
     import matplotlib.pyplot as plt
 
     steps = [row["step"] for row in rows]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.4))
     ax[0].plot(steps, [row.get("test_acc", float("nan")) for row in rows], "-o", ms=3, lw=2)
     ax[0].set_title(f"global model, test accuracy ({cfg.server_mode} mode, {cfg.async_concurrency} clients "
                     f"in flight" + (f", steps on {cfg.async_buffer}" if cfg.server_mode == "threshold" else "") + ")",
                     fontsize=10)
+    ax[0].set_ylabel("accuracy")
     ax[0].annotate(f"{int(rows[-1]['clients_dispatched'])} client updates dispatched in all",
                    xy=(0.98, 0.04), xycoords="axes fraction", ha="right", fontsize=8)
-    ax[1].plot(steps, [row.get("test_loss", float("nan")) for row in rows], label="test")
-    ax[1].plot(steps, [row.get("train_loss", float("nan")) for row in rows], label="client training (last 50)")
-    ax[1].set_title("cross-entropy")
+    ax[1].plot(steps, [row.get("test_loss", float("nan")) for row in rows], "-o", ms=3,
+               label="global model, test set")
+    ax[1].plot(steps, [row.get("train_loss", float("nan")) for row in rows], "-o", ms=3,
+               label="client training (last 50)")
+    ax[1].set_title("cross-entropy", fontsize=10)
+    ax[1].set_ylabel("loss")
     ax[1].legend(fontsize=8)
     for a in ax:
         a.set_xlabel("server step")
+        _integer_ticks(a)
         a.grid(alpha=0.3)
+    fig.suptitle(f"{report_dir.parent.name}: {_setup(cfg)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(report_dir / "fedsim.png", dpi=110)
     plt.close(fig)

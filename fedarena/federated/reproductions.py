@@ -165,6 +165,7 @@ def plots_fedavg_table(rows, cfg: FedAvgTableConfig, report_dir) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, StrMethodFormatter
 
     report_dir = Path(report_dir)
     path = report_dir.parent / "fedavg_curves.json"
@@ -184,14 +185,20 @@ def plots_fedavg_table(rows, cfg: FedAvgTableConfig, report_dir) -> list[str]:
                     a.plot(np.arange(1, len(acc) + 1), acc, lw=1.3, label=f"E={e} B={'inf' if b == 0 else b}")
             a.axhline(cfg.target, color="k", ls="--", lw=0.8)
             a.set_xscale("log")
+            # rounds are integers: label 1, 2, 5, 10, 20, ... rather than powers of ten
+            a.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            a.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+            a.xaxis.set_minor_formatter(NullFormatter())
             a.set_ylim(0, 1)
-            a.set_title(f"{'IID' if p == 'iid' else 'non-IID (2 shards)'}, C={c:g}", fontsize=10)
-            a.set_xlabel("round (log)")
-            a.set_ylabel("test accuracy")
+            split = "IID" if p == "iid" else f"non-IID ({cfg.shards_per_client} shards)"
+            k = cfg.clients_per_round(c)
+            a.set_title(f"{split}, C={c:g} ({k} client{'s' if k > 1 else ''} a round)", fontsize=10)
+            a.set_xlabel("round (log scale)")
+            a.set_ylabel("global model, test accuracy")
             a.grid(alpha=0.3)
-            a.legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"FedAvg on {cfg.dataset}, {cfg.num_clients} clients, MLP {cfg.hidden}: "
-                 f"accuracy until the target {cfg.target:g} (dashed)", fontsize=10)
+            a.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"{report_dir.parent.name}: FedAvg on {cfg.dataset}, {cfg.num_clients} clients, MLP {cfg.hidden}, "
+                 f"lr {cfg.lr:g}: test accuracy per round until the target {cfg.target:g} (dashed)", fontsize=10)
     fig.tight_layout()
     fig.savefig(report_dir / "fedavg_curves.png", dpi=110)
     plt.close(fig)
@@ -200,14 +207,15 @@ def plots_fedavg_table(rows, cfg: FedAvgTableConfig, report_dir) -> list[str]:
     head = ("split", "C", "E", "B", "u = E n/B", f"rounds to {cfg.target:g} (speed-up vs FedSGD)")
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in table]
     (report_dir / "fedavg_table.md").write_text("\n".join(md) + "\n", encoding="utf-8")
-    fig, a = plt.subplots(figsize=(8.5, 0.32 * len(table) + 0.8))
+    fig, a = plt.subplots(figsize=(8.5, 0.3 * len(table) + 1.0))
     a.axis("off")
-    t = a.table(cellText=[list(r) for r in table], colLabels=list(head), loc="center", cellLoc="center")
+    t = a.table(cellText=[list(r) for r in table], colLabels=list(head), loc="center", cellLoc="center",
+                colWidths=[0.13, 0.08, 0.07, 0.08, 0.14, 0.5])  # the last header is long
     t.auto_set_font_size(False)
     t.set_fontsize(8)
     t.scale(1, 1.25)
-    t.auto_set_column_width(list(range(len(head))))  # the last header is long
-    a.set_title(f"FedAvg rounds to {cfg.target:g} test accuracy ({cfg.dataset})", fontsize=10)
+    a.set_title(f"{report_dir.parent.name}: FedAvg rounds to {cfg.target:g} test accuracy ({cfg.dataset}, "
+                f"{cfg.num_clients} clients; '>{cfg.max_rounds}': not reached within max_rounds)", fontsize=9)
     fig.tight_layout()
     fig.savefig(report_dir / "fedavg_table.png", dpi=110)
     plt.close(fig)
@@ -360,7 +368,11 @@ def plots_fedprox_figure(rows, cfg: FedProxFigureConfig, report_dir) -> list[str
     if not path.exists():
         return []
     losses = json.loads(path.read_text(encoding="utf-8"))["losses"]
+    from matplotlib.ticker import MaxNLocator
+
     colors = {"fedavg": "tab:green", "fedprox_mu0": "tab:blue", "fedprox": "tab:red"}
+    # with no stragglers FedAvg and FedProx mu=0 are the same algorithm: a wide pale line under a dashed one
+    styles = {"fedavg": dict(lw=3.0, alpha=0.55), "fedprox_mu0": dict(lw=1.3, ls="--"), "fedprox": dict(lw=1.3)}
     labels = {"fedavg": "FedAvg (stragglers dropped)", "fedprox_mu0": "FedProx mu=0 (partial work)",
               "fedprox": f"FedProx mu={cfg.mu:g}"}
     fig, ax = plt.subplots(len(cfg.straggler_fractions), len(cfg.synthetic),
@@ -373,16 +385,20 @@ def plots_fedprox_figure(rows, cfg: FedProxFigureConfig, report_dir) -> list[str
                 if arr.size == 0:
                     continue
                 r = np.arange(1, arr.shape[1] + 1)
-                a.plot(r, arr.mean(0), color=colors[m], lw=1.3, label=labels[m])
+                a.plot(r, arr.mean(0), color=colors[m], label=labels[m], **styles[m])
                 a.fill_between(r, arr.min(0), arr.max(0), color=colors[m], alpha=0.18)
             a.set_title(f"Synthetic({ab[0]:g},{ab[1]:g}), {100 * f:g}% stragglers", fontsize=10)
             a.set_xlabel("round")
-            a.set_ylabel("training loss")
+            a.xaxis.set_major_locator(MaxNLocator(integer=True))
+            a.set_ylabel("global training loss")
             a.grid(alpha=0.3)
             if i == 0 and j == 0:
                 a.legend(fontsize=7)
-    fig.suptitle(f"FedProx Figure 1 layout: {cfg.num_clients} devices, {cfg.clients_per_round} a round; "
-                 f"mean over {len(cfg.train_seeds)} seeds, band = min..max", fontsize=10)
+    n = len(cfg.train_seeds)
+    seeds = "one training seed" if n == 1 else f"mean over {n} training seeds, band = min..max"
+    local = f"{cfg.local_steps} local steps" if cfg.local_steps else f"E={cfg.epochs}"
+    fig.suptitle(f"{report_dir.parent.name}: FedProx Figure 1 layout, {cfg.num_clients} devices, "
+                 f"{cfg.clients_per_round} a round, {local}, B={cfg.batch_size}, lr {cfg.lr:g}; {seeds}", fontsize=10)
     fig.tight_layout()
     fig.savefig(report_dir / "fedprox_figure.png", dpi=110)
     plt.close(fig)
@@ -514,10 +530,15 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
                   "bytes_total": "total MB up + down"}[cfg.x_metric])
     if cfg.x_metric != "round":
         a.set_xscale("log")
+    else:
+        from matplotlib.ticker import MaxNLocator
+
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     a.set_ylabel("global test accuracy")
     a.grid(alpha=0.3)
     a.legend(fontsize=8)
-    a.set_title(cfg.name or "fedsim variants", fontsize=10)
+    title = f"{report_dir.parent.name}: {_sweep_setup(cfg)}"
+    a.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(report_dir / "sweep_accuracy.png", dpi=110)
     plt.close(fig)
@@ -536,7 +557,7 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
         a.set_ylabel("global test accuracy")
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-        a.set_title("accuracy against the accountant's cumulative epsilon, per round", fontsize=10)
+        a.set_title(f"{title}\naccuracy against the accountant's cumulative epsilon, per round", fontsize=9)
         fig.tight_layout()
         fig.savefig(report_dir / "sweep_epsilon.png", dpi=110)
         plt.close(fig)
@@ -545,12 +566,14 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
     head = ("variant", "final test acc", "uploaded MB", "upload reduction", "epsilon")
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in table]
     (report_dir / "sweep_table.md").write_text("\n".join(md) + "\n", encoding="utf-8")
-    fig, a = plt.subplots(figsize=(8, 0.35 * len(table) + 0.9))
+    fig, a = plt.subplots(figsize=(9, 0.35 * len(table) + 1.1))
     a.axis("off")
-    t = a.table(cellText=[list(r) for r in table], colLabels=list(head), loc="center", cellLoc="center")
+    t = a.table(cellText=[list(r) for r in table], colLabels=list(head), loc="center", cellLoc="center",
+                colWidths=[0.38, 0.14, 0.13, 0.15, 0.2])  # variant labels are long
     t.auto_set_font_size(False)
     t.set_fontsize(8)
     t.scale(1, 1.3)
+    a.set_title(f"{title}\nfinal round; upload reduction relative to '{table[0][0]}'", fontsize=9)
     fig.tight_layout()
     fig.savefig(report_dir / "sweep_table.png", dpi=110)
     plt.close(fig)
@@ -560,6 +583,24 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
 
 FEDSIM_SWEEP = Experiment(config=FedSimSweepConfig, run=run_fedsim_sweep, plots=plots_fedsim_sweep,
                           summary_keys=("test_acc", "bytes_up", "epsilon"))
+
+
+def _sweep_setup(cfg: FedSimSweepConfig) -> str:
+    """What the variants of a sweep share: data set, split, clients, clients a round and rounds (a setting
+    the variants do not share is left out)."""
+    vs = [cfg.variant_config(i) for i in range(len(cfg.variants))]
+    same = lambda k: all(getattr(v, k) == getattr(vs[0], k) for v in vs)  # noqa: E731
+    v = vs[0]
+    parts = [f"{len(vs)} fedsim variants"]
+    if same("dataset") and same("partition"):
+        parts.append(f"{v.dataset} ({v.partition})")
+    if same("num_clients"):
+        parts.append(f"{v.num_clients} clients")
+    if same("clients_per_round"):
+        parts.append(f"{'all' if v.clients_per_round == 0 else v.clients_per_round} a round")
+    if same("rounds"):
+        parts.append(f"{v.rounds} rounds")
+    return ", ".join(parts + [f"seed {cfg.seed}"])
 
 
 def privacy_kind(cfg) -> str:

@@ -36,6 +36,8 @@ def scalar_metric_plots(rows: Sequence[Mapping[str, Any]], report_dir: Path, ski
     if not keys:
         return []
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     cols = min(3, len(keys))
     nrows = (len(keys) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 2.8 * nrows), squeeze=False)
@@ -45,9 +47,11 @@ def scalar_metric_plots(rows: Sequence[Mapping[str, Any]], report_dir: Path, ski
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are integers
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
+    fig.suptitle(f"{Path(report_dir).parent.name}: every scalar metric against the logged step", fontsize=10)
     fig.tight_layout()
     path = Path(report_dir) / "metrics.png"
     fig.savefig(path, dpi=110)

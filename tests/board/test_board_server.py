@@ -34,6 +34,7 @@ def _tree_digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.quick
 def test_metrics_reader_skips_malformed_lines_and_waits_for_a_torn_one(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "a": 1.0}\nnot json\n[1]\n{"a": 2}\n{"step": true}\n{"step": 2, "a": NaN}\n{"step": 3, "a"')
@@ -149,6 +150,7 @@ def test_api_fl_reads_the_arrays_the_run_saved(board, runs_root):
     assert np.allclose([np.nan if v is None else v for v in d["personalization"]["before"]], before, equal_nan=True)
 
 
+@pytest.mark.quick
 def test_league_reader_accepts_its_layouts(tmp_path):
     from fedarena.board.league import league_data
 

@@ -29,6 +29,7 @@ def test_threads_every_collective_and_algorithm_equals_numpy(world_size):
     assert len(set(checks)) == 1 and checks[0] > 100
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("algorithm", ALGORITHMS["all_reduce"])
 def test_float_all_reduce_is_deterministic_identical_on_every_rank_and_close_to_float64(algorithm):
     rng = np.random.default_rng(0)
@@ -164,6 +165,7 @@ def test_tcp_rejects_a_wrong_secret_and_keeps_listening():
     comm0.close(), comm1.close()
 
 
+@pytest.mark.quick
 def test_framing_rejects_hostile_headers():
     good = framing.encode_header(np.zeros((2, 3), np.float32))
     dtype, ndim, nbytes = framing.decode_fixed(good[:framing.HEADER_FIXED])

@@ -62,6 +62,7 @@ def test_validate_catches_bad_types_and_ssa():
         mism.validate()
 
 
+@pytest.mark.quick
 def test_jit_caches_per_signature_and_matches_eager():
     calls = []
 
@@ -242,6 +243,7 @@ def test_grad_of_grad_closed_form():
     np.testing.assert_allclose(d2(x), 12 * x**2)
 
 
+@pytest.mark.quick
 def test_mlp_hessian_vector_product_vs_torch():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(6)

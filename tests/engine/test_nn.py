@@ -19,6 +19,7 @@ def _t(x):
     return torch.tensor(np.asarray(x))
 
 
+@pytest.mark.quick
 def test_linear_and_mlp_match_torch():
     torch = pytest.importorskip("torch")
     mlp = nn.MLP([5, 7, 3], activation="relu")

@@ -122,6 +122,7 @@ def test_adam_on_a_single_large_array():
     np.testing.assert_allclose(p, tw.detach().numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.quick
 def test_global_norm_clipping_matches_torch():
     torch = pytest.importorskip("torch")
     params, x, y = _quadratic_problem(np.float64)
@@ -141,6 +142,7 @@ def test_global_norm_clipping_matches_torch():
     np.testing.assert_allclose(unclipped["v"], [12.0])
 
 
+@pytest.mark.quick
 def test_schedules_closed_forms():
     lin = optim.linear(1.0, 0.0, 10)
     cos = optim.cosine(2.0, 8, alpha=0.1)

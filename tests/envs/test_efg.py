@@ -37,6 +37,7 @@ def test_converted_matrix_game_pays_the_table(name):
         assert s.returns().tolist() == matrix.payoffs[:, i, j].tolist()
 
 
+@pytest.mark.quick
 def test_rectangular_matrix_game_and_exploitability_closed_form():
     from fedarena.marl import exploitability
 

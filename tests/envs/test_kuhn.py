@@ -17,6 +17,7 @@ def play(cards, bets):
     return s
 
 
+@pytest.mark.quick
 def test_deal_is_uniform_over_ordered_pairs():
     s = load_game("kuhn_poker").new_initial_state()
     assert s.current_player() == CHANCE
@@ -53,6 +54,7 @@ def test_information_states_use_card_digit_and_history():
     assert infostates == expected
 
 
+@pytest.mark.quick
 def test_game_tree_size_and_returns_are_zero_sum():
     hs = all_histories(load_game("kuhn_poker"))
     terminals = [h for h in hs if h.is_terminal()]

@@ -18,6 +18,7 @@ def play(actions):
     return s
 
 
+@pytest.mark.quick
 def test_hand_with_pair_and_reraises():
     # p0 gets Js (0), p1 gets Qh (3); r1: raise, raise, call (5 each); public Qs (2) pairs p1;
     # r2: check, raise, raise, call -> 5 + 4 + 4 = 13 each, p1 wins 13
@@ -41,6 +42,7 @@ def test_legal_actions_fold_only_facing_a_raise_and_raise_cap():
     assert all(p == 0.25 for _, p in s.chance_outcomes())
 
 
+@pytest.mark.quick
 def test_fold_and_split_pot():
     s = play([0, 3, R, F])
     assert s.returns().tolist() == [1.0, -1.0]

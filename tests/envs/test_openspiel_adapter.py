@@ -43,6 +43,7 @@ def test_nash_conv_of_random_policies_equals_openspiel(spec):
         assert ours == pytest.approx(theirs, abs=1e-9)
 
 
+@pytest.mark.quick
 def test_parameters_are_parsed_and_simultaneous_games_become_turn_based():
     g = load_game("kuhn_poker(players=3)")
     assert g.num_players == 3 and g.num_distinct_actions == 2

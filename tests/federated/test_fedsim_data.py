@@ -33,6 +33,7 @@ def test_every_example_once_and_deterministic(spec):
     assert not all(np.array_equal(p, q) for p, q in zip(a, c))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_shards_give_exactly_k_labels(k):
     y = _labels(3000)

@@ -40,6 +40,7 @@ def test_robust_rules_match_flower(rule, kw, oracle):
         np.testing.assert_allclose(s.params[k], w, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.quick
 def test_fedavg_weighted_mean_and_example_count_bound():
     ups = [st.ClientUpdate("a", {"w": np.array([1.0, 0.0])}, 10), st.ClientUpdate("b", {"w": np.array([0.0, 1.0])}, 990)]
     st0 = st.RoundState(1, {"w": np.zeros(2)})
@@ -58,6 +59,7 @@ def test_select_clients_is_the_schedulers_rule_and_validates_k():
         st.select_clients(cands, 21, 0, 1)
 
 
+@pytest.mark.quick
 def test_scaffold_server_update_closed_form():
     ups = [st.ClientUpdate("a", {"w": np.array([2.0])}, 5, control_delta={"w": np.array([1.0])}),
            st.ClientUpdate("b", {"w": np.array([4.0])}, 50, control_delta={"w": np.array([3.0])})]
@@ -81,6 +83,7 @@ def _data(sizes, d=5, k=3, seed=0):
     return x, y, [np.arange(off[i], off[i + 1]) for i in range(len(sizes))]
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("mu,caps", [(0.0, None), (0.5, [1, 100, 3, 2, 100])])
 def test_batched_training_equals_per_client_numpy_training(mu, caps):
     """Clients of 3..23 examples (padding and masks, grouping), FedProx, and capped steps (partial work)."""

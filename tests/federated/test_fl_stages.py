@@ -49,6 +49,7 @@ def test_topk_keeps_exactly_the_largest_magnitudes():
         np.testing.assert_array_equal(got[k], expect)
 
 
+@pytest.mark.quick
 def test_q8_is_unbiased_and_within_one_step():
     d = _delta(2)
     rng = np.random.default_rng(5)

@@ -10,6 +10,7 @@ from fedarena.federated import wire
 from fedarena.federated.wire import Limits, WireError
 
 
+@pytest.mark.quick
 def test_round_trip_preserves_values_dtypes_and_bytes():
     rng = np.random.default_rng(0)
     body = {
@@ -96,6 +97,7 @@ def _env(body, v=1, kind="update", **extra):
         (_env({"a": msgpack.Timestamp(1, 0)}), "body.a", "not allowed"),
     ],
 )
+@pytest.mark.quick
 def test_malformed_input_is_rejected_with_named_field(data, field, reason):
     with pytest.raises(WireError) as info:
         wire.decode(data)

@@ -10,6 +10,7 @@ from fedarena.marl.best_response import expected_returns
 from fedarena.marl.cfr import CFRSolver, regret_matching
 
 
+@pytest.mark.quick
 def test_cfr_plus_kuhn_after_100():
     game = load_game("kuhn_poker")
     s = CFRSolver(game, plus=True).run(100)
@@ -52,6 +53,7 @@ def test_matches_openspiel_cpp_solver(name, plus):
     assert exploitability(load_game(name), ours.average_policy()) == pytest.approx(expected, abs=1e-10)
 
 
+@pytest.mark.quick
 def test_regret_matching_and_checkpoint_roundtrip():
     game = load_game("kuhn_poker")
     s = CFRSolver(game)

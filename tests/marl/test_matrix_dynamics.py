@@ -44,6 +44,7 @@ def test_best_response_ties_go_to_lowest_action():
     assert best_response(rps, 0, np.eye(3)[0]) == 1
 
 
+@pytest.mark.quick
 def test_selfplay_cycles_at_maximum_exploitability():
     rps = load_matrix_game("rock_paper_scissors")
     d, history = _run("selfplay", rps, 300)

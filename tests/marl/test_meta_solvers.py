@@ -20,6 +20,7 @@ def test_registry():
         get_meta_solver("nahs")
 
 
+@pytest.mark.quick
 def test_nash_biased_rps_closed_form():
     g = load_matrix_game("biased_rock_paper_scissors")
     x, y = get_meta_solver("nash")(g.payoffs)
@@ -27,6 +28,7 @@ def test_nash_biased_rps_closed_form():
     assert y == pytest.approx([1 / 16, 10 / 16, 5 / 16], abs=1e-9)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("seed", range(5))
 def test_nash_on_random_rectangular_zero_sum_tables(seed):
     rng = np.random.default_rng(seed)

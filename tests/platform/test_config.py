@@ -34,6 +34,7 @@ def test_build_applies_defaults_and_values():
     assert cfg.label is None and cfg.cluster.address is None
 
 
+@pytest.mark.quick
 def test_unknown_key_suggests_closest():
     with pytest.raises(ConfigError, match=r"unknown config key 'iteratons'; did you mean 'iterations'\?"):
         cfgmod.build(Schema, {"iteratons": 3})
@@ -54,6 +55,7 @@ def test_unknown_key_suggests_closest():
         ({"label": 4}, r"label: expected str or null, got 4 \(int\)"),
     ],
 )
+@pytest.mark.quick
 def test_wrong_type_names_field_expected_and_given(data, message):
     with pytest.raises(ConfigError, match=message):
         cfgmod.build(Schema, data)
@@ -92,6 +94,7 @@ def test_missing_file_and_malformed_yaml_give_the_line(tmp_path):
         cfgmod.load_yaml(scalar)
 
 
+@pytest.mark.quick
 def test_round_trip_through_yaml(tmp_path):
     cfg = cfgmod.build(Schema, {"kind": "x", "inner": {"layers": [3]}, "mode": "fast"})
     path = tmp_path / "c.yaml"

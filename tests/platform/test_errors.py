@@ -152,6 +152,7 @@ def _rejected_folder(cwd, line, kind):
      ("game", "prisoners_dilemma")),
     (["experiments/ppo_cartpole.yaml", "--set", "ppo.gamma=2.0"], "ppo", "ppo.gamma", None),
 ])
+@pytest.mark.quick
 def test_rejected_config_without_out_leaves_a_failed_run_folder(tmp_path, monkeypatch, capsys, argv, kind, needle,
                                                                  given):
     monkeypatch.chdir(tmp_path)

@@ -139,6 +139,7 @@ def test_resume_of_a_completed_run_is_a_no_op(tmp_path, capsys):
     assert "had already completed" in capsys.readouterr().out
 
 
+@pytest.mark.quick
 def test_resume_with_a_different_config_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     execute(ROOT / "experiments/prisoners_dilemma.yaml", ["iterations=5"], out=out, quiet=True, report=False)
@@ -156,6 +157,7 @@ def test_report_command_recreates_plots(tmp_path, capsys):
     assert {p.name for p in (out / "report").glob("*.png")} == {"exploitability.png", "strategies.png", "metrics.png"}
 
 
+@pytest.mark.quick
 def test_checkpoint_format_round_trip_and_rejections(tmp_path):
     state = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "nested": {"ids": [np.int64(3), 4.5, None, "x"]},
              "t": (1, np.zeros(2, dtype=bool)), "big": 2**100}

@@ -31,6 +31,7 @@ def test_matches_opacus(q, sigma, steps, delta):
     assert order == ref_order
 
 
+@pytest.mark.quick
 def test_accountant_matches_opacus_accountant_over_mixed_history():
     accountants = pytest.importorskip("opacus.accountants")
     ours, theirs = RDPAccountant(), accountants.RDPAccountant()
@@ -54,6 +55,7 @@ def test_matches_numerical_integration(q, sigma, alpha):
     assert rdp_sampled_gaussian(q, sigma, 1, [alpha])[0] == pytest.approx(exact, rel=1e-7)
 
 
+@pytest.mark.quick
 def test_closed_forms_and_validation():
     # q = 1: plain Gaussian mechanism, RDP = alpha / (2 sigma^2) (Mironov 2017, Prop. 7)
     np.testing.assert_allclose(rdp_sampled_gaussian(1.0, 2.0, 5, [2, 3.5]), [5 * 2 / 8, 5 * 3.5 / 8])

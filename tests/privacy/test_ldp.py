@@ -19,6 +19,7 @@ from fedarena.privacy.ldp import (
 
 @pytest.mark.parametrize("eps,delta,sens", [(0.1, 1e-5, 1.0), (1.0, 1e-5, 1.0), (1.0, 0.3, 2.0),
                                             (4.0, 1e-6, 0.5), (20.0, 1e-8, 1.0), (0.01, 0.45, 1.0)])
+@pytest.mark.quick
 def test_analytic_sigma_meets_exact_profile_and_is_smallest(eps, delta, sens):
     sigma = analytic_gaussian_sigma(eps, delta, sens)
     # independent oracle: the exact (eps, delta) curve of the Gaussian mechanism
@@ -59,6 +60,7 @@ def test_gaussian_empirical_scale_matches_calibration():
     np.testing.assert_allclose(outs.mean(0), clip_l2(big, 0.5), atol=5 * mech.sigma / math.sqrt(2000))
 
 
+@pytest.mark.quick
 def test_laplace_empirical_scale_matches_calibration():
     mech = LaplaceMechanism(epsilon=0.5, clip_norm=1.0)
     assert mech.scale == pytest.approx(4.0)

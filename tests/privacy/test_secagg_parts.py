@@ -16,6 +16,7 @@ from fedarena.privacy.secagg import neighbours, prg, shamir
 from fedarena.privacy.secagg.quantization import check_capacity
 
 
+@pytest.mark.quick
 def test_shamir_any_t_shares_reconstruct_fewer_do_not():
     secret = os.urandom(32)
     holders = np.array([3, 7, 8, 20, 31, 65520])
@@ -66,6 +67,7 @@ def test_shamir_share_values_match_polynomial_evaluation():
         shamir.split(secret, np.array([1, 1, 2]), 2)
 
 
+@pytest.mark.quick
 def test_prg_is_aes_ctr_keystream():
     seed = os.urandom(32)
     d = 1000

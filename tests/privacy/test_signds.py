@@ -35,6 +35,7 @@ def brute_force_expected_nu(d, k, h, eps, th):
 
 @pytest.mark.parametrize("d,k,h,eps", [(8, 3, 4, 1.0), (10, 2, 5, 3.0), (9, 4, 2, 0.5), (12, 5, 6, 2.0),
                                        (7, 1, 6, 5.0), (10, 6, 9, 1.5)])
+@pytest.mark.quick
 def test_threshold_equals_brute_force_argmax(d, k, h, eps):
     cfg = SignDSConfig(d, k, h, eps)
     brute = {th: brute_force_expected_nu(d, k, h, eps, th) for th in cfg.taus}

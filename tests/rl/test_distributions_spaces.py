@@ -40,6 +40,7 @@ def test_multicategorical_matches_product_of_categoricals():
     np.testing.assert_allclose(d.entropy(logits), ref_ent, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("squash", [False, True])
 def test_gaussian_log_prob_against_torch(squash):
     rng = np.random.default_rng(2)

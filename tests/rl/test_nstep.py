@@ -6,6 +6,7 @@ import pytest
 from fedarena.rl.nstep import NStepAccumulator
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("n", [1, 3, 5])
 def test_nstep_matches_brute_force(n):
     rng = np.random.default_rng(n)

@@ -7,6 +7,7 @@ from scipy import stats
 from fedarena.rl.replay import PrioritizedReplayBuffer, ReplayBuffer, SegmentTree
 
 
+@pytest.mark.quick
 def test_ring_keeps_newest_items():
     buf = ReplayBuffer(8, seed=0)
     buf.add({"x": np.arange(5), "y": np.arange(5)[:, None] * np.ones((1, 3))})
@@ -91,6 +92,7 @@ def test_prioritized_sampling_frequencies_chi_square(stratified):
     assert pvalue_uniform < 1e-12
 
 
+@pytest.mark.quick
 def test_importance_weights_brute_force():
     buf = PrioritizedReplayBuffer(50, alpha=0.6, epsilon=0.0, seed=0)
     buf.add({"x": np.arange(30.0)})

@@ -54,6 +54,7 @@ def test_gae_matches_definition(lam):
     np.testing.assert_allclose(targets, adv + v)
 
 
+@pytest.mark.quick
 def test_gae_lambda_one_is_monte_carlo_return_minus_value():
     r, v, b, d = _episode_data(np.random.default_rng(1))
     adv, targets = gae(r, v, b, d, 1.0)
@@ -69,6 +70,7 @@ def test_gae_lambda_one_is_monte_carlo_return_minus_value():
             assert targets[t, i] == pytest.approx(g, abs=1e-10)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("rho_bar,c_bar", [(1.0, 1.0), (2.0, 0.5), (0.7, 1.3)])
 def test_vtrace_matches_definition(rho_bar, c_bar):
     rng = np.random.default_rng(2)

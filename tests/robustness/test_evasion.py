@@ -91,6 +91,7 @@ def models(request):
     return model, params, net, x, y
 
 
+@pytest.mark.quick
 def test_fgsm_equals_torch(models):
     model, params, net, x, y = models
     g = input_gradient(model.apply)

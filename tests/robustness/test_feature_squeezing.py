@@ -39,6 +39,7 @@ def test_bit_depth_is_the_nearest_level():
     assert set(np.unique(bit_depth_reduce(x, 1))) <= {0.0, 1.0}
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("size", [2, 3])
 def test_median_smoothing_equals_the_brute_force_window_median(size):
     x = np.random.default_rng(1).integers(0, 17, (4, 64)) / 16.0  # digits' grey levels, with ties
@@ -47,6 +48,7 @@ def test_median_smoothing_equals_the_brute_force_window_median(size):
     np.testing.assert_array_equal(ours.reshape(4, 8, 8), _median_brute_force(x.reshape(4, 8, 8), size))
 
 
+@pytest.mark.quick
 def test_scores_equal_torch_softmax_l1_and_the_threshold_keeps_the_false_positive_rate():
     model = nn.MLP([64, 16, 10], activation="relu")
     params = model.init(4, dtype=np.float64)
