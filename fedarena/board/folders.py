@@ -42,6 +42,7 @@ LOG_TAIL_BYTES = 64 * 1024
 MAX_JSON_BYTES = 4 * 1024 * 1024
 """``status.json``, ``group.json``, ``payoff.json`` and profile documents larger than this are not read."""
 MAX_CONFIG_BYTES = 1024 * 1024
+MAX_CONFIG_NODES = 100_000
 METRICS_PAGE_BYTES = 1024 * 1024
 """The most bytes of ``metrics.jsonl`` one read takes (a client pages through a longer file)."""
 MAX_LINE_BYTES = 256 * 1024
@@ -79,7 +80,26 @@ def read_config(run_dir: Path) -> tuple[dict[str, Any], str, str | None]:
         return {}, text, f"config.yaml is not valid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     if not isinstance(data, dict):
         return {}, text, "config.yaml does not hold a mapping"
+    if not _small(data, MAX_CONFIG_NODES):  # YAML aliases can make a short file a huge tree ("billion laughs")
+        return {}, text, f"config.yaml expands to more than {MAX_CONFIG_NODES} values (aliases): not read"
     return data, text, None
+
+
+def _small(data: Any, limit: int) -> bool:
+    """Whether ``data`` (lists and mappings, shared ones counted each time they appear) has at most ``limit``
+    values; stops counting as soon as it has more."""
+    stack, seen = [data], 0
+    while stack:
+        v = stack.pop()
+        seen += 1
+        if seen > limit:
+            return False
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return True
 
 
 @dataclass
