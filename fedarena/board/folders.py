@@ -247,14 +247,25 @@ class RunInfo:
     """final numbers: the summary of a finished run, else the newest value of each scalar metric"""
     error: str | None = None
     group: str | None = None
+    env_steps: int | None = None
+    """environment steps done, for a run whose ``total`` counts them (``total_steps`` of the RL kinds)"""
 
     @property
     def progress(self) -> float | None:
         if self.state == "finished":
             return 1.0
-        if self.total and self.step is not None:
-            return max(0.0, min(1.0, self.step / self.total))
+        done = self.env_steps if self.env_steps is not None else self.step
+        if self.total and done is not None:
+            return max(0.0, min(1.0, done / self.total))
         return None
+
+    @property
+    def progress_text(self) -> str:
+        if self.env_steps is not None:
+            return f"{self.env_steps} / {self.total} env steps" + (f" (step {self.step})" if self.step is not None else "")
+        if self.step is None:
+            return ""
+        return f"step {self.step}" + (f" / {self.total}" if self.total else "")
 
 
 def _last_row(run_dir: Path) -> dict[str, Any] | None:
@@ -307,11 +318,15 @@ def run_info(root: Path, run_dir: Path) -> RunInfo:
     started, ts = _started(run_dir)
     rel = run_dir.relative_to(root).as_posix()
     group = rel.rsplit("/", 1)[0] if "/" in rel and has_entry(run_dir.parent, "group.json") else None
+    total = total_steps(config)
+    env_steps = last.get("env_steps") if last and "total_steps" in config and total == config.get("total_steps") \
+        else None  # the RL kinds' budget counts environment steps, their rows count updates
     return RunInfo(id=rel, path=run_dir, kind=str(config.get("kind") or status.get("kind") or "?"),
                    name=str(config.get("name") or ""), state=state,
-                   step=int(step) if is_number(step) and math.isfinite(step) else None, total=total_steps(config),
+                   step=int(step) if is_number(step) and math.isfinite(step) else None, total=total,
                    started=started, started_ts=ts, metrics=metrics,
-                   error=status.get("error") if isinstance(status.get("error"), str) else None, group=group)
+                   error=status.get("error") if isinstance(status.get("error"), str) else None, group=group,
+                   env_steps=int(env_steps) if is_number(env_steps) and math.isfinite(env_steps) else None)
 
 
 def broken_run(root: Path, run_dir: Path, exc: BaseException) -> RunInfo:

@@ -197,7 +197,7 @@ class Board:
     # -- JSON
     def api_runs(self, q: dict[str, list[str]]) -> Any:
         return [{"id": r.id, "kind": r.kind, "name": r.name, "state": r.state, "step": r.step, "total": r.total,
-                 "progress": r.progress, "started": r.started, "metrics": folders.finite_or_none(r.metrics),
+                 "env_steps": r.env_steps, "progress": r.progress, "progress_text": r.progress_text, "started": r.started, "metrics": folders.finite_or_none(r.metrics),
                  "error": r.error, "group": r.group} for r in folders.list_runs(self.root)]
 
     def band(self, group: folders.GroupInfo) -> curves.Band | None:
@@ -261,6 +261,7 @@ class Board:
         info = folders.run_info(self.root, path)
         status = folders.status(path)
         return {"id": run_id, "state": info.state, "step": info.step, "total": info.total, "progress": info.progress,
+                "env_steps": info.env_steps, "progress_text": info.progress_text,
                 "error": status.get("error"), "error_type": status.get("error_type"),
                 "log": folders.log_tail(path), "checkpoints": folders.checkpoints(path)}
 

@@ -157,7 +157,7 @@ function runsPage() {
       const bar = tr.querySelector("progress");
       if (bar && r.progress !== null) bar.value = r.progress;
       const step = tr.querySelector(".step-text");
-      if (step && r.step !== null) step.textContent = "step " + r.step + (r.total ? " / " + r.total : "");
+      if (step && r.progress_text) step.textContent = r.progress_text;
     }
     note.textContent = fresh ? fresh + " new run" + (fresh > 1 ? "s" : "") + " since this page loaded: reload to list them" : "";
   }
@@ -331,7 +331,7 @@ function runPage() {
     state = r.state;
     const s = document.getElementById("run-state");
     s.textContent = r.state; s.className = "state state-" + r.state;
-    document.getElementById("run-progress").textContent = r.step === null ? "" : "step " + r.step + (r.total ? " / " + r.total : "");
+    document.getElementById("run-progress").textContent = r.progress_text;
     document.getElementById("log").textContent = r.log;
     if (r.state === "failed" || r.state === "interrupted") {
       document.getElementById("failure").hidden = false;
