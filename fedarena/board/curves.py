@@ -23,7 +23,7 @@ from fedarena.board.folders import is_number, iter_metrics
 MAX_DEFAULT = 6
 """At most this many metrics are picked by default (``psro`` logs one exploitability per meta-solver)."""
 BAND_POINTS = 60
-BAND_BYTES = 64 * 1024 * 1024
+BAND_BYTES = 16 * 1024 * 1024
 """The most bytes of one seed's ``metrics.jsonl`` read for a group's band (a page at a time)."""
 
 

@@ -270,7 +270,7 @@ class Board:
 
     def api_league(self, q: dict[str, list[str]]) -> Any:
         _, path = self._run(q)
-        return league.league_data(path, folders.iter_metrics(path, 16 * folders.METRICS_PAGE_BYTES))
+        return league.league_data(path, folders.iter_metrics(path, 4 * folders.METRICS_PAGE_BYTES))
 
     # -- files: (content, content type, download name or None, CSP or None for the board's own)
     def _read(self, folder: Path, relative: str, limit: int = MAX_FILE_BYTES) -> bytes:
