@@ -141,5 +141,5 @@ def regular_files(folder: Path, relative: str = "", limit: int = 10_000) -> list
     """The regular files (not links, FIFOs or devices) among :func:`list_dir`."""
     try:
         return [(n, st) for n, st in list_dir(folder, relative, limit) if stat.S_ISREG(st.st_mode)]
-    except Unreadable:
+    except OSError:  # Unreadable, or the folder vanished while being listed
         return []

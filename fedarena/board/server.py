@@ -299,7 +299,10 @@ class Board:
         if not sep:
             raise NotFound(f"/runs/{tail}: not a report file")
         try:
-            folder = folders.resolve_folder(self.root, folder_id)
+            try:
+                folder = folders.resolve_run(self.root, folder_id)
+            except folders.RunNotFound:
+                folder = folders.resolve_group(self.root, folder_id)
             rel = folders.report_file(folder, name)
         except folders.RunNotFound as exc:
             raise NotFound(str(exc)) from None
@@ -341,6 +344,7 @@ class Board:
 
 class _Handler(OneRequestHandler):
     server: "BoardServer"
+    _set_cookie = False
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         logger.debug("%s %s", self.address_string(), format % args)

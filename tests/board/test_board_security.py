@@ -400,3 +400,12 @@ def test_an_idle_connection_is_closed_after_the_head_timeout(tmp_path, serve):
         assert conn.sock is not None and conn.sock.recv(1) == b""
     finally:
         conn.close()
+
+
+def test_cli_refuses_a_short_token(tmp_path, capsys):
+    from fedarena.platform.cli import _parser, main
+
+    args = _parser().parse_args(["board", "--allow-host", "a.lan", "--allow-host", "b.lan", "--no-token"])
+    assert args.allow_hosts == ["a.lan", "b.lan"] and args.no_token and args.token is None
+    assert main(["board", str(tmp_path), "--token", "short"]) == 2
+    assert "--token" in capsys.readouterr().err

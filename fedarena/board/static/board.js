@@ -236,6 +236,11 @@ function runPage() {
   }
 
   function draw() {
+    if (xkey !== "step" && xkey !== "wall_time" && feed.rows.length && !feed.rows.some((r) => xkey in r)) {
+      xkey = "step";  // the kind's x axis (env_steps) is not in this run's rows: fall back to the step
+      const radio = document.querySelector("input[name=xaxis][value=step]");
+      if (radio) radio.checked = true;
+    }
     document.getElementById("no-metrics").hidden = feed.rows.length > 0;
     info.textContent = "(" + feed.rows.length + " rows" + (feed.malformed ? ", " + feed.malformed + " malformed lines skipped" : "") + ")";
     known.forEach((key, i) => {
