@@ -5,7 +5,8 @@ Every byte the board serves comes through here.  A path is opened one component 
 (a ``run.log`` that links to ``/etc/passwd``, a ``report`` folder that links elsewhere) is refused, and a link
 swapped in after a check cannot redirect the read: the check and the read are one open (no time-of-check to
 time-of-use gap).  The file itself is opened with ``O_NONBLOCK`` (a FIFO opens at once instead of waiting for
-a writer) and kept only if ``fstat`` says it is a regular file; reads are capped in bytes.  Anything else
+a writer) and kept only if ``fstat`` says it is a regular file with one link (a hard link may be a file from
+anywhere on the same file system; the platform never makes one); reads are capped in bytes.  Anything else
 raises :class:`Unreadable` (an ``OSError``), which the readers turn into "unavailable".
 
 The caller passes a folder that is already a real path (``os.path.realpath`` of the run folder, checked to lie
@@ -25,7 +26,8 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Unreadable(OSError):
-    """A file the board will not read: missing, a link, not a regular file, too large, or outside its folder."""
+    """A file the board will not read: missing, a link, hard-linked, not a regular file, too large, or outside
+its folder."""
 
 
 def _parts(relative: str) -> list[str]:
@@ -71,6 +73,8 @@ def open_regular(folder: Path, relative: str) -> Iterator[tuple[int, os.stat_res
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Unreadable(f"{relative}: not a regular file")
+        if st.st_nlink > 1:  # a hard link may be a file from anywhere on the same file system
+            raise Unreadable(f"{relative}: has {st.st_nlink} hard links")
         yield fd, st
     finally:
         os.close(fd)

@@ -8,9 +8,12 @@ worker only while its response is being produced and sent.  The selector thread 
 blocking, and hands a connection to the pool only once a whole request head (up to the blank line, at most
 ``MAX_HEAD_BYTES``) is in; a connection that has not sent one within ``head_timeout`` seconds of being
 accepted or of its previous response is closed, so trickling a header a byte at a time (slowloris) holds no
-worker.  Workers send with a total ``send_timeout`` (a client that stops reading is dropped) and hand a
-keep-alive connection back to the selector.  The board only serves ``GET`` and ``HEAD``; a request with a body
-is answered and its connection closed, so bodies are never read.
+worker.  A worker builds the whole response in memory and sends what the socket takes at once; the rest is
+sent by the selector thread as the client reads it (at most ``SEND_BUFFER_BYTES`` held over all connections;
+past that the worker sends itself), and a client that has not read its response within ``send_timeout``
+seconds is dropped.  A keep-alive connection goes back to waiting for its next request head.  The board only
+serves ``GET`` and ``HEAD``; a request with a body is answered and its connection closed, so bodies are never
+read.
 """
 
 from __future__ import annotations
@@ -27,20 +30,22 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 MAX_HEAD_BYTES = 64 * 1024
+SEND_BUFFER_BYTES = 64 * 1024 * 1024
+"""Response bytes the selector thread holds for slow readers, over all connections."""
 logger = logging.getLogger("fedarena.board")
 
 
-class _SocketWriter(io.RawIOBase):
-    """``wfile`` of a handler: every write is a ``sendall`` (under the socket's total send timeout)."""
+class _ResponseBuffer(io.RawIOBase):
+    """``wfile`` of a handler: the response is collected here and sent by the server."""
 
-    def __init__(self, sock: socket.socket):
-        self._sock = sock
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
 
     def writable(self) -> bool:
         return True
 
     def write(self, b: Any) -> int:
-        self._sock.sendall(b)
+        self.chunks.append(bytes(b))
         return len(b)
 
 
@@ -55,7 +60,7 @@ class OneRequestHandler(BaseHTTPRequestHandler):
         self.client_address = client_address
         self.server = server
         self.rfile = io.BytesIO(head)
-        self.wfile = _SocketWriter(conn)
+        self.wfile = _ResponseBuffer()
         self.close_connection = True
         self.handle_one_request()
 
@@ -65,6 +70,14 @@ class _Waiting:
 
     def __init__(self, buf: bytes, deadline: float, address: Any):
         self.buf, self.deadline, self.address = bytearray(buf), deadline, address
+
+
+class _Sending:
+    __slots__ = ("data", "sent", "deadline", "keep", "rest", "address")
+
+    def __init__(self, data: bytes, deadline: float, keep: bool, rest: bytes, address: Any):
+        self.data, self.sent, self.deadline = memoryview(data), 0, deadline
+        self.keep, self.rest, self.address = keep, rest, address
 
 
 class PooledHTTPServer:
@@ -86,8 +99,11 @@ class PooledHTTPServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._returned: SimpleQueue[tuple[socket.socket, bytes, Any]] = SimpleQueue()
+        self._returned: SimpleQueue[tuple[socket.socket, _Sending | None, bytes, Any]] = SimpleQueue()
         self._waiting: dict[socket.socket, _Waiting] = {}
+        self._sending: dict[socket.socket, _Sending] = {}
+        self._buffered = 0  # bytes held in self._sending (workers add, the selector thread subtracts)
+        self._buffered_lock = threading.Lock()
         self._busy = 0  # connections with a worker (touched by the selector thread only)
         self._finished: SimpleQueue[None] = SimpleQueue()
         self._stop = threading.Event()
@@ -107,13 +123,15 @@ class PooledHTTPServer:
                         self._accept()
                     elif key.data == "wake":
                         self._drain_wake()
+                    elif key.data == "send":
+                        self._write(key.fileobj)  # type: ignore[arg-type]
                     else:
                         self._read(key.fileobj)  # type: ignore[arg-type]
                 self._expire(time.monotonic())
         finally:
             self._selector.unregister(self.socket)
             self._selector.unregister(self._wake_r)
-            for conn in list(self._waiting):
+            for conn in [*self._waiting, *self._sending]:
                 self._close(conn)
             self._stopped.set()
 
@@ -123,7 +141,7 @@ class PooledHTTPServer:
                 self._finished.get_nowait()
                 self._busy -= 1
             except Empty:
-                return len(self._waiting) + self._busy
+                return len(self._waiting) + len(self._sending) + self._busy
 
     def _accept(self) -> None:
         for _ in range(64):
@@ -188,20 +206,56 @@ class PooledHTTPServer:
             pass
         while True:
             try:
-                conn, rest, address = self._returned.get_nowait()
+                conn, sending, rest, address = self._returned.get_nowait()
             except Empty:
                 return
             if self._stop.is_set():
+                if sending is not None:
+                    self._release(sending)
                 conn.close()
+            elif sending is not None:
+                self._sending[conn] = sending
+                self._selector.register(conn, selectors.EVENT_WRITE, "send")
             else:
                 self._watch(conn, rest, address)
+
+    def _write(self, conn: socket.socket) -> None:
+        s = self._sending.get(conn)
+        if s is None:
+            return
+        try:
+            s.sent += conn.send(s.data[s.sent:s.sent + 256 * 1024])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if s.sent < len(s.data):
+            return
+        del self._sending[conn]
+        self._selector.unregister(conn)
+        self._release(s)
+        if s.keep and not self._stop.is_set():
+            self._watch(conn, s.rest, s.address)
+        else:
+            conn.close()
+
+    def _release(self, s: _Sending) -> None:
+        with self._buffered_lock:
+            self._buffered -= len(s.data)
 
     def _expire(self, now: float) -> None:
         for conn in [c for c, w in self._waiting.items() if w.deadline < now]:
             self._close(conn)
+        for conn in [c for c, s in self._sending.items() if s.deadline < now]:
+            self._close(conn)
 
     def _close(self, conn: socket.socket) -> None:
-        if self._waiting.pop(conn, None) is not None:
+        watched = self._waiting.pop(conn, None) is not None
+        sending = self._sending.pop(conn, None)
+        if sending is not None:
+            self._release(sending)
+        if watched or sending is not None:
             try:
                 self._selector.unregister(conn)
             except (KeyError, ValueError):
@@ -213,34 +267,52 @@ class PooledHTTPServer:
 
     # -- a worker
     def _answer(self, conn: socket.socket, head: bytes, rest: bytes, address: Any) -> None:
-        keep = False
+        keep, data = False, b""
         try:
-            conn.setblocking(True)
-            conn.settimeout(self.send_timeout)
             h = self.handler(conn, address, self, head)
             keep = not h.close_connection and not self._stop.is_set()
+            data = b"".join(h.wfile.chunks)
+            sent = 0
+            while sent < len(data):  # what the socket takes at once (the socket is non-blocking)
+                try:
+                    sent += conn.send(data[sent:])
+                except (BlockingIOError, InterruptedError):
+                    break
+            data = data[sent:]
+            if data:
+                with self._buffered_lock:
+                    hand_over = self._buffered + len(data) <= SEND_BUFFER_BYTES
+                    if hand_over:
+                        self._buffered += len(data)
+                if not hand_over:  # too much held for slow readers: this worker sends, under the timeout
+                    conn.setblocking(True)
+                    conn.settimeout(self.send_timeout)
+                    conn.sendall(data)
+                    conn.setblocking(False)
+                    data = b""
         except (OSError, ValueError):
-            keep = False
-        except Exception:  # noqa: BLE001 - a failing handler must not kill the worker
-            logger.exception("board: request handler failed")
-            keep = False
-        finally:
-            self._finished.put(None)
-        if keep:
-            try:
-                conn.setblocking(False)
-            except OSError:
-                keep = False
-        if not keep:
+            keep, data = False, b""
             try:
                 conn.close()
             except OSError:
                 pass
             return
-        self._busy_back(conn, rest, address)
+        except Exception:  # noqa: BLE001 - a failing handler must not kill the worker
+            logger.exception("board: request handler failed")
+            conn.close()
+            return
+        finally:
+            self._finished.put(None)
+        if data:
+            self._hand_back(conn, _Sending(data, time.monotonic() + self.send_timeout, keep, rest, address), rest,
+                            address)
+        elif keep:
+            self._hand_back(conn, None, rest, address)
+        else:
+            conn.close()
 
-    def _busy_back(self, conn: socket.socket, rest: bytes, address: Any) -> None:
-        self._returned.put((conn, rest, address))
+    def _hand_back(self, conn: socket.socket, sending: _Sending | None, rest: bytes, address: Any) -> None:
+        self._returned.put((conn, sending, rest, address))
         try:
             self._wake_w.send(b"x")
         except (BlockingIOError, InterruptedError):

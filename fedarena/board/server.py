@@ -372,21 +372,26 @@ class _Handler(OneRequestHandler):
         body = board.page("error.html", code=code, message=message, data={}).encode()
         self._send(code, body, "text/html; charset=utf-8")
 
+    def _refuse(self, message: str) -> None:
+        """403 as one line of plain text (no page: it would name the runs folder to whoever was refused)."""
+        self.close_connection = True
+        self._send(403, (message + "\n").encode(), "text/plain; charset=utf-8")
+
     def _admit(self, url: Any) -> bool:
         """Host / Origin allowlist, then the token; answers 403 and returns False for a request not let in."""
         access = self.server.access
         self._set_cookie = False
         if not access.host_allowed(self.headers.get("Host")):
-            self._error(403, "this board answers only to its own host names (fedarena board --allow-host NAME "
-                             "adds one)")
+            self._refuse("403: this board answers only to its own host names (fedarena board --allow-host NAME "
+                         "adds one)")
             return False
         if not access.origin_allowed(self.headers.get("Origin")):
-            self._error(403, "requests from other sites are refused")
+            self._refuse("403: requests from other sites are refused")
             return False
         token, in_url = access.presented(url.query, self.headers)
         if not access.token_ok(token):
-            self._error(403, "this board needs its access token: open the address it printed at startup "
-                             "(.../?token=...)")
+            self._refuse("403: this board needs its access token: open the address it printed at startup "
+                         "(.../?token=...)")
             return False
         self._set_cookie = access.token is not None and in_url
         return True

@@ -93,6 +93,11 @@ def hostile_root(tmp_path) -> tuple[Path, Path]:
     (links / "report" / "index.html").symlink_to(outside / "report" / "index.html")
     (links / "profile").symlink_to(outside / "profile")  # a linked folder
 
+    hard = root / "hard-links"  # hard links to the secret files (same file system)
+    hard.mkdir()
+    os.link(outside / "status.json", hard / "status.json")
+    os.link(outside / "secret.txt", hard / "run.log")
+    os.link(outside / "config.yaml", hard / "config.yaml")
     only_links = root / "only-links"  # every marker a link: not a readable run at all
     only_links.mkdir()
     (only_links / "status.json").symlink_to(outside / "status.json")
@@ -111,7 +116,7 @@ def hostile_root(tmp_path) -> tuple[Path, Path]:
 def test_no_file_outside_the_runs_folder_is_served(hostile_root, serve):
     root, outside = hostile_root
     server = serve(root)
-    ids = ["links", "only-links", "linked-run", "group/seed-0", "group/seed-1", "group", "../outside",
+    ids = ["links", "hard-links", "only-links", "linked-run", "group/seed-0", "group/seed-1", "group", "../outside",
            "links/../../outside", "group/seed-0/../../../outside", str(outside)]
     paths = ["/", "/api/runs", "/api/groups", "/lineage?kind=ppo", "/compare?" + "&".join(f"id={i}" for i in ids)]
     for i in ids:
@@ -409,3 +414,26 @@ def test_cli_refuses_a_short_token(tmp_path, capsys):
     assert args.allow_hosts == ["a.lan", "b.lan"] and args.no_token and args.token is None
     assert main(["board", str(tmp_path), "--token", "short"]) == 2
     assert "--token" in capsys.readouterr().err
+
+
+def test_clients_that_never_read_their_responses_hold_no_worker(tmp_path, serve):
+    """12 clients ask for plotly.min.js (megabytes) and never read: more than the 8 workers, yet / answers."""
+    root = _dos_root(tmp_path)
+    server = serve(root)
+    host, port = server.server_address[:2]
+    stalled = []
+    try:
+        for _ in range(12):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.settimeout(30)
+            s.connect((host, port))
+            s.sendall(f"GET /static/plotly.min.js HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            stalled.append(s)
+        for _ in range(3):
+            code, body, _ = _request(server, "/")
+            assert code == 200 and b"good-20260101T000000Z-abcdef" in body
+        assert server._buffered > 0  # the unread responses wait in the selector thread, not in workers
+    finally:
+        for s in stalled:
+            s.close()
