@@ -7,7 +7,7 @@ The ``league`` kind's files are read tolerantly, since several layouts are accep
     ratings either as ``{"ratings": {player: rating}}``, as ``{"player": p, "rating": r}`` (one player a line;
     ``elo`` / ``mu`` accepted for ``rating``), or as ``{player: rating, ...}`` beside the x value.  A rating may
     be a number or an object with ``elo`` / ``mu`` / ``rating`` (a TrueSkill ``mu`` with ``sigma``); torn and
-    malformed lines are skipped.
+    malformed lines are skipped, and only the newest :data:`MAX_RATINGS_BYTES` of the file are read.
 ``payoff.json``
     ``{"players": [names], "win_rate" | "payoff" | "matrix": [[...]]}`` (row player's win rate or payoff
     against the column player), or the matrix alone; a matrix that is not square with one row per player is
@@ -16,7 +16,8 @@ The ``league`` kind's files are read tolerantly, since several layouts are accep
 Without ``ratings.jsonl``, metric columns named ``<system>/<player>`` for the systems ``elo``, ``trueskill``
 (TrueSkill's mu), ``rating`` (``/`` or ``.`` separated) are used as ratings over the step: the ``league``
 kind logs ``elo/<player>`` and ``trueskill/<player>`` per iteration and writes ``payoff.json`` with
-``players`` and ``win_rate`` (plus ``games`` and ``ratings``, not drawn).
+``players`` and ``win_rate`` (plus ``games`` and ``ratings``, not drawn).  A rating series longer than
+:data:`MAX_POINTS` is thinned to every k-th point.  Files are read through :mod:`fedarena.board.confined`.
 """
 
 from __future__ import annotations
