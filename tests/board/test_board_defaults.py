@@ -16,7 +16,7 @@ from fedarena.board import BoardServer, curves, folders
 
 from .conftest import ROOT, write_config, write_status
 
-PPO = {"total_steps": 2048, "eval.every": 1024, "eval.episodes": 2, "target_return": None}
+PPO = {"total_steps": 1024, "eval.every": 512, "eval.episodes": 2, "target_return": None}
 GROUP = "ppo-group"
 
 
@@ -115,7 +115,7 @@ def test_group_row_has_the_band_of_returns_over_seeds_and_its_report(server, rea
     assert f'data-id="{GROUP}"' in page and f"/runs/{GROUP}/report/index.html" in page
     runs = {r["id"]: r for r in json.loads(_get(server, "/api/runs")[1])}
     seed0 = runs[f"{GROUP}/seed-0"]
-    assert seed0["group"] == GROUP and seed0["env_steps"] == 2048 and seed0["progress_text"].startswith("2048 / 2048")
+    assert seed0["group"] == GROUP and seed0["env_steps"] == 1024 and seed0["progress_text"].startswith("1024 / 1024")
 
 
 def test_run_pages_default_to_the_kinds_curve(server):
