@@ -139,8 +139,8 @@ def read_metrics_since(run_dir: Path, offset: int = 0, file_id: str = "",
 
     ``file_id`` is the value a previous chunk returned; if the file has since been replaced (another inode) or
     is shorter than ``offset``, the chunk says ``reset`` and holds the rows from the start.  A page that ends
-    inside a line stops before it (``more`` says to read on); a line longer than ``limit`` is skipped as
-    malformed.
+    inside a line stops before it (``more`` says to read on); a page too small for its first line is widened to
+    :data:`MAX_LINE_BYTES`; a line longer than :data:`MAX_LINE_BYTES` is skipped unparsed and counted as malformed.
     """
     limit = max(1, min(int(limit), METRICS_PAGE_BYTES))
     offset = max(0, int(offset))
@@ -160,11 +160,18 @@ def read_metrics_since(run_dir: Path, offset: int = 0, file_id: str = "",
         reset = False
     end = data.rfind(b"\n") + 1  # an unterminated last line is still being written: leave it for later
     malformed = 0
-    if end == 0 and len(data) >= limit:  # a line longer than a page: skip to its end, count it once
-        skip = offset + len(data)
+    if end == 0 and len(data) >= limit and limit <= MAX_LINE_BYTES:  # a small page inside one line: widen it
+        limit = MAX_LINE_BYTES + 1
+        try:
+            data, st = read_range(run_dir, "metrics.jsonl", offset, limit)
+        except Unreadable:
+            return MetricsChunk([], 0, 0, reset=True, file_id="")
+        end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) >= limit:  # a line longer than MAX_LINE_BYTES: skip to its end, count it once
+        skip, page = offset + len(data), METRICS_PAGE_BYTES
         for _ in range(SKIP_PAGES):
             try:
-                data, st = read_range(run_dir, "metrics.jsonl", skip, limit)
+                data, st = read_range(run_dir, "metrics.jsonl", skip, page)
             except Unreadable:
                 break
             nl = data.find(b"\n")
@@ -172,7 +179,7 @@ def read_metrics_since(run_dir: Path, offset: int = 0, file_id: str = "",
                 skip += nl + 1
                 break
             skip += len(data)
-            if len(data) < limit:
+            if len(data) < page:
                 return MetricsChunk([], offset, 0, reset=reset, file_id=fid, size=st.st_size)  # still being written
         return MetricsChunk([], skip, 1, reset=reset, file_id=fid, more=st.st_size > skip, size=st.st_size)
     rows = []

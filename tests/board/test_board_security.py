@@ -234,6 +234,9 @@ def test_metrics_are_paged(tmp_path):
     nxt = folders.read_metrics_since(run, chunk.offset, chunk.file_id, limit=10_000)
     assert nxt.rows[0]["step"] == chunk.rows[-1]["step"] + 1 and not nxt.reset
     assert [r["step"] for r in folders.iter_metrics(run)] == list(range(1, 3001))
+    tiny = folders.read_metrics_since(run, 0, "", limit=10)  # smaller than a line: the line is still read
+    assert tiny.rows[0]["step"] == 1 and tiny.malformed == 0 and data[tiny.offset - 1:tiny.offset] == b"\n"
+    assert [r["step"] for r in tiny.rows] == list(range(1, data[:tiny.offset].count(b"\n") + 1))
 
 
 def test_one_broken_run_does_not_break_the_list(tmp_path, serve, monkeypatch):
