@@ -4,8 +4,9 @@ Every byte the board serves comes through here.  A path is opened one component 
 ``openat``-style calls (``os.open(name, O_NOFOLLOW, dir_fd=parent)``), so a symbolic link anywhere on the way
 (a ``run.log`` that links to ``/etc/passwd``, a ``report`` folder that links elsewhere) is refused, and a link
 swapped in after a check cannot redirect the read: the check and the read are one open (no time-of-check to
-time-of-use gap).  The file itself is opened with ``O_NONBLOCK`` (a FIFO opens at once instead of waiting for
-a writer) and kept only if ``fstat`` says it is a regular file with one link (a hard link may be a file from
+time-of-use gap).  A name that ``lstat`` shows is not a regular file is refused unopened; the file itself is
+opened with ``O_NONBLOCK`` (should a FIFO be swapped in, it opens at once instead of waiting for a writer) and
+kept only if ``fstat`` says it is a regular file with one link (a hard link may be a file from
 anywhere on the same file system; the platform never makes one); reads are capped in bytes.  Anything else
 raises :class:`Unreadable` (an ``OSError``), which the readers turn into "unavailable".
 
@@ -63,6 +64,12 @@ def open_regular(folder: Path, relative: str) -> Iterator[tuple[int, os.stat_res
     *dirs, name = _parts(relative)
     dfd = _open_dir(folder, dirs)
     try:
+        try:
+            mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+        except OSError as exc:
+            raise Unreadable(f"{relative}: {exc.strerror}") from None
+        if not stat.S_ISREG(mode):  # a link, device or FIFO is refused unopened (opening some devices acts)
+            raise Unreadable(f"{relative}: not a regular file")
         try:
             fd = os.open(name, _FILE_FLAGS, dir_fd=dfd)
         except OSError as exc:

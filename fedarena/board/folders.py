@@ -7,7 +7,7 @@ hostile folder) leaves behind: a metrics line cut off mid-write, a malformed or 
 byte offset and in pages of at most :data:`METRICS_PAGE_BYTES`, so a live page asks only for the rows appended
 since its last poll and no request holds more than one page; a complete line that is not a JSON object with a
 ``step`` is counted as malformed and skipped, a line longer than :data:`MAX_LINE_BYTES` is skipped unparsed,
-an unterminated last line is left for the next poll.
+an unterminated last line is left for the next poll; a row keeps only its numeric values.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ MAX_JSON_BYTES = 4 * 1024 * 1024
 """``status.json``, ``group.json``, ``payoff.json`` and profile documents larger than this are not read."""
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_CONFIG_NODES = 100_000
-METRICS_PAGE_BYTES = 1024 * 1024
+METRICS_PAGE_BYTES = 512 * 1024
 """The most bytes of ``metrics.jsonl`` one read takes (a client pages through a longer file)."""
 MAX_LINE_BYTES = 256 * 1024
 """A metrics line longer than this is counted as malformed without being parsed."""
@@ -129,7 +129,8 @@ def _parse_line(line: bytes) -> dict[str, Any] | None:
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     if isinstance(row, dict) and is_number(row.get("step")):
-        return row
+        # only numbers are drawn: nested lists, objects and strings are dropped (they cost memory, not curves)
+        return {k: v for k, v in row.items() if is_number(v)}
     return None
 
 
