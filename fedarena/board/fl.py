@@ -5,32 +5,38 @@ Per round, ``metrics.jsonl`` holds the global test accuracy, the clients' held-o
 are drawn from the metric rows.  This module reads the two arrays the kind saves beside them:
 ``label_histogram.npy`` (``H[i, c]``: examples of class c held by client i) and, with ``personalize_epochs``,
 ``personalization.npy`` (per-client held-out accuracy of the global model, and after local fine-tuning).
-Arrays are loaded with ``allow_pickle=False``; a missing, truncated or ill-shaped file is reported, not raised.
+Arrays are read through :mod:`fedarena.board.confined` (no links, regular files of at most
+:data:`MAX_ARRAY_BYTES`) and loaded with ``allow_pickle=False``; a missing, truncated, oversized or ill-shaped
+file is reported, not raised.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedarena.board.folders import finite_or_none
+from fedarena.board.confined import Unreadable, read_bytes
+from fedarena.board.folders import finite_or_none, has_entry
 
 ROUND_METRICS = ("test_acc", "client_acc_mean", "client_acc_p10", "client_acc_worst")
 BYTES_METRICS = ("bytes_up", "bytes_down")
 MAX_CLIENTS = 100  # the label histogram shows the first this many clients
+MAX_ARRAY_BYTES = 2 * 1024 * 1024
+MAX_CLASSES = 100  # and the first this many classes
 
 
-def _load(path: Path, ndim: int) -> tuple[np.ndarray | None, str | None]:
-    if not path.exists():
+def _load(run_dir: Path, name: str, ndim: int) -> tuple[np.ndarray | None, str | None]:
+    if not has_entry(run_dir, name):
         return None, None
     try:
-        a = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        return None, f"{path.name}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-    if a.ndim != ndim or not np.issubdtype(a.dtype, np.number):
-        return None, f"{path.name}: expected a {ndim}-d numeric array, got {a.dtype}{list(a.shape)}"
+        a = np.load(io.BytesIO(read_bytes(run_dir, name, MAX_ARRAY_BYTES)), allow_pickle=False)
+    except (Unreadable, OSError, ValueError, EOFError) as exc:
+        return None, f"{name}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    if not isinstance(a, np.ndarray) or a.ndim != ndim or not np.issubdtype(a.dtype, np.number):
+        return None, f"{name}: expected a {ndim}-d numeric array, got {getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', ()))}"
     return a, None
 
 
@@ -39,15 +45,15 @@ def fl_data(run_dir: Path) -> dict[str, Any]:
     "after": [...]} | None, "problems": [...]}`` of a run folder (JSON-ready; NaN becomes null)."""
     out: dict[str, Any] = {"label_histogram": None, "clients": 0, "clients_shown": 0, "personalization": None,
                            "problems": []}
-    hist, why = _load(run_dir / "label_histogram.npy", 2)
+    hist, why = _load(run_dir, "label_histogram.npy", 2)
     if why:
         out["problems"].append(why)
     if hist is not None:
         out["clients"] = int(hist.shape[0])
-        shown = hist[:MAX_CLIENTS]
+        shown = hist[:MAX_CLIENTS, :MAX_CLASSES]
         out["clients_shown"] = int(shown.shape[0])
         out["label_histogram"] = shown.astype(float).tolist()
-    pers, why = _load(run_dir / "personalization.npy", 2)
+    pers, why = _load(run_dir, "personalization.npy", 2)
     if why:
         out["problems"].append(why)
     if pers is not None:
@@ -61,4 +67,4 @@ def fl_data(run_dir: Path) -> dict[str, Any]:
 
 def is_fl_run(run_dir: Path, kind: str) -> bool:
     """A ``fedsim`` run, or any run folder holding the label histogram of a federated split."""
-    return kind == "fedsim" or (run_dir / "label_histogram.npy").exists()
+    return kind == "fedsim" or has_entry(run_dir, "label_histogram.npy")

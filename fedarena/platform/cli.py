@@ -76,7 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("runs_dir", nargs="?", default="runs", help="folder holding run folders (default: runs)")
     b.add_argument("--port", type=int, default=8050, help="port to listen on (default 8050; 0 picks a free one)")
     b.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1, this machine only; the board has no authentication)")
+                   help="address to bind (default 127.0.0.1, this machine only); beyond loopback the board asks "
+                        "for an access token, printed in its URL")
+    b.add_argument("--allow-host", dest="allow_hosts", action="append", default=[], metavar="NAME",
+                   help="also answer to requests for this host name (default: localhost, 127.0.0.1, [::1] and "
+                        "the --host address); repeatable")
+    b.add_argument("--token", default=None, help="the access token to require (default: a new random one when "
+                                                 "--host is beyond loopback, none on loopback)")
+    b.add_argument("--no-token", action="store_true",
+                   help="serve beyond loopback without a token (anyone who can reach the port reads the runs)")
 
     rep = sub.add_parser("report", help="re-render the report of a run folder",
                          description="Re-create report/ (plots and index.html) of a run folder from its metrics.")
@@ -185,8 +193,10 @@ def cmd_board(args: argparse.Namespace) -> int:
         root = root.resolve().parent
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port: expected 0..65535, got {args.port}")
+    if args.token is not None and (args.no_token or len(args.token) < 8):
+        raise ConfigError("--token: use at least 8 characters, and not with --no-token")
     try:
-        serve(root, args.host, args.port)
+        serve(root, args.host, args.port, token=args.token, no_token=args.no_token, allow_hosts=tuple(args.allow_hosts))
     except OSError as e:
         raise RunError(f"board: cannot listen on {args.host}:{args.port} ({e.strerror or e})") from None
     return 0

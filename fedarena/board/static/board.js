@@ -38,6 +38,10 @@ function el(tag, attrs, text) {
   return e;
 }
 
+function xLabel(xkey) {
+  return { step: "step", wall_time: "wall time (s)", env_steps: "environment steps" }[xkey] || xkey;
+}
+
 function isNum(v) { return typeof v === "number" && isFinite(v); }
 
 function scalarKeys(rows) {
@@ -48,23 +52,42 @@ function scalarKeys(rows) {
   return [...keys];
 }
 
+const MAX_POINTS = 4000;  // a longer curve is drawn from every k-th point (and its last)
+
 function series(rows, key, xkey) {
-  const x = [], y = [];
+  let x = [], y = [];
   for (const r of rows) {
     if (key in r && xkey in r) { x.push(r[xkey]); y.push(isNum(r[key]) ? r[key] : null); }
+  }
+  if (x.length > MAX_POINTS) {
+    const k = Math.ceil(x.length / MAX_POINTS), keep = (_, i) => i % k === 0 || i === x.length - 1;
+    x = x.filter(keep); y = y.filter(keep);
   }
   return { x, y };
 }
 
-// A run's metric rows, read incrementally from /api/metrics (reset when the file was replaced).
+// The kind's default curves among the metric names `keys` (fedarena/board/curves.py's DefaultCurve.pick).
+function defaultMetrics(curve, keys) {
+  if (!curve) return [];
+  const exact = curve.names.filter((n) => keys.includes(n));
+  const bySuffix = keys.filter((k) => !exact.includes(k) && curve.suffixes.some((s) => k.endsWith("/" + s)));
+  return exact.concat(bySuffix).slice(0, 6);
+}
+
+// A run's metric rows, read incrementally from /api/metrics a page at a time (reset when the file was replaced).
 class MetricsFeed {
   constructor(id) { this.id = id; this.rows = []; this.offset = 0; this.file = ""; this.malformed = 0; }
   async poll() {
-    const d = await getJSON("/api/metrics", { id: this.id, offset: this.offset, file: this.file });
-    if (d.reset) { this.rows = []; this.malformed = 0; }
-    this.rows.push(...d.rows);
-    this.offset = d.offset; this.file = d.file; this.malformed += d.malformed;
-    return d.rows.length > 0 || d.reset;
+    let grew = false;
+    for (let page = 0; page < 64; page++) {  // at most 64 pages a poll; the next poll goes on
+      const d = await getJSON("/api/metrics", { id: this.id, offset: this.offset, file: this.file });
+      if (d.reset) { this.rows = []; this.malformed = 0; }
+      for (const r of d.rows) this.rows.push(r);
+      this.offset = d.offset; this.file = d.file; this.malformed += d.malformed;
+      grew = grew || d.rows.length > 0 || d.reset;
+      if (!d.more) break;
+    }
+    return grew;
   }
 }
 
@@ -116,6 +139,7 @@ function runsPage() {
     for (const id of selected()) q.append("id", id);
     window.location.href = "/compare?" + q.toString();
   });
+  drawGroupBands();
   // status and progress of the listed runs, refreshed every 5 s (new run folders are counted, not inserted)
   const note = document.getElementById("new-runs");
   async function refresh() {
@@ -133,12 +157,38 @@ function runsPage() {
       const bar = tr.querySelector("progress");
       if (bar && r.progress !== null) bar.value = r.progress;
       const step = tr.querySelector(".step-text");
-      if (step && r.step !== null) step.textContent = "step " + r.step + (r.total ? " / " + r.total : "");
+      if (step && r.progress_text) step.textContent = r.progress_text;
     }
     note.textContent = fresh ? fresh + " new run" + (fresh > 1 ? "s" : "") + " since this page loaded: reload to list them" : "";
   }
   const loop = () => refresh().catch(() => {}).finally(() => setTimeout(loop, 5 * POLL_MS));
   setTimeout(loop, 5 * POLL_MS);
+}
+
+// The band over seeds of each group's default curve, as a sparkline (min-max area, mean line) beside its final value.
+async function drawGroupBands() {
+  if (!(DATA.groups || []).length) return;
+  const groups = await getJSON("/api/groups", {});
+  const fmt = (v) => (v === null || v === undefined ? "-" : Number(v).toPrecision(4));
+  const NS = "http://www.w3.org/2000/svg";
+  for (const g of groups) {
+    const tr = document.querySelector('#groups tr[data-id="' + CSS.escape(g.id) + '"]');
+    if (!tr) continue;
+    const cell = tr.querySelector(".band"), final = tr.querySelector(".band-final");
+    if (!g.band) { cell.querySelector(".band-label").textContent = "no default curve logged"; continue; }
+    const s = g.band.svg;
+    const svg = document.createElementNS(NS, "svg");
+    svg.setAttribute("width", s.width); svg.setAttribute("height", s.height); svg.setAttribute("class", "sparkline");
+    const area = document.createElementNS(NS, "polygon");
+    area.setAttribute("points", s.band); area.setAttribute("class", "band-area");
+    const line = document.createElementNS(NS, "polyline");
+    line.setAttribute("points", s.mean); line.setAttribute("class", "band-mean");
+    svg.append(area, line);
+    cell.prepend(svg);
+    cell.dataset.metric = g.band.metric;
+    cell.querySelector(".band-label").textContent = " " + g.band.metric + " vs " + (g.band.x === "env_steps" ? "environment steps" : g.band.x) + ", " + g.band.seeds + " seeds";
+    final.textContent = fmt(g.band.final.mean) + " [" + fmt(g.band.final.min) + ", " + fmt(g.band.final.max) + "]";
+  }
 }
 
 // ---------------------------------------------------------------- run page
@@ -148,7 +198,8 @@ function runPage() {
   const charts = document.getElementById("charts");
   const info = document.getElementById("rows-info");
   const live = document.getElementById("live-indicator");
-  let state = DATA.state, known = [], chosen = null, xkey = "step", flLoaded = false;
+  const checkedX = document.querySelector("input[name=xaxis]:checked");
+  let state = DATA.state, known = [], chosen = null, xkey = checkedX ? checkedX.value : "step", flLoaded = false;
 
   for (const r of document.querySelectorAll("input[name=xaxis]")) {
     r.addEventListener("change", () => { xkey = r.value; charts.replaceChildren(); draw(); });
@@ -156,9 +207,10 @@ function runPage() {
 
   function updatePicker() {
     const keys = scalarKeys(feed.rows);
-    if (chosen === null && keys.length) {
+    if (chosen === null && keys.length) {  // the kind's default curves, else the summary's metrics, else any
+      const byKind = defaultMetrics(DATA.curve, keys);
       const pref = (DATA.summary_keys || []).filter((k) => keys.includes(k));
-      chosen = new Set((pref.length ? pref : keys).slice(0, 6));
+      chosen = new Set((byKind.length ? byKind : pref.length ? pref : keys).slice(0, 6));
     }
     for (const k of keys) {
       if (known.includes(k)) continue;
@@ -184,6 +236,11 @@ function runPage() {
   }
 
   function draw() {
+    if (xkey !== "step" && xkey !== "wall_time" && feed.rows.length && !feed.rows.some((r) => xkey in r)) {
+      xkey = "step";  // the kind's x axis (env_steps) is not in this run's rows: fall back to the step
+      const radio = document.querySelector("input[name=xaxis][value=step]");
+      if (radio) radio.checked = true;
+    }
     document.getElementById("no-metrics").hidden = feed.rows.length > 0;
     info.textContent = "(" + feed.rows.length + " rows" + (feed.malformed ? ", " + feed.malformed + " malformed lines skipped" : "") + ")";
     known.forEach((key, i) => {
@@ -194,7 +251,7 @@ function runPage() {
       d.dataset.points = String(s.x.length);
       Plotly.react(d, [{ x: s.x, y: s.y, mode: s.x.length > 200 ? "lines" : "lines+markers", name: esc(key),
         marker: { size: 4 }, line: { width: 1.5 } }],
-      layout(key, { showlegend: false, xaxis: { title: { text: xkey === "step" ? "step" : "wall time (s)" } } }), PLOT_CONFIG);
+      layout(key, { showlegend: false, xaxis: { title: { text: xLabel(xkey) } } }), PLOT_CONFIG);
     });
     // keep the charts in the picker's order
     known.forEach((key, i) => { const d = document.getElementById("chart-" + i); if (d) charts.appendChild(d); });
@@ -279,7 +336,7 @@ function runPage() {
     state = r.state;
     const s = document.getElementById("run-state");
     s.textContent = r.state; s.className = "state state-" + r.state;
-    document.getElementById("run-progress").textContent = r.step === null ? "" : "step " + r.step + (r.total ? " / " + r.total : "");
+    document.getElementById("run-progress").textContent = r.progress_text;
     document.getElementById("log").textContent = r.log;
     if (r.state === "failed" || r.state === "interrupted") {
       document.getElementById("failure").hidden = false;
@@ -319,20 +376,24 @@ function comparePage() {
     if (select.options.length !== all.length) {
       select.replaceChildren(...all.map((k) => el("option", { value: k }, k)));
     }
-    if (metric === null || !all.includes(metric)) {  // the first final-summary metric all runs logged, else any shared one
-      const common = all.filter((k) => keysPer.every((ks) => ks.includes(k)));
+    const common = all.filter((k) => keysPer.every((ks) => ks.includes(k)));
+    if (metric === null || !all.includes(metric)) {  // the kind's default curve, else the first shared summary metric
       const summary = DATA.runs.flatMap((r) => r.summary_keys);
-      metric = common.find((k) => summary.includes(k)) || common[0] || all[0] || null;
+      metric = defaultMetrics(DATA.curve, common)[0] || common.find((k) => summary.includes(k)) || common[0] || all[0] || null;
     }
     if (metric === null) return;
     select.value = metric;
-    for (const [div, xkey, title] of [["compare-step", "step", "by step"], ["compare-wall", "wall_time", "by wall time (s)"]]) {
+    // the kind's x axis (environment steps for RL kinds) when every run logged it, else the step
+    const x = DATA.curve && feeds.every((f) => f.rows.some((r) => DATA.curve.x in r)) ? DATA.curve.x : "step";
+    for (const [div, xkey, title] of [["compare-step", x, "by " + xLabel(x)], ["compare-wall", "wall_time", "by wall time (s)"]]) {
       const traces = feeds.map((f, i) => {
         const s = series(f.rows, metric, xkey);
         return { x: s.x, y: s.y, name: esc(DATA.runs[i].label), mode: "lines+markers", marker: { size: 4 } };
       });
-      Plotly.react(div, traces, layout(metric + " " + title, { xaxis: { title: { text: xkey === "step" ? "step" : "wall time (s)" } } }), PLOT_CONFIG);
+      Plotly.react(div, traces, layout(metric + " " + title, { xaxis: { title: { text: xLabel(xkey) } } }), PLOT_CONFIG);
       document.getElementById(div).dataset.traces = String(traces.filter((t) => t.x.length).length);
+      document.getElementById(div).dataset.x = xkey;
+      document.getElementById(div).dataset.metric = metric;
     }
   }
   async function tick() {
