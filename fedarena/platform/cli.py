@@ -138,6 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.pop("already_completed", False):
         print(f"run {run_dir} had already completed; nothing to resume")
     print("summary:")
+    if "reached_target/count" in summary:  # a seed group of a kind with a target
+        print(f"  {summary['reached_target/count']} of {summary['reached_target/seeds']} seeds reached the target")
     for k, v in summary.items():
         print(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}")
     print(f"run folder: {run_dir}")
