@@ -149,19 +149,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from fedarena.platform.runs import RunError, resolve
+    from fedarena.platform.api import evaluate
 
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise RunError(f"evaluate {run_dir}: not a run folder (no config.yaml)")
-    experiment, cfg = resolve(run_dir / "config.yaml")
-    if experiment.evaluate is None:
-        raise RunError(f"evaluate {run_dir}: kind '{cfg.kind}' exports no policy to evaluate")
-    if args.episodes is not None and args.episodes < 1:
-        raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
-    result = experiment.evaluate(run_dir, cfg, {"episodes": args.episodes, "policy": args.policy,
-                                                "seed": args.seed, "render": args.render,
-                                                "render_episodes": args.render_episodes})
+    result = evaluate(args.run_dir, episodes=args.episodes, policy=args.policy, seed=args.seed, render=args.render,
+                      render_episodes=args.render_episodes)
     print("evaluation:")
     for k, v in result.items():  # full precision: comparable digit for digit with the run's eval_return
         print(f"  {k}: {v!r}" if isinstance(v, float) else f"  {k}: {v}")
