@@ -68,7 +68,7 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = param(doc="checkpoint policy", factory=CheckpointConfig)
     cluster: ClusterConfig = param(doc="Ray cluster access (kinds that use Ray)", factory=ClusterConfig)
     loggers: list[LoggerName] = param(doc="experiment trackers every metric row also goes to: tensorboard, mlflow, "
-                                          "wandb", factory=lambda: ["tensorboard"])
+                                          "wandb (tune: a Ray Tune trial's)", factory=lambda: ["tensorboard"])
     tracking: TrackingConfig = param(doc="options of the trackers in `loggers`", factory=TrackingConfig)
 
 

@@ -133,34 +133,46 @@ def _command(group_dir: Path, seed: int, overrides: Sequence[str], resume: bool,
 
 def _run_seeds(group_dir: Path, seeds: list[int], overrides: Sequence[str], workers: int, resume: bool,
                quiet: bool, report: bool) -> None:
+    todo = [s for s in seeds if not (resume and _status(seed_dir(group_dir, s)).get("state") == "completed")]
+    run_commands({f"seed-{s}": _command(group_dir, s, overrides, resume, report) for s in todo}, group_dir / "logs",
+                 workers, quiet=quiet, desc=f"{len(todo)} seeds, {workers} at a time")
+
+
+def run_commands(commands: Mapping[str, Sequence[str]], log_dir: Path, workers: int, *, quiet: bool,
+                 desc: str) -> dict[str, int]:
+    """Run each command as its own process, at most ``workers`` at a time, its output in ``<log_dir>/<name>.log``;
+    returns the exit status by name. Interrupted, it stops the processes it started. (Seed groups and sweeps.)"""
     import logging
 
     from fedarena.platform.progress import Progress
 
     logger = logging.getLogger("fedarena.group")
-    todo = [s for s in seeds if not (resume and _status(seed_dir(group_dir, s)).get("state") == "completed")]
-    running: dict[int, tuple[subprocess.Popen, Any]] = {}
-    queue = list(todo)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    running: dict[str, tuple[subprocess.Popen, Any]] = {}
+    queue = list(commands)
+    codes: dict[str, int] = {}
     env = dict(os.environ)
-    with Progress(len(todo), 0, f"{len(todo)} seeds, {workers} at a time", logger=logger, quiet=quiet) as bar:
+    with Progress(len(queue), 0, desc, logger=logger, quiet=quiet) as bar:
         try:
             while queue or running:
                 while queue and len(running) < workers:
-                    s = queue.pop(0)
-                    log = open(group_dir / "logs" / f"seed-{s}.log", "ab")
-                    running[s] = (subprocess.Popen(_command(group_dir, s, overrides, resume, report), stdout=log,
-                                                   stderr=subprocess.STDOUT, env=env), log)
+                    name = queue.pop(0)
+                    log = open(log_dir / f"{name}.log", "ab")
+                    running[name] = (subprocess.Popen(list(commands[name]), stdout=log, stderr=subprocess.STDOUT,
+                                                      env=env), log)
                 time.sleep(0.05)
-                for s, (proc, log) in list(running.items()):
+                for name, (proc, log) in list(running.items()):
                     if proc.poll() is not None:
                         log.close()
-                        del running[s]
-                        bar.update(1, seed=s, rc=proc.returncode)
+                        del running[name]
+                        codes[name] = proc.returncode
+                        bar.update(1, run=name, rc=proc.returncode)
         finally:
             for proc, log in running.values():  # interrupted: stop the children we started
                 proc.terminate()
                 proc.wait(timeout=30)
                 log.close()
+    return codes
 
 
 TARGET_FLAG = "reached_target"

@@ -13,6 +13,7 @@ and ``close(state)``. ``metrics.jsonl`` stays the source of truth; trackers are 
   (default: the kind). A resumed run continues the same MLflow run.
 - ``wandb``: one W&B run with ``dir=<run>`` in ``tracking.wandb_mode`` (else ``WANDB_MODE``, else ``offline``:
   ``<run>/wandb/offline-run-*/run-*.wandb``, uploaded later by ``wandb sync``). Project: ``tracking.experiment``.
+- ``tune``: each row to the Ray Tune trial the run executes in (``fedarena sweep --ray``, :mod:`.sweep`).
 
 A resumed run rewinds to its checkpoint: TensorBoard drops the events after it; MLflow and W&B keep what they
 already received (W&B ignores steps lower than the last one it saw; MLflow's history holds both copies).
@@ -206,13 +207,39 @@ class WandbLogger:
             self.run.finish(exit_code=0 if state == "completed" else 1)
 
 
+class TuneLogger:
+    """Each row to the Ray Tune trial the run executes in (with its ``step``), so a Tune scheduler such as ASHA
+    can stop it early; ``fedarena sweep --ray`` adds it to its trials' ``loggers``."""
+
+    def __init__(self, run_dir: Path, options: Any, resumed_at: int | None, project: str) -> None:
+        from ray import tune
+
+        self._report = tune.report
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        pass  # the trial's config is its sweep parameters
+
+    def log_metrics(self, step: int, row: Mapping[str, float]) -> None:
+        self._report({**row, "step": int(step)})
+
+    def log_artifact(self, path: Path) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, state: str = "completed") -> None:
+        pass
+
+
 LOGGERS: dict[str, tuple[Callable[[Path, Any, int | None, str], Logger], str | None]] = {
     "tensorboard": (TensorBoardLogger, None),
     "mlflow": (MLflowLogger, "mlflow"),
     "wandb": (WandbLogger, "wandb"),
+    "tune": (TuneLogger, "ray"),
 }
-"""name -> (constructor ``(run_dir, tracking options, resumed_at step or None, project)``, the package it imports, which is
-also the name of fedarena's pip extra that installs it)."""
+"""name -> (constructor ``(run_dir, tracking options, resumed_at step or None, project)``, the package it imports;
+the pip extra that installs it has the package's name, ``sweep`` for Ray Tune)."""
 
 LoggerName = Literal[tuple(LOGGERS)]  # type: ignore[valid-type]
 """The names a config's ``loggers:`` list accepts (checked with a did-you-mean when the config is loaded)."""
@@ -228,8 +255,9 @@ def build_loggers(names: Sequence[str], run_dir: Path, options: Any = None, resu
     for name in names:
         package = LOGGERS[name][1]
         if package is not None and importlib.util.find_spec(package) is None:
+            extra = {"ray": "sweep"}.get(package, package)
             raise MissingDependencyError(f"loggers: '{name}' needs the {package} package: "
-                                         f"pip install 'fedarena[{package}]'")
+                                         f"pip install 'fedarena[{extra}]'")
     project = getattr(options, "experiment", None) or kind
     return [LOGGERS[name][0](Path(run_dir), options, resumed_at, project) for name in dict.fromkeys(names)]
 
