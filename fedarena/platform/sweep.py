@@ -12,7 +12,7 @@
 Trials run as ``fedarena run`` processes, ``--parallel`` at a time (the seed groups' runner), or with ``--ray`` as
 Ray Tune trials (grid and random search) with asynchronous successive halving (ASHA, Li et al., MLSys 2020)
 stopping poor trials early on the metric as the trials log it (time axis: the kind's x axis, e.g. environment
-steps). A trial's value is the metric in its summary, else its last logged value. The metric defaults to the
+steps). A trial's value is the metric in its summary, else its last logged value (none for a failed trial). The metric defaults to the
 kind's first group metric (``eval_return`` for RL kinds), else its first summary key; the mode defaults to ``min``
 for names of losses, errors, regret and exploitability, else ``max``.
 
@@ -307,7 +307,7 @@ def _command(result: SweepResult, trial: Trial) -> list[str]:
 def _collect(result: SweepResult, trial: Trial) -> None:
     run_dir = result.run_dir(trial)
     trial.state = _state(run_dir)
-    trial.value = trial_value(run_dir, result.metric)
+    trial.value = None if trial.state == "failed" else trial_value(run_dir, result.metric)
 
 
 def _run_local(result: SweepResult, trials: Sequence[Trial], workers: int, quiet: bool) -> None:
