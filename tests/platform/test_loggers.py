@@ -128,3 +128,21 @@ def test_a_missing_tracker_package_names_the_pip_extra(tmp_path, monkeypatch):
 def test_flatten_gives_dotted_keys():
     assert loggers.flatten({"a": 1, "ppo": {"lr": 0.1, "hidden": [8, 8]}, "empty": {}}) == {
         "a": 1, "ppo.lr": 0.1, "ppo.hidden": [8, 8], "empty": {}}
+
+
+def test_a_resumed_run_continues_its_mlflow_run(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    from types import SimpleNamespace
+
+    options = SimpleNamespace(mlflow_uri=f"sqlite:///{tmp_path / 'store.db'}", experiment=None)
+    first = loggers.MLflowLogger(tmp_path, options, None, "resumable")
+    first.log_metrics(1, {"loss": 1.0})
+    first.close("interrupted")
+    again = loggers.MLflowLogger(tmp_path, options, 1, "resumable")  # resumed from the checkpoint of step 1
+    again.log_metrics(2, {"loss": 0.5})
+    again.close("completed")
+    client = mlflow.tracking.MlflowClient(options.mlflow_uri)
+    assert again.run_id == first.run_id and client.get_run(first.run_id).info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(first.run_id, "loss")] == [(1, 1.0), (2, 0.5)]
+    fresh = loggers.MLflowLogger(tmp_path, options, None, "resumable")  # not resuming: a new MLflow run
+    assert fresh.run_id != first.run_id
