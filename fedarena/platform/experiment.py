@@ -68,7 +68,8 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = param(doc="checkpoint policy", factory=CheckpointConfig)
     cluster: ClusterConfig = param(doc="Ray cluster access (kinds that use Ray)", factory=ClusterConfig)
     loggers: list[LoggerName] = param(doc="experiment trackers every metric row also goes to: tensorboard, mlflow, "
-                                          "wandb (tune: a Ray Tune trial's)", factory=lambda: ["tensorboard"])
+                                          "wandb; tune reports to the Ray Tune trial the run is in",
+                                      factory=lambda: ["tensorboard"])
     tracking: TrackingConfig = param(doc="options of the trackers in `loggers`", factory=TrackingConfig)
 
 

@@ -212,11 +212,15 @@ def trial_value(run_dir: Path, metric: str) -> float | None:
     return None if value is None else float(value)
 
 
-def _state(run_dir: Path) -> str:
+def _status(run_dir: Path) -> dict[str, Any]:
     try:
-        return str(json.loads((run_dir / "status.json").read_text(encoding="utf-8")).get("state", "unknown"))
-    except (OSError, json.JSONDecodeError):
-        return "not started"
+        return dict(json.loads((run_dir / "status.json").read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, TypeError, ValueError):
+        return {}
+
+
+def _state(run_dir: Path) -> str:
+    return str(_status(run_dir).get("state", "not started"))
 
 
 # ----------------------------------------------------------------------------- running
@@ -363,7 +367,8 @@ def _run_ray(result: SweepResult, info: dict[str, Any], experiment: Any, cfg: An
     from fedarena.platform.cluster import ray_cluster
 
     time_attr = getattr(experiment, "x_axis", "step")
-    max_t = _budget(cfg) if time_attr in ("env_steps", "step") else 100
+    max_t = _budget(cfg) + 1 if time_attr in ("env_steps", "step") else 100  # a trial that runs out its budget
+    # ends by itself, not as stopped at max_t
     scheduler = ASHAScheduler(time_attr=time_attr, metric=result.metric, mode=result.mode, max_t=max_t,
                               grace_period=max(1, max_t // 8), reduction_factor=2)
     base = str(result.sweep_dir / "config.yaml")
@@ -390,8 +395,13 @@ def _run_ray(result: SweepResult, info: dict[str, Any], experiment: Any, cfg: An
     errors = {int(r.config["trial"]): r.error for r in grid}
     for t in result.trials:
         _collect(result, t)
-        if t.state in ("running", "interrupted") and errors.get(t.index) is None:  # Tune ended the trial's worker
-            t.state = "stopped early (ASHA)"
+        run_dir = result.run_dir(t)
+        # Tune ends a stopped trial by raising SystemExit in it (the run's status: failed, SystemExit) or by ending
+        # its worker (status: running)
+        stopped = t.state in ("running", "interrupted") or (
+            t.state == "failed" and _status(run_dir).get("error_type") == "SystemExit")
+        if stopped and errors.get(t.index) is None:
+            t.state, t.value = "stopped early (ASHA)", trial_value(run_dir, result.metric)
 
 
 def _save(result: SweepResult, info: Mapping[str, Any]) -> None:
