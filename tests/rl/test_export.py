@@ -39,7 +39,10 @@ def _check_rebuilds(policy, tmp_path: Path, discrete: bool) -> None:
     with torch.no_grad():
         got = module(torch.from_numpy(x)).numpy()
         scores = module.scores(torch.from_numpy(x)).numpy()
-    engine_scores = np.asarray(policy.greedy._forward(policy.params, x)[0][0])
+    if policy.greedy.algorithm == "dqn":
+        engine_scores = np.asarray(policy.greedy._q(policy.params, x))
+    else:
+        engine_scores = np.asarray(policy.greedy._forward(policy.params, x)[0][0])
     np.testing.assert_allclose(scores, engine_scores, rtol=1e-5, atol=1e-5)
     session = ort.InferenceSession(str(policy.to_onnx(tmp_path / "policy.onnx")), providers=["CPUExecutionProvider"])
     onnx_actions = session.run(["action"], {"obs": x})[0]
@@ -90,3 +93,12 @@ def test_gaussian_gsde_pendulum_policy_rebuilt_in_torch_and_onnx(tmp_path):
     res = fedarena.run(ROOT / "experiments/ppo_pendulum.yaml", {**TINY, "ppo.num_minibatches": 2},
                        out=tmp_path / "pendulum", report=False)
     _check_rebuilds(fedarena.load_policy(res.run_dir), tmp_path, discrete=False)
+
+
+def test_dueling_dqn_policy_rebuilt_in_torch_and_onnx(tmp_path):
+    res = fedarena.run(ROOT / "experiments/dqn_cartpole.yaml",
+                       {"total_steps": 512, "dqn.learning_starts": 128, "dqn.hidden": [16], "dqn.batch_size": 16,
+                        "eval.every": 256, "eval.episodes": 2}, out=tmp_path / "dqn", report=False)
+    policy = fedarena.load_policy(res.run_dir)
+    assert {"torso/l0/w", "value/w", "advantage/w"} <= set(policy.named_parameters())
+    _check_rebuilds(policy, tmp_path, discrete=True)
