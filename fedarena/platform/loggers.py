@@ -9,7 +9,8 @@ and ``close(state)``. ``metrics.jsonl`` stays the source of truth; trackers are 
   ``pip install 'fedarena[tensorboard]'`` for the viewer). Scalars only: it ignores config and artefacts.
 - ``mlflow``: one MLflow run per fedarena run, in ``tracking.mlflow_uri`` if set, else ``MLFLOW_TRACKING_URI``,
   else a SQLite store inside the run folder (``sqlite:///<run>/mlflow.db``, artefacts in ``<run>/mlartifacts/``;
-  MLflow 3 puts its file store in maintenance mode and recommends a database). Experiment: ``tracking.experiment``
+  MLflow 3 puts its file store in maintenance mode and recommends a database); in a store the user names, artefacts
+  go to the experiment's artefact location (MLflow's default: ``./mlruns``). Experiment: ``tracking.experiment``
   (default: the kind). A resumed run continues the same MLflow run.
 - ``wandb``: one W&B run with ``dir=<run>`` in ``tracking.wandb_mode`` (else ``WANDB_MODE``, else ``offline``:
   ``<run>/wandb/offline-run-*/run-*.wandb``, uploaded later by ``wandb sync``). Project: ``tracking.experiment``.

@@ -52,12 +52,14 @@ def test_mlflow_tracking_uri_from_the_environment(tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
     uri = f"sqlite:///{tmp_path / 'shared.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # a store the user names keeps MLflow's own artefact root, ./mlruns
     fedarena.run(ROOT / "experiments/quickstart.yaml", {**QUICK, "loggers": ["tensorboard", "mlflow"],
                                                         "tracking.experiment": "study"}, out=tmp_path / "r",
                  report=False)
     assert not (tmp_path / "r" / "mlflow.db").exists() and any((tmp_path / "r" / "tensorboard").iterdir())
     found = mlflow.search_runs(experiment_names=["study"], output_format="list")
     assert [r.info.run_name for r in found] == ["r"] and found[0].data.params["iterations"] == "30"
+    assert (tmp_path / "mlruns").is_dir()
 
 
 def _wandb_records(path: Path):
