@@ -8,7 +8,7 @@ For scripts (README, "Python API"): ``fedarena.run(config_or_path, overrides={..
 runs an experiment as ``fedarena run`` does, ``fedarena.load_run(run_dir)`` reads a finished one
 (:mod:`fedarena.platform.api`), ``fedarena.evaluate(run)`` replays its exported policy as ``fedarena evaluate``,
 ``fedarena.load_policy(run)`` loads that policy (:class:`fedarena.rl.evaluation.Policy`: act, evaluate, PyTorch
-and ONNX rebuilds), and ``fedarena.sweep(config, grid=...)`` runs a hyperparameter sweep
+and ONNX rebuilds), and ``fedarena.sweep(config, grid=... | space=..., samples= | optuna=)`` runs a hyperparameter sweep
 (:mod:`fedarena.platform.sweep`).
 """
 
@@ -54,13 +54,13 @@ def load_policy(run: Any, which: str = "final") -> Any:
     return _load_policy(path / "policies" / which if (path / "config.yaml").exists() else path)
 
 
-def sweep(config: Any, *, grid: Any = None, random: Any = None, optuna: int = 0, samples: int = 0,
+def sweep(config: Any, *, grid: Any = None, space: Any = None, samples: int = 0, optuna: int = 0,
           overrides: Any = None, out: Any = None, parallel: int = 0, ray: bool = False, metric: str | None = None,
           mode: str | None = None, seed: int = 0, quiet: bool = True) -> Any:
     """Run a hyperparameter sweep and return its ``fedarena.platform.sweep.SweepResult`` (see that module)."""
     from fedarena.platform.sweep import sweep as _sweep
 
-    return _sweep(config, grid=grid, random=random, optuna=optuna, samples=samples, overrides=overrides, out=out,
+    return _sweep(config, grid=grid, space=space, samples=samples, optuna=optuna, overrides=overrides, out=out,
                   parallel=parallel, ray=ray, metric=metric, mode=mode, seed=seed, quiet=quiet)
 
 

@@ -55,9 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("config", help="experiment config (YAML)")
     how = sw.add_mutually_exclusive_group(required=True)
     how.add_argument("--grid", nargs="+", metavar="FIELD=V1,V2", help="every combination of these values")
-    how.add_argument("--random", nargs="+", metavar="N FIELD=DIST",
-                     help="N random trials; DIST: uniform(a,b), loguniform(a,b), int(a,b), choice(v1,v2,...)")
-    how.add_argument("--optuna", nargs="+", metavar="N FIELD=DIST", help="N trials proposed by Optuna's TPE sampler")
+    how.add_argument("--random", nargs="+", metavar="ARG",
+                     help="N FIELD=DIST ...: N random trials; DIST: uniform(a,b), loguniform(a,b), int(a,b), "
+                          "choice(v1,v2,...)")
+    how.add_argument("--optuna", nargs="+", metavar="ARG",
+                     help="N FIELD=DIST ...: N trials proposed by Optuna's TPE sampler")
     sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                     help="override a value of the base config; repeatable")
     sw.add_argument("--metric", help="what to rank trials by (default: the kind's main metric, e.g. eval_return)")
@@ -185,7 +187,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     samples, random = _trials(args.random, "--random")
     optuna, dists = _trials(args.optuna, "--optuna")
-    result = sweep(args.config, grid=args.grid, random=random or dists, samples=samples, optuna=optuna,
+    result = sweep(args.config, grid=args.grid, space=random or dists, samples=samples, optuna=optuna,
                    overrides=args.overrides, out=args.out, parallel=args.parallel, ray=args.ray, metric=args.metric,
                    mode=args.mode, seed=args.seed, quiet=args.quiet)
     best = result.best

@@ -231,14 +231,14 @@ def _overrides(params: Mapping[str, Any]) -> list[str]:
 
 
 def sweep(config: str | Path | Mapping[str, Any], *, grid: Mapping[str, Sequence[Any]] | Sequence[str] | None = None,
-          random: Mapping[str, str] | Sequence[str] | None = None, optuna: int = 0, samples: int = 0,
+          space: Mapping[str, str] | Sequence[str] | None = None, samples: int = 0, optuna: int = 0,
           overrides: Sequence[str] | Mapping[str, Any] | None = None, out: str | Path | None = None,
           parallel: int = 0, ray: bool = False, metric: str | None = None, mode: str | None = None, seed: int = 0,
           quiet: bool = True) -> SweepResult:
     """Run a sweep (see the module docstring) and return its :class:`SweepResult`.
 
-    ``grid``: ``{"field": [values]}`` (or ``--grid`` strings); ``random``: ``{"field": "loguniform(1e-4,1e-2)"}``
-    (or ``FIELD=DIST`` strings) with ``samples`` random trials, or ``optuna`` trials with Optuna instead.
+    ``grid``: ``{"field": [values]}`` (or ``--grid`` strings); ``space``: ``{"field": "loguniform(1e-4,1e-2)"}``
+    (or ``FIELD=DIST`` strings) with ``samples`` random trials, or ``optuna`` trials proposed by Optuna.
     """
     from fedarena.platform.runs import new_run_dir, resolve
 
@@ -248,7 +248,7 @@ def sweep(config: str | Path | Mapping[str, Any], *, grid: Mapping[str, Sequence
     experiment, cfg = resolve(config, overrides)
     grid_space = parse_grid(grid) if grid is not None and not isinstance(grid, Mapping) else \
         {k: list(v) for k, v in (grid or {}).items()}
-    dist_items = [f"{k}={v}" for k, v in random.items()] if isinstance(random, Mapping) else list(random or ())
+    dist_items = [f"{k}={v}" for k, v in space.items()] if isinstance(space, Mapping) else list(space or ())
     dists = parse_distributions(dist_items, "--optuna" if optuna else "--random")
     methods = [m for m, on in (("grid", bool(grid_space)), ("random", samples > 0), ("optuna", optuna > 0)) if on]
     if len(methods) != 1:

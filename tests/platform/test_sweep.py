@@ -65,12 +65,13 @@ def test_the_same_grid_on_ray_tune_with_asha(tmp_path, ray_session):
     assert (out / "ray_results").is_dir() and json.loads((out / "sweep.json").read_text())["ray"] is True
 
 
+@pytest.mark.slow
 def test_random_and_optuna_sweeps_of_another_kind(tmp_path):
     pytest.importorskip("optuna")
     config = ROOT / "experiments/prisoners_dilemma.yaml"
-    rnd = fedarena.sweep(config, random={"iterations": "int(10,40)"}, samples=2, out=tmp_path / "random", seed=1)
+    rnd = fedarena.sweep(config, space={"iterations": "int(10,40)"}, samples=2, out=tmp_path / "random", seed=1)
     assert [10 <= t.params["iterations"] <= 40 for t in rnd.trials] == [True, True]
-    opt = fedarena.sweep(config, random={"iterations": "int(10,40)", "checkpoint.keep": "choice(1,2)"},
+    opt = fedarena.sweep(config, space={"iterations": "int(10,40)", "checkpoint.keep": "choice(1,2)"},
                          optuna=3, out=tmp_path / "optuna", parallel=2)
     assert len(opt.trials) == 3 and all(t.state == "completed" for t in opt.trials)
     assert opt.metric == "selfplay/exploitability_current" and opt.mode == "min"
