@@ -1,10 +1,12 @@
-"""The Python API for scripts: ``fedarena.run(config_or_path, overrides=, out=, seeds=) -> Result`` and
-``fedarena.load_run(run_dir) -> Result``.
+"""The Python API for scripts: ``fedarena.run(config_or_path, overrides=, out=, seeds=) -> Result``,
+``fedarena.load_run(run_dir) -> Result`` and ``fedarena.evaluate(run, ...)`` (``fedarena.load_policy`` and
+``fedarena.sweep`` live beside them in :mod:`fedarena`, :mod:`fedarena.rl.evaluation` and
+:mod:`fedarena.platform.sweep`).
 
 ``run`` does exactly what ``fedarena run`` does (same config resolution, run folder, checkpoints, report,
 errors) and returns the finished run read back from its folder, so a script sees the same summary the CLI
 prints. ``overrides`` maps dotted key paths to values (``{"ppo.learning_rate": 3e-4, "total_steps": 10000}``),
-the ``--set`` of the CLI with Python values instead of YAML text.
+the ``--set`` of the CLI with Python values instead of YAML text. ``evaluate`` is ``fedarena evaluate``.
 """
 
 from __future__ import annotations
@@ -45,9 +47,25 @@ class Result:
     def final_checkpoint(self) -> Path | None:
         return self.checkpoints[-1] if self.checkpoints else None
 
-    def metric(self, name: str) -> list[tuple[int, Any]]:
-        """``(step, value)`` of every row that has ``name``."""
-        return [(int(r["step"]), r[name]) for r in self.rows if name in r]
+    @property
+    def x_axis(self) -> str:
+        """The kind's x axis (``Experiment.x_axis``): ``env_steps`` for RL kinds (the unit of their configs'
+        ``total_steps`` and ``eval.every``), else ``step`` (the row's iteration / round)."""
+        from fedarena.platform.registry import get_kind
+
+        try:
+            return get_kind(str(self.config.get("kind"))).x_axis
+        except Exception:  # noqa: BLE001 - a kind no longer registered: rows still have their step
+            return "step"
+
+    def metric(self, name: str, x: str | None = None) -> list[tuple[Any, Any]]:
+        """``(x, value)`` of every row that has ``name`` and ``x``; ``x`` defaults to the kind's :attr:`x_axis`
+        (so RL kinds give environment steps, not PPO iterations); ``x="step"`` gives the row's step and
+        ``x="wall_time"`` seconds."""
+        x = x or self.x_axis
+        if self.runs and not self.rows:
+            raise RunError(f"metric: {self.run_dir} is a seed group; read one seed's rows (result.runs[seed])")
+        return [(int(r[x]) if x == "step" else r[x], r[name]) for r in self.rows if name in r and x in r]
 
 
 def load_run(run_dir: str | Path) -> Result:
@@ -127,3 +145,24 @@ def run(config: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | S
         strings = list(overrides)
     summary = execute(data, strings, out=out, quiet=quiet, report=report, seeds=seeds, parallel=parallel)
     return load_run(summary["run_dir"])
+
+
+def evaluate(run: str | Path | Result, *, episodes: int | None = None, policy: str = "final", seed: int | None = None,
+             render: str | None = None, render_episodes: int = 1) -> dict[str, Any]:
+    """``fedarena evaluate``: replay a run's exported policy (``final`` / ``best``) for deterministic episodes
+    (default: the run's evaluation episodes and seed); returns the mean return, its spread and the run's own
+    evaluation return. ``render="rgb_array"`` also writes GIFs under ``<run>/evaluation/``."""
+    from fedarena.platform.runs import resolve
+
+    run_dir = Path(run.run_dir if isinstance(run, Result) else run)
+    if not (run_dir / "config.yaml").exists():
+        raise RunError(f"evaluate {run_dir}: not a run folder (no config.yaml)")
+    experiment, cfg = resolve(run_dir / "config.yaml")
+    if experiment.evaluate is None:
+        raise RunError(f"evaluate {run_dir}: kind '{cfg.kind}' exports no policy to evaluate")
+    if episodes is not None and episodes < 1:
+        raise ConfigError(f"episodes: must be >= 1, got {episodes}")
+    if policy not in ("final", "best"):
+        raise ConfigError(f"policy: expected 'final' or 'best', got {policy!r}")
+    return dict(experiment.evaluate(run_dir, cfg, {"episodes": episodes, "policy": policy, "seed": seed,
+                                                   "render": render, "render_episodes": render_episodes}))

@@ -1,4 +1,4 @@
-"""The ``fedarena`` command: run, evaluate, list, show and report experiments, and serve the board
+"""The ``fedarena`` command: run, sweep, evaluate, list, show and report experiments, and serve the board
 (``python -m fedarena`` too).
 
 Exit status: 0 on success; 2 for a *user error*, 1 for an *internal error*; 130 when interrupted. Either error
@@ -47,6 +47,28 @@ def _parser() -> argparse.ArgumentParser:
                    help="run one run per seed under a group folder, with a group report (as `seeds:` in the config)")
     r.add_argument("--parallel", type=int, default=0, metavar="N",
                    help="with --seeds: runs at a time (default 0 = one per CPU, at most one per seed)")
+
+    sw = sub.add_parser("sweep", help="a hyperparameter sweep: one run per trial and a report naming the best",
+                        description="Vary config fields (dotted paths) by grid, random search or Optuna; trials run "
+                                    "in parallel processes or on Ray Tune (--ray, with ASHA early stopping). Writes "
+                                    "runs/<kind>-sweep-<UTC time>-<id>/ unless --out is given.")
+    sw.add_argument("config", help="experiment config (YAML)")
+    how = sw.add_mutually_exclusive_group(required=True)
+    how.add_argument("--grid", nargs="+", metavar="FIELD=V1,V2", help="every combination of these values")
+    how.add_argument("--random", nargs="+", metavar="ARG",
+                     help="N FIELD=DIST ...: N random trials; DIST: uniform(a,b), loguniform(a,b), int(a,b), "
+                          "choice(v1,v2,...)")
+    how.add_argument("--optuna", nargs="+", metavar="ARG",
+                     help="N FIELD=DIST ...: N trials proposed by Optuna's TPE sampler")
+    sw.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                    help="override a value of the base config; repeatable")
+    sw.add_argument("--metric", help="what to rank trials by (default: the kind's main metric, e.g. eval_return)")
+    sw.add_argument("--mode", choices=("max", "min"), help="maximise or minimise the metric (default by its name)")
+    sw.add_argument("--parallel", type=int, default=0, metavar="N", help="trials at a time (default 1)")
+    sw.add_argument("--ray", action="store_true", help="run the trials as Ray Tune trials with ASHA early stopping")
+    sw.add_argument("--seed", type=int, default=0, help="seed of the random / Optuna sampler (default 0)")
+    sw.add_argument("--out", help="sweep folder to write")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
 
     ev = sub.add_parser("evaluate", help="replay a run's exported policy for evaluation episodes",
                         description="Load a run's exported policy (final or best) and play deterministic evaluation "
@@ -146,6 +168,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.pop("already_completed", False):
         print(f"run {run_dir} had already completed; nothing to resume")
     print("summary:")
+    if "reached_target/count" in summary:  # a seed group of a kind with a target
+        print(f"  {summary['reached_target/count']} of {summary['reached_target/seeds']} seeds reached the target")
     for k, v in summary.items():
         print(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}")
     print(f"run folder: {run_dir}")
@@ -154,20 +178,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from fedarena.platform.runs import RunError, resolve
+def _trials(values: list[str] | None, option: str) -> tuple[int, list[str]]:
+    if not values:
+        return 0, []
+    try:
+        n = int(values[0])
+    except ValueError:
+        raise ConfigError(f"{option}: expected the number of trials first, got '{values[0]}'") from None
+    if n < 1:
+        raise ConfigError(f"{option}: the number of trials must be >= 1, got {n}")
+    return n, values[1:]
 
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise RunError(f"evaluate {run_dir}: not a run folder (no config.yaml)")
-    experiment, cfg = resolve(run_dir / "config.yaml")
-    if experiment.evaluate is None:
-        raise RunError(f"evaluate {run_dir}: kind '{cfg.kind}' exports no policy to evaluate")
-    if args.episodes is not None and args.episodes < 1:
-        raise ConfigError(f"--episodes: must be >= 1, got {args.episodes}")
-    result = experiment.evaluate(run_dir, cfg, {"episodes": args.episodes, "policy": args.policy,
-                                                "seed": args.seed, "render": args.render,
-                                                "render_episodes": args.render_episodes})
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedarena.platform.sweep import sweep
+
+    samples, random = _trials(args.random, "--random")
+    optuna, dists = _trials(args.optuna, "--optuna")
+    result = sweep(args.config, grid=args.grid, space=random or dists, samples=samples, optuna=optuna,
+                   overrides=args.overrides, out=args.out, parallel=args.parallel, ray=args.ray, metric=args.metric,
+                   mode=args.mode, seed=args.seed, quiet=args.quiet)
+    best = result.best
+    print(f"sweep: {len(result.trials)} trials, {sum(t.state == 'completed' for t in result.trials)} completed")
+    if best is not None:
+        print(f"best: {best.name} {result.metric} = {best.value:.6g} at "
+              + ", ".join(f"{k}={v}" for k, v in best.params.items()))
+    print(f"sweep folder: {result.sweep_dir}")
+    print(f"report: {result.report}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from fedarena.platform.api import evaluate
+
+    result = evaluate(args.run_dir, episodes=args.episodes, policy=args.policy, seed=args.seed, render=args.render,
+                      render_episodes=args.render_episodes)
     print("evaluation:")
     for k, v in result.items():  # full precision: comparable digit for digit with the run's eval_return
         print(f"  {k}: {v!r}" if isinstance(v, float) else f"  {k}: {v}")
@@ -205,7 +250,7 @@ def cmd_board(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands = {"list": lambda: cmd_list(), "show": lambda: cmd_show(args), "run": lambda: cmd_run(args),
-                "evaluate": lambda: cmd_evaluate(args), "report": lambda: cmd_report(args),
+                "evaluate": lambda: cmd_evaluate(args), "sweep": lambda: cmd_sweep(args), "report": lambda: cmd_report(args),
                 "board": lambda: cmd_board(args)}
     try:
         return commands[args.command]()

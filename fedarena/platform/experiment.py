@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from fedarena.platform.loggers import LoggerName
 
 
 def param(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Callable[[], Any] | None = None) -> Any:
@@ -44,6 +46,17 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class TrackingConfig:
+    """Options of the experiment trackers named in ``loggers`` (:mod:`fedarena.platform.loggers`)."""
+
+    experiment: str | None = param(None, "MLflow experiment / W&B project the run goes to (default: the kind)")
+    mlflow_uri: str | None = param(None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI, else "
+                                         "sqlite:///<run folder>/mlflow.db)")
+    wandb_mode: Literal["offline", "online", "disabled"] | None = param(None, "W&B mode (default: WANDB_MODE, "
+                                                                             "else offline)")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """Fields every experiment kind has; a kind's schema derives from this and adds its own."""
 
@@ -54,6 +67,10 @@ class ExperimentConfig:
                              factory=list)
     checkpoint: CheckpointConfig = param(doc="checkpoint policy", factory=CheckpointConfig)
     cluster: ClusterConfig = param(doc="Ray cluster access (kinds that use Ray)", factory=ClusterConfig)
+    loggers: list[LoggerName] = param(doc="experiment trackers every metric row also goes to: tensorboard, mlflow, "
+                                          "wandb; tune reports to the Ray Tune trial the run is in",
+                                      factory=lambda: ["tensorboard"])
+    tracking: TrackingConfig = param(doc="options of the trackers in `loggers`", factory=TrackingConfig)
 
 
 PlotFn = Callable[[Sequence[Mapping[str, Any]], Any, str], list[str]]

@@ -7,6 +7,7 @@ writes::
     <group>/group.json         kind, seeds, run folders, state (running / completed / failed)
     <group>/seed-<s>/          an ordinary run folder per seed (config with seed = s, status.json, report, ...)
     <group>/logs/seed-<s>.log  what that run printed
+    <group>/summary.json       the group summary (below) and the path of the group report, for listings
     <group>/report/index.html  mean and min-max band over seeds of the kind's group metrics against its x axis
                                (environment steps for RL kinds, else the step) and against wall time, a table of
                                every seed's summary, and mean / std / min / max per summary number
@@ -15,6 +16,10 @@ Each seed runs as its own ``python -m fedarena run`` process (so any kind works,
 ``parallel`` at a time (default: one per CPU). In the band plots a seed that stopped early (e.g. it reached its
 target) holds its last value to the end of the axis; curves are linearly interpolated onto a common grid.
 ``--resume GROUP`` resumes the seeds that did not complete.
+
+Seeds of a kind with a target (RL kinds' ``reached_target``) are counted: "k of n seeds reached the target", and
+the numbers that only exist for a run that reached it (``steps_to_target``, ``time_to_target_s``) are summarised
+over those k seeds (:func:`group_summary`).
 """
 
 from __future__ import annotations
@@ -92,6 +97,8 @@ def execute_group(config: Any, overrides: Sequence[str] = (), *, out: str | Path
     result: dict[str, Any] = {**summary, "seeds": seed_list, "runs": [str(seed_dir(group_dir, s)) for s in seed_list]}
     if report:
         result["report"] = str(render_group(group_dir, experiment=experiment))
+    else:
+        write_group_summary(group_dir, summary, None)
     if failed:
         s, st = next(iter(failed.items()))
         message = (f"seed {s} of {len(seed_list)} in {group_dir} {st.get('state', 'did not finish')}: "
@@ -126,49 +133,101 @@ def _command(group_dir: Path, seed: int, overrides: Sequence[str], resume: bool,
 
 def _run_seeds(group_dir: Path, seeds: list[int], overrides: Sequence[str], workers: int, resume: bool,
                quiet: bool, report: bool) -> None:
+    todo = [s for s in seeds if not (resume and _status(seed_dir(group_dir, s)).get("state") == "completed")]
+    run_commands({f"seed-{s}": _command(group_dir, s, overrides, resume, report) for s in todo}, group_dir / "logs",
+                 workers, quiet=quiet, desc=f"{len(todo)} seeds, {workers} at a time")
+
+
+def run_commands(commands: Mapping[str, Sequence[str]], log_dir: Path, workers: int, *, quiet: bool,
+                 desc: str) -> dict[str, int]:
+    """Run each command as its own process, at most ``workers`` at a time, its output in ``<log_dir>/<name>.log``;
+    returns the exit status by name. Interrupted, it stops the processes it started. (Seed groups and sweeps.)"""
     import logging
 
     from fedarena.platform.progress import Progress
 
     logger = logging.getLogger("fedarena.group")
-    todo = [s for s in seeds if not (resume and _status(seed_dir(group_dir, s)).get("state") == "completed")]
-    running: dict[int, tuple[subprocess.Popen, Any]] = {}
-    queue = list(todo)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    running: dict[str, tuple[subprocess.Popen, Any]] = {}
+    queue = list(commands)
+    codes: dict[str, int] = {}
     env = dict(os.environ)
-    with Progress(len(todo), 0, f"{len(todo)} seeds, {workers} at a time", logger=logger, quiet=quiet) as bar:
+    with Progress(len(queue), 0, desc, logger=logger, quiet=quiet) as bar:
         try:
             while queue or running:
                 while queue and len(running) < workers:
-                    s = queue.pop(0)
-                    log = open(group_dir / "logs" / f"seed-{s}.log", "ab")
-                    running[s] = (subprocess.Popen(_command(group_dir, s, overrides, resume, report), stdout=log,
-                                                   stderr=subprocess.STDOUT, env=env), log)
+                    name = queue.pop(0)
+                    log = open(log_dir / f"{name}.log", "ab")
+                    running[name] = (subprocess.Popen(list(commands[name]), stdout=log, stderr=subprocess.STDOUT,
+                                                      env=env), log)
                 time.sleep(0.05)
-                for s, (proc, log) in list(running.items()):
+                for name, (proc, log) in list(running.items()):
                     if proc.poll() is not None:
                         log.close()
-                        del running[s]
-                        bar.update(1, seed=s, rc=proc.returncode)
+                        del running[name]
+                        codes[name] = proc.returncode
+                        bar.update(1, run=name, rc=proc.returncode)
         finally:
             for proc, log in running.values():  # interrupted: stop the children we started
                 proc.terminate()
                 proc.wait(timeout=30)
                 log.close()
+    return codes
+
+
+TARGET_FLAG = "reached_target"
+"""A boolean summary field a kind sets when the run reached its target (RL kinds: the return threshold)."""
+
+
+def depends_on_target(key: str) -> bool:
+    """Whether a summary number only means something for a run that reached its target (``steps_to_target``,
+    ``time_to_target_s``, ``rounds_to_target``): such numbers are summarised over the seeds that reached it."""
+    return "to_target" in key
+
+
+def _stats(out: dict[str, Any], key: str, vals: Sequence[float]) -> None:
+    a = np.asarray(vals, dtype=float)
+    out[f"{key}/mean"], out[f"{key}/std"] = float(np.mean(a)), float(np.std(a))
+    out[f"{key}/min"], out[f"{key}/max"] = float(np.min(a)), float(np.max(a))
 
 
 def group_summary(statuses: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """Mean / std / min / max over seeds of every numeric summary field the completed seeds share."""
+    """Mean / std / min / max over seeds of every numeric summary field the completed seeds share.
+
+    When the seeds' summaries carry ``reached_target``, the group says how many reached it
+    (``reached_target/count`` of ``reached_target/seeds``), and a field for which :func:`depends_on_target` holds
+    is summarised over those seeds only (a seed that did not reach the target has no ``steps_to_target``; the -1
+    it reports is not averaged in); with no seed reaching it such a field has no statistics.
+    """
     done = [st.get("summary", {}) for st in statuses.values() if st.get("state") == "completed"]
     out: dict[str, Any] = {"completed_seeds": len(done), "failed_seeds": len(statuses) - len(done)}
     if not done:
         return out
+    flagged = all(isinstance(d.get(TARGET_FLAG), bool) for d in done)
+    reached = [d for d in done if d.get(TARGET_FLAG) is True] if flagged else done
+    if flagged:
+        out[f"{TARGET_FLAG}/count"], out[f"{TARGET_FLAG}/seeds"] = len(reached), len(done)
     for k in done[0]:
-        vals = [d.get(k) for d in done]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            a = np.asarray(vals, dtype=float)
-            out[f"{k}/mean"], out[f"{k}/std"] = float(np.mean(a)), float(np.std(a))
-            out[f"{k}/min"], out[f"{k}/max"] = float(np.min(a)), float(np.max(a))
+        pool = reached if flagged and depends_on_target(k) else done
+        vals = [d.get(k) for d in pool]
+        if pool and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            _stats(out, k, vals)
     return out
+
+
+def seeds_phrase(n: int) -> str:
+    """``1 seed``, ``3 seeds``."""
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def write_group_summary(group_dir: Path, summary: Mapping[str, Any], report: Path | None) -> Path:
+    """``<group>/summary.json``: the group summary and the path of the group's band report (relative to the group
+    folder), so a listing of run folders can show the group and link its report."""
+    path = Path(group_dir) / "summary.json"
+    data = {"summary": dict(summary),
+            "report": str(report.relative_to(group_dir)) if report is not None and report.exists() else None}
+    _write_json(path, data)
+    return path
 
 
 # ----------------------------------------------------------------------------- report
@@ -247,6 +306,7 @@ def render_group(group_dir: str | Path, experiment: Any = None) -> Path:
     images = [_band_plot(rows, metrics, xkey, report_dir, info["kind"])] if metrics else []
     summary = group_summary(statuses)
     (report_dir / "index.html").write_text(_html(group_dir, info, statuses, summary, images, xkey), encoding="utf-8")
+    write_group_summary(group_dir, summary, report_dir / "index.html")
     return report_dir / "index.html"
 
 
@@ -267,12 +327,12 @@ def _band_plot(rows: Mapping[int, Sequence[Mapping[str, Any]]], metrics: list[st
                 ax.plot(cx, cy, lw=0.7, alpha=0.45, label=f"seed {s}")
             if b:
                 ax.fill_between(b["grid"], b["low"], b["high"], alpha=0.25, color="tab:blue", label="min-max over seeds")
-                ax.plot(b["grid"], b["mean"], lw=2.0, color="tab:blue", label=f"mean of {len(curves)} seeds")
+                ax.plot(b["grid"], b["mean"], lw=2.0, color="tab:blue", label=f"mean of {seeds_phrase(len(curves))}")
             ax.set_xlabel({"env_steps": "environment steps", "wall_time": "wall time (s)"}.get(x, x))
             ax.set_ylabel(metric)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle(f"{kind}: mean and min-max band over {len(rows)} seeds")
+    fig.suptitle(f"{kind}: mean and min-max band over {seeds_phrase(len(rows))}")
     fig.tight_layout()
     path = report_dir / "seeds.png"
     fig.savefig(path, dpi=100)
@@ -303,7 +363,13 @@ def _html(group_dir: Path, info: Mapping[str, Any], statuses: Mapping[int, Mappi
         cells = "".join(f"<td>{esc(_fmt(st.get('summary', {}).get(k)))}</td>" for k in keys)
         state = st.get("state", "unknown") + (f": {st['error']}" if st.get("error") else "")
         body += f"<tr><td>{link}</td><td>{esc(state)}</td>{cells}</tr>"
-    agg = "".join(f"<tr><th>{esc(k)}</th><td>{esc(_fmt(v))}</td></tr>" for k, v in summary.items())
+    agg = ""
+    if f"{TARGET_FLAG}/count" in summary:
+        k, n = summary[f"{TARGET_FLAG}/count"], summary[f"{TARGET_FLAG}/seeds"]
+        agg += (f"<tr><th>reached the target</th><td>{k} of {seeds_phrase(n)}; numbers *_to_target* are over "
+                f"{'that seed' if k == 1 else f'those {k}'} only</td></tr>")
+    agg += "".join(f"<tr><th>{esc(k)}</th><td>{esc(_fmt(v))}</td></tr>" for k, v in summary.items()
+                   if not k.startswith(f"{TARGET_FLAG}/"))
     figs = "".join(f'<figure><img src="{esc(Path(p).name)}"></figure>' for p in images)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{esc(group_dir.name)}</title>

@@ -4,7 +4,7 @@ Layout of ``runs/<kind>-<UTC timestamp>-<short id>/``::
 
     config.yaml        the fully resolved config (for a config rejected at load: the config as given)
     metrics.jsonl      one JSON row per step (the source of truth); metrics.csv is derived from it
-    tensorboard/       TensorBoard event files (scalars)
+    tensorboard/       TensorBoard event files (scalars); other trackers of ``loggers:`` (mlflow.db, wandb/) too
     checkpoints/       ckpt-<step>.fdck, atomic and checksummed, the newest ``checkpoint.keep`` kept
     run.log            the run's log
     status.json        running / completed / failed / interrupted; the final summary, or the one-line error
@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import math
 import os
 import secrets
 import time
@@ -41,7 +40,7 @@ from fedarena.platform.errors import RunError, is_user_error, one_line
 from fedarena.platform.experiment import Experiment, ExperimentConfig
 from fedarena.platform.progress import Progress
 from fedarena.platform.registry import UnknownKindError, get_kind
-from fedarena.platform.tensorboard import EventWriter
+from fedarena.platform.loggers import Logger, build_loggers, scalars
 
 LOGGER_NAME = "fedarena"
 
@@ -91,8 +90,8 @@ class Run:
         self.logger = logging.getLogger(f"{LOGGER_NAME}.run.{self.dir.name}")
         self._elapsed_before = 0.0
         self._t0 = time.monotonic()
-        self._tb = None
-        self._tb_purge: int | None = None
+        self._trackers: list[Logger] | None = None  # built at the first row, after restore (config.loggers)
+        self._resumed_at: int | None = None
         self._metrics_file = None
         self._last_flush = time.monotonic()
         self._restored = False
@@ -118,19 +117,36 @@ class Run:
         now = time.monotonic()
         if now - self._last_flush > 2.0:  # rows before a checkpoint are fsynced by save_checkpoint
             self._metrics_file.flush()
-            if self._tb is not None:
-                self._tb.flush()
+            for tracker in self._trackers or ():
+                tracker.flush()
             self._last_flush = now
-        self._tensorboard().add_scalars(int(step), {
-            k: v for k, v in row.items()
-            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        })
+        numbers = scalars(row)
+        for tracker in self.trackers():
+            tracker.log_metrics(int(step), numbers)
         self.last_step = int(step)
 
-    def _tensorboard(self) -> EventWriter:
-        if self._tb is None:
-            self._tb = EventWriter(self.dir / "tensorboard", purge_after=self._tb_purge)
-        return self._tb
+    def trackers(self) -> list[Logger]:
+        """The experiment trackers of ``config.loggers`` (:mod:`fedarena.platform.loggers`), given the config at
+        the first call."""
+        if self._trackers is None:
+            self._trackers = build_loggers(self.config.loggers, self.dir, self.config.tracking,
+                                           resumed_at=self._resumed_at, kind=self.config.kind)
+            for tracker in self._trackers:
+                tracker.log_config(cfgmod.to_dict(self.config))
+        return self._trackers
+
+    def end_trackers(self, state: str, artifacts: Sequence[Path] = ()) -> None:
+        """Give the trackers the run's files (config, status, report) and end their runs; later calls do nothing."""
+        trackers, self._trackers = self._trackers or [], []
+        for tracker in trackers:
+            try:
+                for path in artifacts:
+                    tracker.log_artifact(path)
+                tracker.close(state)
+            except Exception as exc:  # a failed run keeps its own error; the tracker's goes to run.log
+                if state == "completed":
+                    raise
+                self.logger.warning("logger %s: %s", type(tracker).__name__, one_line(exc))
 
     # -- checkpoints
     def should_checkpoint(self, step: int) -> bool:
@@ -142,8 +158,8 @@ class Run:
         if self._metrics_file is not None:
             self._metrics_file.flush()
             os.fsync(self._metrics_file.fileno())
-        if self._tb is not None:
-            self._tb.flush()
+        for tracker in self._trackers or ():
+            tracker.flush()
         full = {"experiment": state, "platform": {"elapsed": self.elapsed}}
         path = ckpt.save(self.checkpoint_dir, int(step), full, keep=self.config.checkpoint.keep)
         self.last_checkpoint_step = int(step)
@@ -195,7 +211,7 @@ class Run:
         self._elapsed_before = float(full.get("platform", {}).get("elapsed", 0.0))
         self._t0 = time.monotonic()
         self._truncate_metrics(step)
-        self._tb_purge = step
+        self._resumed_at = step
         self.last_step = step
         self.last_checkpoint_step = step
         self.logger.info("resumed from checkpoint at step %d", step)
@@ -213,9 +229,8 @@ class Run:
         if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
-        if self._tb is not None:
-            self._tb.close()
-        self._tb = None
+        for tracker in self._trackers or ():
+            tracker.flush()
         write_csv(self.dir)
 
 
@@ -373,6 +388,8 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
             from fedarena.platform.report import render
 
             summary["report"] = str(render(run_dir, experiment=experiment, config=cfg))
+        run.end_trackers("completed", [run_dir / "config.yaml", run_dir / "status.json"]
+                         + ([Path(summary["report"]).parent] if report else []))
         summary["run_dir"] = str(run_dir)
         return summary
     except BaseException as exc:
@@ -384,6 +401,7 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
                                 "seed": cfg.seed, "error": message,
                                 "error_type": type(exc).__name__, "user_error": is_user_error(exc),
                                 "last_step": run.last_step, "last_checkpoint_step": run.last_checkpoint_step})
+        run.end_trackers("interrupted" if interrupted else "failed")
         raise
     finally:
         run.close()

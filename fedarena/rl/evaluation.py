@@ -7,10 +7,12 @@ argmax Q (DQN). The same parameters, environment construction, batch size and se
 ``fedarena evaluate RUN_DIR`` reproduces the run's last evaluation (the convention of SB3's ``EvalCallback`` and
 rl-baselines3-zoo's ``enjoy``/``evaluate``: deterministic actions, separate environments).
 
-An exported policy is a folder ``policies/<final|best>/`` with ``params.npz`` (``fedarena.engine.save_params``;
+An exported policy is a folder ``policies/<final|best>/`` with ``params.npz`` (the engine's parameter file with
+each array named by its place in the network, e.g. ``pi/torso/l0/w``: :mod:`fedarena.rl.export`;
 observation-normalization statistics included) and ``manifest.json``: format, algorithm and its config,
 environment (id, kwargs, wrappers, backend), observation and action spaces, network, the step it was taken at
-and its evaluation (return, episodes, seed).
+and its evaluation (return, episodes, seed). :func:`load_policy` reads it into a :class:`Policy` (``fedarena.load_policy``),
+which acts, evaluates, and rebuilds itself in PyTorch or ONNX.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fedarena import engine
 from fedarena.envs.gym_envs import describe_space
 from fedarena.platform.errors import RunError
 from fedarena.platform.experiment import param
+from fedarena.rl import export
 from fedarena.rl.spaces import env_action
 
 MANIFEST_FORMAT = "fedarena.policy/1"
@@ -157,7 +160,7 @@ def export_policy(directory: str | Path, params: Any, *, algorithm: str, config:
     """Write ``params.npz`` + ``manifest.json`` into ``directory`` (replacing an older export there)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    engine.save_params(directory / "params.npz", _np_tree(params))
+    export.save_named_params(directory / "params.npz", _np_tree(params))
     manifest = {
         "format": MANIFEST_FORMAT, "algorithm": algorithm, "config": dict(config),
         "env": {"env_id": env.env_id, "backend": env.backend, "env_kwargs": dict(env.env_kwargs or {}),
@@ -176,8 +179,53 @@ def export_policy(directory: str | Path, params: Any, *, algorithm: str, config:
     return directory
 
 
-def load_policy(directory: str | Path) -> tuple[dict[str, Any], GreedyPolicy, Any, EnvOptions]:
-    """(manifest, greedy policy, parameters, environment options) of an exported policy folder."""
+@dataclass
+class Policy:
+    """An exported policy: its manifest, greedy policy, parameters and environment."""
+
+    directory: Path
+    manifest: dict[str, Any]
+    greedy: GreedyPolicy
+    params: Any
+    env: EnvOptions
+
+    def act(self, obs: Any) -> np.ndarray:
+        """Deterministic environment actions for a batch of observations (as evaluation plays)."""
+        return self.greedy.act(self.params, obs)
+
+    def prepare(self, obs: Any) -> np.ndarray:
+        """A batch of observations as the network's float32 input (the input of :meth:`to_torch` / ONNX)."""
+        return np.asarray(self.greedy.adapter(obs), dtype=np.float32)
+
+    def named_parameters(self) -> dict[str, np.ndarray]:
+        """The parameters by their place in the network (``pi/torso/l0/w``, ...)."""
+        return export.named_parameters(self.params)
+
+    def to_torch(self) -> Any:
+        """An equivalent ``torch.nn.Module``: ``module(torch.from_numpy(policy.prepare(obs)))`` gives the actions."""
+        network = self.greedy.agent.q if self.greedy.algorithm == "dqn" else self.greedy.agent.net
+        return export.to_torch(network, getattr(self.greedy, "dist", None), self.params)
+
+    def to_onnx(self, path: str | Path) -> Path:
+        """Write the :meth:`to_torch` module as ONNX (input ``obs`` = :meth:`prepare`'s array, output ``action``)."""
+        return export.to_onnx(self.to_torch(), tuple(self.greedy.adapter.shape), path)
+
+    def evaluate(self, episodes: int | None = None, seed: int | None = None) -> dict[str, Any]:
+        """Deterministic episodes (default: the run's evaluation episodes and seed): mean return and lengths."""
+        episodes = int(episodes or self.manifest["evaluation"]["episodes"])
+        seed = int(self.manifest["evaluation"]["seed"] if seed is None else seed)
+        env = self.env.build(episodes)
+        try:
+            returns, lengths = play(self.greedy, self.params, env, seed)
+        finally:
+            if hasattr(env, "close"):
+                env.close()
+        return {"episodes": episodes, "seed": seed, "mean_return": float(returns.mean()),
+                "std_return": float(returns.std()), "mean_length": float(lengths.mean()), "returns": returns.tolist()}
+
+
+def load_policy(directory: str | Path) -> Policy:
+    """Read an exported policy folder (``policies/final`` or ``policies/best`` of an RL run)."""
     directory = Path(directory)
     try:
         manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
@@ -195,7 +243,7 @@ def load_policy(directory: str | Path) -> tuple[dict[str, Any], GreedyPolicy, An
         params = engine.load_params(directory / "params.npz", like=policy.initial_params())
     except engine.ParamsFileError as err:
         raise RunError(f"{directory}: {err}") from None
-    return manifest, policy, params, env
+    return Policy(directory, manifest, policy, params, env)
 
 
 def evaluate_run(run_dir: Any, cfg: Any, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -205,16 +253,13 @@ def evaluate_run(run_dir: Any, cfg: Any, options: Mapping[str, Any]) -> dict[str
     if not (folder / "manifest.json").exists():
         raise RunError(f"evaluate {run_dir}: no exported {which} policy (policies/{which}/manifest.json); "
                        "the run may have failed before its first evaluation")
-    manifest, policy, params, env_options = load_policy(folder)
-    episodes = int(options.get("episodes") or manifest["evaluation"]["episodes"])
-    seed = int(options["seed"]) if options.get("seed") is not None else int(manifest["evaluation"]["seed"])
-    env = env_options.build(episodes)
-    returns, lengths = play(policy, params, env, seed)
-    if hasattr(env, "close"):
-        env.close()
+    loaded = load_policy(folder)
+    manifest, policy, params, env_options = loaded.manifest, loaded.greedy, loaded.params, loaded.env
+    result = loaded.evaluate(options.get("episodes"), options.get("seed"))
+    episodes, seed = result["episodes"], result["seed"]
     out: dict[str, Any] = {"policy": which, "step": manifest["step"], "env_steps": manifest["env_steps"],
-                           "episodes": episodes, "seed": seed, "mean_return": float(returns.mean()),
-                           "std_return": float(returns.std()), "mean_length": float(lengths.mean()),
+                           "episodes": episodes, "seed": seed, "mean_return": result["mean_return"],
+                           "std_return": result["std_return"], "mean_length": result["mean_length"],
                            "run_eval_return": manifest["evaluation"]["return"]}
     if options.get("render"):
         count = min(episodes, int(options.get("render_episodes") or 1))

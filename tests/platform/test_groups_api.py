@@ -33,6 +33,11 @@ def test_ppo_cartpole_with_three_seeds_writes_three_runs_and_a_band_report(tmp_p
     finals = [st["summary"]["final_eval_return"] for st in statuses]
     assert group.summary["final_eval_return/mean"] == pytest.approx(np.mean(finals))
     assert group.summary["final_eval_return/min"] == min(finals) and sorted(group.runs) == [0, 1, 2]
+    reached = [st["summary"]["steps_to_target"] for st in statuses if st["summary"]["reached_target"]]
+    assert group.summary["reached_target/count"] == len(reached) and group.summary["reached_target/seeds"] == 3
+    assert group.summary.get("steps_to_target/mean") == (np.mean(reached) if reached else None)
+    assert json.loads((out / "summary.json").read_text())["report"] == "report/index.html"
+    assert "seeds reached the target" in capsys.readouterr().out
     # seeds differ, so the runs differ
     assert len({json.dumps(r.rows[-1]["loss"]) for r in group.runs.values()}) == 3
 
