@@ -111,7 +111,7 @@ trap 'rm -rf "$work"' EXIT
 base_pythonpath="${PYTHONPATH:-}"
 export PYTHONPATH="$root${base_pythonpath:+:$base_pythonpath}"
 export PY="$py" ROOT="$root" OUT_DIR="$out" SITE="$work/site" DRY="${dry[*]+x}"
-export RUN_LIMIT=$((11 * scale))
+export RUN_LIMIT=$((11 * scale)) PYTHONUNBUFFERED=1  # unbuffered: a step killed at its limit keeps its log
 steps="$out/steps.txt"
 : > "$steps"
 rm -f "$out"/*.json "$out"/tests.xml "$out"/switch.txt "$out"/native.txt "$out"/summary.txt "$out"/targets_missed.txt
