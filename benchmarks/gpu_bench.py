@@ -29,6 +29,7 @@ compares, so that the check must fail (gpu_check.sh's planted failure).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -458,8 +459,11 @@ def tests_report(out: Path, dry: bool) -> int:
             res["skipped"] += 1
             skip = case.find("skipped")
             reason = (skip.get("message") or "").strip()
-            if reason == "collection skipped":  # a module-level skip: the reason is the element's text
-                reason = (skip.text or reason).strip().split(": ", 1)[-1]
+            if reason == "collection skipped":  # a module-level skip: the text is repr((path, line, "Skipped: why"))
+                try:
+                    reason = str(ast.literal_eval(skip.text.strip())[2]).removeprefix("Skipped: ")
+                except (ValueError, SyntaxError, IndexError, TypeError, AttributeError):
+                    reason = (skip.text or reason).strip()
             res["skip_reasons"][reason] = res["skip_reasons"].get(reason, 0) + 1
             res["not_passed"].append(f"SKIPPED {name}: {reason}")
         elif case.find("error") is not None:
