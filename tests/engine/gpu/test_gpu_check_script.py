@@ -111,3 +111,42 @@ def test_planted_failure_of_a_later_step_is_named_and_the_rest_still_run(tmp_pat
     assert last.startswith("VERDICT: FAIL: failed steps: env (rc=1)"), last
     assert "planted failure: GPU_CHECK_FAIL=env" in (tmp_path / "env.log").read_text()
     assert (tmp_path / "summary.txt").exists()  # the summary step ran after the failed one
+
+
+def _bench(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT.parent / "gpu_bench.py"), *args], capture_output=True, text=True)
+
+
+def test_summary_names_the_missed_targets(tmp_path):
+    """On a device the summary judges gemm (>= 0.7x cuBLAS), fused (>= 2x) and ppo (faster than
+    torch): a part below its target or one that errored is a missed target; a dry run judges none."""
+    rows = [{"n": 4096, "cublas_tflops": 50.0, "variants": {"dbuf": {"tflops": 40.0, "vs_cublas": 0.8, "max_rel_err": 1e-7}}}]
+    parts = {"gemm": {"status": "ok", "rows": rows, "at_n": 4096, "best_vs_cublas_at_4096": 0.8, "met": True},
+             "fused": {"status": "ok", "n": 1 << 20, "speedup_jit": 1.5, "speedup_executable": 2.5, "met": False},
+             "ppo": {"status": "error", "error": "RuntimeError: out of memory"}}
+    for name, r in parts.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(r))
+    res = _bench("summary", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "targets_missed.txt").read_text().split() == ["fused", "ppo"]
+    text = (tmp_path / "summary.txt").read_text()
+    assert "target >= 0.7: met" in text and "target >= 2: NOT met" in text and "ppo: ERROR RuntimeError: out of memory" in text
+    assert text.splitlines()[-1] == "targets NOT met: fused, ppo"
+    res = _bench("summary", "--out", str(tmp_path), "--cpu-dry-run")
+    assert (tmp_path / "targets_missed.txt").read_text() == ""
+
+
+def test_tests_report_fails_a_device_run_with_a_skipped_test(tmp_path):
+    (tmp_path / "tests.xml").write_text(
+        '<testsuites><testsuite name="pytest" tests="2">'
+        '<testcase classname="tests.a" name="test_ok" time="0.1"/>'
+        '<testcase classname="tests.a" name="test_rl" time="0.0"><skipped type="pytest.skip" '
+        'message="could not import \'gymnasium.spaces\'">why</skipped></testcase>'
+        "</testsuite></testsuites>")
+    device = _bench("tests-report", "--out", str(tmp_path))
+    assert device.returncode == 1 and "1 skipped on the device" in device.stdout, device.stdout
+    assert json.loads((tmp_path / "tests.json").read_text())["skip_reasons"] == {"could not import 'gymnasium.spaces'": 1}
+    assert _bench("tests-report", "--out", str(tmp_path), "--cpu-dry-run").returncode == 0
+    (tmp_path / "tests.xml").write_text('<testsuites><testsuite name="pytest" tests="0"></testsuite></testsuites>')
+    empty = _bench("tests-report", "--out", str(tmp_path), "--cpu-dry-run")
+    assert empty.returncode == 1 and "no gpu test was collected" in empty.stdout
