@@ -104,6 +104,10 @@ if [ -n "$fetch" ]; then
 fi
 
 scale="${GPU_CHECK_LIMIT_SCALE:-$([ ${#dry[@]} -gt 0 ] && echo 4 || echo 1)}"
+if ! [[ "$scale" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu_check.sh: GPU_CHECK_LIMIT_SCALE: expected a positive integer, got '$scale'" >&2
+  exit 2
+fi
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 work="$(mktemp -d)"
@@ -135,7 +139,7 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND under the limit, log to OU
   last_rc=$?
   [ "$name" = summary ] || tail -n 8 "$out/$name.log"
   local how="rc=$last_rc"
-  [ "$last_rc" -eq 124 ] || [ "$last_rc" -eq 137 ] && how="rc=$last_rc(timed out after ${limit}s)"
+  if [ "$last_rc" -eq 124 ] || [ "$last_rc" -eq 137 ]; then how="rc=$last_rc,timed-out-after-${limit}s"; fi
   echo "$name $how $((SECONDS - t0))s" | tee -a "$steps"
 }
 
@@ -319,6 +323,8 @@ missed=()
 if [ ${#failed[@]} -eq 0 ] && [ ${#missed[@]} -eq 0 ]; then
   if [ -n "$DRY" ]; then
     verdict="VERDICT: PASS (CPU dry run: every step passed; no target judged)"
+  elif [ -n "$only" ]; then
+    verdict="VERDICT: PASS: every step run passed and no target measured was missed"
   else
     verdict="VERDICT: PASS: every step passed and every target was met"
   fi
