@@ -31,8 +31,9 @@
 # last line ("VERDICT: FAIL: ...") naming the failed steps and the missed targets; 2 for bad usage.
 #
 # --cpu-dry-run  the same steps on the CPU: the kernels through the CUDA emulation, toy sizes,
-#                cupy-emulated runs; gpu tests skip for want of a device; every limit x4 (the
-#                emulation is slower); timings mean nothing and no target is judged.
+#                cupy-emulated runs; gpu tests skip for want of a device, the switch step's PPO
+#                runs for want of gymnasium; every limit x4 (the emulation is slower); timings
+#                mean nothing and no target is judged.
 # --steps        run only these steps (the summary reports the others as not run).
 # GPU_CHECK_FAIL=STEP   a planted failure: smoke corrupts one value its comparison must catch;
 #                any other step is replaced by a command that fails.  The script exits 1 naming it.
