@@ -48,7 +48,7 @@
 # runs everything (results under its $OUT; 360 s of limits + 20 s of kill grace < 420 s).
 set -u
 
-usage() { sed -n '2,50p' "$0"; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }  # the header above
 steps_all=(smoke env tests gemm fused ppo cnn fl switch summary)
 wheels=(gymnasium==1.4.0 farama-notifications==0.0.6)  # what fedarena's RL needs beyond the device image
 
