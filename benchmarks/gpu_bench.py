@@ -1,6 +1,11 @@
-"""GPU measurements of the cupy backend, each against the alternative in the same run, written
-as JSON to a results folder (run by benchmarks/gpu_check.sh on a machine with a CUDA device):
+"""GPU checks and measurements of the cupy backend, each against an oracle or the alternative in
+the same run, written as JSON to a results folder (run by benchmarks/gpu_check.sh on a machine
+with a CUDA device):
 
+  smoke  the go/no-go check, run first: a CUDA device is visible (``gpu_unavailable_reason()`` is
+         None); one fused elementwise kernel, a row and a column reduction equal numpy (float64);
+         the PPO step equals the numpy backend to 1e-5 with no host step; the SGEMM variants equal
+         a float64 product and are timed against cuBLAS at 4096.  Any failed check fails the part;
   gemm   the hand-tiled SGEMM variants vs cuBLAS (cupy.matmul) at 1024-8192: TFLOPS and ratio
          (target: best variant >= 0.7x cuBLAS at 4096);
   fused  a 10-operation elementwise chain at 1M elements: one generated kernel vs the same chain
@@ -10,27 +15,44 @@ as JSON to a results folder (run by benchmarks/gpu_check.sh on a machine with a 
   cnn    the CNN step of benchmarks/engine_vs_torch.py on the GPU vs PyTorch CUDA eager;
   fl     64 federated clients' local steps as one vmapped program on the GPU vs the numpy backend.
 
+Two more commands read what the parts and gpu_check.sh left in the folder: ``tests-report``
+(pytest's JUnit XML of the ``-m gpu`` tests: counts, skip reasons, and a failure when a test
+failed, none ran, or, on a device, any was skipped) and ``summary`` (summary.txt: one line per
+step against the issue's targets; targets_missed.txt names the parts whose target was missed).
+
 ``--cpu-dry-run`` runs every part at toy sizes on the CPU (kernels through the CUDA emulation,
-numpy for cupy, torch on the CPU) to check the plumbing; its timings mean nothing.
+numpy for cupy, torch on the CPU where it is installed) to check the plumbing; its timings mean
+nothing and no target is judged.  ``GPU_CHECK_FAIL=smoke`` corrupts one value the smoke check
+compares, so that the check must fail (gpu_check.sh's planted failure).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
 import sys
 import time
 import traceback
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fedarena import engine  # noqa: E402
-from fedarena.engine import nn, ops, optim  # noqa: E402
-from fedarena.engine.backends import cupy as cb  # noqa: E402
-from fedarena.engine.backends.cupy import gemm  # noqa: E402
+# fedarena is imported by _import_engine() when a part runs: `tests-report` and `summary` read JSON
+# only, and importing the engine costs seconds on a loaded machine
+engine = nn = ops = optim = cb = gemm = None
+
+
+def _import_engine() -> None:
+    global engine, nn, ops, optim, cb, gemm
+    from fedarena import engine
+    from fedarena.engine import nn, ops, optim
+    from fedarena.engine.backends import cupy as cb
+    from fedarena.engine.backends.cupy import gemm
 
 
 class Env:
@@ -53,6 +75,9 @@ class Env:
     def jit(self, fn):
         return cb.jit(fn, device=self.device)
 
+    def host(self, x) -> np.ndarray:
+        return np.asarray(self.device.to_host(x))
+
     def time(self, fn, reps: int, warmup: int = 2) -> float:
         """Median seconds per call over ``reps`` calls (device synchronised around each)."""
         for _ in range(warmup):
@@ -68,10 +93,26 @@ class Env:
 
 
 def _torch(env: Env):
-    import torch
-
+    """``(torch, sync)``, or ``(None, reason)`` in a dry run without torch (a device run needs it:
+    the ppo and cnn targets are against PyTorch)."""
+    try:
+        import torch
+    except ImportError as exc:
+        if not env.dry:
+            raise
+        return None, f"torch not importable ({exc})"
     sync = (lambda: torch.cuda.synchronize()) if env.torch_device == "cuda" else (lambda: None)
     return torch, sync
+
+
+def _device_info(env: Env) -> str:
+    if env.dry:
+        return f"emulated device (CPU dry run; gpu_unavailable_reason(): {cb.gpu_unavailable_reason()})"
+    cupy = env.xp
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    return (f"{name}, {props['multiProcessorCount']} SMs, cupy {cupy.__version__}, CUDA runtime "
+            f"{cupy.cuda.runtime.runtimeGetVersion()}, driver {cupy.cuda.runtime.driverGetVersion()}")
 
 
 def part_gemm(env: Env) -> dict:
@@ -90,10 +131,7 @@ def part_gemm(env: Env) -> dict:
         row = {"n": n, "cublas_tflops": flops / t_blas / 1e12, "variants": {}}
         for v in gemm.VARIANTS:
             out = xp.empty((n, n), np.float32)
-            if v == "naive" and n >= 8192 and not env.dry:
-                r = 1
-            else:
-                r = reps
+            r = 1 if v == "naive" and n >= 8192 else reps
             t = env.time(lambda: gemm.sgemm(mod, v, a, b, out), r, warmup=1)
             err = float(xp.max(xp.abs(out - ref)) / xp.max(xp.abs(ref)))
             row["variants"][v] = {"tflops": flops / t / 1e12, "vs_cublas": t_blas / t, "max_rel_err": err}
@@ -102,7 +140,7 @@ def part_gemm(env: Env) -> dict:
         print(f"gemm n={n}: cuBLAS {row['cublas_tflops']:.2f} TFLOPS; " + ", ".join(f"{k} {d['tflops']:.2f} ({d['vs_cublas']:.2f}x)" for k, d in row["variants"].items()) + f"; best {best[0]}")
     at = next((r for r in rows if r["n"] == (4096 if not env.dry else sizes[-1])), rows[-1])
     best = max(d["vs_cublas"] for d in at["variants"].values())
-    return {"rows": rows, "best_vs_cublas_at_4096": best, "target": 0.7, "met": best >= 0.7}
+    return {"rows": rows, "at_n": at["n"], "best_vs_cublas_at_4096": best, "target": 0.7, "met": best >= 0.7}
 
 
 def chain(x, y):
@@ -153,15 +191,40 @@ def _tree_to(xp, tree):
     return engine.tree_map(xp.asarray, tree)
 
 
+def _ppo_batch(n: int, seed: int = 0):
+    import engine_vs_torch as B
+
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, B.OBS)).astype(np.float32), rng.integers(0, B.ACT, n), rng.standard_normal(n).astype(np.float32),
+            (rng.standard_normal(n) * 0.1 - 1.4).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+
+
+def _time_torch(fn, sync, reps: int) -> float:
+    for _ in range(2):
+        fn()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def _move_closure_modules(torch, fn, device: str) -> None:
+    """benchmarks/engine_vs_torch.py builds its torch nets on the CPU: move them to ``device``."""
+    for cell in fn.__closure__ or ():
+        if isinstance(cell.cell_contents, torch.nn.Module):
+            cell.cell_contents.to(device)
+
+
 def part_ppo(env: Env) -> dict:
     import engine_vs_torch as B
 
     xp = env.xp
-    torch, tsync = _torch(env)
     n = 256 if env.dry else 4096
-    rng = np.random.default_rng(0)
-    batch = (rng.standard_normal((n, B.OBS)).astype(np.float32), rng.integers(0, B.ACT, n), rng.standard_normal(n).astype(np.float32),
-             (rng.standard_normal(n) * 0.1 - 1.4).astype(np.float32), rng.standard_normal(n).astype(np.float32))
+    batch = _ppo_batch(n)
     p0 = B.ppo_init(0)
     j = env.jit(B.ppo_step)
     exe = j.entry(p0, B.ppo_opt.init(p0), *batch)[0]
@@ -173,35 +236,21 @@ def part_ppo(env: Env) -> dict:
     def ours():
         state["p"], state["s"], _ = j(state["p"], state["s"], *dbatch)
 
-    tstep, _ = B.torch_ppo(torch, p0)
-    dev = env.torch_device
-    tb = [torch.tensor(b).to(dev) for b in batch]
-    net_params = None  # torch_ppo builds its net on the CPU: move it
-    for obj in tstep.__closure__ or ():
-        c = obj.cell_contents
-        if isinstance(c, torch.nn.Module):
-            net_params = c
-    if net_params is not None:
-        net_params.to(dev)
-    tloss = float(tstep(*tb).detach().cpu())
     reps = 3 if env.dry else 100
-
-    def theirs():
-        tstep(*tb)
-
     t_ours = env.time(ours, reps)
-    for _ in range(2):
-        theirs()
-    tsync()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        theirs()
-        tsync()
-        ts.append(time.perf_counter() - t)
-    t_torch = float(np.median(ts))
-    out = {"batch": n, "kernels": len(exe.kernels), "host_steps": exe.host_steps, "ours_us": t_ours * 1e6, "torch_eager_us": t_torch * 1e6,
-           "speedup": t_torch / t_ours, "loss_ours": float(np.asarray(env.device.to_host(loss))), "loss_numpy_backend": ref_loss, "loss_torch_first_step": tloss}
+    out = {"batch": n, "kernels": len(exe.kernels), "host_steps": exe.host_steps, "ours_us": t_ours * 1e6,
+           "loss_ours": float(env.host(loss)), "loss_numpy_backend": ref_loss}
+    torch, tsync = _torch(env)
+    if torch is None:
+        out.update(torch_eager_us=None, speedup=None, met=None, torch=tsync)
+        print(f"PPO step, batch {n}: ours {out['ours_us']:.0f} us ({len(exe.kernels)} kernels, host steps {exe.host_steps}); {tsync}")
+        return out
+    tstep, _ = B.torch_ppo(torch, p0)
+    _move_closure_modules(torch, tstep, env.torch_device)
+    tb = [torch.tensor(b).to(env.torch_device) for b in batch]
+    out["loss_torch_first_step"] = float(tstep(*tb).detach().cpu())
+    t_torch = _time_torch(lambda: tstep(*tb), tsync, reps)
+    out.update(torch_eager_us=t_torch * 1e6, speedup=t_torch / t_ours)
     out["met"] = out["speedup"] > 1.0
     print(f"PPO step, batch {n}: ours {out['ours_us']:.0f} us ({len(exe.kernels)} kernels, host steps {exe.host_steps}), torch eager {out['torch_eager_us']:.0f} us -> {out['speedup']:.2f}x")
     return out
@@ -211,8 +260,7 @@ def part_cnn(env: Env) -> dict:
     import engine_vs_torch as B
 
     xp = env.xp
-    torch, tsync = _torch(env)
-    n = 4 if env.dry else 256
+    n = 2 if env.dry else 256
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, n)
@@ -227,31 +275,26 @@ def part_cnn(env: Env) -> dict:
     def ours():
         state["p"], state["s"], _ = j(state["p"], state["s"], dx, dy)
 
+    reps = 1 if env.dry else 30
+    t_ours = env.time(ours, reps, warmup=1 if env.dry else 2)
+    out = {"batch": n, "host_steps": exe.host_steps, "ours_ms": t_ours * 1e3, "loss_ours": float(env.host(loss)), "loss_numpy_backend": ref_loss}
+    torch, tsync = _torch(env)
+    if torch is None:
+        out.update(torch_eager_ms=None, speedup=None, torch=tsync)
+        print(f"CNN step, batch {n}: ours {out['ours_ms']:.2f} ms (host steps {exe.host_steps}); {tsync}")
+        return out
     tstep = B.torch_cnn(torch, p0)
-    for obj in tstep.__closure__ or ():
-        c = obj.cell_contents
-        if isinstance(c, torch.nn.Module):
-            c.to(env.torch_device)
+    _move_closure_modules(torch, tstep, env.torch_device)
     tx, ty = torch.tensor(x).to(env.torch_device), torch.tensor(y).to(env.torch_device)
-    reps = 2 if env.dry else 30
-    t_ours = env.time(ours, reps)
-    for _ in range(2):
-        tstep(tx, ty)
-    tsync()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        tstep(tx, ty)
-        tsync()
-        ts.append(time.perf_counter() - t)
-    t_torch = float(np.median(ts))
-    out = {"batch": n, "host_steps": exe.host_steps, "ours_ms": t_ours * 1e3, "torch_eager_ms": t_torch * 1e3, "speedup": t_torch / t_ours,
-           "loss_ours": float(np.asarray(env.device.to_host(loss))), "loss_numpy_backend": ref_loss}
+    t_torch = _time_torch(lambda: tstep(tx, ty), tsync, reps)
+    out.update(torch_eager_ms=t_torch * 1e3, speedup=t_torch / t_ours)
     print(f"CNN step, batch {n}: ours {out['ours_ms']:.2f} ms (host steps {exe.host_steps}), torch eager {out['torch_eager_ms']:.2f} ms -> {out['speedup']:.2f}x")
     return out
 
 
 def part_fl(env: Env) -> dict:
+    from fedarena.engine.core import cext
+
     xp = env.xp
     clients = 8 if env.dry else 64
     per, dim = 32, 20
@@ -275,7 +318,7 @@ def part_fl(env: Env) -> dict:
     exe = j_gpu.entry(stacked, st, X, Y)[0]
     ref = j_np(stacked, st, X, Y)
     got = j_gpu(_tree_to(xp, stacked), _tree_to(xp, st), xp.asarray(X), xp.asarray(Y))
-    err = max(float(np.max(np.abs(np.asarray(env.device.to_host(a)) - b))) for a, b in zip(engine.tree_leaves(got), engine.tree_leaves(ref)))
+    err = max(float(np.max(np.abs(env.host(a) - b))) for a, b in zip(engine.tree_leaves(got), engine.tree_leaves(ref)))
     dp, ds, dX, dY = _tree_to(xp, stacked), _tree_to(xp, st), xp.asarray(X), xp.asarray(Y)
     reps = 2 if env.dry else 50
     t_gpu = env.time(lambda: j_gpu(dp, ds, dX, dY), reps)
@@ -283,15 +326,212 @@ def part_fl(env: Env) -> dict:
     for _ in range(reps):
         j_np(stacked, st, X, Y)
     t_np = (time.perf_counter() - t0) / reps
-    out = {"clients": clients, "host_steps": exe.host_steps, "gpu_ms": t_gpu * 1e3, "numpy_backend_ms": t_np * 1e3, "speedup": t_np / t_gpu, "max_abs_diff": err}
-    print(f"FL: {clients} vmapped clients' local step: GPU {out['gpu_ms']:.2f} ms (host steps {exe.host_steps}), numpy backend {out['numpy_backend_ms']:.2f} ms -> {out['speedup']:.2f}x; max diff {err:.2g}")
+    out = {"clients": clients, "host_steps": exe.host_steps, "gpu_ms": t_gpu * 1e3, "numpy_backend_ms": t_np * 1e3, "speedup": t_np / t_gpu,
+           "max_abs_diff": err, "numpy_backend_native": cext.available()}
+    print(f"FL: {clients} vmapped clients' local step: GPU {out['gpu_ms']:.2f} ms (host steps {exe.host_steps}), numpy backend {out['numpy_backend_ms']:.2f} ms "
+          f"({'with' if out['numpy_backend_native'] else 'WITHOUT'} its C extension) -> {out['speedup']:.2f}x; max diff {err:.2g}")
     return out
 
 
-def summarize(out: Path) -> str:
-    """One line per part of the results folder, with the issue's targets."""
-    lines = []
+# ----------------------------------------------------------------------------- smoke
+
+
+def _check(checks: dict, name: str, fn) -> None:
+    """Run one smoke check (``fn() -> (ok, detail)``); an exception is a failed check."""
+    try:
+        ok, detail = fn()
+    except Exception as exc:  # noqa: BLE001 - recorded, the next check still runs
+        ok, detail = False, f"{type(exc).__name__}: {exc}"
+    checks[name] = {"ok": bool(ok), "detail": detail}
+    print(f"smoke {name}: {'ok' if ok else 'FAILED'}: {detail}", flush=True)
+
+
+def part_smoke(env: Env) -> dict:
+    """The first step of gpu_check.sh: whether the device runs the backend's kernels correctly."""
+    import engine_vs_torch as B
+
+    xp = env.xp
+    planted = os.environ.get("GPU_CHECK_FAIL") == "smoke"
+    rng = np.random.default_rng(0)
+    checks: dict = {}
+    out = {"device_info": _device_info(env), "gpu_unavailable_reason": cb.gpu_unavailable_reason(), "planted_failure": planted, "checks": checks}
+    print(f"smoke: {out['device_info']}", flush=True)
+
+    def fused():
+        n = 4096 if env.dry else 1 << 20
+        x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        j = env.jit(chain)
+        exe = j.entry(x, y)[0]
+        got = env.host(j(xp.asarray(x), xp.asarray(y))).astype(np.float64)
+        if planted:
+            got[n // 2] += 1e-3  # GPU_CHECK_FAIL=smoke: one wrong value that the comparison must catch
+        ref = chain_separate(np, x.astype(np.float64), y.astype(np.float64))
+        err = float(np.max(np.abs(got - ref) / (1 + np.abs(ref))))
+        ok = len(exe.kernels) == 1 and exe.host_steps == [] and err <= 1e-5
+        return ok, f"10-op chain at {n} elements: {len(exe.kernels)} kernel(s), host steps {exe.host_steps}, max error {err:.1e} of 1 + |numpy float64| (limit 1e-5)"
+
+    def reductions():
+        r, c = (64, 100) if env.dry else (4096, 1000)
+        x = rng.standard_normal((r, c)).astype(np.float32)
+        j = env.jit(lambda v: (ops.sum(v, axis=1), ops.max(v, axis=0)))
+        exe = j.entry(x)[0]
+        s, m = (env.host(a) for a in j(xp.asarray(x)))
+        x64 = x.astype(np.float64)
+        err = float(np.max(np.abs(s - x64.sum(1)) / (1 + np.abs(x64).sum(1))))
+        exact = bool(np.array_equal(m, x.max(0)))
+        ok = exe.host_steps == [] and err <= 1e-6 and exact
+        return ok, (f"({r}, {c}) float32: row sums within {err:.1e} of numpy float64 (limit 1e-6 of 1 + sum |x|), column max "
+                    f"{'equal to' if exact else 'DIFFERENT from'} numpy's, {len(exe.kernels)} kernel(s), host steps {exe.host_steps}")
+
+    def ppo():
+        n = 64 if env.dry else 4096
+        batch = _ppo_batch(n, seed=1)
+        p0 = B.ppo_init(0)
+        s0 = B.ppo_opt.init(p0)
+        j = env.jit(B.ppo_step)
+        exe = j.entry(p0, s0, *batch)[0]
+        got = j(_tree_to(xp, p0), _tree_to(xp, s0), *[xp.asarray(b) for b in batch])
+        ref = engine.jit(B.ppo_step)(p0, s0, *batch)
+        pairs = [(env.host(a), np.asarray(b)) for a, b in zip(engine.tree_leaves(got), engine.tree_leaves(ref))]
+        close = all(np.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in pairs)
+        diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs)
+        ok = exe.host_steps == [] and close
+        return ok, (f"batch {n}: {len(exe.kernels)} kernels, host steps {exe.host_steps}; parameters, Adam state and loss "
+                    f"{'equal' if close else 'DIFFER from'} the numpy backend's to 1e-5 (max |diff| {diff:.1e})")
+
+    def sgemm():
+        n = 64 if env.dry else 4096
+        mod = env.device.load(gemm.source())
+        a = xp.asarray(rng.standard_normal((n, n)).astype(np.float32))
+        b = xp.asarray(rng.standard_normal((n, n)).astype(np.float32))
+        exact = xp.matmul(a.astype(np.float64), b.astype(np.float64))
+        bound = 1e-5 * (1 + xp.matmul(xp.abs(a).astype(np.float64), xp.abs(b).astype(np.float64)))
+        reps = 1 if env.dry else 5
+        t_blas = env.time(lambda: xp.matmul(a, b), reps, warmup=1)
+        res, bad = {}, []
+        for v in gemm.VARIANTS:
+            o = xp.full((n, n), np.nan, np.float32)
+            gemm.sgemm(mod, v, a, b, o)
+            if not bool(xp.all(xp.abs(o - exact) <= bound)):
+                bad.append(v)
+            res[v] = t_blas / env.time(lambda: gemm.sgemm(mod, v, a, b, o), reps, warmup=1)
+        best = max(res, key=res.get)
+        out["sgemm_vs_cublas"] = res
+        return not bad, (f"n={n}: {'every variant' if not bad else 'WRONG: ' + ', '.join(bad) + '; the others'} within 1e-5 of "
+                         f"(1 + |A||B|) of the float64 product; best {best} {res[best]:.2f}x cuBLAS "
+                         f"(target >= 0.7 at 4096, judged by the gemm step)")
+
+    for name, fn in (("fused", fused), ("reductions", reductions), ("ppo", ppo), ("sgemm", sgemm)):
+        _check(checks, name, fn)
+    failed = [k for k, c in checks.items() if not c["ok"]]
+    out["failed_checks"] = failed
+    if failed:
+        raise SmokeFailure(f"smoke checks failed: {', '.join(failed)}" + (" (planted: GPU_CHECK_FAIL=smoke)" if planted else ""), out)
+    print("smoke: every check passed", flush=True)
+    return out
+
+
+class SmokeFailure(Exception):
+    """A smoke check failed; carries the part's results so they are still written."""
+
+    def __init__(self, msg: str, result: dict):
+        super().__init__(msg)
+        self.result = result
+
+
+# ----------------------------------------------------------------------------- tests-report and summary
+
+
+def tests_report(out: Path, dry: bool) -> int:
+    """Read OUT/tests.xml (pytest --junitxml) into OUT/tests.json; non-zero when no test ran, one
+    failed or errored (a collection error included), or, on a device, one was skipped."""
+    xml = out / "tests.xml"
+    if not xml.exists():
+        print(f"tests: {xml} not written (pytest did not get to the end)")
+        return 1
+    root = ET.parse(xml).getroot()
+    cases = root.iter("testcase")
+    res = {"tests": 0, "passed": 0, "skipped": 0, "failed": 0, "errors": 0, "skip_reasons": {}, "not_passed": []}
+    for case in cases:
+        res["tests"] += 1
+        name = f"{case.get('classname')}::{case.get('name')}"
+        if case.find("skipped") is not None:
+            res["skipped"] += 1
+            skip = case.find("skipped")
+            reason = (skip.get("message") or "").strip()
+            if reason == "collection skipped":  # a module-level skip: the text is repr((path, line, "Skipped: why"))
+                try:
+                    reason = str(ast.literal_eval(skip.text.strip())[2]).removeprefix("Skipped: ")
+                except (ValueError, SyntaxError, IndexError, TypeError, AttributeError):
+                    reason = (skip.text or reason).strip()
+            res["skip_reasons"][reason] = res["skip_reasons"].get(reason, 0) + 1
+            res["not_passed"].append(f"SKIPPED {name}: {reason}")
+        elif case.find("error") is not None:
+            res["errors"] += 1
+            res["not_passed"].append(f"ERROR {name}: {(case.find('error').get('message') or '')[:300]}")
+        elif case.find("failure") is not None:
+            res["failed"] += 1
+            res["not_passed"].append(f"FAILED {name}: {(case.find('failure').get('message') or '')[:300]}")
+        else:
+            res["passed"] += 1
+    problems = []
+    if res["tests"] == 0:
+        problems.append("no gpu test was collected")
+    if res["failed"] or res["errors"]:
+        problems.append(f"{res['failed']} failed, {res['errors']} errors (collection errors included)")
+    if res["skipped"] and not dry:
+        problems.append(f"{res['skipped']} skipped on the device (every gpu test must run there)")
+    res["problems"] = problems
+    (out / "tests.json").write_text(json.dumps(res, indent=1))
+    print(f"tests: {res['tests']} gpu tests: {res['passed']} passed, {res['skipped']} skipped, {res['failed']} failed, {res['errors']} errors")
+    for reason, count in res["skip_reasons"].items():
+        print(f"  skipped ({count}): {reason}")
+    for line in res["not_passed"]:
+        if not line.startswith("SKIPPED"):
+            print(f"  {line}")
+    for p in problems:
+        print(f"tests: PROBLEM: {p}")
+    return 1 if problems else 0
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
+
+
+def summarize(out: Path, dry: bool) -> tuple[str, list[str]]:
+    """The lines of summary.txt and the parts whose target was missed (none in a dry run)."""
+    lines, missed = [], []
+    native = _read(out / "native.txt") or "numpy backend's C extension: not checked (the env step did not run)"
+    smoke = out / "smoke.json"
+    if smoke.exists():
+        r = json.loads(smoke.read_text())
+        lines.append(f"device: {r.get('device_info', '?')}")
+        if r.get("status") == "ok":
+            lines.append("smoke: every check passed: " + "; ".join(f"{k}: {c['detail']}" for k, c in r["checks"].items()))
+        else:
+            lines.append(f"smoke: FAILED: {r.get('error')}")
+    else:
+        lines.append("smoke: not run")
+    tests = out / "tests.json"
+    if tests.exists():
+        t = json.loads(tests.read_text())
+        reasons = "; ".join(f"{n} skipped: {why}" for why, n in t["skip_reasons"].items())
+        lines.append(f"tests: {t['tests']} gpu tests: {t['passed']} passed, {t['skipped']} skipped, {t['failed']} failed, {t['errors']} errors"
+                     + (f" ({reasons})" if reasons else "") + "".join(f"; PROBLEM: {p}" for p in t["problems"]))
+    else:
+        lines.append("tests: not run")
+    tag = " (CPU dry run: timings meaningless, no verdict)" if dry else ""
+
+    def verdict(name: str, ok: bool) -> str:
+        if dry:
+            return "n/a"
+        if not ok:
+            missed.append(name)
+        return "met" if ok else "NOT met"
+
     for name in PARTS:
+        if name == "smoke":
+            continue
         f = out / f"{name}.json"
         if not f.exists():
             lines.append(f"{name}: not run")
@@ -299,58 +539,85 @@ def summarize(out: Path) -> str:
         r = json.loads(f.read_text())
         if r.get("status") != "ok":
             lines.append(f"{name}: ERROR {r.get('error')}")
+            if name in TARGETS and not dry:
+                missed.append(name)
             continue
-        dry = bool(r.get("dry_run"))
-        tag = " (CPU dry run: timings meaningless, no verdict)" if dry else ""
-
-        def verdict(ok: bool) -> str:
-            return "n/a" if dry else ("met" if ok else "NOT met")
         if name == "gemm":
-            at = r["rows"][-2] if len(r["rows"]) > 2 else r["rows"][-1]
-            lines.append(f"gemm: best tiled variant {r['best_vs_cublas_at_4096']:.2f}x cuBLAS at n={at['n']} (target >= 0.7: {verdict(r['met'])}){tag}")
+            lines.append(f"gemm: best tiled variant {r['best_vs_cublas_at_4096']:.2f}x cuBLAS at n={r['at_n']} (target >= 0.7: {verdict(name, r['met'])}){tag}")
             for row in r["rows"]:
                 lines.append(f"  n={row['n']}: cuBLAS {row['cublas_tflops']:.2f} TFLOPS | " + " | ".join(f"{k} {d['tflops']:.2f} ({d['vs_cublas']:.2f}x, err {d['max_rel_err']:.1e})" for k, d in row["variants"].items()))
         elif name == "fused":
-            lines.append(f"fused: 10-op chain at {r['n']} elements: {r['speedup_jit']:.2f}x separate cupy calls per jit call, {r['speedup_executable']:.2f}x for the executable alone (target >= 2: {verdict(r['met'])}){tag}")
+            lines.append(f"fused: 10-op chain at {r['n']} elements: {r['speedup_jit']:.2f}x separate cupy calls per jit call, {r['speedup_executable']:.2f}x for the executable alone (target >= 2: {verdict(name, r['met'])}){tag}")
         elif name == "ppo":
-            lines.append(f"ppo: batch {r['batch']}: ours {r['ours_us']:.0f} us vs torch CUDA eager {r['torch_eager_us']:.0f} us = {r['speedup']:.2f}x (target > 1: {verdict(r['met'])}); host steps {r['host_steps']}{tag}")
+            if r.get("speedup") is None:
+                lines.append(f"ppo: batch {r['batch']}: ours {r['ours_us']:.0f} us; {r.get('torch')} (target > 1: {verdict(name, False)}){tag}")
+            else:
+                lines.append(f"ppo: batch {r['batch']}: ours {r['ours_us']:.0f} us vs torch CUDA eager {r['torch_eager_us']:.0f} us = {r['speedup']:.2f}x (target > 1: {verdict(name, r['met'])}); host steps {r['host_steps']}{tag}")
         elif name == "cnn":
-            lines.append(f"cnn: batch {r['batch']}: ours {r['ours_ms']:.2f} ms vs torch CUDA eager {r['torch_eager_ms']:.2f} ms = {r['speedup']:.2f}x; host steps {r['host_steps']}{tag}")
+            vs = f"vs torch CUDA eager {r['torch_eager_ms']:.2f} ms = {r['speedup']:.2f}x" if r.get("speedup") is not None else f"({r.get('torch')})"
+            lines.append(f"cnn: batch {r['batch']}: ours {r['ours_ms']:.2f} ms {vs}; host steps {r['host_steps']}{tag}")
         elif name == "fl":
-            lines.append(f"fl: {r['clients']} vmapped clients: GPU {r['gpu_ms']:.2f} ms vs numpy backend {r['numpy_backend_ms']:.2f} ms = {r['speedup']:.2f}x; max diff {r['max_abs_diff']:.2g}; host steps {r['host_steps']}{tag}")
-    return "\n".join(lines)
+            lines.append(f"fl: {r['clients']} vmapped clients: GPU {r['gpu_ms']:.2f} ms vs numpy backend {r['numpy_backend_ms']:.2f} ms = {r['speedup']:.2f}x; "
+                         f"max diff {r['max_abs_diff']:.2g}; host steps {r['host_steps']}{tag}")
+            lines.append(f"  numpy backend baseline: {'with' if r.get('numpy_backend_native') else 'WITHOUT'} its C extension ({native})")
+    switch = _read(out / "switch.txt")
+    if switch is None:
+        lines.append("switch: not run")
+    else:
+        lines.append("switch (fedarena run, engine_backend numpy vs " + ("cupy-emulated" if dry else "cupy") + f"; numpy runs: {native}):")
+        lines.extend(f"  {row}" for row in switch.splitlines())
+    if dry:
+        lines.append("targets: not judged (CPU dry run)")
+    else:
+        lines.append(f"targets NOT met: {', '.join(missed)}" if missed else "targets: all met (gemm, fused, ppo)")
+    return lines, missed
 
 
-PARTS = {"gemm": part_gemm, "fused": part_fused, "ppo": part_ppo, "cnn": part_cnn, "fl": part_fl}
+TARGETS = ("gemm", "fused", "ppo")
+PARTS = {"smoke": part_smoke, "gemm": part_gemm, "fused": part_fused, "ppo": part_ppo, "cnn": part_cnn, "fl": part_fl}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("part", choices=sorted(PARTS) + ["all", "summary"])
+    ap.add_argument("part", choices=list(PARTS) + ["all", "tests-report", "summary"])
     ap.add_argument("--out", default="gpu_results", help="folder for <part>.json")
     ap.add_argument("--cpu-dry-run", action="store_true", help="toy sizes on the CPU (CUDA emulation): checks the plumbing only")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    if args.part == "summary":
-        text = summarize(out)
-        (out / "summary.txt").write_text(text + "\n")
-        print(text)
-        return 0
-    env = Env(args.cpu_dry_run)
     out.mkdir(parents=True, exist_ok=True)
+    if args.part == "tests-report":
+        return tests_report(out, args.cpu_dry_run)
+    if args.part == "summary":
+        lines, missed = summarize(out, args.cpu_dry_run)
+        (out / "summary.txt").write_text("\n".join(lines) + "\n")
+        (out / "targets_missed.txt").write_text("".join(f"{m}\n" for m in missed))
+        print("\n".join(lines))
+        return 0
+    _import_engine()
     failed = 0
-    for name in PARTS if args.part == "all" else [args.part]:
+    names = [n for n in PARTS if n != "smoke"] if args.part == "all" else [args.part]
+    try:
+        env = Env(args.cpu_dry_run)
+    except Exception as exc:  # noqa: BLE001 - no device: every part records why
+        env, env_error = None, exc
+        print(f"no device to run on: {type(exc).__name__}: {exc}", flush=True)
+    for name in names:
         t = time.perf_counter()
         try:
+            if env is None:
+                raise env_error
             res = PARTS[name](env)
             res["status"] = "ok"
         except Exception as exc:  # noqa: BLE001 - record the failure, go on with the next part
             failed += 1
-            res = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            res = exc.result if isinstance(exc, SmokeFailure) else {}
+            res.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+            if env is None:
+                res["device_info"] = f"none ({type(env_error).__name__}: {env_error})"
             print(f"{name}: FAILED {res['error']}", file=sys.stderr)
         res["seconds"] = time.perf_counter() - t
         res["dry_run"] = args.cpu_dry_run
-        res["device"] = env.device.name
+        res["device"] = env.device.name if env is not None else None
         (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
     return 1 if failed else 0
 

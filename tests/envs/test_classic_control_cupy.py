@@ -8,6 +8,7 @@ try:
     cp.zeros(1).sum()
 except Exception as exc:  # cupy installed but no usable device
     pytest.skip(f"no CUDA device: {exc}", allow_module_level=True)
+pytest.importorskip("gymnasium")  # the environments' spaces (a lent GPU image has it only as carried wheels)
 
 from fedarena.envs.classic_control import BatchedClassicControl, acrobot_step, cartpole_step  # noqa: E402
 
