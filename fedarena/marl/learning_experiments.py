@@ -25,7 +25,9 @@ from fedarena.marl.meta_solvers import META_SOLVERS
 from fedarena.marl.nfsp import NFSP, NFSPConfig
 from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.rl_oracles import DQNOracle, DQNOracleConfig, PPOOracle, PPOOracleConfig
+from fedarena.platform.errors import ConfigError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 def _check_game(name: str) -> None:
@@ -62,55 +64,100 @@ class NFSPExperimentConfig(ExperimentConfig):
 
 
 def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
-    game = load_game(cfg.game)
-    evals = -(-cfg.episodes // cfg.eval_every)
-    step, first, agent_state = 0, 0, None
-    times: dict[int, float] = {}     # seed index -> training wall time
-    finals: dict[int, float] = {}    # seed index -> final exploitability
-    restored = run.restore()
-    if restored:
-        step, state = restored
-        first, agent_state = int(state["seed_index"]), state["agent"]
-        times = {int(k): float(v) for k, v in state["train_time"].items()}
-        finals = {int(k): float(v) for k, v in state["finals"].items()}
-    with run.progress(total=evals * len(cfg.learner_seeds), initial=step, desc=f"nfsp {cfg.game}") as bar:
-        for k in range(first, len(cfg.learner_seeds)):
-            seed = cfg.learner_seeds[k]
-            agent = NFSP(game, cfg.nfsp, seed=seed)
-            if agent_state:
-                agent.load_state_dict(agent_state)
-                agent_state = None
-            else:
-                times[k] = 0.0
-                run.log(step, **{f"seed{seed}/exploitability": exploitability(game, agent.average_policy()),
-                                 f"seed{seed}/episodes": 0, f"seed{seed}/train_time": 0.0})
-            while agent.episodes < cfg.episodes:
-                t0 = time.perf_counter()
-                agent.train(min(cfg.eval_every, cfg.episodes - agent.episodes))
-                times[k] += time.perf_counter() - t0
-                e = exploitability(game, agent.average_policy())
-                step += 1
-                run.log(step, **{f"seed{seed}/exploitability": e, f"seed{seed}/episodes": agent.episodes,
-                                 f"seed{seed}/train_time": times[k],
-                                 f"seed{seed}/episodes_per_second": agent.episodes / max(times[k], 1e-9)})
-                last = agent.episodes >= cfg.episodes
-                if last:
-                    finals[k] = e
-                if run.should_checkpoint(step) or last:  # the agent is kept: a resume may raise `episodes`
-                    run.save_checkpoint(step, {"seed_index": k, "agent": agent.state_dict(),
-                                               "train_time": {str(j): t for j, t in times.items()},
-                                               "finals": {str(j): v for j, v in finals.items()}})
-                bar.update(1, seed=seed, expl=e)
-            if k not in finals:  # resumed with the seed already at its budget
-                finals[k] = exploitability(game, agent.average_policy())
-                bar.update(0)
-    vals = np.array([finals[k] for k in range(len(cfg.learner_seeds))])
-    total_time = sum(times.values())
-    return {"game": cfg.game, "episodes_per_seed": cfg.episodes, "seeds": list(cfg.learner_seeds),
-            "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
-            "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
-            **{f"seed{s}/exploitability": finals[k] for k, s in enumerate(cfg.learner_seeds)},
-            "episodes_per_second": cfg.episodes * len(cfg.learner_seeds) / max(total_time, 1e-9)}
+    return run_loop(run, _NFSPSteps(cfg))
+
+
+class _NFSPSteps:
+    """NFSP under :func:`~fedarena.platform.loop.run_loop`: the seeds of ``learner_seeds`` one after another, a step
+    is ``eval_every`` episodes of the current seed followed by the exact exploitability of its average policy.
+
+    The checkpoint holds the current seed's agent even when it has spent its budget (a resume may raise
+    ``episodes``); the next seed's agent starts at the next step, and its row of episode 0 is logged with the
+    step on which the previous seed ended.
+    """
+
+    def __init__(self, cfg: NFSPExperimentConfig):
+        self.cfg = cfg
+        self.game = load_game(cfg.game)
+        self.desc = f"nfsp {cfg.game}"
+        self.total = -(-cfg.episodes // cfg.eval_every) * len(cfg.learner_seeds)
+        self.k, self.steps = 0, 0
+        self.agent: NFSP | None = None
+        self.following: NFSP | None = None  # the next seed's fresh agent, built when the current one ends
+        self.times: dict[int, float] = {}   # seed index -> training wall time
+        self.finals: dict[int, float] = {}  # seed index -> final exploitability
+
+    def _fresh(self, k: int) -> tuple[NFSP, dict[str, Any]]:
+        seed = self.cfg.learner_seeds[k]
+        agent = NFSP(self.game, self.cfg.nfsp, seed=seed)
+        return agent, {f"seed{seed}/exploitability": exploitability(self.game, agent.average_policy()),
+                       f"seed{seed}/episodes": 0, f"seed{seed}/train_time": 0.0}
+
+    def init(self) -> dict[str, Any]:
+        self.agent, row = self._fresh(0)
+        self.times[0] = 0.0
+        return row
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.steps, self.k = step, int(state["seed_index"])
+        if self.k >= len(self.cfg.learner_seeds):
+            raise ConfigError(f"learner_seeds: the checkpoint (step {step}) is at seed #{self.k + 1}, but "
+                              f"{self.cfg.learner_seeds} lists {len(self.cfg.learner_seeds)}; keep the seeds it ran")
+        self.agent = NFSP(self.game, self.cfg.nfsp, seed=self.cfg.learner_seeds[self.k])
+        self.agent.load_state_dict(state["agent"])
+        self.times = {int(k): float(v) for k, v in state["train_time"].items()}
+        self.finals = {int(k): float(v) for k, v in state["finals"].items()}
+
+    def state(self) -> dict[str, Any]:
+        assert self.agent is not None
+        return {"seed_index": self.k, "agent": self.agent.state_dict(),
+                "train_time": {str(j): t for j, t in self.times.items()},
+                "finals": {str(j): v for j, v in self.finals.items()}}
+
+    def _spent(self) -> bool:
+        assert self.agent is not None
+        return self.agent.episodes >= self.cfg.episodes
+
+    def done(self) -> bool:
+        return self.k >= len(self.cfg.learner_seeds) - 1 and self._spent()
+
+    def units(self) -> int:
+        return self.steps
+
+    def step(self, step: int) -> dict[str, Any]:
+        if self._spent():  # the current seed ended on the step before: the next one starts
+            self.finals.setdefault(self.k, exploitability(self.game, self.agent.average_policy()))
+            self.k += 1
+            self.agent, self.following = self.following or self._fresh(self.k)[0], None
+            self.times.setdefault(self.k, 0.0)
+        agent, k, seed = self.agent, self.k, self.cfg.learner_seeds[self.k]
+        t0 = time.perf_counter()
+        agent.train(min(self.cfg.eval_every, self.cfg.episodes - agent.episodes))
+        self.times[k] += time.perf_counter() - t0
+        e = exploitability(self.game, agent.average_policy())
+        self.steps = step
+        row = {f"seed{seed}/exploitability": e, f"seed{seed}/episodes": agent.episodes,
+               f"seed{seed}/train_time": self.times[k],
+               f"seed{seed}/episodes_per_second": agent.episodes / max(self.times[k], 1e-9)}
+        if self._spent():
+            self.finals[k] = e
+            if k + 1 < len(self.cfg.learner_seeds):
+                self.following, first = self._fresh(k + 1)
+                row.update(first)
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if self.k not in self.finals:  # resumed with the seed already at its budget
+            self.finals[self.k] = exploitability(self.game, self.agent.average_policy())
+        done = [k for k in range(len(cfg.learner_seeds)) if k in self.finals]
+        vals = np.array([self.finals[k] for k in done])
+        total_time = sum(self.times.values())
+        return {"game": cfg.game, "episodes_per_seed": cfg.episodes, "seeds": list(cfg.learner_seeds),
+                "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
+                "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
+                **{f"seed{cfg.learner_seeds[k]}/exploitability": self.finals[k] for k in done},
+                "episodes_per_second": cfg.episodes * len(done) / max(total_time, 1e-9)}
 
 
 def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:

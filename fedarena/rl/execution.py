@@ -120,6 +120,19 @@ class ActorWorker:
         traj["actor"] = self.index
         return traj
 
+    def state(self) -> dict[str, Any] | None:
+        """The actor and its sampling generator between rollouts (None: its environment exports no state)."""
+        actor = self.actor.state_dict()
+        if actor is None or not isinstance(self.policy, LocalPolicy):
+            return None
+        return {"actor": actor, "policy_rng": self.policy.rng.bit_generator.state}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        assert isinstance(self.policy, LocalPolicy)
+        self.policy.rng.bit_generator.state = {k: (dict(v) if isinstance(v, dict) else v)
+                                               for k, v in state["policy_rng"].items()}
+
     def pid(self) -> int:
         import os
 
@@ -217,6 +230,15 @@ class LocalActorPool:
     def next(self) -> tuple[int, dict[str, Any]]:
         i, weights = self._pending.popleft()
         return i, self.workers[i].rollout(weights)
+
+    def state(self) -> list[dict[str, Any]] | None:
+        """Every actor's state between rollouts, for an exact resume (None when an environment exports none)."""
+        states = [w.state() for w in self.workers]
+        return None if any(st is None for st in states) else states  # type: ignore[return-value]
+
+    def load(self, states: list[dict[str, Any]]) -> None:
+        for w, st in zip(self.workers, states, strict=True):
+            w.load(st)
 
     def close(self) -> None:
         self._pending.clear()

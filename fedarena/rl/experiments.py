@@ -276,6 +276,8 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
         ray_options = {"inference_server": True, "initial": learner.weights(),
                        "max_batch": cfg.inference_max_batch, "deadline_s": cfg.inference_deadline_ms / 1000.0}
     pool = make_actor_pool(cfg.execution, spec, cfg.num_actors, **ray_options)
+    if restored and state.get("actors") is not None and hasattr(pool, "load"):
+        pool.load(state["actors"])  # environments and samplers continue exactly where the checkpoint left them
     t_start = run.elapsed
     steady: list[tuple[int, float]] = []
     summary_metrics: dict[str, float] = {}
@@ -313,7 +315,8 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
                 summary_metrics = metrics
                 snapshot = (env_steps, tracker.state(), evaluation.state())
                 run.checkpoint(iteration, lambda s=snapshot: {"learner": learner.state(), "env_steps": s[0],
-                                                              "tracker": s[1], "evaluation": s[2]})
+                                                              "tracker": s[1], "evaluation": s[2],
+                                                              "actors": _actor_states(pool)})
                 bar.update(int(traj["env_steps"]), ret=round(tracker.mean, 1))
         run.final_checkpoint()  # before the (possibly remote) learner goes away
         evaluation.export_final(weights.params)
@@ -328,6 +331,12 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
     out["startup_s"] = t_start  # Ray start-up and actor creation included
     out.update({f"last_{k}": v for k, v in summary_metrics.items() if k in ("loss", "entropy")})
     return out
+
+
+def _actor_states(pool: Any) -> list[dict[str, Any]] | None:
+    """The actors' states when the pool can export them between rollouts (in-process actors on batched
+    environments), so a resumed run continues exactly; otherwise None and a resume re-seeds the actors."""
+    return pool.state() if hasattr(pool, "state") else None
 
 
 def _window_rate(points: list[tuple[int, float]], whole: bool = False) -> float:

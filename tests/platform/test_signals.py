@@ -1,0 +1,85 @@
+"""Stop signals: SIGTERM (``kill``, SLURM, Kubernetes) ends a run ``interrupted`` with a checkpoint and one line on
+stderr, and ``--resume`` then ends exactly where the uninterrupted run ends (a second, straight run is the oracle)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedarena.platform import checkpoint as ckpt
+from fedarena.platform.runs import execute, read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMING = ("wall_time", "env_steps_per_second", "train_time", "episodes_per_second")
+
+
+def _without_timing(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.endswith(TIMING)} for r in read_metrics(run_dir)]
+
+
+def _sigterm_after_first_checkpoint(out: Path, config: str, overrides: list[str]) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "fedarena", "run", config, "--out", str(out), "--quiet", "--no-report"]
+    for o in overrides:
+        args += ["--set", o]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ckpt.list_checkpoints(out / "checkpoints"):
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("config,overrides", [
+    ("experiments/ppo_cartpole.yaml", ["total_steps=4096", "checkpoint.every=2"]),
+    ("experiments/kuhn_nfsp.yaml", ["episodes=3000", "eval_every=500", "learner_seeds=[0,1]", "checkpoint.every=1",
+                                    "nfsp.num_games=32", "nfsp.hidden=[16]", "nfsp.replay_capacity=2000",
+                                    "nfsp.reservoir_capacity=2000", "nfsp.min_buffer_size_to_learn=100",
+                                    "nfsp.batch_size=32", "nfsp.learn_every=16"]),
+], ids=["ppo_cartpole", "kuhn_nfsp"])
+def test_sigterm_ends_interrupted_and_resume_equals_the_uninterrupted_run(tmp_path, config, overrides):
+    stopped = tmp_path / "stopped"
+    done = _sigterm_after_first_checkpoint(stopped, config, overrides)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["fedarena: interrupted"]
+    status = json.loads((stopped / "status.json").read_text())
+    assert status["state"] == "interrupted" and status["error"] == "interrupted by SIGTERM"
+    # it stopped at a step boundary, after writing that step's checkpoint, before the budget was spent
+    last = ckpt.list_checkpoints(stopped / "checkpoints")[-1][0]
+    assert status["last_checkpoint_step"] == status["last_step"] == last
+    assert [r["step"] for r in read_metrics(stopped)][-1] == last
+
+    resumed = execute(None, [], resume=stopped, quiet=True, report=False)
+    straight = execute(ROOT / config, overrides, out=tmp_path / "straight", quiet=True, report=False)
+    assert _without_timing(stopped) == _without_timing(tmp_path / "straight")
+    keys = [k for k in straight if not k.endswith(TIMING) and not k.endswith(("_s", "run_dir"))]
+    assert {k: resumed[k] for k in keys} == {k: straight[k] for k in keys}
+    assert json.loads((stopped / "status.json").read_text())["state"] == "completed"
+
+
+@pytest.mark.parametrize("kind,budget", [("xfp", "iterations"), ("cfr", "iterations"), ("psro", "iterations")])
+def test_resume_with_a_budget_below_the_checkpoint_stops_there(tmp_path, kind, budget):
+    cfg = {"kind": kind, "game": "kuhn_poker", budget: 6, "eval_every": 2, "checkpoint": {"every": 3}}
+    if kind == "psro":
+        cfg["meta_solvers"] = ["nash"]
+    first = execute(cfg, out=tmp_path / "a", quiet=True, report=False)
+    again = execute(None, [f"{budget}=2"], resume=tmp_path / "a", quiet=True, report=False)
+    assert again["iterations"] == 6  # the checkpoint's step: nothing was run, nothing undone
+    assert {k: v for k, v in again.items() if "time" not in k and "seconds" not in k and k != "run_dir"} == \
+        {k: v for k, v in first.items() if "time" not in k and "seconds" not in k and k != "run_dir"}
+    assert [r["step"] for r in read_metrics(tmp_path / "a")][-1] == 6
+    assert json.loads((tmp_path / "a" / "status.json").read_text())["state"] == "completed"
