@@ -31,6 +31,7 @@ import numpy as np
 
 from fedarena.platform.config import ConfigError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 def _cell_name(partition: str, c: float, e: int, b: int) -> str:
@@ -313,35 +314,79 @@ def loss_statistics(curves: np.ndarray) -> dict[str, float]:
 
 
 def run_fedprox_figure(cfg: FedProxFigureConfig, run) -> dict[str, Any]:
-    cells = [(ab, f, m) for ab in cfg.synthetic for f in cfg.straggler_fractions for m in METHODS]
-    # no stragglers: keeping partial work changes nothing, so FedProx mu = 0 is the FedAvg run
-    jobs = [(ab, f, m, s) for ab, f, m in cells if not (m == "fedprox_mu0" and f == 0) for s in cfg.train_seeds]
-    results: dict[tuple, list[float]] = {}
-    with run.progress(total=len(jobs), desc="fedprox runs") as bar:
-        if cfg.workers > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+    steps = _FedProxSteps(cfg, run)
+    try:
+        return run_loop(run, steps)
+    finally:
+        steps.close()
 
-            with ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futs = {pool.submit(fedprox_curve, cfg, *job): job for job in jobs}
-                for fut in as_completed(futs):
-                    results[_key(futs[fut])] = fut.result()
-                    bar.update(1, cell=_prox_name(*futs[fut][:3]), loss=results[_key(futs[fut])][-1])
+
+class _FedProxSteps:
+    """fedprox_figure under :func:`~fedarena.platform.loop.run_loop`: a step is one (cell, training seed) loss
+    curve, or ``workers`` of them computed in parallel worker processes; the checkpoint holds the curves so far."""
+
+    def __init__(self, cfg: FedProxFigureConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        self.cells = [(ab, f, m) for ab in cfg.synthetic for f in cfg.straggler_fractions for m in METHODS]
+        # no stragglers: keeping partial work changes nothing, so FedProx mu = 0 is the FedAvg run
+        self.jobs = [(ab, f, m, s) for ab, f, m in self.cells if not (m == "fedprox_mu0" and f == 0)
+                     for s in cfg.train_seeds]
+        self.results: dict[tuple, list[float]] = {}
+        self.desc, self.total = "fedprox runs", len(self.jobs)
+        self._pool: Any = None
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        if int(state["rounds"]) != self.cfg.rounds:
+            raise ConfigError(f"rounds: the checkpoint's curves have {state['rounds']} rounds; resume with "
+                              f"rounds={state['rounds']} (or start a new run)")
+        self.results = {_key(([a, b], f, m, int(s))): [float(x) for x in curve]
+                        for (a, b, f, m, s), curve in state["curves"]}
+
+    def state(self) -> dict[str, Any]:
+        return {"rounds": self.cfg.rounds, "curves": [[list(k), v] for k, v in self.results.items()]}
+
+    def _todo(self) -> list[tuple]:
+        return [job for job in self.jobs if _key(job) not in self.results]
+
+    def done(self) -> bool:
+        return not self._todo()
+
+    def units(self) -> int:
+        return len(self.jobs) - len(self._todo())
+
+    def step(self, step: int) -> dict[str, Any]:
+        batch = self._todo()[:self.cfg.workers]
+        if self.cfg.workers > 1:
+            if self._pool is None:
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+
+                self._pool = ProcessPoolExecutor(self.cfg.workers, mp_context=multiprocessing.get_context("spawn"))
+            curves = list(self._pool.map(fedprox_curve, *zip(*[(self.cfg, *job) for job in batch])))
         else:
-            for job in jobs:
-                results[_key(job)] = fedprox_curve(cfg, *job)
-                bar.update(1, cell=_prox_name(*job[:3]), loss=results[_key(job)][-1])
-    losses: dict[str, list[list[float]]] = {}
-    summary: dict[str, Any] = {}
-    for n, (ab, f, m) in enumerate(cells):
-        src = "fedavg" if (m == "fedprox_mu0" and f == 0) else m
-        losses[_prox_name(ab, f, m)] = [results[_key((ab, f, src, s))] for s in cfg.train_seeds]
-        st = loss_statistics(np.asarray(losses[_prox_name(ab, f, m)]))
-        run.log(n + 1, **st)
-        for k, v in st.items():
-            summary[f"{k}[{_prox_name(ab, f, m)}]"] = round(v, 5)
-    (run.dir / "fedprox_losses.json").write_text(json.dumps({"losses": losses}), encoding="utf-8")
-    return summary
+            curves = [fedprox_curve(self.cfg, *job) for job in batch]
+        for job, curve in zip(batch, curves):
+            self.results[_key(job)] = curve
+        return {"curves_done": self.units(), "final_train_loss_of_step": float(np.mean([c[-1] for c in curves]))}
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        losses: dict[str, list[list[float]]] = {}
+        summary: dict[str, Any] = {}
+        for ab, f, m in self.cells:
+            src = "fedavg" if (m == "fedprox_mu0" and f == 0) else m
+            losses[_prox_name(ab, f, m)] = [self.results[_key((ab, f, src, s))] for s in cfg.train_seeds]
+            for k, v in loss_statistics(np.asarray(losses[_prox_name(ab, f, m)])).items():
+                summary[f"{k}[{_prox_name(ab, f, m)}]"] = round(v, 5)
+        (self.run.dir / "fedprox_losses.json").write_text(json.dumps({"losses": losses}), encoding="utf-8")
+        return summary
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
 
 
 def _key(job) -> tuple:
