@@ -475,7 +475,7 @@ def _status_of_rejected_config(out: str | Path | None, exc: BaseException,
     if given is not None:
         status["kind"] = given["kind"]
         try:  # the config as given (--set overrides applied), not validated
-            text = yaml.safe_dump(dict(given), sort_keys=False, default_flow_style=None)
+            text = yaml.safe_dump(cfgmod.plain(dict(given)), sort_keys=False, default_flow_style=None)
         except yaml.YAMLError:
             text = None
         if text is not None:
