@@ -484,9 +484,17 @@ def run_fedsim_sweep(cfg: FedSimSweepConfig, run) -> dict[str, Any]:
     curves: dict[str, dict[str, list[float]]] = {}
     out: dict[str, Any] = {}
     total = sum(cfg.variant_config(i).rounds for i in range(len(cfg.variants)))
-    step = 0
-    with run.progress(total=total, desc="fedsim variants") as bar:
+    done = 0
+    restored = run.restore()
+    if restored is not None:  # finished variants are kept; the run continues with the next one
+        done, curves = restored[0], dict(restored[1]["curves"])
+    step = sum(cfg.variant_config(i).rounds for i in range(min(done, len(cfg.variants))))
+    with run.progress(total=total, initial=step, desc="fedsim variants") as bar:
         for i, v in enumerate(cfg.variants):
+            if i < done:
+                _sweep_summary(out, v["label"], {k: curves[v["label"]][k][-1] for k in
+                                                 ("test_acc", "bytes_up", "bytes_total", "epsilon")})
+                continue
             fcfg = cfg.variant_config(i)
             _, sim = build(fcfg)
             params = sim.model.init_params(fcfg.seed)
@@ -518,12 +526,16 @@ def run_fedsim_sweep(cfg: FedSimSweepConfig, run) -> dict[str, Any]:
             final = {k: rec[k][-1] for k in ("test_acc", "bytes_up", "bytes_total", "epsilon")}
             run.log(i + 1, **final)
             run.checkpoint(i + 1, lambda: {"curves": curves})
-            out[f"test_acc[{v['label']}]"] = round(final["test_acc"], 4)
-            out[f"bytes_up[{v['label']}]"] = int(final["bytes_up"])
-            if np.isfinite(final["epsilon"]):
-                out[f"epsilon[{v['label']}]"] = round(final["epsilon"], 4)
+            _sweep_summary(out, v["label"], final)
     (run.dir / "sweep_curves.json").write_text(json.dumps(curves, allow_nan=True), encoding="utf-8")
     return out
+
+
+def _sweep_summary(out: dict[str, Any], label: str, final: dict[str, float]) -> None:
+    out[f"test_acc[{label}]"] = round(final["test_acc"], 4)
+    out[f"bytes_up[{label}]"] = int(final["bytes_up"])
+    if np.isfinite(final["epsilon"]):
+        out[f"epsilon[{label}]"] = round(final["epsilon"], 4)
 
 
 def sweep_table(curves: dict[str, dict[str, list[float]]]) -> list[tuple[str, ...]]:

@@ -74,6 +74,10 @@ class Experiment:
     group_metrics: tuple[str, ...] = ()
     """Metrics a group report plots as mean and min-max band over seeds (default: ``summary_keys``, else every
     scalar metric all seeds logged)."""
+    resumable: bool = True
+    """False for kinds that keep no checkpoint to continue from: ``--resume`` is refused in one line before
+    anything runs (a resumable kind calls ``run.restore()`` before its first metrics row, or uses
+    :func:`fedarena.platform.loop.run_loop`, which does)."""
     evaluate: Callable[[Any, Any, Mapping[str, Any]], Mapping[str, Any]] | None = None
     """``evaluate(run_dir, config, options) -> results`` for ``fedarena evaluate`` (kinds that export a policy);
     options: ``episodes``, ``policy`` (final / best), ``seed``, ``render``."""

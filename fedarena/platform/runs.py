@@ -112,6 +112,9 @@ class Run:
 
     def log(self, step: int, **metrics: Any) -> None:
         """Record one row of metrics for ``step``: scalars, or lists of numbers (e.g. a strategy)."""
+        if self.resuming and not self._restored:  # nothing is appended to the rows of the run being resumed
+            raise RunError(f"--resume {self.dir}: experiment kind '{self.config.kind}' does not resume (it logged "
+                           "a row before calling run.restore()); start a new run")
         row: dict[str, Any] = {"step": int(step)}
         for k, v in metrics.items():
             row[k] = _jsonable(v, k)
@@ -339,6 +342,9 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
         status = _read_status(run_dir)
         if status.get("state") == "completed" and not overrides:
             return {**status.get("summary", {}), "run_dir": str(run_dir), "already_completed": True}
+        if not experiment.resumable:
+            raise RunError(f"--resume {run_dir}: experiment kind '{cfg.kind}' keeps no checkpoint to continue from; "
+                           "start a new run")
         resuming = True
     else:
         if config is None:
@@ -354,7 +360,9 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
             _status_of_rejected_config(out if out is not None else _rejected_run_dir(data), exc, data)
             raise
         if seeds is not None or cfg.seeds:
-            return _execute_group(config, overrides, out=out, seeds=seeds, quiet=quiet, report=report,
+            group_dir = out if out is not None else new_run_dir(cfg.kind, name=f"{cfg.name}-seeds" if cfg.name
+                                                                 else "seeds")  # the group folder groups.py names
+            return _execute_group(config, overrides, out=group_dir, seeds=seeds, quiet=quiet, report=report,
                                   parallel=parallel)
         run_dir = Path(out) if out is not None else new_run_dir(cfg.kind, name=cfg.name)
         if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
