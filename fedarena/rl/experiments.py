@@ -11,7 +11,11 @@ once ``eval_return`` reaches ``target_return``; with ``eval.every = 0`` the trai
 CartPole-v1 convention is 475 over 100 episodes in gymnasium's registry; issue 9 uses the last 20).
 ``policies/best`` holds the parameters of the best evaluation so far and ``policies/final`` those of the last
 iteration (evaluated there), each with a manifest; ``fedarena evaluate RUN_DIR`` replays them.
-Environments restart fresh on resume.
+On resume, in-process actors on batched environments continue from the checkpoint's environment and sampler
+state (the resumed run equals an uninterrupted one); other environments restart fresh.
+
+The algorithm's typed config (``PPOConfig``, ``IMPALAConfig``, ``DQNConfig``) is passed as an object to the learner
+and the actors; it becomes a dict only for the evaluator and the exported policy's manifest.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from fedarena.envs.vector import check_vector_env
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.rl.dqn import DQN, DQNConfig, run_dqn_steps
 from fedarena.rl.evaluation import EnvOptions, EvalConfig, Evaluator, env_wrappers, eval_seed, evaluate_run, export_policy
-from fedarena.rl.execution import EXECUTION_MODES, ActorSpec, build_vector_env, config_dict, make_actor_pool
+from fedarena.rl.execution import (ALGORITHMS, EXECUTION_MODES, ActorSpec, Algorithm, build_vector_env, config_dict,
+                                   make_actor_pool)
 from fedarena.rl.impala import IMPALAConfig
 from fedarena.rl.ppo import PPOConfig
 from fedarena.rl.workers import EpisodeStats
@@ -243,14 +248,16 @@ def _concat_envs(trajs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, algorithm: str) -> dict[str, Any]:
+def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, algo: Algorithm,
+                   algo_cfg: PPOConfig | IMPALAConfig) -> dict[str, Any]:
     from fedarena.rl.execution import LearnerHost, RemoteLearner, _limit_blas_threads
 
     _limit_blas_threads()
-    algo_cfg = cfg.ppo if algorithm == "ppo" else cfg.impala
-    rollout_length = algo_cfg.num_steps if algorithm == "ppo" else algo_cfg.unroll_length
+    algorithm = algo.name
+    assert algo.rollout_length is not None
+    rollout_length = algo.rollout_length(algo_cfg)
     wrappers = env_wrappers(cfg)
-    learner_args = (algorithm, cfg.env_id, cfg.env_backend, config_dict(algo_cfg), cfg.seed, cfg.total_steps)
+    learner_args = (algorithm, cfg.env_id, cfg.env_backend, algo_cfg, cfg.seed, cfg.total_steps)
     learner_kwargs = {"env_kwargs": dict(cfg.env_kwargs), "wrappers": wrappers}
     if cfg.execution == "ray":
         from fedarena.platform.cluster import init_ray
@@ -270,9 +277,9 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
         tracker.load(state["tracker"])
         evaluation.load(state.get("evaluation"))
     spec = ActorSpec(algorithm, cfg.env_id, algo_cfg.num_envs, rollout_length,
-                     cfg.seed + 7 * iteration, config_dict(algo_cfg), cfg.env_backend, dict(cfg.env_kwargs), wrappers)
+                     cfg.seed + 7 * iteration, algo_cfg, cfg.env_backend, dict(cfg.env_kwargs), wrappers)
     ray_options: dict[str, Any] = {}
-    if cfg.execution == "ray" and algorithm == "impala" and cfg.inference_server:
+    if cfg.execution == "ray" and algo.asynchronous and getattr(cfg, "inference_server", False):
         ray_options = {"inference_server": True, "initial": learner.weights(),
                        "max_batch": cfg.inference_max_batch, "deadline_s": cfg.inference_deadline_ms / 1000.0}
     pool = make_actor_pool(cfg.execution, spec, cfg.num_actors, **ray_options)
@@ -288,7 +295,7 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
         with run.progress(total=cfg.total_steps, initial=env_steps, desc=algorithm) as bar:
             while env_steps < cfg.total_steps and not evaluation.done and not (
                     not evaluation.stops_training and tracker.done):
-                if algorithm == "ppo":
+                if not algo.asynchronous:  # PPO: one synchronous rollout of every actor
                     trajs = [pool.next()[1] for _ in range(cfg.num_actors)]
                     traj = _concat_envs(sorted(trajs, key=lambda t: int(t.get("actor", 0))))
                     metrics = learner.update(traj)
@@ -322,7 +329,7 @@ def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, 
         evaluation.export_final(weights.params)
         out = _summary(tracker, evaluation, env_steps, run.elapsed, _window_rate(steady, whole=True))
         out["actor_restarts"] = getattr(pool, "restarts", 0)
-        if algorithm == "impala":
+        if algo.asynchronous:
             out["dropped_stale"] = learner.dropped_stale()
     finally:
         pool.close()
@@ -349,11 +356,11 @@ def _window_rate(points: list[tuple[int, float]], whole: bool = False) -> float:
 
 
 def run_ppo(cfg: PPOExperimentConfig, run: Any) -> dict[str, Any]:
-    return _on_policy_run(cfg, run, "ppo")
+    return _on_policy_run(cfg, run, ALGORITHMS["ppo"], cfg.ppo)
 
 
 def run_impala(cfg: IMPALAExperimentConfig, run: Any) -> dict[str, Any]:
-    return _on_policy_run(cfg, run, "impala")
+    return _on_policy_run(cfg, run, ALGORITHMS["impala"], cfg.impala)
 
 
 # ------------------------------------------------------------------------------------------ DQN
@@ -367,7 +374,7 @@ def run_dqn(cfg: DQNExperimentConfig, run: Any) -> dict[str, Any]:
     env = build_vector_env(cfg.env_id, c.num_envs, cfg.seed, cfg.env_backend, dict(cfg.env_kwargs), env_wrappers(cfg))
     agent = DQN(env.observation_space, env.action_space, c, seed=cfg.seed)
     tracker = _Tracker(cfg.window, cfg.target_return)
-    evaluation = _Evaluation(cfg, run, "dqn", config_dict(c))
+    evaluation = _Evaluation(cfg, run, ALGORITHMS["dqn"].name, config_dict(c))
     iteration = 0
     restored = run.restore()
     if restored:
