@@ -234,55 +234,77 @@ class PSRORLConfig(ExperimentConfig):
 
 
 def run_psro_rl(cfg: PSRORLConfig, run: Any) -> dict[str, Any]:
-    game = load_game(cfg.game)
-    oracle = DQNOracle(cfg.dqn, seed=cfg.seed) if cfg.oracle == "dqn" else PPOOracle(cfg.ppo, seed=cfg.seed)
-    learned = PSRO(game, meta_solver=cfg.meta_solver, oracle=oracle)
-    exact = PSRO(game, meta_solver=cfg.meta_solver) if cfg.compare_exact else None
-    t_rl = t_ex = 0.0
-    start = 0
-    restored = run.restore()
-    if restored:
-        start, state = restored
-        learned.load_state_dict(state["learned"])
-        oracle.rng.bit_generator.state = state["oracle_rng"]
-        oracle.training_episodes = int(state["training_episodes"])
-        t_rl, t_ex = float(state["t_rl"]), float(state["t_ex"])
-        if exact is not None:
-            exact.load_state_dict(state["exact"])
-    else:
-        row = {"rl/exploitability": learned.exploitability(), "rl/wall_time": 0.0, "rl/training_episodes": 0}
-        if exact is not None:
-            row.update({"exact/exploitability": exact.exploitability(), "exact/wall_time": 0.0})
-        run.log(0, **row)
-    e_rl = e_ex = float("nan")
-    first_below = None
-    with run.progress(total=cfg.iterations, initial=start, desc=f"psro-{cfg.oracle} {cfg.game}") as bar:
-        for it in range(start + 1, cfg.iterations + 1):
+    return run_loop(run, _PSRORLSteps(cfg, run))
+
+
+class _PSRORLSteps:
+    """psro_rl under :func:`~fedarena.platform.loop.run_loop`: a step is one PSRO iteration with the RL oracle (and
+    one with the exact oracle beside it), each followed by its exact exploitability."""
+
+    def __init__(self, cfg: PSRORLConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        game = load_game(cfg.game)
+        self.oracle = DQNOracle(cfg.dqn, seed=cfg.seed) if cfg.oracle == "dqn" else PPOOracle(cfg.ppo, seed=cfg.seed)
+        self.learned = PSRO(game, meta_solver=cfg.meta_solver, oracle=self.oracle)
+        self.exact = PSRO(game, meta_solver=cfg.meta_solver) if cfg.compare_exact else None
+        self.t_rl = self.t_ex = 0.0
+        self.it, self.desc, self.total = 0, f"psro-{cfg.oracle} {cfg.game}", cfg.iterations
+
+    def init(self) -> dict[str, Any]:
+        row = {"rl/exploitability": self.learned.exploitability(), "rl/wall_time": 0.0, "rl/training_episodes": 0}
+        if self.exact is not None:
+            row.update({"exact/exploitability": self.exact.exploitability(), "exact/wall_time": 0.0})
+        return row
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        if self.exact is not None and "exact" not in state:
+            raise ConfigError(f"compare_exact: the checkpoint (step {step}) holds no exact-oracle PSRO; resume with "
+                              "compare_exact=false")
+        self.it = step
+        self.learned.load_state_dict(state["learned"])
+        self.oracle.rng.bit_generator.state = state["oracle_rng"]
+        self.oracle.training_episodes = int(state["training_episodes"])
+        self.t_rl, self.t_ex = float(state["t_rl"]), float(state["t_ex"])
+        if self.exact is not None:
+            self.exact.load_state_dict(state["exact"])
+
+    def state(self) -> dict[str, Any]:
+        st = {"learned": self.learned.state_dict(), "oracle_rng": self.oracle.rng.bit_generator.state,
+              "training_episodes": int(self.oracle.training_episodes), "t_rl": self.t_rl, "t_ex": self.t_ex}
+        if self.exact is not None:
+            st["exact"] = self.exact.state_dict()
+        return st
+
+    def done(self) -> bool:
+        return self.it >= self.cfg.iterations
+
+    def units(self) -> int:
+        return self.it
+
+    def step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.learned.iteration()
+        self.t_rl += time.perf_counter() - t0
+        row = {"rl/exploitability": self.learned.exploitability(), "rl/wall_time": self.t_rl,
+               "rl/training_episodes": self.oracle.training_episodes}
+        if self.exact is not None:
             t0 = time.perf_counter()
-            learned.iteration()
-            t_rl += time.perf_counter() - t0
-            e_rl = learned.exploitability()
-            row = {"rl/exploitability": e_rl, "rl/wall_time": t_rl, "rl/training_episodes": oracle.training_episodes}
-            if exact is not None:
-                t0 = time.perf_counter()
-                exact.iteration()
-                t_ex += time.perf_counter() - t0
-                e_ex = exact.exploitability()
-                row.update({"exact/exploitability": e_ex, "exact/wall_time": t_ex})
-            run.log(it, **row)
-            if first_below is None and e_rl <= 0.05:
-                first_below = it
-            if run.should_checkpoint(it) or it == cfg.iterations:
-                st = {"learned": learned.state_dict(), "oracle_rng": oracle.rng.bit_generator.state,
-                      "training_episodes": int(oracle.training_episodes), "t_rl": t_rl, "t_ex": t_ex}
-                if exact is not None:
-                    st["exact"] = exact.state_dict()
-                run.save_checkpoint(it, st)
-            bar.update(1, rl=e_rl, exact=e_ex)
-    return {"game": cfg.game, "oracle": cfg.oracle, "meta_solver": cfg.meta_solver, "iterations": cfg.iterations,
-            "rl/exploitability": e_rl, "exact/exploitability": e_ex if exact is not None else None,
-            "rl/first_iteration_at_most_0.05": first_below, "rl/training_episodes": int(oracle.training_episodes),
-            "rl/seconds": t_rl}
+            self.exact.iteration()
+            self.t_ex += time.perf_counter() - t0
+            row.update({"exact/exploitability": self.exact.exploitability(), "exact/wall_time": self.t_ex})
+        self.it = step
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        cfg, rows = self.cfg, [r for r in self.run.rows() if r["step"] > 0]
+        rl = [r["rl/exploitability"] for r in rows if "rl/exploitability" in r]
+        ex = [r["exact/exploitability"] for r in rows if "exact/exploitability" in r]
+        below = [r["step"] for r in rows if r.get("rl/exploitability", 1.0) <= 0.05]
+        return {"game": cfg.game, "oracle": cfg.oracle, "meta_solver": cfg.meta_solver, "iterations": self.it,
+                "rl/exploitability": rl[-1] if rl else float("nan"),
+                "exact/exploitability": (ex[-1] if ex else float("nan")) if self.exact is not None else None,
+                "rl/first_iteration_at_most_0.05": below[0] if below else None,
+                "rl/training_episodes": int(self.oracle.training_episodes), "rl/seconds": self.t_rl}
 
 
 def plots_psro_rl(rows, cfg: PSRORLConfig, report_dir: str) -> list[str]:
