@@ -153,11 +153,12 @@ class _NFSPSteps:
         done = [k for k in range(len(cfg.learner_seeds)) if k in self.finals]
         vals = np.array([self.finals[k] for k in done])
         total_time = sum(self.times.values())
-        return {"game": cfg.game, "episodes_per_seed": cfg.episodes, "seeds": list(cfg.learner_seeds),
+        episodes = self.agent.episodes  # cfg.episodes, unless a resume lowered it below the checkpoint's count
+        return {"game": cfg.game, "episodes_per_seed": episodes, "seeds": list(cfg.learner_seeds),
                 "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
                 "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
                 **{f"seed{cfg.learner_seeds[k]}/exploitability": self.finals[k] for k in done},
-                "episodes_per_second": cfg.episodes * len(done) / max(total_time, 1e-9)}
+                "episodes_per_second": episodes * len(done) / max(total_time, 1e-9)}
 
 
 def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:

@@ -71,15 +71,25 @@ def test_sigterm_ends_interrupted_and_resume_equals_the_uninterrupted_run(tmp_pa
     assert json.loads((stopped / "status.json").read_text())["state"] == "completed"
 
 
-@pytest.mark.parametrize("kind,budget", [("xfp", "iterations"), ("cfr", "iterations"), ("psro", "iterations")])
-def test_resume_with_a_budget_below_the_checkpoint_stops_there(tmp_path, kind, budget):
-    cfg = {"kind": kind, "game": "kuhn_poker", budget: 6, "eval_every": 2, "checkpoint": {"every": 3}}
-    if kind == "psro":
-        cfg["meta_solvers"] = ["nash"]
-    first = execute(cfg, out=tmp_path / "a", quiet=True, report=False)
-    again = execute(None, [f"{budget}=2"], resume=tmp_path / "a", quiet=True, report=False)
-    assert again["iterations"] == 6  # the checkpoint's step: nothing was run, nothing undone
-    assert {k: v for k, v in again.items() if "time" not in k and "seconds" not in k and k != "run_dir"} == \
-        {k: v for k, v in first.items() if "time" not in k and "seconds" not in k and k != "run_dir"}
-    assert [r["step"] for r in read_metrics(tmp_path / "a")][-1] == 6
+TINY_NFSP = {"num_games": 32, "hidden": [16], "replay_capacity": 2000, "reservoir_capacity": 2000,
+             "min_buffer_size_to_learn": 100, "batch_size": 32, "learn_every": 16}
+
+
+@pytest.mark.parametrize("cfg,smaller", [
+    ({"kind": "xfp", "game": "kuhn_poker", "iterations": 6, "eval_every": 2}, "iterations=2"),
+    ({"kind": "cfr", "game": "kuhn_poker", "iterations": 6, "eval_every": 2}, "iterations=2"),
+    ({"kind": "psro", "game": "kuhn_poker", "iterations": 6, "meta_solvers": ["nash"]}, "iterations=2"),
+    ({"kind": "matrix_dynamics", "game": "prisoners_dilemma", "iterations": 6}, "iterations=2"),
+    ({"kind": "nfsp", "game": "kuhn_poker", "episodes": 600, "eval_every": 100, "learner_seeds": [0],
+      "nfsp": TINY_NFSP}, "episodes=200"),
+], ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_resume_with_a_budget_below_the_checkpoint_stops_there(tmp_path, cfg, smaller):
+    first = execute({**cfg, "checkpoint": {"every": 3}}, out=tmp_path / "a", quiet=True, report=False)
+    rows = read_metrics(tmp_path / "a")
+    again = execute(None, [smaller], resume=tmp_path / "a", quiet=True, report=False)
+    # nothing ran and nothing was undone: the summary of the checkpoint's state, the same rows
+    timing = ("time", "seconds", "per_second", "run_dir")
+    assert {k: v for k, v in again.items() if not any(t in k for t in timing)} == \
+        {k: v for k, v in first.items() if not any(t in k for t in timing)}
+    assert read_metrics(tmp_path / "a") == rows
     assert json.loads((tmp_path / "a" / "status.json").read_text())["state"] == "completed"
