@@ -93,3 +93,51 @@ def test_resume_with_a_budget_below_the_checkpoint_stops_there(tmp_path, cfg, sm
         {k: v for k, v in first.items() if not any(t in k for t in timing)}
     assert read_metrics(tmp_path / "a") == rows
     assert json.loads((tmp_path / "a" / "status.json").read_text())["state"] == "completed"
+
+
+class _FakeRun:
+    last_step = 4
+    stop_requested = None
+
+
+def test_without_a_run_the_first_signal_raises_at_once():
+    from fedarena.platform.loop import RunInterrupted, stop_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RunInterrupted, match="interrupted by SIGTERM"):
+        with stop_signals(None):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(500):  # the handler runs at the next bytecode; bounded wait
+                time.sleep(0.01)
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
+
+
+def test_a_run_that_reaches_no_checkpoint_offer_is_stopped_after_the_grace():
+    from fedarena.platform.loop import RunInterrupted, stop_signals
+
+    run = _FakeRun()
+    with pytest.raises(RunInterrupted) as stopped:
+        with stop_signals(run, grace=0.2):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(3000):  # a step that never offers a checkpoint; bounded
+                time.sleep(0.01)
+    assert run.stop_requested == "SIGINT"  # the first signal only asked the run to stop ...
+    assert not stopped.value.graceful and stopped.value.step == 4  # ... the grace timer stopped it where it was
+
+
+def test_a_signal_at_a_checkpoint_offer_writes_that_step_then_stops(tmp_path):
+    from fedarena.platform.experiment import ExperimentConfig
+    from fedarena.platform.loop import RunInterrupted
+    from fedarena.platform.runs import Run
+
+    run = Run(tmp_path, ExperimentConfig(kind="x"), quiet=True)
+    run.log(1, a=1.0)
+    run.checkpoint(1, lambda: {"w": [1.0]})  # checkpoint.every = 100: kept pending, not written
+    assert not ckpt.list_checkpoints(tmp_path / "checkpoints")
+    run.stop_requested = "SIGTERM"
+    run.log(2, a=2.0)
+    with pytest.raises(RunInterrupted) as stopped:
+        run.checkpoint(2, lambda: {"w": [2.0]})
+    assert stopped.value.graceful and stopped.value.step == 2
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [2]
+    run.close()
