@@ -192,11 +192,18 @@ class Run:
     def restore(self) -> tuple[int, Any] | None:
         """The (step, state) of the newest valid checkpoint, or None on a fresh run.
 
-        Metric rows after that step are dropped. On a resumed run without any valid checkpoint this raises
-        instead of silently starting over.
+        Metric rows after that step are dropped. On a resumed run whose checkpoints are all invalid this raises
+        instead of silently starting over; a run stopped before it wrote any checkpoint starts over (its rows are
+        dropped and written again).
         """
         self._restored = True
         if not self.resuming:
+            return None
+        if not ckpt.list_checkpoints(self.checkpoint_dir):  # stopped before its first checkpoint: nothing to keep
+            self.logger.warning("%s: the run was stopped before its first checkpoint; starting it over", self.dir)
+            self._truncate_metrics(-1)
+            self._tb_purge = -1
+            self.resuming = False
             return None
         found = ckpt.load_newest_valid(self.checkpoint_dir, warn=self.logger.warning)
         if found is None:

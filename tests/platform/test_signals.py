@@ -17,7 +17,7 @@ from fedarena.platform import checkpoint as ckpt
 from fedarena.platform.runs import execute, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMING = ("wall_time", "env_steps_per_second", "train_time", "episodes_per_second")
+TIMING = ("wall_time", "env_steps_per_second", "train_time", "episodes_per_second", "solver_time")
 
 
 def _without_timing(run_dir: Path) -> list[dict]:
@@ -141,3 +141,19 @@ def test_a_signal_at_a_checkpoint_offer_writes_that_step_then_stops(tmp_path):
     assert stopped.value.graceful and stopped.value.step == 2
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [2]
     run.close()
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_over_on_resume(tmp_path):
+    cfg = {"kind": "xfp", "game": "kuhn_poker", "iterations": 4, "checkpoint": {"every": 2}}
+    reference = execute(cfg, out=tmp_path / "ref", quiet=True, report=False)
+    stopped = tmp_path / "stopped"
+    execute(cfg, out=stopped, quiet=True, report=False)
+    for _, path in ckpt.list_checkpoints(stopped / "checkpoints"):  # as if stopped right after its first row
+        path.unlink()
+    rows = read_metrics(stopped)
+    (stopped / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    (stopped / "status.json").write_text(json.dumps({"state": "interrupted"}))
+    resumed = execute(None, [], resume=stopped, quiet=True, report=False)
+    assert resumed["exploitability"] == reference["exploitability"]
+    assert _without_timing(stopped) == _without_timing(tmp_path / "ref")
+    assert "stopped before its first checkpoint; starting it over" in (stopped / "run.log").read_text()
