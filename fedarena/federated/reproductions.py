@@ -102,50 +102,73 @@ def _fedavg_cells(cfg: FedAvgTableConfig) -> list[tuple[str, float, int, int]]:
 
 
 def run_fedavg_table(cfg: FedAvgTableConfig, run) -> dict[str, Any]:
-    from fedarena.federated.fedsim_experiment import build
+    return run_loop(run, _FedAvgCells(cfg, run))
 
-    cells = _fedavg_cells(cfg)
-    curves: dict[str, list[float]] = {}
-    rounds_to: dict[str, int | None] = {}
-    updates: dict[str, float] = {}
-    done = 0
-    restored = run.restore()
-    if restored is not None:  # finished cells are kept; the run continues with the next cell
-        done, saved = restored
-        curves, rounds_to, updates = saved["curves"], saved["rounds"], saved["updates"]
-    with run.progress(total=len(cells), initial=done, desc="fedavg cells") as bar:
-        for n, (p, c, e, b) in enumerate(cells):
-            if n < done:
-                continue
-            fcfg = cfg.cell_config(p, c, e, b)
-            d, sim = build(fcfg)
-            if b == 0:  # B = infinity: one batch of the client's whole data per epoch
-                bmax = int(max(len(t) for t in d.train))
-                sim.strategy = replace(sim.strategy, fit=replace(sim.strategy.fit, batch_size=bmax))
-            sizes = np.array([len(t) for t in d.train], float)
-            updates[_cell_name(p, c, e, b)] = float(e * np.mean(sizes / (sizes if b == 0 else b)))
-            state = sim.init_state()
-            sim.final_round = cfg.max_rounds
-            accs: list[float] = []
-            hit = None
-            for r in range(1, cfg.max_rounds + 1):
-                state, rec = sim.round(state)
-                accs.append(float(rec.metrics["test_acc"]))
-                if accs[-1] >= cfg.target:
-                    hit = r
-                    break
-            name = _cell_name(p, c, e, b)
-            curves[name], rounds_to[name] = accs, hit
-            run.log(n + 1, rounds_to_target=float(hit) if hit else float("nan"), final_test_acc=accs[-1],
-                    best_test_acc=max(accs))
-            run.checkpoint(n + 1, lambda: {"curves": curves, "rounds": rounds_to, "updates": updates})
-            bar.update(1, cell=name, rounds=hit or f">{cfg.max_rounds}")
-    (run.dir / "fedavg_curves.json").write_text(json.dumps(
-        {"curves": curves, "rounds": rounds_to, "updates_per_round": updates, "cells": cells}), encoding="utf-8")
-    out: dict[str, Any] = {"target": cfg.target}
-    for name, r in rounds_to.items():
-        out[f"rounds[{name}]"] = r if r else f">{cfg.max_rounds}"
-    return out
+
+class _FedAvgCells:
+    """fedavg_table under :func:`~fedarena.platform.loop.run_loop`: a step is one cell of the table (FedAvg until
+    the target accuracy or ``max_rounds``); the checkpoint keeps the finished cells."""
+
+    def __init__(self, cfg: FedAvgTableConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        self.cells = _fedavg_cells(cfg)
+        self.curves: dict[str, list[float]] = {}
+        self.rounds_to: dict[str, int | None] = {}
+        self.updates: dict[str, float] = {}
+        self.done_cells, self.desc, self.total = 0, "fedavg cells", len(self.cells)
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.done_cells = step
+        self.curves, self.rounds_to, self.updates = state["curves"], state["rounds"], state["updates"]
+
+    def state(self) -> dict[str, Any]:
+        return {"curves": self.curves, "rounds": self.rounds_to, "updates": self.updates}
+
+    def done(self) -> bool:
+        return self.done_cells >= len(self.cells)
+
+    def units(self) -> int:
+        return self.done_cells
+
+    def step(self, step: int) -> dict[str, Any]:
+        from fedarena.federated.fedsim_experiment import build
+
+        cfg = self.cfg
+        p, c, e, b = self.cells[step - 1]
+        d, sim = build(cfg.cell_config(p, c, e, b))
+        if b == 0:  # B = infinity: one batch of the client's whole data per epoch
+            bmax = int(max(len(t) for t in d.train))
+            sim.strategy = replace(sim.strategy, fit=replace(sim.strategy.fit, batch_size=bmax))
+        sizes = np.array([len(t) for t in d.train], float)
+        name = _cell_name(p, c, e, b)
+        self.updates[name] = float(e * np.mean(sizes / (sizes if b == 0 else b)))
+        state = sim.init_state()
+        sim.final_round = cfg.max_rounds
+        accs: list[float] = []
+        hit = None
+        for r in range(1, cfg.max_rounds + 1):
+            state, rec = sim.round(state)
+            accs.append(float(rec.metrics["test_acc"]))
+            if accs[-1] >= cfg.target:
+                hit = r
+                break
+        self.curves[name], self.rounds_to[name] = accs, hit
+        self.done_cells = step
+        return {"rounds_to_target": float(hit) if hit else float("nan"), "final_test_acc": accs[-1],
+                "best_test_acc": max(accs)}
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        (self.run.dir / "fedavg_curves.json").write_text(json.dumps(
+            {"curves": self.curves, "rounds": self.rounds_to, "updates_per_round": self.updates,
+             "cells": self.cells}), encoding="utf-8")
+        out: dict[str, Any] = {"target": cfg.target}
+        for name, r in self.rounds_to.items():
+            out[f"rounds[{name}]"] = r if r else f">{cfg.max_rounds}"
+        return out
 
 
 def fedavg_table_rows(result: dict[str, Any], max_rounds: int) -> list[tuple[str, str, str, str, str, str]]:
