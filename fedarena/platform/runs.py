@@ -16,7 +16,8 @@ environment id, a missing optional package, PSRO on a general-sum game) still ge
 names no known kind gets none (unless ``--out`` names one).
 
 Resuming (``execute(resume=RUN_DIR)``) continues from the newest valid checkpoint; metric rows written
-after that checkpoint are dropped so no row is duplicated or missing.
+after that checkpoint are dropped so no row is duplicated or missing. ``execute`` runs every run and seed group
+inside :func:`fedarena.platform.loop.stop_signals`: SIGTERM and SIGINT end it ``interrupted`` with a checkpoint.
 """
 
 from __future__ import annotations
