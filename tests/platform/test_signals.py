@@ -45,7 +45,7 @@ def _sigterm_after_first_checkpoint(out: Path, config: str, overrides: list[str]
 
 
 @pytest.mark.parametrize("config,overrides", [
-    ("experiments/ppo_cartpole.yaml", ["total_steps=4096", "checkpoint.every=2"]),
+    ("experiments/ppo_cartpole.yaml", ["total_steps=3072", "checkpoint.every=2"]),
     ("experiments/kuhn_nfsp.yaml", ["episodes=3000", "eval_every=500", "learner_seeds=[0,1]", "checkpoint.every=1",
                                     "nfsp.num_games=32", "nfsp.hidden=[16]", "nfsp.replay_capacity=2000",
                                     "nfsp.reservoir_capacity=2000", "nfsp.min_buffer_size_to_learn=100",
