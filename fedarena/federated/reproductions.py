@@ -385,10 +385,9 @@ class _FedProxSteps:
         if self.cfg.workers > 1:
             if self._pool is None:
                 import multiprocessing
-                from concurrent.futures import ProcessPoolExecutor
 
-                self._pool = ProcessPoolExecutor(self.cfg.workers, mp_context=multiprocessing.get_context("spawn"))
-            curves = list(self._pool.map(fedprox_curve, *zip(*[(self.cfg, *job) for job in batch])))
+                self._pool = multiprocessing.get_context("spawn").Pool(self.cfg.workers)
+            curves = self._pool.starmap(fedprox_curve, [(self.cfg, *job) for job in batch])
         else:
             curves = [fedprox_curve(self.cfg, *job) for job in batch]
         for job, curve in zip(batch, curves):
@@ -408,8 +407,9 @@ class _FedProxSteps:
         return summary
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+        if self._pool is not None:  # every result is in by now, or the run was stopped: end the workers at once
+            self._pool.terminate()
+            self._pool.join()
 
 
 def _key(job) -> tuple:
