@@ -502,56 +502,74 @@ class FedSimSweepConfig(ExperimentConfig):
 
 
 def run_fedsim_sweep(cfg: FedSimSweepConfig, run) -> dict[str, Any]:
-    from fedarena.federated.fedsim_experiment import build, ldp_cumulative_epsilon
+    return run_loop(run, _SweepVariants(cfg, run))
 
-    curves: dict[str, dict[str, list[float]]] = {}
-    out: dict[str, Any] = {}
-    total = sum(cfg.variant_config(i).rounds for i in range(len(cfg.variants)))
-    done = 0
-    restored = run.restore()
-    if restored is not None:  # finished variants are kept; the run continues with the next one
-        done, curves = restored[0], dict(restored[1]["curves"])
-    step = sum(cfg.variant_config(i).rounds for i in range(min(done, len(cfg.variants))))
-    with run.progress(total=total, initial=step, desc="fedsim variants") as bar:
-        for i, v in enumerate(cfg.variants):
-            if i < done:
-                _sweep_summary(out, v["label"], {k: curves[v["label"]][k][-1] for k in
-                                                 ("test_acc", "bytes_up", "bytes_total", "epsilon")})
+
+class _SweepVariants:
+    """fedsim_sweep under :func:`~fedarena.platform.loop.run_loop`: a step is one variant's whole fedsim run; the
+    checkpoint keeps the finished variants' curves."""
+
+    FINAL = ("test_acc", "bytes_up", "bytes_total", "epsilon")
+
+    def __init__(self, cfg: FedSimSweepConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        self.curves: dict[str, dict[str, Any]] = {}
+        self.done_variants, self.desc, self.total = 0, "fedsim variants", len(cfg.variants)
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.done_variants, self.curves = step, dict(state["curves"])
+
+    def state(self) -> dict[str, Any]:
+        return {"curves": self.curves}
+
+    def done(self) -> bool:
+        return self.done_variants >= len(self.cfg.variants)
+
+    def units(self) -> int:
+        return self.done_variants
+
+    def step(self, step: int) -> dict[str, Any]:
+        from fedarena.federated.fedsim_experiment import build, ldp_cumulative_epsilon
+
+        i = step - 1
+        fcfg = self.cfg.variant_config(i)
+        _, sim = build(fcfg)
+        params = sim.model.init_params(fcfg.seed)
+        if fcfg.zero_init:
+            params = {k: np.zeros_like(p) for k, p in params.items()}
+        state = sim.init_state(params)
+        sim.final_round = fcfg.rounds
+        rec: dict[str, Any] = {k: [] for k in ("round", *self.FINAL)}
+        rec["epsilon_kind"] = privacy_kind(fcfg)
+        uploads: dict[str, int] = {}
+        for r in range(1, fcfg.rounds + 1):
+            state, rr = sim.round(state)
+            for c in rr.reporting:
+                uploads[c] = uploads.get(c, 0) + 1
+            if "test_acc" not in rr.metrics:
                 continue
-            fcfg = cfg.variant_config(i)
-            _, sim = build(fcfg)
-            params = sim.model.init_params(fcfg.seed)
-            if fcfg.zero_init:
-                params = {k: np.zeros_like(p) for k, p in params.items()}
-            state = sim.init_state(params)
-            sim.final_round = fcfg.rounds
-            rec: dict[str, Any] = {k: [] for k in ("round", "test_acc", "bytes_up", "bytes_total", "epsilon")}
-            rec["epsilon_kind"] = privacy_kind(fcfg)
-            uploads: dict[str, int] = {}
-            for r in range(1, fcfg.rounds + 1):
-                state, rr = sim.round(state)
-                for c in rr.reporting:
-                    uploads[c] = uploads.get(c, 0) + 1
-                step += 1
-                bar.update(1, variant=v["label"])
-                if "test_acc" not in rr.metrics:
-                    continue
-                rec["round"].append(r)
-                rec["test_acc"].append(float(rr.metrics["test_acc"]))
-                rec["bytes_up"].append(float(sim.bytes_up_total))
-                rec["bytes_total"].append(float(sim.bytes_up_total + sim.bytes_down_total))
-                most = max(uploads.values()) if uploads else 0
-                rec["epsilon"].append(
-                    float(rr.metrics.get("dp_epsilon", float("nan"))) if rec["epsilon_kind"] == "dp_fedavg" else
-                    ldp_cumulative_epsilon(fcfg, most) if rec["epsilon_kind"] == "ldp" and most else
-                    most * fcfg.signds_epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
-            curves[v["label"]] = rec
-            final = {k: rec[k][-1] for k in ("test_acc", "bytes_up", "bytes_total", "epsilon")}
-            run.log(i + 1, **final)
-            run.checkpoint(i + 1, lambda: {"curves": curves})
-            _sweep_summary(out, v["label"], final)
-    (run.dir / "sweep_curves.json").write_text(json.dumps(curves, allow_nan=True), encoding="utf-8")
-    return out
+            rec["round"].append(r)
+            rec["test_acc"].append(float(rr.metrics["test_acc"]))
+            rec["bytes_up"].append(float(sim.bytes_up_total))
+            rec["bytes_total"].append(float(sim.bytes_up_total + sim.bytes_down_total))
+            most = max(uploads.values()) if uploads else 0
+            rec["epsilon"].append(
+                float(rr.metrics.get("dp_epsilon", float("nan"))) if rec["epsilon_kind"] == "dp_fedavg" else
+                ldp_cumulative_epsilon(fcfg, most) if rec["epsilon_kind"] == "ldp" and most else
+                most * fcfg.signds_epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
+        self.curves[self.cfg.variants[i]["label"]] = rec
+        self.done_variants = step
+        return {k: rec[k][-1] for k in self.FINAL}
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for v in self.cfg.variants[:self.done_variants]:
+            _sweep_summary(out, v["label"], {k: self.curves[v["label"]][k][-1] for k in self.FINAL})
+        (self.run.dir / "sweep_curves.json").write_text(json.dumps(self.curves, allow_nan=True), encoding="utf-8")
+        return out
 
 
 def _sweep_summary(out: dict[str, Any], label: str, final: dict[str, float]) -> None:
