@@ -157,3 +157,32 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over_on_resume(tmp_pat
     assert resumed["exploitability"] == reference["exploitability"]
     assert _without_timing(stopped) == _without_timing(tmp_path / "ref")
     assert "stopped before its first checkpoint; starting it over" in (stopped / "run.log").read_text()
+
+
+def test_sigterm_to_a_seed_group_stops_every_seed_interrupted(tmp_path):
+    group = tmp_path / "group"
+    args = [sys.executable, "-m", "fedarena", "run", "experiments/kuhn_xfp.yaml", "--seeds", "0", "1", "--parallel", "2",
+            "--set", "iterations=1000000", "--set", "eval_every=1000", "--set", "checkpoint.every=20",
+            "--out", str(group), "--quiet", "--no-report"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not all(ckpt.list_checkpoints(group / f"seed-{s}" / "checkpoints") for s in (0, 1)):
+            assert proc.poll() is None, "the group ended before both seeds checkpointed"
+            assert time.monotonic() < deadline, "no checkpoints within 300 s"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and stderr.strip().splitlines() == ["fedarena: interrupted"]
+    assert json.loads((group / "group.json").read_text())["state"] == "interrupted"
+    for s in (0, 1):
+        status = json.loads((group / f"seed-{s}" / "status.json").read_text())
+        newest = ckpt.list_checkpoints(group / f"seed-{s}" / "checkpoints")[-1][0]
+        assert status["state"] == "interrupted" and status["last_checkpoint_step"] == newest
+    # resumed with a budget below the checkpoints: every seed completes where it stopped
+    execute(None, ["iterations=1"], resume=group, quiet=True, report=False)
+    assert json.loads((group / "group.json").read_text())["state"] == "completed"
