@@ -266,6 +266,19 @@ class BatchedClassicControl:
         """The physical state, shape (num_envs, 4), float64."""
         return self._state
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue these environments exactly (generator, states, observations, episode
+        step counts; host arrays), for checkpoints."""
+        host = (lambda x: x.get() if hasattr(x, "get") else np.asarray(x))
+        return {"rng": self._rng.bit_generator.state, "state": host(self._state), "obs": host(self._obs),
+                "elapsed": host(self._elapsed)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = {k: (dict(v) if isinstance(v, dict) else v) for k, v in state["rng"].items()}
+        self._state = self.xp.asarray(np.asarray(state["state"], dtype=np.float64))
+        self._obs = self.xp.asarray(np.asarray(state["obs"], dtype=np.asarray(state["obs"]).dtype))
+        self._elapsed = self.xp.asarray(np.asarray(state["elapsed"], dtype=np.int64))
+
     def step(self, actions: Any) -> VecStep:
         """Apply ``actions`` (num_envs,) and auto-reset the environments whose episode ended."""
         xp = self.xp

@@ -19,6 +19,7 @@ import numpy as np
 
 from fedarena.platform.config import ConfigError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 @dataclass(frozen=True)
@@ -359,57 +360,83 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     np.save(run.dir / "label_histogram.npy", hist)
     if cfg.server_mode != "rounds":
         return _run_async(cfg, run, sim, params)
-    schedule = StepSchedule(cfg.step_schedule, cfg.steps_min, cfg.steps_max, cfg.divergence_target)
-    base = sim.strategy
-    last_div: float | None = None
-    final: dict[str, float] = {}
-    restored = run.restore()
-    start = 1
-    if restored is not None:
-        start, saved = restored[0] + 1, restored[1]
-        state, last_div, schedule.current = _restore(sim, saved)
-    participation: dict[str, int] = {}
-    if restored is not None:
-        participation = {c: int(n) for c, n in restored[1].get("participation", {}).items()}
-    with run.progress(total=cfg.rounds, initial=start - 1, desc="fedsim") as bar:
-        for r in range(start, cfg.rounds + 1):
-            steps = 0
-            if cfg.step_schedule != "fixed":
-                steps = schedule.steps(r, last_div)
-                sim.strategy = _with_steps(base, steps)
-            state, rec = sim.round(state)
-            m = dict(rec.metrics)
-            last_div = m.get("update_divergence")
-            if steps:
-                m["local_steps"] = steps
-            for c in rec.reporting:
-                participation[c] = participation.get(c, 0) + 1
-            if cfg.ldp_epsilon > 0 and participation:
-                m["ldp_epsilon_round"] = cfg.ldp_epsilon
-                m["ldp_epsilon_cumulative"] = ldp_cumulative_epsilon(cfg, max(participation.values()))
-            report = getattr(sim.strategy, "last_report", None)
-            if report:
-                m.update(report)
-            run.log(r, **m)
-            if run.should_checkpoint(r) or r == cfg.rounds:
-                run.save_checkpoint(r, dict(_snapshot(sim, state, last_div, schedule.current),
-                                            participation=participation))
-            final.update(m)
-            bar.update(1, acc=m.get("test_acc", float("nan")))
-    out = {k: final[k] for k in ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst",
-                                 "dp_epsilon") if k in final}
-    out["bytes_up_total"] = sim.bytes_up_total
-    out["bytes_down_total"] = sim.bytes_down_total
+    rounds = _RoundSteps(cfg, run, sim, state)
+    out = run_loop(run, rounds)
     if cfg.personalize_epochs > 0:
         from dataclasses import replace
 
-        before, after = sim.personalize(state.params, replace(_fit(cfg, 0), epochs=cfg.personalize_epochs))
+        before, after = sim.personalize(rounds.round_state.params, replace(_fit(cfg, 0), epochs=cfg.personalize_epochs))
         np.save(run.dir / "personalization.npy", np.stack([before, after]))
         ok = ~np.isnan(before) & ~np.isnan(after)
         if ok.any():
             out["personalized_acc_before"] = float(before[ok].mean())
             out["personalized_acc_after"] = float(after[ok].mean())
     return out
+
+
+SUMMARY_METRICS = ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst", "dp_epsilon")
+
+
+class _RoundSteps:
+    """fedsim (``server_mode: rounds``) under :func:`~fedarena.platform.loop.run_loop`: a step is one round."""
+
+    def __init__(self, cfg: FedSimConfig, run: Any, sim: Any, state: Any):
+        self.cfg, self.run, self.sim, self.round_state = cfg, run, sim, state
+        self.schedule = StepSchedule(cfg.step_schedule, cfg.steps_min, cfg.steps_max, cfg.divergence_target)
+        self.base = sim.strategy
+        self.last_div: float | None = None
+        self.participation: dict[str, int] = {}
+        self.r = 0
+        self.desc, self.total = "fedsim", cfg.rounds
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, saved: dict[str, Any]) -> None:
+        self.r = step
+        self.round_state, self.last_div, self.schedule.current = _restore(self.sim, saved)
+        self.participation = {c: int(n) for c, n in saved.get("participation", {}).items()}
+
+    def state(self) -> dict[str, Any]:
+        return dict(_snapshot(self.sim, self.round_state, self.last_div, self.schedule.current),
+                    participation=dict(self.participation))
+
+    def done(self) -> bool:
+        return self.r >= self.cfg.rounds
+
+    def units(self) -> int:
+        return self.r
+
+    def step(self, r: int) -> dict[str, Any]:
+        cfg, sim = self.cfg, self.sim
+        steps = 0
+        if cfg.step_schedule != "fixed":
+            steps = self.schedule.steps(r, self.last_div)
+            sim.strategy = _with_steps(self.base, steps)
+        self.round_state, rec = sim.round(self.round_state)
+        self.r = r
+        m = dict(rec.metrics)
+        self.last_div = m.get("update_divergence")
+        if steps:
+            m["local_steps"] = steps
+        for c in rec.reporting:
+            self.participation[c] = self.participation.get(c, 0) + 1
+        if cfg.ldp_epsilon > 0 and self.participation:
+            m["ldp_epsilon_round"] = cfg.ldp_epsilon
+            m["ldp_epsilon_cumulative"] = ldp_cumulative_epsilon(cfg, max(self.participation.values()))
+        report = getattr(sim.strategy, "last_report", None)
+        if report:
+            m.update(report)
+        return m
+
+    def summary(self) -> dict[str, Any]:
+        final: dict[str, Any] = {}
+        for row in self.run.rows():  # the latest value of each metric (rows before a resume included)
+            final.update(row)
+        out = {k: final[k] for k in SUMMARY_METRICS if k in final}
+        out["bytes_up_total"] = self.sim.bytes_up_total
+        out["bytes_down_total"] = self.sim.bytes_down_total
+        return out
 
 
 def _run_async(cfg: FedSimConfig, run: Any, sim: Any, params: dict[str, np.ndarray]) -> dict[str, Any]:

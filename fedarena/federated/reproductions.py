@@ -31,6 +31,7 @@ import numpy as np
 
 from fedarena.platform.config import ConfigError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 def _cell_name(partition: str, c: float, e: int, b: int) -> str:
@@ -101,50 +102,73 @@ def _fedavg_cells(cfg: FedAvgTableConfig) -> list[tuple[str, float, int, int]]:
 
 
 def run_fedavg_table(cfg: FedAvgTableConfig, run) -> dict[str, Any]:
-    from fedarena.federated.fedsim_experiment import build
+    return run_loop(run, _FedAvgCells(cfg, run))
 
-    cells = _fedavg_cells(cfg)
-    curves: dict[str, list[float]] = {}
-    rounds_to: dict[str, int | None] = {}
-    updates: dict[str, float] = {}
-    done = 0
-    restored = run.restore()
-    if restored is not None:  # finished cells are kept; the run continues with the next cell
-        done, saved = restored
-        curves, rounds_to, updates = saved["curves"], saved["rounds"], saved["updates"]
-    with run.progress(total=len(cells), initial=done, desc="fedavg cells") as bar:
-        for n, (p, c, e, b) in enumerate(cells):
-            if n < done:
-                continue
-            fcfg = cfg.cell_config(p, c, e, b)
-            d, sim = build(fcfg)
-            if b == 0:  # B = infinity: one batch of the client's whole data per epoch
-                bmax = int(max(len(t) for t in d.train))
-                sim.strategy = replace(sim.strategy, fit=replace(sim.strategy.fit, batch_size=bmax))
-            sizes = np.array([len(t) for t in d.train], float)
-            updates[_cell_name(p, c, e, b)] = float(e * np.mean(sizes / (sizes if b == 0 else b)))
-            state = sim.init_state()
-            sim.final_round = cfg.max_rounds
-            accs: list[float] = []
-            hit = None
-            for r in range(1, cfg.max_rounds + 1):
-                state, rec = sim.round(state)
-                accs.append(float(rec.metrics["test_acc"]))
-                if accs[-1] >= cfg.target:
-                    hit = r
-                    break
-            name = _cell_name(p, c, e, b)
-            curves[name], rounds_to[name] = accs, hit
-            run.log(n + 1, rounds_to_target=float(hit) if hit else float("nan"), final_test_acc=accs[-1],
-                    best_test_acc=max(accs))
-            run.checkpoint(n + 1, lambda: {"curves": curves, "rounds": rounds_to, "updates": updates})
-            bar.update(1, cell=name, rounds=hit or f">{cfg.max_rounds}")
-    (run.dir / "fedavg_curves.json").write_text(json.dumps(
-        {"curves": curves, "rounds": rounds_to, "updates_per_round": updates, "cells": cells}), encoding="utf-8")
-    out: dict[str, Any] = {"target": cfg.target}
-    for name, r in rounds_to.items():
-        out[f"rounds[{name}]"] = r if r else f">{cfg.max_rounds}"
-    return out
+
+class _FedAvgCells:
+    """fedavg_table under :func:`~fedarena.platform.loop.run_loop`: a step is one cell of the table (FedAvg until
+    the target accuracy or ``max_rounds``); the checkpoint keeps the finished cells."""
+
+    def __init__(self, cfg: FedAvgTableConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        self.cells = _fedavg_cells(cfg)
+        self.curves: dict[str, list[float]] = {}
+        self.rounds_to: dict[str, int | None] = {}
+        self.updates: dict[str, float] = {}
+        self.done_cells, self.desc, self.total = 0, "fedavg cells", len(self.cells)
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.done_cells = step
+        self.curves, self.rounds_to, self.updates = state["curves"], state["rounds"], state["updates"]
+
+    def state(self) -> dict[str, Any]:
+        return {"curves": self.curves, "rounds": self.rounds_to, "updates": self.updates}
+
+    def done(self) -> bool:
+        return self.done_cells >= len(self.cells)
+
+    def units(self) -> int:
+        return self.done_cells
+
+    def step(self, step: int) -> dict[str, Any]:
+        from fedarena.federated.fedsim_experiment import build
+
+        cfg = self.cfg
+        p, c, e, b = self.cells[step - 1]
+        d, sim = build(cfg.cell_config(p, c, e, b))
+        if b == 0:  # B = infinity: one batch of the client's whole data per epoch
+            bmax = int(max(len(t) for t in d.train))
+            sim.strategy = replace(sim.strategy, fit=replace(sim.strategy.fit, batch_size=bmax))
+        sizes = np.array([len(t) for t in d.train], float)
+        name = _cell_name(p, c, e, b)
+        self.updates[name] = float(e * np.mean(sizes / (sizes if b == 0 else b)))
+        state = sim.init_state()
+        sim.final_round = cfg.max_rounds
+        accs: list[float] = []
+        hit = None
+        for r in range(1, cfg.max_rounds + 1):
+            state, rec = sim.round(state)
+            accs.append(float(rec.metrics["test_acc"]))
+            if accs[-1] >= cfg.target:
+                hit = r
+                break
+        self.curves[name], self.rounds_to[name] = accs, hit
+        self.done_cells = step
+        return {"rounds_to_target": float(hit) if hit else float("nan"), "final_test_acc": accs[-1],
+                "best_test_acc": max(accs)}
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        (self.run.dir / "fedavg_curves.json").write_text(json.dumps(
+            {"curves": self.curves, "rounds": self.rounds_to, "updates_per_round": self.updates,
+             "cells": self.cells}), encoding="utf-8")
+        out: dict[str, Any] = {"target": cfg.target}
+        for name, r in self.rounds_to.items():
+            out[f"rounds[{name}]"] = r if r else f">{cfg.max_rounds}"
+        return out
 
 
 def fedavg_table_rows(result: dict[str, Any], max_rounds: int) -> list[tuple[str, str, str, str, str, str]]:
@@ -321,35 +345,79 @@ def loss_statistics(curves: np.ndarray) -> dict[str, float]:
 
 
 def run_fedprox_figure(cfg: FedProxFigureConfig, run) -> dict[str, Any]:
-    cells = [(ab, f, m) for ab in cfg.synthetic for f in cfg.straggler_fractions for m in METHODS]
-    # no stragglers: keeping partial work changes nothing, so FedProx mu = 0 is the FedAvg run
-    jobs = [(ab, f, m, s) for ab, f, m in cells if not (m == "fedprox_mu0" and f == 0) for s in cfg.train_seeds]
-    results: dict[tuple, list[float]] = {}
-    with run.progress(total=len(jobs), desc="fedprox runs") as bar:
-        if cfg.workers > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+    steps = _FedProxSteps(cfg, run)
+    try:
+        return run_loop(run, steps)
+    finally:
+        steps.close()
 
-            with ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futs = {pool.submit(fedprox_curve, cfg, *job): job for job in jobs}
-                for fut in as_completed(futs):
-                    results[_key(futs[fut])] = fut.result()
-                    bar.update(1, cell=_prox_name(*futs[fut][:3]), loss=results[_key(futs[fut])][-1])
+
+class _FedProxSteps:
+    """fedprox_figure under :func:`~fedarena.platform.loop.run_loop`: a step is one (cell, training seed) loss
+    curve, or ``workers`` of them computed in parallel worker processes; the checkpoint holds the curves so far."""
+
+    def __init__(self, cfg: FedProxFigureConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        self.cells = [(ab, f, m) for ab in cfg.synthetic for f in cfg.straggler_fractions for m in METHODS]
+        # no stragglers: keeping partial work changes nothing, so FedProx mu = 0 is the FedAvg run
+        self.jobs = [(ab, f, m, s) for ab, f, m in self.cells if not (m == "fedprox_mu0" and f == 0)
+                     for s in cfg.train_seeds]
+        self.results: dict[tuple, list[float]] = {}
+        self.desc, self.total = "fedprox runs", len(self.jobs)
+        self._pool: Any = None
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        if int(state["rounds"]) != self.cfg.rounds:
+            raise ConfigError(f"rounds: the checkpoint's curves have {state['rounds']} rounds; resume with "
+                              f"rounds={state['rounds']} (or start a new run)")
+        self.results = {_key(([a, b], f, m, int(s))): [float(x) for x in curve]
+                        for (a, b, f, m, s), curve in state["curves"]}
+
+    def state(self) -> dict[str, Any]:
+        return {"rounds": self.cfg.rounds, "curves": [[list(k), v] for k, v in self.results.items()]}
+
+    def _todo(self) -> list[tuple]:
+        return [job for job in self.jobs if _key(job) not in self.results]
+
+    def done(self) -> bool:
+        return not self._todo()
+
+    def units(self) -> int:
+        return len(self.jobs) - len(self._todo())
+
+    def step(self, step: int) -> dict[str, Any]:
+        batch = self._todo()[:self.cfg.workers]
+        if self.cfg.workers > 1:
+            if self._pool is None:
+                import multiprocessing
+
+                self._pool = multiprocessing.get_context("spawn").Pool(self.cfg.workers)
+            curves = self._pool.starmap(fedprox_curve, [(self.cfg, *job) for job in batch])
         else:
-            for job in jobs:
-                results[_key(job)] = fedprox_curve(cfg, *job)
-                bar.update(1, cell=_prox_name(*job[:3]), loss=results[_key(job)][-1])
-    losses: dict[str, list[list[float]]] = {}
-    summary: dict[str, Any] = {}
-    for n, (ab, f, m) in enumerate(cells):
-        src = "fedavg" if (m == "fedprox_mu0" and f == 0) else m
-        losses[_prox_name(ab, f, m)] = [results[_key((ab, f, src, s))] for s in cfg.train_seeds]
-        st = loss_statistics(np.asarray(losses[_prox_name(ab, f, m)]))
-        run.log(n + 1, **st)
-        for k, v in st.items():
-            summary[f"{k}[{_prox_name(ab, f, m)}]"] = round(v, 5)
-    (run.dir / "fedprox_losses.json").write_text(json.dumps({"losses": losses}), encoding="utf-8")
-    return summary
+            curves = [fedprox_curve(self.cfg, *job) for job in batch]
+        for job, curve in zip(batch, curves):
+            self.results[_key(job)] = curve
+        return {"curves_done": self.units(), "final_train_loss_of_step": float(np.mean([c[-1] for c in curves]))}
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        losses: dict[str, list[list[float]]] = {}
+        summary: dict[str, Any] = {}
+        for ab, f, m in self.cells:
+            src = "fedavg" if (m == "fedprox_mu0" and f == 0) else m
+            losses[_prox_name(ab, f, m)] = [self.results[_key((ab, f, src, s))] for s in cfg.train_seeds]
+            for k, v in loss_statistics(np.asarray(losses[_prox_name(ab, f, m)])).items():
+                summary[f"{k}[{_prox_name(ab, f, m)}]"] = round(v, 5)
+        (self.run.dir / "fedprox_losses.json").write_text(json.dumps({"losses": losses}), encoding="utf-8")
+        return summary
+
+    def close(self) -> None:
+        if self._pool is not None:  # every result is in by now, or the run was stopped: end the workers at once
+            self._pool.terminate()
+            self._pool.join()
 
 
 def _key(job) -> tuple:
@@ -450,51 +518,81 @@ class FedSimSweepConfig(ExperimentConfig):
 
 
 def run_fedsim_sweep(cfg: FedSimSweepConfig, run) -> dict[str, Any]:
-    from fedarena.federated.fedsim_experiment import build, ldp_cumulative_epsilon
+    return run_loop(run, _SweepVariants(cfg, run))
 
-    curves: dict[str, dict[str, list[float]]] = {}
-    out: dict[str, Any] = {}
-    total = sum(cfg.variant_config(i).rounds for i in range(len(cfg.variants)))
-    step = 0
-    with run.progress(total=total, desc="fedsim variants") as bar:
-        for i, v in enumerate(cfg.variants):
-            fcfg = cfg.variant_config(i)
-            _, sim = build(fcfg)
-            params = sim.model.init_params(fcfg.seed)
-            if fcfg.zero_init:
-                params = {k: np.zeros_like(p) for k, p in params.items()}
-            state = sim.init_state(params)
-            sim.final_round = fcfg.rounds
-            rec: dict[str, Any] = {k: [] for k in ("round", "test_acc", "bytes_up", "bytes_total", "epsilon")}
-            rec["epsilon_kind"] = privacy_kind(fcfg)
-            uploads: dict[str, int] = {}
-            for r in range(1, fcfg.rounds + 1):
-                state, rr = sim.round(state)
-                for c in rr.reporting:
-                    uploads[c] = uploads.get(c, 0) + 1
-                step += 1
-                bar.update(1, variant=v["label"])
-                if "test_acc" not in rr.metrics:
-                    continue
-                rec["round"].append(r)
-                rec["test_acc"].append(float(rr.metrics["test_acc"]))
-                rec["bytes_up"].append(float(sim.bytes_up_total))
-                rec["bytes_total"].append(float(sim.bytes_up_total + sim.bytes_down_total))
-                most = max(uploads.values()) if uploads else 0
-                rec["epsilon"].append(
-                    float(rr.metrics.get("dp_epsilon", float("nan"))) if rec["epsilon_kind"] == "dp_fedavg" else
-                    ldp_cumulative_epsilon(fcfg, most) if rec["epsilon_kind"] == "ldp" and most else
-                    most * fcfg.signds_epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
-            curves[v["label"]] = rec
-            final = {k: rec[k][-1] for k in ("test_acc", "bytes_up", "bytes_total", "epsilon")}
-            run.log(i + 1, **final)
-            run.checkpoint(i + 1, lambda: {"curves": curves})
-            out[f"test_acc[{v['label']}]"] = round(final["test_acc"], 4)
-            out[f"bytes_up[{v['label']}]"] = int(final["bytes_up"])
-            if np.isfinite(final["epsilon"]):
-                out[f"epsilon[{v['label']}]"] = round(final["epsilon"], 4)
-    (run.dir / "sweep_curves.json").write_text(json.dumps(curves, allow_nan=True), encoding="utf-8")
-    return out
+
+class _SweepVariants:
+    """fedsim_sweep under :func:`~fedarena.platform.loop.run_loop`: a step is one variant's whole fedsim run; the
+    checkpoint keeps the finished variants' curves."""
+
+    FINAL = ("test_acc", "bytes_up", "bytes_total", "epsilon")
+
+    def __init__(self, cfg: FedSimSweepConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        self.curves: dict[str, dict[str, Any]] = {}
+        self.done_variants, self.desc, self.total = 0, "fedsim variants", len(cfg.variants)
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.done_variants, self.curves = step, dict(state["curves"])
+
+    def state(self) -> dict[str, Any]:
+        return {"curves": self.curves}
+
+    def done(self) -> bool:
+        return self.done_variants >= len(self.cfg.variants)
+
+    def units(self) -> int:
+        return self.done_variants
+
+    def step(self, step: int) -> dict[str, Any]:
+        from fedarena.federated.fedsim_experiment import build, ldp_cumulative_epsilon
+
+        i = step - 1
+        fcfg = self.cfg.variant_config(i)
+        _, sim = build(fcfg)
+        params = sim.model.init_params(fcfg.seed)
+        if fcfg.zero_init:
+            params = {k: np.zeros_like(p) for k, p in params.items()}
+        state = sim.init_state(params)
+        sim.final_round = fcfg.rounds
+        rec: dict[str, Any] = {k: [] for k in ("round", *self.FINAL)}
+        rec["epsilon_kind"] = privacy_kind(fcfg)
+        uploads: dict[str, int] = {}
+        for r in range(1, fcfg.rounds + 1):
+            state, rr = sim.round(state)
+            for c in rr.reporting:
+                uploads[c] = uploads.get(c, 0) + 1
+            if "test_acc" not in rr.metrics:
+                continue
+            rec["round"].append(r)
+            rec["test_acc"].append(float(rr.metrics["test_acc"]))
+            rec["bytes_up"].append(float(sim.bytes_up_total))
+            rec["bytes_total"].append(float(sim.bytes_up_total + sim.bytes_down_total))
+            most = max(uploads.values()) if uploads else 0
+            rec["epsilon"].append(
+                float(rr.metrics.get("dp_epsilon", float("nan"))) if rec["epsilon_kind"] == "dp_fedavg" else
+                ldp_cumulative_epsilon(fcfg, most) if rec["epsilon_kind"] == "ldp" and most else
+                most * fcfg.signds_epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
+        self.curves[self.cfg.variants[i]["label"]] = rec
+        self.done_variants = step
+        return {k: rec[k][-1] for k in self.FINAL}
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for v in self.cfg.variants[:self.done_variants]:
+            _sweep_summary(out, v["label"], {k: self.curves[v["label"]][k][-1] for k in self.FINAL})
+        (self.run.dir / "sweep_curves.json").write_text(json.dumps(self.curves, allow_nan=True), encoding="utf-8")
+        return out
+
+
+def _sweep_summary(out: dict[str, Any], label: str, final: dict[str, float]) -> None:
+    out[f"test_acc[{label}]"] = round(final["test_acc"], 4)
+    out[f"bytes_up[{label}]"] = int(final["bytes_up"])
+    if np.isfinite(final["epsilon"]):
+        out[f"epsilon[{label}]"] = round(final["epsilon"], 4)
 
 
 def sweep_table(curves: dict[str, dict[str, list[float]]]) -> list[tuple[str, ...]]:

@@ -28,6 +28,7 @@ from fedarena.marl.meta_solvers import META_SOLVERS
 from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.xfp import XFPSolver
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 def _check_common(cfg: Any) -> None:
@@ -72,32 +73,57 @@ class XFPConfig(ExperimentConfig):
 
 def run_xfp(cfg: XFPConfig, run) -> dict[str, Any]:
     game = load_game(cfg.game)
-    solver = XFPSolver(game)
-    start, solver_time = 0, 0.0
-    restored = run.restore()
-    if restored:
-        start, state = restored
-        solver.load_state_dict(state["solver"])
-        solver_time = float(state["solver_time"])
-    else:
-        run.log(0, exploitability=exploitability(game, solver.average_policy()), solver_time=0.0)
-    rows = []
-    e = float("nan")
-    with run.progress(total=cfg.iterations, initial=start, desc=f"xfp {cfg.game}") as bar:
-        for it in range(start + 1, cfg.iterations + 1):
-            t0 = time.perf_counter()
-            solver.iteration()
-            solver_time += time.perf_counter() - t0
-            if it % cfg.eval_every == 0 or it == cfg.iterations:
-                e = exploitability(game, solver.average_policy())
-                run.log(it, exploitability=e, solver_time=solver_time)
-                rows.append({"step": it, "exploitability": e})
-            if run.should_checkpoint(it) or it == cfg.iterations:
-                run.save_checkpoint(it, {"solver": solver.state_dict(), "solver_time": solver_time})
-            bar.update(1, expl=e)
-    return {"game": cfg.game, "iterations": cfg.iterations, "exploitability": e,
-            "solver_seconds_per_iteration": solver_time / max(cfg.iterations, 1),
-            **_milestones(rows, "exploitability", (10, 100, 1000))}
+    steps = _SolverSteps(run, cfg, game, XFPSolver(game), "xfp", log_first=True)
+    return run_loop(run, steps, eval_every=cfg.eval_every) | _milestones(run.rows(), "exploitability",
+                                                                          (10, 100, 1000))
+
+
+class _SolverSteps:
+    """XFP and CFR under :func:`~fedarena.platform.loop.run_loop`: one solver iteration a step, the exact
+    exploitability of the average policy on the loop's evaluation cadence, the solver's own time beside it."""
+
+    def __init__(self, run: Any, cfg: Any, game: Any, solver: Any, name: str, log_first: bool):
+        self.run, self.cfg, self.game, self.solver, self.name = run, cfg, game, solver, name
+        self.log_first = log_first
+        self.desc = f"{name} {cfg.game}"
+        self.total = cfg.iterations
+        self.it, self.solver_time = 0, 0.0
+
+    def init(self) -> dict[str, float] | None:
+        if not self.log_first:
+            return None
+        return {"exploitability": exploitability(self.game, self.solver.average_policy()), "solver_time": 0.0}
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.it = step
+        self.solver.load_state_dict(state["solver"])
+        self.solver_time = float(state["solver_time"])
+
+    def state(self) -> dict[str, Any]:
+        return {"solver": self.solver.state_dict(), "solver_time": self.solver_time}
+
+    def done(self) -> bool:
+        return self.it >= self.cfg.iterations
+
+    def units(self) -> int:
+        return self.it
+
+    def step(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.solver.iteration()
+        self.solver_time += time.perf_counter() - t0
+        self.it = step
+        return {}
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return {"exploitability": exploitability(self.game, self.solver.average_policy()),
+                "solver_time": self.solver_time}
+
+    def summary(self) -> dict[str, Any]:
+        logged = [r["exploitability"] for r in self.run.rows() if "exploitability" in r]
+        return {"game": self.cfg.game, "iterations": self.it,
+                "exploitability": logged[-1] if logged else float("nan"),
+                "solver_seconds_per_iteration": self.solver_time / max(self.it, 1)}
 
 
 # ----------------------------------------------------------------------------- CFR / CFR+
@@ -121,30 +147,11 @@ class CFRConfig(ExperimentConfig):
 def run_cfr(cfg: CFRConfig, run) -> dict[str, Any]:
     game = load_game(cfg.game)
     solver = CFRSolver(game, plus=cfg.plus, linear_averaging=cfg.linear_averaging, alternating=cfg.alternating)
-    start, solver_time = 0, 0.0
-    restored = run.restore()
-    if restored:
-        start, state = restored
-        solver.load_state_dict(state["solver"])
-        solver_time = float(state["solver_time"])
-    rows = []
-    e = float("nan")
     name = _cfr_name(cfg)
-    with run.progress(total=cfg.iterations, initial=start, desc=f"{name} {cfg.game}") as bar:
-        for it in range(start + 1, cfg.iterations + 1):
-            t0 = time.perf_counter()
-            solver.iteration()
-            solver_time += time.perf_counter() - t0
-            if it % cfg.eval_every == 0 or it == cfg.iterations or it == 1:
-                e = exploitability(game, solver.average_policy())
-                run.log(it, exploitability=e, solver_time=solver_time)
-                rows.append({"step": it, "exploitability": e})
-            if run.should_checkpoint(it) or it == cfg.iterations:
-                run.save_checkpoint(it, {"solver": solver.state_dict(), "solver_time": solver_time})
-            bar.update(1, expl=e)
-    return {"game": cfg.game, "algorithm": name, "iterations": cfg.iterations, "exploitability": e,
-            "solver_seconds_per_iteration": solver_time / max(cfg.iterations, 1),
-            **_milestones(rows, "exploitability", (100, 1000, 10000))}
+    summary = run_loop(run, _SolverSteps(run, cfg, game, solver, name, log_first=False), eval_every=cfg.eval_every,
+                       eval_first=True)
+    return {"game": summary.pop("game"), "algorithm": name, **summary,
+            **_milestones(run.rows(), "exploitability", (100, 1000, 10000))}
 
 
 def _cfr_name(cfg: "CFRConfig") -> str:
@@ -188,48 +195,66 @@ class PSROConfig(ExperimentConfig):
 
 
 def run_psro(cfg: PSROConfig, run) -> dict[str, Any]:
-    game = load_game(cfg.game)
-    solvers = {m: PSRO(game, meta_solver=m, sample_episodes=cfg.sample_episodes,
-                       seed=np.random.default_rng([cfg.seed, k])) for k, m in enumerate(cfg.meta_solvers)}
-    times = {m: 0.0 for m in solvers}
-    start = 0
-    restored = run.restore()
-    if restored:
-        start, state = restored
-        for m, s in solvers.items():
+    return run_loop(run, _PSROSteps(run, cfg), eval_every=cfg.eval_every)
+
+
+class _PSROSteps:
+    """PSRO under :func:`~fedarena.platform.loop.run_loop`: one iteration of every meta-solver's PSRO a step."""
+
+    def __init__(self, run: Any, cfg: PSROConfig):
+        self.run, self.cfg = run, cfg
+        game = load_game(cfg.game)
+        self.solvers = {m: PSRO(game, meta_solver=m, sample_episodes=cfg.sample_episodes,
+                                seed=np.random.default_rng([cfg.seed, k])) for k, m in enumerate(cfg.meta_solvers)}
+        self.times = {m: 0.0 for m in self.solvers}
+        self.desc, self.total, self.it = f"psro {cfg.game}", cfg.iterations, 0
+
+    def init(self) -> dict[str, float]:
+        return {**{f"{m}/exploitability": s.exploitability() for m, s in self.solvers.items()},
+                **{f"{m}/solver_time": 0.0 for m in self.solvers}}
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.it = step
+        for m, s in self.solvers.items():
             s.load_state_dict(state[m]["psro"])
-            times[m] = float(state[m]["solver_time"])
-    else:
-        run.log(0, **{f"{m}/exploitability": s.exploitability() for m, s in solvers.items()},
-                **{f"{m}/solver_time": 0.0 for m in solvers})
-    rows: list[dict] = []
-    last: dict[str, float] = {}
-    with run.progress(total=cfg.iterations, initial=start, desc=f"psro {cfg.game}") as bar:
-        for it in range(start + 1, cfg.iterations + 1):
-            for m, s in solvers.items():
-                t0 = time.perf_counter()
-                s.iteration()
-                times[m] += time.perf_counter() - t0
-            if it % cfg.eval_every == 0 or it == cfg.iterations:
-                row = {}
-                for m, s in solvers.items():
-                    last[m] = row[f"{m}/exploitability"] = s.exploitability()
-                    row[f"{m}/solver_time"] = times[m]
-                    row[f"{m}/meta_strategy_support"] = int(sum((x > 1e-9).sum() for x in s.meta_strategies))
-                run.log(it, **row)
-                rows.append({"step": it, **row})
-            if run.should_checkpoint(it) or it == cfg.iterations:
-                run.save_checkpoint(it, {m: {"psro": s.state_dict(), "solver_time": times[m]}
-                                         for m, s in solvers.items()})
-            bar.update(1, **{m[:4]: last.get(m, float("nan")) for m in solvers})
-    summary: dict[str, Any] = {"game": cfg.game, "iterations": cfg.iterations,
-                               "sampled": cfg.sample_episodes > 0}
-    for m in solvers:
-        summary[f"{m}/exploitability"] = last.get(m)
-        summary.update(_milestones(rows, f"{m}/exploitability", (10, 20, 50, 100)))
-        below = [r["step"] for r in rows if r.get(f"{m}/exploitability", 1.0) < 1e-9]
-        summary[f"{m}/first_iteration_below_1e-9"] = below[0] if below else None
-    return summary
+            self.times[m] = float(state[m]["solver_time"])
+
+    def state(self) -> dict[str, Any]:
+        return {m: {"psro": s.state_dict(), "solver_time": self.times[m]} for m, s in self.solvers.items()}
+
+    def done(self) -> bool:
+        return self.it >= self.cfg.iterations
+
+    def units(self) -> int:
+        return self.it
+
+    def step(self, step: int) -> dict[str, float]:
+        for m, s in self.solvers.items():
+            t0 = time.perf_counter()
+            s.iteration()
+            self.times[m] += time.perf_counter() - t0
+        self.it = step
+        return {}
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        row: dict[str, float] = {}
+        for m, s in self.solvers.items():
+            row[f"{m}/exploitability"] = s.exploitability()
+            row[f"{m}/solver_time"] = self.times[m]
+            row[f"{m}/meta_strategy_support"] = int(sum((x > 1e-9).sum() for x in s.meta_strategies))
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        rows = [r for r in self.run.rows() if r["step"] > 0]
+        summary: dict[str, Any] = {"game": self.cfg.game, "iterations": self.it,
+                                   "sampled": self.cfg.sample_episodes > 0}
+        for m in self.solvers:
+            logged = [r[f"{m}/exploitability"] for r in rows if f"{m}/exploitability" in r]
+            summary[f"{m}/exploitability"] = logged[-1] if logged else None
+            summary.update(_milestones(rows, f"{m}/exploitability", (10, 20, 50, 100)))
+            below = [r["step"] for r in rows if r.get(f"{m}/exploitability", 1.0) < 1e-9]
+            summary[f"{m}/first_iteration_below_1e-9"] = below[0] if below else None
+        return summary
 
 
 # ----------------------------------------------------------------------------- plots

@@ -25,7 +25,9 @@ from fedarena.marl.meta_solvers import META_SOLVERS
 from fedarena.marl.nfsp import NFSP, NFSPConfig
 from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.rl_oracles import DQNOracle, DQNOracleConfig, PPOOracle, PPOOracleConfig
+from fedarena.platform.errors import ConfigError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 def _check_game(name: str) -> None:
@@ -62,55 +64,101 @@ class NFSPExperimentConfig(ExperimentConfig):
 
 
 def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
-    game = load_game(cfg.game)
-    evals = -(-cfg.episodes // cfg.eval_every)
-    step, first, agent_state = 0, 0, None
-    times: dict[int, float] = {}     # seed index -> training wall time
-    finals: dict[int, float] = {}    # seed index -> final exploitability
-    restored = run.restore()
-    if restored:
-        step, state = restored
-        first, agent_state = int(state["seed_index"]), state["agent"]
-        times = {int(k): float(v) for k, v in state["train_time"].items()}
-        finals = {int(k): float(v) for k, v in state["finals"].items()}
-    with run.progress(total=evals * len(cfg.learner_seeds), initial=step, desc=f"nfsp {cfg.game}") as bar:
-        for k in range(first, len(cfg.learner_seeds)):
-            seed = cfg.learner_seeds[k]
-            agent = NFSP(game, cfg.nfsp, seed=seed)
-            if agent_state:
-                agent.load_state_dict(agent_state)
-                agent_state = None
-            else:
-                times[k] = 0.0
-                run.log(step, **{f"seed{seed}/exploitability": exploitability(game, agent.average_policy()),
-                                 f"seed{seed}/episodes": 0, f"seed{seed}/train_time": 0.0})
-            while agent.episodes < cfg.episodes:
-                t0 = time.perf_counter()
-                agent.train(min(cfg.eval_every, cfg.episodes - agent.episodes))
-                times[k] += time.perf_counter() - t0
-                e = exploitability(game, agent.average_policy())
-                step += 1
-                run.log(step, **{f"seed{seed}/exploitability": e, f"seed{seed}/episodes": agent.episodes,
-                                 f"seed{seed}/train_time": times[k],
-                                 f"seed{seed}/episodes_per_second": agent.episodes / max(times[k], 1e-9)})
-                last = agent.episodes >= cfg.episodes
-                if last:
-                    finals[k] = e
-                if run.should_checkpoint(step) or last:  # the agent is kept: a resume may raise `episodes`
-                    run.save_checkpoint(step, {"seed_index": k, "agent": agent.state_dict(),
-                                               "train_time": {str(j): t for j, t in times.items()},
-                                               "finals": {str(j): v for j, v in finals.items()}})
-                bar.update(1, seed=seed, expl=e)
-            if k not in finals:  # resumed with the seed already at its budget
-                finals[k] = exploitability(game, agent.average_policy())
-                bar.update(0)
-    vals = np.array([finals[k] for k in range(len(cfg.learner_seeds))])
-    total_time = sum(times.values())
-    return {"game": cfg.game, "episodes_per_seed": cfg.episodes, "seeds": list(cfg.learner_seeds),
-            "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
-            "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
-            **{f"seed{s}/exploitability": finals[k] for k, s in enumerate(cfg.learner_seeds)},
-            "episodes_per_second": cfg.episodes * len(cfg.learner_seeds) / max(total_time, 1e-9)}
+    return run_loop(run, _NFSPSteps(cfg))
+
+
+class _NFSPSteps:
+    """NFSP under :func:`~fedarena.platform.loop.run_loop`: the seeds of ``learner_seeds`` one after another, a step
+    is ``eval_every`` episodes of the current seed followed by the exact exploitability of its average policy.
+
+    The checkpoint holds the current seed's agent even when it has spent its budget (a resume may raise
+    ``episodes``); the next seed's agent starts at the next step, and its row of episode 0 is logged with the
+    step on which the previous seed ended.
+    """
+
+    def __init__(self, cfg: NFSPExperimentConfig):
+        self.cfg = cfg
+        self.game = load_game(cfg.game)
+        self.desc = f"nfsp {cfg.game}"
+        self.total = -(-cfg.episodes // cfg.eval_every) * len(cfg.learner_seeds)
+        self.k, self.steps = 0, 0
+        self.agent: NFSP | None = None
+        self.following: NFSP | None = None  # the next seed's fresh agent, built when the current one ends
+        self.times: dict[int, float] = {}   # seed index -> training wall time
+        self.finals: dict[int, float] = {}  # seed index -> final exploitability
+
+    def _fresh(self, k: int) -> tuple[NFSP, dict[str, Any]]:
+        seed = self.cfg.learner_seeds[k]
+        agent = NFSP(self.game, self.cfg.nfsp, seed=seed)
+        return agent, {f"seed{seed}/exploitability": exploitability(self.game, agent.average_policy()),
+                       f"seed{seed}/episodes": 0, f"seed{seed}/train_time": 0.0}
+
+    def init(self) -> dict[str, Any]:
+        self.agent, row = self._fresh(0)
+        self.times[0] = 0.0
+        return row
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.steps, self.k = step, int(state["seed_index"])
+        if self.k >= len(self.cfg.learner_seeds):
+            raise ConfigError(f"learner_seeds: the checkpoint (step {step}) is at seed #{self.k + 1}, but "
+                              f"{self.cfg.learner_seeds} lists {len(self.cfg.learner_seeds)}; keep the seeds it ran")
+        self.agent = NFSP(self.game, self.cfg.nfsp, seed=self.cfg.learner_seeds[self.k])
+        self.agent.load_state_dict(state["agent"])
+        self.times = {int(k): float(v) for k, v in state["train_time"].items()}
+        self.finals = {int(k): float(v) for k, v in state["finals"].items()}
+
+    def state(self) -> dict[str, Any]:
+        assert self.agent is not None
+        return {"seed_index": self.k, "agent": self.agent.state_dict(),
+                "train_time": {str(j): t for j, t in self.times.items()},
+                "finals": {str(j): v for j, v in self.finals.items()}}
+
+    def _spent(self) -> bool:
+        assert self.agent is not None
+        return self.agent.episodes >= self.cfg.episodes
+
+    def done(self) -> bool:
+        return self.k >= len(self.cfg.learner_seeds) - 1 and self._spent()
+
+    def units(self) -> int:
+        return self.steps
+
+    def step(self, step: int) -> dict[str, Any]:
+        if self._spent():  # the current seed ended on the step before: the next one starts
+            self.finals.setdefault(self.k, exploitability(self.game, self.agent.average_policy()))
+            self.k += 1
+            self.agent, self.following = self.following or self._fresh(self.k)[0], None
+            self.times.setdefault(self.k, 0.0)
+        agent, k, seed = self.agent, self.k, self.cfg.learner_seeds[self.k]
+        t0 = time.perf_counter()
+        agent.train(min(self.cfg.eval_every, self.cfg.episodes - agent.episodes))
+        self.times[k] += time.perf_counter() - t0
+        e = exploitability(self.game, agent.average_policy())
+        self.steps = step
+        row = {f"seed{seed}/exploitability": e, f"seed{seed}/episodes": agent.episodes,
+               f"seed{seed}/train_time": self.times[k],
+               f"seed{seed}/episodes_per_second": agent.episodes / max(self.times[k], 1e-9)}
+        if self._spent():
+            self.finals[k] = e
+            if k + 1 < len(self.cfg.learner_seeds):
+                self.following, first = self._fresh(k + 1)
+                row.update(first)
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        if self.k not in self.finals:  # resumed with the seed already at its budget
+            self.finals[self.k] = exploitability(self.game, self.agent.average_policy())
+        done = [k for k in range(len(cfg.learner_seeds)) if k in self.finals]
+        vals = np.array([self.finals[k] for k in done])
+        total_time = sum(self.times.values())
+        episodes = self.agent.episodes  # cfg.episodes, unless a resume lowered it below the checkpoint's count
+        return {"game": cfg.game, "episodes_per_seed": episodes, "seeds": list(cfg.learner_seeds),
+                "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
+                "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
+                **{f"seed{cfg.learner_seeds[k]}/exploitability": self.finals[k] for k in done},
+                "episodes_per_second": episodes * len(done) / max(total_time, 1e-9)}
 
 
 def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
@@ -187,55 +235,77 @@ class PSRORLConfig(ExperimentConfig):
 
 
 def run_psro_rl(cfg: PSRORLConfig, run: Any) -> dict[str, Any]:
-    game = load_game(cfg.game)
-    oracle = DQNOracle(cfg.dqn, seed=cfg.seed) if cfg.oracle == "dqn" else PPOOracle(cfg.ppo, seed=cfg.seed)
-    learned = PSRO(game, meta_solver=cfg.meta_solver, oracle=oracle)
-    exact = PSRO(game, meta_solver=cfg.meta_solver) if cfg.compare_exact else None
-    t_rl = t_ex = 0.0
-    start = 0
-    restored = run.restore()
-    if restored:
-        start, state = restored
-        learned.load_state_dict(state["learned"])
-        oracle.rng.bit_generator.state = state["oracle_rng"]
-        oracle.training_episodes = int(state["training_episodes"])
-        t_rl, t_ex = float(state["t_rl"]), float(state["t_ex"])
-        if exact is not None:
-            exact.load_state_dict(state["exact"])
-    else:
-        row = {"rl/exploitability": learned.exploitability(), "rl/wall_time": 0.0, "rl/training_episodes": 0}
-        if exact is not None:
-            row.update({"exact/exploitability": exact.exploitability(), "exact/wall_time": 0.0})
-        run.log(0, **row)
-    e_rl = e_ex = float("nan")
-    first_below = None
-    with run.progress(total=cfg.iterations, initial=start, desc=f"psro-{cfg.oracle} {cfg.game}") as bar:
-        for it in range(start + 1, cfg.iterations + 1):
+    return run_loop(run, _PSRORLSteps(cfg, run))
+
+
+class _PSRORLSteps:
+    """psro_rl under :func:`~fedarena.platform.loop.run_loop`: a step is one PSRO iteration with the RL oracle (and
+    one with the exact oracle beside it), each followed by its exact exploitability."""
+
+    def __init__(self, cfg: PSRORLConfig, run: Any):
+        self.cfg, self.run = cfg, run
+        game = load_game(cfg.game)
+        self.oracle = DQNOracle(cfg.dqn, seed=cfg.seed) if cfg.oracle == "dqn" else PPOOracle(cfg.ppo, seed=cfg.seed)
+        self.learned = PSRO(game, meta_solver=cfg.meta_solver, oracle=self.oracle)
+        self.exact = PSRO(game, meta_solver=cfg.meta_solver) if cfg.compare_exact else None
+        self.t_rl = self.t_ex = 0.0
+        self.it, self.desc, self.total = 0, f"psro-{cfg.oracle} {cfg.game}", cfg.iterations
+
+    def init(self) -> dict[str, Any]:
+        row = {"rl/exploitability": self.learned.exploitability(), "rl/wall_time": 0.0, "rl/training_episodes": 0}
+        if self.exact is not None:
+            row.update({"exact/exploitability": self.exact.exploitability(), "exact/wall_time": 0.0})
+        return row
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        if self.exact is not None and "exact" not in state:
+            raise ConfigError(f"compare_exact: the checkpoint (step {step}) holds no exact-oracle PSRO; resume with "
+                              "compare_exact=false")
+        self.it = step
+        self.learned.load_state_dict(state["learned"])
+        self.oracle.rng.bit_generator.state = state["oracle_rng"]
+        self.oracle.training_episodes = int(state["training_episodes"])
+        self.t_rl, self.t_ex = float(state["t_rl"]), float(state["t_ex"])
+        if self.exact is not None:
+            self.exact.load_state_dict(state["exact"])
+
+    def state(self) -> dict[str, Any]:
+        st = {"learned": self.learned.state_dict(), "oracle_rng": self.oracle.rng.bit_generator.state,
+              "training_episodes": int(self.oracle.training_episodes), "t_rl": self.t_rl, "t_ex": self.t_ex}
+        if self.exact is not None:
+            st["exact"] = self.exact.state_dict()
+        return st
+
+    def done(self) -> bool:
+        return self.it >= self.cfg.iterations
+
+    def units(self) -> int:
+        return self.it
+
+    def step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        self.learned.iteration()
+        self.t_rl += time.perf_counter() - t0
+        row = {"rl/exploitability": self.learned.exploitability(), "rl/wall_time": self.t_rl,
+               "rl/training_episodes": self.oracle.training_episodes}
+        if self.exact is not None:
             t0 = time.perf_counter()
-            learned.iteration()
-            t_rl += time.perf_counter() - t0
-            e_rl = learned.exploitability()
-            row = {"rl/exploitability": e_rl, "rl/wall_time": t_rl, "rl/training_episodes": oracle.training_episodes}
-            if exact is not None:
-                t0 = time.perf_counter()
-                exact.iteration()
-                t_ex += time.perf_counter() - t0
-                e_ex = exact.exploitability()
-                row.update({"exact/exploitability": e_ex, "exact/wall_time": t_ex})
-            run.log(it, **row)
-            if first_below is None and e_rl <= 0.05:
-                first_below = it
-            if run.should_checkpoint(it) or it == cfg.iterations:
-                st = {"learned": learned.state_dict(), "oracle_rng": oracle.rng.bit_generator.state,
-                      "training_episodes": int(oracle.training_episodes), "t_rl": t_rl, "t_ex": t_ex}
-                if exact is not None:
-                    st["exact"] = exact.state_dict()
-                run.save_checkpoint(it, st)
-            bar.update(1, rl=e_rl, exact=e_ex)
-    return {"game": cfg.game, "oracle": cfg.oracle, "meta_solver": cfg.meta_solver, "iterations": cfg.iterations,
-            "rl/exploitability": e_rl, "exact/exploitability": e_ex if exact is not None else None,
-            "rl/first_iteration_at_most_0.05": first_below, "rl/training_episodes": int(oracle.training_episodes),
-            "rl/seconds": t_rl}
+            self.exact.iteration()
+            self.t_ex += time.perf_counter() - t0
+            row.update({"exact/exploitability": self.exact.exploitability(), "exact/wall_time": self.t_ex})
+        self.it = step
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        cfg, rows = self.cfg, [r for r in self.run.rows() if r["step"] > 0]
+        rl = [r["rl/exploitability"] for r in rows if "rl/exploitability" in r]
+        ex = [r["exact/exploitability"] for r in rows if "exact/exploitability" in r]
+        below = [r["step"] for r in rows if r.get("rl/exploitability", 1.0) <= 0.05]
+        return {"game": cfg.game, "oracle": cfg.oracle, "meta_solver": cfg.meta_solver, "iterations": self.it,
+                "rl/exploitability": rl[-1] if rl else float("nan"),
+                "exact/exploitability": (ex[-1] if ex else float("nan")) if self.exact is not None else None,
+                "rl/first_iteration_at_most_0.05": below[0] if below else None,
+                "rl/training_episodes": int(self.oracle.training_episodes), "rl/seconds": self.t_rl}
 
 
 def plots_psro_rl(rows, cfg: PSRORLConfig, report_dir: str) -> list[str]:

@@ -25,7 +25,9 @@ import numpy as np
 
 from fedarena.envs.matrix import MatrixGame, load_matrix_game, matrix_game_from_table
 from fedarena.marl.meta_solvers import zero_sum_nash
+from fedarena.platform.errors import ConfigError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 Algorithm = Literal["selfplay", "fictitious_play"]
 
@@ -139,40 +141,65 @@ def _record(game: MatrixGame, dyn: Dynamics) -> dict[str, Any]:
 
 
 def run(cfg: MatrixDynamicsConfig, run) -> dict[str, Any]:
-    game = make_game(cfg)
-    restored = run.restore()
-    if restored is None:
-        start = 0
-        dyns = [Dynamics.start(a, game, cfg.initial_actions) for a in cfg.algorithms]
+    return run_loop(run, _DynamicsSteps(cfg))
+
+
+class _DynamicsSteps:
+    """The dynamics side by side under :func:`~fedarena.platform.loop.run_loop`: a step is one iteration of each."""
+
+    def __init__(self, cfg: MatrixDynamicsConfig):
+        self.cfg, self.game = cfg, make_game(cfg)
+        self.dyns: list[Dynamics] = []
+        self.it, self.desc, self.total = 0, self.game.name, cfg.iterations
+
+    def _row(self) -> dict[str, Any]:
         row: dict[str, Any] = {}
-        for d in dyns:
-            row.update(_record(game, d))
-        run.log(0, **row)
-    else:
-        start, state = restored
-        dyns = [Dynamics.from_state(a, state[a]) for a in cfg.algorithms]
-    with run.progress(total=cfg.iterations, initial=start, desc=game.name) as bar:
-        for it in range(start + 1, cfg.iterations + 1):
-            row = {}
-            for d in dyns:
-                d.step(game)
-                row.update(_record(game, d))
-            run.log(it, **row)
-            if run.should_checkpoint(it) or it == cfg.iterations:
-                run.save_checkpoint(it, {d.algorithm: d.state() for d in dyns})
-            bar.update(1, **{f"{d.algorithm[:2]}_expl": row[f"{d.algorithm}/exploitability_average"] for d in dyns})
-    summary: dict[str, Any] = {"game": game.name, "iterations": cfg.iterations}
-    nash = zero_sum_nash(game.payoffs) if game.is_zero_sum else None
-    if nash is not None:
-        summary["nash_p0"] = [round(float(x), 6) for x in nash[0]]
-    for d in dyns:
-        summary[f"{d.algorithm}/exploitability_current"] = row[f"{d.algorithm}/exploitability_current"]
-        summary[f"{d.algorithm}/exploitability_average"] = row[f"{d.algorithm}/exploitability_average"]
-        summary[f"{d.algorithm}/p0_average"] = [round(float(x), 6) for x in d.average_strategies()[0]]
+        for d in self.dyns:
+            row.update(_record(self.game, d))
+        return row
+
+    def init(self) -> dict[str, Any]:
+        self.dyns = [Dynamics.start(a, self.game, self.cfg.initial_actions) for a in self.cfg.algorithms]
+        return self._row()
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        missing = [a for a in self.cfg.algorithms if a not in state]
+        if missing:
+            raise ConfigError(f"algorithms: the checkpoint (step {step}) holds no state of {', '.join(missing)}; "
+                              f"resume with algorithms={sorted(state)}")
+        self.it = step
+        self.dyns = [Dynamics.from_state(a, state[a]) for a in self.cfg.algorithms]
+
+    def state(self) -> dict[str, Any]:
+        return {d.algorithm: d.state() for d in self.dyns}
+
+    def done(self) -> bool:
+        return self.it >= self.cfg.iterations
+
+    def units(self) -> int:
+        return self.it
+
+    def step(self, step: int) -> dict[str, Any]:
+        for d in self.dyns:
+            d.step(self.game)
+        self.it = step
+        return self._row()
+
+    def summary(self) -> dict[str, Any]:
+        game, row = self.game, self._row()
+        summary: dict[str, Any] = {"game": game.name, "iterations": self.it}
+        nash = zero_sum_nash(game.payoffs) if game.is_zero_sum else None
         if nash is not None:
-            summary[f"{d.algorithm}/p0_average_distance_to_nash"] = float(np.abs(d.average_strategies()[0] - nash[0]).sum())
-    summary["lesson"] = lesson(summary, [d.algorithm for d in dyns])
-    return summary
+            summary["nash_p0"] = [round(float(x), 6) for x in nash[0]]
+        for d in self.dyns:
+            summary[f"{d.algorithm}/exploitability_current"] = row[f"{d.algorithm}/exploitability_current"]
+            summary[f"{d.algorithm}/exploitability_average"] = row[f"{d.algorithm}/exploitability_average"]
+            summary[f"{d.algorithm}/p0_average"] = [round(float(x), 6) for x in d.average_strategies()[0]]
+            if nash is not None:
+                summary[f"{d.algorithm}/p0_average_distance_to_nash"] = float(
+                    np.abs(d.average_strategies()[0] - nash[0]).sum())
+        summary["lesson"] = lesson(summary, [d.algorithm for d in self.dyns])
+        return summary
 
 
 def lesson(summary: dict[str, Any], algorithms: Sequence[str]) -> str:

@@ -33,6 +33,7 @@ from fedarena.marl.league.agent import AgentConfig
 from fedarena.marl.selfplay import BoardSelfPlay, SelfPlayConfig, SelfPlayPPO, network_policy
 from fedarena.platform.errors import RunError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 from fedarena.rl.ppo import PPOConfig
 
 GAME_PREFIX = "game:"
@@ -113,32 +114,55 @@ def board_evaluation(sp: BoardSelfPlay, games: int, seed: int) -> dict[str, floa
 
 
 def run_board_selfplay(cfg: SelfPlayExperimentConfig, run, game: str) -> dict[str, Any]:
-    sp = BoardSelfPlay(game, cfg.num_envs, cfg.games_per_update, cfg.agent, cfg.selfplay, seed=cfg.seed)
-    restored = run.restore()
-    start, wall = 0, 0.0
-    last: dict[str, float] = {}
-    if restored is not None:
-        start, state = restored
-        sp.load_state_dict(state["selfplay"])
-        wall, last = float(state["wall"]), {k: float(v) for k, v in state["last_eval"].items()}
-        if sp.updates != start:
-            raise RunError(f"checkpoint of step {start} holds {sp.updates} updates")
-    with run.progress(total=cfg.updates, initial=start, desc=f"self-play {cfg.env_id}") as bar:
-        for u in range(start + 1, cfg.updates + 1):
-            t0 = time.perf_counter()
-            results, m = sp.iteration()
-            wall += time.perf_counter() - t0
-            row: dict[str, Any] = {"episodes": sp.episodes, "learner_moves": sp.learner_moves, "wall_time": wall,
-                                   "pool_size": len(sp.pool), "selfplay_return": float(results.mean()),
-                                   **{f"ppo/{k}": v for k, v in m.items()}}
-            if u % cfg.eval_every == 0 or u == cfg.updates or u == 1:
-                last = board_evaluation(sp, cfg.eval_episodes, seed=cfg.seed * 7919 + u)
-                row.update(last)
-            run.log(u, **row)
-            run.checkpoint(u, lambda: {"selfplay": sp.state_dict(), "wall": wall, "last_eval": dict(last)})
-            bar.update(1, win_vs_random=last.get("vs_random/win", float("nan")))
-    return {"env_id": cfg.env_id, "updates": sp.updates, "episodes": sp.episodes, "learner_moves": sp.learner_moves,
-            "wall_seconds": wall, **last}
+    return run_loop(run, _BoardSteps(cfg, game), eval_every=cfg.eval_every, eval_first=True)
+
+
+class _BoardSteps:
+    """Board-game self-play under :func:`~fedarena.platform.loop.run_loop`: a step is one PPO update on
+    ``games_per_update`` self-play games; evaluations against random, the initial policy (and minimax)."""
+
+    def __init__(self, cfg: SelfPlayExperimentConfig, game: str):
+        self.cfg = cfg
+        self.sp = BoardSelfPlay(game, cfg.num_envs, cfg.games_per_update, cfg.agent, cfg.selfplay, seed=cfg.seed)
+        self.wall = 0.0
+        self.last: dict[str, float] = {}
+        self.desc, self.total = f"self-play {cfg.env_id}", cfg.updates
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.sp.load_state_dict(state["selfplay"])
+        self.wall, self.last = float(state["wall"]), {k: float(v) for k, v in state["last_eval"].items()}
+        if self.sp.updates != step:
+            raise RunError(f"checkpoint of step {step} holds {self.sp.updates} updates")
+
+    def state(self) -> dict[str, Any]:
+        return {"selfplay": self.sp.state_dict(), "wall": self.wall, "last_eval": dict(self.last)}
+
+    def done(self) -> bool:
+        return self.sp.updates >= self.cfg.updates
+
+    def units(self) -> int:
+        return self.sp.updates
+
+    def step(self, step: int) -> dict[str, Any]:
+        sp = self.sp
+        t0 = time.perf_counter()
+        results, m = sp.iteration()
+        self.wall += time.perf_counter() - t0
+        return {"episodes": sp.episodes, "learner_moves": sp.learner_moves, "wall_time": self.wall,
+                "pool_size": len(sp.pool), "selfplay_return": float(results.mean()),
+                **{f"ppo/{k}": v for k, v in m.items()}}
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        self.last = board_evaluation(self.sp, self.cfg.eval_episodes, seed=self.cfg.seed * 7919 + step)
+        return self.last
+
+    def summary(self) -> dict[str, Any]:
+        sp = self.sp
+        return {"env_id": self.cfg.env_id, "updates": sp.updates, "episodes": sp.episodes,
+                "learner_moves": sp.learner_moves, "wall_seconds": self.wall, **self.last}
 
 
 def run_pettingzoo_selfplay(cfg: SelfPlayExperimentConfig, run) -> dict[str, Any]:

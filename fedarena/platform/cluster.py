@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from typing import Iterator
 
 from fedarena.platform.experiment import ClusterConfig
@@ -21,6 +23,12 @@ def init_ray(cluster: ClusterConfig | None = None):
     cluster = cluster or ClusterConfig()
     if ray.is_initialized():
         return ray
+    with _keeping_sigterm_handler():
+        _init(ray, cluster)
+    return ray
+
+
+def _init(ray, cluster: ClusterConfig) -> None:
     if cluster.address:
         ray.init(address=cluster.address, log_to_driver=False)
     else:
@@ -32,7 +40,21 @@ def init_ray(cluster: ClusterConfig | None = None):
             log_to_driver=False,
             configure_logging=False,
         )
-    return ray
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` replaces the driver's SIGTERM handler with ``sys.exit``; keep the run's own
+    (:func:`fedarena.platform.loop.stop_signals`: SIGTERM ends the run ``interrupted`` with a checkpoint)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """Typed experiment configs: YAML files and ``--set key.path=value`` overrides validated against frozen dataclasses.
 
 Every error is a :class:`ConfigError` whose message names the field and the reason (unknown keys come
-with the closest valid name), so the CLI can print one line and exit with status 2.
+with the closest valid name), so the CLI can print one line and exit with status 2. A field read from a YAML
+file is also located: the message ends with ``(FILE, line N)`` of its key (:class:`MarkedDict` keeps the
+positions; a value given with ``--set`` has none).
 """
 
 from __future__ import annotations
@@ -23,6 +25,65 @@ __all__ = ["ConfigError", "load_yaml", "parse_override", "apply_overrides", "bui
 # ----------------------------------------------------------------------------- reading
 
 
+class MarkedDict(dict):
+    """A YAML mapping that remembers the file and the line of each of its keys (for error messages)."""
+
+    source: str = ""
+    lines: dict[Any, int]
+    overridden: set[Any]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lines, self.overridden = {}, set()
+
+    def where(self, key: Any) -> str:
+        """`` (FILE, line N)`` of ``key``, `` (from --set)`` for a value given there, or ""."""
+        if key in self.overridden:
+            return " (from --set)"
+        line = self.lines.get(key)
+        return f" ({self.source}, line {line})" if line is not None and self.source else ""
+
+
+class _MarkedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose mappings are :class:`MarkedDict` with each key's line."""
+
+    source = ""
+
+
+def _construct_marked_mapping(loader: _MarkedLoader, node: yaml.MappingNode) -> MarkedDict:
+    plain = loader.construct_mapping(node, deep=True)  # SafeLoader's checks (hashable keys, merge keys)
+    out = MarkedDict(plain)
+    out.source = loader.source
+    for key_node, _ in node.value:
+        try:
+            key = loader.construct_object(key_node, deep=True)
+            out.lines.setdefault(key, key_node.start_mark.line + 1)
+        except (TypeError, yaml.YAMLError):  # pragma: no cover - construct_mapping rejected these already
+            pass
+    return out
+
+
+_MarkedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_marked_mapping)
+
+
+def _load_marked(text: str, source: str) -> Any:
+    loader = _MarkedLoader(text)
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def plain(x: Any) -> Any:
+    """``x`` with every :class:`MarkedDict` turned into a plain dict (for YAML/JSON writers)."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [plain(v) for v in x]
+    return x
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping from ``path``; missing files and bad YAML become :class:`ConfigError`."""
     p = Path(path)
@@ -31,7 +92,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         raise ConfigError(f"config path is a directory, not a YAML file: {p}")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = _load_marked(p.read_text(encoding="utf-8"), str(p))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -72,16 +133,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
-                child = node[part] = {}
+                child = node[part] = MarkedDict()
             elif not isinstance(child, dict):
                 path = ".".join(parts[: i + 1])
                 raise ConfigError(f"bad --set '{text}': '{path}' is a value, not a section")
             node = child
         node[parts[-1]] = value
+        if isinstance(node, MarkedDict):  # the value now comes from --set, not from the file
+            node.lines.pop(parts[-1], None)
+            node.overridden.add(parts[-1])
     return out
 
 
 def _deepcopy(x: Any) -> Any:
+    if isinstance(x, MarkedDict):
+        out = MarkedDict({k: _deepcopy(v) for k, v in x.items()})
+        out.source, out.lines, out.overridden = x.source, dict(x.lines), set(x.overridden)
+        return out
     if isinstance(x, dict):
         return {k: _deepcopy(v) for k, v in x.items()}
     if isinstance(x, list):
@@ -99,13 +167,17 @@ def build(schema: type, data: Mapping[str, Any], path: str = "") -> Any:
     hints = typing.get_type_hints(schema)
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
     kwargs = {}
+    where = data.where if isinstance(data, MarkedDict) else (lambda key: "")
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean '{_join(path, close[0])}'?" if close else f"; valid keys: {', '.join(fields)}"
-            raise ConfigError(f"unknown config key '{full}'{hint}")
-        kwargs[key] = _coerce(hints[key], value, full)
+            raise _located(ConfigError(f"unknown config key '{full}'{hint}"), where(key))
+        try:
+            kwargs[key] = _coerce(hints[key], value, full)
+        except ConfigError as e:
+            raise _located(e, where(key)) from None
     missing = [
         name
         for name, f in fields.items()
@@ -115,8 +187,17 @@ def build(schema: type, data: Mapping[str, Any], path: str = "") -> Any:
         raise ConfigError(f"missing required config key '{_join(path, missing[0])}'")
     try:
         return schema(**kwargs)
-    except (ValueError, TypeError) as e:  # __post_init__ validation
-        raise ConfigError(f"{path or 'config'}: {e}") from None
+    except (ValueError, TypeError) as e:  # __post_init__ validation; its message starts with the field's name
+        field_name = str(e).split(":", 1)[0].split("[", 1)[0].split(".", 1)[0].strip()
+        raise _located(ConfigError(f"{path or 'config'}: {e}"), where(field_name)) from None
+
+
+def _located(error: ConfigError, where: str) -> ConfigError:
+    """``error`` with `` (FILE, line N)`` appended, once (the innermost key that has a position wins)."""
+    if where and not getattr(error, "located", False):
+        error = ConfigError(f"{error}{where}")
+        error.located = True  # type: ignore[attr-defined]
+    return error
 
 
 def _join(path: str, key: str) -> str:
@@ -144,7 +225,7 @@ def _type_name(tp: Any) -> str:
 def _coerce(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
-        return value
+        return plain(value)
     if origin in (Union, types.UnionType):
         errors = []
         for arg in typing.get_args(tp):

@@ -5,8 +5,10 @@ plus a ``run(config, run)`` function that does the work and writes metrics and c
 the :class:`fedarena.platform.runs.Run` it is given, plus optional plots for the report.
 
 What the platform does for every kind: the run folder, ``status.json`` (running / completed / failed with the
-one-line error of :mod:`fedarena.platform.errors`), a checkpoint of the last step (a kind offers its state each
-step with ``run.checkpoint(step, lambda: state)``; the platform writes the last offer when ``run`` returns),
+one-line error of :mod:`fedarena.platform.errors` / interrupted by SIGTERM or SIGINT, :mod:`fedarena.platform.loop`),
+a checkpoint of the last step (a kind offers its state each step with ``run.checkpoint(step, lambda: state)``, or
+supplies its steps to :func:`fedarena.platform.loop.run_loop`, which does; the platform writes the last offer when
+``run`` returns),
 multi-seed groups (``--seeds`` / ``seeds:``, :mod:`fedarena.platform.groups`), and the Python API
 (``fedarena.run`` / ``fedarena.load_run``). Raise ``ConfigError`` from ``__post_init__`` (or ``ValueError``, which
 the loader turns into one) for bad values, so they are reported when the config is loaded.
@@ -91,6 +93,10 @@ class Experiment:
     group_metrics: tuple[str, ...] = ()
     """Metrics a group report plots as mean and min-max band over seeds (default: ``summary_keys``, else every
     scalar metric all seeds logged)."""
+    resumable: bool = True
+    """False for kinds that keep no checkpoint to continue from: ``--resume`` is refused in one line before
+    anything runs (a resumable kind calls ``run.restore()`` before its first metrics row, or uses
+    :func:`fedarena.platform.loop.run_loop`, which does)."""
     evaluate: Callable[[Any, Any, Mapping[str, Any]], Mapping[str, Any]] | None = None
     """``evaluate(run_dir, config, options) -> results`` for ``fedarena evaluate`` (kinds that export a policy);
     options: ``episodes``, ``policy`` (final / best), ``seed``, ``render``."""

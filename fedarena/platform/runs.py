@@ -16,7 +16,8 @@ environment id, a missing optional package, PSRO on a general-sum game) still ge
 names no known kind gets none (unless ``--out`` names one).
 
 Resuming (``execute(resume=RUN_DIR)``) continues from the newest valid checkpoint; metric rows written
-after that checkpoint are dropped so no row is duplicated or missing.
+after that checkpoint are dropped so no row is duplicated or missing. ``execute`` runs every run and seed group
+inside :func:`fedarena.platform.loop.stop_signals`: SIGTERM and SIGINT end it ``interrupted`` with a checkpoint.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from fedarena.platform import config as cfgmod
 from fedarena.platform.config import ConfigError
 from fedarena.platform.errors import RunError, is_user_error, one_line
 from fedarena.platform.experiment import Experiment, ExperimentConfig
+from fedarena.platform.loop import RunInterrupted, stop_signals
 from fedarena.platform.progress import Progress
 from fedarena.platform.registry import UnknownKindError, get_kind
 from fedarena.platform.loggers import Logger, build_loggers, scalars
@@ -98,6 +100,9 @@ class Run:
         self._pending: tuple[int, Callable[[], Any]] | None = None
         self.last_step: int | None = None
         self.last_checkpoint_step: int | None = None
+        self.restored_step: int | None = None
+        self.stop_requested: str | None = None
+        """The name of the stop signal received (SIGTERM / SIGINT), set by :mod:`fedarena.platform.loop`."""
 
     # -- metrics
     @property
@@ -107,6 +112,9 @@ class Run:
 
     def log(self, step: int, **metrics: Any) -> None:
         """Record one row of metrics for ``step``: scalars, or lists of numbers (e.g. a strategy)."""
+        if self.resuming and not self._restored:  # nothing is appended to the rows of the run being resumed
+            raise RunError(f"--resume {self.dir}: experiment kind '{self.config.kind}' does not resume (it logged "
+                           "a row before calling run.restore()); start a new run")
         row: dict[str, Any] = {"step": int(step)}
         for k, v in metrics.items():
             row[k] = _jsonable(v, k)
@@ -166,6 +174,8 @@ class Run:
         if self._pending is not None and self._pending[0] <= int(step):
             self._pending = None
         self.logger.debug("checkpoint %s", path.name)
+        if self.stop_requested is not None:
+            raise RunInterrupted(self.stop_requested, int(step), graceful=True)
         return path
 
     def checkpoint(self, step: int, state: Callable[[], Any]) -> Path | None:
@@ -174,9 +184,10 @@ class Run:
         The state is written now when ``checkpoint.every`` says so; otherwise it is kept as the run's
         pending final checkpoint, which :meth:`final_checkpoint` writes (the platform calls it when the
         kind's ``run`` returns, so every run ends with a checkpoint of its last step). Kinds call this once
-        per step, after the step's metrics are logged.
+        per step, after the step's metrics are logged. After a stop signal the state is written now and the
+        run stops (:class:`~fedarena.platform.loop.RunInterrupted`).
         """
-        if self.should_checkpoint(step):
+        if self.should_checkpoint(step) or self.stop_requested is not None:
             return self.save_checkpoint(step, state())
         self._pending = (int(step), state)
         return None
@@ -198,11 +209,18 @@ class Run:
     def restore(self) -> tuple[int, Any] | None:
         """The (step, state) of the newest valid checkpoint, or None on a fresh run.
 
-        Metric rows after that step are dropped. On a resumed run without any valid checkpoint this raises
-        instead of silently starting over.
+        Metric rows after that step are dropped. On a resumed run whose checkpoints are all invalid this raises
+        instead of silently starting over; a run stopped before it wrote any checkpoint starts over (its rows are
+        dropped and written again).
         """
         self._restored = True
         if not self.resuming:
+            return None
+        if not ckpt.list_checkpoints(self.checkpoint_dir):  # stopped before its first checkpoint: nothing to keep
+            self.logger.warning("%s: the run was stopped before its first checkpoint; starting it over", self.dir)
+            self._truncate_metrics(-1)
+            self._tb_purge = -1
+            self.resuming = False
             return None
         found = ckpt.load_newest_valid(self.checkpoint_dir, warn=self.logger.warning)
         if found is None:
@@ -214,12 +232,19 @@ class Run:
         self._resumed_at = step
         self.last_step = step
         self.last_checkpoint_step = step
+        self.restored_step = step
         self.logger.info("resumed from checkpoint at step %d", step)
         return step, full["experiment"]
 
     def _truncate_metrics(self, step: int) -> None:
         kept = [row for row in read_metrics(self.dir) if row["step"] <= step]
         ckpt.write_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The metric rows written so far (on a resumed run: those before the checkpoint too)."""
+        if self._metrics_file is not None:
+            self._metrics_file.flush()
+        return read_metrics(self.dir)
 
     # -- progress
     def progress(self, total: int, initial: int = 0, desc: str = "") -> Progress:
@@ -323,10 +348,8 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
     if resume is not None:
         run_dir = Path(resume)
         if (run_dir / "group.json").exists():
-            from fedarena.platform.groups import execute_group
-
-            return execute_group(None, overrides, out=run_dir, resume=True, quiet=quiet, report=report,
-                                 parallel=parallel)
+            return _execute_group(None, overrides, out=run_dir, resume=True, quiet=quiet, report=report,
+                                  parallel=parallel)
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise RunError(f"--resume {run_dir}: not a run folder (no config.yaml)")
@@ -342,6 +365,9 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
         status = _read_status(run_dir)
         if status.get("state") == "completed" and not overrides:
             return {**status.get("summary", {}), "run_dir": str(run_dir), "already_completed": True}
+        if not experiment.resumable:
+            raise RunError(f"--resume {run_dir}: experiment kind '{cfg.kind}' keeps no checkpoint to continue from; "
+                           "start a new run")
         resuming = True
     else:
         if config is None:
@@ -357,10 +383,10 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
             _status_of_rejected_config(out if out is not None else _rejected_run_dir(data), exc, data)
             raise
         if seeds is not None or cfg.seeds:
-            from fedarena.platform.groups import execute_group
-
-            return execute_group(config, overrides, out=out, seeds=seeds, quiet=quiet, report=report,
-                                 parallel=parallel)
+            group_dir = out if out is not None else new_run_dir(cfg.kind, name=f"{cfg.name}-seeds" if cfg.name
+                                                                 else "seeds")  # the group folder groups.py names
+            return _execute_group(config, overrides, out=group_dir, seeds=seeds, quiet=quiet, report=report,
+                                  parallel=parallel)
         run_dir = Path(out) if out is not None else new_run_dir(cfg.kind, name=cfg.name)
         if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
             raise RunError(f"--out {run_dir}: already holds a run; use --resume {run_dir} to continue it")
@@ -369,10 +395,29 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
     (run_dir / "config.yaml").write_text(cfgmod.dump_yaml(cfg), encoding="utf-8")
     run = Run(run_dir, cfg, quiet=quiet, resuming=resuming)
     handlers = _attach_log_file(run, quiet)
+    try:
+        with stop_signals(run) as stopper:
+            return _execute_run(run, experiment, cfg, overrides if resuming else (), report, stopper)
+    finally:
+        run.close()
+        for h in handlers:
+            run.logger.removeHandler(h)
+            h.close()
+
+
+def _execute_run(run: Run, experiment: Experiment, cfg: ExperimentConfig, resume_overrides: Sequence[str],
+                 report: bool, stopper: Any) -> dict[str, Any]:
+    """Run the kind inside :func:`~fedarena.platform.loop.stop_signals` and write ``status.json``."""
+    run_dir = run.dir
+    resuming = run.resuming
     _write_status(run_dir, {"state": "running", "kind": cfg.kind, "seed": cfg.seed})
     try:
         run.logger.info("%s run in %s", "resuming" if resuming else "starting", run_dir)
-        summary = dict(experiment.run(cfg, run) or {})
+        try:
+            summary = dict(experiment.run(cfg, run) or {})
+        except Exception as exc:
+            _refuse_smaller_budget(run, cfg, resume_overrides, exc)
+            raise
         if resuming and not run._restored:
             raise RunError(f"experiment kind '{cfg.kind}' does not support resuming (it never called run.restore())")
         run.final_checkpoint()
@@ -384,6 +429,8 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
         _write_status(run_dir, {"state": "completed", "kind": cfg.kind, "seed": cfg.seed, "summary": summary,
                                 "last_step": run.last_step, "last_checkpoint_step": run.last_checkpoint_step,
                                 "wall_time": round(run.elapsed, 3)})
+        if stopper is not None:
+            stopper.uninstall()  # completed: a signal from here on no longer turns the run into `interrupted`
         if report:
             from fedarena.platform.report import render
 
@@ -395,7 +442,12 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         message = "interrupted" if interrupted else one_line(exc)
-        if not interrupted:
+        if interrupted:
+            signame = getattr(exc, "signame", "SIGINT")
+            run.logger.info("interrupted by %s after step %s; newest checkpoint: step %s; continue with --resume %s",
+                            signame, run.last_step, run.last_checkpoint_step, run_dir)
+            message = f"interrupted by {signame}"
+        else:
             run.logger.debug("run failed: %s", message, exc_info=exc)  # the traceback goes to run.log only
         _write_status(run_dir, {"state": "interrupted" if interrupted else "failed", "kind": cfg.kind,
                                 "seed": cfg.seed, "error": message,
@@ -403,11 +455,34 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
                                 "last_step": run.last_step, "last_checkpoint_step": run.last_checkpoint_step})
         run.end_trackers("interrupted" if interrupted else "failed")
         raise
-    finally:
-        run.close()
-        for h in handlers:
-            run.logger.removeHandler(h)
-            h.close()
+
+
+def _refuse_smaller_budget(run: Run, cfg: ExperimentConfig, overrides: Sequence[str], exc: Exception) -> None:
+    """A resumed run given ``--set`` values that failed before any step past its checkpoint (e.g. a budget below
+    the checkpoint's step, which the kind did not handle): refuse in one line instead of an internal error."""
+    if not overrides or is_user_error(exc) or run.restored_step is None:
+        return
+    if run.last_step is not None and run.last_step > run.restored_step:
+        return
+    raise RunError(f"--resume {run.dir}: kind '{cfg.kind}' cannot continue from its checkpoint at step "
+                   f"{run.restored_step} with --set {' '.join(overrides)} ({one_line(exc)})") from exc
+
+
+def _execute_group(config: Any, overrides: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+    """Run a seed group; a stop signal stops the seeds' processes (each ends ``interrupted``) and marks the group."""
+    from fedarena.platform.groups import execute_group
+
+    try:
+        with stop_signals(None):
+            return execute_group(config, overrides, **kwargs)
+    except KeyboardInterrupt:
+        out = kwargs.get("out")
+        info_path = Path(out) / "group.json" if out is not None else None
+        if info_path is not None and info_path.exists():
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            info["state"] = "interrupted"
+            ckpt.write_atomic(info_path, json.dumps(info, indent=2).encode())
+        raise
 
 
 def _rejected_run_dir(data: Mapping[str, Any]) -> Path:
@@ -434,7 +509,7 @@ def _status_of_rejected_config(out: str | Path | None, exc: BaseException,
     if given is not None:
         status["kind"] = given["kind"]
         try:  # the config as given (--set overrides applied), not validated
-            text = yaml.safe_dump(dict(given), sort_keys=False, default_flow_style=None)
+            text = yaml.safe_dump(cfgmod.plain(dict(given)), sort_keys=False, default_flow_style=None)
         except yaml.YAMLError:
             text = None
         if text is not None:

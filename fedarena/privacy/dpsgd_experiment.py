@@ -105,7 +105,8 @@ def run(cfg: DPSGDDigitsConfig, run) -> dict:
             run.checkpoint(step, lambda: {"params": params, "opt": state, "epsilons": monitor.history})
             bar.update(1, eps=eps, acc=acc)
     acc = accuracy(params)
-    run.log(monitor.steps, test_accuracy=acc, epsilon=monitor.epsilon, final=1)
+    if not any(r.get("final") and r["step"] == monitor.steps for r in run.rows()):  # a resume past the budget
+        run.log(monitor.steps, test_accuracy=acc, epsilon=monitor.epsilon, final=1)  # keeps its final row
     return {"test_accuracy": acc, "epsilon": monitor.epsilon, "delta": cfg.delta, "steps": monitor.steps,
             "noise_multiplier": sigma, "sample_rate": q, "epochs": monitor.steps * q,
             "stopped_by_budget": not monitor.can_step(), "insecure_seeded_noise": cfg.insecure_seeded_noise,

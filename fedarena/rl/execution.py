@@ -15,15 +15,57 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections import deque
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from fedarena.rl import wire
+from fedarena.rl.dqn import DQN, DQNConfig
+from fedarena.rl.impala import IMPALA, IMPALAConfig
+from fedarena.rl.ppo import PPO, PPOConfig
 from fedarena.rl.workers import Actor, InferenceServer, LocalPolicy, SDEPolicy, Weights
 
 EXECUTION_MODES = ("local", "multiprocess", "ray")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One row of :data:`ALGORITHMS`: an RL algorithm's config type, how its agent is built, and how it trains."""
+
+    name: str
+    config_type: type
+    build: Callable[..., Any]
+    """``build(observation_space, action_space, config, seed, total_steps) -> agent`` (config: ``config_type``)"""
+    rollout_length: Callable[[Any], int] | None = None
+    """On-policy algorithms: environment steps per actor rollout, from the config."""
+    asynchronous: bool = False
+    """True: each actor is sent new weights as soon as its trajectory is consumed (IMPALA; stale trajectories
+    are dropped, an inference server may serve the actors); False: the learner waits for every actor (PPO)."""
+
+    def typed(self, config: Any) -> Any:
+        """``config`` as ``config_type``: returned as it is when it is one, else built once from its fields."""
+        if isinstance(config, self.config_type):
+            return config
+        if is_dataclass(config):
+            raise TypeError(f"{self.name}: expected {self.config_type.__name__}, got {type(config).__name__}")
+        return self.config_type(**_tuples(dict(config)))
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ppo": Algorithm("ppo", PPOConfig, lambda obs, act, c, seed, total: PPO(obs, act, c, seed=seed, total_steps=total),
+                     rollout_length=lambda c: c.num_steps),
+    "impala": Algorithm("impala", IMPALAConfig, lambda obs, act, c, seed, total: IMPALA(obs, act, c, seed=seed),
+                        rollout_length=lambda c: c.unroll_length, asynchronous=True),
+    "dqn": Algorithm("dqn", DQNConfig, lambda obs, act, c, seed, total: DQN(obs, act, c, seed=seed)),
+}
+"""The one place an algorithm name is looked up: name -> :class:`Algorithm`."""
+
+
+def algorithm_named(name: str) -> Algorithm:
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm: expected one of {', '.join(repr(a) for a in ALGORITHMS)}, got '{name}'")
+    return ALGORITHMS[name]
 
 
 @dataclass(frozen=True)
@@ -31,13 +73,13 @@ class ActorSpec:
     """Everything a (possibly remote) actor needs to build its environment and policy."""
 
     algorithm: str
-    """``"ppo"`` or ``"impala"``: which network definition the actor evaluates"""
+    """``"ppo"`` or ``"impala"``: which network definition the actor evaluates (a key of :data:`ALGORITHMS`)"""
     env_id: str
     num_envs: int
     rollout_length: int
     seed: int
-    config: dict = field(default_factory=dict)
-    """the algorithm config's fields (JSON-able)"""
+    config: Any = field(default_factory=dict)
+    """the algorithm's typed config (``PPOConfig`` / ``IMPALAConfig``), or a mapping of its fields"""
     env_backend: str = "auto"
     env_kwargs: dict = field(default_factory=dict)
     """keyword arguments of the environment's constructor"""
@@ -58,22 +100,12 @@ def build_vector_env(env_id: str, num_envs: int, seed: int | None, backend: str,
                            wrappers=EnvWrappers(**(wrappers or {})))
 
 
-def build_agent(algorithm: str, observation_space: Any, action_space: Any, config: dict, seed: int,
+def build_agent(algorithm: str, observation_space: Any, action_space: Any, config: Any, seed: int,
                 total_steps: int | None = None) -> Any:
-    """The algorithm object (network, compiled forward) for ``algorithm``."""
-    if algorithm == "ppo":
-        from fedarena.rl.ppo import PPO, PPOConfig
-
-        return PPO(observation_space, action_space, PPOConfig(**_tuples(config)), seed=seed, total_steps=total_steps)
-    if algorithm == "impala":
-        from fedarena.rl.impala import IMPALA, IMPALAConfig
-
-        return IMPALA(observation_space, action_space, IMPALAConfig(**_tuples(config)), seed=seed)
-    if algorithm == "dqn":
-        from fedarena.rl.dqn import DQN, DQNConfig
-
-        return DQN(observation_space, action_space, DQNConfig(**_tuples(config)), seed=seed)
-    raise ValueError(f"algorithm: expected 'ppo', 'impala' or 'dqn', got '{algorithm}'")
+    """The algorithm object (network, compiled forward) for ``algorithm`` (a key of :data:`ALGORITHMS`);
+    ``config``: its typed config, or a mapping of the config's fields (a policy manifest's)."""
+    algo = algorithm_named(algorithm)
+    return algo.build(observation_space, action_space, algo.typed(config), seed, total_steps)
 
 
 def _tuples(config: dict) -> dict:
@@ -81,6 +113,7 @@ def _tuples(config: dict) -> dict:
 
 
 def config_dict(config: Any) -> dict:
+    """A typed algorithm config as JSON-able fields (for policy manifests and the evaluator)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
 
 
@@ -101,11 +134,12 @@ class ActorWorker:
         _limit_blas_threads()
         self.spec, self.index = spec, index
         env = spec.vector_env(spec.num_envs, seed=spec.seed + 1000 * index)
-        self.agent = build_agent(spec.algorithm, env.observation_space, env.action_space, spec.config, spec.seed)
-        gamma = float(spec.config.get("gamma", 0.99))
+        config = algorithm_named(spec.algorithm).typed(spec.config)
+        self.agent = build_agent(spec.algorithm, env.observation_space, env.action_space, config, spec.seed)
+        gamma = float(config.gamma)
         if policy_client is None and getattr(self.agent, "forward_sde", None) is not None:  # PPO with use_sde
             self.policy = SDEPolicy(self.agent.forward_sde, self.agent.dist, self.agent.weights(),
-                                    int(spec.config["sde_sample_freq"]), seed=spec.seed + 7919 * (index + 1))
+                                    int(config.sde_sample_freq), seed=spec.seed + 7919 * (index + 1))
         elif policy_client is None:
             self.policy = LocalPolicy(self.agent.forward, self.agent.dist, self.agent.weights(),
                                       seed=spec.seed + 7919 * (index + 1))
@@ -119,6 +153,19 @@ class ActorWorker:
         traj = self.actor.rollout(self.spec.rollout_length)
         traj["actor"] = self.index
         return traj
+
+    def state(self) -> dict[str, Any] | None:
+        """The actor and its sampling generator between rollouts (None: its environment exports no state)."""
+        actor = self.actor.state_dict()
+        if actor is None or not isinstance(self.policy, LocalPolicy):
+            return None
+        return {"actor": actor, "policy_rng": self.policy.rng.bit_generator.state}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        assert isinstance(self.policy, LocalPolicy)
+        self.policy.rng.bit_generator.state = {k: (dict(v) if isinstance(v, dict) else v)
+                                               for k, v in state["policy_rng"].items()}
 
     def pid(self) -> int:
         import os
@@ -218,6 +265,15 @@ class LocalActorPool:
         i, weights = self._pending.popleft()
         return i, self.workers[i].rollout(weights)
 
+    def state(self) -> list[dict[str, Any]] | None:
+        """Every actor's state between rollouts, for an exact resume (None when an environment exports none)."""
+        states = [w.state() for w in self.workers]
+        return None if any(st is None for st in states) else states  # type: ignore[return-value]
+
+    def load(self, states: list[dict[str, Any]]) -> None:
+        for w, st in zip(self.workers, states, strict=True):
+            w.load(st)
+
     def close(self) -> None:
         self._pending.clear()
 
@@ -238,9 +294,9 @@ def _failure(exc: BaseException) -> dict[str, Any]:
             "user_error": bool(getattr(type(exc), "user_error", False))}
 
 
-def _process_main(conn: Any, spec_dict: dict, index: int) -> None:
+def _process_main(conn: Any, spec: ActorSpec, index: int) -> None:
     try:
-        worker = ActorWorker(ActorSpec(**spec_dict), index)
+        worker = ActorWorker(spec, index)
     except Exception as exc:  # report instead of dying (a dead worker would be restarted forever)
         conn.send_bytes(wire.encode(_failure(exc)))
         return
@@ -282,7 +338,7 @@ class ProcessActorPool:
 
     def _start(self, i: int) -> None:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_process_main, args=(child, asdict(self.spec), i), daemon=True)
+        proc = self._ctx.Process(target=_process_main, args=(child, self.spec, i), daemon=True)
         proc.start()
         child.close()
         self.procs[i], self.conns[i] = proc, parent

@@ -11,7 +11,11 @@ once ``eval_return`` reaches ``target_return``; with ``eval.every = 0`` the trai
 CartPole-v1 convention is 475 over 100 episodes in gymnasium's registry; issue 9 uses the last 20).
 ``policies/best`` holds the parameters of the best evaluation so far and ``policies/final`` those of the last
 iteration (evaluated there), each with a manifest; ``fedarena evaluate RUN_DIR`` replays them.
-Environments restart fresh on resume.
+On resume, in-process actors on batched environments continue from the checkpoint's environment and sampler
+state (the resumed run equals an uninterrupted one); other environments restart fresh.
+
+The algorithm's typed config (``PPOConfig``, ``IMPALAConfig``, ``DQNConfig``) is passed as an object to the learner
+and the actors; it becomes a dict only for the evaluator and the exported policy's manifest.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import numpy as np
 from fedarena.envs.gym_envs import EnvWrappers
 from fedarena.envs.vector import check_vector_env
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 from fedarena.rl.dqn import DQN, DQNConfig, run_dqn_steps
 from fedarena.rl.evaluation import EnvOptions, EvalConfig, Evaluator, env_wrappers, eval_seed, evaluate_run, export_policy
-from fedarena.rl.execution import EXECUTION_MODES, ActorSpec, build_vector_env, config_dict, make_actor_pool
+from fedarena.rl.execution import (ALGORITHMS, EXECUTION_MODES, ActorSpec, Algorithm, build_vector_env, config_dict,
+                                   make_actor_pool)
 from fedarena.rl.impala import IMPALAConfig
 from fedarena.rl.ppo import PPOConfig
 from fedarena.rl.workers import EpisodeStats
@@ -244,91 +250,133 @@ def _concat_envs(trajs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, algorithm: str) -> dict[str, Any]:
-    from fedarena.rl.execution import LearnerHost, RemoteLearner, _limit_blas_threads
-
-    _limit_blas_threads()
-    algo_cfg = cfg.ppo if algorithm == "ppo" else cfg.impala
-    rollout_length = algo_cfg.num_steps if algorithm == "ppo" else algo_cfg.unroll_length
-    wrappers = env_wrappers(cfg)
-    learner_args = (algorithm, cfg.env_id, cfg.env_backend, config_dict(algo_cfg), cfg.seed, cfg.total_steps)
-    learner_kwargs = {"env_kwargs": dict(cfg.env_kwargs), "wrappers": wrappers}
-    if cfg.execution == "ray":
-        from fedarena.platform.cluster import init_ray
-
-        init_ray(cfg.cluster)
-        learner: Any = RemoteLearner(*learner_args, **learner_kwargs)  # actors, learner (and server) are Ray actors
-    else:
-        learner = LearnerHost(*learner_args, **learner_kwargs)
-    tracker = _Tracker(cfg.window, cfg.target_return)
-    evaluation = _Evaluation(cfg, run, algorithm, config_dict(algo_cfg))
-    iteration, env_steps = 0, 0
-    restored = run.restore()
-    if restored:
-        iteration, state = restored
-        learner.load(state["learner"])
-        env_steps = int(state["env_steps"])
-        tracker.load(state["tracker"])
-        evaluation.load(state.get("evaluation"))
-    spec = ActorSpec(algorithm, cfg.env_id, algo_cfg.num_envs, rollout_length,
-                     cfg.seed + 7 * iteration, config_dict(algo_cfg), cfg.env_backend, dict(cfg.env_kwargs), wrappers)
-    ray_options: dict[str, Any] = {}
-    if cfg.execution == "ray" and algorithm == "impala" and cfg.inference_server:
-        ray_options = {"inference_server": True, "initial": learner.weights(),
-                       "max_batch": cfg.inference_max_batch, "deadline_s": cfg.inference_deadline_ms / 1000.0}
-    pool = make_actor_pool(cfg.execution, spec, cfg.num_actors, **ray_options)
-    t_start = run.elapsed
-    steady: list[tuple[int, float]] = []
-    summary_metrics: dict[str, float] = {}
-    weights = learner.weights()
+def _on_policy_run(cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, algo: Algorithm,
+                   algo_cfg: PPOConfig | IMPALAConfig) -> dict[str, Any]:
+    steps = _OnPolicySteps(cfg, run, algo, algo_cfg)
     try:
-        for i in range(cfg.num_actors):
-            pool.submit(i, weights)
-        with run.progress(total=cfg.total_steps, initial=env_steps, desc=algorithm) as bar:
-            while env_steps < cfg.total_steps and not evaluation.done and not (
-                    not evaluation.stops_training and tracker.done):
-                if algorithm == "ppo":
-                    trajs = [pool.next()[1] for _ in range(cfg.num_actors)]
-                    traj = _concat_envs(sorted(trajs, key=lambda t: int(t.get("actor", 0))))
-                    metrics = learner.update(traj)
-                    weights = learner.weights()
-                    for i in range(cfg.num_actors):
-                        pool.submit(i, weights)
-                else:
-                    actor_index, traj = pool.next()
-                    metrics = learner.update(traj) or {"dropped_stale": 1.0}
-                    weights = learner.weights()
-                    pool.submit(actor_index, weights)
-                iteration += 1
-                env_steps += int(traj["env_steps"])
-                wall = run.elapsed
-                tracker.add(traj["episode_returns"], env_steps, wall)
-                steady.append((env_steps, wall))
-                last = env_steps >= cfg.total_steps or (not evaluation.stops_training and tracker.done)
-                row = dict(env_steps=env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
-                           env_steps_per_second=_window_rate(steady), policy_version=weights.version,
-                           actor_restarts=getattr(pool, "restarts", 0), **metrics)
-                if evaluation.due(env_steps, last):
-                    row.update(evaluation(weights.params, iteration, env_steps))
-                run.log(iteration, **row)
-                summary_metrics = metrics
-                snapshot = (env_steps, tracker.state(), evaluation.state())
-                run.checkpoint(iteration, lambda s=snapshot: {"learner": learner.state(), "env_steps": s[0],
-                                                              "tracker": s[1], "evaluation": s[2]})
-                bar.update(int(traj["env_steps"]), ret=round(tracker.mean, 1))
-        run.final_checkpoint()  # before the (possibly remote) learner goes away
-        evaluation.export_final(weights.params)
-        out = _summary(tracker, evaluation, env_steps, run.elapsed, _window_rate(steady, whole=True))
-        out["actor_restarts"] = getattr(pool, "restarts", 0)
-        if algorithm == "impala":
-            out["dropped_stale"] = learner.dropped_stale()
+        return run_loop(run, steps)
     finally:
-        pool.close()
-        evaluation.close()
-        learner.close()
-    out["startup_s"] = t_start  # Ray start-up and actor creation included
-    out.update({f"last_{k}": v for k, v in summary_metrics.items() if k in ("loss", "entropy")})
-    return out
+        steps.close()
+
+
+class _OnPolicySteps:
+    """PPO / IMPALA under :func:`~fedarena.platform.loop.run_loop`: a step is one learner update (PPO: on one
+    rollout of every actor; IMPALA: on the next trajectory that arrives), with an evaluation when it is due."""
+
+    def __init__(self, cfg: PPOExperimentConfig | IMPALAExperimentConfig, run: Any, algo: Algorithm,
+                 algo_cfg: PPOConfig | IMPALAConfig):
+        from fedarena.rl.execution import LearnerHost, RemoteLearner, _limit_blas_threads
+
+        _limit_blas_threads()
+        self.cfg, self.run, self.algo, self.algo_cfg = cfg, run, algo, algo_cfg
+        self.wrappers = env_wrappers(cfg)
+        learner_args = (algo.name, cfg.env_id, cfg.env_backend, algo_cfg, cfg.seed, cfg.total_steps)
+        learner_kwargs = {"env_kwargs": dict(cfg.env_kwargs), "wrappers": self.wrappers}
+        self.pool: Any = None
+        self.learner: Any = None
+        self.evaluation: _Evaluation | None = None
+        if cfg.execution == "ray":
+            from fedarena.platform.cluster import init_ray
+
+            init_ray(cfg.cluster)
+            self.learner = RemoteLearner(*learner_args, **learner_kwargs)  # actors, learner (and server): Ray actors
+        else:
+            self.learner = LearnerHost(*learner_args, **learner_kwargs)
+        self.tracker = _Tracker(cfg.window, cfg.target_return)
+        self.evaluation = _Evaluation(cfg, run, algo.name, config_dict(algo_cfg))
+        self.iteration, self.env_steps = 0, 0
+        self.steady: list[tuple[int, float]] = []
+        self.desc, self.total = algo.name, cfg.total_steps
+        self.startup_s = 0.0
+
+    def _start_actors(self, actor_states: list[dict[str, Any]] | None) -> None:
+        cfg, algo = self.cfg, self.algo
+        assert algo.rollout_length is not None
+        spec = ActorSpec(algo.name, cfg.env_id, self.algo_cfg.num_envs, algo.rollout_length(self.algo_cfg),
+                         cfg.seed + 7 * self.iteration, self.algo_cfg, cfg.env_backend, dict(cfg.env_kwargs),
+                         self.wrappers)
+        ray_options: dict[str, Any] = {}
+        if cfg.execution == "ray" and algo.asynchronous and getattr(cfg, "inference_server", False):
+            ray_options = {"inference_server": True, "initial": self.learner.weights(),
+                           "max_batch": cfg.inference_max_batch, "deadline_s": cfg.inference_deadline_ms / 1000.0}
+        self.pool = make_actor_pool(cfg.execution, spec, cfg.num_actors, **ray_options)
+        if actor_states is not None and hasattr(self.pool, "load"):
+            self.pool.load(actor_states)  # environments and samplers continue exactly where the checkpoint left them
+        self.startup_s = self.run.elapsed  # Ray start-up and actor creation included
+        self.weights = self.learner.weights()
+        for i in range(cfg.num_actors):
+            self.pool.submit(i, self.weights)
+
+    def init(self) -> None:
+        self._start_actors(None)
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.iteration = step
+        self.learner.load(state["learner"])
+        self.env_steps = int(state["env_steps"])
+        self.tracker.load(state["tracker"])
+        self.evaluation.load(state.get("evaluation"))
+        self._start_actors(state.get("actors"))
+
+    def state(self) -> dict[str, Any]:
+        return {"learner": self.learner.state(), "env_steps": self.env_steps, "tracker": self.tracker.state(),
+                "evaluation": self.evaluation.state(), "actors": _actor_states(self.pool)}
+
+    def done(self) -> bool:
+        ev = self.evaluation
+        return self.env_steps >= self.cfg.total_steps or ev.done or (not ev.stops_training and self.tracker.done)
+
+    def units(self) -> int:
+        return self.env_steps
+
+    def step(self, step: int) -> dict[str, Any]:
+        pool, learner, cfg = self.pool, self.learner, self.cfg
+        if not self.algo.asynchronous:  # PPO: one synchronous rollout of every actor
+            trajs = [pool.next()[1] for _ in range(cfg.num_actors)]
+            traj = _concat_envs(sorted(trajs, key=lambda t: int(t.get("actor", 0))))
+            metrics = learner.update(traj)
+            self.weights = learner.weights()
+            for i in range(cfg.num_actors):
+                pool.submit(i, self.weights)
+        else:
+            actor_index, traj = pool.next()
+            metrics = learner.update(traj) or {"dropped_stale": 1.0}
+            self.weights = learner.weights()
+            pool.submit(actor_index, self.weights)
+        self.iteration = step
+        self.env_steps += int(traj["env_steps"])
+        wall = self.run.elapsed
+        self.tracker.add(traj["episode_returns"], self.env_steps, wall)
+        self.steady.append((self.env_steps, wall))
+        row = dict(env_steps=self.env_steps, episode_return=self.tracker.mean, episodes=self.tracker.episodes,
+                   env_steps_per_second=_window_rate(self.steady), policy_version=self.weights.version,
+                   actor_restarts=getattr(pool, "restarts", 0), **metrics)
+        if self.evaluation.due(self.env_steps, self.done()):
+            row.update(self.evaluation(self.weights.params, step, self.env_steps))
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        self.evaluation.export_final(self.weights.params)
+        out = _summary(self.tracker, self.evaluation, self.env_steps, self.run.elapsed,
+                       _window_rate(self.steady, whole=True))
+        out["actor_restarts"] = getattr(self.pool, "restarts", 0)
+        if self.algo.asynchronous:
+            out["dropped_stale"] = self.learner.dropped_stale()
+        out["startup_s"] = self.startup_s
+        rows = self.run.rows()
+        out.update({f"last_{k}": rows[-1][k] for k in ("loss", "entropy") if rows and k in rows[-1]})
+        return out
+
+    def close(self) -> None:
+        for part in (self.pool, self.evaluation, self.learner):
+            if part is not None:
+                part.close()
+
+
+def _actor_states(pool: Any) -> list[dict[str, Any]] | None:
+    """The actors' states when the pool can export them between rollouts (in-process actors on batched
+    environments), so a resumed run continues exactly; otherwise None and a resume re-seeds the actors."""
+    return pool.state() if hasattr(pool, "state") else None
 
 
 def _window_rate(points: list[tuple[int, float]], whole: bool = False) -> float:
@@ -341,89 +389,109 @@ def _window_rate(points: list[tuple[int, float]], whole: bool = False) -> float:
 
 
 def run_ppo(cfg: PPOExperimentConfig, run: Any) -> dict[str, Any]:
-    return _on_policy_run(cfg, run, "ppo")
+    return _on_policy_run(cfg, run, ALGORITHMS["ppo"], cfg.ppo)
 
 
 def run_impala(cfg: IMPALAExperimentConfig, run: Any) -> dict[str, Any]:
-    return _on_policy_run(cfg, run, "impala")
+    return _on_policy_run(cfg, run, ALGORITHMS["impala"], cfg.impala)
 
 
 # ------------------------------------------------------------------------------------------ DQN
 
 
 def run_dqn(cfg: DQNExperimentConfig, run: Any) -> dict[str, Any]:
-    from fedarena.rl.execution import _limit_blas_threads
+    steps = _DQNSteps(cfg, run)
+    try:
+        return run_loop(run, steps)
+    finally:
+        steps.close()
 
-    _limit_blas_threads()
-    c = cfg.dqn
-    env = build_vector_env(cfg.env_id, c.num_envs, cfg.seed, cfg.env_backend, dict(cfg.env_kwargs), env_wrappers(cfg))
-    agent = DQN(env.observation_space, env.action_space, c, seed=cfg.seed)
-    tracker = _Tracker(cfg.window, cfg.target_return)
-    evaluation = _Evaluation(cfg, run, "dqn", config_dict(c))
-    iteration = 0
-    restored = run.restore()
-    if restored:
-        iteration, state = restored
+
+class _DQNSteps:
+    """DQN under :func:`~fedarena.platform.loop.run_loop`: a step is ``steps_per_iteration`` environment steps
+    (acting, replay, learning), with an evaluation when it is due."""
+
+    def __init__(self, cfg: DQNExperimentConfig, run: Any):
+        from fedarena.rl.execution import _limit_blas_threads
+
+        _limit_blas_threads()
+        c = cfg.dqn
+        self.cfg, self.run = cfg, run
+        self.evaluation: _Evaluation | None = None
+        self.env = build_vector_env(cfg.env_id, c.num_envs, cfg.seed, cfg.env_backend, dict(cfg.env_kwargs),
+                                    env_wrappers(cfg))
+        self.agent = DQN(self.env.observation_space, self.env.action_space, c, seed=cfg.seed)
+        self.tracker = _Tracker(cfg.window, cfg.target_return)
+        self.evaluation = _Evaluation(cfg, run, ALGORITHMS["dqn"].name, config_dict(c))
+        self.stats = EpisodeStats()
+        self.ep = {"ret": np.zeros(c.num_envs), "len": np.zeros(c.num_envs, dtype=np.int64)}
+        self.steady: list[tuple[int, float]] = []
+        self.per_iter = max(1, cfg.steps_per_iteration // c.num_envs)
+        self.metrics: dict[str, float] | None = None
+        self.obs: Any = None
+        self.desc, self.total = "dqn", cfg.total_steps
+
+    def init(self) -> None:
+        self.obs = self.env.reset(seed=self.cfg.seed)
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        agent = self.agent
         agent.learner.set_state(state["params"], state["opt_state"], int(state["version"]))
         agent.target_params = state["target_params"]
         agent.env_steps = int(state["env_steps"])
         agent._last_train = int(state["last_train"])
         agent._last_target_update = int(state["last_target_update"])
-        tracker.load(state["tracker"])
-        evaluation.load(state.get("evaluation"))
+        self.tracker.load(state["tracker"])
+        self.evaluation.load(state.get("evaluation"))
         _set_rng(agent.rng, state["rng"])
         if "replay" in state:
             agent.replay.load_state_dict(state["replay"])
-    obs = env.reset(seed=cfg.seed + iteration)
-    stats = EpisodeStats()
-    ep = {"ret": np.zeros(c.num_envs), "len": np.zeros(c.num_envs, dtype=np.int64)}
-    steady: list[tuple[int, float]] = []
-    total = cfg.total_steps
-    per_iter = max(1, cfg.steps_per_iteration // c.num_envs)
-    metrics: dict[str, float] | None = None
+        self.obs = self.env.reset(seed=self.cfg.seed + step)  # environments restart fresh
 
-    def checkpoint_state(snapshot: tuple) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
+        agent = self.agent
         state = {"params": agent.learner.params, "opt_state": agent.learner.opt_state,
                  "target_params": agent.target_params, "version": agent.learner.version,
                  "env_steps": agent.env_steps, "last_train": agent._last_train,
-                 "last_target_update": agent._last_target_update, "tracker": snapshot[0],
-                 "evaluation": snapshot[1], "rng": _rng_state(agent.rng)}
-        if cfg.checkpoint_replay:
+                 "last_target_update": agent._last_target_update, "tracker": self.tracker.state(),
+                 "evaluation": self.evaluation.state(), "rng": _rng_state(agent.rng)}
+        if self.cfg.checkpoint_replay:
             state["replay"] = agent.replay.state_dict()
         return state
 
-    try:
-        with run.progress(total=total, initial=agent.env_steps, desc="dqn") as bar:
-            while agent.env_steps < total and not evaluation.done and not (
-                    not evaluation.stops_training and tracker.done):
-                before = agent.env_steps
-                obs, m = run_dqn_steps(agent, env, obs, per_iter, lambda s: s / total, stats, ep)
-                metrics = m or metrics
-                iteration += 1
-                wall = run.elapsed
-                returns, _ = stats.drain()
-                tracker.add(returns, agent.env_steps, wall)
-                steady.append((agent.env_steps, wall))
-                last = agent.env_steps >= total or (not evaluation.stops_training and tracker.done)
-                row = dict(env_steps=agent.env_steps, episode_return=tracker.mean, episodes=tracker.episodes,
-                           env_steps_per_second=_window_rate(steady), epsilon=agent.epsilon(agent.env_steps / total),
-                           replay_size=len(agent.replay), **(metrics or {}))
-                if evaluation.due(agent.env_steps, last):
-                    row.update(evaluation(agent.learner.params, iteration, agent.env_steps))
-                run.log(iteration, **row)
-                snapshot = (tracker.state(), evaluation.state())
-                run.checkpoint(iteration, lambda s=snapshot: checkpoint_state(s))
-                bar.update(agent.env_steps - before, ret=round(tracker.mean, 1))
-        run.final_checkpoint()
-        evaluation.export_final(agent.learner.params)
-    finally:
-        evaluation.close()
-        if hasattr(env, "close"):
-            env.close()
-    return _summary(tracker, evaluation, agent.env_steps, run.elapsed, _window_rate(steady, whole=True))
+    def done(self) -> bool:
+        ev = self.evaluation
+        return self.agent.env_steps >= self.cfg.total_steps or ev.done or (
+            not ev.stops_training and self.tracker.done)
 
+    def units(self) -> int:
+        return self.agent.env_steps
 
-# ------------------------------------------------------------------------------------------ report
+    def step(self, step: int) -> dict[str, Any]:
+        agent, total = self.agent, self.cfg.total_steps
+        self.obs, m = run_dqn_steps(agent, self.env, self.obs, self.per_iter, lambda s: s / total, self.stats, self.ep)
+        self.metrics = m or self.metrics
+        wall = self.run.elapsed
+        returns, _ = self.stats.drain()
+        self.tracker.add(returns, agent.env_steps, wall)
+        self.steady.append((agent.env_steps, wall))
+        row = dict(env_steps=agent.env_steps, episode_return=self.tracker.mean, episodes=self.tracker.episodes,
+                   env_steps_per_second=_window_rate(self.steady), epsilon=agent.epsilon(agent.env_steps / total),
+                   replay_size=len(agent.replay), **(self.metrics or {}))
+        if self.evaluation.due(agent.env_steps, self.done()):
+            row.update(self.evaluation(agent.learner.params, step, agent.env_steps))
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        self.evaluation.export_final(self.agent.learner.params)
+        return _summary(self.tracker, self.evaluation, self.agent.env_steps, self.run.elapsed,
+                        _window_rate(self.steady, whole=True))
+
+    def close(self) -> None:
+        if self.evaluation is not None:
+            self.evaluation.close()
+        if hasattr(self.env, "close"):
+            self.env.close()
 
 
 def plots(rows: Sequence[Mapping[str, Any]], cfg: Any, report_dir: str) -> list[str]:

@@ -75,6 +75,21 @@ class Actor:
     def set_policy(self, policy: Policy) -> None:
         self.policy = policy
 
+    def state_dict(self) -> dict[str, Any] | None:
+        """The actor between rollouts (environments, current observation, unfinished episodes), or None when its
+        environment cannot export its state (gymnasium environments)."""
+        if not hasattr(self.env, "state_dict") or self.stats.returns:
+            return None
+        return {"env": self.env.state_dict(), "obs": self.obs, "env_steps": self.env_steps,
+                "ep_return": self._ep_return, "ep_length": self._ep_length}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.env.load_state_dict(state["env"])
+        self.obs = state["obs"]
+        self.env_steps = int(state["env_steps"])
+        self._ep_return = np.asarray(state["ep_return"], dtype=np.float64)
+        self._ep_length = np.asarray(state["ep_length"], dtype=np.int64)
+
     def _record(self, reward: np.ndarray, done: np.ndarray) -> None:
         self._ep_return += reward
         self._ep_length += 1

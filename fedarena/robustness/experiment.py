@@ -331,5 +331,5 @@ def plots(rows, cfg, report_dir) -> list[str]:
     return paths
 
 
-EXPERIMENT = Experiment(config=DigitsRobustnessConfig, run=run, plots=plots,
+EXPERIMENT = Experiment(config=DigitsRobustnessConfig, run=run, plots=plots, resumable=False,
                         summary_keys=())

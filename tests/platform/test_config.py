@@ -179,3 +179,35 @@ def test_cli_help_on_each_command(capsys):
             main(argv)
         assert e.value.code == 0
         assert "usage: fedarena" in capsys.readouterr().out
+
+
+def test_errors_from_a_yaml_file_name_the_file_and_the_line_of_the_key(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("# header\nkind: x\niterations: 3\ninner:\n  lr: 0.1\n\n  layrs: [3]\nmode: fast\n")
+    data = cfgmod.load_yaml(path)
+    with pytest.raises(ConfigError, match=rf"unknown config key 'inner.layrs'.*\({path}, line 7\)$"):
+        cfgmod.build(Schema, data)
+    bad_type = cfgmod.load_yaml(path)
+    bad_type["inner"].pop("layrs")
+    with pytest.raises(ConfigError, match=rf"iterations: expected int, got 'many' \(str\) \(from --set\)$"):
+        cfgmod.build(Schema, cfgmod.apply_overrides(bad_type, ["iterations=many"]))
+    path.write_text("kind: x\nmode: slow\n")
+    with pytest.raises(ConfigError, match=rf"mode: expected one of .* \({path}, line 2\)$"):
+        cfgmod.build(Schema, cfgmod.load_yaml(path))
+
+
+def test_post_init_errors_from_a_yaml_file_name_the_line(tmp_path):
+    path = tmp_path / "xfp.yaml"
+    path.write_text("kind: xfp\ngame: kuhn_poker\n\niterations: 0\n")
+    with pytest.raises(ConfigError, match=rf"iterations: must be at least 1, got 0 \({path}, line 4\)$"):
+        from fedarena.platform.runs import resolve
+
+        resolve(path)
+
+
+def test_a_loaded_yaml_mapping_dumps_as_plain_yaml(tmp_path):
+    import yaml
+
+    path = tmp_path / "exp.yaml"
+    path.write_text("kind: x\ninner: {lr: 0.5}\n")
+    assert yaml.safe_dump(cfgmod.plain(cfgmod.load_yaml(path))) == "inner:\n  lr: 0.5\nkind: x\n"

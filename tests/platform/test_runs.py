@@ -196,3 +196,15 @@ def test_progress_logs_plain_lines_when_not_a_tty():
         logger.removeHandler(handler)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 10 and lines[-1].startswith("work 10/10 (100%)") and "loss=0.5" in lines[-1]
+
+
+def test_resume_of_a_kind_without_checkpoints_is_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("kind: fl_gradient_inversion\n")
+    (out / "status.json").write_text(json.dumps({"state": "interrupted"}))
+    assert main(["run", "--resume", str(out), "--quiet", "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"fedarena: error: --resume {out}: experiment kind 'fl_gradient_inversion' keeps no checkpoint "
+                   "to continue from; start a new run"]
+    assert not (out / "metrics.jsonl").exists()  # nothing ran

@@ -211,4 +211,4 @@ def plots(rows, cfg, report_dir) -> list[str]:
     return [str(out)]
 
 
-EXPERIMENT = Experiment(config=GradientInversionConfig, run=run, plots=plots)
+EXPERIMENT = Experiment(config=GradientInversionConfig, run=run, plots=plots, resumable=False)

@@ -275,4 +275,4 @@ def plots(rows, cfg, report_dir) -> list[str]:
     return [str(path)]
 
 
-EXPERIMENT = Experiment(config=DPSGDMembershipConfig, run=run, plots=plots)
+EXPERIMENT = Experiment(config=DPSGDMembershipConfig, run=run, plots=plots, resumable=False)
