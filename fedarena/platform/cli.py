@@ -1,7 +1,8 @@
 """The ``fedarena`` command: run, sweep, evaluate, list, show and report experiments, and serve the board
 (``python -m fedarena`` too).
 
-Exit status: 0 on success; 2 for a *user error*, 1 for an *internal error*; 130 when interrupted. Either error
+Exit status: 0 on success; 2 for a *user error*, 1 for an *internal error*; 128 + the signal's
+number when interrupted (130 for Ctrl-C / SIGINT, 143 for SIGTERM). Either error
 prints one line on stderr (``fedarena: error: ...``) and, for ``run`` with a config whose kind is known, the run
 folder's ``status.json`` says ``failed`` with the same message (a config rejected at load still gets its folder;
 see :mod:`fedarena.platform.runs`); ``--debug`` shows the traceback instead. ``show`` writes nothing.
@@ -15,6 +16,7 @@ optional packages, an environment that raises, unreadable run folders. Anything 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -254,9 +256,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "board": lambda: cmd_board(args)}
     try:
         return commands[args.command]()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal turned into RunInterrupted by the run loop
         print("fedarena: interrupted", file=sys.stderr)
-        return 130
+        return 128 + int(getattr(signal, getattr(exc, "signame", "SIGINT"), signal.SIGINT))
     except Exception as e:  # the error rule of the module docstring
         if args.debug:
             raise

@@ -54,7 +54,7 @@ def _sigterm_after_first_checkpoint(out: Path, config: str, overrides: list[str]
 def test_sigterm_ends_interrupted_and_resume_equals_the_uninterrupted_run(tmp_path, config, overrides):
     stopped = tmp_path / "stopped"
     done = _sigterm_after_first_checkpoint(stopped, config, overrides)
-    assert done.returncode == 130, done.stderr
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert done.stderr.strip().splitlines() == ["fedarena: interrupted"]
     status = json.loads((stopped / "status.json").read_text())
     assert status["state"] == "interrupted" and status["error"] == "interrupted by SIGTERM"
@@ -177,7 +177,7 @@ def test_sigterm_to_a_seed_group_stops_every_seed_interrupted(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130 and stderr.strip().splitlines() == ["fedarena: interrupted"]
+    assert proc.returncode == 128 + signal.SIGTERM and stderr.strip().splitlines() == ["fedarena: interrupted"]
     assert json.loads((group / "group.json").read_text())["state"] == "interrupted"
     for s in (0, 1):
         status = json.loads((group / f"seed-{s}" / "status.json").read_text())
