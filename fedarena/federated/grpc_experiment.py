@@ -51,7 +51,10 @@ class FedAvgGrpcConfig(ExperimentConfig):
     signds_epsilon: float = param(1.0, "SignDS epsilon per upload")
     signds_lr: float = param(0.01, "SignDS global learning rate")
     secagg: bool = param(False, "secure aggregation (SecAgg) of every round's updates")
-    secagg_threshold: float = param(0.5, "SecAgg threshold t = floor(f * share holders) + 1, f in [0.5, 1]")
+    secagg_threshold: float = param(2 / 3, "SecAgg threshold t = floor(f * share holders m) + 1, f in [0.5, 1]; "
+                                           "resists 2 t - m - 1 colluding clients with a malicious scheduler")
+    secagg_colluders: int = param(-1, "SecAgg: colluding clients to resist with a malicious scheduler; sets "
+                                      "t = floor((m + K) / 2) + 1 instead of secagg_threshold (-1 = off)")
     secagg_neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
     secagg_stage_seconds: float = param(10.0, "window of each SecAgg stage after the first")
     secagg_clip: float = param(1.0, "SecAgg: every update coordinate is clipped to [-clip, clip] before masking")
@@ -102,6 +105,7 @@ def _spec(cfg: FedAvgGrpcConfig):
                                      signds_k=cfg.signds_k, signds_h=cfg.signds_h,
                                      signds_epsilon=cfg.signds_epsilon, signds_lr=cfg.signds_lr,
                                      secagg=cfg.secagg, secagg_threshold=cfg.secagg_threshold,
+                                     secagg_colluders=cfg.secagg_colluders,
                                      secagg_neighbours=cfg.secagg_neighbours,
                                      secagg_stage_seconds=cfg.secagg_stage_seconds, secagg_clip=cfg.secagg_clip,
                                      secagg_max_examples=cfg.secagg_max_examples,
@@ -113,6 +117,7 @@ def _spec(cfg: FedAvgGrpcConfig):
         server=ServerOptions(max_update_norm=cfg.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=cfg.encoding, topk_fraction=cfg.topk_fraction, clip_norm=cfg.clip_norm,
                              ldp_epsilon=cfg.ldp_epsilon, ldp_delta=cfg.ldp_delta, ldp_clip_norm=cfg.ldp_clip_norm,
+                             secagg_min_threshold=cfg.secagg_threshold, secagg_min_colluders=cfg.secagg_colluders,
                              seed=cfg.seed),
         num_servers=cfg.num_servers,
         init_seed=cfg.seed,
@@ -130,6 +135,18 @@ def _max_examples(cfg: FedAvgGrpcConfig, task) -> int:
     from fedarena.federated.task import max_shard
 
     return max_shard(task)  # the split every node rebuilds from the same TaskSpec
+
+
+def _secagg_summary(cfg: FedAvgGrpcConfig, spec) -> dict[str, Any]:
+    """What the secure rounds' threshold resists, at the configured number of clients per round."""
+    if not cfg.secagg:
+        return {}
+    from fedarena.federated.secure_round import colluders_tolerated, holders, threshold
+
+    rc, n = spec.policy.round_config, cfg.clients_per_round or cfg.num_clients
+    return {"secagg_threshold_t": threshold(rc, n), "secagg_share_holders": holders(rc, n),
+            "secagg_colluders_tolerated": colluders_tolerated(rc, n),
+            "secagg_dropouts_tolerated": holders(rc, n) - threshold(rc, n)}
 
 
 _METRICS = ("test_acc", "test_loss", "train_loss", "reporting", "selected", "bytes_up", "bytes_down",
@@ -174,7 +191,7 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
     finally:
         dep.stop()
     history = status["history"]
-    return {
+    return _secagg_summary(cfg, spec) | {
         "test_acc": float(history[-1]["test_acc"]) if history else float("nan"),
         "test_loss": float(history[-1]["test_loss"]) if history else float("nan"),
         "rounds_aggregated": sum(r["outcome"] == "aggregated" for r in history),

@@ -25,17 +25,20 @@ When a round's config sets ``secagg = true``:
   FedAvg mean delta, applied with the server optimizer. Fewer than ``threshold`` survivors abort the
   round (abandoned; no aggregate is ever released).
 
-The threshold is ``t = floor(secagg_threshold * m) + 1`` (at most ``m``), where ``m`` is the number of
-share holders of each secret: the number of selected clients for SecAgg, ``min(n, k + 1)`` for SecAgg+
-with ``k`` neighbours; ``secagg_threshold >= 0.5`` makes ``t > m / 2``.
+The threshold ``t`` is set over ``m``, the number of share holders of each secret (the number of selected
+clients for SecAgg, ``min(n, k + 1)`` for SecAgg+ with ``k`` neighbours): ``t = floor(secagg_threshold * m) + 1``
+(at most ``m``; 2/3 by default), or, with ``secagg_colluders = n_C``, ``t = floor((m + n_C) / 2) + 1``, the
+smallest threshold with ``2 t > m + n_C``.
 
 What is hidden from whom (see docs/security.md, section 8): no FL-Server or scheduler learns an individual
-client's delta, only the sum over at least ``t`` clients, provided fewer than ``2 t - m`` of each
-client's share holders collude with the scheduler (with none colluding, any t > m / 2 suffices), the
-scheduler cannot impersonate clients to one another in stage 0 (by default per-round signing keys
-travel through it; clients given a :class:`SecAggIdentity`, a PKI, refuse keys not signed by their
-owner's identity key), and the clients' own code is honest. A malicious client cannot read
-others' inputs but can bias the aggregate within the bounds above, or make the round be abandoned.
+client's delta, only the sum over at least ``t`` clients, provided fewer than ``2 t - m`` of each client's
+share holders collude with the scheduler (:func:`colluders_tolerated`; a scheduler that sends split views
+needs ``t`` shares of both secrets of one client, and honest holders reveal only one of the two, so it needs
+``2 (t - n_C) <= m - n_C``), the scheduler cannot add clients of its own making (clients given a
+:class:`SecAggIdentity`, a PKI, refuse members without an identity key and keys not signed by their owner's
+identity key; :class:`~fedarena.federated.deployment.Deployment` distributes one), and the clients' own code is
+honest. A malicious client cannot read others' inputs but can bias the aggregate within the bounds above, or
+make the round be abandoned.
 
 The masked sum is exact modulo 2^32; the only error is the fixed-point rounding of each input
 (``1 / (2 scale)`` per coordinate).
@@ -66,9 +69,21 @@ def holders(cfg: Any, n_selected: int) -> int:
 
 
 def threshold(cfg: Any, n_selected: int) -> int:
-    """``t = min(m, floor(secagg_threshold * m) + 1)`` for ``m`` share holders: a strict majority at 0.5."""
+    """``t`` for ``m`` share holders: ``floor((m + n_C) / 2) + 1`` with ``secagg_colluders = n_C >= 0`` (may exceed
+    ``m``: then no threshold resists n_C colluders and the round cannot run), else ``min(m, floor(secagg_threshold * m) + 1)``
+    (the floor is taken with a 1e-9 tolerance, so 2/3 written as a decimal still gives ``floor(2 m / 3)``)."""
     m = holders(cfg, n_selected)
-    return min(m, math.floor(cfg.secagg_threshold * m) + 1)
+    k = getattr(cfg, "secagg_colluders", -1)
+    if k >= 0:
+        return (m + k) // 2 + 1
+    return min(m, math.floor(cfg.secagg_threshold * m + 1e-9) + 1)
+
+
+def colluders_tolerated(cfg: Any, n_selected: int) -> int:
+    """Most colluding share holders of one client (``2 t - m - 1``) with which a malicious scheduler still cannot
+    rebuild both of its secrets; ``-1`` when ``t <= m / 2`` (refused everywhere)."""
+    m = holders(cfg, n_selected)
+    return min(m - 1, 2 * threshold(cfg, n_selected) - m - 1)
 
 
 def fixed_point_scale(cfg: Any) -> float:
@@ -101,10 +116,15 @@ def check_secure_config(cfg: Any, max_clients: int, where: str = "round") -> Non
                          f"{cfg.secagg_max_examples}; example counts would not be whole numbers in fixed point")
     if max_clients < 3:
         raise ValueError(f"{where}.clients: a secure round needs at least 3 clients, got {max_clients}")
+    k_col = getattr(cfg, "secagg_colluders", -1)
+    m = holders(cfg, max_clients)
+    if k_col >= 0 and threshold(cfg, max_clients) > m:
+        raise ValueError(f"{where}.secagg_colluders: {k_col} colluders among {m} share holders need a threshold above "
+                         f"{(m + k_col) / 2:g}, more than the {m} holders; at most {m - 1} can be tolerated")
     k = cfg.secagg_neighbours
     if k and k < 2:
         raise ValueError(f"{where}.secagg_neighbours: must be 0 or an even number >= 2, got {k}")
-    for n in sorted({3, max_clients}):
+    for n in sorted({3, max_clients} if k_col < 0 else {max_clients}):
         try:
             secagg_params(cfg, n, 2).validate_for(n)
         except ValueError as e:
