@@ -4,7 +4,10 @@
 0600 file) into the deployment folder and starts nodes with ``python -m fedarena.federated.node``.
 Each node logs to ``<folder>/logs/<node>.log``. The scheduler writes its bound port to
 ``scheduler.port`` and its round state to ``scheduler_state.fl``; starting a scheduler again on the
-same folder resumes from that file. Nodes can be killed (SIGKILL), stalled (SIGSTOP) and resumed
+same folder resumes from that file. Before any node starts, the deployment issues every client a SecAgg
+identity key (Ed25519) and the directory of all clients' public keys (``identity/``, keys mode 0600;
+:func:`~fedarena.federated.secure_round.write_identities`), so clients refuse members and keys the
+scheduler made up. Nodes can be killed (SIGKILL), stalled (SIGSTOP) and resumed
 (SIGCONT) one by one, which is what the fault tests do.
 """
 
@@ -24,6 +27,7 @@ from fedarena.federated import auth, wire
 from fedarena.federated.client import ClientOptions
 from fedarena.federated.protocol import model_bytes
 from fedarena.federated.scheduler import RoundPolicy
+from fedarena.federated.secure_round import write_identities
 from fedarena.federated.server import ServerOptions
 from fedarena.federated.task import TaskSpec
 from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
@@ -80,6 +84,8 @@ class Deployment:
             with os.fdopen(fd, "wb") as f:
                 f.write(auth.new_secret())
         self.secret = secret_path.read_bytes()
+        # the clients' SecAgg identity keys (a PKI): issued here, by the launcher, before any node starts
+        write_identities(self.folder / "identity", [client_name(i) for i in range(spec.task.num_clients)])
         self.config_path = self.folder / "deployment.json"
         self.config_path.write_text(json.dumps(spec.to_json(), indent=1))
         self.procs: dict[str, subprocess.Popen] = {}

@@ -72,16 +72,20 @@ class FedAvgGrpcConfig(ExperimentConfig):
     tls_root: str = param("", "PEM root certificate clients trust")
     tls_mutual: bool = param(False, "mutual TLS: every node and client also presents tls_cert, checked against "
                                     "tls_root")
-    tls_loopback: bool = param(False, "generate a loopback CA and node certificate in the run folder and use mutual "
-                                      "TLS between all nodes (instead of tls_cert/tls_key/tls_root)")
+    tls_client_certs: str = param("", "mutual TLS: folder of <client id>.pem/.key, one certificate per client naming "
+                                      "its id; nodes refuse a client whose token names another id")
+    tls_loopback: bool = param(False, "generate a loopback CA, a node certificate and one certificate per client (named "
+                                      "by its id) in the run folder and use mutual TLS between all nodes (instead of "
+                                      "tls_cert/tls_key/tls_root)")
     timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")
 
     def __post_init__(self) -> None:
         _spec(self)  # every section validates its fields; a ValueError names the field
         if self.num_servers < 1:
             raise ValueError(f"num_servers: must be >= 1, got {self.num_servers}")
-        if self.tls_loopback and (self.tls_cert or self.tls_key or self.tls_root):
-            raise ValueError("tls_loopback: generates its own certificates; leave tls_cert/tls_key/tls_root empty")
+        if self.tls_loopback and (self.tls_cert or self.tls_key or self.tls_root or self.tls_client_certs):
+            raise ValueError("tls_loopback: generates its own certificates; leave tls_cert/tls_key/tls_root/"
+                             "tls_client_certs empty")
 
 
 def _spec(cfg: FedAvgGrpcConfig):
@@ -122,7 +126,8 @@ def _spec(cfg: FedAvgGrpcConfig):
         num_servers=cfg.num_servers,
         init_seed=cfg.seed,
         tls=TLSFiles(cert_chain=cfg.tls_cert, private_key=cfg.tls_key, root_cert=cfg.tls_root,
-                     server_name="localhost" if cfg.tls_root else "", mutual=cfg.tls_mutual),
+                     server_name="localhost" if cfg.tls_root else "", mutual=cfg.tls_mutual,
+                     client_certs=cfg.tls_client_certs),
     )
 
 
@@ -162,7 +167,10 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
 
         from fedarena.federated.certs import loopback_pki
 
-        spec = dataclasses.replace(spec, tls=loopback_pki(run.dir / "deployment" / "tls"))
+        from fedarena.federated.deployment import client_name
+
+        spec = dataclasses.replace(spec, tls=loopback_pki(run.dir / "deployment" / "tls", client_ids=[
+            client_name(i) for i in range(cfg.num_clients)]))
     restored = run.restore()
     logged = restored[0] if restored else 0
     dep = Deployment(run.dir / "deployment", spec)

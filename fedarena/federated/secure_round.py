@@ -213,6 +213,52 @@ def new_identities(client_ids) -> dict[str, SecAggIdentity]:
     return {c: SecAggIdentity(k, dict(directory)) for c, k in keys.items()}
 
 
+def write_identities(folder, client_ids) -> None:
+    """Issue the PKI of a deployment into ``folder``: ``<id>.key`` (PKCS#8 PEM, mode 0600) per client and
+    ``directory.json`` (client id -> hex raw Ed25519 public key). Keys already there are kept (a resumed deployment
+    keeps its identities); missing clients get new keys. Done by the launcher, not by the scheduler."""
+    import json
+    import os
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption, PrivateFormat, PublicFormat,
+                                                              load_pem_private_key)
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    directory = {}
+    for cid in client_ids:
+        path = folder / f"{cid}.key"
+        if path.exists():
+            key = load_pem_private_key(path.read_bytes(), password=None)
+        else:
+            key = Ed25519PrivateKey.generate()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+        directory[cid] = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    tmp = folder / "directory.json.tmp"
+    tmp.write_text(json.dumps(directory, indent=1, sort_keys=True))
+    tmp.replace(folder / "directory.json")
+
+
+def load_identity(folder, client_id: str) -> SecAggIdentity:
+    """Client ``client_id``'s :class:`SecAggIdentity` from a folder written by :func:`write_identities`."""
+    import json
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    folder = Path(folder)
+    key = load_pem_private_key((folder / f"{client_id}.key").read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"identity: {folder / (client_id + '.key')} is not an Ed25519 key")
+    directory = {c: bytes.fromhex(h) for c, h in json.loads((folder / "directory.json").read_text()).items()}
+    return SecAggIdentity(key, directory)
+
+
 @dataclass
 class SecureRound:
     """Scheduler side of one secure round: the SecAggServer, the stage clock and the per-client outbox."""
