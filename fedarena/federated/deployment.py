@@ -31,6 +31,7 @@ from fedarena.federated.secure_round import write_identities
 from fedarena.federated.server import ServerOptions
 from fedarena.federated.task import TaskSpec
 from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
+from fedarena.platform.errors import RunError
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,19 @@ def spec_from_json(d: dict[str, Any]) -> DeploymentSpec:
         client=ClientOptions(**d["client"]), num_servers=d["num_servers"], init_seed=d["init_seed"],
         chunk_bytes=d["chunk_bytes"], max_message_bytes=d["max_message_bytes"], tls=TLSFiles(**d["tls"]),
     )
+
+
+class NodeExited(RunError):
+    """A scheduler or FL-Server process of the deployment exited while the run still needed it."""
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {_signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
 
 
 def client_name(i: int) -> str:
@@ -108,16 +122,20 @@ class Deployment:
         self.procs[name] = proc
         return proc
 
-    def start_scheduler(self, timeout: float = 60.0) -> str:
+    def start_scheduler(self, timeout: float = 60.0, port: int = 0) -> str:
+        """Start the scheduler (on ``port``, 0 = any free port; a restart passes the old one so servers and clients
+        find it again) and wait for its port; :class:`NodeExited` if it exits first."""
         port_file = self.folder / "scheduler.port"
         port_file.unlink(missing_ok=True)
-        proc = self._spawn("scheduler", "scheduler")
+        proc = self._spawn("scheduler", "scheduler", str(int(port)))
         end = time.monotonic() + timeout
         while not port_file.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"scheduler exited with {proc.returncode}; see {self.folder / 'logs/scheduler.log'}")
+                raise NodeExited(f"scheduler: exited at start ({_exit_reason(proc.returncode)}); see "
+                                 f"{self.folder / 'logs' / 'scheduler.log'}")
             if time.monotonic() > end:
-                raise TimeoutError("scheduler did not report its port")
+                raise NodeExited(f"scheduler: did not report its port within {timeout:g} s; see "
+                                 f"{self.folder / 'logs' / 'scheduler.log'}")
             time.sleep(0.05)
         self.scheduler_address = f"127.0.0.1:{int(port_file.read_text())}"
         (self.folder / "scheduler.address").write_text(self.scheduler_address)
@@ -143,6 +161,29 @@ class Deployment:
             self.start_server(i)
         for i in range(self.spec.task.num_clients):
             self.start_client(i)
+
+    def check_nodes(self, restart: bool = False) -> list[str]:
+        """Supervise the scheduler and the FL-Servers: raise :class:`NodeExited` naming the first one whose process
+        has exited, or, with ``restart``, start it again (the scheduler on its old port, resuming from its state
+        file; a server re-joins and re-syncs) and return the names restarted. Clients are not watched: they may
+        come and go."""
+        restarted = []
+        names = ["scheduler"] + [f"server{i}" for i in range(self.spec.num_servers)]
+        for name in names:
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is None:
+                continue
+            reason = _exit_reason(proc.returncode)
+            if not restart:
+                raise NodeExited(f"{name}: process exited ({reason}); see {self.folder / 'logs' / (name + '.log')}")
+            if name == "scheduler":
+                self.start_scheduler(port=int(self.scheduler_address.rsplit(":", 1)[1]))
+            else:
+                self.start_server(int(name[len("server"):]))
+            with open(self.folder / "logs" / "supervisor.log", "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {name} {reason}; restarted\n")
+            restarted.append(name)
+        return restarted
 
     def signal(self, name: str, sig: int = _signal.SIGKILL) -> None:
         proc = self.procs[name]
@@ -185,11 +226,16 @@ class Deployment:
     def model_bytes(self, version: int) -> bytes:
         return model_bytes(self.model(version))
 
-    def wait_for(self, predicate, timeout: float, poll: float = 0.1) -> dict[str, Any]:
-        """Poll the scheduler's status until ``predicate(status)`` holds; raises TimeoutError with the last status."""
+    def wait_for(self, predicate, timeout: float, poll: float = 0.1, watch=None) -> dict[str, Any]:
+        """Poll the scheduler's status until ``predicate(status)`` holds; raises TimeoutError with the last status.
+
+        ``watch()`` runs before every poll (the experiment driver passes :meth:`check_nodes`, which raises
+        :class:`NodeExited` for a dead scheduler or server)."""
         end = time.monotonic() + timeout
         last: dict[str, Any] = {}
         while time.monotonic() < end:
+            if watch is not None:
+                watch()
             try:
                 last = self.status()
                 if predicate(last):

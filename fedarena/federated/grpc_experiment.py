@@ -6,7 +6,10 @@ and loss of the global model, mean client training loss, clients selected / repo
 and down, the round's duration and how it closed. FedAvg (McMahan et al. 2017) by default; FedProx
 (``prox_mu``), FedAdam/FedYogi (``server_optimizer``), compression and local DP by config.
 Resuming (``fedarena run --resume RUN``) restarts every process; the scheduler continues from its
-state file (last completed round, identical model bytes).
+state file (last completed round, identical model bytes). The driver watches the scheduler and FL-Server
+processes while it waits: one that exits fails the run within a poll (a :class:`RunError` naming it, with
+the resume command), or, with ``restart: true``, is started again (the scheduler on its old port, from its
+state file).
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class FedAvgGrpcConfig(ExperimentConfig):
                                       "by its id) in the run folder and use mutual TLS between all nodes (instead of "
                                       "tls_cert/tls_key/tls_root)")
     timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")
+    restart: bool = param(False, "restart a scheduler or FL-Server process that dies (the scheduler resumes from its "
+                                 "state file); otherwise the run fails within seconds, naming it")
 
     def __post_init__(self) -> None:
         _spec(self)  # every section validates its fields; a ValueError names the field
@@ -159,7 +164,8 @@ _METRICS = ("test_acc", "test_loss", "train_loss", "reporting", "selected", "byt
 
 
 def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
-    from fedarena.federated.deployment import Deployment
+    from fedarena.federated.deployment import Deployment, NodeExited
+    from fedarena.platform.errors import RunError
 
     spec = _spec(cfg)  # validates the config before any process starts
     if cfg.tls_loopback:
@@ -174,14 +180,21 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
     restored = run.restore()
     logged = restored[0] if restored else 0
     dep = Deployment(run.dir / "deployment", spec)
-    dep.start()
     last: dict[str, Any] = {}
     end = time.monotonic() + cfg.timeout_s
+    resume = f"; continue the run with: fedarena run --resume {run.dir}"
     try:
+        dep.start()
         with run.progress(total=cfg.rounds, initial=logged, desc="fedavg_grpc") as bar:
             while True:
-                status = dep.wait_for(lambda s: len(s["history"]) > logged or s["phase"] == "done",
-                                      timeout=max(1.0, end - time.monotonic()))
+                try:
+                    status = dep.wait_for(lambda s: len(s["history"]) > logged or s["phase"] == "done",
+                                          timeout=max(1.0, end - time.monotonic()),
+                                          watch=lambda: dep.check_nodes(restart=cfg.restart))
+                except TimeoutError:
+                    raise RunError(f"timeout_s: the deployment did not finish {cfg.rounds} rounds within "
+                                   f"{cfg.timeout_s:g} s (last logged round {logged}; node logs in "
+                                   f"{run.dir / 'deployment' / 'logs'}){resume}") from None
                 for row in status["history"]:
                     if row["round"] <= logged:
                         continue
@@ -196,6 +209,8 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
                     bar.update(1, acc=row.get("test_acc", float("nan")), clients=row["reporting"])
                 if status["phase"] == "done":
                     break
+    except NodeExited as e:
+        raise NodeExited(f"{e}{resume}") from None
     finally:
         dep.stop()
     history = status["history"]
