@@ -68,6 +68,10 @@ class FedAvgGrpcConfig(ExperimentConfig):
         "(coordinate-wise median, trimmed mean, Krum; not with secagg)")
     trim_fraction: float = param(0.2, "trimmed mean: fraction cut at each end of every coordinate")
     krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f per round")
+    max_client_weight: float = param(0.25, "'mean': no client's weight exceeds this fraction of the round's total "
+                                           "(water-filling cap; 1 = uncapped)")
+    norm_bound_multiple: float = param(3.0, "'mean': every delta is clipped to this multiple of the round's median "
+                                            "update norm (0 = off)")
     max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
     max_examples: int = param(0, "largest example count a client may declare (0 = the task's largest shard)")
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
@@ -121,7 +125,8 @@ def _spec(cfg: FedAvgGrpcConfig):
                                      secagg_consistency_check=cfg.secagg_consistency_check),
             server_optimizer=ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau),
             seed=cfg.seed, aggregation=cfg.aggregation, trim_fraction=cfg.trim_fraction,
-            krum_byzantine=cfg.krum_byzantine,
+            krum_byzantine=cfg.krum_byzantine, max_client_weight=cfg.max_client_weight,
+            norm_bound_multiple=cfg.norm_bound_multiple,
         ),
         server=ServerOptions(max_update_norm=cfg.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=cfg.encoding, topk_fraction=cfg.topk_fraction, clip_norm=cfg.clip_norm,
