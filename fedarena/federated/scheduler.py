@@ -380,17 +380,19 @@ class Scheduler:
             except ValueError as e:  # a rule that fails or returns garbage: nothing is applied
                 row["abort_reason"] = str(e)
                 log.warning("scheduler: round %d abandoned: %s", self.round, e)
+        version = self.version
         if applied is not None:
             self.params, self.opt_state = applied
-            self.version += 1
+            version += 1
             row["outcome"] = "aggregated"
             row["train_loss"] = total.loss_sum / total.weight
         else:
             row["outcome"] = "abandoned"
-        row["model_version"] = self.version
+        row["model_version"] = version
         if self.evaluate is not None:
             row.update({k: float(v) for k, v in self.evaluate(self.params).items()})
         self.history.append(row)
+        self.version = version  # after the row: whoever sees the new version (even without the lock) sees its round
         log.info("scheduler: round %d %s (%d/%d reported)", self.round, row["outcome"], len(total.clients),
                  len(self.selected))
         self.round += 1
@@ -451,6 +453,7 @@ class Scheduler:
             except AggregateOutOfRange as e:  # some client masked out-of-range values: nothing is applied
                 reason = str(e)
                 log.warning("scheduler: secure round %d abandoned: %s", self.round, e)
+        version = self.version
         if decoded is not None:
             flat, examples, survivors = decoded
             delta, i = {}, 0
@@ -459,16 +462,17 @@ class Scheduler:
                 delta[name] = flat[i : i + n].reshape(self._shapes[name])
                 i += n
             self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
-            self.version += 1
+            version += 1
             inverse = {v: k for k, v in sec.ids.items()}
             row.update(outcome="aggregated", reporting=survivors, examples=examples,
                        clients=sorted(inverse[u] for u in sec.result.survivors))
         else:
             row.update(outcome="abandoned", abort_reason=reason)
-        row["model_version"] = self.version
+        row["model_version"] = version
         if self.evaluate is not None:
             row.update({k: float(v) for k, v in self.evaluate(self.params).items()})
         self.history.append(row)
+        self.version = version  # after the row, as in _finish_round
         log.info("scheduler: secure round %d %s (%d/%d survivors)", self.round, row["outcome"], row["reporting"],
                  len(self.selected))
         self.round += 1

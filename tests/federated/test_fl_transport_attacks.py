@@ -153,10 +153,16 @@ def test_300_stalled_unauthenticated_streams_leave_uploads_and_health_checks_wor
     assert sum(m.body.get("code") == "unauthenticated" for m in refusals) >= 300  # 150 forged per node
     # and the round still completes with b's upload: the attack changed nothing stored
     pa.call("upload", _upload(c, "b", task, 0.03), timeout=10)
+
+    def finished_round():  # read under the scheduler's lock: it bumps the version before it appends the round's row
+        with c.scheduler.cond:
+            return (c.scheduler.version, list(c.scheduler.history))
+
     end = time.monotonic() + 30
-    while c.scheduler.version != 1 and time.monotonic() < end:
+    while finished_round()[0] != 1 and time.monotonic() < end:
         time.sleep(0.02)
-    assert c.scheduler.version == 1 and c.scheduler.history[0]["clients"] == ["a", "b"]
+    version, history = finished_round()
+    assert version == 1 and history[0]["clients"] == ["a", "b"]
     from fedarena.federated.protocol import model_bytes
     from fedarena.federated.scheduler import load_state
 
