@@ -162,6 +162,7 @@ class FLServer:
                 delay = 0.05
             except RemoteError as e:
                 if e.code == "unauthenticated" and "server_join" in e.reason:
+                    self._forget_round()  # a restarted scheduler re-runs its unfinished round from the start
                     self._join()  # the scheduler restarted and forgot us
                 else:
                     log.warning("%s: sync refused: %s", self.server_id, e)
@@ -173,6 +174,14 @@ class FLServer:
             except Exception:  # noqa: BLE001 - the sync thread must survive anything a plan does
                 log.exception("%s: sync failed; retrying", self.server_id)
                 time.sleep(0.5)
+
+    def _forget_round(self) -> None:
+        """Drop this round's uploads and partial: the scheduler that admitted them is gone, and its successor (resumed
+        from its state file) opens the same round number afresh, so those clients must be able to upload again."""
+        with self.upload_lock, self.cond:
+            self.partial, self.partial_round, self.partial_sent = PartialAggregate(), 0, -1
+            self.uploaded, self.updates = set(), {}
+            self.bytes_up = self.bytes_down = 0
 
     def _apply_plan(self, plan: dict[str, Any]) -> None:
         version = wire.field(plan, "model_version", int)

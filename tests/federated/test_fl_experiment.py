@@ -87,7 +87,7 @@ def _run_and_kill_scheduler(tmp_path, restart):
     import time
 
     cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 2, "num_servers": 1, "hidden": [8],
-           "trainer": "numpy", "rounds": 3, "epochs": 1, "window_seconds": 30.0, "timeout_s": 120.0,
+           "trainer": "numpy", "rounds": 3, "epochs": 1, "window_seconds": 60.0, "timeout_s": 120.0,
            "restart": restart, "checkpoint": {"every": 1, "keep": 2}}
     out: dict = {}
 

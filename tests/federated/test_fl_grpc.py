@@ -439,3 +439,37 @@ def test_models_and_uploads_stream_in_many_small_frames(make_cluster):
     expect = _replayed_weighted_mean(c, c.task.trainer.init_params(0), range(2), 1, 0.1)
     for k, v in expect.items():
         np.testing.assert_allclose(c.scheduler.params[k], v.astype(np.float32), rtol=1e-6, atol=1e-7)
+
+
+def test_a_restarted_scheduler_reruns_its_open_round_and_earlier_uploads_count_again(make_cluster, tmp_path):
+    """The scheduler dies while round 1 is open and two of three clients have uploaded; a new scheduler on the same
+    port resumes from the state file and opens round 1 afresh. The servers forget the dead scheduler's uploads when
+    they re-join, so the two clients upload again and the round aggregates all three."""
+    from fedarena.federated.scheduler import Scheduler
+
+    policy = RoundPolicy(rounds=1, window_seconds=120, start_clients=3, min_fraction=1.0,
+                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+    c = make_cluster(policy, n_servers=1)
+    p = c.peer(0)
+    for cid in ("a", "b", "z"):
+        _register(p, c, cid)
+    wait_until(lambda: c.scheduler.phase == "open")
+    task = _task(p, c, "a").body
+    init = task["params"]
+    delta = {k: np.full(v.shape, 0.01, np.float32) for k, v in init.items()}
+    for cid in ("a", "b"):
+        t = _task(p, c, cid).body
+        assert p.call("upload", _upload(c, cid, t, delta)).kind == "ack"
+    port = int(c.address.rsplit(":", 1)[1])
+    c.scheduler.stop()
+    c.scheduler = Scheduler(policy, c.task.trainer.init_params(0), c.secret, tmp_path / "state.fl",
+                            evaluate=c.evaluate)
+    c.scheduler.start(f"127.0.0.1:{port}")
+    wait_until(lambda: c.scheduler.phase == "open" and "s0" in c.scheduler.servers)
+    for cid in ("a", "b", "z"):  # a and b get the round's task again and their second upload counts
+        t = _task(p, c, cid).body
+        assert t["round"] == 1 and p.call("upload", _upload(c, cid, t, delta)).kind == "ack"
+    wait_until(lambda: c.scheduler.version == 1)
+    with c.scheduler.cond:
+        row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["clients"] == ["a", "b", "z"]
