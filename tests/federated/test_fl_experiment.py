@@ -125,6 +125,7 @@ def test_a_killed_scheduler_fails_the_run_at_once_naming_it(tmp_path):
     assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "failed"
 
 
+@pytest.mark.slow
 def test_a_killed_scheduler_is_restarted_from_its_state_file_with_restart_true(tmp_path):
     out, _ = _run_and_kill_scheduler(tmp_path, restart=True)
     assert "error" not in out, out.get("error")
