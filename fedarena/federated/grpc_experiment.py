@@ -81,9 +81,9 @@ class FedAvgGrpcConfig(ExperimentConfig):
                                     "tls_root")
     tls_client_certs: str = param("", "mutual TLS: folder of <client id>.pem/.key, one certificate per client naming "
                                       "its id; nodes refuse a client whose token names another id")
-    tls_loopback: bool = param(False, "generate a loopback CA, a node certificate and one certificate per client (named "
-                                      "by its id) in the run folder and use mutual TLS between all nodes (instead of "
-                                      "tls_cert/tls_key/tls_root)")
+    tls_loopback: bool = param(False, "generate a loopback CA, a node certificate and one certificate per client "
+                                      "(named by its id) in the run folder and use mutual TLS between all nodes "
+                                      "(instead of tls_cert/tls_key/tls_root)")
     timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")
     restart: bool = param(False, "restart a scheduler or FL-Server process that dies (the scheduler resumes from its "
                                  "state file); otherwise the run fails within seconds, naming it")

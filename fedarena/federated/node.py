@@ -1,9 +1,10 @@
 """Process entry point of one deployment node: ``python -m fedarena.federated.node FOLDER ROLE [INDEX]``.
 
-ROLE is ``scheduler``, ``server`` or ``client`` (for the scheduler, INDEX is the port to bind, 0 = any); FOLDER holds ``deployment.json`` and ``secret.key``
-written by :class:`fedarena.federated.deployment.Deployment`, and ``identity/`` (a client reads its
-own SecAgg identity key and the directory from there). Servers and clients find the
-scheduler through ``FOLDER/scheduler.address``. A node runs until SIGTERM (clients: until the
+ROLE is ``scheduler``, ``server`` or ``client`` (for the scheduler, INDEX is the port to bind, 0 = any);
+FOLDER holds ``deployment.json`` and ``secret.key`` written by
+:class:`fedarena.federated.deployment.Deployment`, and ``identity/`` (a client reads its own SecAgg
+identity key and the directory from there). Servers and clients find the scheduler through
+``FOLDER/scheduler.address``. A node runs until SIGTERM (clients: until the
 deployment is done).
 """
 

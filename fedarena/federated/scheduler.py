@@ -16,10 +16,10 @@ clipped to ``norm_bound_multiple`` times the round's median update norm and each
 ``max_client_weight`` of the round's total, :func:`~fedarena.federated.strategy.bounded_mean`; both off:
 the servers' partial sums) or, with an ``aggregator``, its rule over the individual deltas (coordinate-wise
 median, trimmed mean, Krum from :mod:`fedarena.federated.strategy`) is applied with the server optimizer
-and the model version increases (servers forward every accepted delta whenever the rule needs them); otherwise the round is abandoned and the next one
-starts with the same model. After every round the global model, optimizer state and round
-history are written atomically (temp file + fsync + rename) in the wire format, and a restarted
-scheduler continues from that file with identical model bytes.
+and the model version increases (servers forward every accepted delta whenever the rule needs them);
+otherwise the round is abandoned and the next one starts with the same model. After every round the
+global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
+wire format, and a restarted scheduler continues from that file with identical model bytes.
 """
 
 from __future__ import annotations

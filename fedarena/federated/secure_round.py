@@ -70,8 +70,9 @@ def holders(cfg: Any, n_selected: int) -> int:
 
 def threshold(cfg: Any, n_selected: int) -> int:
     """``t`` for ``m`` share holders: ``floor((m + n_C) / 2) + 1`` with ``secagg_colluders = n_C >= 0`` (may exceed
-    ``m``: then no threshold resists n_C colluders and the round cannot run), else ``min(m, floor(secagg_threshold * m) + 1)``
-    (the floor is taken with a 1e-9 tolerance, so 2/3 written as a decimal still gives ``floor(2 m / 3)``)."""
+    ``m``: then no threshold resists n_C colluders and the round cannot run), else
+    ``min(m, floor(secagg_threshold * m) + 1)`` (the floor is taken with a 1e-9 tolerance, so 2/3 written as a
+    decimal still gives ``floor(2 m / 3)``)."""
     m = holders(cfg, n_selected)
     k = getattr(cfg, "secagg_colluders", -1)
     if k >= 0:

@@ -5,7 +5,8 @@ PKI does not stop it), then sends *split views*: group A is told the target surv
 shares of the target's mask seed ``b_u``), group B that the target dropped (they reveal shares of its mask key
 ``s_u^SK``). It forwards to each group only the survivor-list signatures made on that group's list, adds the
 Sybil's signatures on both lists and the Sybil's shares of both secrets, and tries every size of split of the
-honest clients (shares are symmetric in their holders, so sizes are all that matter). With ``t`` shares of both secrets it strips every mask from the target's masked input.
+honest clients (shares are symmetric in their holders, so sizes are all that matter). With ``t`` shares of both
+secrets it strips every mask from the target's masked input.
 
 The counting bound (docs/security.md, section 8) says this works iff ``2 t <= m + n_C``: at the old default
 ``secagg_threshold = 0.5`` (7 clients: t = 4) one Sybil suffices; at the default 2/3 (t = 5) it must fail.
