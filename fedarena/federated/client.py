@@ -15,6 +15,7 @@ A restarted client process with the same id simply registers again (rejoin).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -54,6 +55,11 @@ class ClientOptions:
     rpc_timeout_s: float = 30.0
     seed: int = 0
     """seed of local training (minibatch order)"""
+    secagg_min_threshold: float = 0.5
+    """the lowest ``secagg_threshold`` this client accepts from a round's config (a scheduler that lowers the
+    threshold of a secure round below it is refused); deployments set it to their configured value"""
+    secagg_min_colluders: int = -1
+    """the colluders a secure round's threshold must resist (``secagg_colluders`` rule; -1 = no such floor)"""
     privacy_seed: int = -1
     """seed of the privacy randomness (LDP noise, SignDS; compression's rounding follows ``seed``);
     -1 = every draw from the OS CSPRNG (:class:`~fedarena.privacy.secure_random.SecureRandom`); a seed is for
@@ -248,7 +254,7 @@ class FLClient:
                 return
 
     def _run_secure(self, body: dict[str, Any], cfg: RoundConfig, rnd: int, delta: dict[str, np.ndarray]) -> None:
-        from fedarena.federated.secure_round import client_input, run_client, secagg_params
+        from fedarena.federated.secure_round import client_input, run_client, secagg_params, threshold
         from fedarena.federated.stages import flatten
 
         party = wire.field(body, "secagg_party", int)
@@ -263,10 +269,24 @@ class FLClient:
         if len(self.x) > cfg.secagg_max_examples:
             log.warning("%s: %d examples exceed secagg_max_examples %d; the weight is clipped to it",
                         self.client_id, len(self.x), cfg.secagg_max_examples)
+        floor = dataclasses.replace(cfg, secagg_threshold=self.options.secagg_min_threshold,
+                                    secagg_colluders=self.options.secagg_min_colluders)
+        if threshold(cfg, n_selected) < threshold(floor, n_selected):
+            self.stats.uploads_refused["secagg"] = self.stats.uploads_refused.get("secagg", 0) + 1
+            log.warning("%s: secure round %d: threshold %d of %d is below this client's floor %d; refusing to take "
+                        "part", self.client_id, rnd, threshold(cfg, n_selected), n_selected,
+                        threshold(floor, n_selected))
+            self._sat_out = rnd
+            return
         params = secagg_params(cfg, n_selected, x.size)
         pki: dict[str, Any] = {}
         if self.identity is not None:
             members = wire.field(body, "secagg_members", list)
+            if len(members) != n_selected:
+                self.stats.uploads_refused["secagg"] = self.stats.uploads_refused.get("secagg", 0) + 1
+                log.warning("%s: secure round %d: %d members listed for %d selected clients", self.client_id, rnd,
+                            len(members), n_selected)
+                return
             try:
                 pki = {"signing_key": self.identity.signing_key,
                        "identities": self.identity.party_keys(self.client_id, party, [str(m) for m in members])}

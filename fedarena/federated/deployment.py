@@ -4,7 +4,10 @@
 0600 file) into the deployment folder and starts nodes with ``python -m fedarena.federated.node``.
 Each node logs to ``<folder>/logs/<node>.log``. The scheduler writes its bound port to
 ``scheduler.port`` and its round state to ``scheduler_state.fl``; starting a scheduler again on the
-same folder resumes from that file. Nodes can be killed (SIGKILL), stalled (SIGSTOP) and resumed
+same folder resumes from that file. Before any node starts, the deployment issues every client a SecAgg
+identity key (Ed25519) and the directory of all clients' public keys (``identity/``, keys mode 0600;
+:func:`~fedarena.federated.secure_round.write_identities`), so clients refuse members and keys the
+scheduler made up. Nodes can be killed (SIGKILL), stalled (SIGSTOP) and resumed
 (SIGCONT) one by one, which is what the fault tests do.
 """
 
@@ -24,9 +27,11 @@ from fedarena.federated import auth, wire
 from fedarena.federated.client import ClientOptions
 from fedarena.federated.protocol import model_bytes
 from fedarena.federated.scheduler import RoundPolicy
+from fedarena.federated.secure_round import write_identities
 from fedarena.federated.server import ServerOptions
 from fedarena.federated.task import TaskSpec
 from fedarena.federated.transport import Peer, RemoteError, TLSFiles, TransportError
+from fedarena.platform.errors import RunError
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,19 @@ def spec_from_json(d: dict[str, Any]) -> DeploymentSpec:
     )
 
 
+class NodeExited(RunError):
+    """A scheduler or FL-Server process of the deployment exited while the run still needed it."""
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {_signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
 def client_name(i: int) -> str:
     return f"client{i:03d}"
 
@@ -80,6 +98,8 @@ class Deployment:
             with os.fdopen(fd, "wb") as f:
                 f.write(auth.new_secret())
         self.secret = secret_path.read_bytes()
+        # the clients' SecAgg identity keys (a PKI): issued here, by the launcher, before any node starts
+        write_identities(self.folder / "identity", [client_name(i) for i in range(spec.task.num_clients)])
         self.config_path = self.folder / "deployment.json"
         self.config_path.write_text(json.dumps(spec.to_json(), indent=1))
         self.procs: dict[str, subprocess.Popen] = {}
@@ -102,16 +122,20 @@ class Deployment:
         self.procs[name] = proc
         return proc
 
-    def start_scheduler(self, timeout: float = 60.0) -> str:
+    def start_scheduler(self, timeout: float = 60.0, port: int = 0) -> str:
+        """Start the scheduler (on ``port``, 0 = any free port; a restart passes the old one so servers and clients
+        find it again) and wait for its port; :class:`NodeExited` if it exits first."""
         port_file = self.folder / "scheduler.port"
         port_file.unlink(missing_ok=True)
-        proc = self._spawn("scheduler", "scheduler")
+        proc = self._spawn("scheduler", "scheduler", str(int(port)))
         end = time.monotonic() + timeout
         while not port_file.exists():
             if proc.poll() is not None:
-                raise RuntimeError(f"scheduler exited with {proc.returncode}; see {self.folder / 'logs/scheduler.log'}")
+                raise NodeExited(f"scheduler: exited at start ({_exit_reason(proc.returncode)}); see "
+                                 f"{self.folder / 'logs' / 'scheduler.log'}")
             if time.monotonic() > end:
-                raise TimeoutError("scheduler did not report its port")
+                raise NodeExited(f"scheduler: did not report its port within {timeout:g} s; see "
+                                 f"{self.folder / 'logs' / 'scheduler.log'}")
             time.sleep(0.05)
         self.scheduler_address = f"127.0.0.1:{int(port_file.read_text())}"
         (self.folder / "scheduler.address").write_text(self.scheduler_address)
@@ -137,6 +161,29 @@ class Deployment:
             self.start_server(i)
         for i in range(self.spec.task.num_clients):
             self.start_client(i)
+
+    def check_nodes(self, restart: bool = False) -> list[str]:
+        """Supervise the scheduler and the FL-Servers: raise :class:`NodeExited` naming the first one whose process
+        has exited, or, with ``restart``, start it again (the scheduler on its old port, resuming from its state
+        file; a server re-joins and re-syncs) and return the names restarted. Clients are not watched: they may
+        come and go."""
+        restarted = []
+        names = ["scheduler"] + [f"server{i}" for i in range(self.spec.num_servers)]
+        for name in names:
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is None:
+                continue
+            reason = _exit_reason(proc.returncode)
+            if not restart:
+                raise NodeExited(f"{name}: process exited ({reason}); see {self.folder / 'logs' / (name + '.log')}")
+            if name == "scheduler":
+                self.start_scheduler(port=int(self.scheduler_address.rsplit(":", 1)[1]))
+            else:
+                self.start_server(int(name[len("server"):]))
+            with open(self.folder / "logs" / "supervisor.log", "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {name} {reason}; restarted\n")
+            restarted.append(name)
+        return restarted
 
     def signal(self, name: str, sig: int = _signal.SIGKILL) -> None:
         proc = self.procs[name]
@@ -179,11 +226,16 @@ class Deployment:
     def model_bytes(self, version: int) -> bytes:
         return model_bytes(self.model(version))
 
-    def wait_for(self, predicate, timeout: float, poll: float = 0.1) -> dict[str, Any]:
-        """Poll the scheduler's status until ``predicate(status)`` holds; raises TimeoutError with the last status."""
+    def wait_for(self, predicate, timeout: float, poll: float = 0.1, watch=None) -> dict[str, Any]:
+        """Poll the scheduler's status until ``predicate(status)`` holds; raises TimeoutError with the last status.
+
+        ``watch()`` runs before every poll (the experiment driver passes :meth:`check_nodes`, which raises
+        :class:`NodeExited` for a dead scheduler or server)."""
         end = time.monotonic() + timeout
         last: dict[str, Any] = {}
         while time.monotonic() < end:
+            if watch is not None:
+                watch()
             try:
                 last = self.status()
                 if predicate(last):

@@ -6,7 +6,10 @@ and loss of the global model, mean client training loss, clients selected / repo
 and down, the round's duration and how it closed. FedAvg (McMahan et al. 2017) by default; FedProx
 (``prox_mu``), FedAdam/FedYogi (``server_optimizer``), compression and local DP by config.
 Resuming (``fedarena run --resume RUN``) restarts every process; the scheduler continues from its
-state file (last completed round, identical model bytes).
+state file (last completed round, identical model bytes). The driver watches the scheduler and FL-Server
+processes while it waits: one that exits fails the run within a poll (a :class:`RunError` naming it, with
+the resume command), or, with ``restart: true``, is started again (the scheduler on its old port, from its
+state file).
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ class FedAvgGrpcConfig(ExperimentConfig):
     signds_epsilon: float = param(1.0, "SignDS epsilon per upload")
     signds_lr: float = param(0.01, "SignDS global learning rate")
     secagg: bool = param(False, "secure aggregation (SecAgg) of every round's updates")
-    secagg_threshold: float = param(0.5, "SecAgg threshold t = floor(f * share holders) + 1, f in [0.5, 1]")
+    secagg_threshold: float = param(2 / 3, "SecAgg threshold t = floor(f * share holders m) + 1, f in [0.5, 1]; "
+                                           "resists 2 t - m - 1 colluding clients with a malicious scheduler")
+    secagg_colluders: int = param(-1, "SecAgg: colluding clients to resist with a malicious scheduler; sets "
+                                      "t = floor((m + K) / 2) + 1 instead of secagg_threshold (-1 = off)")
     secagg_neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
     secagg_stage_seconds: float = param(10.0, "window of each SecAgg stage after the first")
     secagg_clip: float = param(1.0, "SecAgg: every update coordinate is clipped to [-clip, clip] before masking")
@@ -62,6 +68,10 @@ class FedAvgGrpcConfig(ExperimentConfig):
         "(coordinate-wise median, trimmed mean, Krum; not with secagg)")
     trim_fraction: float = param(0.2, "trimmed mean: fraction cut at each end of every coordinate")
     krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f per round")
+    max_client_weight: float = param(0.25, "'mean': no client's weight exceeds this fraction of the round's total "
+                                           "(water-filling cap; 1 = uncapped)")
+    norm_bound_multiple: float = param(3.0, "'mean': every delta is clipped to this multiple of the round's median "
+                                            "update norm (0 = off)")
     max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
     max_examples: int = param(0, "largest example count a client may declare (0 = the task's largest shard)")
     tls_cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
@@ -69,16 +79,22 @@ class FedAvgGrpcConfig(ExperimentConfig):
     tls_root: str = param("", "PEM root certificate clients trust")
     tls_mutual: bool = param(False, "mutual TLS: every node and client also presents tls_cert, checked against "
                                     "tls_root")
-    tls_loopback: bool = param(False, "generate a loopback CA and node certificate in the run folder and use mutual "
-                                      "TLS between all nodes (instead of tls_cert/tls_key/tls_root)")
+    tls_client_certs: str = param("", "mutual TLS: folder of <client id>.pem/.key, one certificate per client naming "
+                                      "its id; nodes refuse a client whose token names another id")
+    tls_loopback: bool = param(False, "generate a loopback CA, a node certificate and one certificate per client "
+                                      "(named by its id) in the run folder and use mutual TLS between all nodes "
+                                      "(instead of tls_cert/tls_key/tls_root)")
     timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")
+    restart: bool = param(False, "restart a scheduler or FL-Server process that dies (the scheduler resumes from its "
+                                 "state file); otherwise the run fails within seconds, naming it")
 
     def __post_init__(self) -> None:
         _spec(self)  # every section validates its fields; a ValueError names the field
         if self.num_servers < 1:
             raise ValueError(f"num_servers: must be >= 1, got {self.num_servers}")
-        if self.tls_loopback and (self.tls_cert or self.tls_key or self.tls_root):
-            raise ValueError("tls_loopback: generates its own certificates; leave tls_cert/tls_key/tls_root empty")
+        if self.tls_loopback and (self.tls_cert or self.tls_key or self.tls_root or self.tls_client_certs):
+            raise ValueError("tls_loopback: generates its own certificates; leave tls_cert/tls_key/tls_root/"
+                             "tls_client_certs empty")
 
 
 def _spec(cfg: FedAvgGrpcConfig):
@@ -102,22 +118,26 @@ def _spec(cfg: FedAvgGrpcConfig):
                                      signds_k=cfg.signds_k, signds_h=cfg.signds_h,
                                      signds_epsilon=cfg.signds_epsilon, signds_lr=cfg.signds_lr,
                                      secagg=cfg.secagg, secagg_threshold=cfg.secagg_threshold,
+                                     secagg_colluders=cfg.secagg_colluders,
                                      secagg_neighbours=cfg.secagg_neighbours,
                                      secagg_stage_seconds=cfg.secagg_stage_seconds, secagg_clip=cfg.secagg_clip,
                                      secagg_max_examples=cfg.secagg_max_examples,
                                      secagg_consistency_check=cfg.secagg_consistency_check),
             server_optimizer=ServerOptimizer(cfg.server_optimizer, cfg.server_lr, cfg.beta1, cfg.beta2, cfg.tau),
             seed=cfg.seed, aggregation=cfg.aggregation, trim_fraction=cfg.trim_fraction,
-            krum_byzantine=cfg.krum_byzantine,
+            krum_byzantine=cfg.krum_byzantine, max_client_weight=cfg.max_client_weight,
+            norm_bound_multiple=cfg.norm_bound_multiple,
         ),
         server=ServerOptions(max_update_norm=cfg.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=cfg.encoding, topk_fraction=cfg.topk_fraction, clip_norm=cfg.clip_norm,
                              ldp_epsilon=cfg.ldp_epsilon, ldp_delta=cfg.ldp_delta, ldp_clip_norm=cfg.ldp_clip_norm,
+                             secagg_min_threshold=cfg.secagg_threshold, secagg_min_colluders=cfg.secagg_colluders,
                              seed=cfg.seed),
         num_servers=cfg.num_servers,
         init_seed=cfg.seed,
         tls=TLSFiles(cert_chain=cfg.tls_cert, private_key=cfg.tls_key, root_cert=cfg.tls_root,
-                     server_name="localhost" if cfg.tls_root else "", mutual=cfg.tls_mutual),
+                     server_name="localhost" if cfg.tls_root else "", mutual=cfg.tls_mutual,
+                     client_certs=cfg.tls_client_certs),
     )
 
 
@@ -132,12 +152,25 @@ def _max_examples(cfg: FedAvgGrpcConfig, task) -> int:
     return max_shard(task)  # the split every node rebuilds from the same TaskSpec
 
 
+def _secagg_summary(cfg: FedAvgGrpcConfig, spec) -> dict[str, Any]:
+    """What the secure rounds' threshold resists, at the configured number of clients per round."""
+    if not cfg.secagg:
+        return {}
+    from fedarena.federated.secure_round import colluders_tolerated, holders, threshold
+
+    rc, n = spec.policy.round_config, cfg.clients_per_round or cfg.num_clients
+    return {"secagg_threshold_t": threshold(rc, n), "secagg_share_holders": holders(rc, n),
+            "secagg_colluders_tolerated": colluders_tolerated(rc, n),
+            "secagg_dropouts_tolerated": holders(rc, n) - threshold(rc, n)}
+
+
 _METRICS = ("test_acc", "test_loss", "train_loss", "reporting", "selected", "bytes_up", "bytes_down",
             "duration_s", "model_version")
 
 
 def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
-    from fedarena.federated.deployment import Deployment
+    from fedarena.federated.deployment import Deployment, NodeExited
+    from fedarena.platform.errors import RunError
 
     spec = _spec(cfg)  # validates the config before any process starts
     if cfg.tls_loopback:
@@ -145,18 +178,28 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
 
         from fedarena.federated.certs import loopback_pki
 
-        spec = dataclasses.replace(spec, tls=loopback_pki(run.dir / "deployment" / "tls"))
+        from fedarena.federated.deployment import client_name
+
+        spec = dataclasses.replace(spec, tls=loopback_pki(run.dir / "deployment" / "tls", client_ids=[
+            client_name(i) for i in range(cfg.num_clients)]))
     restored = run.restore()
     logged = restored[0] if restored else 0
     dep = Deployment(run.dir / "deployment", spec)
-    dep.start()
     last: dict[str, Any] = {}
     end = time.monotonic() + cfg.timeout_s
+    resume = f"; continue the run with: fedarena run --resume {run.dir}"
     try:
+        dep.start()
         with run.progress(total=cfg.rounds, initial=logged, desc="fedavg_grpc") as bar:
             while True:
-                status = dep.wait_for(lambda s: len(s["history"]) > logged or s["phase"] == "done",
-                                      timeout=max(1.0, end - time.monotonic()))
+                try:
+                    status = dep.wait_for(lambda s: len(s["history"]) > logged or s["phase"] == "done",
+                                          timeout=max(1.0, end - time.monotonic()),
+                                          watch=lambda: dep.check_nodes(restart=cfg.restart))
+                except TimeoutError:
+                    raise RunError(f"timeout_s: the deployment did not finish {cfg.rounds} rounds within "
+                                   f"{cfg.timeout_s:g} s (last logged round {logged}; node logs in "
+                                   f"{run.dir / 'deployment' / 'logs'}){resume}") from None
                 for row in status["history"]:
                     if row["round"] <= logged:
                         continue
@@ -171,10 +214,12 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
                     bar.update(1, acc=row.get("test_acc", float("nan")), clients=row["reporting"])
                 if status["phase"] == "done":
                     break
+    except NodeExited as e:
+        raise NodeExited(f"{e}{resume}") from None
     finally:
         dep.stop()
     history = status["history"]
-    return {
+    return _secagg_summary(cfg, spec) | {
         "test_acc": float(history[-1]["test_acc"]) if history else float("nan"),
         "test_loss": float(history[-1]["test_loss"]) if history else float("nan"),
         "rounds_aggregated": sum(r["outcome"] == "aggregated" for r in history),

@@ -1,8 +1,10 @@
 """Process entry point of one deployment node: ``python -m fedarena.federated.node FOLDER ROLE [INDEX]``.
 
-ROLE is ``scheduler``, ``server`` or ``client``; FOLDER holds ``deployment.json`` and ``secret.key``
-written by :class:`fedarena.federated.deployment.Deployment`. Servers and clients find the
-scheduler through ``FOLDER/scheduler.address``. A node runs until SIGTERM (clients: until the
+ROLE is ``scheduler``, ``server`` or ``client`` (for the scheduler, INDEX is the port to bind, 0 = any);
+FOLDER holds ``deployment.json`` and ``secret.key`` written by
+:class:`fedarena.federated.deployment.Deployment`, and ``identity/`` (a client reads its own SecAgg
+identity key and the directory from there). Servers and clients find the scheduler through
+``FOLDER/scheduler.address``. A node runs until SIGTERM (clients: until the
 deployment is done).
 """
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         sched = Scheduler(spec.policy, task.trainer.init_params(spec.init_seed), secret,
                           folder / "scheduler_state.fl", evaluate=evaluate, limits=limits,
                           chunk_bytes=spec.chunk_bytes, tls=tls, client_tls=tls)
-        port = sched.start("127.0.0.1:0")
+        port = sched.start(f"127.0.0.1:{index}")  # INDEX is the port for the scheduler (0 = any free port)
         tmp = folder / "scheduler.port.tmp"
         tmp.write_text(str(port))
         tmp.replace(folder / "scheduler.port")
@@ -90,10 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     from fedarena.federated.client import FLClient
     from fedarena.federated.task import build_task
 
+    from fedarena.federated.secure_round import load_identity
+
     task = build_task(spec.task)
     cid = client_name(index)
+    identity = load_identity(folder / "identity", cid) if (folder / "identity" / f"{cid}.key").exists() else None
     client = FLClient(cid, auth.client_token(secret, cid), address, task.clients[index], task.trainer,
-                      spec.client, limits=limits, chunk_bytes=spec.chunk_bytes, tls=tls)
+                      spec.client, limits=limits, chunk_bytes=spec.chunk_bytes,
+                      tls=tls.for_client(cid) if tls is not None else None, identity=identity)
     worker = threading.Thread(target=client.run, daemon=True)
     worker.start()
     while worker.is_alive() and not stop.is_set():

@@ -66,9 +66,13 @@ class RoundConfig:
     """SignDS global learning rate: each reported dimension moves by sign * signds_lr / n"""
     secagg: bool = False
     """secure aggregation (SecAgg, Bonawitz et al. 2017) of the round's updates"""
-    secagg_threshold: float = 0.5
+    secagg_threshold: float = 2 / 3
     """Shamir threshold t = floor(f * m) + 1 (at most m) for m share holders (selected clients, or k + 1 with SecAgg+);
-    f in [0.5, 1], so t > m / 2"""
+    f in [0.5, 1], so t > m / 2. At 2/3 a malicious scheduler needs more than floor(m / 3) colluding clients
+    (2 t - m of them) to unmask one client's input (docs/security.md, section 8)"""
+    secagg_colluders: int = -1
+    """K >= 0: set t = floor((m + K) / 2) + 1, the smallest threshold at which a malicious scheduler together with K
+    colluding share holders cannot unmask any client (2 t > m + K); -1 = use secagg_threshold"""
     secagg_neighbours: int = 0
     """SecAgg+ neighbourhood size (even; 0 = every pair of clients masks, plain SecAgg)"""
     secagg_clip: float = 1.0
@@ -101,6 +105,10 @@ class RoundConfig:
         if self.secagg and not (0.5 <= self.secagg_threshold <= 1):
             raise ValueError(f"round.secagg_threshold: must lie in [0.5, 1] (t must exceed half of the share "
                              f"holders), got {self.secagg_threshold}")
+        if isinstance(self.secagg_colluders, bool) or not isinstance(self.secagg_colluders, int) \
+                or self.secagg_colluders < -1:
+            raise ValueError(f"round.secagg_colluders: must be an integer >= 0 (or -1 = use secagg_threshold), got "
+                             f"{self.secagg_colluders!r}")
         if self.secagg and not (self.secagg_clip > 0 and self.secagg_scale > 0 and self.secagg_stage_seconds > 0):
             raise ValueError("round.secagg_clip/scale/stage_seconds: must be > 0")
         if self.secagg and not (isinstance(self.secagg_max_examples, int) and self.secagg_max_examples >= 1):
@@ -124,7 +132,8 @@ class RoundConfig:
                 signds_epsilon=wire.field(body, "signds_epsilon", float, where=where, default=1.0),
                 signds_lr=wire.field(body, "signds_lr", float, where=where, default=0.01),
                 secagg=wire.field(body, "secagg", bool, where=where, default=False),
-                secagg_threshold=wire.field(body, "secagg_threshold", float, where=where, default=0.5),
+                secagg_threshold=wire.field(body, "secagg_threshold", float, where=where, default=2 / 3),
+                secagg_colluders=wire.field(body, "secagg_colluders", int, where=where, default=-1),
                 secagg_neighbours=wire.field(body, "secagg_neighbours", int, where=where, default=0),
                 secagg_clip=wire.field(body, "secagg_clip", float, where=where, default=1.0),
                 secagg_scale=wire.field(body, "secagg_scale", float, where=where, default=4194304.0),

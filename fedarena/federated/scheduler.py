@@ -11,13 +11,15 @@ The global counter is the set of admitted uploads (servers ask ``admit`` before 
 client is counted once whichever server it used). The round closes when every selected client has
 been admitted or when the window ends, whichever is first; servers then send their partial
 aggregates (waited for at most ``partial_grace_s``). If the partials cover at least
-``ceil(min_fraction * |selected|)`` clients, the weighted mean delta (or, with an ``aggregator``, its
-rule over the individual deltas: coordinate-wise median, trimmed mean, Krum from
-:mod:`fedarena.federated.strategy`, servers then forward every delta) is applied with the server
-optimizer and the model version increases; otherwise the round is abandoned and the next one
-starts with the same model. After every round the global model, optimizer state and round
-history are written atomically (temp file + fsync + rename) in the wire format, and a restarted
-scheduler continues from that file with identical model bytes.
+``ceil(min_fraction * |selected|)`` clients, the bounded weighted mean delta (by default each delta
+clipped to ``norm_bound_multiple`` times the round's median update norm and each weight capped at
+``max_client_weight`` of the round's total, :func:`~fedarena.federated.strategy.bounded_mean`; both off:
+the servers' partial sums) or, with an ``aggregator``, its rule over the individual deltas (coordinate-wise
+median, trimmed mean, Krum from :mod:`fedarena.federated.strategy`) is applied with the server optimizer
+and the model version increases (servers forward every accepted delta whenever the rule needs them);
+otherwise the round is abandoned and the next one starts with the same model. After every round the
+global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
+wire format, and a restarted scheduler continues from that file with identical model bytes.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import numpy as np
 from fedarena.federated import auth, wire
 from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
 from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
-from fedarena.federated.strategy import (FedAvg, PartialAggregate, RoundState, ServerOptimizer, robust_rule,
+from fedarena.federated.strategy import (PartialAggregate, ServerOptimizer, bounded_mean, robust_rule,
                                          select_clients)
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 from fedarena.platform.checkpoint import write_atomic
@@ -75,8 +77,20 @@ class RoundPolicy:
     """trimmed mean: fraction cut at each end of every coordinate"""
     krum_byzantine: int = 0
     """Krum: the assumed number of Byzantine clients per round"""
+    max_client_weight: float = 0.25
+    """'mean': no client's weight exceeds this fraction of the round's total weight (weights above it are cut by
+    water-filling; equal weights when fewer than 1 / max_client_weight clients report); 1 = uncapped"""
+    norm_bound_multiple: float = 3.0
+    """'mean': every delta is clipped to this multiple of the round's median update norm (0 = off; the servers'
+    fixed ``max_update_norm`` still refuses larger uploads)"""
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_client_weight, bool) or not 0 < self.max_client_weight <= 1:
+            raise ValueError(f"max_client_weight: must lie in (0, 1], got {self.max_client_weight}")
+        if isinstance(self.norm_bound_multiple, bool) or not (self.norm_bound_multiple == 0
+                                                              or self.norm_bound_multiple >= 1):
+            raise ValueError(f"norm_bound_multiple: must be 0 (off) or >= 1 (a multiple of the median update norm), "
+                             f"got {self.norm_bound_multiple}")
         if self.aggregation != "mean":
             robust_rule(self.aggregation, self.trim_fraction, self.krum_byzantine)  # names a bad field
             if self.round_config.secagg:
@@ -149,6 +163,9 @@ class Scheduler:
         if aggregator is None and policy.aggregation != "mean":
             aggregator = robust_rule(policy.aggregation, policy.trim_fraction, policy.krum_byzantine)
         self.aggregator = aggregator
+        # the default mean is bounded (norm clipping, weight cap): it needs every delta, as a robust rule does
+        self.bounded = aggregator is None and (policy.max_client_weight < 1 or policy.norm_bound_multiple > 0)
+        self.collect = aggregator is not None or self.bounded
         self.secret = secret
         self.state_path = Path(state_path)
         self.evaluate = evaluate
@@ -350,27 +367,32 @@ class Scheduler:
         applied = None
         if len(total.clients) >= need and total.weight > 0:
             try:
-                if self.aggregator is None:  # the linear rule: the servers' partial sums suffice
-                    new = FedAvg(server_optimizer=p.server_optimizer).aggregate_partial(
-                        RoundState(self.round, self.params, self.opt_state), total)
-                    applied = (new.params, new.opt_state)
+                if self.bounded:
+                    delta, info = bounded_mean(*self._individual(total.clients), p.max_client_weight,
+                                               p.norm_bound_multiple)
+                    row.update(info)
+                    applied = p.server_optimizer.step(self.params, delta, self.opt_state)
+                elif self.aggregator is None:  # the plain linear rule: the servers' partial sums suffice
+                    applied = p.server_optimizer.step(self.params, total.mean_delta(), self.opt_state)
                 else:
                     applied = p.server_optimizer.step(self.params, self._robust_delta(total.clients),
                                                       self.opt_state)
             except ValueError as e:  # a rule that fails or returns garbage: nothing is applied
                 row["abort_reason"] = str(e)
                 log.warning("scheduler: round %d abandoned: %s", self.round, e)
+        version = self.version
         if applied is not None:
             self.params, self.opt_state = applied
-            self.version += 1
+            version += 1
             row["outcome"] = "aggregated"
             row["train_loss"] = total.loss_sum / total.weight
         else:
             row["outcome"] = "abandoned"
-        row["model_version"] = self.version
+        row["model_version"] = version
         if self.evaluate is not None:
             row.update({k: float(v) for k, v in self.evaluate(self.params).items()})
         self.history.append(row)
+        self.version = version  # after the row: whoever sees the new version (even without the lock) sees its round
         log.info("scheduler: round %d %s (%d/%d reported)", self.round, row["outcome"], len(total.clients),
                  len(self.selected))
         self.round += 1
@@ -380,13 +402,17 @@ class Scheduler:
         if self.phase == "idle":
             self._open_round(time.monotonic())
 
-    def _robust_delta(self, clients: Sequence[str]) -> Params:
-        """The aggregator's delta over the individual updates of ``clients``; ValueError if unusable."""
+    def _individual(self, clients: Sequence[str]) -> tuple[list[Params], list[float]]:
+        """The deltas and weights of ``clients`` (sorted by id); ValueError if one did not reach the scheduler."""
         missing = sorted(set(clients) - set(self.updates))
         if missing:
             raise ValueError(f"updates: no individual update of {missing[:5]} reached the scheduler")
         order = sorted(clients)
-        delta = self.aggregator([self.updates[c][0] for c in order], [self.updates[c][1] for c in order])
+        return [self.updates[c][0] for c in order], [self.updates[c][1] for c in order]
+
+    def _robust_delta(self, clients: Sequence[str]) -> Params:
+        """The aggregator's delta over the individual updates of ``clients``; ValueError if unusable."""
+        delta = self.aggregator(*self._individual(clients))
         if set(delta) != set(self._shapes):
             raise ValueError(f"aggregator: returned tensors {sorted(delta)}, the model has {sorted(self._shapes)}")
         out = {}
@@ -427,6 +453,7 @@ class Scheduler:
             except AggregateOutOfRange as e:  # some client masked out-of-range values: nothing is applied
                 reason = str(e)
                 log.warning("scheduler: secure round %d abandoned: %s", self.round, e)
+        version = self.version
         if decoded is not None:
             flat, examples, survivors = decoded
             delta, i = {}, 0
@@ -435,16 +462,17 @@ class Scheduler:
                 delta[name] = flat[i : i + n].reshape(self._shapes[name])
                 i += n
             self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
-            self.version += 1
+            version += 1
             inverse = {v: k for k, v in sec.ids.items()}
             row.update(outcome="aggregated", reporting=survivors, examples=examples,
                        clients=sorted(inverse[u] for u in sec.result.survivors))
         else:
             row.update(outcome="abandoned", abort_reason=reason)
-        row["model_version"] = self.version
+        row["model_version"] = version
         if self.evaluate is not None:
             row.update({k: float(v) for k, v in self.evaluate(self.params).items()})
         self.history.append(row)
+        self.version = version  # after the row, as in _finish_round
         log.info("scheduler: secure round %d %s (%d/%d survivors)", self.round, row["outcome"], row["reporting"],
                  len(self.selected))
         self.round += 1
@@ -545,7 +573,7 @@ class Scheduler:
             "selected": list(self.selected) if self.phase == "open" else [],
             "config": self.policy.round_config.to_body(),
             "deadline_s": max(0.0, self.deadline - now) if self.phase == "open" else 0.0,
-            "rounds": self.policy.rounds, "collect_updates": self.aggregator is not None,
+            "rounds": self.policy.rounds, "collect_updates": self.collect,
         }
 
     def _sync(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -614,7 +642,7 @@ class Scheduler:
                 raise ProtocolError("body.weight", "weight and loss_sum must be finite, weight >= 0", "malformed")
             part = PartialAggregate(sums=sums, weight=weight, clients=[str(c) for c in clients], loss_sum=loss_sum)
             updates: dict[str, tuple[Params, float]] = {}
-            if self.aggregator is not None:
+            if self.collect:
                 ups = wire.field(b, "updates", dict)
                 ws = wire.field(b, "update_weights", dict)
                 if set(ups) != set(clients) or set(ws) != set(clients):

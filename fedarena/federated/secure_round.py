@@ -25,17 +25,20 @@ When a round's config sets ``secagg = true``:
   FedAvg mean delta, applied with the server optimizer. Fewer than ``threshold`` survivors abort the
   round (abandoned; no aggregate is ever released).
 
-The threshold is ``t = floor(secagg_threshold * m) + 1`` (at most ``m``), where ``m`` is the number of
-share holders of each secret: the number of selected clients for SecAgg, ``min(n, k + 1)`` for SecAgg+
-with ``k`` neighbours; ``secagg_threshold >= 0.5`` makes ``t > m / 2``.
+The threshold ``t`` is set over ``m``, the number of share holders of each secret (the number of selected
+clients for SecAgg, ``min(n, k + 1)`` for SecAgg+ with ``k`` neighbours): ``t = floor(secagg_threshold * m) + 1``
+(at most ``m``; 2/3 by default), or, with ``secagg_colluders = n_C``, ``t = floor((m + n_C) / 2) + 1``, the
+smallest threshold with ``2 t > m + n_C``.
 
 What is hidden from whom (see docs/security.md, section 8): no FL-Server or scheduler learns an individual
-client's delta, only the sum over at least ``t`` clients, provided fewer than ``2 t - m`` of each
-client's share holders collude with the scheduler (with none colluding, any t > m / 2 suffices), the
-scheduler cannot impersonate clients to one another in stage 0 (by default per-round signing keys
-travel through it; clients given a :class:`SecAggIdentity`, a PKI, refuse keys not signed by their
-owner's identity key), and the clients' own code is honest. A malicious client cannot read
-others' inputs but can bias the aggregate within the bounds above, or make the round be abandoned.
+client's delta, only the sum over at least ``t`` clients, provided fewer than ``2 t - m`` of each client's
+share holders collude with the scheduler (:func:`colluders_tolerated`; a scheduler that sends split views
+needs ``t`` shares of both secrets of one client, and honest holders reveal only one of the two, so it needs
+``2 (t - n_C) <= m - n_C``), the scheduler cannot add clients of its own making (clients given a
+:class:`SecAggIdentity`, a PKI, refuse members without an identity key and keys not signed by their owner's
+identity key; :class:`~fedarena.federated.deployment.Deployment` distributes one), and the clients' own code is
+honest. A malicious client cannot read others' inputs but can bias the aggregate within the bounds above, or
+make the round be abandoned.
 
 The masked sum is exact modulo 2^32; the only error is the fixed-point rounding of each input
 (``1 / (2 scale)`` per coordinate).
@@ -66,9 +69,22 @@ def holders(cfg: Any, n_selected: int) -> int:
 
 
 def threshold(cfg: Any, n_selected: int) -> int:
-    """``t = min(m, floor(secagg_threshold * m) + 1)`` for ``m`` share holders: a strict majority at 0.5."""
+    """``t`` for ``m`` share holders: ``floor((m + n_C) / 2) + 1`` with ``secagg_colluders = n_C >= 0`` (may exceed
+    ``m``: then no threshold resists n_C colluders and the round cannot run), else
+    ``min(m, floor(secagg_threshold * m) + 1)`` (the floor is taken with a 1e-9 tolerance, so 2/3 written as a
+    decimal still gives ``floor(2 m / 3)``)."""
     m = holders(cfg, n_selected)
-    return min(m, math.floor(cfg.secagg_threshold * m) + 1)
+    k = getattr(cfg, "secagg_colluders", -1)
+    if k >= 0:
+        return (m + k) // 2 + 1
+    return min(m, math.floor(cfg.secagg_threshold * m + 1e-9) + 1)
+
+
+def colluders_tolerated(cfg: Any, n_selected: int) -> int:
+    """Most colluding share holders of one client (``2 t - m - 1``) with which a malicious scheduler still cannot
+    rebuild both of its secrets; ``-1`` when ``t <= m / 2`` (refused everywhere)."""
+    m = holders(cfg, n_selected)
+    return min(m - 1, 2 * threshold(cfg, n_selected) - m - 1)
 
 
 def fixed_point_scale(cfg: Any) -> float:
@@ -101,10 +117,15 @@ def check_secure_config(cfg: Any, max_clients: int, where: str = "round") -> Non
                          f"{cfg.secagg_max_examples}; example counts would not be whole numbers in fixed point")
     if max_clients < 3:
         raise ValueError(f"{where}.clients: a secure round needs at least 3 clients, got {max_clients}")
+    k_col = getattr(cfg, "secagg_colluders", -1)
+    m = holders(cfg, max_clients)
+    if k_col >= 0 and threshold(cfg, max_clients) > m:
+        raise ValueError(f"{where}.secagg_colluders: {k_col} colluders among {m} share holders need a threshold above "
+                         f"{(m + k_col) / 2:g}, more than the {m} holders; at most {m - 1} can be tolerated")
     k = cfg.secagg_neighbours
     if k and k < 2:
         raise ValueError(f"{where}.secagg_neighbours: must be 0 or an even number >= 2, got {k}")
-    for n in sorted({3, max_clients}):
+    for n in sorted({3, max_clients} if k_col < 0 else {max_clients}):
         try:
             secagg_params(cfg, n, 2).validate_for(n)
         except ValueError as e:
@@ -191,6 +212,52 @@ def new_identities(client_ids) -> dict[str, SecAggIdentity]:
     keys = {c: Ed25519PrivateKey.generate() for c in client_ids}
     directory = {c: k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) for c, k in keys.items()}
     return {c: SecAggIdentity(k, dict(directory)) for c, k in keys.items()}
+
+
+def write_identities(folder, client_ids) -> None:
+    """Issue the PKI of a deployment into ``folder``: ``<id>.key`` (PKCS#8 PEM, mode 0600) per client and
+    ``directory.json`` (client id -> hex raw Ed25519 public key). Keys already there are kept (a resumed deployment
+    keeps its identities); missing clients get new keys. Done by the launcher, not by the scheduler."""
+    import json
+    import os
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (Encoding, NoEncryption, PrivateFormat, PublicFormat,
+                                                              load_pem_private_key)
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    directory = {}
+    for cid in client_ids:
+        path = folder / f"{cid}.key"
+        if path.exists():
+            key = load_pem_private_key(path.read_bytes(), password=None)
+        else:
+            key = Ed25519PrivateKey.generate()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+        directory[cid] = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    tmp = folder / "directory.json.tmp"
+    tmp.write_text(json.dumps(directory, indent=1, sort_keys=True))
+    tmp.replace(folder / "directory.json")
+
+
+def load_identity(folder, client_id: str) -> SecAggIdentity:
+    """Client ``client_id``'s :class:`SecAggIdentity` from a folder written by :func:`write_identities`."""
+    import json
+    from pathlib import Path
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    folder = Path(folder)
+    key = load_pem_private_key((folder / f"{client_id}.key").read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"identity: {folder / (client_id + '.key')} is not an Ed25519 key")
+    directory = {c: bytes.fromhex(h) for c, h in json.loads((folder / "directory.json").read_text()).items()}
+    return SecAggIdentity(key, directory)
 
 
 @dataclass

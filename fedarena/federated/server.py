@@ -9,7 +9,8 @@ clear ``error`` reply that is also logged, while the server keeps serving:
 1. token (HMAC, :mod:`fedarena.federated.auth`) and registration here (``register`` first) -> ``unauthenticated``
 2. the round is open and ``round`` / ``model_version`` match -> ``stale_round`` / ``stale_version``
 3. the client is selected in this round -> ``not_selected``
-4. ``num_examples`` in 1..``max_examples`` -> ``too_many_examples``; finite ``train_loss``
+4. ``num_examples`` in 1..``max_examples`` and at most the count the client registered here ->
+   ``too_many_examples``; finite ``train_loss``
 5. payload names, dtypes, shapes, indices, finiteness (:func:`~fedarena.federated.stages.decode_update`)
 6. global L2 norm of the delta <= ``max_update_norm`` -> ``norm_bound``
 7. fresh 16-byte nonce (replays of an earlier message) -> ``replay``; one upload per round -> ``duplicate``
@@ -17,8 +18,12 @@ clear ``error`` reply that is also logged, while the server keeps serving:
 
 Accepted deltas enter this server's :class:`~fedarena.federated.strategy.PartialAggregate`
 (example-weighted sum), which is sent to the scheduler when the round closes. When the scheduler
-aggregates with a robust rule (its plan says ``collect_updates``), the server also sends every
-accepted client's delta and weight, since a median or Krum cannot be formed from sums.
+needs individual deltas (its plan says ``collect_updates``: the default bounded mean, which clips each
+delta to a multiple of the round's median norm and caps each weight, or a robust rule), the server also
+sends every accepted client's delta and weight, since neither can be formed from sums.
+
+A client's example count is fixed by its ``register``: registering again here may keep or lower it but
+not raise it, and an upload may not claim more than the registered count.
 """
 
 from __future__ import annotations
@@ -157,6 +162,7 @@ class FLServer:
                 delay = 0.05
             except RemoteError as e:
                 if e.code == "unauthenticated" and "server_join" in e.reason:
+                    self._forget_round()  # a restarted scheduler re-runs its unfinished round from the start
                     self._join()  # the scheduler restarted and forgot us
                 else:
                     log.warning("%s: sync refused: %s", self.server_id, e)
@@ -168,6 +174,14 @@ class FLServer:
             except Exception:  # noqa: BLE001 - the sync thread must survive anything a plan does
                 log.exception("%s: sync failed; retrying", self.server_id)
                 time.sleep(0.5)
+
+    def _forget_round(self) -> None:
+        """Drop this round's uploads and partial: the scheduler that admitted them is gone, and its successor (resumed
+        from its state file) opens the same round number afresh, so those clients must be able to upload again."""
+        with self.upload_lock, self.cond:
+            self.partial, self.partial_round, self.partial_sent = PartialAggregate(), 0, -1
+            self.uploaded, self.updates = set(), {}
+            self.bytes_up = self.bytes_down = 0
 
     def _apply_plan(self, plan: dict[str, Any]) -> None:
         version = wire.field(plan, "model_version", int)
@@ -266,6 +280,10 @@ class FLServer:
                 raise self._refuse("body.num_examples", f"must lie in 1..{self.options.max_examples}, got {n}",
                                    "too_many_examples")
             with self.cond:
+                known = self.clients.get(cid)
+                if known is not None and n > known[0]:
+                    raise self._refuse("body.num_examples", f"client {cid} registered {int(known[0])} examples "
+                                       f"here; a registration may not raise it (got {n})", "too_many_examples")
                 self.clients[cid] = [float(n), time.monotonic()]
                 return "registered", {"server_id": self.server_id, "round": self.plan["round"]}
         if msg.kind == "get_task":
@@ -374,6 +392,11 @@ class FLServer:
             if not 1 <= n <= self.options.max_examples:
                 raise self._refuse("body.num_examples", f"must lie in 1..{self.options.max_examples}, got {n}",
                                    "too_many_examples")
+            with self.cond:
+                registered = int(self.clients[cid][0])
+            if n > registered:
+                raise self._refuse("body.num_examples", f"client {cid} claims {n} examples but registered "
+                                   f"{registered}", "too_many_examples")
             if not math.isfinite(loss):
                 raise self._refuse("body.train_loss", "must be finite", "malformed")
             if self.signds is not None:

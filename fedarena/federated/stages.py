@@ -310,8 +310,9 @@ class SecureAggregation:
         d = next(iter(inputs.values())).size
         k = self.neighbours if self.neighbours and self.neighbours < n else None
         holders = (k + 1) if k else n
-        # t = floor(f m) + 1 (at most m) over the m share holders, as the runtime's secure_round.threshold:
-        # a strict majority at f = 0.5, which the protocol requires
+        # t = floor(f m) + 1 (at most m) over the m share holders, the formula of the runtime's
+        # secure_round.threshold: a strict majority at f = 0.5, which the protocol requires (the in-process server
+        # here is honest, so the runtime's colluder bound, which sets its default f = 2/3, does not arise)
         t = min(holders, math.floor(self.threshold * holders) + 1)
         cfg = SecAggConfig(dimension=d, threshold=max(2, t), clip=self.clip,
                            scale=self.scale, num_neighbours=k)

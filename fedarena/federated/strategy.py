@@ -30,12 +30,18 @@ with :meth:`FedAvg.aggregate_partial`, so linear strategies share one code path 
   before a coordinate-wise or geometric-median rule (Bulyan's selection stage, El Mhamdi et al. 2018).
 * Example-count bounds: a client's FedAvg weight is ``min(n_i, max_weight)`` so no client can
   dominate a round by claiming (or holding) many examples.
+* The gRPC runtime's bounded mean (:func:`bounded_mean`): every delta is clipped to ``k`` times the round's
+  median update norm (norm bounding, Sun et al., "Can You Really Backdoor Federated Learning?", 2019, with
+  the bound taken from the round's median norm as FLAME does, Nguyen et al., USENIX Security 2022), and the
+  weights are capped by water-filling (:func:`cap_weights`) so no client holds more than a fraction ``c``
+  of the round's total weight; one client then moves the mean delta by at most ``c k`` median norms.
 
 Parameters are ``dict[str, np.ndarray]``; accumulation is in float64, stored models keep their dtype.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Protocol, Sequence
 
@@ -404,6 +410,47 @@ class RobustAggregate(FedAvg):
         delta = _unflatten(self.robust_delta(_stack(updates, names)), state.params, names)
         params, opt = self.server_optimizer.step(state.params, delta, state.opt_state)
         return RoundState(state.round + 1, params, opt, state.control)
+
+
+def cap_weights(weights: Sequence[float], max_fraction: float) -> np.ndarray:
+    """``min(w_i, L)`` with the largest level ``L`` at which no weight exceeds ``max_fraction`` of their sum
+    (water-filling); equal weights when ``max_fraction * n <= 1`` (no level can satisfy the cap)."""
+    w = np.asarray(weights, np.float64)
+    n = w.size
+    if n == 0 or max_fraction >= 1 or w.max() <= max_fraction * w.sum():
+        return w
+    if max_fraction * n <= 1:
+        return np.full(n, w.mean())
+    desc = np.sort(w)[::-1]
+    for k in range(1, n):  # the k largest weights are cut to L = c * (rest + k L)
+        level = max_fraction * desc[k:].sum() / (1 - max_fraction * k)
+        if desc[k] <= level <= desc[k - 1]:
+            return np.minimum(w, level)
+    return np.full(n, w.mean())  # not reached for max_fraction * n > 1
+
+
+def bounded_mean(deltas: Sequence[Params], weights: Sequence[float], max_client_weight: float,
+                 norm_bound_multiple: float) -> tuple[Params, dict[str, float]]:
+    """The weighted mean of ``deltas`` after clipping each to ``norm_bound_multiple`` times the median global L2
+    norm (0 = no clipping) and capping each weight at ``max_client_weight`` of the total (:func:`cap_weights`).
+
+    Returns the mean and ``{"norm_bound", "norm_clipped", "weight_capped"}`` (the bound used, 0 when off, and how
+    many deltas / weights were cut)."""
+    names = sorted(deltas[0])
+    norms = np.array([math.sqrt(sum(float(np.sum(np.square(np.asarray(d[k], np.float64)))) for k in names))
+                      for d in deltas])
+    scale = np.ones(len(deltas))
+    bound = float("inf")
+    if norm_bound_multiple > 0:
+        bound = norm_bound_multiple * float(np.median(norms))
+        over = norms > bound
+        scale[over] = bound / norms[over]
+    w0 = np.asarray(weights, np.float64)
+    w = cap_weights(w0, max_client_weight)
+    coef = w * scale / w.sum()
+    mean = {k: np.tensordot(coef, np.stack([np.asarray(d[k], np.float64) for d in deltas]), axes=1) for k in names}
+    return mean, {"norm_bound": bound if norm_bound_multiple > 0 else 0.0, "norm_clipped": int((scale < 1).sum()),
+                  "weight_capped": int((w < w0 - 1e-12 * w0.max()).sum())}
 
 
 def robust_rule(rule: RobustRule, trim_fraction: float = 0.2, krum_byzantine: int = 0, krum_keep: int = 1,

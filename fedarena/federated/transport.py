@@ -98,14 +98,39 @@ class TLSFiles:
     """name to check in the server certificate (defaults to the host of the address)"""
     mutual: bool = False
     """mutual TLS: servers require client certificates and callers present theirs"""
+    client_certs: str = ""
+    """mutual TLS with one certificate per client: a folder of ``<client id>.pem`` / ``<client id>.key``, each
+    naming its client id (common name or a DNS subject alternative name). A client presents its own instead of
+    ``cert_chain``, and nodes refuse a client stream whose token's client id is not named by its certificate"""
 
     @property
     def enabled(self) -> bool:
         return bool(self.cert_chain or self.root_cert)
 
+    def for_client(self, client_id: str) -> "TLSFiles":
+        """The files client ``client_id`` connects with: its own certificate and key when ``client_certs`` is set."""
+        if not self.client_certs:
+            return self
+        import dataclasses
+        import os.path
+
+        return dataclasses.replace(self, cert_chain=os.path.join(self.client_certs, f"{client_id}.pem"),
+                                   private_key=os.path.join(self.client_certs, f"{client_id}.key"))
+
     def __post_init__(self) -> None:
         if self.mutual and not (self.cert_chain and self.private_key and self.root_cert):
             raise ValueError("tls.mutual: needs cert_chain, private_key and root_cert")
+        if self.client_certs and not self.mutual:
+            raise ValueError("tls.client_certs: per-client certificates need mutual TLS (tls.mutual)")
+
+
+def certificate_names(auth_context: Mapping[str, Any]) -> set[str]:
+    """Common name and subject alternative names of a peer's verified certificate (gRPC's auth context)."""
+    out: set[str] = set()
+    for key in ("x509_common_name", "x509_subject_alternative_name"):
+        for v in auth_context.get(key, ()) or ():
+            out.add(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+    return out
 
 
 @dataclass(frozen=True)
@@ -270,6 +295,7 @@ class NodeServer:
                  stream_limits: StreamLimits, pass_identity: bool = False) -> None:
         self.name = name
         self.pass_identity = pass_identity
+        self.bind_client_certs = bool(tls is not None and tls.mutual and tls.client_certs)
         self.handler = handler
         self.kinds = frozenset(kinds)
         self.limits = limits
@@ -337,6 +363,14 @@ class NodeServer:
             for frame in self._error_frames("unauthenticated", e.field, e.reason):
                 yield frame
             return
+        if identity.role == "client" and self.bind_client_certs:
+            names = certificate_names(context.auth_context() or {})
+            if identity.name not in names:  # a client's certificate speaks for one client id only
+                shown = ", ".join(sorted(names)[:3]) or "no name"
+                for frame in self._error_frames("unauthenticated", "metadata.fedarena-id",
+                                                f"client {identity.name!r} presents the TLS certificate of {shown}"):
+                    yield frame
+                return
         anonymous = identity.anonymous
         trusted = identity.role == "cluster"  # holders of the deployment secret: a server relays for many clients
         key = f"{identity.role}:{identity.name}"

@@ -41,7 +41,8 @@ def test_simulation_equals_grpc_runtime_after_five_rounds(make_cluster):
     cfg = RoundConfig(epochs=2, batch_size=8, lr=0.1, prox_mu=0.01)
     opt = ServerOptimizer("fedadam", lr=0.05)
     policy = RoundPolicy(rounds=5, clients_per_round=2, window_seconds=120, start_clients=4, min_fraction=1.0,
-                         selection="uniform", seed=seed, round_config=cfg, server_optimizer=opt)
+                         selection="uniform", seed=seed, round_config=cfg, server_optimizer=opt,
+                         max_client_weight=1.0, norm_bound_multiple=0.0)  # the simulation's plain weighted mean
     c = make_cluster(policy, task=TASK)
     clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer,
                         ClientOptions(seed=seed, wait_s=0.5)) for i in range(4)]

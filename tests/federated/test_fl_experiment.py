@@ -62,3 +62,73 @@ def test_shipped_mtls_config_trains_over_mutual_tls(tmp_path):
     spec = json.loads((dep / "deployment.json").read_text())
     assert spec["tls"]["mutual"] is True and spec["tls"]["root_cert"].endswith("tls/ca.pem")
     assert (dep / "tls" / "node.key").stat().st_mode & 0o777 == 0o600
+
+
+def _pid_of(folder, role):
+    """The pid of this run's ``role`` node process (its command line names the run's own deployment folder)."""
+    import os
+
+    want = ["-m", "fedarena.federated.node", str(folder), role]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                args = open(f"/proc/{entry}/cmdline", "rb").read().decode().split("\0")
+            except OSError:
+                continue
+            if args[1:5] == want:
+                return int(entry)
+    return None
+
+
+def _run_and_kill_scheduler(tmp_path, restart):
+    import os
+    import signal
+    import threading
+    import time
+
+    cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 2, "num_servers": 1, "hidden": [8],
+           "trainer": "numpy", "rounds": 3, "epochs": 1, "window_seconds": 60.0, "timeout_s": 120.0,
+           "restart": restart, "checkpoint": {"every": 1, "keep": 2}}
+    out: dict = {}
+
+    def go():
+        try:
+            out["summary"] = execute(cfg, out=tmp_path / "run", quiet=True, report=False)
+        except Exception as e:  # noqa: BLE001 - the test inspects it
+            out["error"] = e
+        out["ended"] = time.monotonic()
+
+    th = threading.Thread(target=go, daemon=True)
+    th.start()
+    dep = tmp_path / "run" / "deployment"
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not (dep / "scheduler_state.fl").exists():  # one round is stored
+        time.sleep(0.1)
+    pid = _pid_of(dep, "scheduler")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    th.join(180)
+    assert not th.is_alive()
+    return out, out["ended"] - killed
+
+
+def test_a_killed_scheduler_fails_the_run_at_once_naming_it(tmp_path):
+    from fedarena.platform.errors import RunError, is_user_error
+
+    out, took = _run_and_kill_scheduler(tmp_path, restart=False)
+    err = out.get("error")
+    assert isinstance(err, RunError) and is_user_error(err)
+    assert str(err).startswith("scheduler: process exited (killed by SIGKILL)")
+    assert f"fedarena run --resume {tmp_path / 'run'}" in str(err)
+    assert took < 60  # long before timeout_s = 120 (the old behaviour waited for it)
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "failed"
+
+
+@pytest.mark.slow
+def test_a_killed_scheduler_is_restarted_from_its_state_file_with_restart_true(tmp_path):
+    out, _ = _run_and_kill_scheduler(tmp_path, restart=True)
+    assert "error" not in out, out.get("error")
+    assert out["summary"]["rounds_aggregated"] == 3 and out["summary"]["model_version"] == 3
+    assert "scheduler killed by SIGKILL; restarted" in (tmp_path / "run" / "deployment" / "logs" /
+                                                        "supervisor.log").read_text()

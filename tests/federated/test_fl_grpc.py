@@ -48,8 +48,10 @@ def _client_rng(seed, rnd, cid):
 
 
 def test_fedavg_over_grpc_equals_local_weighted_average(make_cluster):
+    # the plain example-weighted mean (weight cap and norm clipping off: the servers' partial sums)
     policy = RoundPolicy(rounds=1, window_seconds=60, start_clients=4, min_fraction=1.0,
-                         round_config=RoundConfig(epochs=2, batch_size=8, lr=0.1))
+                         round_config=RoundConfig(epochs=2, batch_size=8, lr=0.1), max_client_weight=1.0,
+                         norm_bound_multiple=0.0)
     c = make_cluster(policy)
     init = c.task.trainer.init_params(0)
     clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(4)]
@@ -147,10 +149,14 @@ def test_every_bad_upload_gets_a_clear_error_and_changes_nothing(make_cluster):
     assert c.servers[0].rejections["malformed"] == 8  # nonce, loss, round type, encoding, shape, NaN, dtype, missing
     # b uploads through its own (the other) server; the round closes with exactly a's and b's updates
     other = {k: np.full(v.shape, -0.03, np.float32) for k, v in init.items()}
-    assert pb.call("upload", _upload(c, "b", task, other, num_examples=30)).kind == "ack"
+    with pytest.raises(RemoteError) as info:  # b registered 10 examples: it may not claim more
+        pb.call("upload", _upload(c, "b", task, other, num_examples=30))
+    assert (info.value.code, info.value.field) == ("too_many_examples", "body.num_examples")
+    assert "claims 30 examples but registered 10" in info.value.reason
+    assert pb.call("upload", _upload(c, "b", task, other, num_examples=10)).kind == "ack"
     wait_until(lambda: c.scheduler.version == 1)
     for k in init:
-        expect = (init[k].astype(np.float64) + (10 * 0.01 + 30 * np.float64(np.float32(-0.03))) / 40).astype(np.float32)
+        expect = (init[k].astype(np.float64) + (10 * 0.01 + 10 * np.float64(np.float32(-0.03))) / 20).astype(np.float32)
         np.testing.assert_allclose(c.scheduler.params[k], expect, rtol=1e-6)
 
 
@@ -417,7 +423,8 @@ def test_state_file_of_another_model_or_optimizer_is_refused(tmp_path):
 
 def test_models_and_uploads_stream_in_many_small_frames(make_cluster):
     policy = RoundPolicy(rounds=1, window_seconds=60, start_clients=2, min_fraction=1.0,
-                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1), max_client_weight=1.0,
+                         norm_bound_multiple=0.0)  # the plain weighted mean, the oracle below
     c = make_cluster(policy, chunk_bytes=128)  # the ~500-byte model travels in several frames each way
     clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer,
                         chunk_bytes=128) for i in range(2)]
@@ -432,3 +439,37 @@ def test_models_and_uploads_stream_in_many_small_frames(make_cluster):
     expect = _replayed_weighted_mean(c, c.task.trainer.init_params(0), range(2), 1, 0.1)
     for k, v in expect.items():
         np.testing.assert_allclose(c.scheduler.params[k], v.astype(np.float32), rtol=1e-6, atol=1e-7)
+
+
+def test_a_restarted_scheduler_reruns_its_open_round_and_earlier_uploads_count_again(make_cluster, tmp_path):
+    """The scheduler dies while round 1 is open and two of three clients have uploaded; a new scheduler on the same
+    port resumes from the state file and opens round 1 afresh. The servers forget the dead scheduler's uploads when
+    they re-join, so the two clients upload again and the round aggregates all three."""
+    from fedarena.federated.scheduler import Scheduler
+
+    policy = RoundPolicy(rounds=1, window_seconds=120, start_clients=3, min_fraction=1.0,
+                         round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1))
+    c = make_cluster(policy, n_servers=1)
+    p = c.peer(0)
+    for cid in ("a", "b", "z"):
+        _register(p, c, cid)
+    wait_until(lambda: c.scheduler.phase == "open")
+    task = _task(p, c, "a").body
+    init = task["params"]
+    delta = {k: np.full(v.shape, 0.01, np.float32) for k, v in init.items()}
+    for cid in ("a", "b"):
+        t = _task(p, c, cid).body
+        assert p.call("upload", _upload(c, cid, t, delta)).kind == "ack"
+    port = int(c.address.rsplit(":", 1)[1])
+    c.scheduler.stop()
+    c.scheduler = Scheduler(policy, c.task.trainer.init_params(0), c.secret, tmp_path / "state.fl",
+                            evaluate=c.evaluate)
+    c.scheduler.start(f"127.0.0.1:{port}")
+    wait_until(lambda: c.scheduler.phase == "open" and "s0" in c.scheduler.servers)
+    for cid in ("a", "b", "z"):  # a and b get the round's task again and their second upload counts
+        t = _task(p, c, cid).body
+        assert t["round"] == 1 and p.call("upload", _upload(c, cid, t, delta)).kind == "ack"
+    wait_until(lambda: c.scheduler.version == 1)
+    with c.scheduler.cond:
+        row = c.scheduler.history[0]
+    assert row["outcome"] == "aggregated" and row["clients"] == ["a", "b", "z"]

@@ -157,19 +157,20 @@ def test_no_client_is_locked_out_when_the_round_advances_during_its_last_secure_
 
 
 def test_secagg_plus_with_six_neighbours_runs_through_the_runtime(make_cluster):
-    """Finding 3: the threshold comes from the neighbourhood (k + 1 = 7 holders: t = 4), not from the 16 clients
-    (the old ceil(0.5 * 16) = 8 exceeded the 7 share holders, and the round never opened)."""
+    """Finding 3: the threshold comes from the neighbourhood (k + 1 = 7 holders: t = floor(2 * 7 / 3) + 1 = 5 at the
+    default secagg_threshold), not from the 16 clients (the old ceil(0.5 * 16) = 8 exceeded the 7 share holders, and
+    the round never opened)."""
     task = TaskSpec(dataset="synthetic", num_clients=16, hidden=(8,), trainer="numpy", synthetic_features=10,
                     synthetic_classes=3, synthetic_examples=800)
     cfg = RoundConfig(epochs=1, batch_size=8, lr=0.1, secagg=True, secagg_neighbours=6, secagg_stage_seconds=5.0)
-    assert threshold(cfg, 16) == 4 and secagg_params(cfg, 16, 10).threshold == 4
+    assert threshold(cfg, 16) == 5 and secagg_params(cfg, 16, 10).threshold == 5
     c = make_cluster(RoundPolicy(rounds=1, window_seconds=30, start_clients=16, round_config=cfg), task=task)
     init = c.task.trainer.init_params(0)
     clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer) for i in range(16)]
     for t in _start(clients):
         t.join(60)
     row = c.scheduler.history[0]
-    assert row["outcome"] == "aggregated" and row["reporting"] == 16 and row["needed"] == 4
+    assert row["outcome"] == "aggregated" and row["reporting"] == 16 and row["needed"] == 5
     # the result is FedAvg over the 16 clients (replayed locally) up to fixed-point rounding
     num = {k: np.zeros(v.shape) for k, v in init.items()}
     total = 0
@@ -219,10 +220,13 @@ def test_uploads_need_registration_and_example_counts_are_bounded(make_cluster):
     from fedarena.federated.task import build_task
 
     opts = ServerOptions(sync_wait_s=0.2, max_update_norm=50.0, max_examples=40)
-    c = make_cluster(server_options=opts)
+    plain = RoundPolicy(rounds=3, window_seconds=60, start_clients=2, min_fraction=0.5,
+                        round_config=RoundConfig(epochs=1, batch_size=8, lr=0.1), max_client_weight=1.0,
+                        norm_bound_multiple=0.0)  # the plain example-weighted mean, the oracle below
+    c = make_cluster(plain, server_options=opts)
     pa, pb = c.peer(0), c.peer(1)
     _register(pa, c, "a")
-    _register(pb, c, "b")
+    _register(pb, c, "b", 30)
     wait_until(lambda: c.scheduler.phase == "open")
     task = _task(pa, c, "a", 1)
     init = {k: v.copy() for k, v in task["params"].items()}
@@ -284,7 +288,7 @@ def test_a_robust_aggregator_plugs_into_the_runtime_and_outvotes_a_byzantine_cli
     peers = [c.peer(i % 2) for i in range(4)]
     ids = ["a", "b", "c", "evil"]
     for p, cid in zip(peers, ids):
-        _register(p, c, cid)
+        _register(p, c, cid, 1000 if cid == "evil" else 10)
     values = {"a": 0.01, "b": 0.02, "c": 0.03, "evil": 4.0}
     history = []
     for rnd in (1, 2, 3):

@@ -153,10 +153,16 @@ def test_300_stalled_unauthenticated_streams_leave_uploads_and_health_checks_wor
     assert sum(m.body.get("code") == "unauthenticated" for m in refusals) >= 300  # 150 forged per node
     # and the round still completes with b's upload: the attack changed nothing stored
     pa.call("upload", _upload(c, "b", task, 0.03), timeout=10)
+
+    def finished_round():  # read under the scheduler's lock: it bumps the version before it appends the round's row
+        with c.scheduler.cond:
+            return (c.scheduler.version, list(c.scheduler.history))
+
     end = time.monotonic() + 30
-    while c.scheduler.version != 1 and time.monotonic() < end:
+    while finished_round()[0] != 1 and time.monotonic() < end:
         time.sleep(0.02)
-    assert c.scheduler.version == 1 and c.scheduler.history[0]["clients"] == ["a", "b"]
+    version, history = finished_round()
+    assert version == 1 and history[0]["clients"] == ["a", "b"]
     from fedarena.federated.protocol import model_bytes
     from fedarena.federated.scheduler import load_state
 
@@ -311,6 +317,43 @@ def test_mutual_tls_deployment_trains_and_refuses_callers_without_a_valid_certif
     assert os.stat(tls.private_key).st_mode & 0o777 == 0o600
     with pytest.raises(ValueError, match="tls.mutual"):
         TLSFiles(root_cert=tls.root_cert, mutual=True)
+
+
+def test_a_client_certificate_speaks_only_for_its_own_client_id(tmp_path):
+    """With one certificate per client, client001's certificate plus client002's token is refused on every call."""
+    from fedarena.federated.certs import loopback_pki
+    from fedarena.federated.protocol import CLIENT_KINDS
+    from fedarena.federated.transport import serve
+
+    tls = loopback_pki(tmp_path / "pki", client_ids=["client001", "client002"])
+    secret = auth.new_secret()
+    node, port = serve(lambda m, n: ("pong", {"who": m.body["client_id"]}), "127.0.0.1:0", kinds=CLIENT_KINDS,
+                       secret=secret, tls=tls)
+    try:
+        def call(cert_of, as_id):
+            p = Peer(f"127.0.0.1:{port}", tls=tls.for_client(cert_of))
+            try:
+                return p.call("get_task", {"client_id": as_id, "token": auth.client_token(secret, as_id)}, timeout=10)
+            finally:
+                p.close()
+
+        assert call("client002", "client002").body["who"] == "client002"
+        for _ in range(2):  # on every call, not just the first of a connection
+            with pytest.raises(RemoteError) as info:
+                call("client001", "client002")
+            assert info.value.code == "unauthenticated" and info.value.field == "metadata.fedarena-id"
+            assert "presents the TLS certificate of client001" in info.value.reason
+        # the node certificate (the cluster's) does not speak for a client either
+        p = Peer(f"127.0.0.1:{port}", tls=tls)
+        with pytest.raises(RemoteError, match="presents the TLS certificate of"):
+            p.call("get_task", {"client_id": "client001", "token": auth.client_token(secret, "client001")}, timeout=10)
+        p.close()
+        assert call("client001", "client001").body["who"] == "client001"
+        assert os.stat(tmp_path / "pki" / "clients" / "client001.key").st_mode & 0o777 == 0o600
+    finally:
+        node.stop(0)
+    with pytest.raises(ValueError, match="tls.client_certs"):
+        TLSFiles(client_certs=str(tmp_path), root_cert=tls.root_cert)
 
 
 def test_cluster_members_relaying_for_many_clients_are_not_cut_off_by_per_peer_limits(attacker):
