@@ -25,6 +25,7 @@ from fedarena.envs import load_game
 from fedarena.marl.cfr import CFRSolver
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.meta_solvers import META_SOLVERS
+from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
 from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.xfp import XFPSolver
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
@@ -142,6 +143,7 @@ def run_cfr(cfg: CFRConfig, run) -> dict[str, Any]:
             if run.should_checkpoint(it) or it == cfg.iterations:
                 run.save_checkpoint(it, {"solver": solver.state_dict(), "solver_time": solver_time})
             bar.update(1, expl=e)
+    export_policy(run.dir / POLICY_FILE, cfg.game, solver.average_policy(), algorithm=name, iterations=cfg.iterations)
     return {"game": cfg.game, "algorithm": name, "iterations": cfg.iterations, "exploitability": e,
             "solver_seconds_per_iteration": solver_time / max(cfg.iterations, 1),
             **_milestones(rows, "exploitability", (100, 1000, 10000))}
@@ -284,5 +286,5 @@ def plots_psro(rows, cfg: PSROConfig, report_dir: str) -> list[str]:
 
 
 XFP_EXPERIMENT = Experiment(config=XFPConfig, run=run_xfp, plots=plots_xfp)
-CFR_EXPERIMENT = Experiment(config=CFRConfig, run=run_cfr, plots=plots_cfr)
+CFR_EXPERIMENT = Experiment(config=CFRConfig, run=run_cfr, plots=plots_cfr, evaluate=evaluate_exported)
 PSRO_EXPERIMENT = Experiment(config=PSROConfig, run=run_psro, plots=plots_psro)

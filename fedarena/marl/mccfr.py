@@ -46,6 +46,7 @@ from fedarena.envs.efg import CHANCE, TERMINAL, Game
 from fedarena.marl.cfr import normalize_average, regret_matching
 from fedarena.marl.game_tree import SAMPLED_ALTERNATIVE, GameTree, game_tree
 from fedarena.marl.policy import TabularPolicy
+from fedarena.marl.tree_walk import player_reach
 
 SAMPLINGS = ("external", "outcome")
 AVERAGINGS = ("uniform", "linear")
@@ -83,7 +84,19 @@ def _discount_factors(t: int, discount: tuple[float, float, float]) -> tuple[flo
 
 
 class MCCFRSolver:
-    """External- or outcome-sampling MCCFR on the compiled tree of ``game``; call :meth:`iteration`."""
+    """External- or outcome-sampling MCCFR on the compiled tree of ``game``; call :meth:`iteration`.
+
+    The ``batch`` samples of one player's update are walked as counts: ``m(h)``, how many samples pass through
+    history ``h``, goes down one level at a time -- copied to every child at the updating player's histories
+    under external sampling, split by one multinomial draw over the sampling probabilities everywhere else --
+    which has exactly the distribution of ``batch`` independent samples. Every update is linear in the samples,
+    so their sum comes up as one value per history: ``X(z) = m(z) u_i(z) / q_i(z)`` at terminals (``q_i = 1``
+    under external sampling), ``X(h) = sum_a sigma(I, a) X(h a)`` at the updating player's histories and the plain
+    sum of the children elsewhere; the summed regret is ``X(h a) - X(h)`` (the formulas of the module docstring,
+    summed over the samples through ``h``). The cost of one update is a few array operations per depth level,
+    whatever ``batch`` is; ``nodes_touched`` counts sample-history pairs, ``sum_h m(h)``, as ``batch`` separate
+    walks would touch.
+    """
 
     def __init__(self, game: Game | GameTree, options: MCCFROptions = MCCFROptions(), seed: int = 0,
                  max_tree_nodes: int | None = None) -> None:
@@ -96,27 +109,22 @@ class MCCFRSolver:
         self.cumulative_policy = np.zeros((S, A))
         self.iterations = 0
         self.nodes_touched = 0
-        # per history: its children by action (player histories), by outcome (chance histories), its payoffs
-        self._children = -np.ones((N, A), dtype=np.int64)
-        moved = tree.actor[tree.parent[1:]] >= 0
-        kids = np.arange(1, N)
-        self._children[tree.parent[kids[moved]], tree.action[kids[moved]]] = kids[moved]
-        chance_kids = kids[~moved]
-        order = np.argsort(tree.parent[chance_kids], kind="stable")
-        chance_kids = chance_kids[order]
-        chance_nodes, first, counts = np.unique(tree.parent[chance_kids], return_index=True, return_counts=True)
-        C = int(counts.max()) if len(counts) else 1
-        self._chance_row = -np.ones(N, dtype=np.int64)
-        self._chance_row[chance_nodes] = np.arange(len(chance_nodes))
-        self._chance_children = np.zeros((max(len(chance_nodes), 1), C), dtype=np.int64)
-        self._chance_cdf = np.full((max(len(chance_nodes), 1), C), 2.0)   # past the last outcome: never chosen
-        col = np.arange(len(chance_kids)) - np.repeat(first, counts)
-        row = np.repeat(np.arange(len(chance_nodes)), counts)
-        self._chance_children[row, col] = chance_kids
-        probs = np.zeros_like(self._chance_cdf)
-        probs[row, col] = tree.chance_prob[chance_kids]
-        cdf = np.cumsum(probs, axis=1)
-        self._chance_cdf[row, col] = (cdf / cdf[:, -1:])[row, col]
+        self._player_nodes = [np.flatnonzero(tree.actor == p) for p in range(P)]
+        # per level: its chance histories, their children by outcome (-1 padded) and outcome probabilities
+        self._chance = []
+        for lv in tree.levels:
+            nodes = lv.start + np.flatnonzero(tree.actor[lv.start:lv.inner] == CHANCE)
+            kids = lv.child_start + np.flatnonzero(np.isin(tree.parent[lv.child_start:lv.child_stop], nodes))
+            kids = kids[np.lexsort((kids, tree.parent[kids]))]      # grouped by parent, outcomes in order
+            row = np.searchsorted(nodes, tree.parent[kids])
+            first = np.searchsorted(row, np.arange(len(nodes)))
+            col = np.arange(len(kids)) - first[row]
+            width = int(col.max()) + 1 if len(kids) else 1
+            children = -np.ones((len(nodes), width), dtype=np.int64)
+            probs = np.zeros((len(nodes), width))
+            children[row, col] = kids
+            probs[row, col] = tree.chance_prob[kids]
+            self._chance.append((nodes, children, probs / np.maximum(probs.sum(axis=1, keepdims=True), 1e-300)))
         self._payoff = np.zeros((N, P))
         self._payoff[tree.terminals] = tree.utilities
 
@@ -127,22 +135,63 @@ class MCCFRSolver:
     def _weight(self) -> float:
         return float(self.iterations) if self.options.averaging == "linear" else 1.0
 
-    def _sample_children(self, nodes: np.ndarray, probs: np.ndarray) -> np.ndarray:
-        """One child of each node: chance by its outcome probabilities, players by the rows of ``probs``."""
-        out = np.empty(len(nodes), dtype=np.int64)
-        u = self.rng.random(len(nodes))
-        ch = self._chance_row[nodes]
-        is_c = ch >= 0
-        if is_c.any():
-            rows = ch[is_c]
-            k = (u[is_c, None] >= self._chance_cdf[rows]).sum(axis=1)
-            out[is_c] = self._chance_children[rows, k]
-        if (~is_c).any():
-            pn = nodes[~is_c]
-            cdf = np.cumsum(probs[self.tree.infoset[pn]], axis=1)
-            k = np.minimum((u[~is_c, None] * cdf[:, -1:] >= cdf).sum(axis=1), self.tree.num_actions - 1)
-            out[~is_c] = self._children[pn, k]
-        return out
+    def _draw(self, nodes: np.ndarray, counts: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        """How many of the ``counts[k]`` samples at ``nodes[k]`` take each column of ``probs[k]`` (multinomial)."""
+        return self.rng.multinomial(counts, probs / probs.sum(axis=1, keepdims=True))
+
+    def _split(self, m: np.ndarray, nodes: np.ndarray, children: np.ndarray, probs: np.ndarray) -> None:
+        live = m[nodes] > 0
+        if not live.any():
+            return
+        drawn = self._draw(nodes[live], m[nodes[live]], probs[live])
+        kids = children[live]
+        ok = kids >= 0
+        m[kids[ok]] = drawn[ok]
+
+    def _walk(self, player: int, sigma: np.ndarray, sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Counts ``m`` down the tree: ``sample`` is the updating player's sampling policy (outcome sampling) or
+        ``None`` (external sampling: all its actions). Returns ``(m, q_i)``, ``q_i`` the updating player's
+        sampling probability of reaching each history (ones under external sampling)."""
+        tree = self.tree
+        m = np.zeros(tree.num_nodes, dtype=np.int64)
+        m[0] = self.options.batch
+        q_i = np.ones(tree.num_nodes)
+        for lv, (c_nodes, c_children, c_probs) in zip(tree.levels[:-1], self._chance):
+            if sample is not None:
+                q_i[lv.child_start:lv.child_stop] = q_i[tree.parent[lv.child_start:lv.child_stop]]
+            self._split(m, c_nodes, c_children, c_probs)
+            for p in range(tree.num_players):
+                nodes, children = lv.player_nodes[p], lv.player_children[p]
+                if not len(nodes):
+                    continue
+                rows = tree.infoset[nodes]
+                if p != player:
+                    self._split(m, nodes, children, sigma[rows])
+                    continue
+                ok = children >= 0
+                if sample is None:
+                    m[children[ok]] = np.broadcast_to(m[nodes][:, None], children.shape)[ok]
+                else:
+                    q_i[children[ok]] *= sample[rows][ok]
+                    self._split(m, nodes, children, sample[rows])
+        return m, q_i
+
+    def _values(self, player: int, sigma: np.ndarray, leaf: np.ndarray) -> np.ndarray:
+        """``X`` bottom up from the terminal values ``leaf`` (per history; zero elsewhere)."""
+        tree = self.tree
+        w = np.ones(tree.num_nodes)
+        w[tree.player_edge_nodes[player]] = sigma.reshape(-1)[tree.player_edge_sa[player]]
+        X = leaf
+        for lv in reversed(tree.levels[:-1]):
+            c0, c1 = lv.child_start, lv.child_stop
+            X[lv.start:lv.inner] = np.bincount(lv.child_parent_local, w[c0:c1] * X[c0:c1], minlength=lv.inner - lv.start)
+        return X
+
+    def _update_regrets(self, player: int, X: np.ndarray) -> None:
+        tree = self.tree
+        edges = tree.player_edge_nodes[player]
+        self.regrets += np.bincount(tree.player_edge_sa[player], X[edges] - X[tree.parent[edges]],
+                                    minlength=self.regrets.size).reshape(self.regrets.shape)
 
     def _finish_iteration(self) -> None:
         if self.options.discount is not None:
@@ -150,99 +199,46 @@ class MCCFRSolver:
             self.regrets *= np.where(self.regrets > 0, pos, neg)
             self.cumulative_policy *= avg
 
-    # ------------------------------------------------------------------ external sampling
+    # ------------------------------------------------------------------ the two samplings
     def _external(self, player: int) -> None:
-        tree, A = self.tree, self.tree.num_actions
+        tree = self.tree
         sigma = self.current_policy_probs()
-        B = self.options.batch
-        frontier = np.zeros(B, dtype=np.int64)          # history id of each (sample, history) pair of a level
-        levels = []                                     # per level: its histories and the edges to the next
-        opp_infosets = []
-        while len(frontier):
-            self.nodes_touched += len(frontier)
-            actor = tree.actor[frontier]
-            mine = np.flatnonzero(actor == player)
-            other = np.flatnonzero((actor != player) & (actor != TERMINAL))
-            kids = self._children[frontier[mine]]
-            r, a = np.nonzero(kids >= 0)                # every legal action of the updating player
-            infos = tree.infoset[frontier[mine]]
-            sampled = self._sample_children(frontier[other], sigma)
-            opp_infosets.append(tree.infoset[frontier[other[actor[other] >= 0]]])
-            child = np.concatenate([kids[r, a], sampled])
-            parent_pos = np.concatenate([mine[r], other])
-            weight = np.concatenate([sigma[infos[r], a], np.ones(len(other))])
-            levels.append((frontier, parent_pos, weight, len(r), infos[r] * A + a))
-            frontier = child
-        # values bottom up: v(h) = payoff at terminals, else the weighted sum over its sampled-tree children
-        v_next = np.zeros(0)
-        sa_all, adv_all = [], []
-        for nodes, parent_pos, weight, n_mine, sa in reversed(levels):
-            v = self._payoff[nodes, player].copy()
-            if len(parent_pos):
-                v += np.bincount(parent_pos, weight * v_next, minlength=len(nodes))
-                sa_all.append(sa)
-                adv_all.append(v_next[:n_mine] - v[parent_pos[:n_mine]])
-            v_next = v
-        if sa_all:
-            self.regrets += np.bincount(np.concatenate(sa_all), np.concatenate(adv_all),
-                                        minlength=self.regrets.size).reshape(self.regrets.shape)
-        counts = np.bincount(np.concatenate(opp_infosets), minlength=tree.num_infostates)
+        m, _ = self._walk(player, sigma, None)
+        self.nodes_touched += int(m.sum())
+        leaf = np.zeros(tree.num_nodes)
+        leaf[tree.terminals] = m[tree.terminals] * tree.utilities[:, player]
+        self._update_regrets(player, self._values(player, sigma, leaf))
+        counts = np.zeros(tree.num_infostates)
+        for q in range(tree.num_players):
+            if q != player:
+                nodes = self._player_nodes[q]
+                counts += np.bincount(tree.infoset[nodes], m[nodes], minlength=tree.num_infostates)
         self.cumulative_policy += (self._weight() * counts)[:, None] * sigma
 
-    # ------------------------------------------------------------------ outcome sampling
     def _outcome(self, player: int) -> None:
-        tree, A, eps = self.tree, self.tree.num_actions, self.options.exploration
+        tree, eps = self.tree, self.options.exploration
         sigma = self.current_policy_probs()
-        uniform = tree.uniform_probs()
-        sample_probs = sigma.copy()
-        mine_rows = tree.player_infostates(player)
-        sample_probs[mine_rows] = eps * uniform[mine_rows] + (1.0 - eps) * sigma[mine_rows]
-        B = self.options.batch
-        node = np.zeros(B, dtype=np.int64)
-        q_all = np.ones(B)       # probability the sampler reached the current history (all players and chance)
-        q_mine = np.ones(B)      # the updating player's part of it
-        pi_mine = np.ones(B)     # the updating player's own reach under sigma
-        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        alive = np.arange(B)
-        while len(alive):
-            self.nodes_touched += len(alive)
-            n = node[alive]
-            actor = tree.actor[n]
-            going = actor != TERMINAL
-            alive, n, actor = alive[going], n[going], actor[going]
-            if not len(alive):
-                break
-            child = self._sample_children(n, sample_probs)
-            a = tree.action[child]
-            is_player = actor >= 0
-            p_sample = tree.chance_prob[child].copy()
-            p_sample[is_player] = sample_probs[tree.infoset[n[is_player]], a[is_player]]
-            mine = actor == player
-            if mine.any():
-                k = alive[mine]
-                infos = tree.infoset[n[mine]]
-                steps.append((k, infos, a[mine], sigma[infos, a[mine]], pi_mine[k].copy(), q_all[k].copy()))
-                pi_mine[k] *= sigma[infos, a[mine]]
-                q_mine[k] *= p_sample[mine]
-            q_all[alive] *= p_sample
-            node[alive] = child
-        u = self._payoff[node, player]
-        W = u / q_mine
-        tail = np.ones(B)        # pi_i(z | h) for the histories walked back so far
-        reg = np.zeros(self.regrets.size)
-        avg = np.zeros(self.regrets.size)
-        w_t = self._weight()
-        for k, infos, a, s_a, pi_h, q_h in reversed(steps):
-            tail_after = tail[k]                       # pi_i(z | h a*)
-            tail[k] = tail_after * s_a                 # pi_i(z | h)
-            base = -W[k] * tail[k]
-            rows = infos[:, None] * A + np.arange(A)[None, :]
-            terms = np.where(tree.legal[infos], base[:, None], 0.0)
-            terms[np.arange(len(k)), a] += W[k] * tail_after
-            reg += np.bincount(rows.ravel(), terms.ravel(), minlength=reg.size)
-            avg += np.bincount(rows.ravel(), ((w_t * pi_h / q_h)[:, None] * sigma[infos]).ravel(), minlength=avg.size)
-        self.regrets += reg.reshape(self.regrets.shape)
-        self.cumulative_policy += avg.reshape(self.cumulative_policy.shape)
+        rows = tree.player_infostates(player)
+        sample = sigma.copy()
+        sample[rows] = eps * tree.uniform_probs()[rows] + (1.0 - eps) * sigma[rows]
+        m, q_i = self._walk(player, sigma, sample)
+        self.nodes_touched += int(m.sum())
+        leaf = np.zeros(tree.num_nodes)
+        leaf[tree.terminals] = m[tree.terminals] * tree.utilities[:, player] / q_i[tree.terminals]
+        X = self._values(player, sigma, leaf)
+        # the regret terms are X(h a) - X(h) only at histories some sample reached
+        reached = np.zeros(tree.num_nodes)
+        edges = tree.player_edge_nodes[player]
+        reached[edges] = m[tree.parent[edges]] > 0
+        self.regrets += np.bincount(tree.player_edge_sa[player], reached[edges] * (X[edges] - X[tree.parent[edges]]),
+                                    minlength=self.regrets.size).reshape(self.regrets.shape)
+        # average: m(h) pi_i(h) / q(h) sigma(I), q(h) = q_i(h) * (the others' and chance's reach of h)
+        nodes = self._player_nodes[player]
+        reach = player_reach(tree, sigma)
+        others = tree.chance_reach[nodes] * np.prod(np.delete(reach[:, nodes], player, axis=0), axis=0)
+        weight = np.where(m[nodes] > 0, m[nodes] * reach[player, nodes] / np.maximum(q_i[nodes] * others, 1e-300), 0.0)
+        per_infoset = np.bincount(tree.infoset[nodes], weight, minlength=tree.num_infostates)
+        self.cumulative_policy += (self._weight() * per_infoset)[:, None] * sigma
 
     # ------------------------------------------------------------------ driver
     def iteration(self) -> None:

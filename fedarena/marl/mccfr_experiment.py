@@ -115,8 +115,9 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
         summary["exploitability"] = e
         below = [r for r in rows if r.get("exploitability", np.inf) <= 0.05]
         if below:
-            summary["first_below_0.05"] = {"iteration": below[0]["step"], "nodes_touched": below[0]["nodes_touched"],
-                                           "solver_seconds": below[0]["solver_time"]}
+            summary.update({"first_below_0.05/iteration": below[0]["step"],
+                            "first_below_0.05/nodes_touched": below[0]["nodes_touched"],
+                            "first_below_0.05/solver_seconds": below[0]["solver_time"]})
     return summary
 
 
