@@ -24,9 +24,8 @@ Two walks of the same algorithms:
 
 - :class:`MCCFRSolver` runs on the compiled tree (:mod:`fedarena.marl.game_tree`, games up to
   ``max_tree_nodes``): one iteration draws ``batch`` independent samples per player with the same policy and
-  walks them together, level by level, as flat numpy arrays of (sample, history) pairs that only hold the
-  sampled histories; the regrets and average of the ``batch`` samples are summed (``batch=1`` is the textbook
-  one-sample iteration).
+  sums their regret and average updates (``batch=1`` is the textbook one-sample iteration); the samples are
+  walked together as per-history counts split by multinomial draws, one depth level at a time (see the class).
 - :class:`LazyMCCFRSolver` walks :class:`~fedarena.envs.efg.State` objects one sample at a time with
   dictionaries keyed by information-state strings, so it runs on games whose trees are too large to compile
   (chess, oshi_zumo, 3-player Leduc); only the information states it meets take memory.
