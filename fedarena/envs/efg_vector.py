@@ -78,7 +78,7 @@ def _tensor(state: Any, player: int, kind: str, game: Game) -> np.ndarray:
     return np.asarray(fn(player), dtype=np.float32).reshape(-1)
 
 
-_METHOD = "the batched game tables (NFSP, RL oracles, approximate exploitability)"
+_METHOD = "building the batched game tables (NFSP, RL oracles, approximate exploitability)"
 _ALTERNATIVE = "sampled CFR (the mccfr kind) or the PettingZoo adapter (GameAECEnv) instead, which walk the game lazily"
 
 
