@@ -123,7 +123,8 @@ def _infostate_vocabulary(game: Game, max_nodes: int) -> tuple[dict[str, int], .
         if p >= 0:
             seen[p].add(h.information_state_string(p))
         if not h.is_terminal():
-            stack.extend(h.child(a) for a in ([a for a, _ in h.chance_outcomes()] if p == CHANCE else h.legal_actions()))
+            moves = [a for a, _ in h.chance_outcomes()] if p == CHANCE else h.legal_actions()
+            stack.extend(h.child(a) for a in moves)
     return tuple({s: k for k, s in enumerate(sorted(states))} for states in seen)
 
 

@@ -224,6 +224,9 @@ def run_psro(cfg: PSROConfig, run) -> dict[str, Any]:
                 run.save_checkpoint(it, {m: {"psro": s.state_dict(), "solver_time": times[m]}
                                          for m, s in solvers.items()})
             bar.update(1, **{m[:4]: last.get(m, float("nan")) for m in solvers})
+    for m, s in solvers.items():  # each meta-solver's mixture of the populations, as policy_<meta-solver>.json
+        export_policy(run.dir / f"policy_{m}.json", cfg.game, s.joint_policy(), algorithm=f"psro {m}",
+                      iterations=cfg.iterations)
     summary: dict[str, Any] = {"game": cfg.game, "iterations": cfg.iterations,
                                "sampled": cfg.sample_episodes > 0}
     for m in solvers:
@@ -287,4 +290,4 @@ def plots_psro(rows, cfg: PSROConfig, report_dir: str) -> list[str]:
 
 XFP_EXPERIMENT = Experiment(config=XFPConfig, run=run_xfp, plots=plots_xfp)
 CFR_EXPERIMENT = Experiment(config=CFRConfig, run=run_cfr, plots=plots_cfr, evaluate=evaluate_exported)
-PSRO_EXPERIMENT = Experiment(config=PSROConfig, run=run_psro, plots=plots_psro)
+PSRO_EXPERIMENT = Experiment(config=PSROConfig, run=run_psro, plots=plots_psro, evaluate=evaluate_exported)

@@ -183,7 +183,8 @@ class MCCFRSolver:
         X = leaf
         for lv in reversed(tree.levels[:-1]):
             c0, c1 = lv.child_start, lv.child_stop
-            X[lv.start:lv.inner] = np.bincount(lv.child_parent_local, w[c0:c1] * X[c0:c1], minlength=lv.inner - lv.start)
+            X[lv.start:lv.inner] = np.bincount(lv.child_parent_local, w[c0:c1] * X[c0:c1],
+                                               minlength=lv.inner - lv.start)
         return X
 
     def _update_regrets(self, player: int, X: np.ndarray) -> None:

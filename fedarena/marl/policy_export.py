@@ -10,6 +10,9 @@ File format (``format: "fedarena.tabular_policy/1"``), one JSON object:
   state of every player (the strings are the game's own: OpenSpiel's for OpenSpiel games);
 - ``algorithm``, ``iterations`` and any other keys: what produced the policy (informative only).
 
+Run folders keep the export as ``policy.json`` (``cfr``, ``mccfr``) or ``policy_<meta-solver>.json`` (``psro``: the
+populations mixed by each meta-solver's meta-strategy); ``fedarena evaluate RUN`` scores them exactly.
+
 Probabilities are written with Python's shortest round-tripping float repr, so a loaded policy equals the
 saved one bit for bit. :func:`to_openspiel_policy` builds an ``open_spiel.python.policy.TabularPolicy`` of the
 same game; for fedarena's own Kuhn and Leduc poker, whose information-state strings are fedarena's, it walks
@@ -151,12 +154,19 @@ def exact_exploitability(exported: ExportedPolicy) -> float:
 
 
 def evaluate_exported(run_dir: Any, config: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``evaluate`` hook of the kinds that export ``policy.json``: the exact exploitability of that policy."""
+    """The ``evaluate`` hook of the kinds that export policies: the exact exploitability of ``policy.json``, or of
+    every ``policy_<name>.json`` (PSRO: one per meta-solver) when there is no ``policy.json``."""
     from fedarena.platform.errors import RunError
 
-    path = Path(run_dir) / POLICY_FILE
-    if not path.exists():
+    run_dir = Path(run_dir)
+    paths = [run_dir / POLICY_FILE] if (run_dir / POLICY_FILE).exists() else sorted(run_dir.glob("policy_*.json"))
+    if not paths:
         raise RunError(f"evaluate {run_dir}: no {POLICY_FILE} (the run did not finish)")
-    exported = load_policy(path)
-    return {"game": exported.game, "policy": str(path), "information_states": len(exported.policy),
-            "exploitability": exact_exploitability(exported)}
+    out: dict[str, Any] = {}
+    for path in paths:
+        exported = load_policy(path)
+        prefix = "" if path.name == POLICY_FILE else path.stem[len("policy_"):] + "/"
+        out.update({"game": exported.game, f"{prefix}policy": str(path),
+                    f"{prefix}information_states": len(exported.policy),
+                    f"{prefix}exploitability": exact_exploitability(exported)})
+    return out

@@ -76,3 +76,17 @@ def test_fedarena_evaluate_scores_a_cfr_run_exactly(tmp_path):
     assert value == pytest.approx(exploitability(load_game("kuhn_poker"), solver.average_policy()), abs=1e-12)
     tab = to_openspiel_policy(load_policy(run / "policy.json"))
     assert os_exploitability.exploitability(pyspiel.load_game("kuhn_poker"), tab) == pytest.approx(value, abs=1e-9)
+
+
+def test_psro_runs_export_each_meta_mixture_and_evaluate_scores_them(tmp_path):
+    from fedarena.marl.policy_export import evaluate_exported
+    from fedarena.platform.runs import execute
+
+    out = execute({"kind": "psro", "game": "kuhn_poker", "iterations": 4, "meta_solvers": ["nash", "uniform"]},
+                  out=tmp_path / "run", quiet=True, report=False)
+    result = evaluate_exported(tmp_path / "run", None, {})
+    for m in ("nash", "uniform"):
+        assert result[f"{m}/exploitability"] == pytest.approx(out[f"{m}/exploitability"], abs=1e-12)
+        tab = to_openspiel_policy(load_policy(tmp_path / "run" / f"policy_{m}.json"))
+        theirs = os_exploitability.exploitability(pyspiel.load_game("kuhn_poker"), tab)
+        assert theirs == pytest.approx(result[f"{m}/exploitability"], abs=1e-9)
