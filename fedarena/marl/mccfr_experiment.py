@@ -6,7 +6,9 @@ touched and solver wall time, and the average policy exported as ``policy.json``
 Games whose tree fits ``max_tree_nodes`` run on the compiled tree (batched samples, exact exploitability);
 larger games (chess, oshi_zumo, 3-player Leduc) run on :class:`~fedarena.marl.mccfr.LazyMCCFRSolver`, which
 walks the game one sample at a time, logs histories touched and time, skips the exploitability (no exact
-best response exists at that size) and exports the information states it met.
+best response exists at that size) and exports the information states it met (``complete: false`` in the file).
+``lazy: true`` forces the lazy walk on a small game too; there the states it never met play uniformly in the
+exploitability and the export.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from fedarena.envs import load_game
 from fedarena.envs.efg import TreeTooLargeError, check_tree_size
 from fedarena.marl.exploitability import exploitability
+from fedarena.marl.game_tree import game_tree
 from fedarena.marl.mccfr import AVERAGINGS, SAMPLINGS, LazyMCCFRSolver, MCCFROptions, MCCFRSolver
 from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
 from fedarena.platform.errors import RunError
@@ -70,6 +73,16 @@ def _fits(game: Any, max_tree_nodes: int | None) -> bool:
     return True
 
 
+def _average(solver: Any, game: Any, exact: bool) -> dict[str, np.ndarray]:
+    """The average policy; where the tree fits, the information states a lazy walk never met play uniformly."""
+    policy = solver.average_policy_dict()
+    if exact and isinstance(solver, LazyMCCFRSolver):
+        tree = game_tree(game)
+        uniform = tree.uniform_probs()
+        policy = {s: policy.get(s, uniform[j]) for j, s in enumerate(tree.infostates)}
+    return policy
+
+
 def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
     game = load_game(cfg.game)
     exact = _fits(game, cfg.max_tree_nodes)        # exact exploitability only where the tree fits
@@ -97,7 +110,7 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
             if it % cfg.eval_every == 0 or it == cfg.iterations or it == 1:
                 row = {"solver_time": solver_time, "nodes_touched": solver.nodes_touched}
                 if exact:
-                    e = row["exploitability"] = exploitability(game, solver.average_policy_dict())
+                    e = row["exploitability"] = exploitability(game, _average(solver, game, exact))
                 else:
                     row["information_states"] = len(solver.regrets)
                 run.log(it, **row)
@@ -105,9 +118,9 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
             if not lazy and (run.should_checkpoint(it) or it == cfg.iterations):
                 run.save_checkpoint(it, {"solver": solver.state_dict(), "solver_time": solver_time})
             bar.update(1, expl=e)
-    export_policy(run.dir / POLICY_FILE, cfg.game, solver.average_policy_dict(), algorithm=name,
+    export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), algorithm=name,
                   iterations=cfg.iterations, batch=1 if lazy else cfg.batch, averaging=cfg.averaging,
-                  complete=not lazy)
+                  complete=exact)
     summary: dict[str, Any] = {"game": cfg.game, "algorithm": name, "walk": "lazy" if lazy else "compiled tree",
                                "iterations": cfg.iterations, "nodes_touched": int(solver.nodes_touched),
                                "solver_seconds": solver_time, "policy": str(run.dir / POLICY_FILE)}

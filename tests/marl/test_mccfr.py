@@ -145,3 +145,15 @@ def test_mccfr_kind_walks_large_games_lazily(tmp_path):
     out = execute({"kind": "mccfr", "game": "oshi_zumo", "sampling": "outcome", "iterations": 5, "eval_every": 5},
                   out=tmp_path / "run", quiet=True, report=False)
     assert out["walk"] == "lazy" and "exploitability" not in out and out["nodes_touched"] > 0
+
+
+def test_lazy_walk_through_the_kind_on_a_small_game_is_scored_exactly(tmp_path):
+    from fedarena.marl.policy_export import load_policy
+    from fedarena.platform.runs import execute
+
+    out = execute({"kind": "mccfr", "game": "kuhn_poker", "lazy": True, "iterations": 3, "eval_every": 1},
+                  out=tmp_path / "run", quiet=True, report=False)
+    assert out["walk"] == "lazy" and out["exploitability"] > 0
+    exported = load_policy(tmp_path / "run" / "policy.json")
+    assert len(exported.policy) == 12 and exported.meta["complete"] is True
+    assert _openspiel_exploitability("kuhn_poker", exported.policy) == pytest.approx(out["exploitability"], abs=1e-9)
