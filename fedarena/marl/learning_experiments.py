@@ -21,6 +21,7 @@ import numpy as np
 
 from fedarena.envs import load_game
 from fedarena.marl.exploitability import exploitability
+from fedarena.marl.policy_export import evaluate_exported, export_policy
 from fedarena.marl.meta_solvers import META_SOLVERS
 from fedarena.marl.nfsp import NFSP, NFSPConfig
 from fedarena.marl.psro import PSRO, check_meta_solver
@@ -104,6 +105,8 @@ def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
             if k not in finals:  # resumed with the seed already at its budget
                 finals[k] = exploitability(game, agent.average_policy())
                 bar.update(0)
+            export_policy(run.dir / f"policy_seed{seed}.json", cfg.game, agent.average_policy(),  # one per seed
+                          algorithm="nfsp", episodes=cfg.episodes)
     vals = np.array([finals[k] for k in range(len(cfg.learner_seeds))])
     total_time = sum(times.values())
     return {"game": cfg.game, "episodes_per_seed": cfg.episodes, "seeds": list(cfg.learner_seeds),
@@ -279,5 +282,5 @@ def plots_psro_rl(rows, cfg: PSRORLConfig, report_dir: str) -> list[str]:
 
 
 NFSP_EXPERIMENT = Experiment(config=NFSPExperimentConfig, run=run_nfsp, plots=plots_nfsp,
-                             )
+                             evaluate=evaluate_exported)
 PSRO_RL_EXPERIMENT = Experiment(config=PSRORLConfig, run=run_psro_rl, plots=plots_psro_rl)

@@ -10,8 +10,9 @@ File format (``format: "fedarena.tabular_policy/1"``), one JSON object:
   state of every player (the strings are the game's own: OpenSpiel's for OpenSpiel games);
 - ``algorithm``, ``iterations`` and any other keys: what produced the policy (informative only).
 
-Run folders keep the export as ``policy.json`` (``cfr``, ``mccfr``) or ``policy_<meta-solver>.json`` (``psro``: the
-populations mixed by each meta-solver's meta-strategy); ``fedarena evaluate RUN`` scores them exactly.
+Run folders keep the export as ``policy.json`` (``cfr``, ``mccfr``), ``policy_<meta-solver>.json`` (``psro``: the
+populations mixed by each meta-solver's meta-strategy) or ``policy_seed<seed>.json`` (``nfsp``: each learner's
+average network as a table); ``fedarena evaluate RUN`` scores them exactly.
 
 Probabilities are written with Python's shortest round-tripping float repr, so a loaded policy equals the
 saved one bit for bit. :func:`to_openspiel_policy` builds an ``open_spiel.python.policy.TabularPolicy`` of the
@@ -155,7 +156,7 @@ def exact_exploitability(exported: ExportedPolicy) -> float:
 
 def evaluate_exported(run_dir: Any, config: Any, options: Mapping[str, Any]) -> dict[str, Any]:
     """The ``evaluate`` hook of the kinds that export policies: the exact exploitability of ``policy.json``, or of
-    every ``policy_<name>.json`` (PSRO: one per meta-solver) when there is no ``policy.json``."""
+    every ``policy_<name>.json`` (PSRO: one per meta-solver; NFSP: one per seed) when there is no ``policy.json``."""
     from fedarena.platform.errors import RunError
 
     run_dir = Path(run_dir)

@@ -90,3 +90,16 @@ def test_psro_runs_export_each_meta_mixture_and_evaluate_scores_them(tmp_path):
         tab = to_openspiel_policy(load_policy(tmp_path / "run" / f"policy_{m}.json"))
         theirs = os_exploitability.exploitability(pyspiel.load_game("kuhn_poker"), tab)
         assert theirs == pytest.approx(result[f"{m}/exploitability"], abs=1e-9)
+
+
+def test_nfsp_runs_export_each_seed_and_evaluate_scores_them(tmp_path):
+    from fedarena.marl.policy_export import evaluate_exported
+    from fedarena.platform.runs import execute
+
+    tiny = {"num_games": 32, "hidden": [16], "replay_capacity": 2000, "reservoir_capacity": 2000,
+            "min_buffer_size_to_learn": 100, "batch_size": 32, "learn_every": 16}
+    out = execute({"kind": "nfsp", "game": "kuhn_poker", "episodes": 300, "eval_every": 300, "learner_seeds": [0, 1],
+                   "nfsp": tiny}, out=tmp_path / "run", quiet=True, report=False)
+    result = evaluate_exported(tmp_path / "run", None, {})
+    for s in (0, 1):
+        assert result[f"seed{s}/exploitability"] == pytest.approx(out[f"seed{s}/exploitability"], abs=1e-12)
