@@ -167,7 +167,8 @@ def mccfr_benchmark(quick: bool, figure: str | None) -> list[tuple]:
                 ratio_t = a[0] / b[0]
                 ratio_n = (a[1] * per_iteration) / (b[1] * per_it)
                 print(f"    to exploitability <= {target}: OpenSpiel {a[0]:.2f} s / "
-                      f"{a[1] * per_iteration:.3g} histories, fedarena {b[0]:.2f} s / {b[1] * per_it:.3g} histories: wall-time ratio {ratio_t:.1f}x, "
+                      f"{a[1] * per_iteration:.3g} histories, fedarena {b[0]:.2f} s / {b[1] * per_it:.3g} histories: "
+                      f"wall-time ratio {ratio_t:.1f}x, "
                       f"histories ratio {ratio_n:.2f}x (OpenSpiel / fedarena)", flush=True)
                 results.append((f"{label} to <= {target}", name, a[0], b[0], ratio_t))
             else:

@@ -43,7 +43,7 @@ import numpy as np
 
 from fedarena.envs.efg import CHANCE, TERMINAL, Game
 from fedarena.marl.cfr import normalize_average, regret_matching
-from fedarena.marl.game_tree import SAMPLED_ALTERNATIVE, GameTree, game_tree
+from fedarena.marl.game_tree import GameTree, game_tree
 from fedarena.marl.policy import TabularPolicy
 from fedarena.marl.tree_walk import player_reach
 

@@ -23,7 +23,7 @@ from fedarena.envs import load_game
 from fedarena.envs.efg import TreeTooLargeError, check_tree_size
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.game_tree import game_tree
-from fedarena.marl.mccfr import AVERAGINGS, SAMPLINGS, LazyMCCFRSolver, MCCFROptions, MCCFRSolver
+from fedarena.marl.mccfr import LazyMCCFRSolver, MCCFROptions, MCCFRSolver
 from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
 from fedarena.platform.errors import RunError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
