@@ -200,19 +200,31 @@ class MCCFRSolver:
             self.cumulative_policy *= avg
 
     # ------------------------------------------------------------------ the two samplings
-    def _external(self, player: int) -> None:
+    def sampled_regrets(self, player: int, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One external-sampling update of ``batch`` samples against the profile ``sigma`` (rows over the
+        information states), without changing the solver's tables: ``(regrets, visits)``, the summed sampled
+        regrets ``(S, A)`` and how many samples reached each information state (every player's)."""
         tree = self.tree
-        sigma = self.current_policy_probs()
         m, _ = self._walk(player, sigma, None)
         self.nodes_touched += int(m.sum())
         leaf = np.zeros(tree.num_nodes)
         leaf[tree.terminals] = m[tree.terminals] * tree.utilities[:, player]
-        self._update_regrets(player, self._values(player, sigma, leaf))
-        counts = np.zeros(tree.num_infostates)
+        X = self._values(player, sigma, leaf)
+        edges = tree.player_edge_nodes[player]
+        regrets = np.bincount(tree.player_edge_sa[player], X[edges] - X[tree.parent[edges]],
+                              minlength=self.regrets.size).reshape(self.regrets.shape)
+        visits = np.zeros(tree.num_infostates)
         for q in range(tree.num_players):
-            if q != player:
-                nodes = self._player_nodes[q]
-                counts += np.bincount(tree.infoset[nodes], m[nodes], minlength=tree.num_infostates)
+            nodes = self._player_nodes[q]
+            visits += np.bincount(tree.infoset[nodes], m[nodes], minlength=tree.num_infostates)
+        return regrets, visits
+
+    def _external(self, player: int) -> None:
+        tree = self.tree
+        sigma = self.current_policy_probs()
+        regrets, visits = self.sampled_regrets(player, sigma)
+        self.regrets += regrets
+        counts = np.where(tree.infostate_player != player, visits, 0.0)
         self.cumulative_policy += (self._weight() * counts)[:, None] * sigma
 
     def _outcome(self, player: int) -> None:
