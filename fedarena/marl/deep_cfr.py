@@ -14,6 +14,11 @@ The traversals are :meth:`fedarena.marl.mccfr.MCCFRSolver.sampled_regrets` (``K`
 counts on the compiled tree), and the networks read the game's information-state tensors
 (:func:`fedarena.envs.efg_vector.compile_tables`). The memories hold every reached information state of every
 iteration (no reservoir: a compiled game has few enough states).
+
+Measured (loaded 2-core machine): Kuhn poker, 512 traversals, 200 advantage steps, 20 iterations: exploitability
+0.016 (the memory's mean strategy and the trained network alike). Leduc hold'em with the default config: 0.59
+after 40 iterations (7.1e6 sample-histories, 880 s), still falling slowly: this does not yet reach the 0.1 of
+the paper's Leduc results; larger networks or more advantage steps per iteration were not tried.
 """
 
 from __future__ import annotations
