@@ -10,6 +10,8 @@ Actions are integers ``0 .. num_distinct_actions - 1``; chance outcomes are inte
 from __future__ import annotations
 
 import abc
+import os
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -105,13 +107,107 @@ class Game(abc.ABC):
         return True
 
 
-def all_histories(game: Game) -> list[State]:
-    """Every history of ``game`` in depth-first order (for small games, tests and compilation)."""
+# ----------------------------------------------------------------------------- size bounds
+
+DEFAULT_MAX_TREE_NODES = 1_000_000
+"""Histories an exact method may enumerate unless told otherwise. Compiling a tree costs about 0.7 KB per
+history (measured on Leduc and liar's dice), so the default keeps a compiled tree under about 1 GB."""
+
+MAX_TREE_NODES_ENV = "FEDARENA_MAX_TREE_NODES"
+"""Environment variable that replaces :data:`DEFAULT_MAX_TREE_NODES` (for CLI runs)."""
+
+
+class TreeTooLargeError(RuntimeError):
+    """A game whose tree is above the bound an exact method may enumerate (one-line message: the game, the
+    size estimate, the bound and the sampled method to use instead). A user error (CLI exit status 2)."""
+
+    user_error = True
+
+
+def max_tree_nodes(value: int | None = None) -> int:
+    """The bound in force: ``value`` when given, else ``$FEDARENA_MAX_TREE_NODES``, else the default."""
+    if value is None:
+        raw = os.environ.get(MAX_TREE_NODES_ENV)
+        if raw is None:
+            return DEFAULT_MAX_TREE_NODES
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{MAX_TREE_NODES_ENV}: expected a whole number of histories, got {raw!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_tree_nodes: expected a positive whole number of histories, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TreeSizeEstimate:
+    """Knuth's estimate of the number of histories; ``lower_bound``: the estimate stopped early, the tree is larger."""
+
+    histories: float
+    probes: int           # paths walked
+    planned: int          # paths the estimate is the mean of
+    lower_bound: bool = False
+
+    def __str__(self) -> str:
+        if self.lower_bound:
+            return (f"more than {self.histories:.3g} histories (Knuth's estimator, stopped after {self.probes} "
+                    f"of {self.planned} probes)")
+        return f"{self.histories:.3g} histories (Knuth's estimator, {self.probes} probes)"
+
+
+def estimate_tree_size(game: Game, probes: int = 1024, seed: int = 0, stop_above: float | None = None
+                       ) -> TreeSizeEstimate:
+    """Knuth's (1975) unbiased estimate of the number of histories: walk ``probes`` random root-to-leaf paths,
+    choosing uniformly among the children at every node (chance nodes too); a path whose branching factors are
+    ``b_0, b_1, ...`` estimates ``1 + b_0 + b_0 b_1 + ...``; the estimate is the mean over paths. With
+    ``stop_above``, stops as soon as the paths so far prove the mean exceeds it (a lower bound is returned), so
+    chess or oshi_zumo are refused after a few plies. Costs ``probes`` playouts, never the tree."""
+    rng = np.random.default_rng(seed)
+    limit = float("inf") if stop_above is None else float(stop_above) * probes
+    total = 0.0
+    for k in range(probes):
+        s = game.new_initial_state()
+        weight, est = 1.0, 1.0
+        while not s.is_terminal():
+            actions = [a for a, _ in s.chance_outcomes()] if s.is_chance_node() else s.legal_actions()
+            weight *= len(actions)
+            est += weight
+            if total + est > limit:
+                return TreeSizeEstimate((total + est) / probes, k + 1, probes, lower_bound=True)
+            s._apply(int(actions[int(rng.integers(len(actions)))]))
+        total += est
+    return TreeSizeEstimate(total / probes, probes, probes)
+
+
+def tree_too_large(game: Game, size: str, bound: int, method: str, alternative: str) -> TreeTooLargeError:
+    """The one-line error of an exact ``method`` refusing ``game``."""
+    return TreeTooLargeError(
+        f"game {game.name}: {method} enumerates the whole game tree, estimated at {size}, above max_tree_nodes="
+        f"{bound:,} (raise it with {MAX_TREE_NODES_ENV}); use {alternative}")
+
+
+def check_tree_size(game: Game, max_nodes: int | None = None, method: str = "an exact method",
+                    alternative: str = "a sampled method instead") -> TreeSizeEstimate:
+    """Refuse (:class:`TreeTooLargeError`) a game whose estimated tree is above the bound; returns the estimate."""
+    bound = max_tree_nodes(max_nodes)
+    est = estimate_tree_size(game, stop_above=bound)
+    if est.histories > bound:
+        raise tree_too_large(game, str(est), bound, method, alternative)
+    return est
+
+
+def all_histories(game: Game, max_nodes: int | None = None) -> list[State]:
+    """Every history of ``game`` in depth-first order (for small games, tests and compilation); more than
+    ``max_nodes`` (default :func:`max_tree_nodes`) raises :class:`TreeTooLargeError` before memory runs out."""
+    bound = max_tree_nodes(max_nodes)
     out: list[State] = []
     stack = [game.new_initial_state()]
     while stack:
         s = stack.pop()
         out.append(s)
+        if len(out) > bound:
+            raise tree_too_large(game, f"more than {bound:,} histories (counted)", bound, "all_histories",
+                                 "a sampled method instead")
         if s.is_terminal():
             continue
         actions: Sequence[int] = (

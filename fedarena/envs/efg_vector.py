@@ -16,7 +16,8 @@ chance is sampled for all games at once, and finished games restart in place (sa
   :mod:`fedarena.envs.vector` (``reset``, ``step -> VecStep`` with ``final_obs``) and adds legal masks.
 
 The tables need the whole tree in memory, so they suit games up to about a million histories (Kuhn: 58,
-Leduc: 9,457).
+Leduc: 9,457); a game whose estimated tree is above ``max_tree_nodes`` (:func:`fedarena.envs.efg.max_tree_nodes`)
+is refused with a one-line :class:`~fedarena.envs.efg.TreeTooLargeError`, and compilation stops at the bound.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any, Callable, Mapping, Sequence, Union
 import numpy as np
 
 from fedarena.envs.classic_control import VecStep
-from fedarena.envs.efg import CHANCE, TERMINAL, Game, IllegalActionError
+from fedarena.envs.efg import (CHANCE, TERMINAL, Game, IllegalActionError, check_tree_size, max_tree_nodes,
+                               tree_too_large)
 
 TENSOR_KINDS = ("information_state", "observation")
 
@@ -76,7 +78,11 @@ def _tensor(state: Any, player: int, kind: str, game: Game) -> np.ndarray:
     return np.asarray(fn(player), dtype=np.float32).reshape(-1)
 
 
-def _compile(game: Game, tensor_kind: str) -> GameTables:
+_METHOD = "building the batched game tables (NFSP, RL oracles, approximate exploitability)"
+_ALTERNATIVE = "sampled CFR (the mccfr kind) or the PettingZoo adapter (GameAECEnv) instead, which walk the game lazily"
+
+
+def _compile(game: Game, tensor_kind: str, max_nodes: int) -> GameTables:
     if tensor_kind not in TENSOR_KINDS:
         raise ValueError(f"tensor: expected one of {TENSOR_KINDS}, got '{tensor_kind}'")
     P, A = game.num_players, game.num_distinct_actions
@@ -97,6 +103,9 @@ def _compile(game: Game, tensor_kind: str) -> GameTables:
         s = states[head]
         node = head
         head += 1
+        if len(states) > max_nodes:
+            raise tree_too_large(game, f"more than {max_nodes:,} histories (counted while compiling)", max_nodes,
+                                 _METHOD, _ALTERNATIVE)
         p = s.current_player()
         actor.append(p)
         kids.append([])
@@ -164,20 +173,26 @@ def _compile(game: Game, tensor_kind: str) -> GameTables:
 
 
 @functools.lru_cache(maxsize=16)
-def _cached(game: Game, tensor_kind: str) -> GameTables:
-    return _compile(game, tensor_kind)
+def _cached(game: Game, tensor_kind: str, max_nodes: int) -> GameTables:
+    check_tree_size(game, max_nodes, _METHOD, _ALTERNATIVE)
+    return _compile(game, tensor_kind, max_nodes)
 
 
-def compile_tables(game: Game | GameTables, tensor: str = "information_state") -> GameTables:
-    """The tables of ``game`` (kept in a small cache per game value and tensor kind)."""
+def compile_tables(game: Game | GameTables, tensor: str = "information_state", max_nodes: int | None = None
+                   ) -> GameTables:
+    """The tables of ``game`` (kept in a small cache per game value and tensor kind); a game above
+    ``max_nodes`` histories (default :func:`~fedarena.envs.efg.max_tree_nodes`) raises ``TreeTooLargeError``."""
     if isinstance(game, GameTables):
         if game.tensor_kind != tensor:
-            return compile_tables(game.game, tensor)
+            return compile_tables(game.game, tensor, max_nodes)
         return game
+    bound = max_tree_nodes(max_nodes)
     try:
-        return _cached(game, tensor)
+        hash(game)
     except TypeError:  # an unhashable game object
-        return _compile(game, tensor)
+        check_tree_size(game, bound, _METHOD, _ALTERNATIVE)
+        return _compile(game, tensor, bound)
+    return _cached(game, tensor, bound)
 
 
 # ----------------------------------------------------------------------------- multi-agent batch

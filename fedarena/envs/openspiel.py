@@ -126,6 +126,10 @@ class OpenSpielState(State):
         p = self.current_player() if player is None else player
         return np.asarray(self._s.information_state_tensor(p), dtype=np.float32)
 
+    def observation_tensor(self, player: int | None = None) -> np.ndarray:
+        p = self.current_player() if player is None else player
+        return np.asarray(self._s.observation_tensor(p), dtype=np.float32)
+
     def returns(self) -> np.ndarray:
         return np.asarray(self._s.returns(), dtype=np.float64)
 
@@ -160,6 +164,8 @@ class OpenSpielGame(Game):
         gtype = self.pyspiel_game.get_type()
         self._zero_sum = gtype.utility.name == "ZERO_SUM"
         self._has_tensor = bool(gtype.provides_information_state_tensor)
+        self._has_observation = bool(gtype.provides_observation_tensor)
+        self._perfect_information = gtype.information == _pyspiel().GameType.Information.PERFECT_INFORMATION
 
     def new_initial_state(self) -> OpenSpielState:
         return OpenSpielState(self.pyspiel_game.new_initial_state())
@@ -173,11 +179,22 @@ class OpenSpielGame(Game):
     def is_zero_sum(self) -> bool:
         return self._zero_sum
 
+    @property
+    def perfect_information(self) -> bool:
+        """True when every player sees the whole state (OpenSpiel's ``PERFECT_INFORMATION``: chess, tic-tac-toe)."""
+        return self._perfect_information
+
     def information_state_tensor_shape(self) -> tuple[int, ...]:
         """OpenSpiel's information-state tensor shape; raises if the game provides none."""
         if not self._has_tensor:
             raise ValueError(f"game {self.name}: OpenSpiel provides no information-state tensor for it")
         return tuple(self.pyspiel_game.information_state_tensor_shape())
+
+    def observation_tensor_shape(self) -> tuple[int, ...]:
+        """OpenSpiel's observation tensor shape; raises if the game provides none."""
+        if not self._has_observation:
+            raise ValueError(f"game {self.name}: OpenSpiel provides no observation tensor for it")
+        return tuple(self.pyspiel_game.observation_tensor_shape())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, OpenSpielGame) and other.spec == self.spec

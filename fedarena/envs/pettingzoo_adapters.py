@@ -25,7 +25,8 @@ import numpy as np
 from gymnasium import spaces
 from pettingzoo import AECEnv, ParallelEnv
 
-from fedarena.envs.efg import CHANCE, Game, State, all_histories
+from fedarena.envs.efg import CHANCE, Game, State, estimate_tree_size
+from fedarena.envs.efg import max_tree_nodes as _tree_bound
 from fedarena.envs.matrix import MatrixGame
 
 
@@ -106,50 +107,102 @@ def _agent(p: int) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _infostate_vocabulary(game: Game) -> tuple[dict[str, int], ...]:
-    """Per player, the information states where that player acts, numbered in sorted order."""
+def _infostate_vocabulary(game: Game, max_nodes: int) -> tuple[dict[str, int], ...] | None:
+    """Per player, the information states where that player acts, numbered in sorted order; ``None`` when the
+    tree is estimated (or counted) above ``max_nodes`` histories, so nothing large is ever enumerated."""
+    if estimate_tree_size(game, stop_above=max_nodes).histories > max_nodes:
+        return None
     seen: list[set[str]] = [set() for _ in range(game.num_players)]
-    for h in all_histories(game):
+    stack, count = [game.new_initial_state()], 0
+    while stack:   # depth first, keeping only the open branches: memory grows with the depth, not the tree
+        h = stack.pop()
+        count += 1
+        if count > max_nodes:
+            return None
         p = h.current_player()
         if p >= 0:
             seen[p].add(h.information_state_string(p))
+        if not h.is_terminal():
+            moves = [a for a, _ in h.chance_outcomes()] if p == CHANCE else h.legal_actions()
+            stack.extend(h.child(a) for a in moves)
     return tuple({s: k for k, s in enumerate(sorted(states))} for states in seen)
+
+
+class LazyVocabulary:
+    """Information states numbered in the order they are first met, at most ``capacity`` per player: the
+    observation of a game too large to enumerate that has no tensor. Meeting one more raises ``EnvStepError``."""
+
+    def __init__(self, num_players: int, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: list[dict[str, int]] = [{} for _ in range(num_players)]
+
+    def index(self, player: int, key: str) -> int:
+        ids = self._ids[player]
+        j = ids.get(key)
+        if j is None:
+            if len(ids) >= self.capacity:
+                from fedarena.envs.gym_envs import EnvStepError
+                raise EnvStepError(f"vocabulary_size: player {player} met more than {self.capacity} information "
+                                   "states; raise vocabulary_size (the game has no observation tensor)")
+            j = ids[key] = len(ids)
+        return j
 
 
 class GameAECEnv(AECEnv):
     """A fedarena extensive-form game as a PettingZoo AEC environment.
 
-    ``observation``: the game's information-state tensor (``state.information_state_tensor(player)``) when
-    the game provides one (OpenSpiel games do), otherwise a one-hot vector over the information states
-    at which that player acts (enumerated once from the game tree; the last entry is set when the
-    player's current information state is not one of its decision states, e.g. at the end). The
-    ``action_mask`` marks the legal actions of the agent to act (all zeros for the others).
+    ``observation``, the first that applies:
+
+    1. the game's information-state tensor (``state.information_state_tensor(player)``) when it provides one
+       (most OpenSpiel imperfect-information games do), or, in a perfect-information game, its observation
+       tensor (the state itself: tic-tac-toe, chess);
+    2. a one-hot vector over the information states at which that player acts, enumerated once from the game
+       tree, when the tree is at most ``max_tree_nodes`` histories (estimated, then counted; default
+       :func:`fedarena.envs.efg.max_tree_nodes`); the last entry is set when the player's current information
+       state is not one of its decision states, e.g. at the end;
+    3. the observation tensor (``state.observation_tensor(player)``) of a larger game that provides one
+       (oshi_zumo);
+    4. otherwise a one-hot vector over at most ``vocabulary_size`` information states per player, numbered as
+       they are met (:class:`LazyVocabulary`; one more is a one-line error).
+
+    The ``action_mask`` marks the legal actions of the agent to act (all zeros for the others).
     ``max_steps``: truncate all agents after this many player moves (``None``: never).
     """
 
     metadata = {"render_modes": ["ansi"], "name": "fedarena_game", "is_parallelizable": False}
 
-    def __init__(self, game: Game, max_steps: int | None = None, render_mode: str | None = None) -> None:
+    def __init__(self, game: Game, max_steps: int | None = None, render_mode: str | None = None,
+                 max_tree_nodes: int | None = None, vocabulary_size: int = 4096) -> None:
         super().__init__()
         if max_steps is not None and max_steps < 1:
             raise ValueError(f"max_steps: must be >= 1 or None, got {max_steps}")
+        if vocabulary_size < 1:
+            raise ValueError(f"vocabulary_size: must be >= 1, got {vocabulary_size}")
         self.game = game
         self.max_steps = max_steps
         self.render_mode = render_mode
         self.metadata = dict(self.metadata, name=f"fedarena_{game.name}")
         self.possible_agents = [_agent(p) for p in range(game.num_players)]
-        self._uses_tensor = hasattr(game, "information_state_tensor_shape")
-        if self._uses_tensor:
-            try:
-                shape = tuple(game.information_state_tensor_shape())
-            except ValueError:
-                self._uses_tensor = False
-        if self._uses_tensor:
-            self._vocab = None
+        self._tensor = None   # "information_state" or "observation" when a tensor is the observation
+        self._vocab: Any = None
+        shape = self._tensor_shape(game, "information_state")
+        if shape is not None:
+            self._tensor = "information_state"
+        elif getattr(game, "perfect_information", False) and self._tensor_shape(game, "observation") is not None:
+            self._tensor, shape = "observation", self._tensor_shape(game, "observation")
+        else:
+            self._vocab = _infostate_vocabulary(game, _tree_bound(max_tree_nodes))
+            if self._vocab is None:
+                shape = self._tensor_shape(game, "observation")
+                if shape is not None:
+                    self._tensor = "observation"
+                else:
+                    self._vocab = LazyVocabulary(game.num_players, vocabulary_size)
+        if self._tensor is not None:
             obs_space = spaces.Box(-np.inf, np.inf, shape, dtype=np.float32)
         else:
-            self._vocab = _infostate_vocabulary(game)
-            size = max(len(v) for v in self._vocab) + 1
+            size = (vocabulary_size if isinstance(self._vocab, LazyVocabulary)
+                    else max(len(v) for v in self._vocab)) + 1
             obs_space = spaces.Box(0.0, 1.0, (size,), dtype=np.float32)
         A = game.num_distinct_actions
         self.observation_spaces = {a: spaces.Dict({"observation": obs_space,
@@ -166,6 +219,16 @@ class GameAECEnv(AECEnv):
         return self.action_spaces[agent]
 
     # -- helpers
+    @staticmethod
+    def _tensor_shape(game: Game, kind: str) -> tuple[int, ...] | None:
+        fn = getattr(game, f"{kind}_tensor_shape", None)
+        if fn is None:
+            return None
+        try:
+            return tuple(fn())
+        except ValueError:  # the game provides no such tensor
+            return None
+
     def _advance_chance(self) -> None:
         s = self._state
         while s.current_player() == CHANCE:
@@ -182,15 +245,21 @@ class GameAECEnv(AECEnv):
 
     def _vector(self, player: int) -> np.ndarray:
         s = self._state
-        if self._uses_tensor:
-            return np.asarray(s.information_state_tensor(player), dtype=np.float32)
+        if self._tensor is not None:
+            shape = self.observation_spaces[_agent(player)]["observation"].shape
+            return np.asarray(getattr(s, f"{self._tensor}_tensor")(player), dtype=np.float32).reshape(shape)
         size = self.observation_spaces[_agent(player)]["observation"].shape[0]
         v = np.zeros(size, dtype=np.float32)
         try:
             key = s.information_state_string(player)
         except ValueError:
             key = None
-        v[self._vocab[player].get(key, size - 1)] = 1.0
+        if key is None:
+            v[size - 1] = 1.0
+        elif isinstance(self._vocab, LazyVocabulary):
+            v[self._vocab.index(player, key)] = 1.0
+        else:
+            v[self._vocab[player].get(key, size - 1)] = 1.0
         return v
 
     def observe(self, agent: str) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedarena.envs.efg import Game
-from fedarena.marl.game_tree import GameTree, game_tree
+from fedarena.marl.game_tree import EXPLOITABILITY_ALTERNATIVE, GameTree, game_tree
 from fedarena.marl.policy import PolicyLike, TabularPolicy, as_policy
 from fedarena.marl.tree_walk import edge_weights, expected_returns_from_reach, player_reach
 
@@ -76,7 +76,7 @@ def best_response_to_reach(tree: GameTree, player: int, probs: np.ndarray, oppon
 
 def best_response(game: Game | GameTree, policy: PolicyLike, player: int) -> BestResponse:
     """Exact best response of ``player`` to the other players' part of ``policy``."""
-    tree = game_tree(game)
+    tree = game_tree(game, method="the exact best response", alternative=EXPLOITABILITY_ALTERNATIVE)
     if not 0 <= player < tree.num_players:
         raise ValueError(f"player: expected 0..{tree.num_players - 1}, got {player}")
     others = tuple(p for p in range(tree.num_players) if p != player)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedarena.envs.efg import Game
-from fedarena.marl.game_tree import GameTree, game_tree
+from fedarena.marl.game_tree import SAMPLED_ALTERNATIVE, GameTree, game_tree
 from fedarena.marl.policy import TabularPolicy
 from fedarena.marl.tree_walk import edge_weights, node_values, player_reach
 
@@ -40,7 +40,7 @@ class CFRSolver:
 
     def __init__(self, game: Game | GameTree, *, plus: bool = True, linear_averaging: bool | None = None,
                  alternating: bool = True) -> None:
-        self.tree = tree = game_tree(game)
+        self.tree = tree = game_tree(game, method="CFR", alternative=SAMPLED_ALTERNATIVE)
         self.plus = plus
         self.linear_averaging = plus if linear_averaging is None else linear_averaging
         self.alternating = alternating

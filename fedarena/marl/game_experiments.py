@@ -25,6 +25,7 @@ from fedarena.envs import load_game
 from fedarena.marl.cfr import CFRSolver
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.meta_solvers import META_SOLVERS
+from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
 from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.xfp import XFPSolver
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
@@ -150,6 +151,8 @@ def run_cfr(cfg: CFRConfig, run) -> dict[str, Any]:
     name = _cfr_name(cfg)
     summary = run_loop(run, _SolverSteps(run, cfg, game, solver, name, log_first=False), eval_every=cfg.eval_every,
                        eval_first=True)
+    export_policy(run.dir / POLICY_FILE, cfg.game, solver.average_policy(), algorithm=name,
+                  iterations=summary.get("iterations", cfg.iterations))
     return {"game": summary.pop("game"), "algorithm": name, **summary,
             **_milestones(run.rows(), "exploitability", (100, 1000, 10000))}
 
@@ -195,7 +198,12 @@ class PSROConfig(ExperimentConfig):
 
 
 def run_psro(cfg: PSROConfig, run) -> dict[str, Any]:
-    return run_loop(run, _PSROSteps(run, cfg), eval_every=cfg.eval_every)
+    steps = _PSROSteps(run, cfg)
+    summary = run_loop(run, steps, eval_every=cfg.eval_every)
+    for m, s in steps.solvers.items():  # each meta-solver's mixture of the populations, as policy_<meta-solver>.json
+        export_policy(run.dir / f"policy_{m}.json", cfg.game, s.joint_policy(), algorithm=f"psro {m}",
+                      iterations=steps.it)
+    return summary
 
 
 class _PSROSteps:
@@ -309,5 +317,5 @@ def plots_psro(rows, cfg: PSROConfig, report_dir: str) -> list[str]:
 
 
 XFP_EXPERIMENT = Experiment(config=XFPConfig, run=run_xfp, plots=plots_xfp)
-CFR_EXPERIMENT = Experiment(config=CFRConfig, run=run_cfr, plots=plots_cfr)
-PSRO_EXPERIMENT = Experiment(config=PSROConfig, run=run_psro, plots=plots_psro)
+CFR_EXPERIMENT = Experiment(config=CFRConfig, run=run_cfr, plots=plots_cfr, evaluate=evaluate_exported)
+PSRO_EXPERIMENT = Experiment(config=PSROConfig, run=run_psro, plots=plots_psro, evaluate=evaluate_exported)

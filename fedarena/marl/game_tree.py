@@ -15,6 +15,12 @@ the sequence of (information state, action) pairs ``i`` went through. Imperfect-
 OpenSpiel's ``liars_dice_ir``) are refused with :class:`ImperfectRecallError` naming an information
 state, because the walks here (best responses, CFR, realization weights) are only correct with perfect
 recall.
+
+Size bound: compiling enumerates every history (about 0.7 KB each), so :func:`game_tree` first estimates the
+tree with Knuth's estimator and refuses a game above ``max_tree_nodes`` (default
+:data:`fedarena.envs.efg.DEFAULT_MAX_TREE_NODES`, or ``$FEDARENA_MAX_TREE_NODES``) with a one-line
+:class:`~fedarena.envs.efg.TreeTooLargeError` that names the sampled method to use instead; the compilation
+itself also stops at the bound, because the estimator can underestimate deep, rarely reached subtrees.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedarena.envs.efg import CHANCE, TERMINAL, Game
+from fedarena.envs.efg import CHANCE, TERMINAL, Game, check_tree_size, max_tree_nodes, tree_too_large
 
 
 class ImperfectRecallError(ValueError):
@@ -94,7 +100,7 @@ class GameTree:
         return self.legal / self.legal.sum(axis=1, keepdims=True)
 
 
-def _build(game: Game) -> GameTree:
+def _build(game: Game, max_nodes: int) -> GameTree:
     P, A = game.num_players, game.num_distinct_actions
     parent, action, actor, infoset, cprob = [-1], [-1], [], [], [1.0]
     infostates: list[str] = []
@@ -124,6 +130,9 @@ def _build(game: Game) -> GameTree:
         frontier = ordered
         nxt = []
         for k, s in enumerate(frontier):
+            if len(parent) > max_nodes:
+                raise tree_too_large(game, f"more than {max_nodes:,} histories (counted while compiling)",
+                                     max_nodes, "compiling the game tree", SAMPLED_ALTERNATIVE)
             node = start + k
             p = s.current_player()
             actor.append(p)
@@ -273,16 +282,36 @@ def _check_perfect_recall(game: Game, P: int, A: int, level_bounds: list[tuple[i
             f"({[a for _, a in o1]} vs {[a for _, a in o2]}); exact best responses and CFR need perfect recall")
 
 
+SAMPLED_ALTERNATIVE = "sampled CFR instead (the mccfr kind walks the game lazily)"
+"""What the size-bound errors of the equilibrium solvers (CFR, XFP, PSRO, NFSP's tables) point to."""
+
+EXPLOITABILITY_ALTERNATIVE = ("a sampled solver instead (the mccfr kind walks the game lazily and skips "
+                              "exact exploitability above the bound)")
+"""What the size-bound errors of exact best responses and exploitability point to."""
+
+
 @functools.lru_cache(maxsize=32)
-def _cached(game: Game) -> GameTree:
-    return _build(game)
+def _cached(game: Game, max_nodes: int) -> GameTree:
+    return _build(game, max_nodes)
 
 
-def game_tree(game: Game | GameTree) -> GameTree:
-    """The compiled tree of ``game`` (compiled once per game value and kept in a small cache)."""
+@functools.lru_cache(maxsize=64)
+def _checked(game: Game, max_nodes: int, method: str, alternative: str) -> None:
+    check_tree_size(game, max_nodes, method, alternative)
+
+
+def game_tree(game: Game | GameTree, *, max_nodes: int | None = None, method: str = "the exact solver",
+              alternative: str = SAMPLED_ALTERNATIVE) -> GameTree:
+    """The compiled tree of ``game`` (compiled once per game value and kept in a small cache). A game whose
+    estimated tree is above ``max_nodes`` (default: :func:`fedarena.envs.efg.max_tree_nodes`) raises
+    :class:`~fedarena.envs.efg.TreeTooLargeError`, naming ``method`` and the ``alternative`` to use."""
     if isinstance(game, GameTree):
         return game
+    bound = max_tree_nodes(max_nodes)
     try:
-        return _cached(game)
+        hash(game)
     except TypeError:  # unhashable game object
-        return _build(game)
+        check_tree_size(game, bound, method, alternative)
+        return _build(game, bound)
+    _checked(game, bound, method, alternative)
+    return _cached(game, bound)

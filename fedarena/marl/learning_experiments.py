@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from fedarena.envs import load_game
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.meta_solvers import META_SOLVERS
 from fedarena.marl.nfsp import NFSP, NFSPConfig
+from fedarena.marl.policy_export import evaluate_exported, export_policy
 from fedarena.marl.psro import PSRO, check_meta_solver
 from fedarena.marl.rl_oracles import DQNOracle, DQNOracleConfig, PPOOracle, PPOOracleConfig
 from fedarena.platform.errors import ConfigError
@@ -64,7 +66,7 @@ class NFSPExperimentConfig(ExperimentConfig):
 
 
 def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
-    return run_loop(run, _NFSPSteps(cfg))
+    return run_loop(run, _NFSPSteps(cfg, run.dir))
 
 
 class _NFSPSteps:
@@ -76,8 +78,8 @@ class _NFSPSteps:
     step on which the previous seed ended.
     """
 
-    def __init__(self, cfg: NFSPExperimentConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: NFSPExperimentConfig, out_dir: Any):
+        self.cfg, self.out_dir = cfg, Path(out_dir)
         self.game = load_game(cfg.game)
         self.desc = f"nfsp {cfg.game}"
         self.total = -(-cfg.episodes // cfg.eval_every) * len(cfg.learner_seeds)
@@ -141,15 +143,22 @@ class _NFSPSteps:
                f"seed{seed}/episodes_per_second": agent.episodes / max(self.times[k], 1e-9)}
         if self._spent():
             self.finals[k] = e
+            self._export()
             if k + 1 < len(self.cfg.learner_seeds):
                 self.following, first = self._fresh(k + 1)
                 row.update(first)
         return row
 
+    def _export(self) -> None:
+        """The current seed's average policy as ``policy_seed<seed>.json`` (:mod:`fedarena.marl.policy_export`)."""
+        export_policy(self.out_dir / f"policy_seed{self.cfg.learner_seeds[self.k]}.json", self.cfg.game,
+                      self.agent.average_policy(), algorithm="nfsp", episodes=self.agent.episodes)
+
     def summary(self) -> dict[str, Any]:
         cfg = self.cfg
         if self.k not in self.finals:  # resumed with the seed already at its budget
             self.finals[self.k] = exploitability(self.game, self.agent.average_policy())
+            self._export()
         done = [k for k in range(len(cfg.learner_seeds)) if k in self.finals]
         vals = np.array([self.finals[k] for k in done])
         total_time = sum(self.times.values())
@@ -349,5 +358,5 @@ def plots_psro_rl(rows, cfg: PSRORLConfig, report_dir: str) -> list[str]:
 
 
 NFSP_EXPERIMENT = Experiment(config=NFSPExperimentConfig, run=run_nfsp, plots=plots_nfsp,
-                             )
+                             evaluate=evaluate_exported)
 PSRO_RL_EXPERIMENT = Experiment(config=PSRORLConfig, run=run_psro_rl, plots=plots_psro_rl)

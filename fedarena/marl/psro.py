@@ -33,7 +33,7 @@ import numpy as np
 from fedarena.envs.efg import Game
 from fedarena.marl.best_response import best_response
 from fedarena.marl.exploitability import exploitability
-from fedarena.marl.game_tree import GameTree, game_tree
+from fedarena.marl.game_tree import SAMPLED_ALTERNATIVE, GameTree, game_tree
 from fedarena.marl.meta_solvers import MetaSolver, get_meta_solver
 from fedarena.marl.policy import PolicyLike, TabularPolicy, as_policy, check_policy_batch, uniform_policy
 from fedarena.marl.tree_walk import terminal_reach
@@ -91,7 +91,7 @@ def _is_zero_sum(tree: GameTree) -> bool:
 def check_meta_solver(game: Game | GameTree, meta_solver: str) -> None:
     """A one-line ``ValueError`` when the named meta-solver cannot solve ``game``'s meta-games (for config
     validation: ``nash`` needs a zero-sum game, ``nash`` / ``regret_matching`` need two players)."""
-    tree = game_tree(game)
+    tree = game_tree(game, method="PSRO (exact payoffs and best responses)", alternative=SAMPLED_ALTERNATIVE)
     n = tree.num_players
     get_meta_solver(meta_solver)
     if meta_solver in TWO_PLAYER_SOLVERS and n != 2:
@@ -108,7 +108,8 @@ class PSRO:
     def __init__(self, game: Game | GameTree, meta_solver: str | MetaSolver = "nash",
                  oracle: Oracle = exact_best_response_oracle, initial_policy: PolicyLike | None = None,
                  sample_episodes: int = 0, seed: int | np.random.Generator | None = None) -> None:
-        self.tree = tree = game_tree(game)
+        self.tree = tree = game_tree(game, method="PSRO (exact payoffs and best responses)",
+                                      alternative=SAMPLED_ALTERNATIVE)
         n = self.num_players = tree.num_players
         if isinstance(meta_solver, str):
             check_meta_solver(tree, meta_solver)

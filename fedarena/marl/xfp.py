@@ -14,7 +14,7 @@ import numpy as np
 
 from fedarena.envs.efg import Game
 from fedarena.marl.best_response import best_response_to_reach
-from fedarena.marl.game_tree import GameTree, game_tree
+from fedarena.marl.game_tree import SAMPLED_ALTERNATIVE, GameTree, game_tree
 from fedarena.marl.policy import PolicyLike, TabularPolicy, as_policy
 from fedarena.marl.tree_walk import player_reach
 
@@ -40,7 +40,7 @@ class XFPSolver:
     """XFP on ``game`` from ``initial_policy`` (uniform by default); call :meth:`iteration` repeatedly."""
 
     def __init__(self, game: Game | GameTree, initial_policy: PolicyLike | None = None) -> None:
-        self.tree = game_tree(game)
+        self.tree = game_tree(game, method="XFP", alternative=SAMPLED_ALTERNATIVE)
         self.policy = (self.tree.uniform_probs() if initial_policy is None
                        else as_policy(self.tree, initial_policy).probs.copy())
         self.iterations = 0

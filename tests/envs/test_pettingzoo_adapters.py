@@ -188,3 +188,48 @@ def test_parallel_batch_pads_dead_agents_and_resets_finished_copies():
     assert np.all(s3.final_obs[:, :2] == 0)
     np.testing.assert_array_equal(s3.obs[:, :, 0], 0)  # reset in the same step: t = 0 again
     assert s3.action_mask.all() and (s3.state == 0).all() and (s3.final_state == 3).all()
+
+
+# ----------------------------------------------------------------------------- games too large to enumerate
+
+
+@pytest.mark.parametrize("name", ["oshi_zumo(coins=4,size=1)", "oshi_zumo", "chess", "tic_tac_toe"])
+def test_games_without_an_information_state_tensor_pass_api_test_without_enumeration(name):
+    """Before the size bound, oshi_zumo(coins=4,size=1) enumerated every history (22 GB and killed)."""
+    pytest.importorskip("pyspiel")
+    env = GameAECEnv(load_game(name), max_steps=40)
+    assert env._tensor == "observation" and env._vocab is None
+    api_test(env, num_cycles=30)
+    env.reset(seed=0)
+    obs = env.observe(env.agent_selection)["observation"]
+    state = env.state_of_game.pyspiel_state
+    np.testing.assert_array_equal(obs.reshape(-1), np.asarray(state.observation_tensor(state.current_player())))
+
+
+class _NoTensorGame:
+    """Kuhn poker without tensors: the adapter must observe information-state strings."""
+
+    def __init__(self):
+        self.inner = load_game("kuhn_poker")
+        self.name, self.num_players = "kuhn_no_tensor", self.inner.num_players
+        self.num_distinct_actions = self.inner.num_distinct_actions
+
+    def new_initial_state(self):
+        return self.inner.new_initial_state()
+
+
+def test_lazy_vocabulary_above_the_bound_passes_api_test_and_overflows_in_one_line():
+    from fedarena.envs.gym_envs import EnvStepError
+
+    game = _NoTensorGame()
+    enumerated = GameAECEnv(game)                              # 58 histories: enumerated, sorted
+    lazy = GameAECEnv(game, max_tree_nodes=20, vocabulary_size=16)
+    assert enumerated._vocab is not None and lazy._tensor is None
+    api_test(lazy, num_cycles=40)
+    assert sum(len(ids) for ids in lazy._vocab._ids) > 0
+    tiny = GameAECEnv(game, max_tree_nodes=20, vocabulary_size=1)
+    with pytest.raises(EnvStepError, match="vocabulary_size"):
+        for seed in range(20):
+            tiny.reset(seed=seed)
+            while tiny.agents:
+                tiny.step(int(np.argmax(tiny.observe(tiny.agent_selection)["action_mask"])))

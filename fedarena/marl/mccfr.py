@@ -1,0 +1,411 @@
+"""Monte Carlo CFR: external sampling and outcome sampling (Lanctot, Waugh, Zinkevich & Bowling, 2009,
+"Monte Carlo sampling for regret minimization in extensive games"; Lanctot, 2013, PhD thesis, ch. 4).
+
+Each iteration updates every player in turn (alternating). For the updating player ``i``:
+
+- **External sampling** samples one outcome at every chance node and one action at every node of the other
+  players (from their current policies) and explores all of ``i``'s actions: the sampled tree. Its values
+  ``v(h)`` (``i``'s own policy mixes its children, elsewhere the one sampled child) give the sampled
+  counterfactual regrets ``r(I, a) += v(h a) - v(h)`` at every reached history ``h`` of ``i``; the other
+  players' average policies get ``s(I, .) += w_t sigma(I, .)`` at each of their reached histories
+  (stochastically-weighted averaging, as OpenSpiel's ``ExternalSamplingMCCFRSolver`` with ``SIMPLE`` averaging).
+- **Outcome sampling** samples one terminal history per episode: chance and the others on-policy, ``i`` from
+  ``epsilon * uniform + (1 - epsilon) * sigma``. With ``W = u_i(z) / q_i(z)`` (``q_i``: ``i``'s sampling
+  probabilities along the path; the others' cancel), each history ``h`` of ``i`` on the path with sampled
+  action ``a*`` gets ``r(I, a) += W (pi_i(z | h a*) [a = a*] - pi_i(z | h))``, and ``s(I, .) += w_t
+  pi_i(h) sigma(I, .) / q(h)`` (stochastically-weighted averaging, Lanctot, 2013, sec. 4.1.2).
+
+``w_t`` is 1 (uniform averaging) or ``t`` (linear averaging); ``discount=(alpha, beta, gamma)`` applies
+discounted CFR's weights after iteration ``t`` (Brown & Sandholm, 2019): positive regrets times
+``t^alpha / (t^alpha + 1)``, negative ones times ``t^beta / (t^beta + 1)``, the average's numerator times
+``(t / (t + 1))^gamma``.
+
+Two walks of the same algorithms:
+
+- :class:`MCCFRSolver` runs on the compiled tree (:mod:`fedarena.marl.game_tree`, games up to
+  ``max_tree_nodes``): one iteration draws ``batch`` independent samples per player with the same policy and
+  sums their regret and average updates (``batch=1`` is the textbook one-sample iteration); the samples are
+  walked together as per-history counts split by multinomial draws, one depth level at a time (see the class).
+- :class:`LazyMCCFRSolver` walks :class:`~fedarena.envs.efg.State` objects one sample at a time with
+  dictionaries keyed by information-state strings, so it runs on games whose trees are too large to compile
+  (chess, oshi_zumo, 3-player Leduc); only the information states it meets take memory.
+
+Both count the histories they touch (``nodes_touched``), the cost measure of Lanctot et al. (2009).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedarena.envs.efg import CHANCE, TERMINAL, Game
+from fedarena.marl.cfr import normalize_average, regret_matching
+from fedarena.marl.game_tree import GameTree, game_tree
+from fedarena.marl.policy import TabularPolicy
+from fedarena.marl.tree_walk import player_reach
+
+SAMPLINGS = ("external", "outcome")
+AVERAGINGS = ("uniform", "linear")
+
+
+@dataclass(frozen=True)
+class MCCFROptions:
+    """What varies between MCCFR runs (validated at construction; one-line ``ValueError`` naming the field)."""
+
+    sampling: str = "external"
+    averaging: str = "uniform"
+    discount: tuple[float, float, float] | None = None
+    exploration: float = 0.6          # outcome sampling's epsilon at the updating player's histories
+    batch: int = 1                    # samples per player per iteration (compiled-tree solver)
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling: expected one of {SAMPLINGS}, got {self.sampling!r}")
+        if self.averaging not in AVERAGINGS:
+            raise ValueError(f"averaging: expected one of {AVERAGINGS}, got {self.averaging!r}")
+        if self.discount is not None:
+            if len(self.discount) != 3 or not all(math.isfinite(float(x)) for x in self.discount):
+                raise ValueError(f"discount: expected [alpha, beta, gamma] (finite numbers), got {self.discount!r}")
+        if not 0.0 < self.exploration <= 1.0:
+            raise ValueError(f"exploration: expected 0 < epsilon <= 1, got {self.exploration}")
+        if self.batch < 1:
+            raise ValueError(f"batch: must be at least 1, got {self.batch}")
+
+
+def _discount_factors(t: int, discount: tuple[float, float, float]) -> tuple[float, float, float]:
+    alpha, beta, gamma = (float(x) for x in discount)
+    pos = t ** alpha / (t ** alpha + 1.0)
+    neg = t ** beta / (t ** beta + 1.0)
+    return pos, neg, (t / (t + 1.0)) ** gamma
+
+
+class MCCFRSolver:
+    """External- or outcome-sampling MCCFR on the compiled tree of ``game``; call :meth:`iteration`.
+
+    The ``batch`` samples of one player's update are walked as counts: ``m(h)``, how many samples pass through
+    history ``h``, goes down one level at a time -- copied to every child at the updating player's histories
+    under external sampling, split by one multinomial draw over the sampling probabilities everywhere else --
+    which has exactly the distribution of ``batch`` independent samples. Every update is linear in the samples,
+    so their sum comes up as one value per history: ``X(z) = m(z) u_i(z) / q_i(z)`` at terminals (``q_i = 1``
+    under external sampling), ``X(h) = sum_a sigma(I, a) X(h a)`` at the updating player's histories and the plain
+    sum of the children elsewhere; the summed regret is ``X(h a) - X(h)`` (the formulas of the module docstring,
+    summed over the samples through ``h``). The cost of one update is a few array operations per depth level,
+    whatever ``batch`` is; ``nodes_touched`` counts sample-history pairs, ``sum_h m(h)``, as ``batch`` separate
+    walks would touch.
+    """
+
+    def __init__(self, game: Game | GameTree, options: MCCFROptions = MCCFROptions(), seed: int = 0,
+                 max_tree_nodes: int | None = None) -> None:
+        self.options = options
+        self.tree = tree = game_tree(game, max_nodes=max_tree_nodes, method="MCCFR on the compiled tree",
+                                     alternative="LazyMCCFRSolver instead (the mccfr kind with lazy: true)")
+        self.rng = np.random.default_rng(seed)
+        N, S, A, P = tree.num_nodes, tree.num_infostates, tree.num_actions, tree.num_players
+        self.regrets = np.zeros((S, A))
+        self.cumulative_policy = np.zeros((S, A))
+        self.iterations = 0
+        self.nodes_touched = 0
+        self._player_nodes = [np.flatnonzero(tree.actor == p) for p in range(P)]
+        # per level: its chance histories, their children by outcome (-1 padded) and outcome probabilities
+        self._chance = []
+        for lv in tree.levels:
+            nodes = lv.start + np.flatnonzero(tree.actor[lv.start:lv.inner] == CHANCE)
+            kids = lv.child_start + np.flatnonzero(np.isin(tree.parent[lv.child_start:lv.child_stop], nodes))
+            kids = kids[np.lexsort((kids, tree.parent[kids]))]      # grouped by parent, outcomes in order
+            row = np.searchsorted(nodes, tree.parent[kids])
+            first = np.searchsorted(row, np.arange(len(nodes)))
+            col = np.arange(len(kids)) - first[row]
+            width = int(col.max()) + 1 if len(kids) else 1
+            children = -np.ones((len(nodes), width), dtype=np.int64)
+            probs = np.zeros((len(nodes), width))
+            children[row, col] = kids
+            probs[row, col] = tree.chance_prob[kids]
+            self._chance.append((nodes, children, probs / np.maximum(probs.sum(axis=1, keepdims=True), 1e-300)))
+        self._payoff = np.zeros((N, P))
+        self._payoff[tree.terminals] = tree.utilities
+
+    # ------------------------------------------------------------------ shared pieces
+    def current_policy_probs(self) -> np.ndarray:
+        return regret_matching(self.tree, self.regrets)
+
+    def _weight(self) -> float:
+        return float(self.iterations) if self.options.averaging == "linear" else 1.0
+
+    def _draw(self, nodes: np.ndarray, counts: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        """How many of the ``counts[k]`` samples at ``nodes[k]`` take each column of ``probs[k]`` (multinomial)."""
+        return self.rng.multinomial(counts, probs / probs.sum(axis=1, keepdims=True))
+
+    def _split(self, m: np.ndarray, nodes: np.ndarray, children: np.ndarray, probs: np.ndarray) -> None:
+        live = m[nodes] > 0
+        if not live.any():
+            return
+        drawn = self._draw(nodes[live], m[nodes[live]], probs[live])
+        kids = children[live]
+        ok = kids >= 0
+        m[kids[ok]] = drawn[ok]
+
+    def _walk(self, player: int, sigma: np.ndarray, sample: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Counts ``m`` down the tree: ``sample`` is the updating player's sampling policy (outcome sampling) or
+        ``None`` (external sampling: all its actions). Returns ``(m, q_i)``, ``q_i`` the updating player's
+        sampling probability of reaching each history (ones under external sampling)."""
+        tree = self.tree
+        m = np.zeros(tree.num_nodes, dtype=np.int64)
+        m[0] = self.options.batch
+        q_i = np.ones(tree.num_nodes)
+        for lv, (c_nodes, c_children, c_probs) in zip(tree.levels[:-1], self._chance):
+            if sample is not None:
+                q_i[lv.child_start:lv.child_stop] = q_i[tree.parent[lv.child_start:lv.child_stop]]
+            self._split(m, c_nodes, c_children, c_probs)
+            for p in range(tree.num_players):
+                nodes, children = lv.player_nodes[p], lv.player_children[p]
+                if not len(nodes):
+                    continue
+                rows = tree.infoset[nodes]
+                if p != player:
+                    self._split(m, nodes, children, sigma[rows])
+                    continue
+                ok = children >= 0
+                if sample is None:
+                    m[children[ok]] = np.broadcast_to(m[nodes][:, None], children.shape)[ok]
+                else:
+                    q_i[children[ok]] *= sample[rows][ok]
+                    self._split(m, nodes, children, sample[rows])
+        return m, q_i
+
+    def _values(self, player: int, sigma: np.ndarray, leaf: np.ndarray) -> np.ndarray:
+        """``X`` bottom up from the terminal values ``leaf`` (per history; zero elsewhere)."""
+        tree = self.tree
+        w = np.ones(tree.num_nodes)
+        w[tree.player_edge_nodes[player]] = sigma.reshape(-1)[tree.player_edge_sa[player]]
+        X = leaf
+        for lv in reversed(tree.levels[:-1]):
+            c0, c1 = lv.child_start, lv.child_stop
+            X[lv.start:lv.inner] = np.bincount(lv.child_parent_local, w[c0:c1] * X[c0:c1],
+                                               minlength=lv.inner - lv.start)
+        return X
+
+    def _update_regrets(self, player: int, X: np.ndarray) -> None:
+        tree = self.tree
+        edges = tree.player_edge_nodes[player]
+        self.regrets += np.bincount(tree.player_edge_sa[player], X[edges] - X[tree.parent[edges]],
+                                    minlength=self.regrets.size).reshape(self.regrets.shape)
+
+    def _finish_iteration(self) -> None:
+        if self.options.discount is not None:
+            pos, neg, avg = _discount_factors(self.iterations, self.options.discount)
+            self.regrets *= np.where(self.regrets > 0, pos, neg)
+            self.cumulative_policy *= avg
+
+    # ------------------------------------------------------------------ the two samplings
+    def sampled_regrets(self, player: int, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One external-sampling update of ``batch`` samples against the profile ``sigma`` (rows over the
+        information states), without changing the solver's tables: ``(regrets, visits)``, the summed sampled
+        regrets ``(S, A)`` and how many samples reached each information state (every player's)."""
+        tree = self.tree
+        m, _ = self._walk(player, sigma, None)
+        self.nodes_touched += int(m.sum())
+        leaf = np.zeros(tree.num_nodes)
+        leaf[tree.terminals] = m[tree.terminals] * tree.utilities[:, player]
+        X = self._values(player, sigma, leaf)
+        edges = tree.player_edge_nodes[player]
+        regrets = np.bincount(tree.player_edge_sa[player], X[edges] - X[tree.parent[edges]],
+                              minlength=self.regrets.size).reshape(self.regrets.shape)
+        visits = np.zeros(tree.num_infostates)
+        for q in range(tree.num_players):
+            nodes = self._player_nodes[q]
+            visits += np.bincount(tree.infoset[nodes], m[nodes], minlength=tree.num_infostates)
+        return regrets, visits
+
+    def _external(self, player: int) -> None:
+        tree = self.tree
+        sigma = self.current_policy_probs()
+        regrets, visits = self.sampled_regrets(player, sigma)
+        self.regrets += regrets
+        counts = np.where(tree.infostate_player != player, visits, 0.0)
+        self.cumulative_policy += (self._weight() * counts)[:, None] * sigma
+
+    def _outcome(self, player: int) -> None:
+        tree, eps = self.tree, self.options.exploration
+        sigma = self.current_policy_probs()
+        rows = tree.player_infostates(player)
+        sample = sigma.copy()
+        sample[rows] = eps * tree.uniform_probs()[rows] + (1.0 - eps) * sigma[rows]
+        m, q_i = self._walk(player, sigma, sample)
+        self.nodes_touched += int(m.sum())
+        leaf = np.zeros(tree.num_nodes)
+        leaf[tree.terminals] = m[tree.terminals] * tree.utilities[:, player] / q_i[tree.terminals]
+        X = self._values(player, sigma, leaf)
+        # the regret terms are X(h a) - X(h) only at histories some sample reached
+        reached = np.zeros(tree.num_nodes)
+        edges = tree.player_edge_nodes[player]
+        reached[edges] = m[tree.parent[edges]] > 0
+        self.regrets += np.bincount(tree.player_edge_sa[player], reached[edges] * (X[edges] - X[tree.parent[edges]]),
+                                    minlength=self.regrets.size).reshape(self.regrets.shape)
+        # average: m(h) pi_i(h) / q(h) sigma(I), q(h) = q_i(h) * (the others' and chance's reach of h)
+        nodes = self._player_nodes[player]
+        reach = player_reach(tree, sigma)
+        others = tree.chance_reach[nodes] * np.prod(np.delete(reach[:, nodes], player, axis=0), axis=0)
+        weight = np.where(m[nodes] > 0, m[nodes] * reach[player, nodes] / np.maximum(q_i[nodes] * others, 1e-300), 0.0)
+        per_infoset = np.bincount(tree.infoset[nodes], weight, minlength=tree.num_infostates)
+        self.cumulative_policy += (self._weight() * per_infoset)[:, None] * sigma
+
+    # ------------------------------------------------------------------ driver
+    def iteration(self) -> None:
+        """One iteration: ``batch`` samples for each player in turn, then discounting if configured."""
+        self.iterations += 1
+        walk = self._external if self.options.sampling == "external" else self._outcome
+        for player in range(self.tree.num_players):
+            walk(player)
+        self._finish_iteration()
+
+    def run(self, iterations: int) -> "MCCFRSolver":
+        for _ in range(iterations):
+            self.iteration()
+        return self
+
+    def average_policy(self) -> TabularPolicy:
+        return TabularPolicy(self.tree, normalize_average(self.tree, self.cumulative_policy))
+
+    def current_policy(self) -> TabularPolicy:
+        return TabularPolicy(self.tree, self.current_policy_probs())
+
+    def average_policy_dict(self) -> dict[str, np.ndarray]:
+        """Information-state string -> average probabilities over the game's actions."""
+        probs = normalize_average(self.tree, self.cumulative_policy)
+        return {s: probs[j] for j, s in enumerate(self.tree.infostates)}
+
+    def state_dict(self) -> dict:
+        return {"regrets": self.regrets.copy(), "cumulative_policy": self.cumulative_policy.copy(),
+                "iterations": int(self.iterations), "nodes_touched": int(self.nodes_touched),
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("regrets", "cumulative_policy"):
+            arr = np.asarray(state[key], dtype=np.float64)
+            if arr.shape != self.regrets.shape:
+                raise ValueError(f"checkpoint field '{key}': expected shape {self.regrets.shape}, got {arr.shape}")
+        self.regrets = np.array(state["regrets"], dtype=np.float64)
+        self.cumulative_policy = np.array(state["cumulative_policy"], dtype=np.float64)
+        self.iterations = int(state["iterations"])
+        self.nodes_touched = int(state["nodes_touched"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+class LazyMCCFRSolver:
+    """External- or outcome-sampling MCCFR walking :class:`~fedarena.envs.efg.State` objects, one sample per
+    player per iteration, with regrets and average-policy numerators in dictionaries keyed by
+    information-state strings (rows over the game's ``num_distinct_actions``). Nothing is enumerated, so any
+    game that can be played can be run; memory grows with the information states met."""
+
+    def __init__(self, game: Game, options: MCCFROptions = MCCFROptions(), seed: int = 0) -> None:
+        if options.batch != 1:
+            raise ValueError(f"batch: the lazy solver draws one sample per player per iteration, got {options.batch}")
+        self.game, self.options = game, options
+        self.rng = np.random.default_rng(seed)
+        self.regrets: dict[str, np.ndarray] = {}
+        self.cumulative_policy: dict[str, np.ndarray] = {}
+        self.legal: dict[str, np.ndarray] = {}
+        self.iterations = 0
+        self.nodes_touched = 0
+        self.underflows = 0      # outcome-sampling episodes skipped: their sampling probability underflowed to 0
+
+    def _policy(self, key: str, legal: list[int]) -> np.ndarray:
+        if key not in self.regrets:
+            A = self.game.num_distinct_actions
+            self.regrets[key], self.cumulative_policy[key] = np.zeros(A), np.zeros(A)
+            mask = np.zeros(A, dtype=bool)
+            mask[legal] = True
+            self.legal[key] = mask
+        pos = np.where(self.legal[key], np.maximum(self.regrets[key], 0.0), 0.0)
+        total = pos.sum()
+        return pos / total if total > 0 else self.legal[key] / self.legal[key].sum()
+
+    def _weight(self) -> float:
+        return float(self.iterations) if self.options.averaging == "linear" else 1.0
+
+    def _sample(self, probs: np.ndarray) -> int:
+        return int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum(), side="right"))
+
+    def _external(self, state: Any, player: int) -> float:
+        self.nodes_touched += 1
+        p = state.current_player()
+        if p == TERMINAL:
+            return float(state.returns()[player])
+        if p == CHANCE:
+            outcomes = state.chance_outcomes()
+            k = self._sample(np.array([q for _, q in outcomes]))
+            return self._external(state.child(outcomes[min(k, len(outcomes) - 1)][0]), player)
+        legal = state.legal_actions()
+        key = state.information_state_string(p)
+        sigma = self._policy(key, legal)
+        if p != player:
+            self.cumulative_policy[key] += self._weight() * sigma
+            a = min(self._sample(sigma), len(sigma) - 1)
+            return self._external(state.child(a), player)
+        values = np.zeros(len(sigma))
+        for a in legal:
+            values[a] = self._external(state.child(a), player)
+        v = float(sigma @ values)
+        self.regrets[key][legal] += values[legal] - v
+        return v
+
+    def _outcome(self, state: Any, player: int, pi_mine: float, q_all: float, q_mine: float
+                 ) -> tuple[float, float]:
+        """Returns ``(W, pi_i(z | h))`` for the sampled terminal ``z``."""
+        self.nodes_touched += 1
+        p = state.current_player()
+        if p == TERMINAL:
+            if q_mine == 0.0 or q_all == 0.0:   # the sampling probability underflowed (games of hundreds of moves)
+                self.underflows += 1
+                return 0.0, 0.0                 # the episode updates nothing
+            return float(state.returns()[player]) / q_mine, 1.0
+        if p == CHANCE:
+            outcomes = state.chance_outcomes()
+            probs = np.array([q for _, q in outcomes])
+            k = min(self._sample(probs), len(outcomes) - 1)
+            return self._outcome(state.child(outcomes[k][0]), player, pi_mine, q_all * probs[k], q_mine)
+        legal = state.legal_actions()
+        key = state.information_state_string(p)
+        sigma = self._policy(key, legal)
+        if p != player:
+            a = min(self._sample(sigma), len(sigma) - 1)
+            return self._outcome(state.child(a), player, pi_mine, q_all * sigma[a], q_mine)
+        eps = self.options.exploration
+        sample = eps * self.legal[key] / self.legal[key].sum() + (1.0 - eps) * sigma
+        a = min(self._sample(sample), len(sample) - 1)
+        W, tail = self._outcome(state.child(a), player, pi_mine * sigma[a], q_all * sample[a], q_mine * sample[a])
+        r = np.where(self.legal[key], -W * tail * sigma[a], 0.0)
+        r[a] += W * tail
+        self.regrets[key] += r
+        if q_all > 0.0:
+            self.cumulative_policy[key] += self._weight() * pi_mine / q_all * sigma
+        return W, tail * sigma[a]
+
+    def iteration(self) -> None:
+        self.iterations += 1
+        for player in range(self.game.num_players):
+            if self.options.sampling == "external":
+                self._external(self.game.new_initial_state(), player)
+            else:
+                self._outcome(self.game.new_initial_state(), player, 1.0, 1.0, 1.0)
+        if self.options.discount is not None:
+            pos, neg, avg = _discount_factors(self.iterations, self.options.discount)
+            for key, r in self.regrets.items():
+                r *= np.where(r > 0, pos, neg)
+                self.cumulative_policy[key] *= avg
+
+    def run(self, iterations: int) -> "LazyMCCFRSolver":
+        for _ in range(iterations):
+            self.iteration()
+        return self
+
+    def average_policy_dict(self) -> dict[str, np.ndarray]:
+        """Information-state string -> average probabilities over the game's actions (the states met)."""
+        out = {}
+        for key, s in self.cumulative_policy.items():
+            total = s.sum()
+            out[key] = s / total if total > 0 else self.legal[key] / self.legal[key].sum()
+        return out

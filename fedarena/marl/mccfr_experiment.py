@@ -1,0 +1,167 @@
+"""The ``mccfr`` experiment kind: external- or outcome-sampling MCCFR (Lanctot et al., 2009;
+:mod:`fedarena.marl.mccfr`) with the exact exploitability of the average policy against iterations, histories
+touched and solver wall time, and the average policy exported as ``policy.json``
+(:mod:`fedarena.marl.policy_export`; ``fedarena evaluate RUN`` scores it exactly).
+
+Games whose tree fits ``max_tree_nodes`` run on the compiled tree (batched samples, exact exploitability);
+larger games (chess, oshi_zumo, 3-player Leduc) run on :class:`~fedarena.marl.mccfr.LazyMCCFRSolver`, which
+walks the game one sample at a time, logs histories touched and time, skips the exploitability (no exact
+best response exists at that size) and exports the information states it met (``complete: false`` in the file).
+``lazy: true`` forces the lazy walk on a small game too; there the states it never met play uniformly in the
+exploitability and the export.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedarena.envs import load_game
+from fedarena.envs.efg import TreeTooLargeError, check_tree_size
+from fedarena.marl.exploitability import exploitability
+from fedarena.marl.game_tree import game_tree
+from fedarena.marl.mccfr import LazyMCCFRSolver, MCCFROptions, MCCFRSolver
+from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
+from fedarena.platform.errors import RunError
+from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+
+
+@dataclass(frozen=True)
+class MCCFRConfig(ExperimentConfig):
+    game: str = param("leduc_poker", "game by name (kuhn_poker, leduc_poker, or an OpenSpiel game string)")
+    sampling: str = param("external", "external (sample chance and the others, explore the updating player) "
+                          "or outcome (sample one terminal history per episode)")
+    iterations: int = param(300, "iterations; each updates every player in turn from `batch` samples")
+    batch: int = param(512, "samples per player per iteration on the compiled tree (1: textbook MCCFR)")
+    averaging: str = param("uniform", "average-policy weights: uniform (1 per iteration) or linear (t)")
+    discount: list[float] | None = param(None, "[alpha, beta, gamma] of discounted CFR applied after every "
+                                         "iteration (Brown & Sandholm 2019); null: none")
+    exploration: float = param(0.6, "outcome sampling: epsilon of the updating player's sampling policy")
+    lazy: bool | None = param(None, "walk the game lazily (one sample at a time, no compiled tree); "
+                              "null: only when the tree is above max_tree_nodes")
+    max_tree_nodes: int | None = param(None, "histories the compiled tree may have (null: "
+                                       "$FEDARENA_MAX_TREE_NODES or 1,000,000)")
+    eval_every: int = param(10, "compute the exact exploitability of the average policy every this many iterations")
+
+    def __post_init__(self) -> None:
+        try:
+            load_game(self.game)
+        except (KeyError, TypeError) as e:
+            raise ValueError(str(e).strip("'\"")) from None
+        if self.iterations < 1:
+            raise ValueError(f"iterations: must be at least 1, got {self.iterations}")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every: must be at least 1, got {self.eval_every}")
+        if self.max_tree_nodes is not None and self.max_tree_nodes < 1:
+            raise ValueError(f"max_tree_nodes: must be at least 1 or null, got {self.max_tree_nodes}")
+        self.options()   # validates sampling, averaging, discount, exploration, batch
+
+    def options(self, lazy: bool = False) -> MCCFROptions:
+        return MCCFROptions(sampling=self.sampling, averaging=self.averaging,
+                            discount=None if self.discount is None else tuple(float(x) for x in self.discount),
+                            exploration=self.exploration, batch=1 if lazy else self.batch)
+
+
+def _fits(game: Any, max_tree_nodes: int | None) -> bool:
+    try:
+        check_tree_size(game, max_tree_nodes)
+    except TreeTooLargeError:
+        return False
+    return True
+
+
+def _average(solver: Any, game: Any, exact: bool) -> dict[str, np.ndarray]:
+    """The average policy; where the tree fits, the information states a lazy walk never met play uniformly."""
+    policy = solver.average_policy_dict()
+    if exact and isinstance(solver, LazyMCCFRSolver):
+        tree = game_tree(game)
+        uniform = tree.uniform_probs()
+        policy = {s: policy.get(s, uniform[j]) for j, s in enumerate(tree.infostates)}
+    return policy
+
+
+def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
+    game = load_game(cfg.game)
+    exact = _fits(game, cfg.max_tree_nodes)        # exact exploitability only where the tree fits
+    lazy = (not exact) if cfg.lazy is None else cfg.lazy
+    if lazy:
+        solver: Any = LazyMCCFRSolver(game, cfg.options(lazy=True), seed=cfg.seed)
+    else:
+        solver = MCCFRSolver(game, cfg.options(), seed=cfg.seed, max_tree_nodes=cfg.max_tree_nodes)
+    start, solver_time = 0, 0.0
+    restored = run.restore()
+    if restored:
+        start, state = restored
+        if lazy:
+            raise RunError("--resume: the lazy MCCFR walk keeps no checkpoints; start the run again")
+        solver.load_state_dict(state["solver"])
+        solver_time = float(state["solver_time"])
+    e = float("nan")
+    rows = []
+    name = f"{cfg.sampling}-sampling MCCFR"
+    with run.progress(total=cfg.iterations, initial=start, desc=f"mccfr {cfg.game}") as bar:
+        for it in range(start + 1, cfg.iterations + 1):
+            t0 = time.perf_counter()
+            solver.iteration()
+            solver_time += time.perf_counter() - t0
+            if it % cfg.eval_every == 0 or it == cfg.iterations or it == 1:
+                row = {"solver_time": solver_time, "nodes_touched": solver.nodes_touched}
+                if exact:
+                    e = row["exploitability"] = exploitability(game, _average(solver, game, exact))
+                else:
+                    row["information_states"] = len(solver.regrets)
+                run.log(it, **row)
+                rows.append({"step": it, **row})
+            if not lazy and (run.should_checkpoint(it) or it == cfg.iterations):
+                run.save_checkpoint(it, {"solver": solver.state_dict(), "solver_time": solver_time})
+            bar.update(1, expl=e)
+    export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), algorithm=name,
+                  iterations=cfg.iterations, batch=1 if lazy else cfg.batch, averaging=cfg.averaging,
+                  complete=exact)
+    summary: dict[str, Any] = {"game": cfg.game, "algorithm": name, "walk": "lazy" if lazy else "compiled tree",
+                               "iterations": cfg.iterations, "nodes_touched": int(solver.nodes_touched),
+                               "solver_seconds": solver_time, "policy": str(run.dir / POLICY_FILE)}
+    if exact:
+        summary["exploitability"] = e
+        below = [r for r in rows if r.get("exploitability", np.inf) <= 0.05]
+        if below:
+            summary.update({"first_below_0.05/iteration": below[0]["step"],
+                            "first_below_0.05/nodes_touched": below[0]["nodes_touched"],
+                            "first_below_0.05/solver_seconds": below[0]["solver_time"]})
+    return summary
+
+
+def plots_mccfr(rows, cfg: MCCFRConfig, report_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["step"], r["nodes_touched"], r["solver_time"], r["exploitability"]) for r in rows
+           if "exploitability" in r]
+    if not pts:
+        return []
+    steps, nodes, wall, expl = (np.array(v, dtype=float) for v in zip(*pts))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for ax, x, label in zip(axes, (steps, nodes, wall), ("iteration", "histories touched", "solver wall time (s)")):
+        ok = (x > 0) & (expl > 0)
+        ax.plot(x[ok], expl[ok], "-", lw=1.4, label=f"{cfg.sampling} sampling, batch {cfg.batch}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("exploitability of the average policy")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"MCCFR on {cfg.game}")
+    fig.tight_layout()
+    path = f"{report_dir}/exploitability.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+EXPERIMENT = Experiment(config=MCCFRConfig, run=run_mccfr, plots=plots_mccfr, evaluate=evaluate_exported,
+                        summary_keys=("exploitability", "nodes_touched", "solver_time"))
