@@ -215,13 +215,32 @@ def load(path: Path) -> tuple[int, Any]:
     return step, tree["state"]
 
 
-def load_newest_valid(directory: Path, warn=None) -> tuple[int, Any] | None:
-    """The newest checkpoint that reads cleanly (checksum or HMAC, archive, tree); each bad newer one is reported
-    through ``warn`` with its file name and the reason."""
+MALFORMED_CONTENT = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+"""What ``accept`` may raise for a checkpoint that reads cleanly but does not hold what the run expects."""
+
+
+def load_newest_valid(directory: Path, warn=None, accept=None) -> tuple[int, Any] | None:
+    """The newest checkpoint that reads cleanly (checksum or HMAC, archive, tree) and, when ``accept`` is given,
+    that ``accept(step, state)`` takes without raising one of :data:`MALFORMED_CONTENT` (a well-formed tree that
+    lacks what the experiment needs); each bad newer one is reported through ``warn`` with its file name and
+    the reason. A user error raised by ``accept`` (e.g. a config that cannot continue this run) propagates."""
     for step, path in reversed(list_checkpoints(directory)):
         try:
-            return load(path)
+            found = load(path)
         except CheckpointError as e:
             if warn is not None:
                 warn(f"skipping bad checkpoint: {e}")
+            continue
+        if accept is None:
+            return found
+        try:
+            accept(*found)
+        except MALFORMED_CONTENT as e:
+            if isinstance(e, UserError) or getattr(type(e), "user_error", False):
+                raise
+            if warn is not None:
+                warn(f"skipping bad checkpoint: {path}: its content does not fit this run "
+                     f"({type(e).__name__}: {e})")
+            continue
+        return found
     return None

@@ -85,15 +85,14 @@ def run_loop(run: Any, steps: Steps, *, eval_every: int = 0, eval_first: bool = 
     Evaluation cadence: with ``eval_every`` > 0 the loop calls ``steps.evaluate(step)`` (its metrics join the
     step's row) every ``eval_every`` steps, on the last step, and on step 1 when ``eval_first``.
     """
-    restored = run.restore()
+    restored = run.restore(accept=steps.load)  # a checkpoint whose content steps.load rejects falls back to an older one
     if restored is None:
         step = 0
         first = steps.init()
         if first:
             run.log(0, **first)
     else:
-        step, state = restored
-        steps.load(step, state)
+        step = restored[0]
         if steps.done():
             run.logger.info("the checkpoint (step %d) already meets the budget: no step to run", step)
     with run.progress(total=steps.total, initial=steps.units(), desc=steps.desc) as bar:

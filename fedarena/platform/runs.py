@@ -206,10 +206,12 @@ class Run:
             return None
         return self.save_checkpoint(step, state())
 
-    def restore(self) -> tuple[int, Any] | None:
+    def restore(self, accept=None) -> tuple[int, Any] | None:
         """The (step, state) of the newest valid checkpoint, or None on a fresh run.
 
-        Metric rows after that step are dropped. On a resumed run whose checkpoints are all invalid this raises
+        ``accept(step, state)``, when given, loads the state into the experiment; a checkpoint it fails on with
+        a malformed-content error (:data:`fedarena.platform.checkpoint.MALFORMED_CONTENT`) is skipped with a
+        warning and the next older one is tried. Metric rows after the chosen step are dropped. On a resumed run whose checkpoints are all invalid this raises
         instead of silently starting over; a run stopped before it wrote any checkpoint starts over (its rows are
         dropped and written again).
         """
@@ -222,7 +224,8 @@ class Run:
             self._tb_purge = -1
             self.resuming = False
             return None
-        found = ckpt.load_newest_valid(self.checkpoint_dir, warn=self.logger.warning)
+        loads = None if accept is None else lambda step, full: accept(step, full["experiment"])
+        found = ckpt.load_newest_valid(self.checkpoint_dir, warn=self.logger.warning, accept=loads)
         if found is None:
             raise RunError(f"{self.dir}: no valid checkpoint to resume from (the run would start over)")
         step, full = found

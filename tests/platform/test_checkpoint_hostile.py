@@ -273,3 +273,25 @@ def test_snapshot_bomb_is_refused(tmp_path):
     (snap / "manifest.json").write_text(json.dumps({**m, "sha256": hashlib.sha256(bomb).hexdigest()}))
     with pytest.raises(SnapshotError, match="more than the limit"):
         store.load("main-0-v0001")
+
+
+def test_resume_skips_a_well_formed_checkpoint_whose_content_the_kind_cannot_load(tmp_path):
+    """A tree that reads cleanly (valid checksum, valid structure) but lacks what the experiment's state needs:
+    the run loop's loader rejects it, and the resume falls back to the older checkpoint instead of failing."""
+    out = tmp_path / "run"
+    overrides = ["iterations=40", "checkpoint.every=10", "checkpoint.keep=5", "algorithms=[fictitious_play]"]
+    execute(ROOT / "experiments/quickstart.yaml", overrides, out=out, quiet=True, report=False)
+    reference = [{k: v for k, v in r.items() if k != "wall_time"} for r in read_metrics(out)]
+    newest = ckpt.checkpoint_path(out / "checkpoints", 40)
+    newest.unlink()
+    ckpt.save(out / "checkpoints", 40, {"experiment": {"fictitious_play": {"not": "its state"}},
+                                        "platform": {"elapsed": 1.0}}, keep=5)
+    assert ckpt.load(newest)[0] == 40  # it reads cleanly: only its content is wrong
+    status = json.loads((out / "status.json").read_text())
+    (out / "status.json").write_text(json.dumps({**status, "state": "running"}))
+    execute(None, [], resume=out, quiet=True, report=False)
+    log = (out / "run.log").read_text()
+    assert "ckpt-000000040.fdck: its content does not fit this run (KeyError" in log
+    assert "resumed from checkpoint at step 30" in log
+    assert [{k: v for k, v in r.items() if k != "wall_time"} for r in read_metrics(out)] == reference
+    assert json.loads((out / "status.json").read_text())["state"] == "completed"
