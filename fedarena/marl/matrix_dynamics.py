@@ -225,16 +225,22 @@ def plots(rows, cfg: MatrixDynamicsConfig, report_dir: str) -> list[str]:
     colors = {"selfplay": "tab:red", "fictitious_play": "tab:blue"}
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     final = {}
+    curves = {(a, which): np.array([r[f"{a}/exploitability_{which}"] for r in rows], dtype=float)
+              for a in cfg.algorithms for which in ("current", "average")}
+    # log axes start at the first positive value and zeros are not drawn; a game where every strategy played is
+    # already an equilibrium (all values 0, e.g. both players starting at defect) is drawn on a linear axis
+    log_y = any(((steps > 0) & (y > 0)).any() for y in curves.values())
     for a in cfg.algorithms:
         for which, style, lw in (("current", "--", 2.6 if a == "selfplay" else 1.2), ("average", "-", 1.4)):
-            y = np.array([r[f"{a}/exploitability_{which}"] for r in rows], dtype=float)
-            keep = (steps > 0) & (y > 0)  # log axes start at the first positive value; zeros are not drawn
+            y = curves[a, which]
+            keep = (steps > 0) & (y > 0) if log_y else steps > 0
             ax.plot(steps[keep], y[keep], style, color=colors.get(a), lw=lw,
                     label=f"{a} ({which} strategy)", zorder=3 if which == "current" and a == "selfplay" else 2)
             if which == "average":
                 final[a] = y[-1]
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    if log_y:
+        ax.set_yscale("log")
     ax.set_xlabel("iteration")
     ax.set_ylabel("exploitability (NashConv / 2)")
     ranked = sorted(final, key=final.get)
@@ -279,10 +285,10 @@ def plots(rows, cfg: MatrixDynamicsConfig, report_dir: str) -> list[str]:
             ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{a}: player 0 strategy")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.02) if n == 3 else None)
+    fig.suptitle(f"Player 0's strategy on {game.name}", fontsize=11)
     fig.tight_layout()
-    fig.subplots_adjust(top=0.9)
     paths.append(f"{report_dir}/strategies.png")
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")  # legends placed below the simplex stay in the figure
     plt.close(fig)
     return paths
 

@@ -92,3 +92,21 @@ def test_shapley_game_fictitious_play_does_not_converge():
     _, history = _run("fictitious_play", g, 3000)
     # Shapley (1964): the empirical play cycles with growing periods; NashConv stays bounded away from 0
     assert min(avg for _, avg in history[1000:]) > 0.05
+
+
+def test_report_of_a_run_that_starts_at_the_equilibrium(tmp_path):
+    """Both players start at defect in the prisoner's dilemma: every exploitability is exactly 0 (the closed form),
+    and the report still draws (a log axis cannot hold only zeros)."""
+    import json
+    from pathlib import Path
+
+    from fedarena.platform.runs import execute
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "run"
+    execute(root / "experiments/prisoners_dilemma.yaml", ["initial_actions=[1, 1]", "iterations=20"], out=out,
+            quiet=True)
+    status = json.loads((out / "status.json").read_text())
+    assert status["state"] == "completed"
+    assert all(v == 0.0 for k, v in status["summary"].items() if "exploitability" in k)
+    assert (out / "report" / "exploitability.png").stat().st_size > 0
