@@ -73,4 +73,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), "Result"])
+    return sorted([*__all__, "__version__"])
