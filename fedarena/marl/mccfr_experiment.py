@@ -22,6 +22,7 @@ import numpy as np
 from fedarena.envs import load_game
 from fedarena.envs.efg import TreeTooLargeError, check_tree_size
 from fedarena.marl.exploitability import exploitability
+from fedarena.marl.game_experiments import _check_common
 from fedarena.marl.game_tree import game_tree
 from fedarena.marl.mccfr import LazyMCCFRSolver, MCCFROptions, MCCFRSolver
 from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
@@ -47,14 +48,7 @@ class MCCFRConfig(ExperimentConfig):
     eval_every: int = param(10, "compute the exact exploitability of the average policy every this many iterations")
 
     def __post_init__(self) -> None:
-        try:
-            load_game(self.game)
-        except (KeyError, TypeError) as e:
-            raise ValueError(str(e).strip("'\"")) from None
-        if self.iterations < 1:
-            raise ValueError(f"iterations: must be at least 1, got {self.iterations}")
-        if self.eval_every < 1:
-            raise ValueError(f"eval_every: must be at least 1, got {self.eval_every}")
+        _check_common(self)  # game, iterations, eval_every: as the exact solvers' kinds check them
         if self.max_tree_nodes is not None and self.max_tree_nodes < 1:
             raise ValueError(f"max_tree_nodes: must be at least 1 or null, got {self.max_tree_nodes}")
         self.options()   # validates sampling, averaging, discount, exploration, batch
