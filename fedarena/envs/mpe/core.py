@@ -37,11 +37,19 @@ class WorldSpec:
     landmark_size: np.ndarray    # (L,)
     landmark_collide: np.ndarray  # (L,) bool
     dim_c: int
-    colliders: np.ndarray = field(init=False)  # entity indices (agents, then landmarks) that collide
+    pair_a: np.ndarray = field(init=False)  # colliding pairs (a < b, entity indices: agents, then landmarks)
+    pair_b: np.ndarray = field(init=False)
+    pair_dist_min: np.ndarray = field(init=False)  # size_a + size_b
 
     def __post_init__(self) -> None:
         collide = np.concatenate([self.agent_collide, self.landmark_collide])
-        object.__setattr__(self, "colliders", np.flatnonzero(collide))
+        movable = np.concatenate([self.agent_movable, np.zeros(len(self.landmark_size), dtype=bool)])
+        size = np.concatenate([self.agent_size, self.landmark_size])
+        pairs = [(a, b) for a in range(len(collide)) for b in range(a + 1, len(collide))
+                 if collide[a] and collide[b] and (movable[a] or movable[b])]
+        object.__setattr__(self, "pair_a", np.array([a for a, _ in pairs], dtype=np.int64))
+        object.__setattr__(self, "pair_b", np.array([b for _, b in pairs], dtype=np.int64))
+        object.__setattr__(self, "pair_dist_min", np.array([size[a] + size[b] for a, b in pairs]))
 
     @property
     def num_agents(self) -> int:
@@ -112,24 +120,20 @@ def decode_actions(spec: WorldSpec, actions: list[np.ndarray], continuous: bool)
 
 def contact_forces(spec: WorldSpec, ws: WorldState, force: np.ndarray) -> None:
     """Add the soft contact forces between colliding entities to the agents' ``force (n, A, 2)`` in place."""
-    idx = spec.colliders
-    if len(idx) < 2:
+    if len(spec.pair_a) == 0:
         return
     A = spec.num_agents
-    pos = np.concatenate([ws.agent_pos, ws.landmark_pos], axis=1)[:, idx]       # (n, K, 2)
-    size = np.concatenate([spec.agent_size, spec.landmark_size])[idx]
-    delta = pos[:, :, None, :] - pos[:, None, :, :]                              # (n, K, K, 2): a - b
-    dist = np.sqrt(np.sum(np.square(delta), axis=-1))
-    K = len(idx)
-    eye = np.eye(K, dtype=bool)
-    dist = np.where(eye, 1.0, dist)
+    pos = np.concatenate([ws.agent_pos, ws.landmark_pos], axis=1) if spec.num_landmarks else ws.agent_pos
+    delta = pos[:, spec.pair_a] - pos[:, spec.pair_b]                                     # (n, P, 2): a - b
+    dist = np.sqrt(np.square(delta[..., 0]) + np.square(delta[..., 1]))
     k = CONTACT_MARGIN
-    penetration = np.logaddexp(0, -(dist - (size[:, None] + size[None, :])) / k) * k
+    penetration = np.logaddexp(0, -(dist - spec.pair_dist_min) / k) * k
     f = CONTACT_FORCE * delta / dist[..., None] * penetration[..., None]
-    agents = idx < A
-    for b in range(K):  # mpe2 adds the forces in the other entity's index order
-        on = agents & (np.arange(K) != b)
-        force[:, idx[on]] += f[:, on, b]
+    for p, (a, b) in enumerate(zip(spec.pair_a, spec.pair_b)):  # mpe2's pair order: a < b, lexicographic
+        if a < A:
+            force[:, a] += f[:, p]
+        if b < A:
+            force[:, b] -= f[:, p]
 
 
 def world_step(spec: WorldSpec, ws: WorldState, u: np.ndarray, c: np.ndarray) -> None:

@@ -20,7 +20,8 @@ from fedarena.envs.mpe.core import WorldSpec, WorldState
 
 def distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Euclidean distance over the last axis (``mpe2``'s ``sqrt(sum(square(a - b)))``)."""
-    return np.sqrt(np.sum(np.square(a - b), axis=-1))
+    d = a - b
+    return np.sqrt(np.square(d[..., 0]) + np.square(d[..., 1])) if d.shape[-1] == 2 else np.sqrt(np.sum(np.square(d), -1))
 
 
 def relative(points: np.ndarray, origin: np.ndarray) -> np.ndarray:
