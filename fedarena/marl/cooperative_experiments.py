@@ -1,6 +1,7 @@
 """Experiment kind ``cooperative_marl``: QMIX, VDN and independent PPO side by side on a cooperative
 PettingZoo parallel task (MPE ``simple_spread_v3`` from ``mpe2``, or the QMIX paper's two-step game
-``two_step_v0``), over several seeds.
+``two_step_v0``), over several seeds. MPE tasks run on fedarena's vectorised copy of ``mpe2``
+(:mod:`fedarena.envs.mpe`) unless ``vectorised: false``.
 
 Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in rounds of
 ``steps_per_round`` environment steps so the metric rows line up. Every round starts fresh episodes on all
@@ -25,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from fedarena.envs.mpe.batch import MPEBatch
 from fedarena.envs.pettingzoo_adapters import UnknownEnvError, make_env
-from fedarena.envs.pettingzoo_batch import ParallelEnvBatch
+from fedarena.envs.pettingzoo_batch import ParallelEnvBatch, observation_size
 from fedarena.marl.independent import IndependentPPO
 from fedarena.marl.value_decomposition import ValueDecompositionConfig, ValueDecompositionTrainer
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
@@ -56,14 +58,30 @@ class CooperativeConfig(ExperimentConfig):
                          "process. Results do not depend on it: every learner has its own environments and RNGs")
     checkpoint_replay: bool = param(True, "store QMIX/VDN replay buffers in checkpoints (without them a resumed "
                                     "run re-fills its buffers from empty)")
+    vectorised: bool = param(True, "MPE tasks (mpe2.*): run fedarena's vectorised numpy MPE (fedarena.envs.mpe, "
+                             "step for step equal to mpe2) instead of mpe2's Python envs through the PettingZoo "
+                             "batch runner; episodes start from other draws of the same distribution")
 
     def __post_init__(self) -> None:
-        try:
-            make_env(self.env_id, api="parallel", **self.env_kwargs())
-        except UnknownEnvError as e:
-            raise ValueError(str(e)) from None
-        except TypeError as e:
-            raise ValueError(f"env_id: '{self.env_id}' rejects its arguments {self.env_kwargs()}: {e}") from None
+        if self.uses_vectorised_mpe():
+            try:
+                env = MPEBatch(self.env_id, 1, **self.env_kwargs())
+            except ValueError as e:  # unknown scenario (with a did-you-mean), heterogeneous agents
+                raise ValueError(str(e)) from None
+            sizes, acts = [env.obs_size], [env.num_actions]
+        else:
+            try:
+                env = make_env(self.env_id, api="parallel", **self.env_kwargs())
+            except UnknownEnvError as e:
+                raise ValueError(str(e)) from None
+            except TypeError as e:
+                raise ValueError(f"env_id: '{self.env_id}' rejects its arguments {self.env_kwargs()}: {e}") from None
+            sizes = sorted({observation_size(env.observation_space(a)) for a in env.possible_agents})
+            acts = sorted({getattr(env.action_space(a), "n", -1) for a in env.possible_agents})
+        if len(sizes) != 1 or len(acts) != 1:
+            raise ValueError(f"env_id: '{self.env_id}' has agents of different observation sizes {sizes} or action "
+                             f"counts {acts}; qmix, vdn and ippo share one network over all agents here: use kind "
+                             "marl_mappo, which shares a network per group of like agents")
         if not self.algorithms:
             raise ValueError("algorithms: give at least one of " + ", ".join(ALGORITHMS))
         for a in self.algorithms:
@@ -85,15 +103,23 @@ class CooperativeConfig(ExperimentConfig):
     def env_kwargs(self) -> dict[str, Any]:
         return {} if self.max_cycles is None else {"max_cycles": self.max_cycles}
 
+    def uses_vectorised_mpe(self) -> bool:
+        return self.vectorised and self.env_id.startswith("mpe2.")
+
 
 class _Learner:
     """One (algorithm, seed) learner with its environments, counters and evaluation."""
 
     def __init__(self, algorithm: str, seed: int, cfg: CooperativeConfig) -> None:
         self.algorithm, self.seed = algorithm, seed
-        make = lambda: make_env(cfg.env_id, api="parallel", **cfg.env_kwargs())  # noqa: E731
-        self.env = ParallelEnvBatch(make, cfg.num_envs, seed=seed)
-        self.eval_env = ParallelEnvBatch(make, min(cfg.num_envs, cfg.eval_episodes), seed=10_000 + seed)
+        n_eval = min(cfg.num_envs, cfg.eval_episodes)
+        if cfg.uses_vectorised_mpe():
+            self.env: Any = MPEBatch(cfg.env_id, cfg.num_envs, seed=seed, **cfg.env_kwargs())
+            self.eval_env: Any = MPEBatch(cfg.env_id, n_eval, seed=10_000 + seed, **cfg.env_kwargs())
+        else:
+            make = lambda: make_env(cfg.env_id, api="parallel", **cfg.env_kwargs())  # noqa: E731
+            self.env = ParallelEnvBatch(make, cfg.num_envs, seed=seed)
+            self.eval_env = ParallelEnvBatch(make, n_eval, seed=10_000 + seed)
         if algorithm == "ippo":
             self.impl: Any = IndependentPPO(self.env, cfg.ppo, shared=cfg.ippo_shared, seed=seed,
                                             total_steps=cfg.env_steps)
