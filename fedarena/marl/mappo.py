@@ -235,10 +235,10 @@ class MAPPO:
     """MAPPO (or IPPO with ``centralised_critic=False``) on ``num_envs`` copies of an MPE scenario."""
 
     def __init__(self, env_id: str, num_envs: int, config: MAPPOConfig, seed: int = 0, max_cycles: int = 25,
-                 **scenario_kwargs: Any) -> None:
+                 eval_envs: int = 16, **scenario_kwargs: Any) -> None:
         self.config = config
         self.env = MPEVecEnv(env_id, num_envs, max_cycles=max_cycles, seed=seed, **scenario_kwargs)
-        self.eval_env = MPEVecEnv(env_id, num_envs, max_cycles=max_cycles, seed=10_000 + seed, **scenario_kwargs)
+        self.eval_env = MPEVecEnv(env_id, eval_envs, max_cycles=max_cycles, seed=10_000 + seed, **scenario_kwargs)
         e = self.env
         self.group_members = agent_groups(list(e.agents), e.observation_sizes, e.action_sizes, config.share)
         init_rng = np.random.default_rng([seed, 0])
@@ -329,9 +329,10 @@ class MAPPO:
         agent acting greedily except those in ``random_agents``, which act uniformly at random."""
         env, out = self.eval_env, []
         rng = np.random.default_rng(12345)
-        env.reset(10_000 + self.seed)
+        obs = env.reset(10_000 + self.seed)
         while len(out) < episodes:
-            obs = env.reset()
+            if out:
+                obs = env.reset()
             total = np.zeros(env.num_envs)
             for _ in range(env.max_cycles):
                 actions, _ = self._act(obs, greedy=True)

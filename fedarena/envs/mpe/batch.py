@@ -36,7 +36,7 @@ class MPEBatch:
                                zip(self.vec.agents, self.vec.observation_sizes, self.vec.action_sizes))
             raise HeterogeneousAgentsError(
                 f"env_id: '{env_id}' has agents of different observation sizes or action counts ({detail}); "
-                "one shared network cannot take them all: use kind marl_mappo, which shares a network per group")
+                "one shared network cannot take them all: use algorithm mappo, which shares a network per group")
         self.agents = list(self.vec.agents)
         self.num_envs, self.num_agents = num_envs, self.vec.num_agents
         self.obs_size, self.num_actions = sizes.pop(), acts.pop()
