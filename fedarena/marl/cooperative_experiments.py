@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from fedarena import engine
 from fedarena.envs.mpe import MPEVecEnv
 from fedarena.envs.mpe.batch import MPEBatch
 from fedarena.envs.pettingzoo_adapters import UnknownEnvError, make_env
@@ -67,6 +68,8 @@ class CooperativeConfig(ExperimentConfig):
                          "process. Results do not depend on it: every learner has its own environments and RNGs")
     checkpoint_replay: bool = param(True, "store QMIX/VDN replay buffers in checkpoints (without them a resumed "
                                     "run re-fills its buffers from empty)")
+    engine_threads: int = param(1, "BLAS and engine threads per learner process: 1 avoids the oversubscription "
+                                "that makes small-network updates many times slower when processes share the cores")
     vectorised: bool = param(True, "MPE tasks (mpe2.*): run fedarena's vectorised numpy MPE (fedarena.envs.mpe, "
                              "step for step equal to mpe2) instead of mpe2's Python envs through the PettingZoo "
                              "batch runner; episodes start from other draws of the same distribution")
@@ -111,7 +114,8 @@ class CooperativeConfig(ExperimentConfig):
             raise ValueError(f"algorithms: listed twice in {self.algorithms}")
         if not self.learner_seeds or len(set(self.learner_seeds)) != len(self.learner_seeds):
             raise ValueError(f"learner_seeds: expected distinct seeds, got {self.learner_seeds}")
-        for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes", "workers"):
+        for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes", "workers",
+                     "engine_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         rollout = math.lcm(self.ppo.num_steps if "ippo" in self.algorithms else 1,
@@ -223,6 +227,7 @@ class _Group:
     """The learners one process owns: advances them round by round and gathers their metric columns."""
 
     def __init__(self, specs: list[tuple[str, int]], cfg: CooperativeConfig) -> None:
+        engine.set_num_threads(cfg.engine_threads)
         self.cfg = cfg
         self.learners = [_Learner(a, s, cfg) for a, s in specs]
 

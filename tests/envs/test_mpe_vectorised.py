@@ -104,3 +104,30 @@ def test_bad_actions_are_refused():
     env.reset(seed=0)
     with pytest.raises(ValueError, match=r"actions\[1\] \(agent_1\): actions must be in 0..4"):
         env.step([np.zeros(2, dtype=int), np.array([0, 5]), np.zeros(2, dtype=int)])
+
+
+def test_stacked_batch_follows_the_parallel_batch_contract():
+    from fedarena.envs.mpe.batch import HeterogeneousAgentsError, MPEBatch
+
+    batch = MPEBatch("mpe2.simple_spread_v3", 1, seed=5, max_cycles=10)
+    ref = reference("simple_spread", False)
+    ref_obs, _ = ref.reset(seed=5)
+    obs, mask, state = batch.reset()
+    assert mask.all() and mask.shape == (1, 3, 5) and state.shape == (1, 54)
+    np.testing.assert_array_equal(obs[0], np.stack([ref_obs[a] for a in ref.possible_agents]))
+    rng = np.random.default_rng(0)
+    total = np.zeros(3)
+    for t in range(10):
+        acts = rng.integers(0, 5, (1, 3))
+        o, r, *_ = ref.step({a: int(acts[0, i]) for i, a in enumerate(ref.possible_agents)})
+        st = batch.step(acts)
+        total += [r[a] for a in ref.possible_agents]
+        np.testing.assert_allclose(st.reward[0], [r[a] for a in ref.possible_agents], atol=1e-12)
+        last = np.stack([o[a] for a in ref.possible_agents])
+    assert st.episode_end[0] and st.truncated.all() and st.episode_length[0] == 10
+    np.testing.assert_allclose(st.episode_return[0], total, atol=1e-9)
+    np.testing.assert_array_equal(st.final_obs[0], last)
+    np.testing.assert_array_equal(st.final_state[0], last.reshape(-1))
+    assert not np.array_equal(st.obs[0], last)  # a new episode started in the same step
+    with pytest.raises(HeterogeneousAgentsError, match="speaker_0: 3 obs / 3 actions, listener_0: 11 obs / 5 actions"):
+        MPEBatch("mpe2.simple_speaker_listener_v4", 2)
