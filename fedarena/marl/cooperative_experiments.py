@@ -245,6 +245,9 @@ class _Group:
             row[f"{tag}/wall_time"] = L.wall
             if evaluate:
                 L.greedy = row[f"{tag}/greedy_return"] = L.greedy_return(self.cfg.eval_episodes)
+                if L.algorithm == "mappo" and len(L.impl.greedy_by_type) > 1:  # mixed games: each side's return
+                    for t, v in L.impl.greedy_by_type.items():
+                        row[f"{tag}/greedy_return_{t}"] = v
         return row
 
     def state(self, replay: bool) -> list[dict[str, Any]]:
@@ -371,8 +374,10 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
                 row: dict[str, Any] = {}
                 for part in _call(groups, "round", k, k % cfg.eval_every == 0 or k == rounds):
                     row.update(part)
-                row = {f"{a}/seed{s}/{key}": row[f"{a}/seed{s}/{key}"] for a, s in specs
-                       for key in ("return", "episodes", "wall_time", "greedy_return") if f"{a}/seed{s}/{key}" in row}
+                known = ("return", "episodes", "wall_time", "greedy_return")
+                row = {**{f"{a}/seed{s}/{key}": row[f"{a}/seed{s}/{key}"] for a, s in specs for key in known
+                          if f"{a}/seed{s}/{key}" in row},
+                       **{key: v for key, v in row.items() if "/greedy_return_" in key}}
                 for key, v in row.items():
                     if key.endswith("/greedy_return"):
                         a, s = key.split("/")[:2]

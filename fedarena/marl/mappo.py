@@ -249,6 +249,7 @@ class MAPPO:
         self._returns = np.zeros((num_envs, e.num_agents))
         self.env_steps = 0
         self.episodes = 0
+        self.greedy_by_type: dict[str, float] = {}
 
     def reset_episodes(self, seed: int | None = None) -> None:
         self.obs = self.env.reset(seed)
@@ -325,25 +326,30 @@ class MAPPO:
         return returns, metrics
 
     def greedy_return(self, episodes: int, random_agents: tuple[str, ...] = ()) -> float:
-        """Mean team return of ``episodes`` episodes on the evaluation copies (same starts each call), every
-        agent acting greedily except those in ``random_agents``, which act uniformly at random."""
+        """Mean team return (mean over agents) of ``episodes`` episodes on the evaluation copies (same starts
+        each call), every agent acting greedily except those in ``random_agents``, which act uniformly at
+        random. The mean return of each agent type is left in :attr:`greedy_by_type`."""
         env, out = self.eval_env, []
         rng = np.random.default_rng(12345)
         obs = env.reset(10_000 + self.seed)
         while len(out) < episodes:
             if out:
                 obs = env.reset()
-            total = np.zeros(env.num_envs)
+            total = np.zeros((env.num_envs, env.num_agents))
             for _ in range(env.max_cycles):
                 actions, _ = self._act(obs, greedy=True)
                 for i, a in enumerate(env.agents):
                     if a in random_agents:
                         actions[i] = rng.integers(0, env.action_sizes[i], env.num_envs)
                 st = env.step(actions)
-                total += st.reward.mean(axis=1)
+                total += st.reward
                 obs = st.obs
             out.extend(total.tolist())
-        return float(np.mean(out[:episodes]))
+        per_agent = np.array(out[:episodes])
+        types = [agent_type(a) for a in env.agents]
+        self.greedy_by_type = {t: float(per_agent[:, [i for i, u in enumerate(types) if u == t]].mean())
+                               for t in dict.fromkeys(types)}
+        return float(per_agent.mean())
 
     def state_dict(self) -> dict[str, Any]:
         return {"groups": [{"params": g.params, "opt_state": g.opt_state, "value_norm": g.value_norm.state()}
