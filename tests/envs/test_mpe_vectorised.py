@@ -76,10 +76,9 @@ def test_contacts_are_exercised():
     world = ref.unwrapped.world
     for k, ag in enumerate(world.agents):
         ag.state.p_pos = np.array([0.01 * k, 0.0])
-    ws = env.set_state(WorldState(np.array([[[0.01 * k, 0.0] for k in range(4)]]), np.zeros((1, 4, 2)),
+    env.set_state(WorldState(np.array([[[0.01 * k, 0.0] for k in range(4)]]), np.zeros((1, 4, 2)),
                                   np.zeros((1, 4, 2)), np.stack([lm.state.p_pos for lm in world.landmarks])[None],
                                   np.zeros((1, 0), dtype=np.int64)))
-    assert ws is not None
     o, r, *_ = ref.step({a: 0 for a in ref.agents})
     st = env.step([np.zeros(1, dtype=np.int64)] * 4)
     for i, a in enumerate(env.agents):

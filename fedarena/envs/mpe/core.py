@@ -81,10 +81,6 @@ class WorldState:
         return WorldState(self.agent_pos.copy(), self.agent_vel.copy(), self.agent_c.copy(),
                           self.landmark_pos.copy(), self.goal.copy())
 
-    def take(self, index: np.ndarray | slice) -> "WorldState":
-        return WorldState(self.agent_pos[index], self.agent_vel[index], self.agent_c[index],
-                          self.landmark_pos[index], self.goal[index])
-
 
 def decode_actions(spec: WorldSpec, actions: list[np.ndarray], continuous: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per-agent actions -> ``(u (n, A, 2) forces, c (n, A, dim_c) messages)`` as ``mpe2``'s ``_set_action``.
