@@ -1,6 +1,7 @@
 """Experiment kind ``cooperative_marl``: QMIX, VDN and independent PPO side by side on a cooperative
 PettingZoo parallel task (MPE ``simple_spread_v3`` from ``mpe2``, or the QMIX paper's two-step game
-``two_step_v0``), over several seeds.
+``two_step_v0``), over several seeds. MPE tasks run on fedarena's vectorised copy of ``mpe2``
+(:mod:`fedarena.envs.mpe`) unless ``vectorised: false``.
 
 Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in rounds of
 ``steps_per_round`` environment steps so the metric rows line up. Every round starts fresh episodes on all
@@ -19,27 +20,34 @@ band) and, for the two-step game, counts the seeds whose greedy policy reaches t
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from fedarena import engine
+from fedarena.envs.mpe import MPEVecEnv
+from fedarena.envs.mpe.batch import MPEBatch
 from fedarena.envs.pettingzoo_adapters import UnknownEnvError, make_env
-from fedarena.envs.pettingzoo_batch import ParallelEnvBatch
+from fedarena.envs.pettingzoo_batch import ParallelEnvBatch, observation_size
 from fedarena.marl.independent import IndependentPPO
+from fedarena.marl.mappo import MAPPO, MAPPOConfig, agent_groups
 from fedarena.marl.value_decomposition import ValueDecompositionConfig, ValueDecompositionTrainer
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.rl.ppo import PPOConfig
 
-ALGORITHMS = ("qmix", "vdn", "ippo")
+ALGORITHMS = ("qmix", "vdn", "ippo", "mappo")
+STACKED = ("qmix", "vdn", "ippo")  # one network over all agents' stacked observations
 
 
 @dataclass(frozen=True)
 class CooperativeConfig(ExperimentConfig):
     env_id: str = param("mpe2.simple_spread_v3", "PettingZoo parallel env id (or two_step_v0, the QMIX paper's game)")
     max_cycles: int | None = param(25, "episode length of MPE tasks (passed as max_cycles); null for envs without it")
-    algorithms: list[str] = param(doc="algorithms run side by side: qmix, vdn, ippo", factory=lambda: list(ALGORITHMS))
+    algorithms: list[str] = param(doc="algorithms run side by side: qmix, vdn, ippo, mappo (mappo: vectorised MPE "
+                                  "tasks only)", factory=lambda: list(STACKED))
     learner_seeds: list[int] = param(doc="seeds per algorithm inside this one run, so the report compares them "
                                      "(the run's seed is added to each)", factory=lambda: [0])
     num_envs: int = param(8, "environment copies per learner")
@@ -51,19 +59,52 @@ class CooperativeConfig(ExperimentConfig):
     value_decomposition: ValueDecompositionConfig = param(
         doc="QMIX/VDN hyper-parameters (mixer is set per algorithm)", factory=ValueDecompositionConfig)
     ppo: PPOConfig = param(doc="IPPO's PPO hyper-parameters (num_envs is the env copies)", factory=PPOConfig)
+    mappo: MAPPOConfig = param(doc="MAPPO's hyper-parameters (Yu et al. 2022's MPE defaults)", factory=MAPPOConfig)
+    random_agents: list[str] = param(doc="agents that act uniformly at random in one more greedy evaluation at "
+                                     "the end, a baseline in the summary (e.g. [listener_0] in speaker-listener)",
+                                     factory=list)
     ippo_shared: bool = param(True, "IPPO: one network for all agents (agent-id input) instead of one per agent")
     workers: int = param(1, "processes the learners are spread over (round-robin); 1 runs them all in this "
                          "process. Results do not depend on it: every learner has its own environments and RNGs")
     checkpoint_replay: bool = param(True, "store QMIX/VDN replay buffers in checkpoints (without them a resumed "
                                     "run re-fills its buffers from empty)")
+    engine_threads: int = param(1, "BLAS and engine threads per learner process: 1 avoids the oversubscription "
+                                "that makes small-network updates many times slower when processes share the cores")
+    vectorised: bool = param(True, "MPE tasks (mpe2.*): run fedarena's vectorised numpy MPE (fedarena.envs.mpe, "
+                             "step for step equal to mpe2) instead of mpe2's Python envs through the PettingZoo "
+                             "batch runner; episodes start from other draws of the same distribution")
 
     def __post_init__(self) -> None:
-        try:
-            make_env(self.env_id, api="parallel", **self.env_kwargs())
-        except UnknownEnvError as e:
-            raise ValueError(str(e)) from None
-        except TypeError as e:
-            raise ValueError(f"env_id: '{self.env_id}' rejects its arguments {self.env_kwargs()}: {e}") from None
+        if self.uses_vectorised_mpe():
+            try:
+                vec = MPEVecEnv(self.env_id, 1, **self.env_kwargs())
+            except ValueError as e:  # unknown scenario (with a did-you-mean), bad scenario options
+                raise ValueError(str(e)) from None
+            agents = list(vec.agents)
+            sizes, acts = sorted(set(vec.observation_sizes)), sorted(set(vec.action_sizes))
+            if "mappo" in self.algorithms:
+                agent_groups(agents, vec.observation_sizes, vec.action_sizes, self.mappo.share)
+        else:
+            if "mappo" in self.algorithms:
+                raise ValueError(f"algorithms: mappo runs on the vectorised MPE tasks (env_id mpe2.*, vectorised: "
+                                 f"true), not on '{self.env_id}'")
+            try:
+                env = make_env(self.env_id, api="parallel", **self.env_kwargs())
+            except UnknownEnvError as e:
+                raise ValueError(str(e)) from None
+            except TypeError as e:
+                raise ValueError(f"env_id: '{self.env_id}' rejects its arguments {self.env_kwargs()}: {e}") from None
+            agents = list(env.possible_agents)
+            sizes = sorted({observation_size(env.observation_space(a)) for a in agents})
+            acts = sorted({getattr(env.action_space(a), "n", -1) for a in agents})
+        stacked = [a for a in self.algorithms if a in STACKED]
+        if stacked and (len(sizes) != 1 or len(acts) != 1):
+            raise ValueError(f"algorithms: {', '.join(stacked)} share one network over all agents, but '{self.env_id}' "
+                             f"has agents of different observation sizes {sizes} or action counts {acts}; use "
+                             "mappo, which shares a network per group of like agents")
+        for a in self.random_agents:
+            if a not in agents:
+                raise ValueError(f"random_agents: no agent '{a}' in {self.env_id}; agents: {', '.join(agents)}")
         if not self.algorithms:
             raise ValueError("algorithms: give at least one of " + ", ".join(ALGORITHMS))
         for a in self.algorithms:
@@ -73,17 +114,23 @@ class CooperativeConfig(ExperimentConfig):
             raise ValueError(f"algorithms: listed twice in {self.algorithms}")
         if not self.learner_seeds or len(set(self.learner_seeds)) != len(self.learner_seeds):
             raise ValueError(f"learner_seeds: expected distinct seeds, got {self.learner_seeds}")
-        for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes", "workers"):
+        for name in ("num_envs", "env_steps", "steps_per_round", "eval_every", "eval_episodes", "workers",
+                     "engine_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        chunk = self.num_envs * (self.ppo.num_steps if "ippo" in self.algorithms else 1)
+        rollout = math.lcm(self.ppo.num_steps if "ippo" in self.algorithms else 1,
+                           self.mappo.num_steps if "mappo" in self.algorithms else 1)
+        chunk = self.num_envs * rollout
         if self.steps_per_round % chunk or self.env_steps % self.steps_per_round:
-            what = "num_envs x ppo.num_steps" if "ippo" in self.algorithms else "num_envs"
+            what = "num_envs x the rollout lengths (ppo.num_steps, mappo.num_steps)" if rollout > 1 else "num_envs"
             raise ValueError(f"steps_per_round: {self.steps_per_round} must be a multiple of {what} ({chunk}) and "
                              f"divide env_steps ({self.env_steps}), so every round ends on the same step")
 
     def env_kwargs(self) -> dict[str, Any]:
         return {} if self.max_cycles is None else {"max_cycles": self.max_cycles}
+
+    def uses_vectorised_mpe(self) -> bool:
+        return self.vectorised and self.env_id.startswith("mpe2.")
 
 
 class _Learner:
@@ -91,11 +138,23 @@ class _Learner:
 
     def __init__(self, algorithm: str, seed: int, cfg: CooperativeConfig) -> None:
         self.algorithm, self.seed = algorithm, seed
-        make = lambda: make_env(cfg.env_id, api="parallel", **cfg.env_kwargs())  # noqa: E731
-        self.env = ParallelEnvBatch(make, cfg.num_envs, seed=seed)
-        self.eval_env = ParallelEnvBatch(make, min(cfg.num_envs, cfg.eval_episodes), seed=10_000 + seed)
-        if algorithm == "ippo":
-            self.impl: Any = IndependentPPO(self.env, cfg.ppo, shared=cfg.ippo_shared, seed=seed,
+        n_eval = min(cfg.num_envs, cfg.eval_episodes)
+        self.rng = np.random.default_rng([seed, 7])  # random agents of the baseline evaluation
+        self.random_agents = tuple(cfg.random_agents)
+        if algorithm == "mappo":
+            self.env = self.eval_env = None
+        elif cfg.uses_vectorised_mpe():
+            self.env: Any = MPEBatch(cfg.env_id, cfg.num_envs, seed=seed, **cfg.env_kwargs())
+            self.eval_env: Any = MPEBatch(cfg.env_id, n_eval, seed=10_000 + seed, **cfg.env_kwargs())
+        else:
+            make = lambda: make_env(cfg.env_id, api="parallel", **cfg.env_kwargs())  # noqa: E731
+            self.env = ParallelEnvBatch(make, cfg.num_envs, seed=seed)
+            self.eval_env = ParallelEnvBatch(make, n_eval, seed=10_000 + seed)
+        if algorithm == "mappo":
+            self.impl: Any = MAPPO(cfg.env_id, cfg.num_envs, cfg.mappo, seed=seed, eval_envs=n_eval,
+                                   **cfg.env_kwargs())
+        elif algorithm == "ippo":
+            self.impl = IndependentPPO(self.env, cfg.ppo, shared=cfg.ippo_shared, seed=seed,
                                             total_steps=cfg.env_steps)
         else:
             self.impl = ValueDecompositionTrainer(self.env, replace(cfg.value_decomposition, mixer=algorithm), seed)
@@ -105,6 +164,9 @@ class _Learner:
 
     def start_round(self, k: int) -> None:
         """Fresh episodes on every copy, seeded by the learner's seed and the round ``k``."""
+        if self.algorithm == "mappo":
+            self.impl.reset_episodes(self.seed * 100_003 + k)
+            return
         self.env.seed = self.seed * 100_003 + k
         self.impl.reset_episodes()
 
@@ -116,7 +178,7 @@ class _Learner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         impl = state["impl"]
-        if "buffer" not in impl and self.algorithm != "ippo":  # saved without it: re-filled from empty
+        if "buffer" not in impl and self.algorithm in ("qmix", "vdn"):  # saved without it: re-filled from empty
             impl = dict(impl, buffer=self.impl.buffer.state_dict())
         self.impl.load_state_dict(impl)
         self.wall, self.greedy = float(state["wall"]), float(state["greedy"])
@@ -132,15 +194,19 @@ class _Learner:
     def advance(self, until: int) -> None:
         t0 = time.perf_counter()
         while self.env_steps < until:
-            if self.algorithm == "ippo":
+            if self.algorithm in ("ippo", "mappo"):
                 r, _ = self.impl.iteration()
             else:
                 r = self.impl.step()
             self.returns.extend(float(x) for x in r)
         self.wall += time.perf_counter() - t0
 
-    def greedy_return(self, episodes: int) -> float:
+    def greedy_return(self, episodes: int, random_agents: tuple[str, ...] = ()) -> float:
+        """Mean team return of ``episodes`` greedy episodes; agents in ``random_agents`` act uniformly at random."""
+        if self.algorithm == "mappo":
+            return self.impl.greedy_return(episodes, random_agents)
         env = self.eval_env
+        columns = [env.agents.index(a) for a in random_agents]
         obs, mask, state = env.reset()
         done: list[float] = []
         while len(done) < episodes:
@@ -148,6 +214,9 @@ class _Learner:
                 actions = self.impl.greedy_actions(obs, mask)
             else:
                 actions = self.impl.learner.act(obs, mask, 0.0)
+            for k in columns:  # legal actions uniformly at random
+                u = self.rng.random((len(actions), 1)) * mask[:, k].sum(axis=1, keepdims=True)
+                actions[:, k] = (np.cumsum(mask[:, k], axis=1) <= u).sum(axis=1)
             st = env.step(actions)
             obs, mask = st.obs, st.action_mask
             done.extend(st.episode_return[st.episode_end].mean(axis=1).tolist())
@@ -158,6 +227,7 @@ class _Group:
     """The learners one process owns: advances them round by round and gathers their metric columns."""
 
     def __init__(self, specs: list[tuple[str, int]], cfg: CooperativeConfig) -> None:
+        engine.set_num_threads(cfg.engine_threads)
         self.cfg = cfg
         self.learners = [_Learner(a, s, cfg) for a, s in specs]
 
@@ -175,6 +245,9 @@ class _Group:
             row[f"{tag}/wall_time"] = L.wall
             if evaluate:
                 L.greedy = row[f"{tag}/greedy_return"] = L.greedy_return(self.cfg.eval_episodes)
+                if L.algorithm == "mappo" and len(L.impl.greedy_by_type) > 1:  # mixed games: each side's return
+                    for t, v in L.impl.greedy_by_type.items():
+                        row[f"{tag}/greedy_return_{t}"] = v
         return row
 
     def state(self, replay: bool) -> list[dict[str, Any]]:
@@ -184,8 +257,12 @@ class _Group:
         for L, s in zip(self.learners, states):
             L.load_state_dict(s)
 
-    def results(self) -> list[tuple[str, int, int, float, float]]:
-        return [(L.algorithm, L.seed, L.episodes, L.wall, L.greedy) for L in self.learners]
+    def results(self, random_agents: list[str]) -> list[tuple[str, int, int, float, float, float]]:
+        """Per learner: algorithm, seed, episodes, wall time, greedy return, and the greedy return with
+        ``random_agents`` acting at random (nan without any)."""
+        return [(L.algorithm, L.seed, L.episodes, L.wall, L.greedy,
+                 L.greedy_return(self.cfg.eval_episodes, tuple(random_agents)) if random_agents else float("nan"))
+                for L in self.learners]
 
 
 def _serve(conn: Any, specs: list[tuple[str, int]], cfg: CooperativeConfig) -> None:
@@ -297,8 +374,10 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
                 row: dict[str, Any] = {}
                 for part in _call(groups, "round", k, k % cfg.eval_every == 0 or k == rounds):
                     row.update(part)
-                row = {f"{a}/seed{s}/{key}": row[f"{a}/seed{s}/{key}"] for a, s in specs
-                       for key in ("return", "episodes", "wall_time", "greedy_return") if f"{a}/seed{s}/{key}" in row}
+                known = ("return", "episodes", "wall_time", "greedy_return")
+                row = {**{f"{a}/seed{s}/{key}": row[f"{a}/seed{s}/{key}"] for a, s in specs for key in known
+                          if f"{a}/seed{s}/{key}" in row},
+                       **{key: v for key, v in row.items() if "/greedy_return_" in key}}
                 for key, v in row.items():
                     if key.endswith("/greedy_return"):
                         a, s = key.split("/")[:2]
@@ -307,7 +386,8 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
                 run.checkpoint(k * cfg.steps_per_round, snapshot)
                 bar.update(1, **{a: np.mean([greedy.get(x, np.nan) for x in specs if x[0] == a]) for a in cfg.algorithms})
             run.final_checkpoint()  # while the workers still hold the state
-        results = {(a, s): (e, w, g) for part in _call(groups, "results") for a, s, e, w, g in part}
+        results = {(a, s): (e, w, g, b) for part in _call(groups, "results", cfg.random_agents)
+                   for a, s, e, w, g, b in part}
     finally:
         for g in groups:
             g.close()
@@ -319,6 +399,11 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
         finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]
         summary[f"{a}/greedy_return_per_seed"] = finals
         summary[f"{a}/greedy_return_mean"] = float(np.mean(finals))
+        if cfg.random_agents:
+            base = [results[(a, cfg.seed + s)][3] for s in cfg.learner_seeds]
+            tag = "+".join(cfg.random_agents)
+            summary[f"{a}/greedy_return_with_random_{tag}_per_seed"] = base
+            summary[f"{a}/greedy_return_with_random_{tag}_mean"] = float(np.mean(base))
         if cfg.env_id.endswith("two_step_v0"):
             summary[f"{a}/seeds_reaching_8"] = int(sum(abs(f - 8.0) < 1e-6 for f in finals))
         mine = [x for x in specs if x[0] == a]
@@ -352,7 +437,8 @@ def plots_cooperative(rows, cfg: CooperativeConfig, report_dir: str) -> list[str
             Y = np.stack([y[:n] for y in ys])
             E = np.mean([e[:n] for e in xs_ep], axis=0)
             W = np.mean([w[:n] for w in xs_wall], axis=0)
-            label = f"{a.upper() if a != 'ippo' else 'IPPO'} ({len(ys)} seed{'s' if len(ys) > 1 else ''})"
+            name = {"ippo": "IPPO", "mappo": "MAPPO"}.get(a, a.upper())
+            label = f"{name} ({len(ys)} seed{'s' if len(ys) > 1 else ''})"
             style = "-" if key == "return" else "o-"
             for ax, x in ((ax_ep, E), (ax_wall, W)):
                 ax.plot(x, Y.mean(axis=0), style, lw=1.4, ms=3, label=label)
@@ -372,7 +458,7 @@ def plots_cooperative(rows, cfg: CooperativeConfig, report_dir: str) -> list[str
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    names = " / ".join({"qmix": "QMIX", "vdn": "VDN", "ippo": "independent PPO"}[a] for a in cfg.algorithms)
+    names = " / ".join({"qmix": "QMIX", "vdn": "VDN", "ippo": "independent PPO", "mappo": "MAPPO"}[a] for a in cfg.algorithms)
     fig.suptitle(f"{cfg.env_id}: {names} (mean over seeds, min-max band)")
     fig.tight_layout()
     path = f"{report_dir}/returns.png"

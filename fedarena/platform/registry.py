@@ -27,7 +27,7 @@ KINDS: dict[str, tuple[str, str]] = {
         "fedarena.marl.matrix_dynamics:EXPERIMENT",
         "self-play (iterated best response) and fictitious play side by side on a two-player matrix game",
     ),
-    "cooperative_marl": ("fedarena.marl.cooperative_experiments:EXPERIMENT", "QMIX, VDN and independent PPO side by side on a cooperative PettingZoo task (simple_spread, the QMIX two-step game), several seeds"),
+    "cooperative_marl": ("fedarena.marl.cooperative_experiments:EXPERIMENT", "QMIX, VDN, independent PPO and MAPPO side by side on a cooperative PettingZoo task (vectorised MPE, the QMIX two-step game), several seeds"),
     "league": ("fedarena.marl.league.experiment:EXPERIMENT", "AlphaStar-style league (main agents, main/league exploiters, PFSP, snapshot store, payoff table, Elo/TrueSkill) on tic-tac-toe, connect four or rps_v2; in-process or on Ray"),
     "selfplay_ppo": ("fedarena.marl.selfplay_experiments:EXPERIMENT", "masked PPO self-play with a pool of past snapshots on a turn-based PettingZoo game (tic-tac-toe), win rates vs random and vs the initial policy"),
     "dpsgd_digits": ("fedarena.privacy.dpsgd_experiment:EXPERIMENT", "DP-SGD on sklearn digits with an engine MLP, RDP accountant and a budget monitor that stops at the epsilon budget"),
