@@ -7,6 +7,7 @@ AUC by joint inference, the centralized LR baseline's AUC (same batches, l2, epo
 crypto / compute / communication and the bytes exchanged.
 ``vfl_splitnn``: scikit-learn digits, pixel columns split between A and B, the split NN with an
 encrypted interactive layer; logs loss, test accuracy, the same time split and bytes.
+Both run under the platform's loop (:func:`fedarena.platform.loop.run_loop`), one step per epoch.
 Checkpoints hold the models (and optimizer states); a resumed run re-runs PSI (deterministic result)
 and draws fresh Paillier keys.
 """
@@ -21,6 +22,7 @@ from typing import Literal
 import numpy as np
 
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,6 @@ def _central_lr(xa, y, xb, cfg, epochs):
 
 def run_lr(cfg: VflLRConfig, run) -> dict:
     from sklearn.datasets import load_breast_cancer
-    from sklearn.metrics import roc_auc_score
 
     from fedarena.federated.vertical.hetero_lr import HeteroLR
     from fedarena.federated.vertical.partition import standardize
@@ -168,38 +169,73 @@ def run_lr(cfg: VflLRConfig, run) -> dict:
     xa, xb = standardize(xa, train), standardize(xb, train)
     lr_cfg = cfg.lr_config()
     model = HeteroLR(xa[train], ya[train], xb[train], lr_cfg, coordinator=cfg.coordinator)
-    central, bias = _central_lr(xa[train], ya[train], xb[train], lr_cfg, cfg.epochs)
-    xa_test = np.hstack([xa[test], np.ones((len(test), 1))])
-    start = 0
-    restored = run.restore()
-    if restored:
-        start, state = restored
-        model.a.state.theta = np.asarray(state["theta_a"], np.float64)
-        model.b.state.theta = np.asarray(state["theta_b"], np.float64)
-        model.epoch = start
-    auc = central_auc = 0.0
     try:
-        with run.progress(total=cfg.epochs, initial=start, desc="vfl_lr") as bar:
-            for epoch in range(start + 1, cfg.epochs + 1):
-                rep = model.train_epoch()
-                # joint inference on held-out rows: B sends its partial scores x_B theta_B only
-                train_a, train_b = model.a.x, model.b.x
-                model.a.x, model.b.x = xa_test, xb[test]
-                probs = model.predict(np.arange(len(test)))
-                model.a.x, model.b.x = train_a, train_b
-                auc = float(roc_auc_score(ya[test], probs))
-                th = central[epoch - 1]
-                central_auc = float(roc_auc_score(ya[test], np.hstack([xa[test], np.ones((len(test), 1)), xb[test]]) @ th))
-                run.log(epoch, loss=rep.loss, test_auc=auc, central_auc=central_auc, auc_gap=central_auc - auc,
-                        crypto_s=rep.seconds.get("crypto", 0.0), compute_s=rep.seconds.get("compute", 0.0),
-                        comm_s=rep.seconds.get("comm", 0.0), bytes=rep.bytes,
-                        epoch_s=sum(rep.seconds.values()))
-                if run.should_checkpoint(epoch) or epoch == cfg.epochs:
-                    run.save_checkpoint(epoch, {"theta_a": model.a.state.theta, "theta_b": model.b.state.theta})
-                bar.update(1, auc=auc)
+        central, _ = _central_lr(xa[train], ya[train], xb[train], lr_cfg, cfg.epochs)
+        summary = run_loop(run, _LRSteps(cfg, run, model, central, xa[test], ya[test], xb[test]))
     finally:
         model.close()
-    return {"test_auc": auc, "central_auc": central_auc, "auc_gap": central_auc - auc, **info}
+    return {**summary, **info}
+
+
+def _last(run, keys) -> dict[str, float]:
+    """The latest logged value of each of ``keys`` (rows before a resume included; 0.0 when none was logged)."""
+    final: dict[str, float] = {}
+    for row in run.rows():
+        final.update({k: row[k] for k in keys if k in row})
+    return {k: float(final.get(k, 0.0)) for k in keys}
+
+
+class _LRSteps:
+    """vfl_lr under :func:`~fedarena.platform.loop.run_loop`: a step is one epoch of hetero LR, then joint
+    inference on the held-out rows and the centralized baseline's AUC after the same epoch."""
+
+    def __init__(self, cfg: VflLRConfig, run, model, central, xa_test, y_test, xb_test):
+        self.cfg, self.run, self.model, self.central = cfg, run, model, central
+        self.xa_test = np.hstack([xa_test, np.ones((len(xa_test), 1))])
+        self.y_test, self.xb_test = y_test, xb_test
+        self.epoch = 0
+        self.desc, self.total = "vfl_lr", cfg.epochs
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict) -> None:
+        theta_a = np.asarray(state["theta_a"], np.float64)
+        theta_b = np.asarray(state["theta_b"], np.float64)
+        self.model.a.state.theta, self.model.b.state.theta = theta_a, theta_b
+        self.model.epoch = self.epoch = step
+
+    def state(self) -> dict:
+        return {"theta_a": self.model.a.state.theta, "theta_b": self.model.b.state.theta}
+
+    def done(self) -> bool:
+        return self.epoch >= self.cfg.epochs
+
+    def units(self) -> int:
+        return self.epoch
+
+    def step(self, epoch: int) -> dict:
+        from sklearn.metrics import roc_auc_score
+
+        model = self.model
+        rep = model.train_epoch()
+        self.epoch = epoch
+        # joint inference on held-out rows: B sends its partial scores x_B theta_B only
+        train_a, train_b = model.a.x, model.b.x
+        model.a.x, model.b.x = self.xa_test, self.xb_test
+        try:
+            probs = model.predict(np.arange(len(self.y_test)))
+        finally:
+            model.a.x, model.b.x = train_a, train_b
+        auc = float(roc_auc_score(self.y_test, probs))
+        joined = np.hstack([self.xa_test, self.xb_test])
+        central_auc = float(roc_auc_score(self.y_test, joined @ self.central[epoch - 1]))
+        return {"loss": rep.loss, "test_auc": auc, "central_auc": central_auc, "auc_gap": central_auc - auc,
+                "crypto_s": rep.seconds.get("crypto", 0.0), "compute_s": rep.seconds.get("compute", 0.0),
+                "comm_s": rep.seconds.get("comm", 0.0), "bytes": rep.bytes, "epoch_s": sum(rep.seconds.values())}
+
+    def summary(self) -> dict:
+        return _last(self.run, ("test_auc", "central_auc", "auc_gap"))
 
 
 # ----------------------------------------------------------------------------- vfl_splitnn
@@ -213,33 +249,57 @@ def run_splitnn(cfg: VflSplitNNConfig, run) -> dict:
     x, y = load_digits(return_X_y=True)
     xa, ya, xb, train, test, info = _align(cfg, x / 16.0, y, run)
     model = SplitNN(xa[train], ya[train], xb[train], cfg.nn_config())
-    start = 0
-    restored = run.restore()
-    if restored:
-        start, st = restored
-        model.a.params, model.a.opt_state = st["a_params"], st["a_opt"]
-        model.a.w_b, model.a.opt_b_state = np.asarray(st["w_b"]), st["b_w_opt"]
-        model.b.params, model.b.opt_state = st["b_params"], st["b_opt"]
-        model.epoch = start
-    acc = 0.0
-    with run.progress(total=cfg.epochs, initial=start, desc="vfl_splitnn") as bar:
-        for epoch in range(start + 1, cfg.epochs + 1):
-            model.a.x, model.a.y, model.b.x = xa[train], ya[train], xb[train]
-            rep = model.train_epoch()
-            model.a.x, model.a.y, model.b.x = xa[test], ya[test], xb[test]
-            t0 = time.perf_counter()
-            probs = model.predict(np.arange(len(test)))
-            infer_s = time.perf_counter() - t0
-            acc = float((probs.argmax(1) == ya[test]).mean())
-            run.log(epoch, loss=rep.loss, test_accuracy=acc, crypto_s=rep.seconds.get("crypto", 0.0),
-                    compute_s=rep.seconds.get("compute", 0.0), comm_s=rep.seconds.get("comm", 0.0),
-                    bytes=rep.bytes, epoch_s=sum(rep.seconds.values()), inference_s=infer_s)
-            if run.should_checkpoint(epoch) or epoch == cfg.epochs:
-                run.save_checkpoint(epoch, {"a_params": model.a.params, "a_opt": model.a.opt_state, "w_b": model.a.w_b,
-                                            "b_w_opt": model.a.opt_b_state, "b_params": model.b.params,
-                                            "b_opt": model.b.opt_state})
-            bar.update(1, acc=acc)
-    return {"test_accuracy": acc, **info}
+    summary = run_loop(run, _SplitNNSteps(cfg, run, model, (xa[train], ya[train], xb[train]),
+                                          (xa[test], ya[test], xb[test])))
+    return {**summary, **info}
+
+
+class _SplitNNSteps:
+    """vfl_splitnn under :func:`~fedarena.platform.loop.run_loop`: a step is one epoch of the split NN, then
+    joint inference on the held-out rows."""
+
+    def __init__(self, cfg: VflSplitNNConfig, run, model, train, test):
+        self.cfg, self.run, self.model, self.train, self.test = cfg, run, model, train, test
+        self.epoch = 0
+        self.desc, self.total = "vfl_splitnn", cfg.epochs
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, st: dict) -> None:
+        a, b = self.model.a, self.model.b
+        loaded = (st["a_params"], st["a_opt"], np.asarray(st["w_b"]), st["b_w_opt"], st["b_params"], st["b_opt"])
+        a.params, a.opt_state, a.w_b, a.opt_b_state, b.params, b.opt_state = loaded
+        self.model.epoch = self.epoch = step
+
+    def state(self) -> dict:
+        a, b = self.model.a, self.model.b
+        return {"a_params": a.params, "a_opt": a.opt_state, "w_b": a.w_b, "b_w_opt": a.opt_b_state,
+                "b_params": b.params, "b_opt": b.opt_state}
+
+    def done(self) -> bool:
+        return self.epoch >= self.cfg.epochs
+
+    def units(self) -> int:
+        return self.epoch
+
+    def step(self, epoch: int) -> dict:
+        model = self.model
+        model.a.x, model.a.y, model.b.x = self.train
+        rep = model.train_epoch()
+        self.epoch = epoch
+        y_test = self.test[1]
+        model.a.x, model.a.y, model.b.x = self.test
+        t0 = time.perf_counter()
+        probs = model.predict(np.arange(len(y_test)))
+        infer_s = time.perf_counter() - t0
+        acc = float((probs.argmax(1) == y_test).mean())
+        return {"loss": rep.loss, "test_accuracy": acc, "crypto_s": rep.seconds.get("crypto", 0.0),
+                "compute_s": rep.seconds.get("compute", 0.0), "comm_s": rep.seconds.get("comm", 0.0),
+                "bytes": rep.bytes, "epoch_s": sum(rep.seconds.values()), "inference_s": infer_s}
+
+    def summary(self) -> dict:
+        return _last(self.run, ("test_accuracy",))
 
 
 # ----------------------------------------------------------------------------- plots

@@ -28,6 +28,10 @@ def test_vfl_lr_runs_reports_and_resumes_identically(tmp_path):
     assert [r["step"] for r in rows2] == [1, 2]
     assert rows2[1]["loss"] == pytest.approx(rows[1]["loss"], abs=1e-12)
     assert resumed["test_auc"] == pytest.approx(full["test_auc"], abs=1e-12)
+    # a budget the checkpoint already meets: no epoch runs, the summary is the checkpointed run's
+    again = execute(resume=tmp_path / "part", overrides=["epochs=1"], quiet=True, report=False)
+    assert read_metrics(tmp_path / "part") == rows2
+    assert again["test_auc"] == resumed["test_auc"] and again["central_auc"] == resumed["central_auc"]
 
 
 def test_vfl_splitnn_runs(tmp_path):
