@@ -5,11 +5,13 @@ Launches the processes of :mod:`fedarena.federated.deployment` inside the run fo
 and loss of the global model, mean client training loss, clients selected / reporting, bytes up
 and down, the round's duration and how it closed. FedAvg (McMahan et al. 2017) by default; FedProx
 (``prox_mu``), FedAdam/FedYogi (``server_optimizer``), compression and local DP by config.
+The driver runs under the platform's loop (:func:`fedarena.platform.loop.run_loop`), one step per round.
 Resuming (``fedarena run --resume RUN``) restarts every process; the scheduler continues from its
-state file (last completed round, identical model bytes). The driver watches the scheduler and FL-Server
-processes while it waits: one that exits fails the run within a poll (a :class:`RunError` naming it, with
-the resume command), or, with ``restart: true``, is started again (the scheduler on its old port, from its
-state file).
+state file (last completed round, identical model bytes), and rounds it closed after the run's checkpoint
+are logged again from its history. The driver watches the scheduler and FL-Server processes while it
+waits: one that exits fails the run within a poll (a :class:`RunError` naming it, with the resume
+command), or, with ``restart: true``, is started again (the scheduler on its old port, from its state
+file).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,7 @@ _METRICS = ("test_acc", "test_loss", "train_loss", "reporting", "selected", "byt
 
 
 def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
-    from fedarena.federated.deployment import Deployment, NodeExited
-    from fedarena.platform.errors import RunError
+    from fedarena.federated.deployment import NodeExited
 
     spec = _spec(cfg)  # validates the config before any process starts
     if cfg.tls_loopback:
@@ -182,53 +184,98 @@ def run(cfg: FedAvgGrpcConfig, run) -> dict[str, Any]:
 
         spec = dataclasses.replace(spec, tls=loopback_pki(run.dir / "deployment" / "tls", client_ids=[
             client_name(i) for i in range(cfg.num_clients)]))
-    restored = run.restore()
-    logged = restored[0] if restored else 0
-    dep = Deployment(run.dir / "deployment", spec)
-    last: dict[str, Any] = {}
-    end = time.monotonic() + cfg.timeout_s
-    resume = f"; continue the run with: fedarena run --resume {run.dir}"
+    rounds = _RoundSteps(cfg, run, spec)
     try:
-        dep.start()
-        with run.progress(total=cfg.rounds, initial=logged, desc="fedavg_grpc") as bar:
-            while True:
-                try:
-                    status = dep.wait_for(lambda s: len(s["history"]) > logged or s["phase"] == "done",
-                                          timeout=max(1.0, end - time.monotonic()),
-                                          watch=lambda: dep.check_nodes(restart=cfg.restart))
-                except TimeoutError:
-                    raise RunError(f"timeout_s: the deployment did not finish {cfg.rounds} rounds within "
-                                   f"{cfg.timeout_s:g} s (last logged round {logged}; node logs in "
-                                   f"{run.dir / 'deployment' / 'logs'}){resume}") from None
-                for row in status["history"]:
-                    if row["round"] <= logged:
-                        continue
-                    metrics = {k: row[k] for k in _METRICS if k in row}
-                    metrics["aggregated"] = int(row["outcome"] == "aggregated")
-                    metrics["bytes_total"] = row["bytes_up"] + row["bytes_down"]
-                    metrics["closed_by_deadline"] = int(row["close_reason"] == "deadline")
-                    run.log(row["round"], **metrics)
-                    run.save_checkpoint(row["round"], {"round": row["round"], "model_version": row["model_version"]})
-                    logged = row["round"]
-                    last = row
-                    bar.update(1, acc=row.get("test_acc", float("nan")), clients=row["reporting"])
-                if status["phase"] == "done":
-                    break
+        return _secagg_summary(cfg, spec) | run_loop(run, rounds)
     except NodeExited as e:
-        raise NodeExited(f"{e}{resume}") from None
+        raise NodeExited(f"{e}{rounds.resume_hint}") from None
     finally:
-        dep.stop()
-    history = status["history"]
-    return _secagg_summary(cfg, spec) | {
-        "test_acc": float(history[-1]["test_acc"]) if history else float("nan"),
-        "test_loss": float(history[-1]["test_loss"]) if history else float("nan"),
-        "rounds_aggregated": sum(r["outcome"] == "aggregated" for r in history),
-        "rounds_abandoned": sum(r["outcome"] == "abandoned" for r in history),
-        "model_version": int(status["model_version"]),
-        "mean_bytes_per_client_round": (sum(r["bytes_up"] + r["bytes_down"] for r in history)
-                                        / max(1, sum(r["reporting"] for r in history))),
-        "last_round": int(last.get("round", logged)),
-    }
+        rounds.stop()
+
+
+class _RoundSteps:
+    """fedavg_grpc under :func:`~fedarena.platform.loop.run_loop`: a step waits until the scheduler has closed the
+    next round (aggregated or abandoned), watching the scheduler and FL-Server processes meanwhile, and returns the
+    round's row. The deployment starts at the first step, so a resume whose checkpoint already meets ``rounds``
+    starts no process. The checkpoint is the round counter; the model lives in the scheduler's state file."""
+
+    def __init__(self, cfg: FedAvgGrpcConfig, run: Any, spec: Any):
+        self.cfg, self.run, self.spec = cfg, run, spec
+        self.dep: Any = None
+        self.logged, self.model_version = 0, 0
+        self.pending: list[dict[str, Any]] = []  # closed rounds not yet logged (oldest first)
+        self.end = 0.0
+        self.resume_hint = f"; continue the run with: fedarena run --resume {run.dir}"
+        self.desc, self.total = "fedavg_grpc", cfg.rounds
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.logged, self.model_version = int(state["round"]), int(state["model_version"])
+
+    def state(self) -> dict[str, Any]:
+        return {"round": self.logged, "model_version": self.model_version}
+
+    def done(self) -> bool:
+        return self.logged >= self.cfg.rounds
+
+    def units(self) -> int:
+        return self.logged
+
+    def step(self, step: int) -> dict[str, Any]:
+        if self.dep is None:
+            from fedarena.federated.deployment import Deployment
+
+            self.dep = Deployment(self.run.dir / "deployment", self.spec)
+            self.end = time.monotonic() + self.cfg.timeout_s
+            self.dep.start()
+        if not self.pending:
+            self.pending = self._wait(step)
+        row = self.pending.pop(0)
+        self.logged, self.model_version = row["round"], row["model_version"]
+        metrics = {k: row[k] for k in _METRICS if k in row}
+        metrics["aggregated"] = int(row["outcome"] == "aggregated")
+        metrics["bytes_total"] = row["bytes_up"] + row["bytes_down"]
+        metrics["closed_by_deadline"] = int(row["close_reason"] == "deadline")
+        return metrics
+
+    def _wait(self, step: int) -> list[dict[str, Any]]:
+        """The scheduler's closed rounds from ``step`` on, once it has closed round ``step``."""
+        from fedarena.platform.errors import RunError
+
+        cfg, dep = self.cfg, self.dep
+        try:
+            status = dep.wait_for(lambda s: len(s["history"]) >= step or s["phase"] == "done",
+                                  timeout=max(1.0, self.end - time.monotonic()),
+                                  watch=lambda: dep.check_nodes(restart=cfg.restart))
+        except TimeoutError:
+            raise RunError(f"timeout_s: the deployment did not finish {cfg.rounds} rounds within "
+                           f"{cfg.timeout_s:g} s (last logged round {self.logged}; node logs in "
+                           f"{self.run.dir / 'deployment' / 'logs'}){self.resume_hint}") from None
+        rows = [r for r in status["history"] if r["round"] >= step]
+        if not rows or rows[0]["round"] != step:  # the scheduler closes rounds 1, 2, ... one history row each
+            raise RunError(f"rounds: the scheduler finished at round {len(status['history'])} without round {step} "
+                           f"(node logs in {self.run.dir / 'deployment' / 'logs'}){self.resume_hint}")
+        return rows
+
+    def stop(self) -> None:
+        if self.dep is not None:
+            self.dep.stop()
+
+    def summary(self) -> dict[str, Any]:
+        history = self.run.rows()  # every logged round (rows before a resume included), one row per round
+        last = history[-1] if history else {}
+        return {
+            "test_acc": float(last.get("test_acc", float("nan"))),
+            "test_loss": float(last.get("test_loss", float("nan"))),
+            "rounds_aggregated": sum(r["aggregated"] for r in history),
+            "rounds_abandoned": sum(1 - r["aggregated"] for r in history),
+            "model_version": int(last.get("model_version", 0)),
+            "mean_bytes_per_client_round": (sum(r["bytes_total"] for r in history)
+                                            / max(1, sum(r.get("reporting", 0) for r in history))),
+            "last_round": int(self.logged),
+        }
 
 
 def plots(rows, cfg, report_dir) -> list[str]:

@@ -50,6 +50,13 @@ def test_fedavg_grpc_resume_continues_from_the_last_round(tmp_path):
     after = load_state(tmp_path / "run" / "deployment" / "scheduler_state.fl")
     assert [h["test_acc"] for h in after["history"][:2]] == [h["test_acc"] for h in before["history"]]
     assert model_bytes(before["params"]) != model_bytes(after["params"])  # it trained on from round 3
+    assert summary["rounds_aggregated"] + summary["rounds_abandoned"] == 4 and summary["last_round"] == 4
+    assert summary["test_acc"] == after["history"][-1]["test_acc"]
+    # a budget the checkpoint already meets: no round runs, no process starts, the summary is the run's
+    log = tmp_path / "run" / "deployment" / "logs" / "scheduler.log"
+    size = log.stat().st_size
+    again = execute(None, overrides=["rounds=3"], resume=tmp_path / "run", quiet=True, report=False)
+    assert again == summary and read_metrics(tmp_path / "run") == rows and log.stat().st_size == size
 
 
 def test_shipped_mtls_config_trains_over_mutual_tls(tmp_path):
