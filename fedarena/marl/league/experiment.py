@@ -29,6 +29,7 @@ from fedarena.marl.league.store import SnapshotStore
 from fedarena.marl.league.training import LocalLeague
 from fedarena.marl.meta_solvers import META_SOLVERS
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 EXECUTIONS = ("local", "ray")
 
@@ -226,32 +227,98 @@ def write_payoff(run_dir: Path, manager: LeagueManager) -> None:
     (run_dir / "payoff.json").write_text(json.dumps(data))
 
 
-def make_league(cfg: LeagueExperimentConfig, game, agent: BoardAgent, store: SnapshotStore, restored, log):
-    """The league backend (in-process or on Ray), new or from a checkpoint; returns (league, start, extra)."""
-    if restored is None:
-        init, extra = initial_params(cfg, agent, log)
-        start, state = 0, None
-    else:
-        (start, full), init = restored, None
-        state, extra = full["league"], dict(full.get("extra", {}))
-        # roll the store back to the checkpoint's view: snapshots written after it move out of the league's way
-        aside = store.set_aside(state["manager"]["checksums"])
-        if aside is not None:
-            log(f"snapshots written after the checkpoint of iteration {start} set aside in {aside}")
-    if cfg.execution == "ray":
-        from fedarena.marl.league.ray_execution import RayLeague
+class _LeagueSteps:
+    """The league under :func:`~fedarena.platform.loop.run_loop`: a step is one league iteration of the
+    in-process or Ray backend (every learner plays its batches and updates), the row its ratings, throughput
+    and PPO diagnostics; the evaluation is :func:`evaluate_mains`.
 
-        return RayLeague(cfg, str(store.root), init, state), start, extra
-    if state is None:
-        manager = LeagueManager(cfg.roles, store, init, cfg.seed, cfg.payoff_decay, cfg.draw_probability)
-    else:
-        manager = LeagueManager.from_state(state["manager"], cfg.roles, store)
-    league = LocalLeague(game, agent, manager, cfg.num_envs, cfg.games_per_iteration, cfg.seed,
-                         tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.evaluator_games,
-                         cfg.main_agent_batches)
-    if state is not None:
-        league.load_state_dict(state)
-    return league, start, extra
+    Loading a checkpoint first rolls the snapshot store back to the checkpoint's view (snapshots written after
+    it are set aside), so a resume from any checkpoint replays the uninterrupted run. The backend (Ray actors)
+    is built by :meth:`init` or :meth:`load`; :meth:`close` shuts it down.
+    """
+
+    def __init__(self, cfg: LeagueExperimentConfig, game, agent: BoardAgent, store: SnapshotStore, run_dir: Path,
+                 log):
+        self.cfg, self.game, self.agent, self.store, self.run_dir, self.log = cfg, game, agent, store, run_dir, log
+        self.desc, self.total = f"league {cfg.game}", cfg.iterations
+        self.league: Any = None
+        self.extra: dict[str, float] = {}       # imitation metrics, logged with iteration 1
+        self.last_eval: dict[str, float] = {}
+        self._view: LeagueManager | None = None  # the manager as of the last step (the Ray league's is remote)
+
+    def _build(self, init: dict[str, np.ndarray] | None, state: dict[str, Any] | None) -> None:
+        cfg = self.cfg
+        if cfg.execution == "ray":
+            from fedarena.marl.league.ray_execution import RayLeague
+
+            self.league = RayLeague(cfg, str(self.store.root), init, state)
+            return
+        if state is None:
+            manager = LeagueManager(cfg.roles, self.store, init, cfg.seed, cfg.payoff_decay, cfg.draw_probability)
+        else:
+            manager = LeagueManager.from_state(state["manager"], cfg.roles, self.store)
+        league = LocalLeague(self.game, self.agent, manager, cfg.num_envs, cfg.games_per_iteration, cfg.seed,
+                             tuple((r.name, r.share) for r in cfg.reference_opponents), cfg.evaluator_games,
+                             cfg.main_agent_batches)
+        if state is not None:
+            league.load_state_dict(state)
+        self.league = league
+
+    def init(self) -> None:
+        init, self.extra = initial_params(self.cfg, self.agent, self.log)
+        self._build(init, None)
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        league, extra = dict(state["league"]), dict(state.get("extra", {}))
+        league.setdefault("completed", step)   # one step is one iteration
+        # roll the store back to the checkpoint's view: snapshots written after it move out of the league's way
+        aside = self.store.set_aside(league["manager"]["checksums"])
+        if aside is not None:
+            self.log(f"snapshots written after the checkpoint of iteration {step} set aside in {aside}")
+        if self.cfg.execution == "ray":   # what the actors need, checked before any is started
+            missing = [p["name"] for p in league["manager"]["players"]
+                       if p["learning"] and "learner" not in league["learners"].get(str(p["id"]), {})]
+            if missing:
+                raise KeyError(f"league state: no learner state for {', '.join(missing)}")
+        self.extra = extra
+        self._build(None, league)
+
+    def state(self) -> dict[str, Any]:
+        return {"league": self.league.state_dict(), "extra": self.extra}
+
+    def done(self) -> bool:
+        return self.league.completed >= self.cfg.iterations
+
+    def units(self) -> int:
+        return self.league.completed
+
+    def step(self, step: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        results = self.league.iteration()
+        self._view = self.league.view()
+        row = league_row(self._view, self.league.throughput, results, time.perf_counter() - t0)
+        if step == 1:
+            row.update(self.extra)
+        return row
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        assert self._view is not None
+        self.last_eval = evaluate_mains(self.cfg, self.game, self.agent, self._view, self.league.learner_params,
+                                        self.cfg.seed * 7919 + step)
+        return self.last_eval
+
+    def summary(self) -> dict[str, Any]:
+        manager = self.league.view()
+        write_payoff(self.run_dir, manager)
+        out = summary(self.cfg, manager, self.league.throughput, self.last_eval, self.store)
+        if self.cfg.game == "tictactoe":
+            out.update(exact_results(self.agent, manager, self.league.learner_params))
+        return out
+
+    def close(self) -> None:
+        if self.league is not None:
+            self.league.shutdown()
+            self.league = None
 
 
 def run_league(cfg: LeagueExperimentConfig, run) -> dict[str, Any]:
@@ -261,47 +328,20 @@ def run_league(cfg: LeagueExperimentConfig, run) -> dict[str, Any]:
     game = get_game(cfg.game)
     agent = BoardAgent(game.observation_shape, game.num_actions, cfg.agent)
     store = SnapshotStore(cfg.store_path or run.dir / "snapshots")
-    restored = run.restore()
+    steps = _LeagueSteps(cfg, game, agent, store, run.dir, run.logger.info)
     if cfg.execution == "ray":
         from fedarena.platform.cluster import ray_cluster
 
         with ray_cluster(cfg.cluster):
-            return _run(cfg, run, game, agent, store, restored)
-    return _run(cfg, run, game, agent, store, restored)
+            return _run(run, steps, cfg)
+    return _run(run, steps, cfg)
 
 
-def _run(cfg, run, game, agent, store, restored) -> dict[str, Any]:
-    league, start, extra = make_league(cfg, game, agent, store, restored, run.logger.info)
-    last_eval: dict[str, float] = {}
+def _run(run, steps: _LeagueSteps, cfg: LeagueExperimentConfig) -> dict[str, Any]:
     try:
-        with run.progress(total=cfg.iterations, initial=start, desc=f"league {cfg.game}") as bar:
-            for it in range(start + 1, cfg.iterations + 1):
-                t0 = time.perf_counter()
-                results = league.iteration()
-                manager = league.view()
-                row = league_row(manager, league.throughput, results, time.perf_counter() - t0)
-                if it == 1:
-                    row.update(extra)
-                if it % cfg.eval.every == 0 or it == cfg.iterations or it == 1:
-                    last_eval = evaluate_mains(cfg, game, agent, manager, league.learner_params, cfg.seed * 7919 + it)
-                    row.update(last_eval)
-                run.log(it, **row)
-                run.checkpoint(it, lambda: {"league": league.state_dict(), "extra": extra})
-                bar.update(1, size=len(manager.players), **_bar_fields(last_eval))
-        run.final_checkpoint()
-        manager = league.view()
-        write_payoff(run.dir, manager)
-        out = summary(cfg, manager, league.throughput, last_eval, store)
-        if cfg.game == "tictactoe":
-            out.update(exact_results(agent, manager, league.learner_params))
-        return out
+        return run_loop(run, steps, eval_every=cfg.eval.every, eval_first=True)
     finally:
-        league.shutdown()
-
-
-def _bar_fields(ev: dict[str, float]) -> dict[str, float]:
-    return {k.split("/")[-2] if "eval/" in k else k.split("/")[-1]: round(v, 3)
-            for k, v in ev.items() if k.endswith("win_rate") or k.endswith("nash_mixture")}
+        steps.close()
 
 
 def summary(cfg, manager: LeagueManager, throughput: dict, last_eval: dict, store: SnapshotStore) -> dict[str, Any]:

@@ -1,11 +1,14 @@
-"""Resuming a league from an older checkpoint (the newest one lost) ends exactly as the uninterrupted run: the
-snapshots written after that checkpoint are set aside (kept, not reused) and the replayed iterations write the
-same snapshots, metrics, payoff table and final results again. The oracle is the uninterrupted run itself."""
+"""Resuming a league from an older checkpoint (the newest one lost, or holding a league state that does not load)
+ends exactly as the uninterrupted run: the snapshots written after that checkpoint are set aside (kept, not
+reused) and the replayed iterations write the same snapshots, metrics, payoff table and final results again.
+The oracle is the uninterrupted run itself."""
 
 from __future__ import annotations
 
 import json
 import shutil
+
+import pytest
 
 import fedarena
 from fedarena.marl.league.store import SnapshotStore
@@ -30,12 +33,30 @@ def _store(run_dir) -> dict[str, str]:
     return {name: store.manifest(name)["sha256"] for name in store.names()}
 
 
-def test_resume_from_the_second_newest_checkpoint_equals_the_uninterrupted_run(tmp_path):
-    reference = fedarena.run(CFG, out=tmp_path / "reference", report=False)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("league") / "reference"
+    return out, fedarena.run(CFG, out=out, report=False)
+
+
+def _lose(checkpoints) -> None:
+    ckpt.checkpoint_path(checkpoints, 4).unlink()
+
+
+def _without_learners(checkpoints) -> None:
+    """The newest checkpoint reads cleanly but its league state lacks the learners (the league cannot load it)."""
+    _, full = ckpt.load(ckpt.checkpoint_path(checkpoints, 4))
+    del full["experiment"]["league"]["learners"]
+    ckpt.save(checkpoints, 4, full, keep=3)
+
+
+@pytest.mark.parametrize("spoil", [_lose, _without_learners], ids=["lost", "without_learners"])
+def test_resume_from_the_second_newest_checkpoint_equals_the_uninterrupted_run(tmp_path, reference, spoil):
+    reference_dir, reference = reference
     resumed = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "reference", resumed)
-    # the newest checkpoint is lost: the run resumes from the one before it, after which snapshots were written
-    ckpt.checkpoint_path(resumed / "checkpoints", 4).unlink()
+    shutil.copytree(reference_dir, resumed)
+    # the newest checkpoint is unusable: the run resumes from the one before it, after which snapshots were written
+    spoil(resumed / "checkpoints")
     _, older = ckpt.load(ckpt.checkpoint_path(resumed / "checkpoints", 3))
     recorded = set(older["experiment"]["league"]["manager"]["checksums"])
     later = set(_store(resumed)) - recorded
@@ -45,12 +66,14 @@ def test_resume_from_the_second_newest_checkpoint_equals_the_uninterrupted_run(t
 
     summary = execute(None, [], resume=resumed, quiet=True, report=False)
 
-    assert "resumed from checkpoint at step 3" in (resumed / "run.log").read_text()
+    log = (resumed / "run.log").read_text()
+    assert "resumed from checkpoint at step 3" in log
+    assert ("skipping bad checkpoint" in log) == (spoil is _without_learners)
     aside = sorted(resumed.glob("snapshots/set-aside-*"))
     assert len(aside) == 1 and {p.name for p in aside[0].iterdir()} == later   # kept, out of the league's way
-    assert _store(resumed) == _store(tmp_path / "reference")
+    assert _store(resumed) == _store(reference_dir)
     assert [_timeless(r) for r in read_metrics(resumed)] == [_timeless(r) for r in reference.rows]
     assert _timeless(summary) == _timeless(reference.summary)
     assert any(k.startswith("exact/") for k in summary)   # the exact win/draw/loss rates are compared too
     assert (json.loads((resumed / "payoff.json").read_text())
-            == json.loads((tmp_path / "reference" / "payoff.json").read_text()))
+            == json.loads((reference_dir / "payoff.json").read_text()))
