@@ -35,7 +35,9 @@ from fedarena.envs.pettingzoo_batch import ParallelEnvBatch, observation_size
 from fedarena.marl.independent import IndependentPPO
 from fedarena.marl.mappo import MAPPO, MAPPOConfig, agent_groups
 from fedarena.marl.value_decomposition import ValueDecompositionConfig, ValueDecompositionTrainer
+from fedarena.platform.errors import RunError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 from fedarena.rl.ppo import PPOConfig
 
 ALGORITHMS = ("qmix", "vdn", "ippo", "mappo")
@@ -354,62 +356,100 @@ def run_cooperative(cfg: CooperativeConfig, run) -> dict[str, Any]:
         if n > 1:
             for g in groups:
                 g.recv()  # built (or the one-line error of why not)
-        rounds = cfg.env_steps // cfg.steps_per_round
-        done_rounds = 0
-        restored = run.restore()
-        if restored:
-            step, state = restored
-            done_rounds = step // cfg.steps_per_round
-            if len(state["learners"]) != len(specs):
-                raise ValueError(f"checkpoint: {len(state['learners'])} learners saved, the config has {len(specs)}")
-            _call(groups, "load", _PerGroup(state["learners"][i::n] for i in range(n)))
-
-        def snapshot() -> dict[str, Any]:
-            states = _call(groups, "state", cfg.checkpoint_replay)
-            return {"learners": [states[j % n][j // n] for j in range(len(specs))]}
-
-        greedy: dict[tuple[str, int], float] = {}
-        with run.progress(total=rounds, initial=done_rounds, desc=f"cooperative {cfg.env_id}") as bar:
-            for k in range(done_rounds + 1, rounds + 1):
-                row: dict[str, Any] = {}
-                for part in _call(groups, "round", k, k % cfg.eval_every == 0 or k == rounds):
-                    row.update(part)
-                known = ("return", "episodes", "wall_time", "greedy_return")
-                row = {**{f"{a}/seed{s}/{key}": row[f"{a}/seed{s}/{key}"] for a, s in specs for key in known
-                          if f"{a}/seed{s}/{key}" in row},
-                       **{key: v for key, v in row.items() if "/greedy_return_" in key}}
-                for key, v in row.items():
-                    if key.endswith("/greedy_return"):
-                        a, s = key.split("/")[:2]
-                        greedy[(a, int(s[4:]))] = v
-                run.log(k * cfg.steps_per_round, **row)
-                run.checkpoint(k * cfg.steps_per_round, snapshot)
-                bar.update(1, **{a: np.mean([greedy.get(x, np.nan) for x in specs if x[0] == a]) for a in cfg.algorithms})
-            run.final_checkpoint()  # while the workers still hold the state
-        results = {(a, s): (e, w, g, b) for part in _call(groups, "results", cfg.random_agents)
-                   for a, s, e, w, g, b in part}
+        # the loop counts rounds; metric rows and checkpoints are numbered in environment steps per learner
+        return run_loop(_RoundsRun(run, cfg.steps_per_round), _CooperativeSteps(cfg, specs, groups))
     finally:
         for g in groups:
             g.close()
-    greedy = {key: r[2] for key, r in results.items()}
-    episodes = {key: r[0] for key, r in results.items()}
-    walls = {key: r[1] for key, r in results.items()}
-    summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": cfg.env_steps}
-    for a in cfg.algorithms:
-        finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]
-        summary[f"{a}/greedy_return_per_seed"] = finals
-        summary[f"{a}/greedy_return_mean"] = float(np.mean(finals))
-        if cfg.random_agents:
-            base = [results[(a, cfg.seed + s)][3] for s in cfg.learner_seeds]
-            tag = "+".join(cfg.random_agents)
-            summary[f"{a}/greedy_return_with_random_{tag}_per_seed"] = base
-            summary[f"{a}/greedy_return_with_random_{tag}_mean"] = float(np.mean(base))
-        if cfg.env_id.endswith("two_step_v0"):
-            summary[f"{a}/seeds_reaching_8"] = int(sum(abs(f - 8.0) < 1e-6 for f in finals))
-        mine = [x for x in specs if x[0] == a]
-        summary[f"{a}/episodes"] = int(np.mean([episodes[x] for x in mine]))
-        summary[f"{a}/wall_seconds"] = float(np.mean([walls[x] for x in mine]))
-    return summary
+
+
+class _RoundsRun:
+    """The run as :func:`~fedarena.platform.loop.run_loop` sees it: its step ``k`` is round ``k``, which the
+    run's metric rows and checkpoints number ``k * steps_per_round`` (environment steps per learner), so
+    ``checkpoint.every`` counts environment steps as before."""
+
+    def __init__(self, run: Any, steps_per_round: int) -> None:
+        self.run, self.per = run, steps_per_round
+
+    def __getattr__(self, name: str) -> Any:   # logger, progress, final_checkpoint, ...
+        return getattr(self.run, name)
+
+    def restore(self, accept: Any = None) -> tuple[int, Any] | None:
+        load = None if accept is None else lambda step, state: accept(step // self.per, state)
+        restored = self.run.restore(accept=load)
+        return None if restored is None else (restored[0] // self.per, restored[1])
+
+    def log(self, step: int, **metrics: Any) -> None:
+        self.run.log(step * self.per, **metrics)
+
+    def checkpoint(self, step: int, state: Any) -> Any:
+        return self.run.checkpoint(step * self.per, state)
+
+
+class _CooperativeSteps:
+    """Every learner under :func:`~fedarena.platform.loop.run_loop`: one round of ``steps_per_round`` environment
+    steps per learner a step, all groups at once; the greedy evaluation (every ``eval_every`` rounds and on the
+    last) runs inside the round, in the learners' processes."""
+
+    KNOWN = ("return", "episodes", "wall_time", "greedy_return")
+
+    def __init__(self, cfg: CooperativeConfig, specs: list[tuple[str, int]], groups: list[Any]) -> None:
+        self.cfg, self.specs, self.groups, self.n = cfg, specs, groups, len(groups)
+        self.total = cfg.env_steps // cfg.steps_per_round
+        self.desc = f"cooperative {cfg.env_id}"
+        self.rounds = 0
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        if len(state["learners"]) != len(self.specs):
+            raise RunError(f"checkpoint: {len(state['learners'])} learners saved, the config has {len(self.specs)}")
+        _call(self.groups, "load", _PerGroup(state["learners"][i::self.n] for i in range(self.n)))
+        self.rounds = step
+
+    def state(self) -> dict[str, Any]:
+        states = _call(self.groups, "state", self.cfg.checkpoint_replay)
+        return {"learners": [states[j % self.n][j // self.n] for j in range(len(self.specs))]}
+
+    def done(self) -> bool:
+        return self.rounds >= self.total
+
+    def units(self) -> int:
+        return self.rounds
+
+    def step(self, step: int) -> dict[str, Any]:
+        row: dict[str, Any] = {}
+        for part in _call(self.groups, "round", step, step % self.cfg.eval_every == 0 or step == self.total):
+            row.update(part)
+        self.rounds = step
+        return {**{f"{a}/seed{s}/{key}": row[f"{a}/seed{s}/{key}"] for a, s in self.specs for key in self.KNOWN
+                   if f"{a}/seed{s}/{key}" in row},
+                **{key: v for key, v in row.items() if "/greedy_return_" in key}}
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        results = {(a, s): (e, w, g, b) for part in _call(self.groups, "results", cfg.random_agents)
+                   for a, s, e, w, g, b in part}
+        greedy = {key: r[2] for key, r in results.items()}
+        episodes = {key: r[0] for key, r in results.items()}
+        walls = {key: r[1] for key, r in results.items()}
+        summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": self.rounds * cfg.steps_per_round}
+        for a in cfg.algorithms:
+            finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]
+            summary[f"{a}/greedy_return_per_seed"] = finals
+            summary[f"{a}/greedy_return_mean"] = float(np.mean(finals))
+            if cfg.random_agents:
+                base = [results[(a, cfg.seed + s)][3] for s in cfg.learner_seeds]
+                tag = "+".join(cfg.random_agents)
+                summary[f"{a}/greedy_return_with_random_{tag}_per_seed"] = base
+                summary[f"{a}/greedy_return_with_random_{tag}_mean"] = float(np.mean(base))
+            if cfg.env_id.endswith("two_step_v0"):
+                summary[f"{a}/seeds_reaching_8"] = int(sum(abs(f - 8.0) < 1e-6 for f in finals))
+            mine = [x for x in self.specs if x[0] == a]
+            summary[f"{a}/episodes"] = int(np.mean([episodes[x] for x in mine]))
+            summary[f"{a}/wall_seconds"] = float(np.mean([walls[x] for x in mine]))
+        return summary
 
 
 def plots_cooperative(rows, cfg: CooperativeConfig, report_dir: str) -> list[str]:

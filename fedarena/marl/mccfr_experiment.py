@@ -28,6 +28,7 @@ from fedarena.marl.mccfr import LazyMCCFRSolver, MCCFROptions, MCCFRSolver
 from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
 from fedarena.platform.errors import RunError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 
 
 @dataclass(frozen=True)
@@ -85,47 +86,86 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
         solver: Any = LazyMCCFRSolver(game, cfg.options(lazy=True), seed=cfg.seed)
     else:
         solver = MCCFRSolver(game, cfg.options(), seed=cfg.seed, max_tree_nodes=cfg.max_tree_nodes)
-    start, solver_time = 0, 0.0
-    restored = run.restore()
-    if restored:
-        start, state = restored
-        if lazy:
-            raise RunError("--resume: the lazy MCCFR walk keeps no checkpoints; start the run again")
-        solver.load_state_dict(state["solver"])
-        solver_time = float(state["solver_time"])
-    e = float("nan")
-    rows = []
-    name = f"{cfg.sampling}-sampling MCCFR"
-    with run.progress(total=cfg.iterations, initial=start, desc=f"mccfr {cfg.game}") as bar:
-        for it in range(start + 1, cfg.iterations + 1):
-            t0 = time.perf_counter()
-            solver.iteration()
-            solver_time += time.perf_counter() - t0
-            if it % cfg.eval_every == 0 or it == cfg.iterations or it == 1:
-                row = {"solver_time": solver_time, "nodes_touched": solver.nodes_touched}
-                if exact:
-                    e = row["exploitability"] = exploitability(game, _average(solver, game, exact))
-                else:
-                    row["information_states"] = len(solver.regrets)
-                run.log(it, **row)
-                rows.append({"step": it, **row})
-            if not lazy and (run.should_checkpoint(it) or it == cfg.iterations):
-                run.save_checkpoint(it, {"solver": solver.state_dict(), "solver_time": solver_time})
-            bar.update(1, expl=e)
-    export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), algorithm=name,
-                  iterations=cfg.iterations, batch=1 if lazy else cfg.batch, averaging=cfg.averaging,
-                  complete=exact)
-    summary: dict[str, Any] = {"game": cfg.game, "algorithm": name, "walk": "lazy" if lazy else "compiled tree",
-                               "iterations": cfg.iterations, "nodes_touched": int(solver.nodes_touched),
-                               "solver_seconds": solver_time, "policy": str(run.dir / POLICY_FILE)}
-    if exact:
-        summary["exploitability"] = e
-        below = [r for r in rows if r.get("exploitability", np.inf) <= 0.05]
-        if below:
-            summary.update({"first_below_0.05/iteration": below[0]["step"],
-                            "first_below_0.05/nodes_touched": below[0]["nodes_touched"],
-                            "first_below_0.05/solver_seconds": below[0]["solver_time"]})
+    steps = _MCCFRSteps(run, cfg, game, solver, exact)
+    summary = _run_lazy(run, steps) if lazy else run_loop(run, steps, eval_every=cfg.eval_every, eval_first=True)
+    export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), algorithm=steps.name,
+                  iterations=steps.it, batch=1 if lazy else cfg.batch, averaging=cfg.averaging, complete=exact)
     return summary
+
+
+class _MCCFRSteps:
+    """MCCFR under :func:`~fedarena.platform.loop.run_loop`: one solver iteration a step; on the loop's evaluation
+    cadence the solver time, histories touched and the exact exploitability (or, where no exact best response
+    exists, the information states met)."""
+
+    def __init__(self, run: Any, cfg: MCCFRConfig, game: Any, solver: Any, exact: bool):
+        self.run, self.cfg, self.game, self.solver, self.exact = run, cfg, game, solver, exact
+        self.lazy = isinstance(solver, LazyMCCFRSolver)
+        self.name = f"{cfg.sampling}-sampling MCCFR"
+        self.desc, self.total = f"mccfr {cfg.game}", cfg.iterations
+        self.it, self.solver_time = 0, 0.0
+
+    def init(self) -> None:
+        return None
+
+    def load(self, step: int, state: dict[str, Any]) -> None:
+        self.solver.load_state_dict(state["solver"])
+        self.solver_time = float(state["solver_time"])
+        self.it = step
+
+    def state(self) -> dict[str, Any]:
+        return {"solver": self.solver.state_dict(), "solver_time": self.solver_time}
+
+    def done(self) -> bool:
+        return self.it >= self.cfg.iterations
+
+    def units(self) -> int:
+        return self.it
+
+    def step(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.solver.iteration()
+        self.solver_time += time.perf_counter() - t0
+        self.it = step
+        return {}
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        row = {"solver_time": self.solver_time, "nodes_touched": self.solver.nodes_touched}
+        if self.exact:
+            row["exploitability"] = exploitability(self.game, _average(self.solver, self.game, self.exact))
+        else:
+            row["information_states"] = len(self.solver.regrets)
+        return row
+
+    def summary(self) -> dict[str, Any]:
+        summary: dict[str, Any] = {"game": self.cfg.game, "algorithm": self.name,
+                                   "walk": "lazy" if self.lazy else "compiled tree", "iterations": self.it,
+                                   "nodes_touched": int(self.solver.nodes_touched),
+                                   "solver_seconds": self.solver_time, "policy": str(self.run.dir / POLICY_FILE)}
+        if self.exact:
+            rows = [r for r in self.run.rows() if "exploitability" in r]
+            summary["exploitability"] = rows[-1]["exploitability"] if rows else float("nan")
+            below = [r for r in rows if r["exploitability"] <= 0.05]
+            if below:
+                summary.update({"first_below_0.05/iteration": below[0]["step"],
+                                "first_below_0.05/nodes_touched": below[0]["nodes_touched"],
+                                "first_below_0.05/solver_seconds": below[0]["solver_time"]})
+        return summary
+
+
+def _run_lazy(run: Any, steps: _MCCFRSteps) -> dict[str, Any]:
+    """The lazy walk keeps no checkpoints (its dictionaries of regrets have no checkpoint form), so it runs its
+    steps outside :func:`~fedarena.platform.loop.run_loop`, on the same evaluation cadence, and refuses ``--resume``."""
+    if run.restore() is not None:
+        raise RunError("--resume: the lazy MCCFR walk keeps no checkpoints; start the run again")
+    with run.progress(total=steps.total, initial=0, desc=steps.desc) as bar:
+        while not steps.done():
+            it = steps.it + 1
+            steps.step(it)
+            if it % steps.cfg.eval_every == 0 or it == 1 or steps.done():
+                run.log(it, **steps.evaluate(it))
+            bar.update(1)
+    return steps.summary()
 
 
 def plots_mccfr(rows, cfg: MCCFRConfig, report_dir: str) -> list[str]:

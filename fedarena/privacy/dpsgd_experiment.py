@@ -20,6 +20,7 @@ import numpy as np
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.loop import run_loop
 from fedarena.privacy.budget import BudgetMonitor, noise_multiplier_for_budget
 from fedarena.privacy.dpsgd import DPSGD, DPSGDConfig, SecureRandom, poisson_batch
 
@@ -54,63 +55,90 @@ def _data(cfg: DPSGDDigitsConfig):
 def run(cfg: DPSGDDigitsConfig, run) -> dict:
     if cfg.batch_size < 1 or cfg.eval_every < 1 or cfg.epochs <= 0:
         raise ValueError("batch_size, eval_every and epochs must be positive")
-    x_train, x_test, y_train, y_test = _data(cfg)
-    n = len(x_train)
-    q = cfg.batch_size / n
-    if not 0 < q <= 1:
-        raise ValueError(f"batch_size: {cfg.batch_size} exceeds the training-set size {n}")
-    planned = int(round(cfg.epochs / q))
-    sigma = cfg.noise_multiplier or noise_multiplier_for_budget(cfg.epsilon_budget, cfg.delta, q, planned)
-    mlp = nn.MLP([64, *[int(h) for h in cfg.hidden], 10], activation="tanh")
+    steps = _DPSGDSteps(run, cfg)
+    summary = run_loop(run, steps)
+    if not any(r.get("final") and r["step"] == steps.monitor.steps for r in run.rows()):  # a resume past the
+        run.log(steps.monitor.steps, test_accuracy=summary["test_accuracy"], epsilon=steps.monitor.epsilon,
+                final=1)                                                              # budget keeps its final row
+    return summary
 
-    def loss_fn(params, x, y):
-        return ops.cross_entropy(mlp.apply(params, x), y)
 
-    dp = DPSGD(loss_fn, DPSGDConfig(cfg.clip_norm, sigma, q, insecure_seeded_noise=cfg.insecure_seeded_noise), n)
-    secure = SecureRandom()
-    opt = optim.sgd(cfg.lr, momentum=cfg.momentum)
-    update = engine.jit(lambda g, s, p: opt.update(g, s, p))
-    logits = engine.jit(lambda p, x: mlp.apply(p, x))
-    monitor = BudgetMonitor(cfg.epsilon_budget, cfg.delta, sigma, q)
-    params = mlp.init(cfg.seed)
-    state = opt.init(params)
-    start = 0
-    restored = run.restore()
-    if restored:
-        start, saved = restored
-        params = engine.tree_map(lambda a, b: np.asarray(b, dtype=a.dtype), params, saved["params"])
-        state = engine.tree_map(lambda a, b: np.asarray(b, dtype=np.asarray(a).dtype), state, saved["opt"])
-        monitor.restore(start, list(saved["epsilons"]))
-    total = monitor.max_steps()
-    run.logger.info("q=%.4f sigma=%.4f budget allows %d steps (%.1f epochs)", q, sigma, total, total * q)
+class _DPSGDSteps:
+    """DP-SGD under :func:`~fedarena.platform.loop.run_loop`: one noisy step a step until the budget monitor
+    refuses the next one; every step logs the epsilon spent, every ``eval_every`` steps the test accuracy."""
 
-    def accuracy(p) -> float:
-        return float(np.mean(np.argmax(logits(p, x_test), axis=1) == y_test))
+    def __init__(self, run, cfg: DPSGDDigitsConfig):
+        self.run, self.cfg = run, cfg
+        self.x_train, self.x_test, self.y_train, self.y_test = _data(cfg)
+        self.n = n = len(self.x_train)
+        self.q = q = cfg.batch_size / n
+        if not 0 < q <= 1:
+            raise ValueError(f"batch_size: {cfg.batch_size} exceeds the training-set size {n}")
+        planned = int(round(cfg.epochs / q))
+        self.sigma = sigma = cfg.noise_multiplier or noise_multiplier_for_budget(cfg.epsilon_budget, cfg.delta, q,
+                                                                                 planned)
+        mlp = nn.MLP([64, *[int(h) for h in cfg.hidden], 10], activation="tanh")
 
-    acc = accuracy(params)
-    with run.progress(total=total, initial=start, desc="dp-sgd") as bar:
-        while monitor.can_step():
-            step = monitor.steps + 1
-            # insecure mode: a per-step stream from the seed (resumable without RNG state); else the CSPRNG
-            rng = np.random.default_rng([cfg.seed, step]) if cfg.insecure_seeded_noise else secure
-            idx = poisson_batch(rng, n, q)
-            grads, _private_stats = dp.noisy_gradient(params, x_train[idx], y_train[idx], rng)  # not logged
-            params, state = update(grads, state, params)
-            eps = monitor.step()
-            row = dict(epsilon=eps)
-            if step % cfg.eval_every == 0:
-                acc = accuracy(params)
-                row["test_accuracy"] = acc
-            run.log(step, **row)
-            run.checkpoint(step, lambda: {"params": params, "opt": state, "epsilons": monitor.history})
-            bar.update(1, eps=eps, acc=acc)
-    acc = accuracy(params)
-    if not any(r.get("final") and r["step"] == monitor.steps for r in run.rows()):  # a resume past the budget
-        run.log(monitor.steps, test_accuracy=acc, epsilon=monitor.epsilon, final=1)  # keeps its final row
-    return {"test_accuracy": acc, "epsilon": monitor.epsilon, "delta": cfg.delta, "steps": monitor.steps,
-            "noise_multiplier": sigma, "sample_rate": q, "epochs": monitor.steps * q,
-            "stopped_by_budget": not monitor.can_step(), "insecure_seeded_noise": cfg.insecure_seeded_noise,
-            "privacy": "void: seeded noise" if cfg.insecure_seeded_noise else "(epsilon, delta)-DP, RDP accountant"}
+        def loss_fn(params, x, y):
+            return ops.cross_entropy(mlp.apply(params, x), y)
+
+        self.dp = DPSGD(loss_fn, DPSGDConfig(cfg.clip_norm, sigma, q, insecure_seeded_noise=cfg.insecure_seeded_noise),
+                        n)
+        self.secure = SecureRandom()
+        opt = optim.sgd(cfg.lr, momentum=cfg.momentum)
+        self.update = engine.jit(lambda g, s, p: opt.update(g, s, p))
+        self.logits = engine.jit(lambda p, x: mlp.apply(p, x))
+        self.monitor = BudgetMonitor(cfg.epsilon_budget, cfg.delta, sigma, q)
+        self.params = mlp.init(cfg.seed)
+        self.opt_state = opt.init(self.params)
+        self.desc, self.total = "dp-sgd", self.monitor.max_steps()
+
+    def _announce(self) -> None:
+        self.run.logger.info("q=%.4f sigma=%.4f budget allows %d steps (%.1f epochs)", self.q, self.sigma, self.total,
+                             self.total * self.q)
+
+    def init(self) -> None:
+        self._announce()
+        return None
+
+    def load(self, step: int, state: dict) -> None:
+        self.params = engine.tree_map(lambda a, b: np.asarray(b, dtype=a.dtype), self.params, state["params"])
+        self.opt_state = engine.tree_map(lambda a, b: np.asarray(b, dtype=np.asarray(a).dtype), self.opt_state,
+                                         state["opt"])
+        self.monitor.restore(step, list(state["epsilons"]))
+        self._announce()
+
+    def state(self) -> dict:
+        return {"params": self.params, "opt": self.opt_state, "epsilons": self.monitor.history}
+
+    def done(self) -> bool:
+        return not self.monitor.can_step()
+
+    def units(self) -> int:
+        return self.monitor.steps
+
+    def accuracy(self) -> float:
+        return float(np.mean(np.argmax(self.logits(self.params, self.x_test), axis=1) == self.y_test))
+
+    def step(self, step: int) -> dict:
+        # insecure mode: a per-step stream from the seed (resumable without RNG state); else the CSPRNG
+        rng = np.random.default_rng([self.cfg.seed, step]) if self.cfg.insecure_seeded_noise else self.secure
+        idx = poisson_batch(rng, self.n, self.q)
+        grads, _private_stats = self.dp.noisy_gradient(self.params, self.x_train[idx], self.y_train[idx],
+                                                       rng)  # not logged
+        self.params, self.opt_state = self.update(grads, self.opt_state, self.params)
+        row = dict(epsilon=self.monitor.step())
+        if step % self.cfg.eval_every == 0:
+            row["test_accuracy"] = self.accuracy()
+        return row
+
+    def summary(self) -> dict:
+        cfg, monitor = self.cfg, self.monitor
+        return {"test_accuracy": self.accuracy(), "epsilon": monitor.epsilon, "delta": cfg.delta,
+                "steps": monitor.steps, "noise_multiplier": self.sigma, "sample_rate": self.q,
+                "epochs": monitor.steps * self.q, "stopped_by_budget": not monitor.can_step(),
+                "insecure_seeded_noise": cfg.insecure_seeded_noise,
+                "privacy": "void: seeded noise" if cfg.insecure_seeded_noise else "(epsilon, delta)-DP, RDP accountant"}
 
 
 def plots(rows, cfg, report_dir) -> list[str]:

@@ -99,3 +99,24 @@ def test_learners_spread_over_worker_processes_give_the_same_run(tmp_path):
     execute(None, ["env_steps=20"], resume=tmp_path / "two", quiet=True, report=False)  # resumed across workers
     assert _rows(tmp_path / "two") == _rows(tmp_path / "one")
     _assert_same_state(_final_state(tmp_path / "one")[1], _final_state(tmp_path / "two")[1])
+
+
+def test_resume_across_worker_processes_from_an_older_checkpoint(tmp_path):
+    """Two worker processes; ``checkpoint.every`` counts environment steps; the newest checkpoint removed (as if
+    stopped after the previous one), --resume replays the same rows; a smaller budget runs no round."""
+    cfg = dict(CFG, algorithms=["vdn", "ippo"], workers=2, checkpoint={"every": 20, "keep": 10})
+    run = tmp_path / "run"
+    first = execute(cfg, out=run, quiet=True, report=False)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-000000020.fdck", "ckpt-000000040.fdck"]
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [10, 20, 30, 40]
+    (run / "checkpoints" / "ckpt-000000040.fdck").unlink()
+    again = execute(None, ["eval_every=2"], resume=run, quiet=True, report=False)  # same value: a real resume
+    assert "resumed from checkpoint at step 20" in (run / "run.log").read_text()
+    assert _rows(run) == rows
+    for a in ("vdn", "ippo"):
+        assert again[f"{a}/greedy_return_per_seed"] == first[f"{a}/greedy_return_per_seed"]
+        assert again[f"{a}/episodes"] == first[f"{a}/episodes"]
+    smaller = execute(None, ["env_steps=20"], resume=run, quiet=True, report=False)
+    assert smaller["env_steps_per_learner"] == 40 and _rows(run) == rows
+    assert smaller["vdn/greedy_return_per_seed"] == first["vdn/greedy_return_per_seed"]

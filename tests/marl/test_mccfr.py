@@ -157,3 +157,27 @@ def test_lazy_walk_through_the_kind_on_a_small_game_is_scored_exactly(tmp_path):
     exported = load_policy(tmp_path / "run" / "policy.json")
     assert len(exported.policy) == 12 and exported.meta["complete"] is True
     assert _openspiel_exploitability("kuhn_poker", exported.policy) == pytest.approx(out["exploitability"], abs=1e-9)
+
+
+def _rows_without_times(run_dir):
+    from fedarena.platform.runs import read_metrics
+
+    return [{k: v for k, v in r.items() if k not in ("wall_time", "solver_time")} for r in read_metrics(run_dir)]
+
+
+def test_mccfr_kind_resume_equals_the_uninterrupted_run(tmp_path):
+    from fedarena.platform.runs import execute
+
+    cfg = {"kind": "mccfr", "game": "kuhn_poker", "iterations": 30, "batch": 16, "eval_every": 5,
+           "checkpoint": {"every": 10}}
+    straight = execute(cfg, out=tmp_path / "b", quiet=True, report=False)
+    execute({**cfg, "iterations": 20}, out=tmp_path / "a", quiet=True, report=False)
+    resumed = execute(resume=tmp_path / "a", overrides=["iterations=30"], quiet=True, report=False)
+    assert _rows_without_times(tmp_path / "a") == _rows_without_times(tmp_path / "b")
+    assert [r["step"] for r in _rows_without_times(tmp_path / "a")] == [1, 5, 10, 15, 20, 25, 30]
+    assert resumed["exploitability"] == straight["exploitability"]
+    assert resumed["nodes_touched"] == straight["nodes_touched"]
+    assert resumed.get("first_below_0.05/iteration") == straight.get("first_below_0.05/iteration")
+    # a budget below the checkpoint's step runs nothing and returns the checkpointed state's summary
+    again = execute(resume=tmp_path / "a", overrides=["iterations=10"], quiet=True, report=False)
+    assert again["iterations"] == 30 and again["exploitability"] == straight["exploitability"]

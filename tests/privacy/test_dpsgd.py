@@ -123,3 +123,29 @@ def test_dpsgd_digits_experiment_stops_at_budget_and_resumes(tmp_path):
     assert again["epsilon"] == pytest.approx(summary["epsilon"], rel=1e-12)
     resumed_steps = [r["step"] for r in read_metrics(tmp_path / "resumed") if "epsilon" in r and "final" not in r]
     assert resumed_steps == list(range(1, summary["steps"] + 1))  # rows after the checkpoint replaced, not doubled
+
+
+def test_dpsgd_digits_resume_from_an_older_checkpoint_replays_the_same_rows(tmp_path):
+    from fedarena.platform.runs import execute, read_metrics
+
+    cfg = {"kind": "dpsgd_digits", "seed": 2, "epsilon_budget": 1.0, "noise_multiplier": 1.5, "batch_size": 64,
+           "eval_every": 10, "checkpoint": {"every": 10, "keep": 5}, "insecure_seeded_noise": True}
+    straight = execute(cfg, out=tmp_path / "run", quiet=True, report=False)
+    assert straight["steps"] > 20
+    shutil.copytree(tmp_path / "run", tmp_path / "resumed")
+    newest = sorted((tmp_path / "resumed" / "checkpoints").glob("ckpt-*"))
+    newest[-1].unlink()  # as if stopped after the previous checkpoint
+    # an override (to the same value) makes --resume continue the completed run instead of returning its summary
+    again = execute(resume=tmp_path / "resumed", overrides=["eval_every=10"], quiet=True, report=False)
+    assert "resumed from checkpoint at step 20" in (tmp_path / "resumed" / "run.log").read_text()
+
+    def rows(d):
+        return [{k: v for k, v in r.items() if k != "wall_time"} for r in read_metrics(d)]
+
+    assert rows(tmp_path / "resumed") == rows(tmp_path / "run")
+    assert [r["step"] for r in rows(tmp_path / "run")] == [*range(1, straight["steps"] + 1), straight["steps"]]
+    assert {k: again[k] for k in straight if k != "run_dir"} == {k: straight[k] for k in straight if k != "run_dir"}
+    # a budget the checkpoint has already spent runs no step and returns the checkpointed state's summary
+    smaller = execute(resume=tmp_path / "resumed", overrides=["epsilon_budget=0.5"], quiet=True, report=False)
+    assert smaller["steps"] == straight["steps"] and smaller["test_accuracy"] == straight["test_accuracy"]
+    assert smaller["epsilon"] == straight["epsilon"] and len(rows(tmp_path / "resumed")) == len(rows(tmp_path / "run"))
