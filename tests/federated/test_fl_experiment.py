@@ -87,14 +87,16 @@ def _pid_of(folder, role):
     return None
 
 
-def _run_and_kill_scheduler(tmp_path, restart):
+def _run_and_kill_scheduler(tmp_path, restart, rounds):
+    """Start a fedavg_grpc run, SIGKILL its scheduler once one round is stored; ``rounds`` well above 1 so the run
+    cannot finish before the kill on a fast machine."""
     import os
     import signal
     import threading
     import time
 
     cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 2, "num_servers": 1, "hidden": [8],
-           "trainer": "numpy", "rounds": 3, "epochs": 1, "window_seconds": 60.0, "timeout_s": 120.0,
+           "trainer": "numpy", "rounds": rounds, "epochs": 1, "window_seconds": 60.0, "timeout_s": 120.0,
            "restart": restart, "checkpoint": {"every": 1, "keep": 2}}
     out: dict = {}
 
@@ -123,7 +125,7 @@ def _run_and_kill_scheduler(tmp_path, restart):
 def test_a_killed_scheduler_fails_the_run_at_once_naming_it(tmp_path):
     from fedarena.platform.errors import RunError, is_user_error
 
-    out, took = _run_and_kill_scheduler(tmp_path, restart=False)
+    out, took = _run_and_kill_scheduler(tmp_path, restart=False, rounds=1000)
     err = out.get("error")
     assert isinstance(err, RunError) and is_user_error(err)
     assert str(err).startswith("scheduler: process exited (killed by SIGKILL)")
@@ -134,8 +136,8 @@ def test_a_killed_scheduler_fails_the_run_at_once_naming_it(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_scheduler_is_restarted_from_its_state_file_with_restart_true(tmp_path):
-    out, _ = _run_and_kill_scheduler(tmp_path, restart=True)
+    out, _ = _run_and_kill_scheduler(tmp_path, restart=True, rounds=12)
     assert "error" not in out, out.get("error")
-    assert out["summary"]["rounds_aggregated"] == 3 and out["summary"]["model_version"] == 3
+    assert out["summary"]["rounds_aggregated"] == 12 and out["summary"]["model_version"] == 12
     assert "scheduler killed by SIGKILL; restarted" in (tmp_path / "run" / "deployment" / "logs" /
                                                         "supervisor.log").read_text()
