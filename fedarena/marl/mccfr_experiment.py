@@ -22,7 +22,7 @@ import numpy as np
 from fedarena.envs import load_game
 from fedarena.envs.efg import TreeTooLargeError, check_tree_size
 from fedarena.marl.exploitability import exploitability
-from fedarena.marl.game_experiments import _check_common
+from fedarena.marl.game_experiments import _check_common, _SolverSteps
 from fedarena.marl.game_tree import game_tree
 from fedarena.marl.mccfr import LazyMCCFRSolver, MCCFROptions, MCCFRSolver
 from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
@@ -93,41 +93,15 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
     return summary
 
 
-class _MCCFRSteps:
-    """MCCFR under :func:`~fedarena.platform.loop.run_loop`: one solver iteration a step; on the loop's evaluation
-    cadence the solver time, histories touched and the exact exploitability (or, where no exact best response
-    exists, the information states met)."""
+class _MCCFRSteps(_SolverSteps):
+    """MCCFR under :func:`~fedarena.platform.loop.run_loop`: the exact solvers' steps (one solver iteration a step,
+    its time, the checkpointed state); on the loop's evaluation cadence the solver time, histories touched and the
+    exact exploitability (or, where no exact best response exists, the information states met)."""
 
     def __init__(self, run: Any, cfg: MCCFRConfig, game: Any, solver: Any, exact: bool):
-        self.run, self.cfg, self.game, self.solver, self.exact = run, cfg, game, solver, exact
-        self.lazy = isinstance(solver, LazyMCCFRSolver)
-        self.name = f"{cfg.sampling}-sampling MCCFR"
-        self.desc, self.total = f"mccfr {cfg.game}", cfg.iterations
-        self.it, self.solver_time = 0, 0.0
-
-    def init(self) -> None:
-        return None
-
-    def load(self, step: int, state: dict[str, Any]) -> None:
-        self.solver.load_state_dict(state["solver"])
-        self.solver_time = float(state["solver_time"])
-        self.it = step
-
-    def state(self) -> dict[str, Any]:
-        return {"solver": self.solver.state_dict(), "solver_time": self.solver_time}
-
-    def done(self) -> bool:
-        return self.it >= self.cfg.iterations
-
-    def units(self) -> int:
-        return self.it
-
-    def step(self, step: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        self.solver.iteration()
-        self.solver_time += time.perf_counter() - t0
-        self.it = step
-        return {}
+        super().__init__(run, cfg, game, solver, f"{cfg.sampling}-sampling MCCFR", log_first=False)
+        self.exact, self.lazy = exact, isinstance(solver, LazyMCCFRSolver)
+        self.desc = f"mccfr {cfg.game}"
 
     def evaluate(self, step: int) -> dict[str, float]:
         row = {"solver_time": self.solver_time, "nodes_touched": self.solver.nodes_touched}
