@@ -15,7 +15,7 @@ from . import random
 from .serialization import ParamsFileError, load_params, save_params
 from .transforms.autodiff import grad, hvp, jvp, value_and_grad, vjp
 from .core.ir import EngineError, Graph, GraphValidationError, LeakedTracerError, ShapedArray, ShapeError, TracerControlFlowError, UnknownPrimitiveError, UnsupportedDtypeError
-from .jit import RecompileWarning, jit, make_graph
+from .jit import RecompileWarning, explain_cache_misses, jit, make_graph
 from .transforms.vmap import vmap
 from .control_flow import cond, fori_loop, scan, while_loop
 from .custom import checkpoint, custom_vjp, remat
@@ -47,6 +47,7 @@ __all__ = [
     "UnsupportedDtypeError",
     "ParamsFileError",
     "RecompileWarning",
+    "explain_cache_misses",
     "get_num_threads",
     "grad",
     "initializers",

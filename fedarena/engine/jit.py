@@ -7,6 +7,14 @@ numpy executor and caches it; later calls with the same signature only run the c
 (part of the signature, with a warning when they keep changing); pass numpy scalars/arrays for
 values that change between calls.  The cache of a jitted function is bounded
 (:data:`CACHE_SIZE` programs, least recently used dropped first).
+
+Cache misses are not silent: the first time a jitted function compiles again because an array
+argument's shape or dtype, a static argument or the structure of the arguments changed, it warns
+(:class:`RecompileWarning`) naming the argument by its path in the pytree (``x``, ``batch['obs']``)
+and the change (old -> new), measured against the closest program already compiled;
+:func:`explain_cache_misses` makes every miss explain itself (after JAX's
+``jax.config.explain_cache_misses``), and a function that compiles more than ``max_compiles``
+programs (default :data:`MAX_COMPILES`) warns once that it exceeded its budget.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from .backends.numpy.executor import Executable
 from .backends.cupy import jit as _cupy_jit
 from .core.ir import EngineError, Graph, ShapedArray, check_dtype
 from .core.nonfinite import SWITCH as _NAN_SWITCH
-from .core.pytree import tree_flatten, tree_unflatten
+from .core.pytree import tree_flatten, tree_str, tree_unflatten
 from .core.tracing import _TRACE_STACK, Tracer, trace_flat
 
 _PY_SCALARS = (bool, int, float)
@@ -39,8 +47,23 @@ CACHE_SIZE = 64
 distinct static values a caller passes."""
 
 
+MAX_COMPILES = 16
+"""Default compile budget of a jitted function (``jit(..., max_compiles=...)``): one more compile
+warns once that the function recompiles more than its callers probably expect."""
+
+_EXPLAIN = [False]
+
+
+def explain_cache_misses(on: bool = True) -> None:
+    """Make every cache miss of every jitted function warn with what changed (a
+    :class:`RecompileWarning` per compile after a function's first), instead of the default of one
+    warning per function; ``explain_cache_misses(False)`` restores the default."""
+    _EXPLAIN[0] = bool(on)
+
+
 class RecompileWarning(UserWarning):
-    """A jitted function keeps compiling new programs for new Python scalar values."""
+    """A jitted function compiled again: an argument's shape, dtype, static value or structure
+    changed (the message names the argument and the change), or it exceeded its compile budget."""
 
 
 def static_key(v: Any) -> Any:
@@ -59,12 +82,105 @@ def same_static(a: Any, b: Any) -> bool:
 
 
 class _Entry:
-    __slots__ = ("executable", "out_tree", "graph")
+    __slots__ = ("executable", "out_tree", "graph", "record")
 
-    def __init__(self, executable, out_tree, graph):
+    def __init__(self, executable, out_tree, graph, record=None):
         self.executable = executable
         self.out_tree = out_tree
         self.graph = graph
+        self.record = record  # the _CallRecord it was compiled for (what a later miss is compared with)
+
+
+def _leaf_paths(td: tuple, prefix: str, out: list) -> None:
+    """Append the path of every leaf of the tree ``td`` under ``prefix`` (``x``, ``batch['obs']``,
+    ``params[0]``, ``state.h`` for a namedtuple field)."""
+    tag = td[0]
+    if tag == "*":
+        out.append(prefix)
+    elif tag == "d":
+        for k, c in zip(td[1], td[2]):
+            _leaf_paths(c, f"{prefix}[{k!r}]", out)
+    elif tag in ("l", "t"):
+        for i, c in enumerate(td[1]):
+            _leaf_paths(c, f"{prefix}[{i}]", out)
+    elif tag == "n":
+        fields = getattr(td[1], "_fields", None)
+        for i, c in enumerate(td[2]):
+            _leaf_paths(c, f"{prefix}.{fields[i]}" if fields else f"{prefix}[{i}]", out)
+
+
+class _CallRecord:
+    """What one compiled signature was made of, by argument name: each argument's tree structure,
+    and per leaf path its kind and value (``("array", shape, dtype)``, ``("scalar", key, repr)`` or
+    ``("static", key, repr)``), so that a cache miss can say what changed."""
+
+    __slots__ = ("structure", "leaves")
+
+    def __init__(self, structure: dict, leaves: dict) -> None:
+        self.structure, self.leaves = structure, leaves
+
+    def diff(self, new: "_CallRecord", buckets: dict | None = None) -> list[tuple[str, str]]:
+        """``(kind, text)`` per difference from ``self`` to ``new``; kind is ``structure``, ``shape``,
+        ``dtype``, ``static``, ``scalar`` or ``bucket`` (a bucketed leading dimension)."""
+        out: list[tuple[str, str]] = []
+        for name in list(self.structure) + [n for n in new.structure if n not in self.structure]:
+            a, b = self.structure.get(name), new.structure.get(name)
+            if a != b:
+                show = lambda t: "absent" if t is None else tree_str(t)  # noqa: E731
+                out.append(("structure", f"{name}: pytree structure {show(a)} -> {show(b)}"))
+        for path, b in new.leaves.items():
+            a = self.leaves.get(path)
+            if a is None or a == b:
+                continue
+            if a[0] == "array" and b[0] == "array":
+                if a[1] != b[1]:
+                    bucketed = (buckets is not None and path in buckets and len(a[1]) == len(b[1]) and a[1][1:] == b[1][1:])
+                    out.append(("bucket" if bucketed else "shape", f"{path}: shape {a[1]} -> {b[1]}"))
+                if a[2] != b[2]:
+                    out.append(("dtype", f"{path}: dtype {a[2]} -> {b[2]}"))
+            elif a[0] == b[0]:
+                what = "static value" if a[0] == "static" else "Python scalar"
+                out.append((a[0], f"{path}: {what} {a[2]} -> {b[2]}"))
+            else:
+                describe = lambda d: f"array {d[2]}{list(d[1])}" if d[0] == "array" else f"{'static value' if d[0] == 'static' else 'Python scalar'} {d[2]}"  # noqa: E731
+                out.append(("structure", f"{path}: {describe(a)} -> {describe(b)}"))
+        return out
+
+
+def _arg_names(fn: Callable, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        params = []
+    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
+
+
+def _record(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int,
+            static_kw: tuple) -> _CallRecord:
+    names = _arg_names(fn, n_args)
+    dyn_pos = [i for i in range(n_args) if i not in static_argnums]
+    dyn_td, kw_td = treedef[1][0], treedef[1][1]
+    structure: dict = {}
+    paths: list[str] = []
+    for pos, td in zip(dyn_pos, dyn_td[1]):
+        structure[names[pos]] = td
+        _leaf_paths(td, names[pos], paths)
+    for k, td in zip(kw_td[1], kw_td[2]) if kw_td[0] == "d" else ():
+        structure[k] = td
+        _leaf_paths(td, k, paths)
+    desc: dict = {}
+    for path, x in zip(paths, leaves):
+        if type(x) in _PY_SCALARS:
+            desc[path] = ("scalar", static_key(x), repr(x))
+        else:
+            a = x if isinstance(x, np.ndarray) else np.asarray(x)
+            desc[path] = ("array", tuple(a.shape), a.dtype)
+    for pos, v in zip(static_argnums, static):
+        desc[names[pos] if pos < n_args else f"args[{pos}]"] = ("static", static_key(v), repr(v))
+    for k, v in static_kw:
+        desc[k] = ("static", static_key(v), repr(v))
+    return _CallRecord(structure, desc)
 
 
 def _split(args: tuple, static_argnums: tuple) -> tuple[tuple, tuple]:
@@ -292,8 +408,14 @@ class Jitted:
     """A jit-compiled function; call it like the original."""
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, static_argnames: Sequence[str] = (),
-                 debug_nans: bool | None = None, donate_argnums: Sequence[int] = ()):
+                 debug_nans: bool | None = None, donate_argnums: Sequence[int] = (), max_compiles: int | None = None):
         self.fn = fn
+        if max_compiles is not None and (isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1):
+            raise EngineError(f"jit: max_compiles must be a positive int, got {max_compiles!r}")
+        self.max_compiles = max_compiles  # None: the module's MAX_COMPILES at the time of the compile
+        self.compiles = 0  # programs compiled so far (evicted ones included)
+        self._miss_warned = False  # the once-per-function warning about a changed shape/dtype/static value
+        self._budget_warned = False
         self.donate_argnums = frozenset(int(i) for i in donate_argnums)
         if self.donate_argnums & set(int(i) for i in static_argnums):
             raise EngineError(f"jit: an argument cannot be both static and donated: {sorted(self.donate_argnums & set(static_argnums))}")
@@ -328,7 +450,9 @@ class Jitted:
             pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
             if pipeline is not None:
                 graph = pipeline(graph)
-            entry = _Entry(Executable(graph, check_finite=check, donated=self._donated(args, leaves)), out_tree, graph)
+            record = _record(self.fn, treedef, leaves, static, self.static_argnums, len(args), static_kw)
+            self._explain_miss(record, check)
+            entry = _Entry(Executable(graph, check_finite=check, donated=self._donated(args, leaves)), out_tree, graph, record)
             self._cache[key] = entry
             self._evict()
             self._count_variant(key, args, leaves)
@@ -341,6 +465,44 @@ class Jitted:
                 del self._fast[4:]
                 self._fast0 = fast[0]
         return entry, arrays
+
+    def _explain_miss(self, record: _CallRecord, check: bool) -> None:
+        """Warn about this compile: what changed against the closest cached program (every miss under
+        :func:`explain_cache_misses`, else once per function when an array's shape or dtype, a static
+        value or the arguments' structure changed; Python scalars alone have their own warning), and
+        once when the compile budget is exceeded."""
+        self.compiles += 1
+        name = getattr(self.fn, "__name__", "fn")
+        olds = [e.record for e in self._cache.values() if e.record is not None]
+        if olds:
+            diffs = min((old.diff(record, self._bucket_paths()) for old in olds), key=lambda d: (sum(k == "structure" for k, _ in d), len(d)))
+            if not diffs:  # same arguments: the program was evicted, or the NaN debugger was switched
+                diffs = [("cache", "the same signature was evicted from the cache (CACHE_SIZE)" if not any(
+                    e.record is not None and e.executable.check_finite != check for e in self._cache.values())
+                    else "the NaN debugger was switched")]
+            loud = [t for k, t in diffs if k in ("structure", "shape", "dtype", "static")]
+            if _EXPLAIN[0] or (loud and not self._miss_warned):
+                if not _EXPLAIN[0]:
+                    self._miss_warned = True
+                shown = [t for _, t in diffs] if _EXPLAIN[0] else loud
+                warnings.warn(
+                    f"jit({name}) compiles program {self.compiles} because {'; '.join(shown)}. Every new "
+                    "input shape, dtype or static value traces and compiles a new program: keep shapes fixed, "
+                    "pad them to a few sizes (jit(..., shape_buckets=...)), or pass values that change as "
+                    "arrays; engine.explain_cache_misses(True) explains every miss"
+                    + ("" if _EXPLAIN[0] else " (this function warns once)") + ".",
+                    RecompileWarning, stacklevel=4)
+        budget = MAX_COMPILES if self.max_compiles is None else self.max_compiles
+        if self.compiles > budget and not self._budget_warned:
+            self._budget_warned = True
+            warnings.warn(
+                f"jit({name}) compiled {self.compiles} programs, over its budget of {budget} "
+                "(jit(..., max_compiles=...); default engine.jit.MAX_COMPILES); each compile traces and builds "
+                "a new program, so a function whose shapes or static values keep changing runs mostly in the "
+                "compiler.", RecompileWarning, stacklevel=4)
+
+    def _bucket_paths(self) -> dict | None:
+        return None
 
     def _donated(self, args: tuple, leaves: list) -> frozenset:
         """Indices among the graph's inputs (the array leaves) of the leaves of donated arguments."""
@@ -444,6 +606,7 @@ def jit(
     backend: str = "numpy",
     debug_nans: bool | None = None,
     donate_argnums: int | Sequence[int] = (),
+    max_compiles: int | None = None,
 ) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
@@ -468,6 +631,10 @@ def jit(
     last to read that array, and only at run time if the array is a writeable, C-ordered numpy
     array owning its memory that is passed once and is not the base of another argument; otherwise
     the output is a new array as without donation.  The cupy backend does not reuse donated arrays.
+    ``max_compiles``: the compile budget; one more program warns once (:class:`RecompileWarning`).
+    ``None`` reads :data:`MAX_COMPILES` at each compile.  The first recompile caused by a new array
+    shape or dtype, static value or argument structure also warns once, naming the argument and the
+    change (:func:`explain_cache_misses` for every miss).
     """
     if backend == "cupy":
         if static_argnames:
@@ -484,8 +651,8 @@ def jit(
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
     if fn is None:
-        return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans, donate_argnums)
-    return Jitted(fn, static_argnums, passes, static_argnames, debug_nans, donate_argnums)
+        return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles)
+    return Jitted(fn, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles)
 
 
 def make_graph(fn: Callable, static_argnums: int | Sequence[int] = ()) -> Callable[..., Graph]:
