@@ -2,10 +2,13 @@
 
 All ranks must call the same collectives in the same order with the same algorithm, op and shapes (as in MPI);
 a mismatch is reported by the transport's header check as a one-line error. Inputs are never modified; results
-are new arrays. Reductions apply the numpy ufunc (``sum``: ``np.add``, ``max``: ``np.maximum``, ``min``:
-``np.minimum``) elementwise in the array's dtype, so integer sums wrap around as in numpy and a boolean sum is a
-logical or; ``mean`` is the sum divided by ``world_size`` (in float64 for integer and boolean inputs, like
-``np.mean``). A rank that fails inside a collective calls ``transport.abort`` so the others stop waiting.
+are new arrays. Reductions apply the numpy ufunc (``sum``: ``np.add``, ``prod``: ``np.multiply``, ``max``:
+``np.maximum``, ``min``: ``np.minimum``; for integer and boolean arrays only, the bitwise ``band``:
+``np.bitwise_and``, ``bor``: ``np.bitwise_or``, ``bxor``: ``np.bitwise_xor``, MPI's ``MPI_BAND``/``BOR``/``BXOR``)
+elementwise in the array's dtype, so integer sums and products wrap around as in numpy, a boolean sum is a
+logical or and a boolean product a logical and; ``mean`` is the sum divided by ``world_size`` (in float64 for
+integer and boolean inputs, like ``np.mean``). The ufunc is applied by the receiving rank as each message
+arrives, so every transport (threads, shared memory, TCP, Ray) supports every op. A rank that fails inside a collective calls ``transport.abort`` so the others stop waiting.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ from . import algorithms as alg
 from .cost_model import ALGORITHMS, choose
 from .transport import contiguous, CollectiveError, PeerFailure, Transport
 
-OPS: dict[str, Callable[..., np.ndarray]] = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
+OPS: dict[str, Callable[..., np.ndarray]] = {"sum": np.add, "mean": np.add, "prod": np.multiply, "max": np.maximum,
+                                             "min": np.minimum, "band": np.bitwise_and, "bor": np.bitwise_or,
+                                             "bxor": np.bitwise_xor}
+BITWISE = frozenset({"band", "bor", "bxor"})
+"""The reductions defined for integer and boolean arrays only."""
 
 
 class Communicator:
@@ -71,9 +78,13 @@ class Communicator:
             raise
 
     @staticmethod
-    def _op(op: str) -> Callable[..., np.ndarray]:
+    def _op(op: str, x: Any = None) -> Callable[..., np.ndarray]:
         if op not in OPS:
             raise ValueError(f"op: {op!r} is not a reduction (choose from {', '.join(OPS)})")
+        if op in BITWISE:
+            dtype = np.asarray(x).dtype
+            if dtype.kind not in "biu":
+                raise ValueError(f"op: {op!r} is a bitwise reduction, for integer or boolean arrays; got {dtype}")
         return OPS[op]
 
     def _work(self, x: Any, op: str, out: np.ndarray | None = None) -> np.ndarray:
@@ -105,7 +116,7 @@ class Communicator:
     def all_reduce(self, x: Any, op: str = "sum", algorithm: str | None = None,
                    out: np.ndarray | None = None) -> np.ndarray:
         """The reduction on every rank; ``out`` (optional, may be ``x`` itself) receives it."""
-        fn = self._op(op)
+        fn = self._op(op, x)
         out = self._work(x, op, out)
         if self.world_size == 1:
             return out
@@ -118,7 +129,7 @@ class Communicator:
 
     def reduce(self, x: Any, op: str = "sum", root: int = 0, algorithm: str | None = None) -> np.ndarray | None:
         """The reduction on ``root``; ``None`` on the other ranks."""
-        fn = self._op(op)
+        fn = self._op(op, x)
         root = self._root(root)
         out = self._work(x, op)
         if self.world_size > 1:
@@ -198,8 +209,8 @@ class Communicator:
 
     def reduce_scatter(self, x: Any, op: str = "sum", algorithm: str | None = None) -> np.ndarray:
         """Rank ``i`` gets the reduction over ranks of ``x[i]`` (leading axis ``world_size``)."""
-        fn = self._op(op)
         a = np.asarray(x)
+        fn = self._op(op, a)
         n = self.world_size
         if a.ndim == 0 or a.shape[0] != n:
             raise ValueError(f"reduce_scatter: input needs a leading axis of {n}, got shape {a.shape}")
@@ -230,4 +241,4 @@ class Communicator:
         self.transport.close()
 
 
-__all__ = ["Communicator", "CollectiveError", "PeerFailure", "OPS"]
+__all__ = ["BITWISE", "Communicator", "CollectiveError", "PeerFailure", "OPS"]

@@ -1,8 +1,8 @@
 """A conformance check of a communicator: every collective and algorithm against a numpy reference.
 
 Run by every rank of a group (all with the same ``seed``): each rank can regenerate every other rank's input
-from the seed, computes the expected result with plain numpy (``np.add`` / ``np.maximum`` / ``np.minimum``
-folded over the ranks' arrays, ``np.stack``, indexing) and compares exactly. Inputs are small integers cast to
+from the seed, computes the expected result with plain numpy (``np.add`` / ``np.multiply`` / ``np.maximum`` /
+``np.minimum`` / ``np.bitwise_and`` / ``_or`` / ``_xor`` folded over the ranks' arrays, ``np.stack``, indexing) and compares exactly. Inputs are small integers cast to
 the dtype under test, so floating sums are exact and any difference is a bug, not round-off. This is the
 correctness pass NCCL-tests runs with ``-c``; the tests run it over every transport.
 """
@@ -14,14 +14,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .communicator import Communicator
+from .communicator import BITWISE, Communicator
 from .cost_model import ALGORITHMS
 from .launch import make_transport
 
 DTYPES: tuple[str, ...] = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                            "float16", "float32", "float64", "complex64", "complex128")
 SHAPES: tuple[tuple[int, ...], ...] = ((0,), (), (7,), (3, 5), (2, 0, 3))
-_REF = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_REF = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "band": np.bitwise_and,
+        "bor": np.bitwise_or, "bxor": np.bitwise_xor}
 
 
 class ConformanceError(AssertionError):
@@ -53,8 +54,9 @@ def run_conformance(comm: Communicator, seed: int = 0, dtypes: Iterable[str] = D
                     shapes: Sequence[tuple[int, ...]] = SHAPES, reductions: Sequence[str] = ("sum", "max", "min"),
                     roots: Sequence[int] | None = None) -> int:
     """Check every collective, algorithm, op, dtype and shape on ``comm``; returns the number of checks.
-    ``reductions`` (besides ``mean``, checked on float and complex dtypes) and ``roots`` (default: the first
-    and the last rank) narrow the table."""
+    ``reductions`` (besides ``mean``, checked on float and complex dtypes; complex arrays take ``sum`` and
+    ``prod``, the bitwise ops integer and boolean arrays only) and ``roots`` (default: the first and the last
+    rank) choose the table."""
     n, me = comm.world_size, comm.rank
     checks = 0
     case = 0
@@ -65,7 +67,8 @@ def run_conformance(comm: Communicator, seed: int = 0, dtypes: Iterable[str] = D
             xs = [_input(seed, case, r, shape, dtype) for r in range(n)]
             blocks = [_input(seed, case + 10_000, r, (n,) + shape, dtype) for r in range(n)]
             tag = f"rank {me}, {dtype}{list(shape)}, world {n}"
-            ops = [op for op in reductions if dtype.kind != "c" or op == "sum"] or ["sum"]
+            ops = [op for op in reductions if (dtype.kind != "c" or op in ("sum", "prod"))
+                   and (op not in BITWISE or dtype.kind in "biu")] or ["sum"]
             for alg in ALGORITHMS["all_reduce"]:
                 for op in ops:
                     _expect(comm.all_reduce(xs[me], op, alg), functools.reduce(_REF[op], xs),

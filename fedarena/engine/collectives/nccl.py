@@ -31,7 +31,7 @@ _DTYPES = {np.dtype(np.int8): "NCCL_INT8", np.dtype(np.uint8): "NCCL_UINT8", np.
            np.dtype(np.uint32): "NCCL_UINT32", np.dtype(np.int64): "NCCL_INT64",
            np.dtype(np.uint64): "NCCL_UINT64", np.dtype(np.float16): "NCCL_FLOAT16",
            np.dtype(np.float32): "NCCL_FLOAT32", np.dtype(np.float64): "NCCL_FLOAT64"}
-_OPS = {"sum": "NCCL_SUM", "max": "NCCL_MAX", "min": "NCCL_MIN"}
+_OPS = {"sum": "NCCL_SUM", "prod": "NCCL_PROD", "max": "NCCL_MAX", "min": "NCCL_MIN"}
 
 
 class NCCLCommunicator:
@@ -61,7 +61,8 @@ class NCCLCommunicator:
 
     def _op(self, op: str) -> int:
         if op not in _OPS and op != "mean":
-            raise ValueError(f"op: {op!r} is not a reduction (choose from sum, mean, max, min)")
+            raise ValueError(f"op: {op!r} is not a reduction NCCL has (choose from sum, mean, prod, max, min; "
+                             "NCCL has no bitwise reductions)")
         return getattr(self.nccl, _OPS.get(op, "NCCL_SUM"))
 
     def _done(self, out: Any, op: str = "sum") -> Any:
