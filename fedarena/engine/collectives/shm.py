@@ -9,16 +9,27 @@ copies straight into the destination (``recv_into``) or reduces straight out of 
 accumulator (``recv_reduce``): the only copy on a reduction step is the sender's copy into the ring.
 
 Publication relies on stores becoming visible in program order (x86-64's TSO; the counters are written after
-the data by separate interpreter calls). Waits spin briefly, then sleep (at most 50 us for the first 20 ms,
-then up to 1 ms, then 5 ms, so an idle rank costs little); while waiting a rank
-checks the group's abort flag and whether the peer process still exists, and gives up after ``timeout``.
+the data by separate interpreter calls). Waits spin briefly (about 100 polls), then block in the kernel on a
+futex (``futex(2)``, Franke, Russell & Kirkwood, "Fuss, futexes and furwocks: fast userlevel locking in
+Linux", OLS 2002) on the low 32 bits of the counter the waiter needs to move: a reader waits on the write
+position, a writer with a full ring on the read position. ``FUTEX_WAIT`` sleeps only while the word still
+holds the value the waiter saw, and every counter update is followed by a ``FUTEX_WAKE`` on that word, so the
+kernel's ordering of the two calls leaves no lost wake-up (the rule of the kernel's ``futex/waitwake.c``) and a
+waiting rank uses no CPU: on a contended machine the peer gets the core instead of a spinning or sleeping
+poller. Blocks last at most 20 ms; between them a rank checks the group's abort flag and whether the peer
+process still exists, and gives up after ``timeout``. Where the futex system call is not available (not
+Linux on x86-64 or AArch64), waits fall back to sleeping in growing steps (at most 50 us for the first
+20 ms, then up to 1 ms, then 5 ms).
 Each rank also has a control segment (its pid, the abort flag and reason) that the other ranks attach to.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import queue
+import sys
 import threading
 import time
 from multiprocessing import shared_memory
@@ -31,6 +42,52 @@ from .transport import PeerFailure, Reduction, Request, Transport, contiguous
 _CTL = 128
 _ALIGN = 64
 _REASON = 256
+
+
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE_FLAG): the word is in memory of several processes
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
+_BLOCK = 0.02  # longest single block in the kernel (the liveness-check interval)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_calls():  # noqa: ANN202 - (wait, wake) or None
+    """``wait(addr, expected, seconds)`` and ``wake(addr)`` on a 32-bit word of shared memory, through
+    ``syscall(2)`` (ctypes releases the GIL for the call), or ``None`` where they are unavailable."""
+    if not sys.platform.startswith("linux") or _SYS_FUTEX is None or sys.byteorder != "little":
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):  # pragma: no cover - a libc without syscall()
+        return None
+    syscall.restype = ctypes.c_long
+    nr = ctypes.c_long(_SYS_FUTEX)
+    null = ctypes.c_void_p(0)
+
+    def wait(addr: int, expected: int, seconds: float) -> None:
+        ts = _Timespec(int(seconds), int((seconds % 1.0) * 1e9))
+        # returns at once (EAGAIN) when the word no longer holds ``expected``; EINTR/ETIMEDOUT are fine too
+        syscall(nr, ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT), ctypes.c_uint32(expected & 0xFFFFFFFF),
+                ctypes.byref(ts), null, ctypes.c_int(0))
+
+    def wake(addr: int) -> None:
+        syscall(nr, ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAKE), ctypes.c_int(0x7FFFFFFF), null, null,
+                ctypes.c_int(0))
+
+    # probe once: a wait on a word that does not hold the expected value must return at once
+    probe = np.zeros(1, dtype=np.uint32)
+    try:
+        if syscall(nr, ctypes.c_void_p(probe.ctypes.data), ctypes.c_int(_FUTEX_WAIT), ctypes.c_uint32(1),
+                   null, null, ctypes.c_int(0)) != -1 or ctypes.get_errno() not in (11,):  # EAGAIN
+            return None
+    except OSError:  # pragma: no cover
+        return None
+    return wait, wake
+
+
+_FUTEX = _futex_calls()
 
 
 def _pad(n: int) -> int:
@@ -66,6 +123,18 @@ class _Ring:
         self.capacity = capacity
         self.pos = np.ndarray((16,), dtype=np.uint64, buffer=shm.buf, offset=0)  # [0]: write, [8]: read
         self.data = np.ndarray((capacity,), dtype=np.uint8, buffer=shm.buf, offset=_CTL)
+        self.write_word = self.pos.ctypes.data  # futex words: the low halves of the counters (little-endian)
+        self.read_word = self.write_word + 64
+
+    def publish_write(self, w: int) -> None:
+        self.pos[0] = w
+        if _FUTEX is not None:
+            _FUTEX[1](self.write_word)
+
+    def publish_read(self, r: int) -> None:
+        self.pos[8] = r
+        if _FUTEX is not None:
+            _FUTEX[1](self.read_word)
 
     @property
     def written(self) -> int:
@@ -172,7 +241,10 @@ class SharedMemoryTransport(Transport):
         if time.monotonic() > deadline:
             raise PeerFailure(f"rank {self.rank}: {what} with rank {peer} made no progress for {self.timeout:g} s")
 
-    def _wait_for(self, ready, peer: int, what: str) -> None:  # noqa: ANN001 - a zero-argument predicate
+    def _wait_for(self, ready, peer: int, what: str, word: int = 0, idle: int = 0) -> None:  # noqa: ANN001
+        """Wait until ``ready()`` (a zero-argument predicate); while it is false the 32-bit futex word at
+        address ``word`` holds ``idle`` (the waited-for counter's low half), and the peer wakes the word when it
+        moves that counter."""
         if ready():
             return
         begin = last_check = time.monotonic()
@@ -180,7 +252,9 @@ class SharedMemoryTransport(Transport):
         spins, sleep = 0, 0.0
         while not ready():
             spins += 1
-            if spins > 200:
+            if spins > 100 and _FUTEX is not None and word:
+                _FUTEX[0](word, idle, _BLOCK)
+            elif spins > 200:
                 # short sleeps while a collective is likely in flight, long ones for an idle rank
                 waited = time.monotonic() - begin
                 cap = 50e-6 if waited < 0.02 else 1e-3 if waited < 1.0 else 5e-3
@@ -221,7 +295,8 @@ class SharedMemoryTransport(Transport):
         cap, off = ring.capacity, 0
         w = ring.written
         while off < padded:
-            self._wait_for(lambda: cap - (w - ring.read) > 0, peer, "send")
+            # the ring is full while read == w - cap: wait for the reader to move the read counter
+            self._wait_for(lambda: cap - (w - ring.read) > 0, peer, "send", ring.read_word, w - cap)
             space = cap - (w - ring.read)
             start = w % cap
             k = min(space, cap - start, padded - off)
@@ -230,7 +305,7 @@ class SharedMemoryTransport(Transport):
                 ring.data[start:start + valid] = payload[off:off + valid]
             off += k
             w += k
-            ring.pos[0] = w
+            ring.publish_write(w)
 
     def isend(self, dst: int, array: np.ndarray) -> Request:
         self._check_peer(dst)
@@ -245,13 +320,13 @@ class SharedMemoryTransport(Transport):
         ring, cap = self.inbox[src], self.capacity
         r, off = ring.read, 0
         while off < padded:
-            self._wait_for(lambda: ring.written > r, src, "recv")
+            self._wait_for(lambda: ring.written > r, src, "recv", ring.write_word, r)
             start = r % cap
             k = min(ring.written - r, cap - start, padded - off)
             yield start, k
             off += k
             r += k
-            ring.pos[8] = r
+            ring.publish_read(r)
 
     def _header(self, src: int) -> tuple[np.dtype, tuple[int, ...]]:
         self._check_peer(src)
