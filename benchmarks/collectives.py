@@ -18,7 +18,13 @@ whole-segment message size). ``alpha`` and ``beta`` are fitted to that row's med
 non-negative least squares on the relative error (each equation divided by its measured time), so small and
 large sizes weigh alike; the fitted values and the prediction are printed next to each measurement.
 
+Contended CPU: ``--busy-core`` starts one more process that pins itself to the last CPU and spins for the whole
+run, so the ranks share the machine with a process that never yields (the case where a waiting rank that spins
+or polls takes the core from the rank it waits for).
+
 Run:  python benchmarks/collectives.py [--max-size 64MiB] [--ranks 2,4] [--repeats 5] [--transports tcp,shm]
+      python benchmarks/collectives.py --ranks 2 --transports shm --collectives all_reduce --algorithms ring \
+          --min-size 16MiB --max-size 64MiB [--busy-core]
 """
 
 from __future__ import annotations
@@ -252,6 +258,18 @@ def iterations(size: int) -> int:
     return 20 if size <= (256 << 10) else 8 if size <= (4 << 20) else 3
 
 
+def _busy_loop(stop: Any) -> None:
+    """Spin on one CPU until ``stop`` is set (checked every few million iterations)."""
+    try:
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    except (AttributeError, OSError):
+        pass
+    x = 0
+    while not stop.is_set():
+        for _ in range(2_000_000):
+            x += 1
+
+
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -264,7 +282,14 @@ def main() -> None:
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
     ap.add_argument("--chunk", default="1MiB", help="the communicators' chunk_bytes (pipelining unit)")
     ap.add_argument("--json", default="", help="write all measurements to this file")
+    ap.add_argument("--busy-core", action="store_true", help="keep one CPU busy with a spinning process")
     args = ap.parse_args()
+    busy = None
+    if args.busy_core:
+        stop = mp.get_context("spawn").Event()
+        busy = mp.get_context("spawn").Process(target=_busy_loop, args=(stop,), daemon=True)
+        busy.start()
+        busy.stop = stop  # type: ignore[attr-defined]
     sizes = []
     s = parse_size(args.min_size)
     while s <= parse_size(args.max_size):
@@ -274,9 +299,21 @@ def main() -> None:
     transports = [t for t in args.transports.split(",") if t]
     collectives = [c for c in args.collectives.split(",") if c]
     algorithms = [a for a in args.algorithms.split(",") if a]
-    results: list[dict] = []
     print(f"chunk {args.chunk}, sizes {human(sizes[0])} .. {human(sizes[-1])}, ranks {ranks}, {args.repeats} rounds, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+          + (", one CPU kept busy by a spinning process" if busy is not None else ""), flush=True)
+    try:
+        run(args, sizes, ranks, transports, collectives, algorithms)
+    finally:
+        if busy is not None:
+            busy.stop.set()
+            busy.join(timeout=10)
+            if busy.is_alive():
+                busy.terminate()
+
+
+def run(args: Any, sizes: list, ranks: list, transports: list, collectives: list, algorithms: list) -> None:
+    results: list[dict] = []
     for n in ranks:
         chunk = parse_size(args.chunk)
         groups: dict[str, Any] = {"gloo": ProcessGroup("gloo", n, chunk)}

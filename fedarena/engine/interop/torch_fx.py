@@ -272,7 +272,8 @@ class _Parameters:
 
 def _module_rule(sub: Any, prepare: Callable[[Any], Any], tensors: _Parameters) -> Callable[..., Any]:
     apply = prepare(sub)  # checks the layer's configuration (raises Unsupported)
-    local = {n: tensors.source(t) for n, t in [*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)]}
+    # a leaf module's own tensors and its children's (MultiheadAttention's "out_proj.weight"), by local name
+    local = {n: tensors.source(t) for n, t in [*sub.named_parameters(), *sub.named_buffers()]}
 
     def rule(leaf: Any, *args: Any, **kwargs: Any) -> Any:
         def get(name: str) -> Any:

@@ -14,6 +14,15 @@ PyTorch's layer formulas are the reference (``torch.nn`` documentation): ``Linea
 ``(x - running_mean) / sqrt(running_var + eps) * weight + bias`` over channel axis 1; ``LayerNorm``
 normalises the trailing ``normalized_shape`` axes with the biased variance; ``GELU`` is exact (erf)
 or the tanh approximation; ``AvgPool2d`` counts padded zeros (``count_include_pad=True``).
+``GRUCell``/``LSTMCell`` store ``weight_ih`` (gates x in) with the gates ordered r, z, n / i, f, g, o and run
+the engine's own cells (:class:`fedarena.engine.nn.GRUCell`, :class:`~fedarena.engine.nn.LSTMCell`) on the
+transposed weights. Scaled dot-product attention (Vaswani et al., 2017, "Attention is all you need") is
+``softmax(q k^T * scale + mask) v`` with ``scale = 1/sqrt(d)``; ``F.scaled_dot_product_attention``'s boolean
+mask marks the pairs that take part, ``nn.MultiheadAttention``'s boolean ``attn_mask`` and
+``key_padding_mask`` the pairs that do not (a float mask is added in both). ``MultiheadAttention`` projects
+with ``in_proj_weight`` (or ``q/k/v_proj_weight`` when key and value sizes differ), splits ``num_heads``
+heads, attends, and projects with ``out_proj``; its weights are the heads' average unless
+``average_attn_weights=False``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ import math
 import operator
 from typing import Any, Callable
 
+import numpy as np
+
+from .. import nn as engine_nn
 from .. import ops
 
 Rule = Callable[..., Any]
@@ -220,7 +232,123 @@ def embedding(indices: Any, weight: Any) -> Any:
     return ops.take(weight, indices, axis=0)
 
 
+def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
+    """``F.scaled_dot_product_attention``: ``(..., L, E) x (..., S, E) x (..., S, Ev) -> (..., L, Ev)``."""
+    if dropout_p:
+        raise Unsupported("dropout_p > 0 is random; pass dropout_p=0.0 (evaluation)")
+    if enable_gqa:
+        raise Unsupported("enable_gqa=True (grouped-query attention) is not supported")
+    L, S = query.shape[-2], key.shape[-2]
+    if is_causal:
+        if attn_mask is not None:
+            raise Unsupported("is_causal=True together with attn_mask (PyTorch refuses it too)")
+        attn_mask = np.tril(np.ones((L, S), dtype=bool))
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scores = ops.matmul(query, ops.swapaxes(key, -1, -2)) * scale
+    if attn_mask is not None:
+        if np.dtype(attn_mask.dtype) == np.bool_:
+            scores = ops.where(attn_mask, scores, -np.inf)  # True: takes part
+        else:
+            scores = scores + attn_mask
+    return ops.matmul(ops.softmax(scores, axis=-1), value)
+
+
+def _cell_state(x: Any, hidden: int) -> np.ndarray:
+    return np.zeros(tuple(x.shape[:-1]) + (hidden,), dtype=x.dtype)
+
+
 # ============================================================================ leaf modules
+
+
+def _cell_params(get: Any, gates: int, hidden: int, dtype: Any) -> dict:
+    """The engine cell's parameters (weights (in, gates H)) from PyTorch's ((gates H, in)), zero biases when
+    the module has none."""
+    params = {"w_ih": ops.transpose(get("weight_ih")), "w_hh": ops.transpose(get("weight_hh"))}
+    for name in ("b_ih", "b_hh"):
+        b = get(name.replace("b_", "bias_"))
+        params[name] = np.zeros(gates * hidden, dtype=dtype) if b is None else b
+    return params
+
+
+def _prepare_gru_cell(m: Any) -> Rule:
+    cell = engine_nn.GRUCell(int(m.input_size), int(m.hidden_size))
+
+    def apply(get: Any, x: Any, hx: Any = None) -> Any:
+        h = _cell_state(x, cell.hidden_size) if hx is None else hx
+        return cell.apply(_cell_params(get, 3, cell.hidden_size, x.dtype), x, h)
+    return apply
+
+
+def _prepare_lstm_cell(m: Any) -> Rule:
+    cell = engine_nn.LSTMCell(int(m.input_size), int(m.hidden_size))
+
+    def apply(get: Any, x: Any, hx: Any = None) -> Any:
+        if hx is None:
+            hx = (_cell_state(x, cell.hidden_size), _cell_state(x, cell.hidden_size))
+        return tuple(cell.apply(_cell_params(get, 4, cell.hidden_size, x.dtype), x, tuple(hx)))
+    return apply
+
+
+def _heads(x: Any, n: int, heads: int) -> Any:
+    """(n, L, E) -> (n, heads, L, E / heads)."""
+    L, E = x.shape[-2], x.shape[-1]
+    return ops.transpose(ops.reshape(x, (n, L, heads, E // heads)), (0, 2, 1, 3))
+
+
+def _prepare_multihead_attention(m: Any) -> Rule:
+    if m.bias_k is not None or m.add_zero_attn:
+        raise Unsupported("MultiheadAttention with add_bias_kv or add_zero_attn is not supported")
+    if m.training and m.dropout > 0:
+        raise Unsupported("MultiheadAttention dropout in training mode is random; convert the model in eval mode "
+                          "(module.eval())")
+    E, heads, batch_first, same = int(m.embed_dim), int(m.num_heads), bool(m.batch_first), bool(m._qkv_same_embed_dim)
+
+    def apply(get: Any, query: Any, key: Any, value: Any, key_padding_mask: Any = None, need_weights: bool = True,
+              attn_mask: Any = None, average_attn_weights: bool = True, is_causal: bool = False) -> Any:
+        if is_causal and attn_mask is None:
+            raise Unsupported("is_causal=True needs attn_mask (PyTorch's hint; pass the causal mask)")
+        unbatched = len(query.shape) == 2
+        if unbatched:
+            query, key, value = (ops.expand_dims(t, 0) for t in (query, key, value))
+        elif not batch_first:
+            query, key, value = (ops.swapaxes(t, 0, 1) for t in (query, key, value))
+        n = query.shape[0]
+        b = get("in_proj_bias")
+        bq, bk, bv = (None, None, None) if b is None else (b[:E], b[E:2 * E], b[2 * E:])
+        if same:
+            w = get("in_proj_weight")
+            wq, wk, wv = w[:E], w[E:2 * E], w[2 * E:]
+        else:
+            wq, wk, wv = get("q_proj_weight"), get("k_proj_weight"), get("v_proj_weight")
+        q, k, v = (_heads(linear(t, wt, bt), n, heads) for t, wt, bt in ((query, wq, bq), (key, wk, bk), (value, wv, bv)))
+        L, S = q.shape[2], k.shape[2]
+        scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(E // heads))  # (n, heads, L, S)
+        for mask, shape in ((attn_mask, None), (key_padding_mask, (n, 1, 1, S))):
+            if mask is None:
+                continue
+            if shape is None:  # (L, S) or (n * heads, L, S)
+                shape = (1, 1, L, S) if len(mask.shape) == 2 else (n, heads, L, S)
+            mask = ops.reshape(mask, shape) if hasattr(mask, "shape") and not isinstance(mask, np.ndarray) \
+                else np.reshape(mask, shape)
+            if np.dtype(mask.dtype) == np.bool_:
+                scores = ops.where(mask, -np.inf, scores)  # True: left out
+            else:
+                scores = scores + mask
+        weights = ops.softmax(scores, axis=-1)
+        out = ops.reshape(ops.transpose(ops.matmul(weights, v), (0, 2, 1, 3)), (n, L, E))
+        out = linear(out, get("out_proj.weight"), get("out_proj.bias"))
+        if unbatched:
+            out = ops.squeeze(out, 0)
+        elif not batch_first:
+            out = ops.swapaxes(out, 0, 1)
+        if not need_weights:
+            return out, None
+        w_out = ops.mean(weights, axis=1) if average_attn_weights else weights
+        return out, (ops.squeeze(w_out, 0) if unbatched else w_out)
+    return apply
+
+
 
 
 def _activation(fn: Callable[[Any], Any]) -> Rule:
@@ -302,6 +430,9 @@ def module_rules(torch: Any) -> dict[type, Rule]:
         nn.Dropout: _prepare_dropout,
         nn.Identity: lambda m: (lambda get, x: x),
         nn.Embedding: _prepare_embedding,
+        nn.GRUCell: _prepare_gru_cell,
+        nn.LSTMCell: _prepare_lstm_cell,
+        nn.MultiheadAttention: _prepare_multihead_attention,
     }
 
 
@@ -416,6 +547,7 @@ def function_rules(torch: Any) -> dict[Any, Rule]:
         F.dropout: dropout, F.linear: linear, F.conv1d: conv1d, F.conv2d: conv2d, F.layer_norm: layer_norm,
         F.max_pool2d: max_pool2d, F.avg_pool2d: avg_pool2d, F.adaptive_avg_pool2d: adaptive_avg_pool2d,
         F.embedding: lambda input, weight, padding_idx=None: embedding(input, weight),
+        F.scaled_dot_product_attention: scaled_dot_product_attention,
     })
     return rules
 
