@@ -31,6 +31,8 @@ import numpy as np
 from .compiler import passes as _passes
 from .backends.numpy.executor import Executable
 from .backends.cupy import jit as _cupy_jit
+from . import ops
+from .core import buckets as _buckets
 from .core.ir import EngineError, Graph, ShapedArray, check_dtype
 from .core.nonfinite import SWITCH as _NAN_SWITCH
 from .core.pytree import tree_flatten, tree_str, tree_unflatten
@@ -134,7 +136,7 @@ class _CallRecord:
                 continue
             if a[0] == "array" and b[0] == "array":
                 if a[1] != b[1]:
-                    bucketed = (buckets is not None and path in buckets and len(a[1]) == len(b[1]) and a[1][1:] == b[1][1:])
+                    bucketed = (buckets is not None and buckets(path) and len(a[1]) == len(b[1]) and a[1][1:] == b[1][1:])
                     out.append(("bucket" if bucketed else "shape", f"{path}: shape {a[1]} -> {b[1]}"))
                 if a[2] != b[2]:
                     out.append(("dtype", f"{path}: dtype {a[2]} -> {b[2]}"))
@@ -156,9 +158,8 @@ def _arg_names(fn: Callable, n: int) -> list[str]:
     return [names[i] if i < len(names) else f"args[{i}]" for i in range(n)]
 
 
-def _record(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int,
+def _record(names: list[str], treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int,
             static_kw: tuple) -> _CallRecord:
-    names = _arg_names(fn, n_args)
     dyn_pos = [i for i in range(n_args) if i not in static_argnums]
     dyn_td, kw_td = treedef[1][0], treedef[1][1]
     structure: dict = {}
@@ -450,7 +451,7 @@ class Jitted:
             pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
             if pipeline is not None:
                 graph = pipeline(graph)
-            record = _record(self.fn, treedef, leaves, static, self.static_argnums, len(args), static_kw)
+            record = _record(self._arg_names(len(args)), treedef, leaves, static, self.static_argnums, len(args), static_kw)
             self._explain_miss(record, check)
             entry = _Entry(Executable(graph, check_finite=check, donated=self._donated(args, leaves)), out_tree, graph, record)
             self._cache[key] = entry
@@ -501,8 +502,19 @@ class Jitted:
                 "a new program, so a function whose shapes or static values keep changing runs mostly in the "
                 "compiler.", RecompileWarning, stacklevel=4)
 
-    def _bucket_paths(self) -> dict | None:
-        return None
+    def _arg_names(self, n: int) -> list[str]:
+        """Names of the first ``n`` positional parameters, as warnings show them."""
+        return _arg_names(self.fn, n)
+
+    _bucket_prefixes: tuple = ()  # set by BucketedJitted: the names of the arguments whose leading axis is padded
+
+    def _bucket_paths(self) -> Callable[[str], bool] | None:
+        prefixes = self._bucket_prefixes
+        if not prefixes:
+            return None
+        if prefixes == ("*",):  # every non-static positional argument is bucketed
+            return lambda path: not path.startswith("n_valid")
+        return lambda path: any(path == p or path.startswith((p + "[", p + ".")) for p in prefixes)
 
     def _donated(self, args: tuple, leaves: list) -> frozenset:
         """Indices among the graph's inputs (the array leaves) of the leaves of donated arguments."""
@@ -598,6 +610,136 @@ class Jitted:
         return len(self._cache)
 
 
+class BucketedJitted:
+    """``jit(fn, shape_buckets=...)``: pads the leading (batch) axis of the bucketed arguments with zero rows
+    up to the next bucket size, so calls with different batch sizes share one program per bucket.
+
+    Every array leaf of the bucketed arguments must have the same leading length ``n`` (the batch); the call
+    pads them to the smallest bucket ``B >= n`` and traces ``fn`` with the padded shapes and a validity
+    mask (core/buckets.py) that the reductions of :mod:`fedarena.engine.ops` (and the losses and layers
+    written with them) respect: ``sum``/``mean``/``var``/``std``/``max``/``min``/``prod``/``argmax``/
+    ``argmin``/``any``/``all`` over the batch axis ignore the padded rows and means divide by ``n``, so
+    ``cross_entropy``/``mse``/``huber`` with ``reduction="mean"``, ``softmax``/``logsumexp`` over the batch
+    axis, and their gradients, equal the unpadded call. Outputs whose leading length is ``B`` are cut back to
+    ``n`` rows. Operations in the traced function that would move the batch axis or mix padded rows into
+    valid ones (a transpose or reshape moving axis 0, concatenating or stacking batches along it, a matmul or
+    einsum contracting it, sorting along it) raise a one-line error instead; docs/engine.md ("Shape
+    buckets") gives the full contract.
+    """
+
+    def __init__(self, fn: Callable, buckets: Sequence[int], bucket_argnums: Sequence[int] | None,
+                 static_argnums: tuple, passes: Any, static_argnames: Sequence[str], debug_nans: bool | None,
+                 donate_argnums: Sequence[int], max_compiles: int | None) -> None:
+        try:
+            sizes = sorted({int(b) for b in buckets})
+        except (TypeError, ValueError):
+            raise EngineError(f"jit: shape_buckets must be a sequence of positive ints, got {buckets!r}") from None
+        if not sizes or sizes[0] < 1 or any(isinstance(b, bool) or int(b) != b for b in buckets):
+            raise EngineError(f"jit: shape_buckets must be a non-empty sequence of positive ints, got {buckets!r}")
+        self.fn, self.buckets = fn, tuple(sizes)
+        self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
+        self.bucket_argnums = None if bucket_argnums is None else tuple(sorted(int(i) for i in bucket_argnums))
+        if self.bucket_argnums is not None and set(self.bucket_argnums) & set(self.static_argnums):
+            raise EngineError("jit: an argument cannot be both static and bucketed")
+        names = _arg_names(fn, 1 + max([*self.static_argnums, *(self.bucket_argnums or ()), 0]))
+
+        def padded_call(n_valid: Any, *args: Any, **kwargs: Any) -> Any:
+            size = self._size_inside(args, kwargs)
+            mask = ops.less(np.arange(size), n_valid)
+            with _buckets.scope(_buckets.BucketScope(size, n_valid, mask)):
+                return fn(*args, **kwargs)
+
+        padded_call.__name__ = getattr(fn, "__name__", "fn")
+        try:
+            sig = inspect.signature(fn)
+            padded_call.__signature__ = sig.replace(parameters=[inspect.Parameter(
+                "n_valid", inspect.Parameter.POSITIONAL_ONLY)] + list(sig.parameters.values()))  # type: ignore[attr-defined]
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            pass
+        self._inner = Jitted(padded_call, [i + 1 for i in self.static_argnums], passes, static_argnames, debug_nans,
+                             [int(i) + 1 for i in donate_argnums], max_compiles)
+        self._inner._bucket_prefixes = tuple(names[i] for i in self.bucket_argnums) if self.bucket_argnums is not None \
+            else ("*",)
+        self._inner._arg_names = lambda n: ["n_valid"] + _arg_names(fn, n - 1)  # type: ignore[method-assign]
+        self._names = names
+        functools.update_wrapper(self, fn)
+
+    def _positions(self, n_args: int) -> list[int]:
+        if self.bucket_argnums is None:
+            return [i for i in range(n_args) if i not in self.static_argnums]
+        return [i for i in self.bucket_argnums if i < n_args]
+
+    def _size_inside(self, args: tuple, kwargs: dict) -> int:
+        """The bucket, read from the traced arguments; refuses other arguments whose leading length is the
+        bucket's (their axis 0 would be taken for the batch axis)."""
+        positions = self._positions(len(args))
+        size = next(x.shape[0] for i in positions for x in tree_flatten(args[i])[0] if hasattr(x, "shape"))
+        others = [(self._name(i), a) for i, a in enumerate(args) if i not in positions and i not in self.static_argnums]
+        others += list(kwargs.items())
+        for name, a in others:
+            leaves, td = tree_flatten(a)
+            paths: list[str] = []
+            _leaf_paths(td, name, paths)
+            for path, x in zip(paths, leaves):
+                if getattr(x, "ndim", 0) and x.shape[0] == size:
+                    raise EngineError(f"jit(shape_buckets): argument {path} is not bucketed but its leading length is "
+                                      f"the bucket size {size}, so it would be taken for a padded batch; choose "
+                                      "buckets that differ from the other arguments' leading lengths")
+        return size
+
+    def _name(self, i: int) -> str:
+        return self._names[i] if i < len(self._names) else f"args[{i}]"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        positions = self._positions(len(args))
+        n = None
+        new = list(args)
+        for i in positions:
+            leaves, td = tree_flatten(args[i])
+            paths: list[str] = []
+            _leaf_paths(td, self._name(i), paths)
+            arrays = []
+            for path, x in zip(paths, leaves):
+                if isinstance(x, Tracer):
+                    return self.fn(*args, **kwargs)  # inside another transformation: inline, unpadded
+                a = x if isinstance(x, np.ndarray) else np.asarray(x)
+                if a.ndim == 0:
+                    raise EngineError(f"jit(shape_buckets): {path} is bucketed but has no leading axis (shape ())")
+                if n is None:
+                    n, first = a.shape[0], path
+                elif a.shape[0] != n:
+                    raise EngineError(f"jit(shape_buckets): {path} has {a.shape[0]} rows but {first} has {n}; every "
+                                      "bucketed array needs the same leading (batch) length")
+                arrays.append(a)
+            new[i] = (td, arrays)
+        if n is None:
+            raise EngineError("jit(shape_buckets): no bucketed array argument (bucket_argnums names the arguments "
+                              "whose leading axis is the batch)")
+        size = next((b for b in self.buckets if b >= n), None)
+        if size is None:
+            raise EngineError(f"jit(shape_buckets): a batch of {n} rows is larger than the largest bucket "
+                              f"{self.buckets[-1]}")
+        for i in positions:
+            td, arrays = new[i]
+            if size != n:
+                arrays = [np.concatenate([a, np.zeros((size - n,) + a.shape[1:], a.dtype)]) for a in arrays]
+            new[i] = tree_unflatten(td, arrays)
+        out = self._inner(np.asarray(n, np.int64), *new, **kwargs)
+        if size == n:
+            return out
+        leaves, td = tree_flatten(out)
+        return tree_unflatten(td, [x[:n] if isinstance(x, np.ndarray) and x.ndim and x.shape[0] == size else x
+                                   for x in leaves])
+
+    @property
+    def cache_size(self) -> int:
+        return self._inner.cache_size
+
+    @property
+    def compiles(self) -> int:
+        return self._inner.compiles
+
+
 def jit(
     fn: Callable | None = None,
     static_argnums: int | Sequence[int] = (),
@@ -607,6 +749,8 @@ def jit(
     debug_nans: bool | None = None,
     donate_argnums: int | Sequence[int] = (),
     max_compiles: int | None = None,
+    shape_buckets: Sequence[int] | None = None,
+    bucket_argnums: int | Sequence[int] | None = None,
 ) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
@@ -635,8 +779,16 @@ def jit(
     ``None`` reads :data:`MAX_COMPILES` at each compile.  The first recompile caused by a new array
     shape or dtype, static value or argument structure also warns once, naming the argument and the
     change (:func:`explain_cache_misses` for every miss).
+    ``shape_buckets``: batch sizes (e.g. ``(32, 128, 512)``); the leading axis of the arguments
+    ``bucket_argnums`` (default: every non-static positional argument) is padded with zero rows to the next
+    size and masked, so any batch up to the largest size runs one of ``len(shape_buckets)`` programs with
+    the unpadded result (see :class:`BucketedJitted` for what respects the mask and what is refused).
     """
+    if shape_buckets is None and bucket_argnums is not None:
+        raise EngineError("jit: bucket_argnums needs shape_buckets")
     if backend == "cupy":
+        if shape_buckets is not None:
+            raise EngineError("jit(backend='cupy'): shape_buckets runs on the numpy backend only")
         if static_argnames:
             raise EngineError("jit(backend='cupy'): static_argnames is not supported, use static_argnums")
         if debug_nans:
@@ -650,6 +802,12 @@ def jit(
         static_argnames = (static_argnames,)
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
+    if shape_buckets is not None:
+        if isinstance(bucket_argnums, int):
+            bucket_argnums = (bucket_argnums,)
+        make = lambda f: BucketedJitted(f, shape_buckets, bucket_argnums, tuple(static_argnums), passes,  # noqa: E731
+                                        static_argnames, debug_nans, donate_argnums, max_compiles)
+        return make if fn is None else make(fn)
     if fn is None:
         return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles)
     return Jitted(fn, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles)

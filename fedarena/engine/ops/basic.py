@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import primitives as P
+from ..core import buckets as _buckets
 from ..core.ir import ShapeError, TracerControlFlowError, check_dtype, is_float
 from ..core.tracing import Tracer, aval_of, bind
 
@@ -277,19 +278,53 @@ arange = np.arange  # shapes are static, so ranges are constants
 # ============================================================================ reductions
 
 
+def _mask_padded(x: Array, axes: tuple, fill: Any) -> Array:
+    """Under ``jit(..., shape_buckets=...)``: ``x`` with the padded rows replaced by ``fill`` when ``axes``
+    cross the padded batch axis (see core/buckets.py), else ``x`` unchanged."""
+    s = _buckets.padded(shape(x), axes)
+    if s is None:
+        return x
+    mask = reshape(s.mask, (s.size,) + (1,) * (ndim(x) - 1))
+    return where(mask, x, np.asarray(fill, dtype=aval_of(x).dtype))
+
+
+def _lowest(dtype: np.dtype) -> Any:
+    return -np.inf if dtype.kind == "f" else False if dtype == np.bool_ else np.iinfo(dtype).min
+
+
+def _highest(dtype: np.dtype) -> Any:
+    return np.inf if dtype.kind == "f" else True if dtype == np.bool_ else np.iinfo(dtype).max
+
+
+def _count(x: Array, axes: tuple) -> Any:
+    """The number of elements ``axes`` reduce: a Python int, or under shape buckets crossing the padded
+    axis a traced float64 (valid rows times the other reduced lengths)."""
+    n = int(np.prod([shape(x)[a] for a in axes], dtype=np.int64))
+    s = _buckets.padded(shape(x), axes)
+    if s is None:
+        return n
+    return multiply(astype(s.valid, np.float64), float(n // s.size))
+
+
 def sum(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001
     x = _arr(x)
-    return bind(P.reduce_sum_p, x, axes=_axes(axis, ndim(x)), keepdims=bool(keepdims))
+    axes = _axes(axis, ndim(x))
+    x = _mask_padded(x, axes, 0)
+    return bind(P.reduce_sum_p, x, axes=axes, keepdims=bool(keepdims))
 
 
 def max(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001
     x = _arr(x)
-    return bind(P.reduce_max_p, x, axes=_axes(axis, ndim(x)), keepdims=bool(keepdims))
+    axes = _axes(axis, ndim(x))
+    x = _mask_padded(x, axes, _lowest(aval_of(x).dtype))
+    return bind(P.reduce_max_p, x, axes=axes, keepdims=bool(keepdims))
 
 
 def min(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001
     x = _arr(x)
-    return bind(P.reduce_min_p, x, axes=_axes(axis, ndim(x)), keepdims=bool(keepdims))
+    axes = _axes(axis, ndim(x))
+    x = _mask_padded(x, axes, _highest(aval_of(x).dtype))
+    return bind(P.reduce_min_p, x, axes=axes, keepdims=bool(keepdims))
 
 
 amax, amin = max, min
@@ -298,17 +333,21 @@ amax, amin = max, min
 def mean(x: Array, axis: Any = None, keepdims: bool = False) -> Array:
     x = _arr(x)
     axes = _axes(axis, ndim(x))
-    n = int(np.prod([shape(x)[a] for a in axes], dtype=np.int64))
+    n = _count(x, axes)
     if not is_float(aval_of(x).dtype):
         x = astype(x, np.float64)
+    if not isinstance(n, int):  # shape buckets: divide by the valid count
+        return divide(sum(x, axes, keepdims), astype(n, aval_of(x).dtype))
     return multiply(sum(x, axes, keepdims), 1.0 / n if n else np.nan)
 
 
 def var(x: Array, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Array:
     x = _arr(x)
     axes = _axes(axis, ndim(x))
-    n = int(np.prod([shape(x)[a] for a in axes], dtype=np.int64))
+    n = _count(x, axes)
     d = subtract(x, mean(x, axes, keepdims=True))
+    if not isinstance(n, int):  # shape buckets: divide by the valid count
+        return divide(sum(multiply(d, d), axes, keepdims), astype(subtract(n, float(ddof)), aval_of(d).dtype))
     return multiply(sum(multiply(d, d), axes, keepdims), 1.0 / (n - ddof))
 
 
@@ -319,8 +358,11 @@ def std(x: Array, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> Ar
 def argmax(x: Array, axis: int | None = None, keepdims: bool = False) -> Array:
     x = _arr(x)
     if axis is None:
+        if _buckets.leading(shape(x)) is not None and ndim(x) > 1:
+            _buckets.refuse("argmax/argmin over all axes of a batch (flattening the padded axis)")
         x = reshape(x, (-1,))
         axis = 0
+    x = _mask_padded(x, (int(axis) % ndim(x),), _lowest(aval_of(x).dtype))
     return bind(P.argmax_p, x, axis=int(axis) % ndim(x), keepdims=bool(keepdims))
 
 
@@ -341,6 +383,8 @@ def matmul(x: Array, y: Array) -> Array:
         x = reshape(x, (1,) + shape(x))
     if yv:
         y = reshape(y, shape(y) + (1,))
+    if ndim(y) == 2 and _buckets.leading(shape(y)) is not None:
+        _buckets.refuse(f"matmul {shape(x)} @ {shape(y)} contracting the padded batch axis")
     out = bind(P.matmul_p, x, y)
     if xv and yv:
         return reshape(out, shape(out)[:-2])
@@ -386,7 +430,10 @@ def reshape(x: Array, newshape: Sequence[int] | int) -> Array:
     x = _arr(x)
     if isinstance(newshape, (int, np.integer)):
         newshape = (int(newshape),)
-    return P.reshape(x, _resolve_shape(newshape, aval_of(x).size))
+    new = _resolve_shape(newshape, aval_of(x).size)
+    if _buckets.leading(shape(x)) is not None and (not new or new[0] != shape(x)[0]):
+        _buckets.refuse(f"reshape {shape(x)} -> {tuple(new)} (moves the padded batch axis)")
+    return P.reshape(x, new)
 
 
 def ravel(x: Array) -> Array:
@@ -397,6 +444,8 @@ def transpose(x: Array, axes: Sequence[int] | None = None) -> Array:
     x = _arr(x)
     n = ndim(x)
     perm = tuple(range(n))[::-1] if axes is None else tuple(int(a) % n for a in axes)
+    if perm and perm[0] != 0 and _buckets.leading(shape(x)) is not None:
+        _buckets.refuse(f"transposing {shape(x)} with axes {perm} (moves the padded batch axis)")
     return bind(P.transpose_p, x, perm=perm) if perm != tuple(range(n)) else x
 
 
@@ -436,12 +485,22 @@ def expand_dims(x: Array, axis: Any) -> Array:
 
 def concatenate(arrays: Sequence[Array], axis: int = 0) -> Array:
     arrays = [_arr(a) for a in arrays]
-    return bind(P.concatenate_p, *arrays, axis=int(axis) % ndim(arrays[0]) if arrays else 0)
+    ax = int(axis) % ndim(arrays[0]) if arrays else 0
+    if ax == 0 and _any_leading(arrays):
+        _buckets.refuse("concatenating batches along the padded batch axis")
+    return bind(P.concatenate_p, *arrays, axis=ax)
 
 
 def stack(arrays: Sequence[Array], axis: int = 0) -> Array:
     arrays = [_arr(a) for a in arrays]
-    return bind(P.stack_p, *arrays, axis=int(axis) % (ndim(arrays[0]) + 1) if arrays else 0)
+    ax = int(axis) % (ndim(arrays[0]) + 1) if arrays else 0
+    if ax == 0 and _any_leading(arrays):
+        _buckets.refuse("stacking batches in front of the padded batch axis")
+    return bind(P.stack_p, *arrays, axis=ax)
+
+
+def _any_leading(arrays: Sequence[Array]) -> bool:
+    return _buckets.current() is not None and _builtins.any(_buckets.leading(shape(a)) is not None for a in arrays)
 
 
 def split(x: Array, indices_or_sections: Any, axis: int = 0) -> list:
@@ -707,7 +766,8 @@ def isfinite(x: Array) -> Array:
 def prod(x: Array, axis: Any = None, keepdims: bool = False) -> Array:
     """numpy.prod; the gradient is the product of the other elements (exact with zeros)."""
     x = _arr(x)
-    return P.reductions.reduce_prod(x, _axes(axis, ndim(x)), keepdims)
+    axes = _axes(axis, ndim(x))
+    return P.reductions.reduce_prod(_mask_padded(x, axes, 1), axes, keepdims)
 
 
 def any(x: Array, axis: Any = None, keepdims: bool = False) -> Array:  # noqa: A001 - numpy's name
@@ -735,7 +795,10 @@ def cumsum(x: Array, axis: int | None = None) -> Array:
 def argsort(x: Array, axis: int = -1) -> Array:
     """numpy.argsort with ``kind="stable"`` (ties keep their order)."""
     x = _arr(x)
-    return bind(P.reductions.argsort_p, x, axis=P._norm_axes((axis,), ndim(x))[0])
+    ax = P._norm_axes((axis,), ndim(x))[0]
+    if ax == 0 and _buckets.leading(shape(x)) is not None:
+        _buckets.refuse("sorting along the padded batch axis")
+    return bind(P.reductions.argsort_p, x, axis=ax)
 
 
 def sort(x: Array, axis: int = -1) -> Array:

@@ -6,6 +6,7 @@ import builtins as _builtins
 
 import numpy as np
 
+from ..core import buckets as _buckets
 from ..core.ir import ShapeError
 from .basic import *  # noqa: F403  (the numpy-named operations these are written with)
 from .basic import Array, _arr
@@ -39,6 +40,14 @@ def einsum(subscripts: str, *operands: Array) -> Array:
                 raise ShapeError(f"einsum: index {c!r} has sizes {sizes[c]} and {n}")
     if len(set(out)) != len(out) or _missing_index(out, sizes):
         raise ShapeError(f"einsum: bad output subscripts {out!r}")
+    for t, o in zip(terms, ops_):
+        if _buckets.leading(shape(o)) is not None and not out.startswith(t[0]):
+            _buckets.refuse(f"einsum {subscripts!r} (the padded batch axis {t[0]!r} is not the output's first)")
+    with _buckets.quiet():
+        return _contract(ops_, terms, out, sizes)
+
+
+def _contract(ops_: list, terms: list, out: str, sizes: dict) -> Array:
     cur, cur_t = ops_[0], terms[0]
     for k in range(1, len(ops_)):
         later = "".join(terms[k + 1 :]) + out

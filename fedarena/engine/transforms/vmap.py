@@ -22,6 +22,7 @@ from .. import primitives as P
 from ..core.interpreter import interpret
 from ..core.ir import EngineError, Literal, ShapedArray, Var
 from ..core.pytree import tree_flatten, tree_unflatten
+from ..core import buckets as _buckets
 from ..core.tracing import Primitive, Tracer, aval_of, bind, bind_rule, names_with, source_scope, trace_flat
 
 BatchRule = Callable[..., Any]
@@ -450,7 +451,8 @@ def vmap(fn: Callable, in_axes: Any = 0, out_axes: Any = 0) -> Callable:
             out_tree.append(td)
             return leaves
 
-        graph, captured = trace_flat(flat_fn, avals)
+        with _buckets.scope(None):  # the mapped function sees one example: no padded batch axis inside
+            graph, captured = trace_flat(flat_fn, avals)
         outs, out_b = batch_graph(graph, vals + captured, batched + [False] * len(captured), size)
         out_ax = _out_axes(out_axes, out_tree[0], len(outs))
         res = []
