@@ -474,7 +474,7 @@ class Jitted:
         once when the compile budget is exceeded."""
         self.compiles += 1
         name = getattr(self.fn, "__name__", "fn")
-        olds = [e.record for e in self._cache.values() if e.record is not None]
+        olds = [e.record for e in reversed(self._cache.values()) if e.record is not None]  # most recent first
         if olds:
             diffs = min((old.diff(record, self._bucket_paths()) for old in olds), key=lambda d: (sum(k == "structure" for k, _ in d), len(d)))
             if not diffs:  # same arguments: the program was evicted, or the NaN debugger was switched
@@ -688,7 +688,9 @@ class BucketedJitted:
         return size
 
     def _name(self, i: int) -> str:
-        return self._names[i] if i < len(self._names) else f"args[{i}]"
+        if i >= len(self._names):
+            self._names = _arg_names(self.fn, i + 1)
+        return self._names[i]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         positions = self._positions(len(args))
