@@ -789,8 +789,8 @@ def jit(
     if shape_buckets is None and bucket_argnums is not None:
         raise EngineError("jit: bucket_argnums needs shape_buckets")
     if backend == "cupy":
-        if shape_buckets is not None:
-            raise EngineError("jit(backend='cupy'): shape_buckets runs on the numpy backend only")
+        if shape_buckets is not None or max_compiles is not None:
+            raise EngineError("jit(backend='cupy'): shape_buckets and max_compiles run on the numpy backend only")
         if static_argnames:
             raise EngineError("jit(backend='cupy'): static_argnames is not supported, use static_argnums")
         if debug_nans:

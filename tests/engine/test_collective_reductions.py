@@ -61,3 +61,19 @@ def test_bitwise_reduction_of_floats_is_refused_in_one_line():
     with pytest.raises(ValueError, match="'bnot' is not a reduction"):
         comm.all_reduce(np.ones(3, np.int32), "bnot")
     np.testing.assert_array_equal(comm.all_reduce(np.array([3, 5]), "band"), [3, 5])
+
+
+def test_shm_waits_use_the_futex_system_call_on_linux():
+    import platform
+    import sys
+
+    from fedarena.engine.collectives import shm
+
+    if not (sys.platform.startswith("linux") and platform.machine().lower() in ("x86_64", "amd64", "aarch64")):
+        pytest.skip("the futex path is for Linux on x86-64 and AArch64")
+    assert shm._FUTEX is not None  # otherwise waits fall back to sleeping
+    wait, wake = shm._FUTEX
+    word = np.zeros(1, dtype=np.uint64)
+    word[0] = (1 << 32) + 7  # only the low 32 bits are the futex word
+    wait(word.ctypes.data, 8, 30.0)  # the word does not hold 8: returns at once instead of blocking 30 s
+    wake(word.ctypes.data)  # no waiter: a no-op
