@@ -119,7 +119,7 @@ def test_masked_reductions_losses_and_per_row_outputs_equal_numpy():
             "any0": ops.any(x > 1.0, axis=0), "all0": ops.all(x > -3.0, axis=0), "softmax0": ops.softmax(x, axis=0),
             "lse0": ops.logsumexp(x, axis=0), "mse": ops.mse(x, t), "huber_sum": ops.huber(x, t, reduction="sum"),
             "ce_rows": ops.cross_entropy(x, labels, reduction="none"), "rows": ops.tanh(x) * 2.0,
-            "mean_rows": ops.mean(x, axis=1),
+            "mean_rows": ops.mean(x, axis=1), "picked": x[np.arange(x.shape[0]), labels], "col": x[:, 1],
         }
 
     f = engine.jit(many, shape_buckets=(16,))
@@ -137,6 +137,7 @@ def test_masked_reductions_losses_and_per_row_outputs_equal_numpy():
             "all0": (x > -3.0).all(0), "softmax0": e / e.sum(0), "lse0": np.log(np.exp(x).sum(0)),
             "mse": (d * d).mean(), "huber_sum": np.where(np.abs(d) <= 1, 0.5 * d * d, np.abs(d) - 0.5).sum(),
             "ce_rows": -logp[np.arange(n), labels], "rows": np.tanh(x) * 2.0, "mean_rows": x.mean(1),
+            "picked": x[np.arange(n), labels], "col": x[:, 1],
         }
         for k, w in want.items():
             assert got[k].shape == np.shape(w), (k, n)
@@ -171,6 +172,9 @@ def test_per_example_gradients_under_vmap_equal_the_unpadded_ones():
     (lambda x: ops.matmul(ops.ones((2, 8)), x), "matmul"),
     (lambda x: ops.einsum("bi,bj->ij", x, x), "einsum"),
     (lambda x: ops.sort(x, axis=0), "sorting"),
+    (lambda x: ops.sum(x[:3]), "indexing"),
+    (lambda x: x[0], "indexing"),
+    (lambda x: ops.take(x, np.array([0, 1]), axis=0), "taking rows"),
 ])
 def test_operations_that_mix_padded_rows_are_refused_in_one_line(body, what):
     f = engine.jit(body, shape_buckets=(8,))

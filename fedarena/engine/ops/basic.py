@@ -543,12 +543,16 @@ def take(x: Array, indices: Array, axis: int = 0) -> Array:
     idx = _arr(indices)
     if _is_weak(idx):
         idx = np.asarray(idx)
+    if int(axis) % ndim(x) == 0 and _buckets.leading(shape(x)) is not None:
+        _buckets.refuse("taking rows of a batch along the padded batch axis")
     return bind(P.take_p, x, idx, axis=int(axis) % ndim(x))
 
 
 def take_along_axis(x: Array, indices: Array, axis: int) -> Array:
     """numpy.take_along_axis, e.g. picking Q(s, a) with ``indices`` of shape (B, 1)."""
     x, idx = _arr(x), _arr(indices)
+    if int(axis) % ndim(x) == 0 and _buckets.leading(shape(x)) is not None:
+        _buckets.refuse("take_along_axis along the padded batch axis")
     return bind(P.gather_p, x, idx, axis=int(axis) % ndim(x))
 
 

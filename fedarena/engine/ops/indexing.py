@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import primitives as P
+from ..core import buckets as _buckets
 from ..core.ir import ShapeError
 from ..core.tracing import Tracer, aval_of, bind
 from .basic import *  # noqa: F403  (the numpy-named operations these are written with)
@@ -32,6 +33,13 @@ def _index_tuple(key: Any, sh: tuple) -> tuple:
     if not n_ellipsis:
         out.extend([slice(None)] * (len(sh) - n_real))
     return tuple(out)
+
+
+def _keeps_rows(k: Any, n: int) -> bool:
+    """Whether the index ``k`` of axis 0 keeps every row in order (``:`` or a concrete ``arange(n)``)."""
+    if isinstance(k, slice):
+        return k.indices(n) == (0, n, 1)
+    return isinstance(k, np.ndarray) and k.shape == (n,) and bool(np.array_equal(k, np.arange(n)))
 
 
 def _is_array_index(k: Any) -> bool:
@@ -62,6 +70,15 @@ def getitem(x: Array, key: Any) -> Array:
     e.g. ``q[np.arange(B), a]``).  Boolean masks are refused (data-dependent shape)."""
     x = _arr(x)
     key = _index_tuple(key, shape(x))
+    if key and _buckets.leading(shape(x)) is not None:
+        if not _keeps_rows(key[0], shape(x)[0]):
+            _buckets.refuse("indexing the padded batch axis (anything but ':' or np.arange(len(x)) in front)")
+        with _buckets.quiet():  # checked here for the whole index (advanced indexing flattens internally)
+            return _getitem(x, key)
+    return _getitem(x, key)
+
+
+def _getitem(x: Array, key: tuple) -> Array:
     if _builtins.any(_is_array_index(k) for k in key):
         return _advanced_getitem(x, key)
     sh = shape(x)
