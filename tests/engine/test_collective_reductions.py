@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 import pytest
 
 from fedarena.engine.collectives import Communicator, ThreadGroup, run_threads
 from fedarena.engine.collectives.conformance import run_conformance
-from fedarena.engine.collectives.launch import spawn
+from fedarena.engine.collectives.launch import group_spec, make_transport
 
 NEW_OPS = ("prod", "band", "bor", "bxor")
 INT_DTYPES = ("bool", "int8", "uint8", "int32", "uint64", "int64")
@@ -23,11 +24,36 @@ def test_threads_prod_and_bitwise_equal_numpy(world_size):
     assert len(set(checks)) == 1 and checks[0] > 100
 
 
+def _ranks_in_threads(kind, world_size, fn):
+    """``fn(comm)`` on every rank of a real ``kind`` transport (sockets / shared-memory rings), the ranks as
+    threads of this process (the cross-process runs of these transports are in tests/distributed)."""
+    spec = group_spec(kind)
+    results, errors = [None] * world_size, []
+
+    def rank(r):
+        try:
+            comm = Communicator(make_transport(kind, r, world_size, spec, 30.0), chunk_bytes=64)
+            try:
+                results[r] = fn(comm)
+            finally:
+                comm.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return results
+
+
 @pytest.mark.parametrize("kind", ["shm", "tcp"])
-def test_process_transports_prod_and_bitwise_equal_numpy(kind):
+def test_tcp_and_shm_transports_prod_and_bitwise_equal_numpy(kind):
     check = functools.partial(run_conformance, seed=7, dtypes=("bool", "int8", "uint64", "float32"), shapes=((3, 5),),
                               reductions=NEW_OPS, roots=(-1,))
-    counts = spawn(2, kind, check, (), timeout=30, comm_options={"chunk_bytes": 64})
+    counts = _ranks_in_threads(kind, 3, check)
     assert len(set(counts)) == 1 and counts[0] > 40
 
 
