@@ -623,8 +623,8 @@ class BucketedJitted:
     axis, and their gradients, equal the unpadded call. Outputs whose leading length is ``B`` are cut back to
     ``n`` rows. Operations in the traced function that would move the batch axis or mix padded rows into
     valid ones (a transpose or reshape moving axis 0, concatenating or stacking batches along it, a matmul or
-    einsum contracting it, sorting along it) raise a one-line error instead; docs/engine.md ("Shape
-    buckets") gives the full contract.
+    einsum contracting it, sorting along it, indexing or taking rows along it) raise a one-line error
+    instead; docs/engine.md ("Shape buckets") gives the full contract and what is not checked.
     """
 
     def __init__(self, fn: Callable, buckets: Sequence[int], bucket_argnums: Sequence[int] | None,
