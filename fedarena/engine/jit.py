@@ -498,7 +498,7 @@ class Jitted:
             self._budget_warned = True
             warnings.warn(
                 f"jit({name}) compiled {self.compiles} programs, over its budget of {budget} "
-                "(jit(..., max_compiles=...); default engine.jit.MAX_COMPILES); each compile traces and builds "
+                "(jit(..., max_compiles=...); default MAX_COMPILES of the module fedarena.engine.jit); each compile traces and builds "
                 "a new program, so a function whose shapes or static values keep changing runs mostly in the "
                 "compiler.", RecompileWarning, stacklevel=4)
 
