@@ -210,3 +210,35 @@ class DeepCFR:
     @property
     def nodes_touched(self) -> int:
         return self.sampler.nodes_touched
+
+    # ------------------------------------------------------------------ checkpoints: arrays and scalars
+    def state_dict(self) -> dict:
+        def merged(memory: list) -> dict:
+            if not memory:
+                return {}
+            rows, y, w = (np.concatenate(v) for v in zip(*memory))
+            return {"rows": rows, "y": y, "w": w}
+
+        S, A = self.tree.legal.shape
+        trained = {str(p): engine.tree_map(np.asarray, q) for p, q in enumerate(self.advantage_params) if q is not None}
+        return {"iterations": int(self.iterations), "sampler": self.sampler.state_dict(),
+                "rng": self.rng.bit_generator.state, "advantage_params": trained,
+                "memory_v": [merged(m) for m in self.memory_v], "memory_pi": merged(self.memory_pi),
+                "strategies": np.stack(self.strategies) if self.strategies else np.zeros((0, S, A))}
+
+    def load_state_dict(self, state: dict) -> None:
+        S, A = self.tree.legal.shape
+        strategies = np.asarray(state["strategies"], dtype=np.float64)
+        if strategies.shape[1:] != (S, A) or len(state["memory_v"]) != self.tree.num_players:
+            raise ValueError(f"checkpoint: not a Deep CFR state of this game ({S} information states, {A} actions)")
+
+        def split(m: dict) -> list:
+            return [(np.asarray(m["rows"], dtype=np.int64), np.asarray(m["y"]), np.asarray(m["w"]))] if m else []
+
+        self.iterations = int(state["iterations"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.rng.bit_generator.state = state["rng"]
+        self.advantage_params = [state["advantage_params"].get(str(p)) for p in range(self.tree.num_players)]
+        self.memory_v = [split(m) for m in state["memory_v"]]
+        self.memory_pi = split(state["memory_pi"])
+        self.strategies = list(strategies)
