@@ -71,7 +71,6 @@ class NFSPExperimentConfig(ExperimentConfig):
         if self.target_exploitability is not None and not self.target_exploitability > 0:
             raise ValueError(f"target_exploitability: must be positive or null, got {self.target_exploitability}")
 
-
     @property
     def seed_list(self) -> list[int]:
         """The learners' seeds: ``learner_seeds``, or the run's ``seed`` where it is null."""
