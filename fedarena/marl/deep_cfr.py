@@ -27,14 +27,14 @@ full-batch steps where the merged memory fits ``batch_size`` and steps on miniba
 
 Measured (seed 0, Leduc hold'em, shared 2-core machine at load average about 15): Single Deep CFR with 16,384
 traversals, 64-64 networks and 1,000 full-batch steps (``experiments/leduc_deep_cfr.yaml``) reaches exact
-exploitability 0.095 at iteration 55 (3.9e7 sample-histories touched, 604 s solver time) and 0.075 at iteration
-120 (8.6e7, 1,107 s). Deep CFR with the same settings (``average: network``, 2,000 full-batch steps of the
-average-strategy network) reaches 0.108 at iteration 40 and 0.092 at 60 (4.3e7, 411 s). The earlier version of this module (300 minibatch steps per advantage network, the average
-network scored) stood at 0.59 after 40 iterations of 2,048 traversals. With the same 2,048 traversals, 1,000
-full-batch steps bring the mixture to 0.151 at iteration 40, and regret matching on the merged memory's exact
-weighted means (no network) reaches 0.120 there: what is left is mostly sampling noise, which more traversals
-shrink at little cost (one update of any batch is a few array operations per depth level, and the merged memory
-does not grow with it).
+exploitability 0.095 at iteration 55 (3.9e7 sample-histories touched, 604 s solver time) and 0.075 at iteration 120
+(8.6e7, 1,107 s). Deep CFR with the same settings (``average: network``, 2,000 full-batch steps of the
+average-strategy network) reaches 0.108 at iteration 40 and 0.092 at 60 (4.3e7, 411 s). The earlier version of this
+module (300 minibatch steps per advantage network, the average network scored) stood at 0.59 after 40 iterations of
+2,048 traversals. With the same 2,048 traversals, 1,000 full-batch steps bring the mixture to 0.151 at iteration 40,
+and regret matching on the merged memory's exact weighted means (no network) reaches 0.120 there: what is left is
+mostly sampling noise, which more traversals shrink at little cost (one update of any batch is a few array
+operations per depth level, and the merged memory does not grow with it).
 Kuhn poker, 512 traversals, one 32-unit layer, 300 steps, 15 iterations: 0.042 to 0.066 over seeds 0-7.
 """
 
