@@ -10,7 +10,6 @@ network, trained afresh on the strategy memory at every evaluation (its training
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +73,9 @@ class _DeepCFRSteps(_SolverSteps):
         super().__init__(run, cfg, game, solver, name, log_first=False)
         self.desc = f"deep_cfr {cfg.game}"
         self.last_policy: Any = None   # the average strategy last scored (Deep CFR's network is trained per call)
-        self.last_step = -1
 
     def evaluate(self, step: int) -> dict[str, float]:
-        self.last_policy, self.last_step = self.solver.average_policy(), step
+        self.last_policy = self.solver.average_policy()
         return {"solver_time": self.solver_time, "nodes_touched": self.solver.nodes_touched,
                 "exploitability": exploitability(self.game, self.last_policy)}
 
