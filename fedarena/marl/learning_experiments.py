@@ -47,12 +47,17 @@ def _check_game(name: str) -> None:
 
 @dataclass(frozen=True)
 class NFSPExperimentConfig(ExperimentConfig):
-    game: str = param("kuhn_poker", "game by name (kuhn_poker, leduc_poker)")
+    game: str = param("kuhn_poker", "game by name (kuhn_poker, leduc_poker, or an OpenSpiel game string with an "
+                      "information-state tensor, e.g. liars_dice)")
     episodes: int = param(200_000, "training episodes per seed")
     eval_every: int = param(10_000, "episodes between exact exploitability evaluations")
-    learner_seeds: list[int] = param(doc="one NFSP run per seed, in sequence inside this run (the report shows "
-                                     "their spread); the platform's `seeds` makes one run folder per seed instead",
-                                     factory=lambda: [0, 1, 2])
+    learner_seeds: list[int] | None = param(doc="one NFSP run per seed, in sequence inside this run (the report "
+                                            "shows their spread); null: the run's `seed` alone, for the platform's "
+                                            "`seeds`, which makes one run folder per seed instead",
+                                            factory=lambda: [0, 1, 2])
+    target_exploitability: float | None = param(None, "the summary's reached_target: every seed's final "
+                                                "exploitability at most this (a seed group counts the seeds that "
+                                                "reached it); null: no target")
     nfsp: NFSPConfig = param(doc="NFSP hyper-parameters (fedarena.marl.nfsp.NFSPConfig)", factory=NFSPConfig)
 
     def __post_init__(self) -> None:
@@ -61,8 +66,15 @@ class NFSPExperimentConfig(ExperimentConfig):
             raise ValueError(f"episodes: must be at least 1, got {self.episodes}")
         if self.eval_every < 1:
             raise ValueError(f"eval_every: must be at least 1, got {self.eval_every}")
-        if not self.learner_seeds or len(set(self.learner_seeds)) != len(self.learner_seeds):
+        if not self.seed_list or len(set(self.seed_list)) != len(self.seed_list):
             raise ValueError(f"learner_seeds: expected distinct seeds, got {self.learner_seeds}")
+        if self.target_exploitability is not None and not self.target_exploitability > 0:
+            raise ValueError(f"target_exploitability: must be positive or null, got {self.target_exploitability}")
+
+    @property
+    def seed_list(self) -> list[int]:
+        """The learners' seeds: ``learner_seeds``, or the run's ``seed`` where it is null."""
+        return list(self.learner_seeds) if self.learner_seeds is not None else [self.seed]
 
 
 def run_nfsp(cfg: NFSPExperimentConfig, run: Any) -> dict[str, Any]:
@@ -82,7 +94,7 @@ class _NFSPSteps:
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.game = load_game(cfg.game)
         self.desc = f"nfsp {cfg.game}"
-        self.total = -(-cfg.episodes // cfg.eval_every) * len(cfg.learner_seeds)
+        self.total = -(-cfg.episodes // cfg.eval_every) * len(cfg.seed_list)
         self.k, self.steps = 0, 0
         self.agent: NFSP | None = None
         self.following: NFSP | None = None  # the next seed's fresh agent, built when the current one ends
@@ -90,10 +102,13 @@ class _NFSPSteps:
         self.finals: dict[int, float] = {}  # seed index -> final exploitability
 
     def _fresh(self, k: int) -> tuple[NFSP, dict[str, Any]]:
-        seed = self.cfg.learner_seeds[k]
+        seed = self.cfg.seed_list[k]
         agent = NFSP(self.game, self.cfg.nfsp, seed=seed)
-        return agent, {f"seed{seed}/exploitability": exploitability(self.game, agent.average_policy()),
-                       f"seed{seed}/episodes": 0, f"seed{seed}/train_time": 0.0}
+        row = {f"seed{seed}/exploitability": exploitability(self.game, agent.average_policy()),
+               f"seed{seed}/episodes": 0, f"seed{seed}/train_time": 0.0}
+        if len(self.cfg.seed_list) == 1:
+            row.update({"exploitability": row[f"seed{seed}/exploitability"], "episodes": 0, "train_time": 0.0})
+        return agent, row
 
     def init(self) -> dict[str, Any]:
         self.agent, row = self._fresh(0)
@@ -102,10 +117,10 @@ class _NFSPSteps:
 
     def load(self, step: int, state: dict[str, Any]) -> None:
         self.steps, self.k = step, int(state["seed_index"])
-        if self.k >= len(self.cfg.learner_seeds):
+        if self.k >= len(self.cfg.seed_list):
             raise ConfigError(f"learner_seeds: the checkpoint (step {step}) is at seed #{self.k + 1}, but "
-                              f"{self.cfg.learner_seeds} lists {len(self.cfg.learner_seeds)}; keep the seeds it ran")
-        self.agent = NFSP(self.game, self.cfg.nfsp, seed=self.cfg.learner_seeds[self.k])
+                              f"{self.cfg.seed_list} lists {len(self.cfg.seed_list)}; keep the seeds it ran")
+        self.agent = NFSP(self.game, self.cfg.nfsp, seed=self.cfg.seed_list[self.k])
         self.agent.load_state_dict(state["agent"])
         self.times = {int(k): float(v) for k, v in state["train_time"].items()}
         self.finals = {int(k): float(v) for k, v in state["finals"].items()}
@@ -121,7 +136,7 @@ class _NFSPSteps:
         return self.agent.episodes >= self.cfg.episodes
 
     def done(self) -> bool:
-        return self.k >= len(self.cfg.learner_seeds) - 1 and self._spent()
+        return self.k >= len(self.cfg.seed_list) - 1 and self._spent()
 
     def units(self) -> int:
         return self.steps
@@ -132,7 +147,7 @@ class _NFSPSteps:
             self.k += 1
             self.agent, self.following = self.following or self._fresh(self.k)[0], None
             self.times.setdefault(self.k, 0.0)
-        agent, k, seed = self.agent, self.k, self.cfg.learner_seeds[self.k]
+        agent, k, seed = self.agent, self.k, self.cfg.seed_list[self.k]
         t0 = time.perf_counter()
         agent.train(min(self.cfg.eval_every, self.cfg.episodes - agent.episodes))
         self.times[k] += time.perf_counter() - t0
@@ -141,17 +156,19 @@ class _NFSPSteps:
         row = {f"seed{seed}/exploitability": e, f"seed{seed}/episodes": agent.episodes,
                f"seed{seed}/train_time": self.times[k],
                f"seed{seed}/episodes_per_second": agent.episodes / max(self.times[k], 1e-9)}
+        if len(self.cfg.seed_list) == 1:   # one learner (a seed group's run): plain names the group report shares
+            row.update({"exploitability": e, "episodes": agent.episodes, "train_time": self.times[k]})
         if self._spent():
             self.finals[k] = e
             self._export()
-            if k + 1 < len(self.cfg.learner_seeds):
+            if k + 1 < len(self.cfg.seed_list):
                 self.following, first = self._fresh(k + 1)
                 row.update(first)
         return row
 
     def _export(self) -> None:
         """The current seed's average policy as ``policy_seed<seed>.json`` (:mod:`fedarena.marl.policy_export`)."""
-        export_policy(self.out_dir / f"policy_seed{self.cfg.learner_seeds[self.k]}.json", self.cfg.game,
+        export_policy(self.out_dir / f"policy_seed{self.cfg.seed_list[self.k]}.json", self.cfg.game,
                       self.agent.average_policy(), algorithm="nfsp", episodes=self.agent.episodes)
 
     def summary(self) -> dict[str, Any]:
@@ -159,15 +176,20 @@ class _NFSPSteps:
         if self.k not in self.finals:  # resumed with the seed already at its budget
             self.finals[self.k] = exploitability(self.game, self.agent.average_policy())
             self._export()
-        done = [k for k in range(len(cfg.learner_seeds)) if k in self.finals]
+        done = [k for k in range(len(cfg.seed_list)) if k in self.finals]
         vals = np.array([self.finals[k] for k in done])
         total_time = sum(self.times.values())
         episodes = self.agent.episodes  # cfg.episodes, unless a resume lowered it below the checkpoint's count
-        return {"game": cfg.game, "episodes_per_seed": episodes, "seeds": list(cfg.learner_seeds),
-                "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
-                "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
-                **{f"seed{cfg.learner_seeds[k]}/exploitability": self.finals[k] for k in done},
-                "episodes_per_second": episodes * len(done) / max(total_time, 1e-9)}
+        out = {"game": cfg.game, "episodes_per_seed": episodes, "seeds": list(cfg.seed_list),
+               "exploitability_mean": float(vals.mean()), "exploitability_min": float(vals.min()),
+               "exploitability_max": float(vals.max()), "exploitability_std": float(vals.std()),
+               **{f"seed{cfg.seed_list[k]}/exploitability": self.finals[k] for k in done},
+               "episodes_per_second": episodes * len(done) / max(total_time, 1e-9)}
+        if len(done) == 1:
+            out["exploitability"] = float(vals[0])
+        if cfg.target_exploitability is not None:
+            out["reached_target"] = bool(len(done) == len(cfg.seed_list) and vals.max() <= cfg.target_exploitability)
+        return out
 
 
 def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
@@ -179,7 +201,7 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     curves = []
-    for s in cfg.learner_seeds:
+    for s in cfg.seed_list:
         pts = [(r[f"seed{s}/episodes"], r[f"seed{s}/train_time"], r[f"seed{s}/exploitability"])
                for r in rows if f"seed{s}/exploitability" in r]
         if not pts:
@@ -203,7 +225,7 @@ def plots_nfsp(rows, cfg: NFSPExperimentConfig, report_dir: str) -> list[str]:
         ax.set_ylabel("exact exploitability of the average policy")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    num_seeds = len(cfg.learner_seeds)
+    num_seeds = len(cfg.seed_list)
     fig.suptitle(f"NFSP on {cfg.game} ({cfg.nfsp.num_games} games per batch, "
                  f"{num_seeds} seed{'s' if num_seeds != 1 else ''})")
     fig.tight_layout()
@@ -358,5 +380,5 @@ def plots_psro_rl(rows, cfg: PSRORLConfig, report_dir: str) -> list[str]:
 
 
 NFSP_EXPERIMENT = Experiment(config=NFSPExperimentConfig, run=run_nfsp, plots=plots_nfsp,
-                             evaluate=evaluate_exported)
+                             evaluate=evaluate_exported, x_axis="episodes", group_metrics=("exploitability",))
 PSRO_RL_EXPERIMENT = Experiment(config=PSRORLConfig, run=run_psro_rl, plots=plots_psro_rl)

@@ -20,6 +20,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "xfp": ("fedarena.marl.game_experiments:XFP_EXPERIMENT", "full-width extensive-form fictitious play (XFP) on Kuhn/Leduc/matrix games, exact exploitability per iteration"),
     "cfr": ("fedarena.marl.game_experiments:CFR_EXPERIMENT", "CFR / CFR+ reference equilibrium solver on Kuhn/Leduc/matrix games, exact exploitability of the average policy"),
     "mccfr": ("fedarena.marl.mccfr_experiment:EXPERIMENT", "external- or outcome-sampling MCCFR (batched on the compiled tree, or lazy on large games): exact exploitability vs iterations, histories touched and time; exports policy.json"),
+    "deep_cfr": ("fedarena.marl.deep_cfr_experiment:EXPERIMENT", "Single Deep CFR (mixture of every iteration's advantage networks) or Deep CFR (average-strategy network) on the engine: exact exploitability vs iterations, histories touched and time; exports policy.json"),
     "psro": ("fedarena.marl.game_experiments:PSRO_EXPERIMENT", "PSRO with exact best responses, several meta-solvers (nash, prd, uniform, last...) compared in one report"),
     "nfsp": ("fedarena.marl.learning_experiments:NFSP_EXPERIMENT", "NFSP (DQN best response + reservoir-trained average policy), batched self-play on Kuhn/Leduc, exact exploitability over seeds"),
     "psro_rl": ("fedarena.marl.learning_experiments:PSRO_RL_EXPERIMENT", "PSRO with a DQN or PPO best-response oracle, exact exploitability per iteration beside exact-oracle PSRO"),
