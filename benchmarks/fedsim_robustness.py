@@ -10,7 +10,9 @@ seeds) and, for the backdoor, the attack success rate (triggered non-target test
 target).
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py                 # the whole grid
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset acceptance
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset acceptance --out acc.jsonl
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset rest --out rest.jsonl
+    python benchmarks/fedsim_robustness.py --results acc.jsonl rest.jsonl     # the table of both
     python benchmarks/fedsim_robustness.py --seeds 100 --attacks alie ipm --defences cc_bucketing --tau 0.5
 
 ``--subset acceptance``: every defence against ALIE and IPM, and centered clipping with bucketing and FedAvg
@@ -90,11 +92,13 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
 def cells(subset: str, attacks: list[str] | None, defences: list[str] | None) -> list[tuple[str, str]]:
     if attacks or defences:
         return [(a, x) for a in (attacks or ATTACKS) for x in (defences or DEFENCES)]
+    grid = [(a, x) for a in ATTACKS for x in DEFENCES]
     if subset == "all":
-        return [(a, x) for a in ATTACKS for x in DEFENCES]
-    out = [("none", "fedavg")] + [(a, x) for a in ("alie", "ipm") for x in DEFENCES]
-    out += [(a, x) for a in ATTACKS if a not in ("alie", "ipm") for x in ("fedavg", "cc_bucketing")]
-    return list(dict.fromkeys(out))
+        return grid
+    acc = [("none", "fedavg")] + [(a, x) for a in ("alie", "ipm") for x in DEFENCES]
+    acc += [(a, x) for a in ATTACKS if a not in ("alie", "ipm") for x in ("fedavg", "cc_bucketing")]
+    acc = list(dict.fromkeys(acc))
+    return acc if subset == "acceptance" else [("none", "fedavg")] + [c for c in grid if c not in acc]
 
 
 def table(results: list[dict]) -> str:
@@ -128,7 +132,7 @@ def acceptance(results: list[dict]) -> list[str]:
 
     out = []
     for a in ("alie", "ipm"):
-        ds = {x: drop(a, x) for x in DEFENCES if drop(a, x) is not None}
+        ds = {x: drop(a, x) for x in DEFENCES if x != "fedavg" and drop(a, x) is not None}
         if ds:
             best = min(ds, key=ds.get)
             out.append(f"{a}: best defence {best} drops {ds[best]:.2f} points -> "
@@ -144,7 +148,10 @@ def acceptance(results: list[dict]) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--subset", choices=["all", "acceptance"], default="all")
+    p.add_argument("--subset", choices=["all", "acceptance", "rest"], default="all",
+                   help="rest: the grid's cells not in the acceptance subset")
+    p.add_argument("--results", nargs="*", default=[],
+                   help="print the table of these JSON-lines files (from --out) instead of running")
     p.add_argument("--attacks", nargs="*", choices=ATTACKS)
     p.add_argument("--defences", nargs="*", choices=DEFENCES)
     p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
@@ -153,6 +160,13 @@ def main() -> None:
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
     a = p.parse_args()
+    if a.results:
+        results = [json.loads(line) for f in a.results for line in open(f) if line.strip()]
+        results = list({(r["attack"], r["defence"], r["seed"]): r for r in results}.values())
+        print(table(results))
+        print()
+        print("\n".join(acceptance(results)))
+        return
     todo = cells(a.subset, a.attacks, a.defences)
     if ("none", "fedavg") not in todo:
         todo.insert(0, ("none", "fedavg"))
