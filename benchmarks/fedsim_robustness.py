@@ -64,7 +64,7 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     raise ValueError(f"defence: unknown '{name}'")
 
 
-def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int) -> dict:
+def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec("iid", NUM_CLIENTS),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
@@ -74,7 +74,7 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     model = BatchedMLP((d.num_features, 32, d.num_classes))
     fit = FitConfig(1, 10, 0.1)
     root = RootSet(model, d.x[root_idx], d.y[root_idx], d.num_classes, seed)
-    plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS).build(ids, d.num_classes, seed)
+    plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
     strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket))
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
@@ -82,7 +82,7 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     t0 = time.perf_counter()
     state, records = sim.run(rounds)
     out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
-           "seconds": time.perf_counter() - t0}
+           "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket}
     if attack == "backdoor" or attack == "none":
         out["backdoor_success"] = attack_success_rate(lambda v: model.logits(state.params, v), d.x[test_idx],
                                                       d.y[test_idx], Backdoor())
@@ -158,6 +158,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--tau", type=float, default=DefenceConfig.tau, help="centered clipping's radius")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
+    p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
+    p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
+    p.add_argument("--scale", type=float, default=AttackConfig.scale, help="sign flip's and scaling's factor")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
     a = p.parse_args()
     if a.results:
@@ -174,14 +177,14 @@ def main() -> None:
     t0 = time.perf_counter()
     for seed in a.seeds:
         for atk, dfn in todo:
-            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket)
+            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(r) + "\n")
     print(f"\n{len(results)} runs, {time.perf_counter() - t0:.0f} s; seeds {a.seeds}, {a.rounds} rounds, "
-          f"tau {a.tau}, bucket size {a.bucket}\n")
+          f"tau {a.tau}, bucket size {a.bucket}, ipm epsilon {a.epsilon}, alie z {a.z or 'z_max'}, scale {a.scale}\n")
     print(table(results))
     print()
     print("\n".join(acceptance(results)))
