@@ -176,3 +176,30 @@ def test_attack_config_errors_are_one_line_naming_the_field(kw, build, field):
         AttackConfig(**kw).build([f"c{i}" for i in range(10)], 10, 0)
     msg = str(e.value)
     assert msg.startswith(field + ":") and "\n" not in msg
+
+
+def test_backdoor_through_local_training_plants_the_trigger_under_fedavg():
+    from fedarena.federated.defences import DefenceConfig, RootSet
+    from fedarena.federated.simulation import BatchedMLP, Simulation
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, 6)).astype(np.float32)
+    x[:, 5] = 0.0  # the trigger feature is blank in clean data
+    y = (x[:, 0] > 0).astype(np.int64)
+    ids = [f"c{i}" for i in range(10)]
+    train = [np.arange(i * 30, (i + 1) * 30) for i in range(10)]
+    model = BatchedMLP((6, 2))
+    bd = Backdoor(target=1, trigger=(5,), trigger_value=3.0)
+    coalition = frozenset({"c3", "c7"})
+    px, py, pt = poison_clients(bd, x, y, train, ids, coalition, 0)
+    asr = {}
+    for name, cfg in [("fedavg", DefenceConfig()), ("fltrust", DefenceConfig("fltrust", root_size=40))]:
+        inner = cfg.build(FedAvg(fit=FitConfig(1, 10, 0.1), clients_per_round=10),
+                          root=RootSet(model, x[300:340], y[300:340], 2))
+        sim = Simulation(model, Attacked(inner, bd, coalition), px, py, pt, ids, 2, test=(x[340:], y[340:]),
+                         eval_clients=False, eval_every=30)
+        state, recs = sim.run(30)
+        asr[name] = attack_success_rate(lambda v: model.logits(state.params, v), x[340:], y[340:], bd)
+        assert recs[-1].metrics["test_acc"] > 0.85, (name, recs[-1].metrics)
+    # the clean model never sees feature 5, so only the planted backdoor turns class 0 into class 1
+    assert asr["fedavg"] > 0.9 and asr["fltrust"] < 0.5, asr
