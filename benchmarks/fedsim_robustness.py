@@ -1,0 +1,194 @@
+"""Robustness of aggregation rules and defences against the built-in attacks (issue 36, deliverable 3).
+
+Setting (that of the sign-flip section of docs/reproductions.md): scikit-learn digits split IID over 100
+clients, 20 clients per round, 200 rounds, MLP 64-32-10, FedAvg's local training (E = 1, B = 10, lr 0.1),
+20 attackers (20 %) drawn per seed; the robust rules assume f = 4 per round. The server's
+FLTrust root set is 100 examples of the global test split, removed from the test set of every cell so all
+cells are scored on the same examples. For each attack x defence x seed the final test accuracy is measured;
+the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard deviation over
+seeds) and, for the backdoor, the attack success rate (triggered non-target test examples classified as the
+target).
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py                 # the whole grid
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset acceptance --out acc.jsonl
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset rest --out rest.jsonl
+    python benchmarks/fedsim_robustness.py --results acc.jsonl rest.jsonl     # the table of both
+    python benchmarks/fedsim_robustness.py --seeds 100 --attacks alie ipm --defences cc_bucketing --tau 0.5
+
+``--subset acceptance``: every defence against ALIE and IPM, and centered clipping with bucketing and FedAvg
+against every attack. The acceptance checks printed at the end: some defence within 3 points of clean FedAvg
+against each of ALIE and IPM, and CC + bucketing losing less than FedAvg against every attack run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fedarena.federated import data  # noqa: E402
+from fedarena.federated.attacks import AttackConfig, Backdoor, attack_success_rate  # noqa: E402
+from fedarena.federated.defences import DefenceConfig, RootSet  # noqa: E402
+from fedarena.federated.simulation import BatchedMLP, Simulation  # noqa: E402
+from fedarena.federated.strategy import FedAvg, FitConfig, RobustAggregate  # noqa: E402
+
+ATTACKS = ["none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip", "backdoor"]
+DEFENCES = ["fedavg", "median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "cc_bucketing",
+            "norm_bound", "fltrust"]
+NUM_CLIENTS, PER_ROUND, ATTACKERS, ROOT = 100, 20, 20, 100
+F_ROUND = PER_ROUND * ATTACKERS // NUM_CLIENTS  # the rules' assumed Byzantine count per round (4)
+
+
+def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int):
+    base = dict(fit=fit, clients_per_round=PER_ROUND)
+    if name == "fedavg":
+        return FedAvg(**base)
+    if name in ("median", "trimmed_mean", "geometric_median"):
+        return RobustAggregate(**base, rule=name, trim_fraction=0.2)
+    if name == "krum":
+        return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND)
+    if name == "multi_krum":
+        return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND, krum_keep=PER_ROUND - F_ROUND)
+    if name == "cc_bucketing":
+        return DefenceConfig("bucketing", tau=tau, bucket_size=bucket).build(FedAvg(**base), seed=seed)
+    if name == "norm_bound":
+        return DefenceConfig("norm_bound").build(FedAvg(**base), seed=seed)
+    if name == "fltrust":
+        return DefenceConfig("fltrust", root_size=len(root.y)).build(FedAvg(**base), root=root, seed=seed)
+    raise ValueError(f"defence: unknown '{name}'")
+
+
+def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, **attack_params) -> dict:
+    d = data.load(data.DataSpec("digits", partition=data.PartitionSpec("iid", NUM_CLIENTS),
+                                test_fraction=0.2, held_out_fraction=0.0), seed)
+    test = np.asarray(d.test)
+    pick = np.random.default_rng([seed, 31]).permutation(len(test))
+    root_idx, test_idx = test[pick[:ROOT]], test[pick[ROOT:]]
+    ids = [f"c{i}" for i in range(d.num_clients)]
+    model = BatchedMLP((d.num_features, 32, d.num_classes))
+    fit = FitConfig(1, 10, 0.1)
+    root = RootSet(model, d.x[root_idx], d.y[root_idx], d.num_classes, seed)
+    plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
+    x, y, train = plan.data(d.x, d.y, d.train, ids)
+    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket))
+    sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
+                     test=(d.x[test_idx], d.y[test_idx]), eval_clients=False, eval_every=rounds)
+    t0 = time.perf_counter()
+    state, records = sim.run(rounds)
+    out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
+           "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket}
+    if attack == "backdoor" or attack == "none":
+        out["backdoor_success"] = attack_success_rate(lambda v: model.logits(state.params, v), d.x[test_idx],
+                                                      d.y[test_idx], Backdoor())
+    return out
+
+
+def cells(subset: str, attacks: list[str] | None, defences: list[str] | None) -> list[tuple[str, str]]:
+    if attacks or defences:
+        return [(a, x) for a in (attacks or ATTACKS) for x in (defences or DEFENCES)]
+    grid = [(a, x) for a in ATTACKS for x in DEFENCES]
+    if subset == "all":
+        return grid
+    acc = [("none", "fedavg")] + [(a, x) for a in ("alie", "ipm") for x in DEFENCES]
+    acc += [(a, x) for a in ATTACKS if a not in ("alie", "ipm") for x in ("fedavg", "cc_bucketing")]
+    acc = list(dict.fromkeys(acc))
+    return acc if subset == "acceptance" else [("none", "fedavg")] + [c for c in grid if c not in acc]
+
+
+def table(results: list[dict]) -> str:
+    clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
+    attacks = [a for a in ATTACKS if any(r["attack"] == a for r in results)]
+    defences = [x for x in DEFENCES if any(r["defence"] == x for r in results)]
+    lines = ["accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: drop / success rate %",
+             "| attack | " + " | ".join(defences) + " |", "|---" * (len(defences) + 1) + "|"]
+    for a in attacks:
+        row = []
+        for x in defences:
+            rs = [r for r in results if r["attack"] == a and r["defence"] == x and r["seed"] in clean]
+            if not rs:
+                row.append("")
+                continue
+            drop = np.array([100 * (clean[r["seed"]] - r["test_acc"]) for r in rs])
+            cell = f"{drop.mean():.1f} +- {drop.std():.1f}"
+            if a == "backdoor":
+                cell += f" / {100 * np.mean([r['backdoor_success'] for r in rs]):.0f}%"
+            row.append(cell)
+        lines.append(f"| {a} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def acceptance(results: list[dict]) -> list[str]:
+    clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
+
+    def drop(a, x):
+        rs = [r for r in results if r["attack"] == a and r["defence"] == x and r["seed"] in clean]
+        return float(np.mean([100 * (clean[r["seed"]] - r["test_acc"]) for r in rs])) if rs else None
+
+    out = []
+    for a in ("alie", "ipm"):
+        ds = {x: drop(a, x) for x in DEFENCES if x != "fedavg" and drop(a, x) is not None}
+        if ds:
+            best = min(ds, key=ds.get)
+            out.append(f"{a}: best defence {best} drops {ds[best]:.2f} points -> "
+                       f"{'PASS' if ds[best] <= 3.0 else 'FAIL'} (<= 3)")
+    for a in ATTACKS:
+        if a == "none":
+            continue
+        cc, fa = drop(a, "cc_bucketing"), drop(a, "fedavg")
+        if cc is not None and fa is not None:
+            out.append(f"{a}: cc_bucketing {cc:.2f} vs fedavg {fa:.2f} -> {'PASS' if cc < fa else 'FAIL'}")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--subset", choices=["all", "acceptance", "rest"], default="all",
+                   help="rest: the grid's cells not in the acceptance subset")
+    p.add_argument("--results", nargs="*", default=[],
+                   help="print the table of these JSON-lines files (from --out) instead of running")
+    p.add_argument("--attacks", nargs="*", choices=ATTACKS)
+    p.add_argument("--defences", nargs="*", choices=DEFENCES)
+    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--tau", type=float, default=DefenceConfig.tau, help="centered clipping's radius")
+    p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
+    p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
+    p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
+    p.add_argument("--scale", type=float, default=AttackConfig.scale, help="sign flip's and scaling's factor")
+    p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
+    a = p.parse_args()
+    if a.results:
+        results = [json.loads(line) for f in a.results for line in open(f) if line.strip()]
+        results = list({(r["attack"], r["defence"], r["seed"]): r for r in results}.values())
+        print(table(results))
+        print()
+        print("\n".join(acceptance(results)))
+        return
+    todo = cells(a.subset, a.attacks, a.defences)
+    if ("none", "fedavg") not in todo:
+        todo.insert(0, ("none", "fedavg"))
+    results = []
+    t0 = time.perf_counter()
+    for seed in a.seeds:
+        for atk, dfn in todo:
+            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, epsilon=a.epsilon, z=a.z, scale=a.scale)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+    print(f"\n{len(results)} runs, {time.perf_counter() - t0:.0f} s; seeds {a.seeds}, {a.rounds} rounds, "
+          f"tau {a.tau}, bucket size {a.bucket}, ipm epsilon {a.epsilon}, alie z {a.z or 'z_max'}, scale {a.scale}\n")
+    print(table(results))
+    print()
+    print("\n".join(acceptance(results)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The defences against independent computations: centered clipping's fixed point and one step by hand,
+bucketing as the rule of hand-made bucket means, the adaptive norm bound and FLTrust by hand, the simulation's
+defended round, and the config's one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedarena.federated.attacks import AttackConfig
+from fedarena.federated.defences import (Defended, DefenceConfig, RootSet, adaptive_norm_bound, bucketing,
+                                         centered_clipping, fltrust)
+from fedarena.federated.simulation import BatchedMLP, Simulation
+from fedarena.federated.strategy import ClientUpdate, FedAvg, FitConfig, coordinate_median
+
+RNG = np.random.default_rng(3)
+X = RNG.normal(size=(9, 4))
+W = RNG.uniform(1, 5, size=9)
+
+
+def test_centered_clipping_one_step_by_hand():
+    center = np.array([0.5, -0.5, 0.0, 1.0])
+    tau = 1.2
+    steps = []
+    for x in X:
+        d = x - center
+        n = np.sqrt(np.sum(d ** 2))
+        steps.append(d if n <= tau else d * tau / n)
+    want = center + np.mean(steps, axis=0)
+    np.testing.assert_allclose(centered_clipping(X, W, tau=tau, center=center), want, rtol=1e-12)
+    # a radius larger than every distance gives the plain (unweighted) mean in one step
+    np.testing.assert_allclose(centered_clipping(X, W, tau=1e6, center=center), X.mean(0), rtol=1e-12)
+
+
+def test_centered_clipping_converges_to_its_fixed_point():
+    x = np.vstack([X, [[40.0, -40.0, 40.0, 40.0]]])  # one far outlier
+    v = centered_clipping(x, np.ones(len(x)), tau=0.8, iterations=500)
+    d = x - v
+    n = np.linalg.norm(d, axis=1)
+    residual = (d * np.minimum(1, 0.8 / n)[:, None]).sum(0)
+    assert np.linalg.norm(residual) < 1e-8
+    # the outlier moves the fixed point by at most tau / n per step; it stays near the honest cloud
+    assert np.linalg.norm(v - X.mean(0)) < 1.0
+
+
+def test_bucketing_is_the_rule_of_bucket_means_of_a_seeded_permutation():
+    perm = np.random.default_rng([7, 2]).permutation(9)
+    buckets = [perm[0:2], perm[2:4], perm[4:6], perm[6:8], perm[8:9]]
+    means = np.stack([X[b].mean(0) for b in buckets])
+    got = bucketing(X, W, bucket_size=2, rule=lambda u, w: coordinate_median(u), seed=[7, 2])
+    np.testing.assert_allclose(got, np.median(means, axis=0), rtol=1e-12)
+    seen = {}
+
+    def spy(u, w, **kw):
+        seen.update(w=w, kw=kw)
+        return u.mean(0)
+    bucketing(X, W, bucket_size=2, rule=spy, seed=[7, 2], tau=0.3)
+    np.testing.assert_allclose(seen["w"], [W[b].sum() for b in buckets])
+    assert seen["kw"] == {"tau": 0.3}
+    # bucket size 1 is the rule itself
+    np.testing.assert_allclose(bucketing(X, W, bucket_size=1, rule=lambda u, w: coordinate_median(u), seed=0),
+                               np.median(X, axis=0))
+
+
+def test_adaptive_norm_bound_by_hand():
+    norms = np.linalg.norm(X, axis=1)
+    bound = 1.5 * np.median(norms)
+    clipped = X * np.minimum(1, bound / norms)[:, None]
+    want = (W[:, None] * clipped).sum(0) / W.sum()
+    np.testing.assert_allclose(adaptive_norm_bound(X, W, multiple=1.5), want, rtol=1e-12)
+
+
+def test_fltrust_by_hand():
+    g0 = np.array([1.0, 0.0, 0.0])
+    g = np.array([[2.0, 2.0, 0.0], [0.0, 0.0, 5.0], [-1.0, 1.0, 0.0], [0.5, 0.0, 0.0]])
+    # cosines with g0: 1/sqrt2, 0, -1/sqrt2, 1 -> trust 1/sqrt2, 0, 0, 1; rescaled to ||g0|| = 1
+    ts = np.array([1 / np.sqrt(2), 0, 0, 1])
+    rescaled = np.array([[1 / np.sqrt(2), 1 / np.sqrt(2), 0], [0, 0, 1], [-1 / np.sqrt(2), 1 / np.sqrt(2), 0],
+                         [1, 0, 0]])
+    want = (ts[:, None] * rescaled).sum(0) / ts.sum()
+    np.testing.assert_allclose(fltrust(g, np.ones(4), reference=g0), want, rtol=1e-12)
+    np.testing.assert_allclose(fltrust(-g[[0, 3]], np.ones(2), reference=g0), 0.0)  # nobody trusted
+    with pytest.raises(ValueError, match="^reference: "):
+        fltrust(g, np.ones(4))
+
+
+def _update(cid, vec):
+    return ClientUpdate(cid, {"w": vec.astype(np.float64)}, 10)
+
+
+def test_defended_centers_on_the_previous_aggregate():
+    inner = FedAvg(fit=FitConfig(), clients_per_round=3)
+    strategy = DefenceConfig("centered_clipping", tau=0.5).build(inner)
+    state = strategy.init_state({"w": np.zeros(2, np.float32)})
+    r1 = [_update("a", np.array([1.0, 0.0])), _update("b", np.array([0.0, 1.0])), _update("c", np.array([9.0, 9.0]))]
+    s1 = strategy.aggregate(state, r1, 3)
+    v1 = centered_clipping(np.stack([u.delta["w"] for u in r1]), np.ones(3), tau=0.5)
+    np.testing.assert_allclose(s1.params["w"], v1, rtol=1e-6)
+    r2 = [_update("a", np.array([0.2, 0.1])), _update("b", np.array([0.1, 0.3])), _update("c", np.array([5.0, 0.0]))]
+    s2 = strategy.aggregate(s1, r2, 3)
+    v2 = centered_clipping(np.stack([u.delta["w"] for u in r2]), np.ones(3), tau=0.5, center=v1)
+    np.testing.assert_allclose(s2.params["w"], v1 + v2, rtol=1e-6)
+    assert s2.round == 3
+
+
+def test_cc_bucketing_and_fltrust_run_in_the_simulation_against_an_attack():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 6)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    ids = [f"c{i}" for i in range(10)]
+    train = [np.arange(i * 30, (i + 1) * 30) for i in range(10)]
+    model = BatchedMLP((6, 2))
+    root = RootSet(model, x[300:340], y[300:340], 2)
+    plan = AttackConfig("ipm", num_attackers=2, epsilon=20.0).build(ids, 2, 0)  # reverses the plain mean
+    accs = {}
+    for name, cfg in [("fedavg", DefenceConfig()), ("cc", DefenceConfig("bucketing", tau=0.1)),
+                      ("fltrust", DefenceConfig("fltrust", root_size=40))]:
+        strategy = plan.strategy(cfg.build(FedAvg(fit=FitConfig(1, 10, 0.1), clients_per_round=10), root=root))
+        sim = Simulation(model, strategy, x, y, train, ids, 2, test=(x[340:], y[340:]), eval_clients=False,
+                         eval_every=20)
+        _, recs = sim.run(20)
+        accs[name] = recs[-1].metrics["test_acc"]
+    # honest update norms here are 0.06-0.3: tau = 0.1 caps the two attackers' pull below the honest one
+    assert accs["fedavg"] < 0.3 and accs["cc"] > 0.7 and accs["fltrust"] > 0.9, accs
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(kind="fltrust"), "defence.root_size"),
+    (dict(kind="cc"), "defence.kind"),
+    (dict(kind="centered_clipping", tau=0.0), "defence.tau"),
+    (dict(kind="bucketing", bucket_size=0), "defence.bucket_size"),
+    (dict(kind="bucketing", bucket_rule="mode"), "defence.bucket_rule"),
+    (dict(kind="norm_bound", norm_multiple=-1.0), "defence.norm_multiple"),
+])
+def test_defence_config_errors_are_one_line_naming_the_field(kw, field):
+    with pytest.raises(ValueError) as e:
+        DefenceConfig(**kw)
+    assert str(e.value).startswith(field + ":") and "\n" not in str(e.value)
+
+
+def test_fltrust_without_the_root_set_is_one_line():
+    with pytest.raises(ValueError) as e:
+        DefenceConfig("fltrust", root_size=40).build(FedAvg())
+    assert str(e.value).startswith("defence.root_size:") and "\n" not in str(e.value)
+    assert isinstance(DefenceConfig("norm_bound").build(FedAvg()), Defended)
