@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Literal, Sequence
 
@@ -339,6 +340,24 @@ def per_client_accuracy(model: BatchedModel, params: Params, x: np.ndarray, y: n
         return np.where(sizes > 0, hits / np.maximum(sizes, 1), np.nan)
 
 
+class LocalDeltas(Mapping):
+    """``{client id: float32 delta w_local - params}`` formed on lookup (in float64, then rounded to float32, as
+    the runtime client forms it) from the clients' local parameters, so that deltas are not held beside them."""
+
+    def __init__(self, local: dict[str, Params], params: Params) -> None:
+        self.local, self.params = local, params
+
+    def __getitem__(self, cid: str) -> Params:
+        return {k: (v.astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
+                for k, v in self.local[cid].items()}
+
+    def __iter__(self):
+        return iter(self.local)
+
+    def __len__(self) -> int:
+        return len(self.local)
+
+
 # ----------------------------------------------------------------------------- heterogeneity and failures
 
 
@@ -530,27 +549,24 @@ class Simulation:
 
     def _train(self, params: Params, selected: Sequence[str], rnd: int, cfg: FitConfig,
                corrections: dict[str, Params] | None, stragglers: bool = True
-               ) -> tuple[dict[str, Params], dict[str, Params], dict[str, float], dict[str, int]]:
+               ) -> tuple[dict[str, Params], Mapping[str, Params], dict[str, float], dict[str, int]]:
         """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps.
 
         The clients are trained chunk by chunk (at most ``max_stacked_clients`` stacked at once); each chunk's
-        stack is cut into per-client rows and deltas as soon as it is trained."""
+        stack is cut into per-client rows as soon as it is trained, and a client's delta is formed when it is
+        looked up (:class:`LocalDeltas`), so a round holds one model copy per client, not two."""
         if self.client_trainer is not None:
             return self._train_external(params, selected, rnd, cfg, corrections)
         plans, allowed = self._plans(selected, rnd, cfg, stragglers)
         steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
         corr = None if corrections is None else [corrections[c] for c in selected]
-        local, deltas, losses = {}, {}, {}
+        local, losses = {}, {}
         with self.math_threads():
             for g, stack, ls in self._run_jobs(params, selected, plans, allowed, steps, corr, cfg, rnd):
-                dstack = {k: (v.astype(np.float64) - params[k].astype(np.float64)).astype(np.float32)
-                          for k, v in stack.items()}
                 for r, j in enumerate(g):
-                    c = selected[j]
-                    local[c] = {k: v[r] for k, v in stack.items()}
-                    deltas[c] = {k: v[r] for k, v in dstack.items()}
-                    losses[c] = float(ls[r])
-        return local, deltas, losses, {selected[j]: steps[j] for j in range(len(selected))}
+                    local[selected[j]] = {k: v[r] for k, v in stack.items()}
+                    losses[selected[j]] = float(ls[r])
+        return local, LocalDeltas(local, params), losses, {selected[j]: steps[j] for j in range(len(selected))}
 
     def math_threads(self) -> Any:
         """A context in which the math libraries use ``threads`` threads (threadpoolctl); a no-op for 0."""
