@@ -7,17 +7,18 @@ parameters), FedAvg with E = 1, B = 10, lr 0.05. Printed:
 1. in-process (``backend="vmap"``) with the math library's default threads vs ``threads=1`` (threadpoolctl):
    seconds per round (after one untimed round that compiles the step);
 2. Ray with 2 actors (``ray_workers=2``): seconds per round, and each actor's CPU share (its process's user +
-   system CPU seconds during the timed rounds, from ``/proc/<pid>/stat``, over their wall time), beside the
-   in-process times;
-3. peak memory of one in-process round with 50 clients, each in a fresh subprocess (the process's peak RSS from
-   ``resource.getrusage``, and the RSS before the round from ``/proc/self/status``), with ``max_stacked_clients``
-   0 (one stack of 50 padded to 64) and 8.
+   system CPU seconds during the timed rounds, from ``/proc/<pid>/stat``, over their wall time; on a loaded
+   machine this is bounded by what the scheduler gives the process) and its part of the actors' CPU seconds
+   (0.5 each when the work is split evenly), beside the in-process times;
+3. peak memory of one in-process round with 50 clients, each in a fresh subprocess (the process's peak RSS,
+   ``VmHWM`` of ``/proc/self/status``, after the backend's local training alone and after the whole round, and
+   its RSS before the round), with ``max_stacked_clients`` 0 (one stack of 50 padded to 64) and 8.
 
 Linux only (``/proc``).
 
 The final models of the three backends are compared (max abs difference).
 
-    python benchmarks/fedsim_backends.py [--rounds 2] [--skip-ray] [--skip-memory]
+    python benchmarks/fedsim_backends.py [--rounds 2] [--skip-default-threads] [--skip-ray] [--skip-memory]
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -70,9 +70,11 @@ def timed(s: sim.Simulation, rounds: int, pids: list[int] | None = None):
 def memory_child(max_stacked: int) -> None:
     s = simulation(max_stacked_clients=max_stacked, threads=1)
     state = s.init_state()
-    before = _rss_mb()
+    before = _status_mb("VmRSS")
+    s._train(state.params, s.client_ids, 0, s.strategy.configure(0, state), None)  # the backend's part alone
+    train = _status_mb("VmHWM")
     s.round(state)
-    print(json.dumps({"rss_before_mb": before, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"rss_before_mb": before, "train_peak_mb": train, "round_peak_mb": _status_mb("VmHWM")}))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -82,9 +84,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
+    """``VmRSS`` (resident now) or ``VmHWM`` (peak resident; unlike getrusage's ru_maxrss it is not inherited
+    from the parent across fork and exec) of /proc/self/status, in MiB."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
 
 
 def memory(max_stacked: int) -> dict:
@@ -99,6 +103,7 @@ def memory(max_stacked: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--skip-default-threads", action="store_true")
     ap.add_argument("--skip-ray", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -109,13 +114,19 @@ def main() -> int:
     n_params = sum(a * b + b for a, b in zip(SIZES[:-1], SIZES[1:]))
     print(f"MLP {SIZES} ({n_params:,} parameters), {CLIENTS} clients per round, E={EPOCHS}, B={BATCH}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    t_default, s_default, _ = timed(simulation(), args.rounds)
-    print(f"in-process, default threads: {t_default:.2f} s/round", flush=True)
+    if not args.skip_memory:  # first, while this process is small
+        for m in (0, 8):
+            r = memory(m)
+            print(f"one in-process round, {CLIENTS} clients, max_stacked_clients={m}: peak RSS {r['round_peak_mb']:.0f} "
+                  f"MiB (after the local training alone {r['train_peak_mb']:.0f} MiB; before the round "
+                  f"{r['rss_before_mb']:.0f} MiB)", flush=True)
     t_one, s_one, _ = timed(simulation(threads=1), args.rounds)
-    print(f"in-process, threads=1:       {t_one:.2f} s/round (default / 1 thread = {t_default / t_one:.2f}x)",
-          flush=True)
-    diff = max(float(np.max(np.abs(s_default.params[k] - s_one.params[k]))) for k in s_one.params)
-    print(f"  max |default - 1 thread| of the final model: {diff:.2e}")
+    print(f"in-process, threads=1:       {t_one:.2f} s/round", flush=True)
+    if not args.skip_default_threads:
+        t_default, s_default, _ = timed(simulation(), args.rounds)
+        diff = max(float(np.max(np.abs(s_default.params[k] - s_one.params[k]))) for k in s_one.params)
+        print(f"in-process, default threads: {t_default:.2f} s/round (default / 1 thread = {t_default / t_one:.2f}x; "
+              f"max |default - 1 thread| of the final model {diff:.2e})", flush=True)
     if not args.skip_ray:
         import ray
 
@@ -124,16 +135,12 @@ def main() -> int:
             s = simulation(backend="ray", ray_workers=2, ray_groups_per_task=0)
             t_ray, s_ray, shares = timed(s, args.rounds, pids=lambda: s._remote.pids())
             diff = max(float(np.max(np.abs(s_ray.params[k] - s_one.params[k]))) for k in s_one.params)
-            print(f"ray, 2 actors:               {t_ray:.2f} s/round; CPU share per actor "
-                  f"{', '.join(f'{v:.2f}' for v in shares)}; in-process 1 thread / ray = {t_one / t_ray:.2f}x, "
-                  f"default / ray = {t_default / t_ray:.2f}x; max |ray - in-process| {diff:.2e}")
+            print(f"ray, 2 actors:               {t_ray:.2f} s/round; CPU share per actor (CPU s / wall s) "
+                  f"{', '.join(f'{v:.2f}' for v in shares)}, part of the actors' CPU s "
+                  f"{', '.join(f'{v / max(sum(shares), 1e-12):.2f}' for v in shares)}; in-process 1 thread / ray = "
+                  f"{t_one / t_ray:.2f}x; max |ray - in-process 1 thread| {diff:.2e}")
         finally:
             ray.shutdown()
-    if not args.skip_memory:
-        for m in (0, 8):
-            r = memory(m)
-            print(f"one in-process round, {CLIENTS} clients, max_stacked_clients={m}: peak RSS {r['peak_rss_mb']:.0f} "
-                  f"MiB (RSS before the round {r['rss_before_mb']:.0f} MiB)", flush=True)
     return 0
 
 

@@ -20,9 +20,11 @@ hooks, upload stages and codecs as the gRPC runtime, with no network:
 5. the upload stages (clip, local DP, ...), the encoder and the server-side decoder, with exact bytes;
 6. ``strategy.aggregate``; the global test set and every client's held-out data are evaluated.
 
-Backends: ``vmap`` (default) and ``ray`` (groups trained in Ray tasks; each group's arithmetic is
-identical, so the same seed gives the same model). Personalization: optional local fine-tuning of the
-final model on each client's training data, with held-out accuracy before and after.
+Backends: ``vmap`` (default; its math-library threads set by ``threads``) and ``ray`` (each round's clients
+spread over Ray actors balanced by work, :mod:`fedarena.federated.ray_backend`). Both train at most
+``max_stacked_clients`` clients in one stack; a client's arithmetic does not depend on which clients share its
+stack, so chunk size and backend leave the model unchanged, bit for bit. Personalization: optional local
+fine-tuning of the final model on each client's training data, with held-out accuracy before and after.
 """
 
 from __future__ import annotations
