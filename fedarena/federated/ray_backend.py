@@ -8,7 +8,8 @@ object store once. Each round the selected clients are assigned to actors again 
 ties between other actors broken from a round-dependent start, so no actor is always first. A client trained
 away from home travels with its examples (only that client's rows). An actor stacks its clients in groups of
 similar step counts (at most ``max_stacked`` each) and trains every group with exactly the code of the
-in-process backend on the group's own rows, so the same seed gives the same model. Actors are placed with
+in-process backend on the group's own rows, so the same seed gives the same model up to the float32 rounding
+that differs between stack sizes (:mod:`fedarena.federated.simulation`). Actors are placed with
 Ray's ``SPREAD`` strategy, so a multi-node cluster gets clients on every node; :meth:`RayTrainer.nodes` says
 where each actor runs.
 """

@@ -23,7 +23,8 @@ hooks, upload stages and codecs as the gRPC runtime, with no network:
 Backends: ``vmap`` (default; its math-library threads set by ``threads``) and ``ray`` (each round's clients
 spread over Ray actors balanced by work, :mod:`fedarena.federated.ray_backend`). Both train at most
 ``max_stacked_clients`` clients in one stack; a client's arithmetic does not depend on which clients share its
-stack, so chunk size and backend leave the model unchanged, bit for bit. Personalization: optional local
+stack except for float32 rounding, which the compiled batched program may do differently for stacks of
+different sizes (measured: at most 3e-8 in the parameters of a 1.1M-parameter MLP after a round). Personalization: optional local
 fine-tuning of the final model on each client's training data, with held-out accuracy before and after.
 """
 
@@ -108,12 +109,10 @@ def make_group_plan(plans: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], 
                     batch_size: int, max_rows: int = 0) -> GroupPlan:
     """``plans[g] = (client's global indices, its batch matrix, epochs)`` (:func:`batch_plan`);
     ``allowed[g]`` caps its steps. The group is padded to a power of two clients (few compiled shapes), but
-    to no more than ``max_rows`` when that is > 0, and to at least two: the batched program's float32 rounding
-    for a stack of one differs from that of larger stacks (by an ulp), so every client gets the same
-    arithmetic whichever clients share its stack."""
-    G = 1 << max(1, len(plans) - 1).bit_length()
+    to no more than ``max_rows`` when that is > 0."""
+    G = 1 << max(0, len(plans) - 1).bit_length()
     if max_rows > 0:
-        G = max(len(plans), 2, min(G, max_rows))
+        G = max(len(plans), min(G, max_rows))
     S = max(min(len(b), a) for (_, b, _), a in zip(plans, allowed))
     index = np.zeros((G, S, batch_size), np.int64)
     mask = np.zeros((G, S, batch_size), np.float32)
@@ -463,7 +462,7 @@ class Simulation:
     max_stacked_clients: int = 0
     """at most this many clients' model copies stacked in one batched training call (0 = up to 1024): a round
     is trained in chunks of this many clients, so the training's working memory is bounded by it instead of by
-    the clients per round; the chunking does not change any client's arithmetic"""
+    the clients per round; the chunking changes a client's result by float32 rounding at most (module doc)"""
     privacy_seed: int = -1
     """seed of the privacy randomness (upload stages, SignDS; the codecs' rounding follows ``seed``); -1 = every
     draw from the OS CSPRNG (:class:`SecureRandom`); a seed is for reproducible tests only"""
