@@ -122,20 +122,24 @@ CLI_TASK = ["--set", "partition=iid", "--set", "held_out_fraction=0.0", "--set",
 CLI_SOFTMAX = ["--set", "hidden=[]", "--set", "zero_init=true", *CLI_TASK]
 
 
-def run_cli(overrides: list[str], seed: int) -> tuple[float, float]:
-    """(wall seconds of one ``fedarena run`` in a fresh interpreter, its final test accuracy)."""
+def run_cli(overrides: list[str], seed: int) -> tuple[float, float, float]:
+    """(wall seconds of one ``fedarena run`` in a fresh interpreter, its final test accuracy, its CPU seconds: user +
+    system, which a loaded machine inflates less than the wall time)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "fedarena.platform.cli", "run", os.path.join(ROOT, "experiments", "fedsim_digits.yaml"),
                *overrides, "--set", f"seed={seed}", "--no-report", "--quiet", "--out", os.path.join(out, "run")]
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
         wall = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"fedarena run failed: {proc.stderr.strip()[-500:]}")
     acc = [float(line.split(":")[1]) for line in proc.stdout.splitlines() if line.strip().startswith("test_acc:")]
-    return wall, acc[-1] if acc else float("nan")
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return wall, acc[-1] if acc else float("nan"), cpu
 
 
 def run_large(seed: int) -> dict[str, float]:
@@ -203,10 +207,11 @@ def main() -> int:
         run_cli(CLI_TASK, args.seed)  # fills the bytecode cache; not timed
         cli = [run_cli(CLI_TASK, args.seed) for _ in range(args.repeats)]
         soft = [run_cli(CLI_SOFTMAX, args.seed) for _ in range(args.repeats)]
-        cw, sw = [w for w, _ in cli], [w for w, _ in soft]
+        cw, sw = [w for w, _, _ in cli], [w for w, _, _ in soft]
         print(f"fedarena through the CLI (fresh interpreter, end to end): median {statistics.median(cw):.3f} s "
-              f"(min {min(cw):.3f}), final acc {cli[0][1]:.4f}; the issue's softmax-regression command: median "
-              f"{statistics.median(sw):.3f} s (min {min(sw):.3f}), final acc {soft[0][1]:.4f}")
+              f"(min {min(cw):.3f}; CPU {statistics.median(c for _, _, c in cli):.3f} s), final acc {cli[0][1]:.4f}; "
+              f"the issue's softmax-regression command: median {statistics.median(sw):.3f} s (min {min(sw):.3f}; CPU "
+              f"{statistics.median(c for _, _, c in soft):.3f} s), final acc {soft[0][1]:.4f}")
         if fl:
             lmed = statistics.median(w for w, _, _ in fl)
             print(f"speed-up (flower / fedarena): Python {lmed / statistics.median(fw):.1f}x, "
