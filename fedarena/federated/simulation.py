@@ -23,8 +23,10 @@ hooks, upload stages and codecs as the gRPC runtime, with no network:
 Backends: ``vmap`` (default; its math-library threads set by ``threads``) and ``ray`` (each round's clients
 spread over Ray actors balanced by work, :mod:`fedarena.federated.ray_backend`). Both train at most
 ``max_stacked_clients`` clients in one stack; a client's arithmetic does not depend on which clients share its
-stack except for float32 rounding, which the compiled batched program may do differently for stacks of
-different sizes (measured: at most 3e-8 in the parameters of a 1.1M-parameter MLP after a round). Personalization: optional local
+stack except for float32 rounding: the engine's compiler rewrites large enough sums (``sums_as_matmul``,
+``unroll_small_reductions``: at least 4,096 elements, counted over the whole stack) into another summation
+order, so stacks of different sizes can round differently (measured: at most 3e-8 in the parameters of a
+1.1M-parameter MLP after a round; bit for bit while the stacks stay below those sizes). Personalization: optional local
 fine-tuning of the final model on each client's training data, with held-out accuracy before and after.
 """
 
@@ -109,10 +111,12 @@ def make_group_plan(plans: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], 
                     batch_size: int, max_rows: int = 0) -> GroupPlan:
     """``plans[g] = (client's global indices, its batch matrix, epochs)`` (:func:`batch_plan`);
     ``allowed[g]`` caps its steps. The group is padded to a power of two clients (few compiled shapes), but
-    to no more than ``max_rows`` when that is > 0."""
-    G = 1 << max(0, len(plans) - 1).bit_length()
+    to no more than ``max_rows`` when that is > 0, and to at least two: the compiled step of a one-row stack
+    rounds differently from larger stacks, so a lone client (a small chunk, a Ray actor's odd one out) would
+    not match the same client trained beside others."""
+    G = 1 << max(1, len(plans) - 1).bit_length()
     if max_rows > 0:
-        G = max(len(plans), min(G, max_rows))
+        G = max(len(plans), 2, min(G, max_rows))
     S = max(min(len(b), a) for (_, b, _), a in zip(plans, allowed))
     index = np.zeros((G, S, batch_size), np.int64)
     mask = np.zeros((G, S, batch_size), np.float32)
