@@ -50,8 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--parallel", type=int, default=0, metavar="N",
                    help="with --seeds: runs at a time (default 0 = one per CPU, at most one per seed)")
     r.add_argument("--profile-run", metavar="FILE",
-                   help="profile the whole command (imports, run folder, the kind's steps) with cProfile: statistics "
-                        "to FILE (python -m pstats FILE), a summary of where the time went to FILE.txt")
+                   help="profile the run (the kind's imports, config, run folder, the kind's steps, metrics) with "
+                        "cProfile: statistics to FILE (python -m pstats FILE), a summary of where the time went "
+                        "to FILE.txt (with the CPU time spent before, on interpreter start and the CLI's imports)")
 
     sw = sub.add_parser("sweep", help="a hyperparameter sweep: one run per trial and a report naming the best",
                         description="Vary config fields (dotted paths) by grid, random search or Optuna; trials run "
