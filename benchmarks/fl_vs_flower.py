@@ -16,7 +16,13 @@ Synthetic(1, 1) with 10,000 clients (examples per device ``floor(lognormal(3, 1)
 softmax regression 60 -> 10 from zero, lr 0.05, evaluated after the last round), printing client updates per second
 and peak memory (tracemalloc peak of Python allocations and the process's peak RSS).
 
-    python benchmarks/fl_vs_flower.py [--repeats 3] [--skip-flower] [--skip-large]
+Through the CLI: ``fedarena run experiments/fedsim_digits.yaml`` set to the same task (IID, no held-out split, no
+personalization, ``--no-report``) in a fresh interpreter per repeat, timed end to end from outside (interpreter
+start, imports, data, run folder, all rounds), after one untimed run that fills the bytecode cache (as an installed
+package has it); its ratio to Flower's wall time is printed beside the Python one. The issue's softmax-regression
+command (``hidden=[]``, ``zero_init=true``) is timed the same way.
+
+    python benchmarks/fl_vs_flower.py [--repeats 3] [--skip-flower] [--skip-large] [--skip-cli]
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import logging
 import os
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 
@@ -107,6 +115,33 @@ def run_flower(seed: int, run_seed: int) -> tuple[float, float, float]:
     return time.perf_counter() - t0, final.get("acc", float("nan")), final.get("rounds_s", float("nan"))
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI_TASK = ["--set", "partition=iid", "--set", "held_out_fraction=0.0", "--set", "personalize_epochs=0"]
+"""``--set`` overrides that make experiments/fedsim_digits.yaml this benchmark's task (its defaults: 100 clients,
+10 per round, MLP 64-32-10, E = 1, B = 10, lr 0.1, 50 rounds)"""
+CLI_SOFTMAX = ["--set", "hidden=[]", "--set", "zero_init=true", *CLI_TASK]
+
+
+def run_cli(overrides: list[str], seed: int) -> tuple[float, float, float]:
+    """(wall seconds of one ``fedarena run`` in a fresh interpreter, its final test accuracy, its CPU seconds: user +
+    system, which a loaded machine inflates less than the wall time)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "fedarena.platform.cli", "run", os.path.join(ROOT, "experiments", "fedsim_digits.yaml"),
+               *overrides, "--set", f"seed={seed}", "--no-report", "--quiet", "--out", os.path.join(out, "run")]
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        wall = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fedarena run failed: {proc.stderr.strip()[-500:]}")
+    acc = [float(line.split(":")[1]) for line in proc.stdout.splitlines() if line.strip().startswith("test_acc:")]
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return wall, acc[-1] if acc else float("nan"), cpu
+
+
 def run_large(seed: int) -> dict[str, float]:
     tracemalloc.start()
     t0 = time.perf_counter()
@@ -136,6 +171,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-flower", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--skip-cli", action="store_true")
     args = ap.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     print(f"digits, {CLIENTS} clients, {PER_ROUND}/round, MLP {SIZES}, E={EPOCHS}, B={BATCH}, lr={LR}, {ROUNDS} rounds;"
@@ -167,6 +203,19 @@ def main() -> int:
               f"{abs(facc - lacc) * 100:.2f} points (Flower samples clients with its own unseeded generator)")
         print(f"speed-up against Flower's rounds alone (its Ray backend already up): median "
               f"{statistics.median(rratios):.1f}x (min {min(rratios):.1f}x, max {max(rratios):.1f}x)")
+    if not args.skip_cli:
+        run_cli(CLI_TASK, args.seed)  # fills the bytecode cache; not timed
+        cli = [run_cli(CLI_TASK, args.seed) for _ in range(args.repeats)]
+        soft = [run_cli(CLI_SOFTMAX, args.seed) for _ in range(args.repeats)]
+        cw, sw = [w for w, _, _ in cli], [w for w, _, _ in soft]
+        print(f"fedarena through the CLI (fresh interpreter, end to end): median {statistics.median(cw):.3f} s "
+              f"(min {min(cw):.3f}; CPU {statistics.median(c for _, _, c in cli):.3f} s), final acc {cli[0][1]:.4f}; "
+              f"the issue's softmax-regression command: median {statistics.median(sw):.3f} s (min {min(sw):.3f}; CPU "
+              f"{statistics.median(c for _, _, c in soft):.3f} s), final acc {soft[0][1]:.4f}")
+        if fl:
+            lmed = statistics.median(w for w, _, _ in fl)
+            print(f"speed-up (flower / fedarena): Python {lmed / statistics.median(fw):.1f}x, "
+                  f"CLI {lmed / statistics.median(cw):.1f}x (medians)")
     if not args.skip_large:
         r = run_large(args.seed)
         print(f"Synthetic(1,1), 10,000 clients ({r['examples']} examples), 1,000 clients/round, 20 rounds: "

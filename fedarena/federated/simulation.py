@@ -20,15 +20,22 @@ hooks, upload stages and codecs as the gRPC runtime, with no network:
 5. the upload stages (clip, local DP, ...), the encoder and the server-side decoder, with exact bytes;
 6. ``strategy.aggregate``; the global test set and every client's held-out data are evaluated.
 
-Backends: ``vmap`` (default) and ``ray`` (groups trained in Ray tasks; each group's arithmetic is
-identical, so the same seed gives the same model). Personalization: optional local fine-tuning of the
-final model on each client's training data, with held-out accuracy before and after.
+Backends: ``vmap`` (default; its math-library threads set by ``threads``) and ``ray`` (each round's clients
+spread over Ray actors balanced by work, :mod:`fedarena.federated.ray_backend`). Both train at most
+``max_stacked_clients`` clients in one stack; a client's arithmetic does not depend on which clients share its
+stack except for float32 rounding: the engine's compiler rewrites large enough sums (``sums_as_matmul``,
+``unroll_small_reductions``: at least 4,096 elements, counted over the whole stack) into another summation
+order, so stacks of different sizes can round differently (measured: at most 3e-8 in the parameters of a
+1.1M-parameter MLP after a round; bit for bit while the stacks stay below those sizes). Personalization: optional local
+fine-tuning of the final model on each client's training data, with held-out accuracy before and after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Literal, Sequence
 
@@ -82,6 +89,13 @@ def group_by_steps(steps: Sequence[int], ratio: float = 1.25, max_group: int = 1
     return groups
 
 
+def stacked_groups(steps: Sequence[int], max_stacked: int = 0) -> list[list[int]]:
+    """The positions with at least one step, grouped by step count (:func:`group_by_steps`) into groups of at
+    most ``max_stacked`` clients (0 = 1024): the chunks one batched training call stacks."""
+    groups = group_by_steps(steps, max_group=max_stacked or 1024)
+    return [g for g in ([j for j in g if steps[j] > 0] for g in groups) if g]
+
+
 @dataclass(frozen=True)
 class GroupPlan:
     """The padded training program of one group of G clients with at most S steps of batch B."""
@@ -94,10 +108,15 @@ class GroupPlan:
 
 
 def make_group_plan(plans: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], allowed: Sequence[int],
-                    batch_size: int) -> GroupPlan:
+                    batch_size: int, max_rows: int = 0) -> GroupPlan:
     """``plans[g] = (client's global indices, its batch matrix, epochs)`` (:func:`batch_plan`);
-    ``allowed[g]`` caps its steps."""
-    G = 1 << max(0, len(plans) - 1).bit_length()  # padded to a power of two: few compiled shapes
+    ``allowed[g]`` caps its steps. The group is padded to a power of two clients (few compiled shapes), but
+    to no more than ``max_rows`` when that is > 0, and to at least two: the compiled step of a one-row stack
+    rounds differently from larger stacks, so a lone client (a small chunk, a Ray actor's odd one out) would
+    not match the same client trained beside others."""
+    G = 1 << max(1, len(plans) - 1).bit_length()
+    if max_rows > 0:
+        G = max(len(plans), 2, min(G, max_rows))
     S = max(min(len(b), a) for (_, b, _), a in zip(plans, allowed))
     index = np.zeros((G, S, batch_size), np.int64)
     mask = np.zeros((G, S, batch_size), np.float32)
@@ -326,6 +345,24 @@ def per_client_accuracy(model: BatchedModel, params: Params, x: np.ndarray, y: n
         return np.where(sizes > 0, hits / np.maximum(sizes, 1), np.nan)
 
 
+class LocalDeltas(Mapping):
+    """``{client id: float32 delta w_local - params}`` formed on lookup (in float64, then rounded to float32, as
+    the runtime client forms it) from the clients' local parameters, so that deltas are not held beside them."""
+
+    def __init__(self, local: dict[str, Params], params: Params) -> None:
+        self.local, self.params = local, params
+
+    def __getitem__(self, cid: str) -> Params:
+        return {k: (v.astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
+                for k, v in self.local[cid].items()}
+
+    def __iter__(self):
+        return iter(self.local)
+
+    def __len__(self) -> int:
+        return len(self.local)
+
+
 # ----------------------------------------------------------------------------- heterogeneity and failures
 
 
@@ -419,8 +456,17 @@ class Simulation:
     """where the vmapped local step runs: numpy, cupy (a CUDA GPU) or cupy-emulated (the cupy backend's kernels on
     the CPU, a testing aid); vmap backend only. Strategies aggregate in numpy on the host"""
     ray_groups_per_task: int = 1
+    """chunk size of the ray backend: stacked groups per Ray task (0 = a worker's whole share of a round in one
+    task); the tasks of one actor run in turn and their results come back as each finishes"""
     ray_workers: int = 0
     """Ray actors of the ray backend (0 = one per cluster CPU, at most 8)"""
+    threads: int = 0
+    """math-library (BLAS/OpenMP) threads of the in-process backend's local training and evaluation, set with
+    threadpoolctl around them (0 = leave the libraries' own setting); Ray actors always use one thread each"""
+    max_stacked_clients: int = 0
+    """at most this many clients' model copies stacked in one batched training call (0 = up to 1024): a round
+    is trained in chunks of this many clients, so the training's working memory is bounded by it instead of by
+    the clients per round; the chunking changes a client's result by float32 rounding at most (module doc)"""
     privacy_seed: int = -1
     """seed of the privacy randomness (upload stages, SignDS; the codecs' rounding follows ``seed``); -1 = every
     draw from the OS CSPRNG (:class:`SecureRandom`); a seed is for reproducible tests only"""
@@ -469,6 +515,13 @@ class Simulation:
                 raise ValueError(f"engine_backend: {self.engine_backend} runs with backend vmap (the ray backend "
                                  "rebuilds its models from a spec), got backend ray")
             self.model.use_engine_backend(self.engine_backend)
+        if self.threads < 0:
+            raise ValueError(f"threads: must be >= 0 (0 = the math libraries' default), got {self.threads}")
+        if self.max_stacked_clients < 0:
+            raise ValueError(f"max_stacked_clients: must be >= 0 (0 = up to 1024), got {self.max_stacked_clients}")
+        if self.ray_groups_per_task < 0:
+            raise ValueError(f"ray_groups_per_task: must be >= 0, got {self.ray_groups_per_task}")
+        self._threadpools = None
         self.final_round = -1  # the round after which :meth:`run` evaluates in any case (set by run)
 
     # ------------------------------------------------------------------ training
@@ -501,32 +554,34 @@ class Simulation:
 
     def _train(self, params: Params, selected: Sequence[str], rnd: int, cfg: FitConfig,
                corrections: dict[str, Params] | None, stragglers: bool = True
-               ) -> tuple[dict[str, Params], dict[str, Params], dict[str, float], dict[str, int]]:
-        """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps."""
+               ) -> tuple[dict[str, Params], Mapping[str, Params], dict[str, float], dict[str, int]]:
+        """Local parameters, float32 deltas ``w_local - params`` (as the runtime client forms them), losses, steps.
+
+        The clients are trained chunk by chunk (at most ``max_stacked_clients`` stacked at once); each chunk's
+        stack is cut into per-client rows as soon as it is trained, and a client's delta is formed when it is
+        looked up (:class:`LocalDeltas`), so a round holds one model copy per client, not two."""
         if self.client_trainer is not None:
             return self._train_external(params, selected, rnd, cfg, corrections)
         plans, allowed = self._plans(selected, rnd, cfg, stragglers)
         steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
-        groups = group_by_steps(steps)
-        jobs = []
-        for g in groups:
-            g = [j for j in g if steps[j] > 0]
-            if not g:
-                continue
-            plan = make_group_plan([plans[j] for j in g], [allowed[j] for j in g], cfg.batch_size)
-            corr = None if corrections is None else [corrections[selected[j]] for j in g]
-            jobs.append((g, plan, corr))
-        results = self._run_jobs(params, jobs, cfg)
-        local, deltas, losses = {}, {}, {}
-        for (g, _, _), (stack, ls) in zip(jobs, results):
-            dstack = {k: (v.astype(np.float64) - params[k].astype(np.float64)).astype(np.float32)
-                      for k, v in stack.items()}
-            for r, j in enumerate(g):
-                c = selected[j]
-                local[c] = {k: v[r] for k, v in stack.items()}
-                deltas[c] = {k: v[r] for k, v in dstack.items()}
-                losses[c] = float(ls[r])
-        return local, deltas, losses, {selected[j]: steps[j] for j in range(len(selected))}
+        corr = None if corrections is None else [corrections[c] for c in selected]
+        local, losses = {}, {}
+        with self.math_threads():
+            for g, stack, ls in self._run_jobs(params, selected, plans, allowed, steps, corr, cfg, rnd):
+                for r, j in enumerate(g):
+                    local[selected[j]] = {k: v[r] for k, v in stack.items()}
+                    losses[selected[j]] = float(ls[r])
+        return local, LocalDeltas(local, params), losses, {selected[j]: steps[j] for j in range(len(selected))}
+
+    def math_threads(self) -> Any:
+        """A context in which the math libraries use ``threads`` threads (threadpoolctl); a no-op for 0."""
+        if self.threads == 0:
+            return contextlib.nullcontext()
+        if self._threadpools is None:
+            from threadpoolctl import ThreadpoolController
+
+            self._threadpools = ThreadpoolController()
+        return self._threadpools.limit(limits=self.threads)
 
     def _train_external(self, params, selected, rnd, cfg, corrections):
         if corrections is not None:
@@ -542,14 +597,24 @@ class Simulation:
             self._reported_examples[c] = int(r.num_examples)
         return local, deltas, losses, steps
 
-    def _run_jobs(self, params, jobs, cfg):
-        if self.backend == "vmap":
-            return [self.model.train_group(params, plan, self.x, self._onehot, cfg, corr) for _, plan, corr in jobs]
-        from fedarena.federated import ray_backend
+    def _run_jobs(self, params, selected, plans, allowed, steps, corrections, cfg, rnd
+                  ) -> Iterator[tuple[list[int], Params, np.ndarray]]:
+        """``(positions in selected, stacked local parameters, losses)`` chunk by chunk."""
+        if self.backend == "ray":
+            from fedarena.federated import ray_backend
 
-        if self._remote is None:
-            self._remote = ray_backend.RayTrainer(self.model.spec, self.x, self._onehot, self.ray_workers)
-        return self._remote.run(params, [(plan, corr) for _, plan, corr in jobs], cfg, self.ray_groups_per_task)
+            if self._remote is None:
+                self._remote = ray_backend.RayTrainer(self.model.spec, self.x, self._onehot, self.train,
+                                                      self.ray_workers)
+            yield from self._remote.run(params, [self._pos[c] for c in selected], plans, allowed, steps, corrections,
+                                        cfg, rnd, self.max_stacked_clients, self.ray_groups_per_task)
+            return
+        for g in stacked_groups(steps, self.max_stacked_clients):
+            plan = make_group_plan([plans[j] for j in g], [allowed[j] for j in g], cfg.batch_size,
+                                   self.max_stacked_clients)
+            corr = None if corrections is None else [corrections[j] for j in g]
+            stack, ls = self.model.train_group(params, plan, self.x, self._onehot, cfg, corr)
+            yield g, stack, ls
 
     def ray_nodes(self) -> list[str]:
         """Node id of every Ray actor of the ray backend (empty before the first round or with vmap)."""
@@ -654,11 +719,12 @@ class Simulation:
 
     def evaluate(self, state: RoundState, rnd: int) -> dict[str, float]:
         out: dict[str, float] = {}
-        if self.test is not None and len(self.test[1]):
-            out["test_loss"], out["test_acc"] = evaluate_params(self.model, state.params, *self.test)
-        if self.eval_clients and self.held_out is not None:
-            accs = per_client_accuracy(self.model, state.params, self.x, self.y, self.held_out)
-            out.update(self.strategy.evaluate(rnd, accs[~np.isnan(accs)]))
+        with self.math_threads():
+            if self.test is not None and len(self.test[1]):
+                out["test_loss"], out["test_acc"] = evaluate_params(self.model, state.params, *self.test)
+            if self.eval_clients and self.held_out is not None:
+                accs = per_client_accuracy(self.model, state.params, self.x, self.y, self.held_out)
+                out.update(self.strategy.evaluate(rnd, accs[~np.isnan(accs)]))
         return out
 
     def run(self, rounds: int, state: RoundState | None = None,

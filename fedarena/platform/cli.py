@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="run one run per seed under a group folder, with a group report (as `seeds:` in the config)")
     r.add_argument("--parallel", type=int, default=0, metavar="N",
                    help="with --seeds: runs at a time (default 0 = one per CPU, at most one per seed)")
+    r.add_argument("--profile-run", metavar="FILE",
+                   help="profile the run (the kind's imports, config, run folder, the kind's steps, metrics) with "
+                        "cProfile: statistics to FILE (python -m pstats FILE), a summary of where the time went "
+                        "to FILE.txt (with the CPU time spent before, on interpreter start and the CLI's imports)")
 
     sw = sub.add_parser("sweep", help="a hyperparameter sweep: one run per trial and a report naming the best",
                         description="Vary config fields (dotted paths) by grid, random search or Optuna; trials run "
@@ -163,8 +167,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.config is None and args.resume is None:
         raise ConfigError("run: give a CONFIG file, or --resume RUN_DIR")
-    summary = execute(args.config, args.overrides, out=args.out, resume=args.resume, quiet=args.quiet,
-                      report=not args.no_report, seeds=args.seeds, parallel=args.parallel)
+    def run() -> dict:
+        return execute(args.config, args.overrides, out=args.out, resume=args.resume, quiet=args.quiet,
+                       report=not args.no_report, seeds=args.seeds, parallel=args.parallel)
+
+    if args.profile_run:
+        from fedarena.platform.run_profile import profile_call
+
+        summary = profile_call(run, args.profile_run)
+        print(f"profile: {args.profile_run} (summary: {args.profile_run}.txt)")
+    else:
+        summary = run()
     run_dir = summary.pop("run_dir")
     report = summary.pop("report", None)
     if summary.pop("already_completed", False):

@@ -20,11 +20,11 @@ from typing import Any, Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
-import scipy.special
 
 from . import native
 from .. import primitives as P
 from ..transforms import autodiff as AD
+from ..primitives.elementwise import expit
 from ..primitives.emit import CLIP as _CLIP
 from ..primitives.emit import EmitContext as _EmitContext
 from ..core.ir import Eqn, Graph, Literal, ShapeError, Var
@@ -61,7 +61,7 @@ class FusedKernel:
     the body's outputs into its buffer and returns the buffer (one output) or the tuple of them."""
 
     def __init__(self, body: Graph):
-        ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": _CLIP}
+        ns: dict[str, Any] = {"np": np, "_expit": expit, "_empty": np.empty, "_clip": _CLIP}
         ctx = _EmitContext(ns)
         names: dict = {v: f"i{k}" for k, v in enumerate(body.invars)}
         for c, v in zip(body.consts, body.constvars):

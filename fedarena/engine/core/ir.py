@@ -49,16 +49,40 @@ class GraphValidationError(EngineError, ValueError):
 
 # ----------------------------------------------------------------------------- dtypes
 
-import ml_dtypes  # noqa: E402  (bfloat16 as a numpy dtype)
+class _DtypeSet:
+    """A fixed set of dtypes by name (native byte order), so that bfloat16 can be a member without importing
+    ml_dtypes (about 0.7 s) before a bfloat16 array exists: ml_dtypes registers its dtype as ``bfloat16``."""
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-LOW_PRECISION = frozenset({np.dtype(np.float16), BFLOAT16})
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+
+    def __contains__(self, dtype: Any) -> bool:
+        return isinstance(dtype, np.dtype) and dtype.isnative and dtype.name in self.names and \
+            (dtype.name != "bfloat16" or dtype.type.__module__.startswith("ml_dtypes"))
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __repr__(self) -> str:
+        return f"_DtypeSet({list(self.names)})"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BFLOAT16":  # imported on first use
+        import ml_dtypes  # bfloat16 as a numpy dtype
+
+        return np.dtype(ml_dtypes.bfloat16)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+LOW_PRECISION = _DtypeSet(("float16", "bfloat16"))
 """Storage-only float dtypes: matmuls and sums over them accumulate in float32 (``accumulator``)."""
 
-SUPPORTED_DTYPES = tuple(
-    np.dtype(d)
-    for d in ("bool", "int8", "int16", "int32", "int64", "uint8", "float32", "float64")
-) + (np.dtype(np.float16), BFLOAT16)
+SUPPORTED_DTYPES = _DtypeSet(("bool", "int8", "int16", "int32", "int64", "uint8", "float32", "float64", "float16",
+                              "bfloat16"))
 _SHORT = {
     "bool": "bool",
     "int8": "i8",
@@ -76,6 +100,8 @@ _SHORT = {
 def check_dtype(dtype: Any, what: str = "array") -> np.dtype:
     """Return ``np.dtype(dtype)`` or raise :class:`UnsupportedDtypeError` saying what is allowed."""
     try:
+        if isinstance(dtype, str) and dtype == "bfloat16":
+            import ml_dtypes  # noqa: F401  (registers the name)
         dt = np.dtype(dtype)
     except TypeError as exc:
         raise UnsupportedDtypeError(f"{what}: {dtype!r} is not a dtype") from exc
@@ -86,7 +112,10 @@ def check_dtype(dtype: Any, what: str = "array") -> np.dtype:
 
 
 def is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype == BFLOAT16
+    return dtype.kind == "f" or dtype in _BF16
+
+
+_BF16 = _DtypeSet(("bfloat16",))
 
 
 def accumulator(dtype: np.dtype) -> np.dtype:

@@ -7,7 +7,6 @@ pooling.
 from __future__ import annotations
 
 import numpy as np
-import scipy.special
 from numpy.lib.stride_tricks import as_strided
 
 from ..core import cext

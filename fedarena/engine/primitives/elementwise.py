@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.special
 
 from ..core.ir import ShapeError, ShapedArray, is_float
 from ..core.tracing import aval_of, bind
@@ -47,6 +46,21 @@ def _ew_rule(kind: str):
         return ShapedArray(shape, dt)
 
     return rule
+
+
+def expit(x, out=None):
+    """``scipy.special.expit`` (the logistic function); scipy.special is imported on first use, as importing it
+    costs about 0.3 s (it pulls in scipy's array-API layer, numpy.testing and numpy.f2py)."""
+    from scipy.special import expit as f
+
+    return f(x) if out is None else f(x, out)
+
+
+def erf(x, out=None):
+    """``scipy.special.erf``, imported on first use (see :func:`expit`)."""
+    from scipy.special import erf as f
+
+    return f(x) if out is None else f(x, out)
 
 
 def _ufunc_impl(uf):
@@ -89,7 +103,7 @@ log_p = _unary("log", np.log, "np.log", "float", vjp_from_x=lambda ct, x, out: d
 log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)))
 tanh_p = _unary("tanh", np.tanh, "np.tanh", "float", vjp_from_out=lambda ct, x, out: mul(ct, sub(1.0, mul(out, out))))
 logistic_p = _unary(
-    "logistic", scipy.special.expit, "_expit", "float", vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out)))
+    "logistic", expit, "_expit", "float", vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out)))
 )
 sqrt_p = _unary("sqrt", np.sqrt, "np.sqrt", "float", vjp_from_out=lambda ct, x, out: div(ct, mul(out, 2.0)))
 sin_p = _unary("sin", np.sin, "np.sin", "float", vjp_from_x=lambda ct, x, out: mul(ct, bind(cos_p, x)))
@@ -431,8 +445,8 @@ def _erf_scale(x):
 erf_p = _define(
     "erf",
     _ew_rule("float"),
-    _ufunc_impl(scipy.special.erf),
-    lambda ctx, ins, attrs, in_avals, out_aval: Code(f"{ctx.const(scipy.special.erf)}({ins[0]}, {{o}})", "stmt", f"{ctx.const(scipy.special.erf)}({ins[0]})"),
+    _ufunc_impl(erf),
+    lambda ctx, ins, attrs, in_avals, out_aval: Code(f"{ctx.const(erf)}({ins[0]}, {{o}})", "stmt", f"{ctx.const(erf)}({ins[0]})"),
     vjp=lambda need, ct, out, x: (mul(ct, _erf_scale(x)),),
     jvp=lambda ts, out, x: mul(ts[0], _erf_scale(x)),
 )

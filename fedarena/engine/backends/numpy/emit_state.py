@@ -18,10 +18,10 @@ from sys import getrefcount as _refcount
 from typing import Any
 
 import numpy as np
-import scipy.special
 
 from ...compiler.memory_plan import VIEW_PRIMITIVES, BufferPlanner, nbytes
 from ...core.ir import Eqn, Graph, Literal, Var
+from ...primitives.elementwise import expit
 from ...primitives.emit import CLIP, Code, EmitContext
 
 
@@ -80,7 +80,7 @@ class EmitState:
     def __init__(self, graph: Graph, planner: BufferPlanner, donated: frozenset = frozenset()):
         self.graph = graph
         self.planner = planner
-        self.ns: dict[str, Any] = {"np": np, "_expit": scipy.special.expit, "_empty": np.empty, "_clip": CLIP}
+        self.ns: dict[str, Any] = {"np": np, "_expit": expit, "_empty": np.empty, "_clip": CLIP}
         self.ctx = EmitContext(self.ns)
         self.names: dict[Var, str] = {}
         self.storage: dict[Var, str] = {}
