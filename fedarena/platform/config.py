@@ -19,7 +19,7 @@ import yaml
 
 from fedarena.platform.errors import ConfigError
 
-__all__ = ["ConfigError", "load_yaml", "parse_override", "apply_overrides", "build", "migrate", "to_dict", "dump_yaml",
+__all__ = ["ConfigError", "load_yaml", "parse_override", "apply_overrides", "build", "migrate", "merged", "to_dict", "dump_yaml",
            "describe"]
 
 
@@ -195,8 +195,8 @@ def build(schema: type, data: Mapping[str, Any], path: str = "") -> Any:
         return schema(**kwargs)
     except (ValueError, TypeError) as e:  # __post_init__ validation; its message starts with the field's name
         field_name = str(e).split(":", 1)[0].split("[", 1)[0].split(".", 1)[0].strip()
-        # a section's message names its own field: prefix the section's path to make it the dotted path
-        message = f"{path}.{e}" if path and field_name in fields else f"{path or 'config'}: {e}"
+        # a message that names a field of this schema gets the schema's path in front: the field's dotted path
+        message = (_join(path, str(e)) if field_name in fields else f"{path or 'config'}: {e}")
         raise _located(ConfigError(message), where(field_name)) from None
 
 
@@ -302,7 +302,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
 def migrate(schema: type, data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` with every key of ``schema.MOVED`` (an old flat key -> its dotted path now) moved to its path
     (``{"aggregation": "krum"}`` -> ``{"strategy": {"aggregation": "krum"}}``); other keys stay where they are,
-    in their order, and the sections appear where their first key stood."""
+    in their order, and the sections appear where their first key stood. A schema whose data holds other configs
+    (a sweep's base and variants) migrates itself: its ``migrate(data)`` classmethod, when it has one."""
+    if callable(getattr(schema, "migrate", None)):
+        return schema.migrate(data)
     moved = getattr(schema, "MOVED", {})
     hints = typing.get_type_hints(schema)
     out: dict[str, Any] = {}
@@ -325,6 +328,14 @@ def migrate(schema: type, data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- writing
+
+
+def merged(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` applied section by section (a mapping in both is merged, key by key)."""
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = merged(out[k], v) if isinstance(out.get(k), Mapping) and isinstance(v, Mapping) else v
+    return out
 
 
 def to_dict(config: Any) -> Any:
