@@ -118,6 +118,12 @@ class StepSchedule:
         return self.current
 
 
+_DATA_FIELDS = {"partition.name": "data.partition", "partition.num_clients": "data.num_clients",
+                "partition.alpha": "data.alpha", "partition.beta": "data.beta",
+                "partition.shards_per_client": "data.shards_per_client", "data.size_min": "data.synthetic_size_min"}
+"""The data module's field names that differ from the ``data`` section's paths."""
+
+
 def build(cfg: FedSimConfig):
     """The data set and the :class:`~fedarena.federated.simulation.Simulation` of ``cfg``, section by section."""
     from fedarena.federated import data
@@ -125,9 +131,12 @@ def build(cfg: FedSimConfig):
 
     try:
         d = data.load(cfg.data.build(), cfg.seed)
+    except data.DataError as e:  # named by the data module's field: the section's path instead
+        raise ConfigError(f"{_DATA_FIELDS.get(e.field, e.field)}: {e.reason}") from None
+    try:
         cfg.clients.check_clients(d.num_clients)  # a LEAF folder may hold fewer users than data.num_clients
         model = cfg.model.build(d.num_features, d.num_classes)
-    except ValueError as e:  # data.DataError included
+    except ValueError as e:
         raise ConfigError(str(e)) from None
     strategy = cfg.privacy.wrap(cfg.strategy.build(cfg.clients.build(), cfg.clients.per_round), d.num_clients,
                                 cfg.seed)
