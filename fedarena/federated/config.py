@@ -247,8 +247,8 @@ class ModelConfig:
 
             try:
                 return BatchedTorchModel(self.arch, num_features, num_classes)
-            except (ValueError, TorchConversionError) as e:
-                raise ValueError(f"model.arch: {e}") from None
+            except (ValueError, TorchConversionError) as e:  # torch_model names the field "model"
+                raise ValueError(f"model.arch: {str(e).removeprefix('model: ')}") from None
         image = tuple(self.image_shape)
         if not image:
             side = int(round(num_features ** 0.5))

@@ -58,37 +58,44 @@ class FedAvgGrpcConfig(ExperimentConfig):
             raise ValueError("privacy.secagg.enabled: cannot be combined with SignDS (privacy.signds.k > 0)")
         if secagg and (self.clients.per_round or self.data.num_clients) < 3:
             raise ValueError("privacy.secagg.enabled: a secure round needs at least 3 clients per round")
+        _policy(self)  # the runtime's own limits across fields (e.g. the SecAgg fixed-point capacity); no data read
+
+
+def _policy(cfg: FedAvgGrpcConfig):
+    """The scheduler's :class:`~fedarena.federated.scheduler.RoundPolicy` of ``cfg``."""
+    from fedarena.federated.protocol import RoundConfig
+    from fedarena.federated.scheduler import RoundPolicy
+
+    c, s, p = cfg.clients, cfg.strategy, cfg.privacy
+    sa = p.secagg
+    return RoundPolicy(
+        rounds=cfg.rounds, clients_per_round=c.per_round, min_fraction=c.min_fraction,
+        window_seconds=c.window_seconds, start_clients=cfg.data.num_clients, selection=c.selection,
+        round_config=RoundConfig(epochs=c.epochs, batch_size=c.batch_size, lr=c.lr, prox_mu=c.prox_mu,
+                                 signds_k=p.signds.k, signds_h=p.signds.h, signds_epsilon=p.signds.epsilon,
+                                 signds_lr=p.signds.lr, secagg=sa.enabled, secagg_threshold=sa.threshold,
+                                 secagg_colluders=sa.colluders, secagg_neighbours=sa.neighbours,
+                                 secagg_stage_seconds=sa.stage_seconds, secagg_clip=sa.clip,
+                                 secagg_max_examples=sa.max_examples, secagg_consistency_check=sa.consistency_check),
+        server_optimizer=s.server_optimizer.build(), seed=cfg.seed, aggregation=s.aggregation,
+        trim_fraction=s.trim_fraction, krum_byzantine=s.krum_byzantine, max_client_weight=s.max_client_weight,
+        norm_bound_multiple=s.norm_bound_multiple)
 
 
 def _spec(cfg: FedAvgGrpcConfig):
     """The deployment of ``cfg``: the sections built into the runtime's objects."""
     from fedarena.federated.client import ClientOptions
     from fedarena.federated.deployment import DeploymentSpec
-    from fedarena.federated.protocol import RoundConfig
-    from fedarena.federated.scheduler import RoundPolicy
     from fedarena.federated.server import ServerOptions
     from fedarena.federated.task import TaskSpec
 
-    c, s, u, p = cfg.clients, cfg.strategy, cfg.upload, cfg.privacy
+    u, p = cfg.upload, cfg.privacy
     sa = p.secagg
     task = TaskSpec(dataset=cfg.data.dataset, num_clients=cfg.data.num_clients, alpha=cfg.data.alpha,
                     hidden=tuple(cfg.model.hidden), seed=cfg.seed, trainer=cfg.model.trainer)
     return DeploymentSpec(
         task=task,
-        policy=RoundPolicy(
-            rounds=cfg.rounds, clients_per_round=c.per_round, min_fraction=c.min_fraction,
-            window_seconds=c.window_seconds, start_clients=cfg.data.num_clients, selection=c.selection,
-            round_config=RoundConfig(epochs=c.epochs, batch_size=c.batch_size, lr=c.lr, prox_mu=c.prox_mu,
-                                     signds_k=p.signds.k, signds_h=p.signds.h, signds_epsilon=p.signds.epsilon,
-                                     signds_lr=p.signds.lr, secagg=sa.enabled, secagg_threshold=sa.threshold,
-                                     secagg_colluders=sa.colluders, secagg_neighbours=sa.neighbours,
-                                     secagg_stage_seconds=sa.stage_seconds, secagg_clip=sa.clip,
-                                     secagg_max_examples=sa.max_examples,
-                                     secagg_consistency_check=sa.consistency_check),
-            server_optimizer=s.server_optimizer.build(), seed=cfg.seed, aggregation=s.aggregation,
-            trim_fraction=s.trim_fraction, krum_byzantine=s.krum_byzantine, max_client_weight=s.max_client_weight,
-            norm_bound_multiple=s.norm_bound_multiple,
-        ),
+        policy=_policy(cfg),
         server=ServerOptions(max_update_norm=u.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=u.encoding, topk_fraction=u.topk_fraction, clip_norm=u.clip_norm,
                              ldp_epsilon=p.ldp.epsilon, ldp_delta=p.ldp.delta, ldp_clip_norm=p.ldp.clip_norm,

@@ -704,19 +704,27 @@ FEDSIM_SWEEP = Experiment(config=FedSimSweepConfig, run=run_fedsim_sweep, plots=
                           summary_keys=("test_acc", "bytes_up", "epsilon"))
 
 
+def eval_path(config: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of a config (``"data.num_clients"``)."""
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
 def _sweep_setup(cfg: FedSimSweepConfig) -> str:
     """What the variants of a sweep share: data set, split, clients, clients a round and rounds (a setting
     the variants do not share is left out)."""
     vs = [cfg.variant_config(i) for i in range(len(cfg.variants))]
-    same = lambda k: all(getattr(v, k) == getattr(vs[0], k) for v in vs)  # noqa: E731
+    get = lambda v, path: eval_path(v, path)  # noqa: E731
+    same = lambda path: all(get(v, path) == get(vs[0], path) for v in vs)  # noqa: E731
     v = vs[0]
     parts = [f"{len(vs)} fedsim variants"]
-    if same("dataset") and same("partition"):
-        parts.append(f"{v.dataset} ({v.partition})")
-    if same("num_clients"):
-        parts.append(f"{v.num_clients} clients")
-    if same("clients_per_round"):
-        parts.append(f"{'all' if v.clients_per_round == 0 else v.clients_per_round} a round")
+    if same("data.dataset") and same("data.partition"):
+        parts.append(f"{v.data.dataset} ({v.data.partition})")
+    if same("data.num_clients"):
+        parts.append(f"{v.data.num_clients} clients")
+    if same("clients.per_round"):
+        parts.append(f"{'all' if v.clients.per_round == 0 else v.clients.per_round} a round")
     if same("rounds"):
         parts.append(f"{v.rounds} rounds")
     return ", ".join(parts + [f"seed {cfg.seed}"])
