@@ -213,7 +213,7 @@ def test_fedsim_sweep_bad_variant_names_it(tmp_path):
     bad = dict(SWEEP, variants=[{"label": "a"}, {"label": "b", "upload": {"codec": "gzip"}}])
     with pytest.raises(ConfigError, match=r"variants\[1\].*upload.codec"):
         execute(bad, out=tmp_path / "a", quiet=True)
-    with pytest.raises(ConfigError, match=r"variants\[1\].*upload_codec: moved to upload.codec"):
+    with pytest.raises(ConfigError, match=r"variants\[1\].*upload_codec: moved to variants\[1\].upload.codec"):
         execute(dict(SWEEP, variants=[{"label": "a"}, {"label": "b", "upload_codec": "quantize"}]),
                 out=tmp_path / "d", quiet=True)
     with pytest.raises(ConfigError, match="label"):
