@@ -236,3 +236,24 @@ def test_migrate_moves_keys_into_sections_and_keeps_the_rest():
                    "tls": {"loopback": True}, "strategy": {"server_optimizer": {"lr": 0.5}}, "checkpoint": {"every": 1}}
     cfg = build(FedAvgGrpcConfig, got)
     assert cfg.privacy.secagg.enabled and cfg.tls.loopback and cfg.strategy.server_optimizer.lr == 0.5
+
+
+def test_digits_and_breast_cancer_are_scikit_learns_without_importing_it():
+    """The fedsim kind reads scikit-learn's shipped files itself (its import costs more than a small run): the
+    arrays equal scikit-learn's own loaders', and scikit-learn is not imported."""
+    code = ("import sys; from fedarena.federated import data; data.load_digits(); data.load_breast_cancer(); "
+            "print('sklearn' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0 and p.stdout.strip() == "False", p.stderr
+    from sklearn.datasets import load_breast_cancer, load_digits
+
+    from fedarena.federated import data
+
+    x, y = data.load_digits()
+    d = load_digits()
+    np.testing.assert_array_equal(x, (d.data / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(y, d.target)
+    x, y = data.load_breast_cancer()
+    d = load_breast_cancer()
+    np.testing.assert_array_equal(x, ((d.data - d.data.mean(0)) / d.data.std(0)).astype(np.float32))
+    np.testing.assert_array_equal(y, d.target)
