@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fedarena.platform.experiment import param
+from fedarena.platform.experiment import ExperimentConfig, param
 
 ServerOptimizerName = Literal["fedavg", "fedadagrad", "fedadam", "fedyogi"]
 
@@ -706,6 +706,26 @@ class TLSConfig:
         return TLSFiles(cert_chain=self.cert, private_key=self.key, root_cert=self.root,
                         server_name="localhost" if self.root else "", mutual=self.mutual,
                         client_certs=self.client_certs)
+
+
+# ----------------------------------------------------------------------------- the kinds' common part
+
+
+@dataclass(frozen=True)
+class FLExperimentConfig(ExperimentConfig):
+    """What the configs of both FL kinds share: ``rounds`` and the checks every kind makes across its sections
+    (a kind adds its sections, among them ``data`` and ``clients``, and its own :meth:`check_sections`)."""
+
+    rounds: int = param(50, "number of rounds")
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
+        self.clients.check_clients(self.data.num_clients)  # type: ignore[attr-defined]
+        self.check_sections()
+
+    def check_sections(self) -> None:
+        """The kind's checks across its sections (each section checks its own fields)."""
 
 
 # ----------------------------------------------------------------------------- the old flat layouts

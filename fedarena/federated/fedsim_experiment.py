@@ -18,15 +18,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from fedarena.federated.config import (FEDSIM_MOVED, DataConfig, DownloadConfig, EvaluationConfig, ExecutionConfig,
-                                       HeterogeneityConfig, ModelConfig, SimClientsConfig, SimPrivacyConfig,
-                                       StrategyConfig, UploadConfig)
+                                       FLExperimentConfig, HeterogeneityConfig, ModelConfig, SimClientsConfig,
+                                       SimPrivacyConfig, StrategyConfig, UploadConfig)
 from fedarena.platform.config import ConfigError
-from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.platform.experiment import Experiment, param
 from fedarena.platform.loop import run_loop
 
 
 @dataclass(frozen=True)
-class FedSimConfig(ExperimentConfig):
+class FedSimConfig(FLExperimentConfig):
     """A federated simulation, section by section (:mod:`fedarena.federated.config`); an attack section joins
     beside ``heterogeneity`` (see that module)."""
 
@@ -46,11 +46,7 @@ class FedSimConfig(ExperimentConfig):
     evaluation: EvaluationConfig = param(doc="evaluation cadence and personalization", factory=EvaluationConfig)
     execution: ExecutionConfig = param(doc="where the clients train", factory=ExecutionConfig)
 
-    def __post_init__(self) -> None:
-        """The checks across sections (each section checks its own fields)."""
-        if self.rounds < 1:
-            raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
-        self.clients.check_clients(self.data.num_clients)
+    def check_sections(self) -> None:
         priv, agg = self.privacy, self.strategy.aggregation
         if priv.secagg.enabled and agg != "fedavg":
             raise ValueError("privacy.secagg.enabled: secure aggregation gives only the sum, so "

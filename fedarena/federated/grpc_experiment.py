@@ -20,15 +20,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedarena.federated.config import (GRPC_MOVED, GrpcClientsConfig, GrpcExecutionConfig, GrpcPrivacyConfig,
-                                       GrpcStrategyConfig, GrpcUploadConfig, TaskDataConfig, TaskModelConfig,
-                                       TLSConfig)
-from fedarena.platform.experiment import Experiment, ExperimentConfig, param
+from fedarena.federated.config import (GRPC_MOVED, FLExperimentConfig, GrpcClientsConfig, GrpcExecutionConfig,
+                                       GrpcPrivacyConfig, GrpcStrategyConfig, GrpcUploadConfig, TaskDataConfig,
+                                       TaskModelConfig, TLSConfig)
+from fedarena.platform.experiment import Experiment, param
 from fedarena.platform.loop import run_loop
 
 
 @dataclass(frozen=True)
-class FedAvgGrpcConfig(ExperimentConfig):
+class FedAvgGrpcConfig(FLExperimentConfig):
     """A loopback deployment, section by section (:mod:`fedarena.federated.config`; ``clients``,
     ``strategy.server_optimizer`` and ``privacy.ldp`` / ``privacy.signds`` mean what they mean in ``fedsim``)."""
 
@@ -45,11 +45,7 @@ class FedAvgGrpcConfig(ExperimentConfig):
     execution: GrpcExecutionConfig = param(doc="the deployment's processes", factory=GrpcExecutionConfig)
     tls: TLSConfig = param(doc="TLS between nodes and clients", factory=TLSConfig)
 
-    def __post_init__(self) -> None:
-        """The checks across sections (each section checks its own fields)."""
-        if self.rounds < 1:
-            raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
-        self.clients.check_clients(self.data.num_clients)
+    def check_sections(self) -> None:
         secagg = self.privacy.secagg.enabled
         if secagg and self.strategy.aggregation != "mean":
             raise ValueError(f"strategy.aggregation: '{self.strategy.aggregation}' needs every client's delta, which "
