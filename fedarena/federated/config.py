@@ -50,6 +50,12 @@ def _positive(name: str, v: float) -> None:
         raise ValueError(f"{name}: must be > 0, got {v}")
 
 
+def _check_trim(v: float) -> None:
+    """The trimmed mean cuts ``v`` of the updates at each end: less than half, or nothing would remain."""
+    if not 0 <= v < 0.5:
+        raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {v}")
+
+
 # ----------------------------------------------------------------------------- sections of both kinds
 
 
@@ -319,9 +325,7 @@ class StrategyConfig:
     async_staleness: int = param(4, "largest model-version lag of an applied delta (threshold / async)")
 
     def __post_init__(self) -> None:
-        _in_unit("trim_fraction", self.trim_fraction)
-        if self.trim_fraction >= 0.5:
-            raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {self.trim_fraction}")
+        _check_trim(self.trim_fraction)
         _at_least("krum_byzantine", self.krum_byzantine, 0)
         _at_least("krum_keep", self.krum_keep, 1)
         if self.krum_preselect and (self.aggregation not in ("median", "trimmed_mean", "geometric_median")
@@ -606,8 +610,7 @@ class GrpcStrategyConfig:
     server_optimizer: ServerOptimizerConfig = param(doc="the server's update rule", factory=ServerOptimizerConfig)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.trim_fraction < 0.5:
-            raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {self.trim_fraction}")
+        _check_trim(self.trim_fraction)
         _at_least("krum_byzantine", self.krum_byzantine, 0)
         _in_unit("max_client_weight", self.max_client_weight, lo_open=True)
         if not (self.norm_bound_multiple == 0 or self.norm_bound_multiple >= 1):
