@@ -334,6 +334,9 @@ class StrategyConfig:
         _at_least("max_weight", self.max_weight, 0)
         _at_least("async_concurrency", self.async_concurrency, 1)
         _at_least("async_buffer", self.async_buffer, 1)
+        if self.server_mode != "rounds" and self.async_buffer > self.async_concurrency:
+            raise ValueError(f"async_buffer: a server step waits for {self.async_buffer} deltas but only "
+                             f"async_concurrency = {self.async_concurrency} clients train at once")
         _at_least("async_staleness", self.async_staleness, 0)
 
     def build(self, fit: Any, clients_per_round: int):

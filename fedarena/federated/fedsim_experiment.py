@@ -87,7 +87,6 @@ def _check_async(cfg: FedSimConfig) -> None:
             shown = "its defaults" if name == "heterogeneity" else f"{default!r}"
             raise ValueError(f"{name}: strategy.server_mode {cfg.strategy.server_mode} runs plain FedAvg with dense "
                              f"uploads; set {name} to {shown} or use server_mode rounds")
-    cfg.strategy.build_async(cfg.rounds, cfg.evaluation.every)
 
 
 @dataclass

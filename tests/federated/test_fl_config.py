@@ -184,6 +184,9 @@ def test_old_flat_layout_is_one_line_naming_the_new_path_exit_2(tmp_path, capsys
      "privacy.secagg.enabled: secure aggregation gives only the sum"),
     (["clients.epochs=0"], "clients.epochs: must be >= 1, got 0"),
     (["strategy.server_optimizer.name=sgd"], "strategy.server_optimizer.name: expected one of"),
+    (["strategy.server_mode=threshold", "strategy.async_concurrency=2", "strategy.async_buffer=3",
+      "evaluation.personalize_epochs=0"], "strategy.async_buffer: a server step waits for 3 deltas"),
+    (["strategy.server_mode=async"], "evaluation.personalize_epochs: strategy.server_mode async runs plain FedAvg"),
 ])
 def test_a_bad_value_is_one_line_naming_its_dotted_path(sets, message, tmp_path, capsys):
     args = ["run", str(REPO / "experiments" / "fedsim_digits.yaml"), "--out", str(tmp_path / "r"), "--quiet"]
