@@ -20,7 +20,7 @@ Through the CLI: ``fedarena run experiments/fedsim_digits.yaml`` set to the same
 personalization, ``--no-report``) in a fresh interpreter per repeat, timed end to end from outside (interpreter
 start, imports, data, run folder, all rounds), after one untimed run that fills the bytecode cache (as an installed
 package has it); its ratio to Flower's wall time is printed beside the Python one. The issue's softmax-regression
-command (``hidden=[]``, ``zero_init=true``) is timed the same way.
+command (``model.hidden=[]``, ``model.zero_init=true``) is timed the same way.
 
     python benchmarks/fl_vs_flower.py [--repeats 3] [--skip-flower] [--skip-large] [--skip-cli]
 """
@@ -116,10 +116,10 @@ def run_flower(seed: int, run_seed: int) -> tuple[float, float, float]:
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLI_TASK = ["--set", "partition=iid", "--set", "held_out_fraction=0.0", "--set", "personalize_epochs=0"]
+CLI_TASK = ["--set", "data.partition=iid", "--set", "data.held_out_fraction=0.0", "--set", "evaluation.personalize_epochs=0"]
 """``--set`` overrides that make experiments/fedsim_digits.yaml this benchmark's task (its defaults: 100 clients,
 10 per round, MLP 64-32-10, E = 1, B = 10, lr 0.1, 50 rounds)"""
-CLI_SOFTMAX = ["--set", "hidden=[]", "--set", "zero_init=true", *CLI_TASK]
+CLI_SOFTMAX = ["--set", "model.hidden=[]", "--set", "model.zero_init=true", *CLI_TASK]
 
 
 def run_cli(overrides: list[str], seed: int) -> tuple[float, float, float]:

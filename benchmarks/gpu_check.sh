@@ -24,7 +24,7 @@
 #   cnn      20  the CNN step vs PyTorch CUDA eager
 #   fl       15  64 vmapped FL clients on the GPU vs the numpy backend
 #   switch   50  `fedarena run` of PPO on CartPole (ppo.engine_backend) and of fedsim on digits
-#                (engine_backend), each with numpy and with cupy, every run under 11 s; a run that
+#                (execution.engine_backend), each with numpy and with cupy, every run under 11 s; a run that
 #                fails fails the step (PPO needs gymnasium: on a device without it the step fails)
 #   summary   5  OUT_DIR/summary.txt: one line per step against the targets
 # Exit status: 0 when every step passed and, on a device, every target was met; 1 otherwise, the
@@ -235,7 +235,7 @@ switch_step() {
   if [ -n "$DRY" ]; then
     dev=cupy-emulated
     ppo=(--set total_steps=256 --set ppo.num_envs=2 --set ppo.update_epochs=1 --set ppo.hidden=[8] --set eval.episodes=2)
-    fl=(--set rounds=1 --set num_clients=10 --set clients_per_round=2 --set hidden=[4])
+    fl=(--set rounds=1 --set data.num_clients=10 --set clients.per_round=2 --set model.hidden=[4])
   else
     dev=cupy
     ppo=(--set total_steps=4096)
@@ -253,7 +253,7 @@ switch_step() {
     else
       echo "ppo_$b skip" >> "$runs/rc.txt"
     fi
-    "${run[@]}" experiments/fedsim_digits.yaml --set engine_backend="$b" --set personalize_epochs=0 "${fl[@]}" \
+    "${run[@]}" experiments/fedsim_digits.yaml --set execution.engine_backend="$b" --set evaluation.personalize_epochs=0 "${fl[@]}" \
       --out "$runs/fedsim_$b"
     echo "fedsim_$b $?" >> "$runs/rc.txt"
   done

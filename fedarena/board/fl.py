@@ -3,7 +3,7 @@
 Per round, ``metrics.jsonl`` holds the global test accuracy, the clients' held-out accuracy summary
 (``client_acc_mean``, ``client_acc_p10``, ``client_acc_worst``) and the exact bytes up and down; those curves
 are drawn from the metric rows.  This module reads the two arrays the kind saves beside them:
-``label_histogram.npy`` (``H[i, c]``: examples of class c held by client i) and, with ``personalize_epochs``,
+``label_histogram.npy`` (``H[i, c]``: examples of class c held by client i) and, with ``evaluation.personalize_epochs``,
 ``personalization.npy`` (per-client held-out accuracy of the global model, and after local fine-tuning).
 Arrays are read through :mod:`fedarena.board.confined` (no links, regular files of at most
 :data:`MAX_ARRAY_BYTES`) and loaded with ``allow_pickle=False``; a missing, truncated, oversized or ill-shaped

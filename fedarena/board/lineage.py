@@ -16,8 +16,11 @@ from typing import Any, Mapping, Sequence
 from fedarena.board.folders import is_number
 
 MISSING = "(absent)"
-DATA_KEYS = ("dataset", "partition", "alpha", "shards_per_client", "beta", "num_clients", "clients_per_round")
-"""The FL data settings (:class:`fedarena.federated.fedsim_experiment.FedSimConfig` field names)."""
+DATA_KEYS = ("data.dataset", "data.partition", "data.alpha", "data.shards_per_client", "data.beta", "data.num_clients",
+             "clients.per_round")
+"""The FL data settings (dotted paths of :class:`fedarena.federated.fedsim_experiment.FedSimConfig`)."""
+FLAT_DATA_KEYS = ("dataset", "partition", "alpha", "shards_per_client", "beta", "num_clients", "clients_per_round")
+"""The same settings in the flat layout of fedsim runs made before the config sections (their config.json)."""
 IGNORED = ("name", "kind")
 
 
@@ -62,8 +65,9 @@ def _key(v: Any) -> str:
     return MISSING if v is MISSING else json.dumps(v, sort_keys=True, default=str)
 
 
-def is_federated(config: Mapping[str, Any]) -> bool:
-    return "num_clients" in config and "partition" in config
+def is_federated(flat: Mapping[str, Any]) -> bool:
+    """A flattened config (:func:`flatten`) of a fedsim run, nested or flat."""
+    return ("data.num_clients" in flat and "data.partition" in flat) or ("num_clients" in flat and "partition" in flat)
 
 
 @dataclass
@@ -122,7 +126,7 @@ def lineage(kind: str, runs: Sequence[tuple[str, str, str, Mapping[str, Any], Ma
     """Lineage of ``runs``: ``(run id, name, state, config, final metrics)`` of one kind, in the given order."""
     flat = [{k: v for k, v in flatten(cfg).items() if k not in IGNORED} for _, _, _, cfg, _ in runs]
     varying = [k for k, _ in config_diff(flat)] if len(flat) > 1 else []
-    data_params = [k for k in DATA_KEYS if any(is_federated(cfg) and k in cfg for _, _, _, cfg, _ in runs)]
+    data_params = [k for k in DATA_KEYS + FLAT_DATA_KEYS if any(is_federated(f) and k in f for f in flat)]
     metrics: dict[str, None] = {}
     for *_, m in runs:
         metrics.update(dict.fromkeys(k for k, v in m.items() if is_number(v)))

@@ -272,28 +272,52 @@ def federate(x: np.ndarray, y: np.ndarray, spec: PartitionSpec, seed: int, *, te
 # ----------------------------------------------------------------------------- data sets
 
 
-def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's 8x8 digits, pixels scaled to [0, 1]. Read straight from the CSV that scikit-learn ships
-    (``sklearn/datasets/data/digits.csv.gz``, 64 pixels and the label per row, as its ``load_digits`` reads it):
-    importing ``sklearn.datasets`` costs about a second (it imports scipy.stats and pandas)."""
+def _sklearn_file(name: str) -> Path | None:
+    """``sklearn/datasets/data/<name>``, a data file scikit-learn ships, found without importing scikit-learn
+    (importing it, which pulls in scipy.stats and more, takes longer than a small simulation); None when absent."""
     import importlib.util
 
-    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
-    if spec is None or spec.origin is None:
-        from fedarena.platform.errors import MissingDependencyError
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / name
+    return path if path.is_file() else None
 
-        raise MissingDependencyError("dataset: digits is scikit-learn's data set; pip install scikit-learn")
-    data = np.loadtxt(Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz", delimiter=",")
-    return (data[:, :-1] / 16.0).astype(np.float32), data[:, -1].astype(np.int64)
+
+def _sklearn_table(name: str, skip: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Features (float64) and integer labels of a scikit-learn CSV whose last column is the label (the format
+    of its ``load_digits`` / ``load_breast_cancer`` files), or None when the file is not where it is expected."""
+    path = _sklearn_file(name)
+    if path is None:
+        return None
+    raw = np.loadtxt(path, delimiter=",", skiprows=skip, dtype=np.float64)  # a .gz file is decompressed
+    return raw[:, :-1], raw[:, -1].astype(np.int64)
+
+
+def load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 8x8 digits (1797 x 64), pixels scaled to [0, 1]; read from the file scikit-learn ships."""
+    table = _sklearn_table("digits.csv.gz", 0)
+    if table is None:  # another layout of the package: its own loader
+        from sklearn.datasets import load_digits as _ld
+
+        d = _ld()
+        table = d.data, d.target
+    x, y = table
+    return (x / 16.0).astype(np.float32), np.asarray(y, np.int64)
 
 
 def load_breast_cancer() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's Wisconsin breast cancer (569 x 30), each feature standardised to mean 0, std 1."""
-    from sklearn.datasets import load_breast_cancer as _lb
+    """scikit-learn's Wisconsin breast cancer (569 x 30), each feature standardised to mean 0, std 1; read from
+    the file scikit-learn ships (its first line is a header: rows, columns, class names)."""
+    table = _sklearn_table("breast_cancer.csv", 1)
+    if table is None:
+        from sklearn.datasets import load_breast_cancer as _lb
 
-    d = _lb()
-    x = (d.data - d.data.mean(0)) / d.data.std(0)
-    return x.astype(np.float32), d.target.astype(np.int64)
+        d = _lb()
+        table = d.data, d.target
+    x, y = table
+    x = (x - x.mean(0)) / x.std(0)
+    return x.astype(np.float32), np.asarray(y, np.int64)
 
 
 def synthetic_fedprox(alpha: float, beta: float, num_clients: int, seed: int, *, num_features: int = 60,

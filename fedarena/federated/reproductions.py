@@ -25,11 +25,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
 
-from fedarena.platform.config import ConfigError
+from fedarena.platform.config import ConfigError, merged, migrate, plain
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.platform.loop import run_loop
 
@@ -87,13 +87,18 @@ class FedAvgTableConfig(ExperimentConfig):
     def cell_config(self, partition: str, c: float, e: int, b: int):
         from fedarena.federated.fedsim_experiment import FedSimConfig
 
-        return FedSimConfig(kind="fedsim", seed=self.seed, dataset=self.dataset, path=self.path,
-                            num_clients=self.num_clients, partition=partition,
-                            shards_per_client=self.shards_per_client, test_fraction=self.test_fraction,
-                            held_out_fraction=0.0, model=self.model, hidden=list(self.hidden),
-                            cnn_channels=list(self.cnn_channels), cnn_hidden=self.cnn_hidden, rounds=self.max_rounds,
-                            clients_per_round=self.clients_per_round(c), epochs=e, batch_size=max(b, 1),
-                            lr=self.lr, privacy_seed=0)
+        from fedarena.federated import config as fc
+
+        return FedSimConfig(
+            kind="fedsim", seed=self.seed, rounds=self.max_rounds,
+            data=fc.DataConfig(dataset=self.dataset, path=self.path, num_clients=self.num_clients, partition=partition,
+                               shards_per_client=self.shards_per_client, test_fraction=self.test_fraction,
+                               held_out_fraction=0.0),
+            model=fc.ModelConfig(arch=self.model, hidden=list(self.hidden), cnn_channels=list(self.cnn_channels),
+                                 cnn_hidden=self.cnn_hidden),
+            clients=fc.SimClientsConfig(per_round=self.clients_per_round(c), epochs=e, batch_size=max(b, 1),
+                                        lr=self.lr),
+            privacy=fc.SimPrivacyConfig(seed=0))
 
 
 def _fedavg_cells(cfg: FedAvgTableConfig) -> list[tuple[str, float, int, int]]:
@@ -301,15 +306,20 @@ class FedProxFigureConfig(ExperimentConfig):
     def cell_config(self, ab, fraction: float, method: str, train_seed: int):
         from fedarena.federated.fedsim_experiment import FedSimConfig
 
-        return FedSimConfig(kind="fedsim", seed=train_seed, dataset="synthetic", num_clients=self.num_clients,
-                            synthetic_alpha=float(ab[0]), synthetic_beta=float(ab[1]),
-                            synthetic_size_mean=self.size_mean, synthetic_size_sigma=self.size_sigma,
-                            synthetic_size_min=self.size_min, synthetic_size_max=self.size_max,
-                            held_out_fraction=0.2, hidden=[], zero_init=True, rounds=self.rounds,
-                            clients_per_round=self.clients_per_round, epochs=self.epochs,
-                            local_steps=self.local_steps, batch_size=self.batch_size, lr=self.lr,
-                            prox_mu=self.mu if method == "fedprox" else 0.0, straggler_fraction=fraction,
-                            partial_work=method != "fedavg", privacy_seed=0)
+        from fedarena.federated import config as fc
+
+        return FedSimConfig(
+            kind="fedsim", seed=train_seed, rounds=self.rounds,
+            data=fc.DataConfig(dataset="synthetic", num_clients=self.num_clients, synthetic_alpha=float(ab[0]),
+                               synthetic_beta=float(ab[1]), synthetic_size_mean=self.size_mean,
+                               synthetic_size_sigma=self.size_sigma, synthetic_size_min=self.size_min,
+                               synthetic_size_max=self.size_max, held_out_fraction=0.2),
+            model=fc.ModelConfig(hidden=[], zero_init=True),
+            clients=fc.SimClientsConfig(per_round=self.clients_per_round, epochs=self.epochs,
+                                        local_steps=self.local_steps, batch_size=self.batch_size, lr=self.lr,
+                                        prox_mu=self.mu if method == "fedprox" else 0.0),
+            heterogeneity=fc.HeterogeneityConfig(straggler_fraction=fraction, partial_work=method != "fedavg"),
+            privacy=fc.SimPrivacyConfig(seed=0))
 
 
 def _prox_name(ab, fraction: float, method: str) -> str:
@@ -482,10 +492,11 @@ FEDPROX_FIGURE = Experiment(config=FedProxFigureConfig, run=run_fedprox_figure, 
 
 @dataclass(frozen=True)
 class FedSimSweepConfig(ExperimentConfig):
-    base: dict[str, Any] = param(doc="fedsim fields shared by every variant (see `fedarena show` of a fedsim "
+    base: dict[str, Any] = param(doc="fedsim sections shared by every variant (see `fedarena show` of a fedsim "
                                  "config)", factory=dict)
     variants: list[dict[str, Any]] = param(doc="one mapping per variant: `label` plus the fedsim fields it "
-                                           "changes", factory=lambda: [{"label": "fedavg"}])
+                                           "changes, in their sections (merged into base section by section)",
+                                           factory=lambda: [{"label": "fedavg"}])
     x_metric: Literal["round", "bytes_up", "bytes_total"] = param(
         "round", "x axis of the accuracy curves: round, cumulative uploaded bytes, or bytes up + down")
     privacy_plot: bool = param(False, "also draw accuracy against each variant's cumulative epsilon")
@@ -502,6 +513,18 @@ class FedSimSweepConfig(ExperimentConfig):
         for i in range(len(self.variants)):
             self.variant_config(i)
 
+    @classmethod
+    def migrate(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """An old sweep file with flat fedsim fields in ``base`` and ``variants``, moved into the sections."""
+        from fedarena.federated.fedsim_experiment import FedSimConfig
+
+        out = dict(plain(data))
+        out["base"] = migrate(FedSimConfig, out.get("base") or {})
+        out["variants"] = [{"label": v.get("label"), **migrate(FedSimConfig, {k: x for k, x in v.items()
+                                                                              if k != "label"})}
+                           for v in out.get("variants") or []]
+        return out
+
     def variant_config(self, i: int):
         from fedarena.federated.fedsim_experiment import FedSimConfig
         from fedarena.platform.config import build as build_config
@@ -510,7 +533,7 @@ class FedSimSweepConfig(ExperimentConfig):
         for k in ("kind", "seed", "seeds", "name"):
             if k in self.base or k in fields:
                 raise ValueError(f"variants[{i}].{k}: set {k} on the sweep, not on a variant or the base")
-        data = {**self.base, **fields, "kind": "fedsim", "seed": self.seed}
+        data = {**merged(self.base, fields), "kind": "fedsim", "seed": self.seed}
         try:
             return build_config(FedSimConfig, data, f"variants[{i}]")
         except (ConfigError, ValueError) as e:
@@ -553,9 +576,7 @@ class _SweepVariants:
         i = step - 1
         fcfg = self.cfg.variant_config(i)
         _, sim = build(fcfg)
-        params = sim.model.init_params(fcfg.seed)
-        if fcfg.zero_init:
-            params = {k: np.zeros_like(p) for k, p in params.items()}
+        params = fcfg.model.init_params(sim.model, fcfg.seed)
         state = sim.init_state(params)
         sim.final_round = fcfg.rounds
         rec: dict[str, Any] = {k: [] for k in ("round", *self.FINAL)}
@@ -575,7 +596,7 @@ class _SweepVariants:
             rec["epsilon"].append(
                 float(rr.metrics.get("dp_epsilon", float("nan"))) if rec["epsilon_kind"] == "dp_fedavg" else
                 ldp_cumulative_epsilon(fcfg, most) if rec["epsilon_kind"] == "ldp" and most else
-                most * fcfg.signds_epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
+                most * fcfg.privacy.signds.epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
         self.curves[self.cfg.variants[i]["label"]] = rec
         self.done_variants = step
         return {k: rec[k][-1] for k in self.FINAL}
@@ -683,19 +704,27 @@ FEDSIM_SWEEP = Experiment(config=FedSimSweepConfig, run=run_fedsim_sweep, plots=
                           summary_keys=("test_acc", "bytes_up", "epsilon"))
 
 
+def eval_path(config: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of a config (``"data.num_clients"``)."""
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
 def _sweep_setup(cfg: FedSimSweepConfig) -> str:
     """What the variants of a sweep share: data set, split, clients, clients a round and rounds (a setting
     the variants do not share is left out)."""
     vs = [cfg.variant_config(i) for i in range(len(cfg.variants))]
-    same = lambda k: all(getattr(v, k) == getattr(vs[0], k) for v in vs)  # noqa: E731
+    get = lambda v, path: eval_path(v, path)  # noqa: E731
+    same = lambda path: all(get(v, path) == get(vs[0], path) for v in vs)  # noqa: E731
     v = vs[0]
     parts = [f"{len(vs)} fedsim variants"]
-    if same("dataset") and same("partition"):
-        parts.append(f"{v.dataset} ({v.partition})")
-    if same("num_clients"):
-        parts.append(f"{v.num_clients} clients")
-    if same("clients_per_round"):
-        parts.append(f"{'all' if v.clients_per_round == 0 else v.clients_per_round} a round")
+    if same("data.dataset") and same("data.partition"):
+        parts.append(f"{v.data.dataset} ({v.data.partition})")
+    if same("data.num_clients"):
+        parts.append(f"{v.data.num_clients} clients")
+    if same("clients.per_round"):
+        parts.append(f"{'all' if v.clients.per_round == 0 else v.clients.per_round} a round")
     if same("rounds"):
         parts.append(f"{v.rounds} rounds")
     return ", ".join(parts + [f"seed {cfg.seed}"])
@@ -703,13 +732,13 @@ def _sweep_setup(cfg: FedSimSweepConfig) -> str:
 
 def privacy_kind(cfg) -> str:
     """Which epsilon a fedsim config's run accumulates: ``dp_fedavg`` (the RDP accountant of DP-FedAvg over
-    rounds, sampled Gaussian, at ``dp_delta``), ``ldp`` (the RDP composition of the most frequent
-    uploader's Gaussian releases, at ``ldp_delta``), ``signds`` (pure epsilon-LDP reports composed by basic
-    composition: reports x ``signds_epsilon``) or ``none``."""
-    if cfg.dp_noise_multiplier > 0:
+    rounds, sampled Gaussian, at ``privacy.dp.delta``), ``ldp`` (the RDP composition of the most frequent
+    uploader's Gaussian releases, at ``privacy.ldp.delta``), ``signds`` (pure epsilon-LDP reports composed by basic
+    composition: reports x ``privacy.signds.epsilon``) or ``none``."""
+    if cfg.privacy.dp.on:
         return "dp_fedavg"
-    if cfg.ldp_epsilon > 0:
+    if cfg.privacy.ldp.on:
         return "ldp"
-    if cfg.signds_k > 0:
+    if cfg.privacy.signds.on:
         return "signds"
     return "none"

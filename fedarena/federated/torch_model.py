@@ -1,4 +1,4 @@
-"""A PyTorch model as the model of the federated simulation (``fedsim``'s ``model: torch:module.path:factory``).
+"""A PyTorch model as the model of the federated simulation (``fedsim``'s ``model.arch: torch:module.path:factory``).
 
 ``factory(num_features, num_classes)`` builds an ``nn.Module`` mapping a batch of flat feature vectors to
 class logits; :func:`fedarena.engine.from_torch` converts it (in eval mode: batch norm uses its running

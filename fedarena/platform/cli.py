@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override a config value; repeatable")
     s.add_argument("--docs", action="store_true", help="list every field with its type, default and description")
+    s.add_argument("--migrate", action="store_true",
+                   help="print the config rewritten from an old flat layout into the kind's nested sections (the "
+                        "file's leading comments kept); the file itself is not changed")
 
     b = sub.add_parser("board", help="serve the training board (runs, live curves, compare, lineage, profiles)",
                        description="A read-only local web server over a folder of run folders: runs list, live "
@@ -154,12 +157,32 @@ def cmd_show(args: argparse.Namespace) -> int:
     from fedarena.platform import config as cfgmod
     from fedarena.platform.runs import resolve
 
+    if args.migrate:
+        sys.stdout.write(_migrated(args.config, args.overrides))
+        return 0
     experiment, cfg = resolve(args.config, args.overrides)
     if args.docs:
         print("\n".join(cfgmod.describe(experiment.config, cfg)))
     else:
         sys.stdout.write(cfgmod.dump_yaml(cfg))
     return 0
+
+
+def _migrated(path: str, overrides: list[str]) -> str:
+    """``fedarena show --migrate``: the file's leading comment lines, then its data moved into the kind's current
+    layout (:func:`fedarena.platform.config.migrate`), checked by building the kind's config from it."""
+    import yaml
+
+    from fedarena.platform import config as cfgmod
+    from fedarena.platform.runs import load_given
+
+    data, experiment = load_given(path, overrides)
+    nested = cfgmod.migrate(experiment.config, data)
+    cfgmod.build(experiment.config, nested)  # what is printed loads (or names its bad field)
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    header = [line for line in lines[:next((i for i, t in enumerate(lines) if not t.startswith("#")), len(lines))]]
+    body = yaml.safe_dump(nested, sort_keys=False, default_flow_style=None, width=120)
+    return "".join(f"{line}\n" for line in header) + body
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -19,7 +19,8 @@ import yaml
 
 from fedarena.platform.errors import ConfigError
 
-__all__ = ["ConfigError", "load_yaml", "parse_override", "apply_overrides", "build", "to_dict", "dump_yaml", "describe"]
+__all__ = ["ConfigError", "load_yaml", "parse_override", "apply_overrides", "build", "migrate", "merged", "to_dict", "dump_yaml",
+           "describe"]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -168,8 +169,13 @@ def build(schema: type, data: Mapping[str, Any], path: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
     kwargs = {}
     where = data.where if isinstance(data, MarkedDict) else (lambda key: "")
+    moved = getattr(schema, "MOVED", {})
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
+        if key in moved and (key not in fields or (dataclasses.is_dataclass(hints[key])
+                                                   and not isinstance(value, Mapping))):
+            raise _located(ConfigError(f"{full}: moved to {_join(path, moved[key])} (`fedarena show --migrate "
+                                       f"FILE` prints an old flat config in the nested layout)"), where(key))
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean '{_join(path, close[0])}'?" if close else f"; valid keys: {', '.join(fields)}"
@@ -189,7 +195,9 @@ def build(schema: type, data: Mapping[str, Any], path: str = "") -> Any:
         return schema(**kwargs)
     except (ValueError, TypeError) as e:  # __post_init__ validation; its message starts with the field's name
         field_name = str(e).split(":", 1)[0].split("[", 1)[0].split(".", 1)[0].strip()
-        raise _located(ConfigError(f"{path or 'config'}: {e}"), where(field_name)) from None
+        # a message that names a field of this schema gets the schema's path in front: the field's dotted path
+        message = (_join(path, str(e)) if field_name in fields else f"{path or 'config'}: {e}")
+        raise _located(ConfigError(message), where(field_name)) from None
 
 
 def _located(error: ConfigError, where: str) -> ConfigError:
@@ -291,7 +299,43 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     raise ConfigError(f"{path}: unsupported field type {_type_name(tp)}")
 
 
+def migrate(schema: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with every key of ``schema.MOVED`` (an old flat key -> its dotted path now) moved to its path
+    (``{"aggregation": "krum"}`` -> ``{"strategy": {"aggregation": "krum"}}``); other keys stay where they are,
+    in their order, and the sections appear where their first key stood. A schema whose data holds other configs
+    (a sweep's base and variants) migrates itself: its ``migrate(data)`` classmethod, when it has one."""
+    if callable(getattr(schema, "migrate", None)):
+        return schema.migrate(data)
+    moved = getattr(schema, "MOVED", {})
+    hints = typing.get_type_hints(schema)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        current = key in hints and not (dataclasses.is_dataclass(hints[key]) and not isinstance(value, Mapping))
+        if key not in moved or current:
+            if isinstance(out.get(key), dict) and isinstance(value, Mapping):  # a section also filled by moved keys
+                out[key] = {**plain(value), **out[key]}
+            else:
+                out[key] = plain(value)
+            continue
+        node = out
+        *sections, last = moved[key].split(".")
+        for part in sections:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: cannot move to {moved[key]}: '{part}' is a value, not a section")
+        node[last] = plain(value)
+    return out
+
+
 # ----------------------------------------------------------------------------- writing
+
+
+def merged(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` applied section by section (a mapping in both is merged, key by key)."""
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = merged(out[k], v) if isinstance(out.get(k), Mapping) and isinstance(v, Mapping) else v
+    return out
 
 
 def to_dict(config: Any) -> Any:

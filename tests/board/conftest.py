@@ -17,7 +17,7 @@ import yaml
 from fedarena.platform.checkpoint import write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
-FEDSIM = {"num_clients": 20, "clients_per_round": 5, "rounds": 4, "hidden": [16]}
+FEDSIM = {"data.num_clients": 20, "clients.per_round": 5, "rounds": 4, "model.hidden": [16]}
 XSS = "<script>window.__xss = 1</script><img src=x onerror=\"window.__xss = 2\">"
 # the form of engine.NonFiniteError's message (engine.debug_nans): primitive, output, source line, equation, inputs
 NAN_MESSAGE = ("log produced 4 Inf in 4 elements at experiments/train.py:41 (equation 7 of its compiled graph); "
@@ -62,9 +62,10 @@ def runs_root(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("runs")
     cfg = ROOT / "experiments" / "fedsim_digits.yaml"
-    fedarena.run(cfg, {**FEDSIM, "name": "iid", "partition": "iid", "personalize_epochs": 1},
+    fedarena.run(cfg, {**FEDSIM, "name": "iid", "data.partition": "iid", "evaluation.personalize_epochs": 1},
                  out=root / "fedsim-iid-20260101T000000Z-aaaaaa")
-    fedarena.run(cfg, {**FEDSIM, "name": "dirichlet", "partition": "dirichlet", "alpha": 0.3, "personalize_epochs": 0},
+    fedarena.run(cfg, {**FEDSIM, "name": "dirichlet", "data.partition": "dirichlet", "data.alpha": 0.3,
+                       "evaluation.personalize_epochs": 0},
                  out=root / "fedsim-dirichlet-20260101T000100Z-bbbbbb", report=False)
     step, args = train_step()
     record_profile(root / "fedsim-iid-20260101T000000Z-aaaaaa", step, *args, name="train_step", repeat=2)

@@ -85,7 +85,7 @@ def test_run_page_shows_curves_config_figures_checkpoints_log_and_fl_views(brows
         want = sum(1 for r in rows if metric in r)
         assert len(chart.find_elements(By.CSS_SELECTOR, ".scatterlayer .point")) == want == 4, metric
     assert charts
-    assert "num_clients: 20" in browser.find_element(By.ID, "config").text
+    assert "num_clients: 20" in browser.find_element(By.ID, "config").text  # inside the data section
     figures = browser.find_elements(By.CSS_SELECTOR, ".figures img")
     assert len(figures) == len(folders.figures(runs_root / IID)) >= 3
     assert all(browser.execute_script("return arguments[0].naturalWidth", img) > 100 for img in figures)
@@ -150,8 +150,8 @@ def test_compare_overlays_two_runs_and_diffs_their_configs(browser, board, artif
     assert IID in legend and DIR in legend
     diff = {r.find_element(By.TAG_NAME, "th").text: [td.text for td in r.find_elements(By.TAG_NAME, "td")]
             for r in browser.find_elements(By.CSS_SELECTOR, "#config-diff tbody tr")}
-    assert diff == {"name": ["iid", "dirichlet"], "partition": ["iid", "dirichlet"], "alpha": ["0.5", "0.3"],
-                    "personalize_epochs": ["1", "0"]}
+    assert diff == {"name": ["iid", "dirichlet"], "data.partition": ["iid", "dirichlet"], "data.alpha": ["0.5", "0.3"],
+                    "evaluation.personalize_epochs": ["1", "0"]}
     _shot(browser, artifacts, "compare")
 
 
@@ -160,13 +160,13 @@ def test_lineage_plots_config_values_against_final_metrics(browser, board, runs_
     _wait(browser, "#parcoords .parcoords .y-axis", 3)
     titles = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#parcoords .axis-title")]
     # the axes where the two runs differ: the overridden settings and the final numbers (num_clients is equal)
-    assert {"partition", "alpha", "personalize_epochs", "test_acc", "test_loss"} <= set(titles)
-    assert "num_clients" not in titles
+    assert {"data.partition", "data.alpha", "evaluation.personalize_epochs", "test_acc", "test_loss"} <= set(titles)
+    assert "data.num_clients" not in titles
     assert len(titles) == int(browser.find_element(By.ID, "parcoords").get_attribute("data-dimensions"))
     table = browser.find_elements(By.CSS_SELECTOR, "#lineage-table tbody tr")
     assert len(table) == 2
     heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#lineage-table thead th")]
-    assert {"partition", "alpha", "num_clients", "clients_per_round"} <= set(heads)  # the FL data settings
+    assert {"data.partition", "data.alpha", "data.num_clients", "clients.per_round"} <= set(heads)  # FL data settings
     status = json.loads((runs_root / DIR / "status.json").read_text())
     assert f"{status['summary']['test_acc']:.4g}" in table[1].text and "dirichlet" in table[1].text
     _shot(browser, artifacts, "lineage")

@@ -68,17 +68,17 @@ def test_lineage_and_diff_name_exactly_the_overridden_settings(runs_root):
     configs = [folders.read_config(runs_root / d)[0] for d in (IID, DIR)]
     diff = dict(lineage.config_diff(configs))
     # the two runs were made from one config with name / partition / alpha / personalize_epochs overridden
-    assert set(diff) == {"name", "partition", "alpha", "personalize_epochs"}
-    assert diff["partition"] == ["iid", "dirichlet"] and diff["alpha"] == [0.5, 0.3]
+    assert set(diff) == {"name", "data.partition", "data.alpha", "evaluation.personalize_epochs"}
+    assert diff["data.partition"] == ["iid", "dirichlet"] and diff["data.alpha"] == [0.5, 0.3]
     runs = [r for r in folders.list_runs(runs_root) if r.kind == "fedsim"]
     lin = lineage.lineage("fedsim", [(r.id, r.name, r.state, folders.read_config(r.path)[0], r.metrics) for r in runs])
-    assert set(lin.params) == {"partition", "alpha", "personalize_epochs"}
-    assert lin.data_params == ["dataset", "partition", "alpha", "shards_per_client", "beta", "num_clients",
-                               "clients_per_round"]
+    assert set(lin.params) == {"data.partition", "data.alpha", "evaluation.personalize_epochs"}
+    assert lin.data_params == ["data.dataset", "data.partition", "data.alpha", "data.shards_per_client", "data.beta",
+                               "data.num_clients", "clients.per_round"]
     dims = {d["label"]: d for d in lin.dimensions()}
-    assert dims["partition"]["ticktext"] == ["dirichlet", "iid"]
-    assert sorted(dims["alpha"]["values"]) == [0.3, 0.5] and "test_acc" in dims
-    assert "num_clients" not in dims and "dataset" not in dims  # equal in both runs: table only
+    assert dims["data.partition"]["ticktext"] == ["dirichlet", "iid"]
+    assert sorted(dims["data.alpha"]["values"]) == [0.3, 0.5] and "test_acc" in dims
+    assert "data.num_clients" not in dims and "data.dataset" not in dims  # equal in both runs: table only
     by_id = {r.id: r for r in runs}
     assert dims["test_acc"]["values"] == [by_id[i].metrics["test_acc"] for i in lin.plotted_runs()]
 

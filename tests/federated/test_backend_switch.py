@@ -15,6 +15,7 @@ from fedarena.federated import simulation as sim
 from fedarena.federated import strategy as st
 from fedarena.federated.fedsim_experiment import FedSimConfig
 from fedarena.platform.cli import main
+from fedarena.platform.config import ConfigError, build
 
 REPO = Path(__file__).resolve().parents[2]
 needs_cxx = pytest.mark.skipif(emulation.host_compiler() is None, reason="no C++ compiler for the CUDA emulation")
@@ -63,12 +64,17 @@ def test_fedsim_round_on_the_device_backend_equals_the_numpy_backend(strategy, b
 
 
 def test_engine_backend_settings_name_the_field():
-    with pytest.raises(ValueError, match=r"^engine_backend: expected numpy, cupy or cupy-emulated, got 'gpu'$"):
-        FedSimConfig(engine_backend="gpu")
+    with pytest.raises(ConfigError, match=r"^execution.engine_backend: expected numpy, cupy or cupy-emulated, "
+                                          r"got 'gpu'$"):
+        build(FedSimConfig, {"execution": {"engine_backend": "gpu"}})
     if emulation.host_compiler() is not None:
-        with pytest.raises(ValueError, match=r"^engine_backend: cupy-emulated runs with backend vmap and server_mode "
-                                             r"rounds, got backend ray"):
-            FedSimConfig(engine_backend="cupy-emulated", backend="ray")
+        with pytest.raises(ConfigError, match=r"^execution.engine_backend: cupy-emulated runs with backend vmap, "
+                                              r"got ray"):
+            build(FedSimConfig, {"execution": {"engine_backend": "cupy-emulated", "backend": "ray"}})
+        with pytest.raises(ConfigError, match=r"^execution.engine_backend: strategy.server_mode threshold runs "
+                                              r"plain FedAvg"):
+            build(FedSimConfig, {"execution": {"engine_backend": "cupy-emulated"},
+                                 "strategy": {"server_mode": "threshold"}})
         x, y, train, ids = _data()
         with pytest.raises(ValueError, match=r"^engine_backend: cupy-emulated runs with backend vmap"):
             sim.Simulation(sim.BatchedMLP((4, 5, 3)), st.FedAvg(st.FitConfig(1, 4, 0.1), clients_per_round=2), x, y,
@@ -78,7 +84,7 @@ def test_engine_backend_settings_name_the_field():
 @pytest.mark.skipif(gpu_unavailable_reason() is None, reason="a CUDA device is visible: cupy is available")
 def test_fedarena_run_without_a_gpu_exits_2_with_one_line(tmp_path, capsys):
     rc = main(["run", str(REPO / "experiments" / "fedsim_digits.yaml"),
-               "--set", "engine_backend=cupy", "--out", str(tmp_path / "r")])
+               "--set", "execution.engine_backend=cupy", "--out", str(tmp_path / "r")])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1, lines
     assert "engine_backend: cupy selected but " in lines[0]

@@ -68,9 +68,9 @@ def test_fedsim_kind_runs_fedbuff_and_names_round_only_settings(tmp_path):
     from fedarena.platform.config import ConfigError
     from fedarena.platform.runs import execute
 
-    cfg = {"kind": "fedsim", "dataset": "digits", "num_clients": 20, "rounds": 12, "eval_every": 4, "seed": 1,
-           "server_mode": "threshold", "async_concurrency": 4, "async_buffer": 2, "async_staleness": 2,
-           "hidden": [16], "lr": 0.1}
+    cfg = {"kind": "fedsim", "rounds": 12, "seed": 1, "data": {"dataset": "digits", "num_clients": 20},
+           "evaluation": {"every": 4}, "model": {"hidden": [16]}, "clients": {"lr": 0.1},
+           "strategy": {"server_mode": "threshold", "async_concurrency": 4, "async_buffer": 2, "async_staleness": 2}}
     out = execute(cfg, out=tmp_path / "fedbuff", quiet=True, report=False)
     assert out["server_steps"] >= 12 and out["test_acc"] > 0.5
     rows = [json.loads(line) for line in (tmp_path / "fedbuff" / "metrics.jsonl").read_text().splitlines()]
@@ -78,5 +78,5 @@ def test_fedsim_kind_runs_fedbuff_and_names_round_only_settings(tmp_path):
     # the final model (the last step may overshoot 12)
     steps = [r["step"] for r in rows]
     assert 2 <= len(steps) <= 3 and steps == sorted(set(steps)) and steps[0] >= 4 and steps[-1] >= 12
-    with pytest.raises((ConfigError, ValueError), match="upload_codec"):
-        execute(dict(cfg, upload_codec="quantize"), out=tmp_path / "bad", quiet=True, report=False)
+    with pytest.raises((ConfigError, ValueError), match="upload.codec"):
+        execute(dict(cfg, upload={"codec": "quantize"}), out=tmp_path / "bad", quiet=True, report=False)

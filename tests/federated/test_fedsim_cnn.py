@@ -103,10 +103,9 @@ def test_fedavg_table_cnn_runs_on_mnist_format_files(tmp_path):
 
 
 def test_cnn_config_errors_name_the_field():
-    from fedarena.federated.fedsim_experiment import FedSimConfig, make_model
-    from fedarena.platform.config import ConfigError
+    from fedarena.federated.config import ModelConfig
 
-    with pytest.raises(ConfigError, match="image_shape: 30 features"):
-        make_model(FedSimConfig(kind="fedsim", model="cnn"), 30, 3)
-    with pytest.raises(ConfigError, match="divisible by 4"):
-        make_model(FedSimConfig(kind="fedsim", model="cnn", image_shape=[1, 6, 6]), 36, 3)
+    with pytest.raises(ValueError, match="model.image_shape: 30 features"):
+        ModelConfig(arch="cnn").build(30, 3)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        ModelConfig(arch="cnn", image_shape=[1, 6, 6]).build(36, 3)

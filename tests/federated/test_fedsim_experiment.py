@@ -12,9 +12,11 @@ import pytest
 from fedarena.platform.config import ConfigError
 from fedarena.platform.runs import execute, read_metrics
 
-SMALL = {"kind": "fedsim", "dataset": "breast_cancer", "num_clients": 12, "partition": "dirichlet", "alpha": 1.0,
-         "hidden": [], "rounds": 4, "clients_per_round": 5, "lr": 0.05, "upload_codec": "quantize",
-         "download_codec": "quantize", "personalize_epochs": 1, "privacy_seed": 5, "checkpoint": {"every": 1, "keep": 2}}
+SMALL = {"kind": "fedsim", "rounds": 4,
+         "data": {"dataset": "breast_cancer", "num_clients": 12, "partition": "dirichlet", "alpha": 1.0},
+         "model": {"hidden": []}, "clients": {"per_round": 5, "lr": 0.05}, "upload": {"codec": "quantize"},
+         "download": {"codec": "quantize"}, "evaluation": {"personalize_epochs": 1}, "privacy": {"seed": 5},
+         "checkpoint": {"every": 1, "keep": 2}}
 
 
 def test_fedsim_run_writes_metrics_report_and_resumes_identically(tmp_path):
@@ -38,14 +40,15 @@ def test_fedsim_run_writes_metrics_report_and_resumes_identically(tmp_path):
 
 
 def test_fedsim_config_errors_name_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="clients_per_round"):
-        execute(dict(SMALL, clients_per_round=13), out=tmp_path / "a", quiet=True)
-    with pytest.raises(ConfigError, match="partition.num_clients"):
-        execute(dict(SMALL, num_clients=500, partition="iid"), out=tmp_path / "b", quiet=True)
-    with pytest.raises(ConfigError, match="path"):
-        execute(dict(SMALL, dataset="leaf", path=str(tmp_path / "nope")), out=tmp_path / "c", quiet=True)
-    with pytest.raises(ConfigError, match="aggregation"):
-        execute(dict(SMALL, aggregation="mean"), out=tmp_path / "d", quiet=True)
+    with pytest.raises(ConfigError, match="clients.per_round"):
+        execute(SMALL, overrides=["clients.per_round=13"], out=tmp_path / "a", quiet=True)
+    with pytest.raises(ConfigError, match="data.num_clients"):
+        execute(SMALL, overrides=["data.num_clients=500", "data.partition=iid"], out=tmp_path / "b", quiet=True)
+    with pytest.raises(ConfigError, match="data.path"):
+        execute(SMALL, overrides=["data.dataset=leaf", f"data.path={tmp_path / 'nope'}"], out=tmp_path / "c",
+                quiet=True)
+    with pytest.raises(ConfigError, match="strategy.aggregation"):
+        execute(SMALL, overrides=["strategy.aggregation=mean"], out=tmp_path / "d", quiet=True)
 
 
 def test_cli_bad_input_one_line_exit_2(tmp_path, capsys):
@@ -53,17 +56,18 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys):
 
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "u.json").write_text('{"users": ["a"], "user_data": ')
-    cases = {
-        "clients_per_round": ["clients_per_round=200"],
-        "data.path": ["dataset=leaf", f"path={tmp_path / 'corrupt'}"],
-        "path": ["dataset=mnist", f"path={tmp_path / 'missing'}"],
-        "partition.num_clients": ["num_clients=1000", "clients_per_round=10", "partition=iid", "dataset=breast_cancer",
-                                  "test_fraction=0.9"],
-    }
+    cases = [
+        ("clients.per_round", ["clients.per_round=200"]),
+        ("data.path", ["data.dataset=leaf", f"data.path={tmp_path / 'corrupt'}"]),
+        ("data.path", ["data.dataset=mnist", f"data.path={tmp_path / 'missing'}"]),
+        ("data.num_clients", ["data.num_clients=1000", "clients.per_round=10", "data.partition=iid",
+                              "data.dataset=breast_cancer", "data.test_fraction=0.9"]),
+        ("aggregation", ["aggregation=krum"]),  # the old flat layout: names the new path
+    ]
     cfg = tmp_path / "c.yaml"
     cfg.write_text("kind: fedsim\nrounds: 1\n")
-    for field, sets in cases.items():
-        args = ["run", str(cfg), "--out", str(tmp_path / field), "--quiet"]
+    for i, (field, sets) in enumerate(cases):
+        args = ["run", str(cfg), "--out", str(tmp_path / str(i)), "--quiet"]
         for s_ in sets:
             args += ["--set", s_]
         assert main(args) == 2, field
@@ -72,18 +76,20 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, capsys):
         assert len(errors) == 1 and f" {field}:" in errors[0], (field, err)
         assert "Traceback" not in err
     # and the real process exit status
-    p = subprocess.run([sys.executable, "-m", "fedarena.platform.cli", "run", str(cfg), "--set", "dataset=leaf",
-                        "--set", f"path={tmp_path / 'corrupt'}", "--out", str(tmp_path / "proc")],
+    p = subprocess.run([sys.executable, "-m", "fedarena.platform.cli", "run", str(cfg), "--set", "data.dataset=leaf",
+                        "--set", f"data.path={tmp_path / 'corrupt'}", "--out", str(tmp_path / "proc")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "data.path:" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_fedsim_secagg_and_dp_fedavg_rounds(tmp_path):
-    base = dict(SMALL, rounds=2, upload_codec="dense", download_codec="dense", personalize_epochs=0)
-    execute(dict(base, secagg=True, secagg_dropout=0.2), out=tmp_path / "s", quiet=True, report=False)
+    base = dict(SMALL, rounds=2, upload={"codec": "dense"}, download={"codec": "dense"}, evaluation={})
+    execute(dict(base, privacy={"seed": 5, "secagg": {"enabled": True, "dropout": 0.2}}), out=tmp_path / "s", quiet=True,
+            report=False)
     rows = read_metrics(tmp_path / "s")
     assert all(3 <= r["secagg_survivors"] <= 5 and r["secagg_aborted"] == 0 for r in rows)
-    execute(dict(base, clients_per_round=0, dp_noise_multiplier=1.0, dp_sample_rate=0.5, dp_clip_norm=0.5),
+    execute(dict(base, clients={"per_round": 0, "lr": 0.05},
+                 privacy={"seed": 5, "dp": {"noise_multiplier": 1.0, "sample_rate": 0.5, "clip_norm": 0.5}}),
             out=tmp_path / "d", quiet=True, report=False)
     rows = read_metrics(tmp_path / "d")
     from fedarena.privacy.dp_fedavg import DPFedAvgMechanism

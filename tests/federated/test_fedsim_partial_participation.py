@@ -72,9 +72,9 @@ def test_trajectory_prediction_recovers_top1_at_partial_participation():
 
 
 def test_fedsim_resumes_with_trajectory_state(tmp_path):
-    cfg = {"kind": "fedsim", "dataset": "breast_cancer", "num_clients": 12, "hidden": [], "rounds": 5,
-           "clients_per_round": 3, "lr": 0.05, "upload_codec": "topk", "upload_fraction": 0.2,
-           "upload_prediction": "trajectory", "checkpoint": {"every": 1, "keep": 2}}
+    cfg = {"kind": "fedsim", "rounds": 5, "data": {"dataset": "breast_cancer", "num_clients": 12},
+           "model": {"hidden": []}, "clients": {"per_round": 3, "lr": 0.05},
+           "upload": {"codec": "topk", "fraction": 0.2, "prediction": "trajectory"}, "checkpoint": {"every": 1, "keep": 2}}
     execute(cfg, out=tmp_path / "a", quiet=True, report=False)
     execute(dict(cfg, rounds=2), out=tmp_path / "b", quiet=True, report=False)
     execute(None, overrides=["rounds=5"], resume=tmp_path / "b", quiet=True, report=False)

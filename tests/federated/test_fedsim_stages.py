@@ -204,10 +204,11 @@ def test_signds_upload_is_the_runtime_codec_with_equal_weights():
 
 
 def test_ldp_cumulative_epsilon_composes_in_rdp():
+    from fedarena.federated.config import LDPConfig, SimPrivacyConfig
     from fedarena.federated.fedsim_experiment import FedSimConfig, ldp_cumulative_epsilon
     from fedarena.privacy.ldp import GaussianMechanism
 
-    cfg = FedSimConfig(kind="fedsim", ldp_epsilon=1.0, ldp_delta=1e-5, ldp_clip_norm=1.0)
+    cfg = FedSimConfig(kind="fedsim", privacy=SimPrivacyConfig(ldp=LDPConfig(epsilon=1.0, delta=1e-5, clip_norm=1.0)))
     m = GaussianMechanism(1.0, 1e-5, 1.0)
     # one release: the RDP curve of a Gaussian with multiplier s is alpha / (2 s^2); closed-form conversion
     s = m.sigma / m.sensitivity

@@ -9,9 +9,10 @@ from fedarena.platform.runs import execute, read_metrics
 
 
 def test_fedavg_grpc_run_writes_metrics_and_report(tmp_path):
-    cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 3, "hidden": [8], "trainer": "engine",
-           "rounds": 3, "epochs": 1, "window_seconds": 30.0, "encoding": "q8", "server_optimizer": "fedyogi",
-           "server_lr": 0.05, "prox_mu": 0.01, "checkpoint": {"every": 1, "keep": 2}}
+    cfg = {"kind": "fedavg_grpc", "rounds": 3, "data": {"dataset": "synthetic", "num_clients": 3},
+           "model": {"hidden": [8], "trainer": "engine"},
+           "clients": {"epochs": 1, "window_seconds": 30.0, "prox_mu": 0.01}, "upload": {"encoding": "q8"},
+           "strategy": {"server_optimizer": {"name": "fedyogi", "lr": 0.05}}, "checkpoint": {"every": 1, "keep": 2}}
     summary = execute(cfg, out=tmp_path / "run", quiet=True)
     rows = read_metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -29,15 +30,17 @@ def test_fedavg_grpc_run_writes_metrics_and_report(tmp_path):
 
 
 def test_fedavg_grpc_config_errors_name_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="server_optimizer"):
-        execute({"kind": "fedavg_grpc", "server_optimizer": "sgd"}, out=tmp_path / "a", quiet=True)
-    with pytest.raises(ConfigError, match="min_fraction"):
-        execute({"kind": "fedavg_grpc", "min_fraction": 1.5}, out=tmp_path / "b", quiet=True)
+    with pytest.raises(ConfigError, match="strategy.server_optimizer.name"):
+        execute({"kind": "fedavg_grpc", "strategy": {"server_optimizer": {"name": "sgd"}}}, out=tmp_path / "a",
+                quiet=True)
+    with pytest.raises(ConfigError, match="clients.min_fraction"):
+        execute({"kind": "fedavg_grpc", "clients": {"min_fraction": 1.5}}, out=tmp_path / "b", quiet=True)
 
 
 def test_fedavg_grpc_resume_continues_from_the_last_round(tmp_path):
-    cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 2, "hidden": [8], "trainer": "numpy",
-           "rounds": 2, "epochs": 1, "window_seconds": 30.0, "checkpoint": {"every": 1, "keep": 2}}
+    cfg = {"kind": "fedavg_grpc", "rounds": 2, "data": {"dataset": "synthetic", "num_clients": 2},
+           "model": {"hidden": [8], "trainer": "numpy"}, "clients": {"epochs": 1, "window_seconds": 30.0},
+           "checkpoint": {"every": 1, "keep": 2}}
     execute(cfg, out=tmp_path / "run", quiet=True, report=False)
     from fedarena.federated.protocol import model_bytes
     from fedarena.federated.scheduler import load_state
@@ -60,8 +63,8 @@ def test_fedavg_grpc_resume_continues_from_the_last_round(tmp_path):
 
 
 def test_shipped_mtls_config_trains_over_mutual_tls(tmp_path):
-    over = ["dataset=synthetic", "num_clients=2", "num_servers=1", "hidden=[8]", "trainer=numpy", "rounds=1",
-            "epochs=1", "window_seconds=30.0"]
+    over = ["data.dataset=synthetic", "data.num_clients=2", "execution.num_servers=1", "model.hidden=[8]",
+            "model.trainer=numpy", "rounds=1", "clients.epochs=1", "clients.window_seconds=30.0"]
     summary = execute("experiments/fedavg_grpc_mtls.yaml", overrides=over, out=tmp_path / "run", quiet=True,
                       report=False)
     assert summary["rounds_aggregated"] == 1 and summary["model_version"] == 1
@@ -95,9 +98,10 @@ def _run_and_kill_scheduler(tmp_path, restart, rounds):
     import threading
     import time
 
-    cfg = {"kind": "fedavg_grpc", "dataset": "synthetic", "num_clients": 2, "num_servers": 1, "hidden": [8],
-           "trainer": "numpy", "rounds": rounds, "epochs": 1, "window_seconds": 60.0, "timeout_s": 120.0,
-           "restart": restart, "checkpoint": {"every": 1, "keep": 2}}
+    cfg = {"kind": "fedavg_grpc", "rounds": rounds, "data": {"dataset": "synthetic", "num_clients": 2},
+           "model": {"hidden": [8], "trainer": "numpy"}, "clients": {"epochs": 1, "window_seconds": 60.0},
+           "execution": {"num_servers": 1, "timeout_s": 120.0, "restart": restart},
+           "checkpoint": {"every": 1, "keep": 2}}
     out: dict = {}
 
     def go():

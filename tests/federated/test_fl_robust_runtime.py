@@ -1,4 +1,4 @@
-"""Robust aggregation in the gRPC runtime, chosen by name (``aggregation:`` in a fedavg_grpc config): the rules
+"""Robust aggregation in the gRPC runtime, chosen by name (``strategy.aggregation`` in a fedavg_grpc config): the rules
 against independent oracles (numpy's median, scipy's trimmed mean, Krum by brute force) and the wiring from the
 config to the scheduler."""
 
@@ -12,6 +12,7 @@ from fedarena.federated.grpc_experiment import FedAvgGrpcConfig, _spec
 from fedarena.federated.protocol import RoundConfig
 from fedarena.federated.scheduler import RoundPolicy
 from fedarena.federated.strategy import robust_rule
+from fedarena.platform.config import ConfigError, build
 
 
 def _deltas(n=7, seed=0):
@@ -52,8 +53,8 @@ def test_krum_picks_the_update_closest_to_its_neighbours_by_brute_force():
 
 
 def test_the_config_names_the_rule_and_the_deployment_ships_it():
-    spec = _spec(FedAvgGrpcConfig(dataset="synthetic", num_clients=6, aggregation="trimmed_mean",
-                                  trim_fraction=0.25))
+    spec = _spec(build(FedAvgGrpcConfig, {"data": {"dataset": "synthetic", "num_clients": 6},
+                                          "strategy": {"aggregation": "trimmed_mean", "trim_fraction": 0.25}}))
     assert (spec.policy.aggregation, spec.policy.trim_fraction) == ("trimmed_mean", 0.25)
     # the deployment ships the policy as JSON to the scheduler process
     from fedarena.federated.deployment import spec_from_json
@@ -73,10 +74,10 @@ def test_a_scheduler_given_a_robust_policy_aggregates_with_it(make_cluster):
 
 
 @pytest.mark.parametrize("fields, field", [
-    ({"aggregation": "median", "secagg": True}, "aggregation"),
-    ({"aggregation": "trimmed_mean", "trim_fraction": 0.6}, "trim_fraction"),
-    ({"aggregation": "krum", "krum_byzantine": -1}, "krum_byzantine"),
+    ({"strategy": {"aggregation": "median"}, "privacy": {"secagg": {"enabled": True}}}, "strategy.aggregation"),
+    ({"strategy": {"aggregation": "trimmed_mean", "trim_fraction": 0.6}}, "strategy.trim_fraction"),
+    ({"strategy": {"aggregation": "krum", "krum_byzantine": -1}}, "strategy.krum_byzantine"),
 ])
 def test_bad_robust_settings_name_the_field(fields, field):
-    with pytest.raises(ValueError, match=field):
-        FedAvgGrpcConfig(dataset="synthetic", num_clients=6, **fields)
+    with pytest.raises(ConfigError, match=field):
+        build(FedAvgGrpcConfig, {"data": {"dataset": "synthetic", "num_clients": 6}, **fields})

@@ -190,6 +190,7 @@ def test_secagg_plus_with_six_neighbours_runs_through_the_runtime(make_cluster):
 def test_secure_parameters_that_cannot_run_are_refused_at_config_load():
     """Finding 3 (512 clients overflow the fixed-point sum) and finding 2 (minority thresholds): one line naming the
     field, before any process starts."""
+    from fedarena.federated.config import GrpcPrivacyConfig, GrpcSecAggConfig, TaskDataConfig
     from fedarena.federated.grpc_experiment import FedAvgGrpcConfig
 
     cfg = RoundConfig(secagg=True)
@@ -199,7 +200,8 @@ def test_secure_parameters_that_cannot_run_are_refused_at_config_load():
         RoundPolicy(clients_per_round=cap + 1, round_config=cfg)
     RoundPolicy(clients_per_round=cap, round_config=cfg)
     with pytest.raises(ValueError, match=r"^round\.secagg_scale: 600 clients"):
-        FedAvgGrpcConfig(num_clients=600, secagg=True)
+        FedAvgGrpcConfig(data=TaskDataConfig(num_clients=600),
+                         privacy=GrpcPrivacyConfig(secagg=GrpcSecAggConfig(enabled=True)))
     with pytest.raises(ValueError, match=r"^round\.secagg_threshold: must lie in \[0.5, 1\]"):
         RoundConfig(secagg=True, secagg_threshold=0.4)
     with pytest.raises(ValueError, match=r"^clients_per_round/start_clients: a secure round needs at least 3"):
@@ -216,6 +218,7 @@ def test_secure_parameters_that_cannot_run_are_refused_at_config_load():
 def test_uploads_need_registration_and_example_counts_are_bounded(make_cluster):
     """Finding 6: an authenticated but unregistered client (or one registered on another server) is refused; example
     counts above the bound are refused on register and upload; a deployment takes the bound from its task."""
+    from fedarena.federated.config import GrpcUploadConfig, TaskDataConfig
     from fedarena.federated.grpc_experiment import FedAvgGrpcConfig, _spec
     from fedarena.federated.task import build_task
 
@@ -258,10 +261,10 @@ def test_uploads_need_registration_and_example_counts_are_bounded(make_cluster):
         expect = (init[k].astype(np.float64) + (10 * 0.01 + 30 * np.float64(np.float32(-0.03))) / 40)
         np.testing.assert_allclose(c.scheduler.params[k], expect.astype(np.float32), rtol=1e-6)
     # a deployment's default bound is its largest client shard
-    cfg = FedAvgGrpcConfig(dataset="synthetic", num_clients=6)
-    spec = _spec(cfg)
+    data = TaskDataConfig(dataset="synthetic", num_clients=6)
+    spec = _spec(FedAvgGrpcConfig(data=data))
     assert spec.server.max_examples == max(len(y) for _, y in build_task(spec.task).clients)
-    assert _spec(FedAvgGrpcConfig(dataset="synthetic", num_clients=6, max_examples=77)).server.max_examples == 77
+    assert _spec(FedAvgGrpcConfig(data=data, upload=GrpcUploadConfig(max_examples=77))).server.max_examples == 77
 
 
 def _median(deltas, weights):

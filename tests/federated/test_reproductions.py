@@ -11,6 +11,8 @@ import torch
 
 from fedarena.federated import simulation as sim
 from fedarena.federated.fedsim_experiment import FedSimConfig, build
+from fedarena.platform.config import build as build_config
+from fedarena.platform.config import merged
 from fedarena.federated.strategy import FitConfig
 from fedarena.platform.config import ConfigError
 from fedarena.platform.runs import execute, read_metrics
@@ -26,9 +28,10 @@ def test_fedavg_table_rounds_are_the_first_crossing_of_the_fedsim_run(tmp_path):
     # oracle: the fedsim kind itself, same cell (B = 10 cells; clients_per_round = max(1, C K))
     for part, c in (("iid", 0.2), ("shards", 0.0)):
         name = f"{'iid' if part == 'iid' else 'non-iid'} C={c:g} E=2 B=10"
-        execute(dict(kind="fedsim", num_clients=20, partition=part, hidden=[8], rounds=12, epochs=2,
-                     batch_size=10, lr=0.1, held_out_fraction=0.0, clients_per_round=max(1, round(c * 20)),
-                     privacy_seed=0), out=tmp_path / name.replace(" ", "_"), quiet=True, report=False)
+        execute(dict(kind="fedsim", rounds=12, data={"num_clients": 20, "partition": part, "held_out_fraction": 0.0},
+                     model={"hidden": [8]}, privacy={"seed": 0},
+                     clients={"epochs": 2, "batch_size": 10, "lr": 0.1, "per_round": max(1, round(c * 20))}),
+                out=tmp_path / name.replace(" ", "_"), quiet=True, report=False)
         accs = [r["test_acc"] for r in read_metrics(tmp_path / name.replace(" ", "_"))]
         first = next((i + 1 for i, a in enumerate(accs) if a >= 0.5), None)
         assert res["rounds"][name] == first
@@ -43,8 +46,10 @@ def test_fedavg_table_rounds_are_the_first_crossing_of_the_fedsim_run(tmp_path):
 
 def test_infinite_batch_is_one_full_batch_gradient_step_per_epoch():
     """B = inf (batch = the largest client): each epoch is one gradient step on the client's whole data (torch)."""
-    cfg = FedSimConfig(kind="fedsim", dataset="breast_cancer", num_clients=6, hidden=[], rounds=1,
-                       clients_per_round=0, epochs=2, batch_size=10, lr=0.3, held_out_fraction=0.0, privacy_seed=0)
+    cfg = build_config(FedSimConfig, {
+        "kind": "fedsim", "rounds": 1, "data": {"dataset": "breast_cancer", "num_clients": 6, "held_out_fraction": 0.0},
+        "model": {"hidden": []}, "clients": {"per_round": 0, "epochs": 2, "batch_size": 10, "lr": 0.3},
+        "privacy": {"seed": 0}})
     d, s = build(cfg)
     bmax = max(len(t) for t in d.train)
     fit = FitConfig(epochs=2, batch_size=bmax, lr=0.3)
@@ -65,10 +70,12 @@ def test_infinite_batch_is_one_full_batch_gradient_step_per_epoch():
 
 
 def _straggler_sim(partial: bool, fraction: float) -> sim.Simulation:
-    cfg = FedSimConfig(kind="fedsim", dataset="synthetic", num_clients=10, synthetic_size_mean=2.0,
-                       synthetic_size_sigma=0.5, synthetic_size_min=20, hidden=[], rounds=1, clients_per_round=4,
-                       local_steps=6, batch_size=5, lr=0.05, straggler_fraction=fraction, partial_work=partial,
-                       privacy_seed=0)
+    cfg = build_config(FedSimConfig, {
+        "kind": "fedsim", "rounds": 1, "model": {"hidden": []}, "privacy": {"seed": 0},
+        "data": {"dataset": "synthetic", "num_clients": 10, "synthetic_size_mean": 2.0, "synthetic_size_sigma": 0.5,
+                 "synthetic_size_min": 20},
+        "clients": {"per_round": 4, "local_steps": 6, "batch_size": 5, "lr": 0.05},
+        "heterogeneity": {"straggler_fraction": fraction, "partial_work": partial}})
     return build(cfg)[1]
 
 
@@ -168,12 +175,12 @@ def test_reproduction_configs_name_the_bad_field(tmp_path):
 
 
 SWEEP = {"kind": "fedsim_sweep", "x_metric": "bytes_up", "privacy_plot": True,
-         "base": {"dataset": "breast_cancer", "num_clients": 8, "hidden": [], "rounds": 3, "clients_per_round": 0,
-                  "lr": 0.05, "held_out_fraction": 0.0, "privacy_seed": 3},
-         "variants": [{"label": "dense"}, {"label": "q8", "upload_codec": "quantize", "upload_bits": 8},
-                      {"label": "ldp", "ldp_epsilon": 8.0},
-                      {"label": "signds", "signds_k": 10, "signds_h": 3, "signds_epsilon": 2.0},
-                      {"label": "dp", "dp_noise_multiplier": 1.0, "dp_sample_rate": 0.5}]}
+         "base": {"rounds": 3, "data": {"dataset": "breast_cancer", "num_clients": 8, "held_out_fraction": 0.0},
+                  "model": {"hidden": []}, "clients": {"per_round": 0, "lr": 0.05}, "privacy": {"seed": 3}},
+         "variants": [{"label": "dense"}, {"label": "q8", "upload": {"codec": "quantize", "bits": 8}},
+                      {"label": "ldp", "privacy": {"ldp": {"epsilon": 8.0}}},
+                      {"label": "signds", "privacy": {"signds": {"k": 10, "h": 3, "epsilon": 2.0}}},
+                      {"label": "dp", "privacy": {"dp": {"noise_multiplier": 1.0, "sample_rate": 0.5}}}]}
 
 
 def test_fedsim_sweep_matches_the_fedsim_runs_of_each_variant(tmp_path):
@@ -182,7 +189,7 @@ def test_fedsim_sweep_matches_the_fedsim_runs_of_each_variant(tmp_path):
     for v in SWEEP["variants"]:
         fields = {k: x for k, x in v.items() if k != "label"}
         one = tmp_path / v["label"]
-        execute({"kind": "fedsim", **SWEEP["base"], **fields}, out=one, quiet=True, report=False)
+        execute({"kind": "fedsim", **merged(SWEEP["base"], fields)}, out=one, quiet=True, report=False)
         rows = read_metrics(one)
         if v["label"] != "dp":
             assert curves[v["label"]]["test_acc"] == pytest.approx([r["test_acc"] for r in rows], rel=1e-12)
@@ -203,10 +210,13 @@ def test_fedsim_sweep_matches_the_fedsim_runs_of_each_variant(tmp_path):
 
 
 def test_fedsim_sweep_bad_variant_names_it(tmp_path):
-    bad = dict(SWEEP, variants=[{"label": "a"}, {"label": "b", "upload_codec": "gzip"}])
-    with pytest.raises(ConfigError, match=r"variants\[1\].*upload_codec"):
+    bad = dict(SWEEP, variants=[{"label": "a"}, {"label": "b", "upload": {"codec": "gzip"}}])
+    with pytest.raises(ConfigError, match=r"variants\[1\].*upload.codec"):
         execute(bad, out=tmp_path / "a", quiet=True)
+    with pytest.raises(ConfigError, match=r"variants\[1\].*upload_codec: moved to variants\[1\].upload.codec"):
+        execute(dict(SWEEP, variants=[{"label": "a"}, {"label": "b", "upload_codec": "quantize"}]),
+                out=tmp_path / "d", quiet=True)
     with pytest.raises(ConfigError, match="label"):
-        execute(dict(SWEEP, variants=[{"upload_codec": "quantize"}]), out=tmp_path / "b", quiet=True)
+        execute(dict(SWEEP, variants=[{"upload": {"codec": "quantize"}}]), out=tmp_path / "b", quiet=True)
     with pytest.raises(ConfigError, match="seed"):
         execute(dict(SWEEP, variants=[{"label": "a", "seed": 3}]), out=tmp_path / "c", quiet=True)

@@ -55,7 +55,7 @@ def test_profile_run_writes_statistics_and_summary(tmp_path):
 
     prof = tmp_path / "prof" / "run.prof"
     rc = main(["run", str(ROOT / "experiments" / "fedsim_digits.yaml"), "--set", "rounds=2", "--set",
-               "personalize_epochs=0", "--no-report", "--quiet", "--out", str(tmp_path / "run"),
+               "evaluation.personalize_epochs=0", "--no-report", "--quiet", "--out", str(tmp_path / "run"),
                "--profile-run", str(prof)])
     assert rc == 0
     stats = pstats.Stats(str(prof))

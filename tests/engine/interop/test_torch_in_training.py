@@ -14,9 +14,9 @@ from fedarena.platform.runs import execute, read_metrics
 torch = pytest.importorskip("torch")
 HERE = Path(__file__).parent
 
-FEDSIM = {"kind": "fedsim", "dataset": "digits", "num_clients": 20, "partition": "iid", "rounds": 4,
-          "clients_per_round": 10, "epochs": 2, "batch_size": 10, "lr": 0.3, "seed": 3,
-          "model": "torch:torch_models:digits_cnn"}
+FEDSIM = {"kind": "fedsim", "rounds": 4, "seed": 3, "data": {"dataset": "digits", "num_clients": 20, "partition": "iid"},
+          "clients": {"per_round": 10, "epochs": 2, "batch_size": 10, "lr": 0.3},
+          "model": {"arch": "torch:torch_models:digits_cnn"}}
 
 
 @pytest.fixture
@@ -42,12 +42,12 @@ def test_fedsim_trains_a_converted_torch_cnn(tmp_path, factories_on_path):
 
 
 def test_fedsim_torch_model_errors_name_the_field(tmp_path, factories_on_path):
-    with pytest.raises(ConfigError, match="model: cannot import module 'no_such_models'"):
-        execute(dict(FEDSIM, model="torch:no_such_models:f"), out=tmp_path / "a", quiet=True)
-    with pytest.raises(ConfigError, match=r"model: .*expected \(10,\) class logits"):
-        execute(dict(FEDSIM, model="torch:torch_models:three_logits"), out=tmp_path / "b", quiet=True)
-    with pytest.raises(ConfigError, match="model: a torch model trains with backend vmap"):
-        execute(dict(FEDSIM, backend="ray"), out=tmp_path / "c", quiet=True)
+    with pytest.raises(ConfigError, match="model.arch: cannot import module 'no_such_models'"):
+        execute(dict(FEDSIM, model={"arch": "torch:no_such_models:f"}), out=tmp_path / "a", quiet=True)
+    with pytest.raises(ConfigError, match=r"model.arch: .*expected \(10,\) class logits"):
+        execute(dict(FEDSIM, model={"arch": "torch:torch_models:three_logits"}), out=tmp_path / "b", quiet=True)
+    with pytest.raises(ConfigError, match="model.arch: a torch model trains with execution.backend vmap"):
+        execute(dict(FEDSIM, execution={"backend": "ray"}), out=tmp_path / "c", quiet=True)
 
 
 PPO = {"kind": "ppo", "env_id": "CartPole-v1", "seed": 1, "total_steps": 8192, "target_return": None,

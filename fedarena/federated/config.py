@@ -1,0 +1,795 @@
+"""The sections of the federated experiment configs: ``data``, ``model``, ``clients``, ``strategy``, ``upload``,
+``download``, ``privacy``, ``heterogeneity``, ``evaluation``, ``execution`` (and, for the gRPC runtime, ``tls``).
+
+Each section is a frozen dataclass that checks its own fields (every field is validated here and only here; its
+error starts with the field's name, and the platform's loader prefixes the section path, so a bad value reads
+``strategy.trim_fraction: must lie in [0, 0.5), got 0.7``) and builds the runtime object it configures
+(``FitConfig``, the strategy, the upload stages, ``Heterogeneity``, ...) through the public constructors of
+:mod:`fedarena.federated.strategy`, :mod:`fedarena.federated.stages`, :mod:`fedarena.federated.compression` and
+:mod:`fedarena.federated.scheduler`. A section that means the same in the simulation (kind ``fedsim``) and the
+gRPC runtime (kind ``fedavg_grpc``) is the same class in both (:class:`ClientsConfig` for local training,
+:class:`ServerOptimizerConfig`, :class:`LDPConfig`, :class:`SignDSConfig`); a kind that needs more derives from it.
+Checks across sections (SecAgg needs a mean, DP-FedAvg samples its own clients, ...) live in the kinds' config
+classes, :class:`fedarena.federated.fedsim_experiment.FedSimConfig` and
+:class:`fedarena.federated.grpc_experiment.FedAvgGrpcConfig`.
+
+The attack section: attackers and defences (issue 36, ``fedarena.federated.attacks``) join as a section
+``attack`` of ``FedSimConfig`` beside ``heterogeneity``; until then the corrupting clients of
+:class:`fedarena.federated.simulation.Heterogeneity` are configured by ``heterogeneity.adversary*``.
+
+``FEDSIM_MOVED`` and ``GRPC_MOVED`` map every key of the old flat layouts (before the sections) to its dotted path
+now: the loader names the new path of an old key in one line, and ``fedarena show --migrate FILE`` rewrites an old
+file (:func:`fedarena.platform.config.migrate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fedarena.platform.experiment import ExperimentConfig, param
+
+ServerOptimizerName = Literal["fedavg", "fedadagrad", "fedadam", "fedyogi"]
+
+
+def _in_unit(name: str, v: float, lo_open: bool = False, hi_open: bool = False) -> None:
+    lo_ok = v > 0 if lo_open else v >= 0
+    hi_ok = v < 1 if hi_open else v <= 1
+    if not (lo_ok and hi_ok):
+        raise ValueError(f"{name}: must lie in {'(' if lo_open else '['}0, 1{')' if hi_open else ']'}, got {v}")
+
+
+def _at_least(name: str, v: float, lo: float) -> None:
+    if v < lo:
+        raise ValueError(f"{name}: must be >= {lo:g}, got {v}")
+
+
+def _positive(name: str, v: float) -> None:
+    if not v > 0:
+        raise ValueError(f"{name}: must be > 0, got {v}")
+
+
+def _check_trim(v: float) -> None:
+    """The trimmed mean cuts ``v`` of the updates at each end: less than half, or nothing would remain."""
+    if not 0 <= v < 0.5:
+        raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {v}")
+
+
+# ----------------------------------------------------------------------------- sections of both kinds
+
+
+@dataclass(frozen=True)
+class ClientsConfig:
+    """Which clients train in a round and how they train (McMahan et al. 2017's C, E, B; FedProx's mu)."""
+
+    per_round: int = param(10, "clients selected per round (0 = all)")
+    epochs: int = param(1, "local epochs E")
+    batch_size: int = param(10, "local minibatch size B")
+    lr: float = param(0.1, "local SGD learning rate")
+    prox_mu: float = param(0.0, "FedProx proximal coefficient mu (Li et al. 2020; 0 = FedAvg)")
+
+    def __post_init__(self) -> None:
+        _at_least("per_round", self.per_round, 0)
+        _at_least("epochs", self.epochs, 1)
+        _at_least("batch_size", self.batch_size, 1)
+        _positive("lr", self.lr)
+        _at_least("prox_mu", self.prox_mu, 0)
+
+    def check_clients(self, num_clients: int) -> None:
+        """``per_round`` against the clients there are (called by the kinds, which know ``data.num_clients``)."""
+        if self.per_round > num_clients:
+            raise ValueError(f"clients.per_round: {self.per_round} exceeds the {num_clients} clients")
+
+    def build(self, local_steps: int = 0):
+        """The local training of a round: :class:`fedarena.federated.strategy.FitConfig`."""
+        from fedarena.federated.strategy import FitConfig
+
+        return FitConfig(self.epochs, self.batch_size, self.lr, self.prox_mu, local_steps)
+
+
+@dataclass(frozen=True)
+class ServerOptimizerConfig:
+    """The server's update rule on the aggregated delta (Reddi et al. 2021's FedOpt: FedAdagrad, FedAdam, FedYogi;
+    ``fedavg`` adds ``lr`` times the delta)."""
+
+    name: ServerOptimizerName = param("fedavg", "server update rule")
+    lr: float = param(1.0, "server learning rate eta")
+    beta1: float = param(0.9, "FedAdam/FedYogi beta1")
+    beta2: float = param(0.99, "FedAdam/FedYogi beta2")
+    tau: float = param(1e-3, "FedAdagrad/FedAdam/FedYogi adaptivity tau")
+
+    def __post_init__(self) -> None:
+        _positive("lr", self.lr)
+        _in_unit("beta1", self.beta1, hi_open=True)
+        _in_unit("beta2", self.beta2, hi_open=True)
+        _positive("tau", self.tau)
+
+    def build(self):
+        from fedarena.federated.strategy import ServerOptimizer
+
+        return ServerOptimizer(self.name, self.lr, self.beta1, self.beta2, self.tau)
+
+
+@dataclass(frozen=True)
+class LDPConfig:
+    """Local DP of every upload: clip to ``clip_norm`` and add analytic-Gaussian noise (Balle & Wang 2018)."""
+
+    epsilon: float = param(0.0, "epsilon per upload (0 = off)")
+    delta: float = param(1e-5, "delta per upload")
+    clip_norm: float = param(1.0, "L2 clipping norm of the update before the noise")
+
+    def __post_init__(self) -> None:
+        _at_least("epsilon", self.epsilon, 0)
+        _in_unit("delta", self.delta, lo_open=True, hi_open=True)
+        _positive("clip_norm", self.clip_norm)
+
+    @property
+    def on(self) -> bool:
+        return self.epsilon > 0
+
+    def build(self):
+        from fedarena.federated.stages import GaussianLDP
+
+        return GaussianLDP(self.epsilon, self.delta, self.clip_norm)
+
+
+@dataclass(frozen=True)
+class SignDSConfig:
+    """SignDS uploads (Jiang et al. 2022): a client reports ``h`` dimensions drawn around its top-``k`` set."""
+
+    k: int = param(0, "top-k size (0 = off); when on, clients upload SignDS reports")
+    h: int = param(0, "number of reported dimensions h")
+    epsilon: float = param(1.0, "epsilon per upload")
+    lr: float = param(0.01, "global learning rate of the decoded sign vector")
+
+    def __post_init__(self) -> None:
+        _at_least("k", self.k, 0)
+        if self.k > 0 and self.h < 1:
+            raise ValueError(f"h: SignDS with k = {self.k} reports h >= 1 dimensions, got {self.h}")
+        _at_least("h", self.h, 0)
+        _positive("epsilon", self.epsilon)
+        _positive("lr", self.lr)
+
+    @property
+    def on(self) -> bool:
+        return self.k > 0
+
+    def build(self):
+        from fedarena.federated.stages import SignDSUpload
+
+        return SignDSUpload(self.k, self.h, self.epsilon, self.lr)
+
+
+# ----------------------------------------------------------------------------- fedsim
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The data set and its split over the simulated clients (:mod:`fedarena.federated.data`)."""
+
+    dataset: Literal["digits", "breast_cancer", "synthetic", "leaf", "mnist"] = param("digits", "data set")
+    path: str = param("", "local file or folder of a leaf / mnist data set")
+    num_clients: int = param(100, "number of clients")
+    partition: Literal["iid", "dirichlet", "shards", "quantity"] = param("iid", "how examples are split over clients")
+    alpha: float = param(0.5, "Dirichlet label-skew concentration (partition: dirichlet)")
+    shards_per_client: int = param(2, "labels (shards) per client (partition: shards)")
+    beta: float = param(0.5, "Dirichlet concentration of client sizes (partition: quantity)")
+    test_fraction: float = param(0.2, "global test set fraction (digits, breast_cancer)")
+    held_out_fraction: float = param(0.2, "per-client held-out fraction for per-client evaluation")
+    synthetic_alpha: float = param(1.0, "FedProx Synthetic(alpha, beta): model heterogeneity")
+    synthetic_beta: float = param(1.0, "FedProx Synthetic(alpha, beta): data heterogeneity")
+    synthetic_size_mean: float = param(4.0, "examples per device ~ lognormal(mean, sigma) + min")
+    synthetic_size_sigma: float = param(2.0, "see synthetic_size_mean")
+    synthetic_size_min: int = param(50, "see synthetic_size_mean")
+    synthetic_size_max: int = param(0, "cap on examples per device (0 = none)")
+
+    def __post_init__(self) -> None:
+        if self.dataset in ("leaf", "mnist") and not self.path:
+            raise ValueError(f"path: dataset '{self.dataset}' is read from a local path; set path")
+        if self.path and not Path(self.path).exists():
+            raise ValueError(f"path: {self.path}: no such file or directory")
+        _at_least("num_clients", self.num_clients, 1)
+        _positive("alpha", self.alpha)
+        _at_least("shards_per_client", self.shards_per_client, 1)
+        _positive("beta", self.beta)
+        _in_unit("test_fraction", self.test_fraction, lo_open=True, hi_open=True)
+        _in_unit("held_out_fraction", self.held_out_fraction, hi_open=True)
+        _at_least("synthetic_alpha", self.synthetic_alpha, 0)
+        _at_least("synthetic_beta", self.synthetic_beta, 0)
+        _at_least("synthetic_size_sigma", self.synthetic_size_sigma, 0)
+        _at_least("synthetic_size_min", self.synthetic_size_min, 1)
+        _at_least("synthetic_size_max", self.synthetic_size_max, 0)
+
+    def build(self):
+        """:class:`fedarena.federated.data.DataSpec` (``data.load(spec, seed)`` makes the data set)."""
+        from fedarena.federated import data
+
+        return data.DataSpec(dataset=self.dataset, path=self.path, partition=data.PartitionSpec(
+            self.partition, self.num_clients, self.alpha, self.shards_per_client, self.beta),
+            test_fraction=self.test_fraction, held_out_fraction=self.held_out_fraction,
+            synthetic_alpha=self.synthetic_alpha, synthetic_beta=self.synthetic_beta,
+            synthetic_size_mean=self.synthetic_size_mean, synthetic_size_sigma=self.synthetic_size_sigma,
+            synthetic_size_min=self.synthetic_size_min, synthetic_size_max=self.synthetic_size_max)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model every client trains (:mod:`fedarena.federated.simulation`'s batched models)."""
+
+    arch: str = param("mlp", "mlp (ReLU MLP of hidden sizes; the paper's 2NN is [200, 200]), cnn (McMahan et al. "
+                      "2017's CNN: 5x5 convs, 2x2 max pools, a ReLU layer), or a torch model "
+                      "'torch:module.path:factory' (factory(num_features, num_classes) -> nn.Module, converted by "
+                      "engine.from_torch; the run imports that module and calls the factory: a config is code, "
+                      "run only configs you trust)")
+    hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
+    cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions", factory=lambda: [32, 64])
+    cnn_hidden: int = param(512, "cnn: units of the fully connected ReLU layer")
+    image_shape: list[int] = param(doc="cnn: (channels, height, width) of an example; [] = one channel, square",
+                                   factory=list)
+    zero_init: bool = param(False, "start from all-zero parameters (softmax regression)")
+
+    def __post_init__(self) -> None:
+        if self.arch not in ("mlp", "cnn") and not self.arch.startswith("torch:"):
+            raise ValueError(f"arch: expected mlp, cnn or torch:module:factory, got {self.arch!r}")
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden: every layer needs >= 1 unit, got {self.hidden}")
+        if self.image_shape and len(self.image_shape) != 3:
+            raise ValueError(f"image_shape: (channels, height, width) expected, got {self.image_shape}")
+
+    def build(self, num_features: int, num_classes: int):
+        """The batched model: the MLP ``(features, *hidden, classes)``, the CNN on ``image_shape``, or a torch
+        model through engine.from_torch (:mod:`fedarena.federated.torch_model`). Data-dependent errors (a CNN
+        whose image does not fit the features) are ``ValueError`` naming the field."""
+        import numpy as np
+
+        from fedarena.federated.simulation import BatchedCNN, BatchedMLP
+
+        if self.arch == "mlp":
+            return BatchedMLP((num_features, *self.hidden, num_classes))
+        if self.arch.startswith("torch:"):
+            from fedarena.engine.interop import TorchConversionError
+            from fedarena.federated.torch_model import BatchedTorchModel
+
+            try:
+                return BatchedTorchModel(self.arch, num_features, num_classes)
+            except (ValueError, TorchConversionError) as e:  # torch_model names the field "model"
+                raise ValueError(f"model.arch: {str(e).removeprefix('model: ')}") from None
+        image = tuple(self.image_shape)
+        if not image:
+            side = int(round(num_features ** 0.5))
+            if side * side != num_features:
+                raise ValueError(f"model.image_shape: {num_features} features are not a square one-channel image; "
+                                 "set model.image_shape")
+            image = (1, side, side)
+        if int(np.prod(image)) != num_features:
+            raise ValueError(f"model.image_shape: {list(image)} has {int(np.prod(image))} pixels, the data has "
+                             f"{num_features}")
+        return BatchedCNN(image, num_classes, self.cnn_channels, self.cnn_hidden)
+
+    def init_params(self, model: Any, seed: int) -> dict[str, Any]:
+        """The global model's starting parameters (all zero with ``zero_init``)."""
+        import numpy as np
+
+        params = model.init_params(seed)
+        return {k: np.zeros_like(v) for k, v in params.items()} if self.zero_init else params
+
+
+@dataclass(frozen=True)
+class SimClientsConfig(ClientsConfig):
+    """:class:`ClientsConfig` plus the simulation's local-step schedules (the FL chapter's adaptive aggregation
+    frequency: few local steps early, more later, or driven by the divergence of the client updates)."""
+
+    local_steps: int = param(0, "> 0: this many local steps instead of epochs")
+    step_schedule: Literal["fixed", "linear", "divergence"] = param(
+        "fixed", "local steps per round: fixed, linear growth, or driven by the divergence of client updates")
+    steps_min: int = param(1, "fewest local steps of a schedule")
+    steps_max: int = param(20, "most local steps of a schedule")
+    divergence_target: float = param(1.0, "divergence schedule: halve steps above, double below this divergence")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _at_least("local_steps", self.local_steps, 0)
+        if not 1 <= self.steps_min <= self.steps_max:
+            raise ValueError(f"steps_min/steps_max: need 1 <= min <= max, got {self.steps_min}, {self.steps_max}")
+        _positive("divergence_target", self.divergence_target)
+
+    def build(self, local_steps: int | None = None):
+        return super().build(self.local_steps if local_steps is None else local_steps)
+
+
+SIM_RULES = ("fedavg", "scaffold", "median", "trimmed_mean", "krum", "geometric_median")
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """How the server aggregates (FedAvg, SCAFFOLD, a Byzantine-robust rule) and updates the global model, and
+    whether it runs rounds or the buffered-asynchronous modes of :mod:`fedarena.federated.buffered_async`."""
+
+    aggregation: Literal["fedavg", "scaffold", "median", "trimmed_mean", "krum", "geometric_median"] = param(
+        "fedavg", "aggregation rule")
+    trim_fraction: float = param(0.2, "trimmed mean: fraction trimmed at each end")
+    krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f")
+    krum_keep: int = param(1, "multi-Krum: updates averaged (m = n - f is Blanchard et al.'s multi-Krum)")
+    krum_preselect: bool = param(False, "median/trimmed_mean/geometric_median: first keep the n - f updates with "
+                                 "the lowest Krum scores (Bulyan's selection stage)")
+    max_weight: float = param(0.0, "example-count bound on a client's FedAvg weight (0 = none)")
+    server_optimizer: ServerOptimizerConfig = param(doc="the server's update rule",
+                                                    factory=ServerOptimizerConfig)
+    server_mode: Literal["rounds", "sync", "threshold", "async"] = param(
+        "rounds", "rounds: synchronous rounds; sync / threshold (FedBuff) / async: the global model lives on the "
+        "engine's parameter server, async_concurrency clients train at once and `rounds` counts server steps "
+        "(fedarena.federated.buffered_async; plain FedAvg with dense uploads only)")
+    async_concurrency: int = param(10, "clients training at once (server_mode sync / threshold / async)")
+    async_buffer: int = param(5, "deltas per server step in threshold mode (FedBuff's K)")
+    async_staleness: int = param(4, "largest model-version lag of an applied delta (threshold / async)")
+
+    def __post_init__(self) -> None:
+        _check_trim(self.trim_fraction)
+        _at_least("krum_byzantine", self.krum_byzantine, 0)
+        _at_least("krum_keep", self.krum_keep, 1)
+        if self.krum_preselect and (self.aggregation not in ("median", "trimmed_mean", "geometric_median")
+                                    or self.krum_byzantine < 1):
+            raise ValueError("krum_preselect: needs median, trimmed_mean or geometric_median and krum_byzantine >= 1")
+        _at_least("max_weight", self.max_weight, 0)
+        _at_least("async_concurrency", self.async_concurrency, 1)
+        _at_least("async_buffer", self.async_buffer, 1)
+        if self.server_mode != "rounds" and self.async_buffer > self.async_concurrency:
+            raise ValueError(f"async_buffer: a server step waits for {self.async_buffer} deltas but only "
+                             f"async_concurrency = {self.async_concurrency} clients train at once")
+        _at_least("async_staleness", self.async_staleness, 0)
+
+    def build(self, fit: Any, clients_per_round: int):
+        """The strategy of a round (DP-FedAvg and SecAgg wrap it: :meth:`SimPrivacyConfig.wrap`)."""
+        from fedarena.federated import strategy as st
+
+        common = dict(fit=fit, server_optimizer=self.server_optimizer.build(), clients_per_round=clients_per_round,
+                      max_weight=self.max_weight)
+        if self.aggregation == "fedavg":
+            return st.FedAvg(**common)
+        if self.aggregation == "scaffold":
+            return st.Scaffold(**common, server_lr=self.server_optimizer.lr)
+        return st.RobustAggregate(**common, rule=self.aggregation, trim_fraction=self.trim_fraction,
+                                  num_byzantine=self.krum_byzantine, krum_keep=self.krum_keep,
+                                  krum_preselect=self.krum_preselect)
+
+    def build_async(self, rounds: int, eval_every: int):
+        """:class:`fedarena.federated.buffered_async.AsyncFLConfig` of the asynchronous server modes."""
+        from fedarena.federated.buffered_async import AsyncFLConfig
+
+        return AsyncFLConfig(mode=self.server_mode, concurrency=self.async_concurrency, buffer=self.async_buffer,
+                             staleness=self.async_staleness, server_lr=self.server_optimizer.lr, steps=rounds,
+                             eval_every=eval_every)
+
+
+CodecName = Literal["dense", "quantize", "topk", "topk_quantize"]
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    """What a client does to its update before it leaves: clipping and compression
+    (:mod:`fedarena.federated.compression`; local DP and SignDS are in ``privacy``)."""
+
+    clip_norm: float = param(0.0, "client-side clipping of the update's L2 norm (0 = off)")
+    codec: CodecName = param("dense", "upload compression")
+    bits: int = param(8, "bits of the upload quantizer")
+    fraction: float = param(0.01, "fraction kept by top-k uploads")
+    error_feedback: bool = param(True, "error feedback for compressed uploads")
+    prediction: Literal["none", "trajectory"] = param(
+        "none", "compress the update's difference to its prediction from the global model's trajectory since the "
+        "client's last upload (for partial participation; see fedarena.federated.compression)")
+
+    def __post_init__(self) -> None:
+        _at_least("clip_norm", self.clip_norm, 0)
+        if not 1 <= self.bits <= 8:
+            raise ValueError(f"bits: must lie in 1..8, got {self.bits}")
+        _in_unit("fraction", self.fraction, lo_open=True)
+
+    def build(self):
+        """``(stages, upload)``: the clipping stage (if on) and the compressed upload (None when dense)."""
+        from fedarena.federated import compression, stages
+
+        pre = [stages.Clip(self.clip_norm)] if self.clip_norm > 0 else []
+        if self.codec == "dense":
+            return pre, None
+        return pre, compression.UploadCompression(compression.Codec(self.codec, self.bits, self.fraction),
+                                                  self.error_feedback, self.prediction)
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    """Compression of the broadcast global model (:class:`fedarena.federated.compression.Broadcast`)."""
+
+    codec: CodecName = param("dense", "broadcast compression")
+    bits: int = param(8, "bits of the broadcast quantizer")
+    fraction: float = param(0.01, "fraction kept by a top-k broadcast")
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bits <= 8:
+            raise ValueError(f"bits: must lie in 1..8, got {self.bits}")
+        _in_unit("fraction", self.fraction, lo_open=True)
+
+    def build(self, seed: int):
+        from fedarena.federated import compression
+
+        if self.codec == "dense":
+            return None
+        return compression.Broadcast(compression.Codec(self.codec, self.bits, self.fraction), seed=seed)
+
+
+@dataclass(frozen=True)
+class DPFedAvgConfig:
+    """DP-FedAvg (McMahan et al. 2018): Poisson client sampling with rate ``sample_rate``, server-side clipping,
+    Gaussian noise on the sum (:class:`fedarena.federated.stages.DPFedAvg`)."""
+
+    noise_multiplier: float = param(0.0, "noise multiplier z (0 = off)")
+    clip_norm: float = param(1.0, "server-side clip S of every client update")
+    sample_rate: float = param(0.1, "Poisson client sampling rate q (replaces clients.per_round)")
+    delta: float = param(1e-5, "delta of the reported epsilon")
+
+    def __post_init__(self) -> None:
+        _at_least("noise_multiplier", self.noise_multiplier, 0)
+        _positive("clip_norm", self.clip_norm)
+        _in_unit("sample_rate", self.sample_rate, lo_open=True)
+        _in_unit("delta", self.delta, lo_open=True, hi_open=True)
+
+    @property
+    def on(self) -> bool:
+        return self.noise_multiplier > 0
+
+
+@dataclass(frozen=True)
+class SimSecAggConfig:
+    """Secure aggregation of every simulated round with the real protocol objects
+    (:class:`fedarena.federated.stages.SecureAggregation`)."""
+
+    enabled: bool = param(False, "secure aggregation of every round")
+    neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
+    dropout: float = param(0.0, "fraction of clients silent before their masked input")
+
+    def __post_init__(self) -> None:
+        if self.neighbours < 0 or self.neighbours % 2:
+            raise ValueError(f"neighbours: must be even and >= 0, got {self.neighbours}")
+        _in_unit("dropout", self.dropout, hi_open=True)
+
+
+@dataclass(frozen=True)
+class SimPrivacyConfig:
+    """Privacy of the simulated rounds: local DP or SignDS uploads, DP-FedAvg, secure aggregation."""
+
+    ldp: LDPConfig = param(doc="local DP of every upload", factory=LDPConfig)
+    signds: SignDSConfig = param(doc="SignDS uploads", factory=SignDSConfig)
+    dp: DPFedAvgConfig = param(doc="DP-FedAvg", factory=DPFedAvgConfig)
+    secagg: SimSecAggConfig = param(doc="secure aggregation", factory=SimSecAggConfig)
+    seed: int = param(-1, "seed of the privacy randomness (LDP noise, SignDS); -1 = every draw from the OS CSPRNG; "
+                          "set only for reproducible tests")
+
+    def __post_init__(self) -> None:
+        _at_least("seed", self.seed, -1)
+
+    def wrap(self, strategy: Any, num_clients: int, seed: int):
+        """``strategy`` inside DP-FedAvg and / or SecAgg, as configured."""
+        from fedarena.federated import stages
+
+        if self.dp.on:
+            from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
+
+            strategy = stages.DPFedAvg(strategy, DPFedAvgMechanism(
+                self.dp.clip_norm, self.dp.noise_multiplier, self.dp.sample_rate, max(num_clients, 1), self.dp.delta))
+        if self.secagg.enabled:
+            strategy = stages.SecureAggregation(strategy, neighbours=self.secagg.neighbours,
+                                                dropout=self.secagg.dropout, seed=seed)
+        return strategy
+
+
+@dataclass(frozen=True)
+class HeterogeneityConfig:
+    """Systems heterogeneity of the simulated clients (:class:`fedarena.federated.simulation.Heterogeneity`)."""
+
+    availability: float = param(1.0, "probability a client is reachable in a round")
+    speed_mean: float = param(0.0, "mean client speed in local steps per simulated second (0 = no time model)")
+    speed_sigma: float = param(0.0, "log-normal sigma of client speeds")
+    window_s: float = param(0.0, "round window in simulated seconds (0 = none)")
+    partial_work: bool = param(False, "keep stragglers' finished steps instead of dropping them")
+    straggler_fraction: float = param(0.0, "fraction of each round's clients that finish only U{1..E-1} epochs "
+                                      "(FedProx Sec. 5.1); dropped unless partial_work")
+    drop_before_training: float = param(0.0, "dropout probability before local training")
+    drop_after_training: float = param(0.0, "dropout probability after local training")
+    drop_upload: float = param(0.0, "dropout probability during upload")
+    adversary_fraction: float = param(0.0, "fraction of clients that corrupt their uploads")
+    adversary: Literal["sign_flip", "scale"] = param("sign_flip", "corruption: -s Delta or s Delta")
+    adversary_scale: float = param(4.0, "s of the corruption")
+
+    def __post_init__(self) -> None:
+        _in_unit("availability", self.availability, lo_open=True)
+        _at_least("speed_mean", self.speed_mean, 0)
+        _at_least("speed_sigma", self.speed_sigma, 0)
+        _at_least("window_s", self.window_s, 0)
+        if self.window_s > 0 and self.speed_mean == 0:
+            raise ValueError("window_s: a round window needs client speeds (speed_mean > 0)")
+        for name in ("straggler_fraction", "drop_before_training", "drop_after_training", "drop_upload",
+                     "adversary_fraction"):
+            _in_unit(name, getattr(self, name))
+
+    def build(self):
+        from fedarena.federated.simulation import Heterogeneity
+
+        return Heterogeneity(self.availability, self.speed_mean, self.speed_sigma, self.window_s, self.partial_work,
+                             self.straggler_fraction, self.drop_before_training, self.drop_after_training,
+                             self.drop_upload, self.adversary_fraction, self.adversary, self.adversary_scale)
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """When the global model is evaluated, and the optional local fine-tuning after the last round."""
+
+    every: int = param(1, "evaluate every this many rounds (and after the last)")
+    personalize_epochs: int = param(0, "local fine-tuning epochs after the last round (0 = off)")
+
+    def __post_init__(self) -> None:
+        _at_least("every", self.every, 1)
+        _at_least("personalize_epochs", self.personalize_epochs, 0)
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """Where the simulated clients train."""
+
+    backend: Literal["vmap", "ray"] = param("vmap", "vmap: one process; ray: groups of clients as Ray tasks")
+    engine_backend: str = param("numpy", "where the vmapped client training step runs: numpy, cupy (a CUDA GPU) or "
+                                "cupy-emulated (the cupy backend's kernels on the CPU, a testing aid); backend vmap "
+                                "and server_mode rounds only; aggregation is numpy on the host")
+
+    def __post_init__(self) -> None:
+        from fedarena.engine.backend_selection import check_engine_backend
+
+        check_engine_backend(self.engine_backend, "engine_backend")
+        if self.engine_backend != "numpy" and self.backend != "vmap":
+            raise ValueError(f"engine_backend: {self.engine_backend} runs with backend vmap, got {self.backend}")
+
+
+# ----------------------------------------------------------------------------- fedavg_grpc
+
+
+@dataclass(frozen=True)
+class TaskDataConfig:
+    """The data set every node of the deployment rebuilds from the same seed (:class:`fedarena.federated.task.TaskSpec`)."""
+
+    dataset: Literal["digits", "synthetic"] = param("digits", "data set: scikit-learn digits or synthetic blobs")
+    num_clients: int = param(20, "number of FL-Client processes (one data shard each)")
+    alpha: float = param(0.5, "Dirichlet label-skew concentration over clients (0 = IID split)")
+
+    def __post_init__(self) -> None:
+        _at_least("num_clients", self.num_clients, 1)
+        _at_least("alpha", self.alpha, 0)
+
+
+@dataclass(frozen=True)
+class TaskModelConfig:
+    """The MLP the FL-Clients train and its trainer."""
+
+    hidden: list[int] = param(doc="hidden layer sizes of the MLP", factory=lambda: [64])
+    trainer: Literal["engine", "numpy"] = param("engine", "local trainer: fedarena.engine MLP or numpy reference")
+
+    def __post_init__(self) -> None:
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden: every layer needs >= 1 unit, got {self.hidden}")
+
+
+@dataclass(frozen=True)
+class GrpcClientsConfig(ClientsConfig):
+    """:class:`ClientsConfig` (with the runtime's defaults) plus how the scheduler picks and waits for the clients
+    of a round."""
+
+    per_round: int = param(0, "clients selected per round (0 = all candidates)")
+    epochs: int = param(2, "local epochs E")
+    batch_size: int = param(16, "local minibatch size B")
+    selection: Literal["uniform", "available"] = param("available", "client selection rule")
+    min_fraction: float = param(0.5, "fraction of selected clients needed for a round to count")
+    window_seconds: float = param(20.0, "time window of a round, in seconds")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _in_unit("min_fraction", self.min_fraction, lo_open=True)
+        _positive("window_seconds", self.window_seconds)
+
+
+GRPC_RULES = ("mean", "median", "trimmed_mean", "krum")
+
+
+@dataclass(frozen=True)
+class GrpcStrategyConfig:
+    """The scheduler's aggregation rule and server update (:class:`fedarena.federated.scheduler.RoundPolicy`)."""
+
+    aggregation: Literal["mean", "median", "trimmed_mean", "krum"] = param(
+        "mean", "the scheduler's rule: example-weighted mean, or a Byzantine-robust rule over every client's delta "
+        "(coordinate-wise median, trimmed mean, Krum; not with secagg)")
+    trim_fraction: float = param(0.2, "trimmed mean: fraction cut at each end of every coordinate")
+    krum_byzantine: int = param(0, "Krum's assumed number of Byzantine clients f per round")
+    max_client_weight: float = param(0.25, "'mean': no client's weight exceeds this fraction of the round's total "
+                                           "(water-filling cap; 1 = uncapped)")
+    norm_bound_multiple: float = param(3.0, "'mean': every delta is clipped to this multiple of the round's median "
+                                            "update norm (0 = off)")
+    server_optimizer: ServerOptimizerConfig = param(doc="the server's update rule", factory=ServerOptimizerConfig)
+
+    def __post_init__(self) -> None:
+        _check_trim(self.trim_fraction)
+        _at_least("krum_byzantine", self.krum_byzantine, 0)
+        _in_unit("max_client_weight", self.max_client_weight, lo_open=True)
+        if not (self.norm_bound_multiple == 0 or self.norm_bound_multiple >= 1):
+            raise ValueError(f"norm_bound_multiple: must be 0 (off) or >= 1 (a multiple of the median update norm), "
+                             f"got {self.norm_bound_multiple}")
+
+
+@dataclass(frozen=True)
+class GrpcUploadConfig:
+    """What an FL-Client does to its update before upload, and what the FL-Servers accept."""
+
+    clip_norm: float = param(0.0, "client-side clipping of the update's L2 norm (0 = off)")
+    encoding: Literal["dense", "topk", "q8"] = param("dense", "upload encoder")
+    topk_fraction: float = param(0.1, "fraction of entries kept by the topk encoder")
+    max_update_norm: float = param(100.0, "servers refuse updates with a larger L2 norm")
+    max_examples: int = param(0, "largest example count a client may declare (0 = the task's largest shard)")
+
+    def __post_init__(self) -> None:
+        _at_least("clip_norm", self.clip_norm, 0)
+        _in_unit("topk_fraction", self.topk_fraction, lo_open=True)
+        _positive("max_update_norm", self.max_update_norm)
+        _at_least("max_examples", self.max_examples, 0)
+
+
+@dataclass(frozen=True)
+class GrpcSecAggConfig:
+    """SecAgg / SecAgg+ rounds of the runtime (:mod:`fedarena.federated.secure_round`)."""
+
+    enabled: bool = param(False, "secure aggregation (SecAgg) of every round's updates")
+    threshold: float = param(2 / 3, "threshold t = floor(f * share holders m) + 1, f in [0.5, 1]; resists "
+                                    "2 t - m - 1 colluding clients with a malicious scheduler")
+    colluders: int = param(-1, "colluding clients to resist with a malicious scheduler; sets t = floor((m + K) / 2) "
+                               "+ 1 instead of threshold (-1 = off)")
+    neighbours: int = param(0, "SecAgg+ neighbourhood size (even; 0 = plain SecAgg)")
+    stage_seconds: float = param(10.0, "window of each SecAgg stage after the first")
+    clip: float = param(1.0, "every update coordinate is clipped to [-clip, clip] before masking")
+    max_examples: int = param(10000, "example counts are clipped to 1..N inside the masked vector")
+    consistency_check: bool = param(True, "signed survivor-list round (malicious-server variant)")
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.threshold <= 1:
+            raise ValueError(f"threshold: must lie in [0.5, 1] (t must exceed half of the share holders), "
+                             f"got {self.threshold}")
+        _at_least("colluders", self.colluders, -1)
+        if self.neighbours < 0 or self.neighbours % 2:
+            raise ValueError(f"neighbours: must be even and >= 0, got {self.neighbours}")
+        _positive("stage_seconds", self.stage_seconds)
+        _positive("clip", self.clip)
+        _at_least("max_examples", self.max_examples, 1)
+
+
+@dataclass(frozen=True)
+class GrpcPrivacyConfig:
+    """Privacy of the runtime's rounds: local DP or SignDS uploads, secure aggregation."""
+
+    ldp: LDPConfig = param(doc="local DP of every upload", factory=LDPConfig)
+    signds: SignDSConfig = param(doc="SignDS uploads", factory=SignDSConfig)
+    secagg: GrpcSecAggConfig = param(doc="secure aggregation", factory=GrpcSecAggConfig)
+
+
+@dataclass(frozen=True)
+class GrpcExecutionConfig:
+    """The processes of the deployment."""
+
+    num_servers: int = param(2, "number of FL-Server processes")
+    timeout_s: float = param(1800.0, "give up if the deployment has not finished by then")
+    restart: bool = param(False, "restart a scheduler or FL-Server process that dies (the scheduler resumes from its "
+                                 "state file); otherwise the run fails within seconds, naming it")
+
+    def __post_init__(self) -> None:
+        _at_least("num_servers", self.num_servers, 1)
+        _positive("timeout_s", self.timeout_s)
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS between the nodes and the clients (:class:`fedarena.federated.transport.TLSFiles`)."""
+
+    cert: str = param("", "PEM certificate chain of the nodes (enables TLS)")
+    key: str = param("", "PEM private key of the nodes")
+    root: str = param("", "PEM root certificate clients trust")
+    mutual: bool = param(False, "mutual TLS: every node and client also presents cert, checked against root")
+    client_certs: str = param("", "mutual TLS: folder of <client id>.pem/.key, one certificate per client naming "
+                                  "its id; nodes refuse a client whose token names another id")
+    loopback: bool = param(False, "generate a loopback CA, a node certificate and one certificate per client "
+                                  "(named by its id) in the run folder and use mutual TLS between all nodes "
+                                  "(instead of cert/key/root)")
+
+    def __post_init__(self) -> None:
+        if self.loopback and (self.cert or self.key or self.root or self.client_certs):
+            raise ValueError("loopback: generates its own certificates; leave cert/key/root/client_certs empty")
+
+    def build(self):
+        from fedarena.federated.transport import TLSFiles
+
+        return TLSFiles(cert_chain=self.cert, private_key=self.key, root_cert=self.root,
+                        server_name="localhost" if self.root else "", mutual=self.mutual,
+                        client_certs=self.client_certs)
+
+
+# ----------------------------------------------------------------------------- the kinds' common part
+
+
+@dataclass(frozen=True)
+class FLExperimentConfig(ExperimentConfig):
+    """What the configs of both FL kinds share: ``rounds`` and the checks every kind makes across its sections
+    (a kind adds its sections, among them ``data`` and ``clients``, and its own :meth:`check_sections`)."""
+
+    rounds: int = param(50, "number of rounds")
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
+        self.clients.check_clients(self.data.num_clients)  # type: ignore[attr-defined]
+        self.check_sections()
+
+    def check_sections(self) -> None:
+        """The kind's checks across its sections (each section checks its own fields)."""
+
+
+# ----------------------------------------------------------------------------- the old flat layouts
+
+
+def _table(prefix: str, names: str, renamed: dict[str, str] | None = None) -> dict[str, str]:
+    """``{old: prefix.new}`` for each of the space-separated ``names`` (``renamed`` maps an old name to a new one)."""
+    renamed = renamed or {}
+    return {n: f"{prefix}.{renamed.get(n, n)}" for n in names.split()}
+
+
+_OPT = {"server_optimizer": "server_optimizer.name", "server_lr": "server_optimizer.lr",
+        "beta1": "server_optimizer.beta1", "beta2": "server_optimizer.beta2", "tau": "server_optimizer.tau"}
+_LDP = {"ldp_epsilon": "privacy.ldp.epsilon", "ldp_delta": "privacy.ldp.delta", "ldp_clip_norm": "privacy.ldp.clip_norm"}
+_SIGNDS = {"signds_k": "privacy.signds.k", "signds_h": "privacy.signds.h", "signds_epsilon": "privacy.signds.epsilon",
+           "signds_lr": "privacy.signds.lr"}
+
+FEDSIM_MOVED: dict[str, str] = {
+    **_table("data", "dataset path num_clients partition alpha shards_per_client beta test_fraction held_out_fraction "
+                     "synthetic_alpha synthetic_beta synthetic_size_mean synthetic_size_sigma synthetic_size_min "
+                     "synthetic_size_max"),
+    **_table("model", "model hidden cnn_channels cnn_hidden image_shape zero_init", {"model": "arch"}),
+    **_table("clients", "clients_per_round epochs batch_size lr prox_mu local_steps step_schedule steps_min steps_max "
+                        "divergence_target", {"clients_per_round": "per_round"}),
+    **_table("strategy", "aggregation trim_fraction krum_byzantine krum_keep krum_preselect max_weight server_mode "
+                         "async_concurrency async_buffer async_staleness"),
+    **{k: f"strategy.{v}" for k, v in _OPT.items()},
+    **_table("heterogeneity", "availability speed_mean speed_sigma window_s partial_work straggler_fraction "
+                              "drop_before_training drop_after_training drop_upload adversary_fraction adversary "
+                              "adversary_scale"),
+    "clip_norm": "upload.clip_norm",
+    **_table("upload", "upload_codec upload_bits upload_fraction upload_error_feedback upload_prediction",
+             {f"upload_{k}": k for k in ("codec", "bits", "fraction", "error_feedback", "prediction")}),
+    **_table("download", "download_codec download_bits download_fraction",
+             {f"download_{k}": k for k in ("codec", "bits", "fraction")}),
+    **_LDP, **_SIGNDS,
+    "dp_noise_multiplier": "privacy.dp.noise_multiplier", "dp_clip_norm": "privacy.dp.clip_norm",
+    "dp_sample_rate": "privacy.dp.sample_rate", "dp_delta": "privacy.dp.delta",
+    "secagg": "privacy.secagg.enabled", "secagg_neighbours": "privacy.secagg.neighbours",
+    "secagg_dropout": "privacy.secagg.dropout", "privacy_seed": "privacy.seed",
+    "backend": "execution.backend", "engine_backend": "execution.engine_backend",
+    "eval_every": "evaluation.every", "personalize_epochs": "evaluation.personalize_epochs",
+}
+"""Every key of the flat ``fedsim`` layout -> its dotted path in :class:`FedSimConfig`."""
+
+GRPC_MOVED: dict[str, str] = {
+    **_table("data", "dataset num_clients alpha"),
+    **_table("model", "hidden trainer"),
+    **_table("clients", "clients_per_round epochs batch_size lr prox_mu selection min_fraction window_seconds",
+             {"clients_per_round": "per_round"}),
+    **_table("strategy", "aggregation trim_fraction krum_byzantine max_client_weight norm_bound_multiple"),
+    **{k: f"strategy.{v}" for k, v in _OPT.items()},
+    **_table("upload", "clip_norm encoding topk_fraction max_update_norm max_examples"),
+    **_LDP, **_SIGNDS,
+    **{f"secagg_{k}": f"privacy.secagg.{k}" for k in ("threshold", "colluders", "neighbours", "stage_seconds",
+                                                       "clip", "max_examples", "consistency_check")},
+    "secagg": "privacy.secagg.enabled",
+    **_table("execution", "num_servers timeout_s restart"),
+    **{f"tls_{k}": f"tls.{k}" for k in ("cert", "key", "root", "mutual", "client_certs", "loopback")},
+}
+"""Every key of the flat ``fedavg_grpc`` layout -> its dotted path in :class:`FedAvgGrpcConfig`."""
