@@ -539,9 +539,21 @@ class ExecutionConfig:
     engine_backend: str = param("numpy", "where the vmapped client training step runs: numpy, cupy (a CUDA GPU) or "
                                 "cupy-emulated (the cupy backend's kernels on the CPU, a testing aid); backend vmap "
                                 "and server_mode rounds only; aggregation is numpy on the host")
+    threads: int = param(1, "math-library (BLAS/OpenMP) threads of the vmap backend's training and evaluation, set "
+                         "with threadpoolctl (0 = the libraries' own default; 1 avoids oversubscribing the cores "
+                         "the stacked clients already fill)")
+    max_stacked_clients: int = param(0, "vmap backend: at most this many clients' model copies stacked in one "
+                                     "training call, so memory is bounded by it, not by clients per round "
+                                     "(0 = up to 1024)")
+    ray_workers: int = param(0, "ray backend: Ray actors (0 = one per cluster CPU, at most 8)")
+    ray_chunk: int = param(1, "ray backend: stacked client groups per Ray task (0 = a worker's whole share of a "
+                           "round in one task)")
 
     def __post_init__(self) -> None:
         from fedarena.engine.backend_selection import check_engine_backend
+
+        for name in ("threads", "max_stacked_clients", "ray_workers", "ray_chunk"):
+            _at_least(name, getattr(self, name), 0)
 
         check_engine_backend(self.engine_backend, "engine_backend")
         if self.engine_backend != "numpy" and self.backend != "vmap":

@@ -149,7 +149,9 @@ def build(cfg: FedSimConfig):
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
                      seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=cfg.heterogeneity.build(),
                      upload_stages=upload_stages, backend=cfg.execution.backend,
-                     engine_backend=cfg.execution.engine_backend, eval_every=cfg.evaluation.every,
+                     engine_backend=cfg.execution.engine_backend, threads=cfg.execution.threads,
+                     max_stacked_clients=cfg.execution.max_stacked_clients, ray_workers=cfg.execution.ray_workers,
+                     ray_groups_per_task=cfg.execution.ray_chunk, eval_every=cfg.evaluation.every,
                      privacy_seed=cfg.privacy.seed, **kw)
     return d, sim
 

@@ -153,9 +153,11 @@ def test_every_old_flat_key_has_exactly_one_new_path(schema, moved, count):
 
     kind_fields = _leaves(schema) - _leaves(ExperimentConfig)
     # the old flat layouts had `count` fields of their own: every one but `rounds` moved, each to its own field,
-    # and every field of the sections is the new home of one old key
+    # and every field of the sections is the new home of one old key, or one of the fields added since
+    added = {FedSimConfig: {"execution.threads", "execution.max_stacked_clients", "execution.ray_workers",
+                            "execution.ray_chunk"}}.get(schema, set())
     assert len(moved) == count - 1 and len(set(moved.values())) == len(moved)
-    assert set(moved.values()) | {"rounds"} == kind_fields
+    assert set(moved.values()) | {"rounds"} | added == kind_fields
 
 
 def test_old_flat_layout_is_one_line_naming_the_new_path_exit_2(tmp_path, capsys):
@@ -260,3 +262,14 @@ def test_digits_and_breast_cancer_are_scikit_learns_without_importing_it():
     d = load_breast_cancer()
     np.testing.assert_array_equal(x, ((d.data - d.data.mean(0)) / d.data.std(0)).astype(np.float32))
     np.testing.assert_array_equal(y, d.target)
+
+
+def test_the_execution_section_reaches_the_simulation():
+    cfg = build(FedSimConfig, merged(SIM_BASE, {"execution": {"threads": 2, "max_stacked_clients": 3,
+                                                              "ray_workers": 2, "ray_chunk": 0}}))
+    _, sim = build_sim(cfg)
+    assert (sim.threads, sim.max_stacked_clients, sim.ray_workers, sim.ray_groups_per_task) == (2, 3, 2, 0)
+    _, default = build_sim(build(FedSimConfig, SIM_BASE))
+    assert default.threads == 1  # one math-library thread unless asked: the stacked clients fill the cores
+    with pytest.raises(ConfigError, match="execution.max_stacked_clients"):
+        build(FedSimConfig, merged(SIM_BASE, {"execution": {"max_stacked_clients": -1}}))
