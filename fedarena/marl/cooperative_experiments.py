@@ -30,7 +30,7 @@ import numpy as np
 from fedarena import engine
 from fedarena.envs.mpe import MPEVecEnv
 from fedarena.envs.mpe.batch import MPEBatch
-from fedarena.envs.overcooked import OvercookedVecEnv, is_overcooked
+from fedarena.envs.overcooked import OvercookedVecEnv, UnknownLayoutError, is_overcooked
 from fedarena.envs.pettingzoo_adapters import UnknownEnvError, make_env
 from fedarena.envs.pettingzoo_batch import ParallelEnvBatch, observation_size
 from fedarena.marl.independent import IndependentPPO
@@ -85,8 +85,10 @@ class CooperativeConfig(ExperimentConfig):
                 raise ValueError(f"algorithms: '{self.env_id}' runs with mappo only, got {self.algorithms}")
             try:
                 vec = OvercookedVecEnv(self.env_id, 1, **self.env_kwargs())
-            except (TypeError, ValueError) as e:  # unknown layout, bad options
+            except UnknownLayoutError as e:
                 raise ValueError(f"env_id: {e}") from None
+            except (TypeError, ValueError) as e:  # options the env rejects
+                raise ValueError(f"env_options: {str(e).replace('OvercookedVecEnv.__init__() ', '')}") from None
             agents, sizes, acts = list(vec.agents), sorted(set(vec.observation_sizes)), sorted(set(vec.action_sizes))
         elif self.uses_vectorised_mpe():
             try:
