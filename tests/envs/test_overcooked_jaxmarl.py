@@ -81,5 +81,7 @@ def test_equals_jaxmarl_step_by_step(layout, jaxmarl_runs):
         np.testing.assert_array_equal(st.sparse_reward, ref["reward"][t], err_msg=f"step {t + 1}")
         np.testing.assert_array_equal(st.shaped_reward, ref["shaped"][t], err_msg=f"step {t + 1}")
         assert st.truncated.all() == (t == STEPS - 1)
-    # the trajectories exercised the kitchen: onions went into pots and soups were delivered
-    assert ref["reward"].sum() >= 20 and (ref["shaped"] == 3).sum() > 0 and (ref["shaped"] == 5).sum() > 0
+    # the trajectories exercised the kitchen: onions went into pots, soups were taken from them and (in the
+    # cramped room; in the larger kitchen random agents deliver none) delivered
+    assert (ref["shaped"] == 3).sum() > 0 and (ref["shaped"] == 5).sum() > 0
+    assert ref["reward"].sum() >= 20 or layout != "cramped_room"
