@@ -51,6 +51,34 @@ URGENCY_CUTOFF = 40
 NUM_CHANNELS = 26
 
 
+# Cell codes: floor (+ the item held by an agent standing there), counter (+ the item on it), dispensers, serving
+# cell, pot (+ onions 0-2 while filling, 3 + ticks left once cooking).
+_FLOOR_CODE, _COUNTER_CODE = 0, 4
+_ONION_PILE_CODE, _PLATE_PILE_CODE, _GOAL_CODE, _POT_CODE = 8, 9, 10, 11
+_NUM_CODES = _POT_CODE + 3 + COOK_TIME + 1
+
+
+def _cell_features() -> np.ndarray:
+    """``(codes, 26)`` float32: channels 10-24 of a cell with each code (see the module docstring)."""
+    f = np.zeros((_NUM_CODES, NUM_CHANNELS), dtype=np.float32)
+    for base in (_FLOOR_CODE, _COUNTER_CODE):  # an item held on a floor cell or lying on a counter
+        f[base + ONION, 23] = 1
+        f[base + PLATE, 22] = 1
+        f[base + DISH, 18], f[base + DISH, 21] = 3, 1
+    f[_COUNTER_CODE + EMPTY, 11] = 1
+    f[_ONION_PILE_CODE, 12] = f[_PLATE_PILE_CODE, 14] = f[_GOAL_CODE, 15] = 1
+    f[_POT_CODE:, 10] = 1
+    f[_POT_CODE:_POT_CODE + 3, 16] = np.arange(3)
+    cooking = slice(_POT_CODE + 3, None)
+    f[cooking, 18] = 3
+    f[cooking, 20] = np.arange(COOK_TIME + 1)
+    f[_POT_CODE + 3, 21] = 1
+    return f
+
+
+_CELL_FEATURES = _cell_features()
+
+
 class UnknownLayoutError(ValueError):
     """An Overcooked layout name that is not one of :data:`LAYOUTS`."""
 
@@ -135,11 +163,14 @@ class OvercookedVecEnv:
         self.continuous = False
         self.total_steps = 0  # environment steps of this env, summed over copies (the shaping anneal's clock)
         k = L.kind
-        self._static = np.zeros((L.height, L.width, NUM_CHANNELS), dtype=np.float32)
-        for ch, kind in ((10, POT), (12, ONION_PILE), (14, PLATE_PILE), (15, GOAL)):
-            self._static[..., ch] = k == kind
         self._is_counter = k == COUNTER
         self._floor = k == FLOOR
+        self._is_pot = k == POT
+        # every cell's channels 10-24 are a row of _CELL_FEATURES, picked by the cell's code: its static code
+        # plus, on counters, the item on it (added per step), on pots the pot's state, on floor the held item
+        self._static_code = np.select([k == FLOOR, k == COUNTER, k == ONION_PILE, k == PLATE_PILE, k == GOAL],
+                                      [_FLOOR_CODE, _COUNTER_CODE, _ONION_PILE_CODE, _PLATE_PILE_CODE, _GOAL_CODE],
+                                      _POT_CODE).astype(np.int64)
         self.rng = np.random.default_rng(seed)
         self.steps = 0
         self.ws = self._initial_state()
@@ -181,38 +212,22 @@ class OvercookedVecEnv:
     # -- observations
     def observations(self) -> list[np.ndarray]:
         ws, n = self.ws, self.num_envs
-        H, W, C = self.obs_shape
-        env = np.broadcast_to(self._static, (n, H, W, C)).copy()
-        counter = ws.counter
-        env[..., 11] = self._is_counter & (counter == EMPTY)
-        cooked = ws.pot_onions == 3
-        py, px = self.layout.pots[:, 1], self.layout.pots[:, 0]
-        env[:, py, px, 16] = np.where(cooked, 0, ws.pot_onions)
-        env[:, py, px, 18] = np.where(cooked, 3, 0)
-        env[:, py, px, 20] = np.where(cooked, ws.pot_cook, 0)
-        env[:, py, px, 21] = cooked & (ws.pot_cook == 0)
-        dish = counter == DISH
-        env[..., 18] += 3 * dish
-        env[..., 21] += dish
-        env[..., 22] = counter == PLATE
-        env[..., 23] = counter == ONION
         e = np.arange(n)
+        code = self._static_code + np.where(self._is_counter, ws.counter, 0)
+        py, px = self.layout.pots[:, 1], self.layout.pots[:, 0]
+        code[:, py, px] = _POT_CODE + np.where(ws.pot_onions == 3, 3 + ws.pot_cook, ws.pot_onions)
         for k in range(2):
-            x, y, item = ws.pos[:, k, 0], ws.pos[:, k, 1], ws.inv[:, k]
-            env[e, y, x, 18] += 3 * (item == DISH)
-            env[e, y, x, 21] += item == DISH
-            env[e, y, x, 22] = item == PLATE
-            env[e, y, x, 23] = item == ONION
-        env[..., 25] = (self.max_cycles - self.steps) < URGENCY_CUTOFF
-        out = []
-        for k in range(2):
-            o = env.copy()
+            code[e, ws.pos[:, k, 1], ws.pos[:, k, 0]] = _FLOOR_CODE + ws.inv[:, k]
+        first = _CELL_FEATURES[code]  # (n, H, W, 26), channels 0-9 and 25 still zero
+        if self.max_cycles - self.steps < URGENCY_CUTOFF:
+            first[..., 25] = 1.0
+        second = first.copy()
+        for k, o in enumerate((first, second)):
             for j, agent in enumerate((k, 1 - k)):
                 x, y = ws.pos[:, agent, 0], ws.pos[:, agent, 1]
                 o[e, y, x, j] = 1.0
                 o[e, y, x, 2 + 4 * j + ws.dir[:, agent]] = 1.0
-            out.append(o.reshape(n, -1))
-        return out
+        return [first.reshape(n, -1), second.reshape(n, -1)]
 
     def state(self, obs: Sequence[np.ndarray] | None = None) -> np.ndarray:
         """``(n, state_size)`` float32: both agents' observations concatenated."""
