@@ -86,7 +86,8 @@ class UnknownLayoutError(ValueError):
 
 
 def is_overcooked(env_id: str) -> bool:
-    return env_id.startswith("overcooked.") or env_id.startswith("overcooked_")
+    """Whether ``env_id`` names an Overcooked layout (``overcooked.<layout>``)."""
+    return env_id.startswith("overcooked.")
 
 
 def layout_name(env_id: str) -> str:
