@@ -1,7 +1,8 @@
 """Experiment kind ``cooperative_marl``: QMIX, VDN and independent PPO side by side on a cooperative
 PettingZoo parallel task (MPE ``simple_spread_v3`` from ``mpe2``, or the QMIX paper's two-step game
 ``two_step_v0``), over several seeds. MPE tasks run on fedarena's vectorised copy of ``mpe2``
-(:mod:`fedarena.envs.mpe`) unless ``vectorised: false``.
+(:mod:`fedarena.envs.mpe`) unless ``vectorised: false``; ``overcooked.<layout>`` is fedarena's vectorised
+Overcooked (:mod:`fedarena.envs.overcooked`), learnt by ``mappo``.
 
 Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in rounds of
 ``steps_per_round`` environment steps so the metric rows line up. Every round starts fresh episodes on all
@@ -52,7 +53,7 @@ class CooperativeConfig(ExperimentConfig):
     env_options: dict[str, Any] = param(doc="further keyword arguments of the env (e.g. Overcooked's "
                                         "shaped_reward_coef, shaped_reward_horizon)", factory=dict)
     algorithms: list[str] = param(doc="algorithms run side by side: qmix, vdn, ippo, mappo (mappo: vectorised MPE "
-                                  "tasks only)", factory=lambda: list(STACKED))
+                                  "tasks and Overcooked only)", factory=lambda: list(STACKED))
     learner_seeds: list[int] = param(doc="seeds per algorithm inside this one run, so the report compares them "
                                      "(the run's seed is added to each)", factory=lambda: [0])
     num_envs: int = param(8, "environment copies per learner")
@@ -102,7 +103,7 @@ class CooperativeConfig(ExperimentConfig):
         else:
             if "mappo" in self.algorithms:
                 raise ValueError(f"algorithms: mappo runs on the vectorised MPE tasks (env_id mpe2.*, vectorised: "
-                                 f"true), not on '{self.env_id}'")
+                                 f"true) and Overcooked (overcooked.<layout>), not on '{self.env_id}'")
             try:
                 env = make_env(self.env_id, api="parallel", **self.env_kwargs())
             except UnknownEnvError as e:
