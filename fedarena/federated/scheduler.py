@@ -14,8 +14,8 @@ aggregates (waited for at most ``partial_grace_s``). If the partials cover at le
 ``ceil(min_fraction * |selected|)`` clients, the bounded weighted mean delta (by default each delta
 clipped to ``norm_bound_multiple`` times the round's median update norm and each weight capped at
 ``max_client_weight`` of the round's total, :func:`~fedarena.federated.strategy.bounded_mean`; both off:
-the servers' partial sums) or, with an ``aggregator``, its rule over the individual deltas (coordinate-wise
-median, trimmed mean, Krum from :mod:`fedarena.federated.strategy`) is applied with the server optimizer
+the servers' partial sums) or, with another rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`, that rule
+over the individual deltas is applied with the server optimizer
 and the model version increases (servers forward every accepted delta whenever the rule needs them);
 otherwise the round is abandoned and the next one starts with the same model. After every round the
 global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
@@ -30,11 +30,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from fedarena.federated import auth, wire
+from fedarena.federated import auth, rules, wire
 from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
 from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
 from fedarena.federated.strategy import (PartialAggregate, ServerOptimizer, bounded_mean, robust_rule,
@@ -70,9 +70,11 @@ class RoundPolicy:
     round_config: RoundConfig = field(default_factory=RoundConfig)
     server_optimizer: ServerOptimizer = field(default_factory=ServerOptimizer)
     seed: int = 0
-    aggregation: Literal["mean", "median", "trimmed_mean", "krum"] = "mean"
-    """'mean': the example-weighted mean of the servers' partial sums; otherwise a Byzantine-robust rule of
-    :func:`fedarena.federated.strategy.robust_rule` over every individual delta (unweighted)"""
+    aggregation: str = "mean"
+    """a rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`. 'mean': the example-weighted mean (of the
+    servers' partial sums, or bounded as below); any other rule runs over every individual delta"""
+    rule_params: Mapping[str, Any] = field(default_factory=dict)
+    """further parameters of the rule (one added by :func:`fedarena.federated.rules.register_rule`)"""
     trim_fraction: float = 0.2
     """trimmed mean: fraction cut at each end of every coordinate"""
     krum_byzantine: int = 0
@@ -84,6 +86,13 @@ class RoundPolicy:
     """'mean': every delta is clipped to this multiple of the round's median update norm (0 = off; the servers'
     fixed ``max_update_norm`` still refuses larger uploads)"""
 
+    def rule(self) -> Aggregator | None:
+        """The round's rule over individual deltas; None for the plain 'mean' (partial sums or bounded)."""
+        if self.aggregation == "mean" and not self.rule_params:
+            rules.aggregation_rule("mean")
+            return None
+        return robust_rule(self.aggregation, self.trim_fraction, self.krum_byzantine, **self.rule_params)
+
     def __post_init__(self) -> None:
         if isinstance(self.max_client_weight, bool) or not 0 < self.max_client_weight <= 1:
             raise ValueError(f"max_client_weight: must lie in (0, 1], got {self.max_client_weight}")
@@ -91,8 +100,8 @@ class RoundPolicy:
                                                               or self.norm_bound_multiple >= 1):
             raise ValueError(f"norm_bound_multiple: must be 0 (off) or >= 1 (a multiple of the median update norm), "
                              f"got {self.norm_bound_multiple}")
+        self.rule()  # names a bad rule or parameter
         if self.aggregation != "mean":
-            robust_rule(self.aggregation, self.trim_fraction, self.krum_byzantine)  # names a bad field
             if self.round_config.secagg:
                 raise ValueError(f"aggregation: '{self.aggregation}' needs every client's delta, which secure "
                                  "aggregation hides; use 'mean' with secagg")
@@ -160,8 +169,8 @@ class Scheduler:
         aggregator: Aggregator | None = None,
     ) -> None:
         self.policy = policy
-        if aggregator is None and policy.aggregation != "mean":
-            aggregator = robust_rule(policy.aggregation, policy.trim_fraction, policy.krum_byzantine)
+        if aggregator is None:
+            aggregator = policy.rule()
         self.aggregator = aggregator
         # the default mean is bounded (norm clipping, weight cap): it needs every delta, as a robust rule does
         self.bounded = aggregator is None and (policy.max_client_weight < 1 or policy.norm_bound_multiple > 0)
