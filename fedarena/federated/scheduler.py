@@ -295,11 +295,12 @@ class Scheduler:
         return self.port
 
     def stop(self) -> None:
+        """Stop serving requests, then wake and join the coordinator thread."""
         self._stop.set()
-        with self.cond:
-            self.cond.notify_all()
         if self._server is not None:
             self._server.stop(grace=0.5)
+        with self.cond:
+            self.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -663,8 +664,7 @@ class Scheduler:
         clients = wire.field(b, "clients", list)
         weight = wire.field(b, "weight", float)
         loss_sum = wire.field(b, "loss_sum", float)
-        up = wire.field(b, "bytes_up", int)
-        down = wire.field(b, "bytes_down", int)
+        traffic = (wire.field(b, "bytes_up", int), wire.field(b, "bytes_down", int))
         sums_body = wire.field(b, "sums", dict)
         with self.cond:
             if rnd != self.round or self.current.phase != Phase.CLOSING:
@@ -697,7 +697,7 @@ class Scheduler:
                     updates[cid] = ({k: wire.check_array(v, f"body.updates.{cid}.{k}", dtype="float64",
                                                          shape=self._shapes[k], finite=True) for k, v in d.items()},
                                     float(w))
-            self.current.partials[server_id] = (part, up, down)
+            self.current.partials[server_id] = (part, *traffic)
             self.current.updates.update(updates)
             self.cond.notify_all()
             return "ack", {}

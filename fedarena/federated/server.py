@@ -49,12 +49,14 @@ log = logging.getLogger("fedarena.federated.server")
 
 @dataclass(frozen=True)
 class ServerOptions:
+    """An FL-Server's limits: ``max_update_norm``, uploads whose delta has a larger global L2 norm are refused;
+    ``max_examples``, the largest num_examples a client may claim (bounds its FedAvg weight; deployments set it from
+    the task); ``max_wait_s``, the longest long-poll a client may ask for; ``sync_wait_s``, the long-poll of the
+    server's own sync with the scheduler; ``nonce_memory``, how many upload nonces it remembers against replays."""
+
     max_update_norm: float = 100.0
-    """uploads whose delta has a larger global L2 norm are refused"""
     max_examples: int = 1_000_000
-    """largest num_examples a client may claim (bounds its FedAvg weight; deployments set it from the task)"""
     max_wait_s: float = 5.0
-    """longest long-poll a client may ask for"""
     sync_wait_s: float = 1.0
     nonce_memory: int = 100_000
 
