@@ -183,6 +183,8 @@ class UploadCompression:
     """trajectory: the flattened model of every round some client last uploaded from (and the current round's)"""
     _round: int = 0
     _download_bytes: int = 0
+    private = False  # stochastic rounding needs no secrecy
+    equal_weight = False
 
     def __post_init__(self) -> None:
         if self.prediction not in PREDICTIONS:

@@ -208,9 +208,13 @@ def client_accuracy_summary(accs: np.ndarray, prefix: str = "client_acc") -> dic
 
 
 class Strategy(Protocol):
-    """Hooks of one FL round (see the module docstring)."""
+    """Hooks of one FL round (see the module docstring): every hook a runtime or a wrapper
+    (:mod:`fedarena.federated.wrappers`) calls is declared here."""
 
     clients_per_round: int
+    linear: bool
+    """the aggregate is a function of the partial sums (:meth:`aggregate_partial`): the runtime's servers may
+    pre-aggregate"""
 
     def select(self, rnd: int, candidates: Sequence[str], seed: int) -> list[str]: ...
 
@@ -218,7 +222,21 @@ class Strategy(Protocol):
 
     def init_state(self, params: Params) -> RoundState: ...
 
+    def weight(self, num_examples: float) -> float:
+        """A client's aggregation weight for its example count."""
+
+    def client_correction(self, state: RoundState, client_state: Params | None) -> Params | None:
+        """The correction added to each local gradient of a client whose kept state is ``client_state`` (None:
+        plain local SGD)."""
+
+    def client_control_update(self, state: RoundState, client_state: Params | None, local: Params, start: Params,
+                              steps: int, fit: FitConfig) -> tuple[Params, Params] | None:
+        """After local training from ``start`` to ``local`` in ``steps`` steps: the client's new kept state and the
+        control delta it uploads (None: the strategy keeps no client state)."""
+
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState: ...
+
+    def aggregate_partial(self, state: RoundState, total: PartialAggregate) -> RoundState: ...
 
     def evaluate(self, rnd: int, client_accuracies: np.ndarray) -> dict[str, float]: ...
 
@@ -262,6 +280,13 @@ class FedAvg:
     def weight(self, num_examples: float) -> float:
         return min(float(num_examples), self.max_weight) if self.max_weight > 0 else float(num_examples)
 
+    def client_correction(self, state: RoundState, client_state: Params | None) -> Params | None:
+        return None
+
+    def client_control_update(self, state: RoundState, client_state: Params | None, local: Params, start: Params,
+                              steps: int, fit: FitConfig) -> tuple[Params, Params] | None:
+        return None
+
     def aggregate_partial(self, state: RoundState, total: PartialAggregate) -> RoundState:
         params, opt = self.server_optimizer.step(state.params, total.mean_delta(), state.opt_state)
         return RoundState(state.round + 1, params, opt, state.control)
@@ -298,6 +323,20 @@ class Scaffold(FedAvg):
 
     def init_state(self, params: Params) -> RoundState:
         return RoundState(1, dict(params), {}, {k: np.zeros(v.shape, np.float64) for k, v in params.items()})
+
+    def client_correction(self, state: RoundState, client_state: Params | None) -> Params:
+        """``c - c_i`` (``c_i = 0`` before the client's first round)."""
+        return {k: state.control[k] - (0.0 if client_state is None else client_state[k]) for k in state.control}
+
+    def client_control_update(self, state: RoundState, client_state: Params | None, local: Params, start: Params,
+                              steps: int, fit: FitConfig) -> tuple[Params, Params]:
+        """Option II: ``c_i+ = c_i - c + (x - y_i) / (K lr)``; returns ``(c_i+, Delta c_i)``."""
+        old = client_state if client_state is not None else \
+            {k: np.zeros(v.shape, np.float64) for k, v in state.control.items()}
+        K = max(steps, 1)
+        new = {k: old[k] - state.control[k] + (start[k].astype(np.float64) - local[k].astype(np.float64))
+               / (K * fit.lr) for k in old}
+        return new, {k: new[k] - old[k] for k in old}
 
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
         if not updates:
