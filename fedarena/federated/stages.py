@@ -21,24 +21,24 @@ a dense delta, and raises :class:`~fedarena.federated.wire.WireError` naming the
 upload when the round config enables it: the flattened delta (tensors in sorted name order) becomes a
 report ``{"report": bytes}`` (sign byte + h uint32 indices); the server turns it into the dense delta
 ``sign * signds_lr * 1[J]`` and averages reports with equal weight, which is exactly
-``signds_aggregate``. Secure-aggregation masking is not an upload stage yet (it needs extra protocol
-rounds between the clients); see docs/architecture.md.
+``signds_aggregate``. The encoders are the codecs of :mod:`fedarena.federated.compression` applied tensor by
+tensor (:func:`~fedarena.federated.compression.wire_codec`). Secure aggregation is not an upload stage (it needs extra
+protocol rounds between the clients): it wraps the strategy, as DP-FedAvg does (:mod:`fedarena.federated.wrappers`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from fedarena.federated.compression import stochastic_quantize, topk_indices
-from fedarena.federated.wire import WireError, check_array
-from fedarena.privacy.secure_random import SecureRandom
+from fedarena.federated.compression import WIRE_ENCODINGS, decode_tensors, encode_tensors, wire_codec
+from fedarena.federated.wire import WireError
 
 Params = dict[str, np.ndarray]
-ENCODINGS = ("dense", "topk", "q8", "signds")
+ENCODINGS = (*WIRE_ENCODINGS, "signds")
 
 
 class UploadStage(Protocol):
@@ -128,35 +128,9 @@ def decode_signds(payload: Any, shapes: Mapping[str, tuple[int, ...]], signds_cf
 
 
 def encode_update(delta: Params, encoding: str, rng: np.random.Generator, topk_fraction: float = 0.1) -> dict[str, Any]:
-    """The upload payload of ``delta`` in ``encoding`` (dense, topk or q8; see module docstring)."""
-    if encoding == "dense":
-        return {k: np.asarray(v, np.float32) for k, v in delta.items()}
-    if encoding == "topk":
-        if not 0 < topk_fraction <= 1:
-            raise ValueError(f"topk_fraction: must lie in (0, 1], got {topk_fraction}")
-        out = {}
-        for k, v in delta.items():
-            flat = np.asarray(v, np.float32).ravel()
-            kk = max(1, math.ceil(topk_fraction * flat.size)) if flat.size else 0
-            idx = topk_indices(flat, kk)
-            out[k] = {"indices": idx.astype(np.uint32), "values": flat[idx].astype(np.float32)}
-        return out
-    if encoding == "q8":
-        out = {}
-        for k, v in delta.items():
-            q, lo, scale = stochastic_quantize(np.asarray(v, np.float64), 8, rng)  # stochastic rounding
-            out[k] = {"q": q, "lo": lo, "scale": scale}
-        return out
-    raise ValueError(f"encoding: unknown '{encoding}' (one of {', '.join(ENCODINGS)})")
-
-
-def _number(entry: Mapping[str, Any], key: str, path: str) -> float:
-    v = entry.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise WireError(f"{path}.{key}", f"expected a number, got {type(v).__name__}")
-    if not math.isfinite(float(v)):
-        raise WireError(f"{path}.{key}", "must be finite")
-    return float(v)
+    """The upload payload of ``delta`` in ``encoding`` (dense, topk or q8: the codec
+    :func:`~fedarena.federated.compression.wire_codec`, tensor by tensor; see the module docstring)."""
+    return encode_tensors(delta, wire_codec(encoding, topk_fraction), rng)
 
 
 def decode_update(encoding: Any, payload: Any, shapes: Mapping[str, tuple[int, ...]], where: str = "body.update") -> Params:
@@ -165,47 +139,7 @@ def decode_update(encoding: Any, payload: Any, shapes: Mapping[str, tuple[int, .
         raise WireError("body.encoding", "signds uploads are not enabled in this round")
     if encoding not in ENCODINGS:
         raise WireError("body.encoding", f"unknown encoding {encoding!r} (one of {', '.join(ENCODINGS)})")
-    if not isinstance(payload, dict):
-        raise WireError(where, f"expected a map of tensor name to payload, got {type(payload).__name__}")
-    missing, extra = set(shapes) - set(payload), set(payload) - set(shapes)
-    if missing or extra:
-        raise WireError(where, f"tensor names differ from the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
-    out: Params = {}
-    for name, shape in shapes.items():
-        path = f"{where}.{name}"
-        entry = payload[name]
-        size = int(np.prod(shape))
-        if encoding == "dense":
-            arr = check_array(entry, path, dtype="float32", shape=tuple(shape), finite=True)
-            out[name] = arr.astype(np.float64)
-        elif encoding == "topk":
-            if not isinstance(entry, dict) or set(entry) != {"indices", "values"}:
-                raise WireError(path, "expected a map with exactly 'indices' and 'values'")
-            idx = check_array(entry["indices"], f"{path}.indices", dtype="uint32")
-            val = check_array(entry["values"], f"{path}.values", dtype="float32", finite=True)
-            if idx.ndim != 1 or val.shape != idx.shape:
-                raise WireError(path, f"indices {idx.shape} and values {val.shape} must be equal-length vectors")
-            if idx.size > size:
-                raise WireError(f"{path}.indices", f"{idx.size} entries for a tensor of {size}")
-            if idx.size and int(idx.max()) >= size:
-                raise WireError(f"{path}.indices", f"index {int(idx.max())} out of range for {size} entries")
-            if idx.size > 1 and not np.all(np.diff(idx.astype(np.int64)) > 0):
-                raise WireError(f"{path}.indices", "must be strictly increasing (sorted, no repeats)")
-            dense = np.zeros(size, np.float64)
-            dense[idx.astype(np.int64)] = val
-            out[name] = dense.reshape(shape)
-        else:  # q8
-            if not isinstance(entry, dict) or set(entry) != {"q", "lo", "scale"}:
-                raise WireError(path, "expected a map with exactly 'q', 'lo' and 'scale'")
-            q = check_array(entry["q"], f"{path}.q", dtype="uint8", shape=tuple(shape))
-            lo, scale = _number(entry, "lo", path), _number(entry, "scale", path)
-            if scale < 0:
-                raise WireError(f"{path}.scale", f"must be >= 0, got {scale}")
-            with np.errstate(over="ignore", invalid="ignore"):
-                out[name] = lo + scale * q.astype(np.float64)
-            if not np.isfinite(out[name]).all():
-                raise WireError(path, "dequantized values are not finite")
-    return out
+    return decode_tensors(payload, shapes, wire_codec(encoding), where)
 
 
 @dataclass
