@@ -400,12 +400,16 @@ class RobustAggregate(FedAvg):
             raise ValueError(f"krum_byzantine: must be >= 0, got {self.num_byzantine}")
         if self.krum_preselect and self.num_byzantine < 1:
             raise ValueError("krum_preselect: needs a coordinate-wise or geometric-median rule and krum_byzantine >= 1")
-        object.__setattr__(self, "_rule", _bind_rule(self.rule, self.trim_fraction, self.num_byzantine,
-                                                     self.krum_keep, self.krum_preselect, self.rule_params))
+        self.bound_rule()  # a bad name or parameter fails here, naming the field
+
+    def bound_rule(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """The table's rule with this strategy's parameters (built per call: the strategy stays picklable)."""
+        return _bind_rule(self.rule, self.trim_fraction, self.num_byzantine, self.krum_keep, self.krum_preselect,
+                          self.rule_params)
 
     def robust_delta(self, x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """The rule over the ``(n, d)`` updates ``x`` (``weights`` default to equal ones)."""
-        return self._rule(x, np.ones(len(x)) if weights is None else weights)
+        return self.bound_rule()(x, np.ones(len(x)) if weights is None else weights)
 
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
         if not updates:

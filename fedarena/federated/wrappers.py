@@ -95,8 +95,8 @@ class DPFedAvg(StrategyWrapper):
         mean = self.mechanism.noisy_mean(list(flatten_params([u.delta for u in ordered], names)) if ordered else [],
                                          d, state.round)
         delta = unflatten_params(mean, state.params, names)
-        params, opt = self.inner.server_optimizer.step(state.params, delta, state.opt_state)
-        return RoundState(state.round + 1, params, opt, state.control)
+        # the noisy mean as a partial of weight 1: the inner strategy's server step applies it
+        return self.inner.aggregate_partial(state, PartialAggregate(delta, 1.0, [u.client_id for u in ordered]))
 
     def aggregate_partial(self, state, total):
         raise ValueError("dp: DP-FedAvg clips every update before the noisy sum; partial sums cannot be clipped")

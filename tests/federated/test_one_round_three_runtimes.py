@@ -12,13 +12,10 @@ different transports and aggregation paths (partial sums, individual deltas over
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 from fedarena.federated import rules
-from fedarena.federated.client import ClientOptions, FLClient
 from fedarena.federated.protocol import RoundConfig
 from fedarena.federated.scheduler import RoundPolicy
 from fedarena.federated.simulation import BatchedMLP, Simulation
@@ -67,15 +64,7 @@ def _grpc(make_cluster, opt, rule="mean", rule_params=None, cfg=CFG, encoding="d
                          aggregation=rule, rule_params=rule_params or {}, trim_fraction=0.25,
                          max_client_weight=1.0, norm_bound_multiple=0.0)  # the simulation's plain weighted mean
     c = make_cluster(policy, task=TASK)
-    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer,
-                        ClientOptions(seed=SEED, wait_s=0.5, encoding=encoding)) for i in range(CLIENTS)]
-    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    for cl in clients:
-        cl.close()
+    c.run_clients(CLIENTS, seed=SEED, wait_s=0.5, encoding=encoding)
     assert c.scheduler.version == ROUNDS, c.scheduler.history[-1]
     return c.task, c.scheduler.params, [sorted(r["clients"]) for r in c.scheduler.history]
 
@@ -89,51 +78,21 @@ def _simulate(task, strategy, upload=None):
     return state.params, [r.reporting for r in records]
 
 
-class _InProcessGrid:
-    """Flower's Grid interface, each message delivered to the ClientApp in this process (node i = partition i)."""
-
-    def __init__(self, app, n):
-        from flwr.app import Context, RecordDict
-
-        self.app = app
-        self.contexts = {i + 1: Context(run_id=0, node_id=i + 1, node_config={"partition-id": i}, state=RecordDict(),
-                                        run_config={}) for i in range(n)}
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def send_and_receive(self, messages, timeout=None):
-        from flwr.app import Message, Metadata
-
-        out = []
-        for m in messages:
-            node = m.metadata.dst_node_id
-            meta = Metadata(run_id=0, message_id=f"m{len(out)}", src_node_id=0, dst_node_id=node,
-                            reply_to_message_id="", group_id="", created_at=0.0, ttl=60.0,
-                            message_type=m.metadata.message_type)
-            out.append(self.app(Message(m.content, metadata=meta), self.contexts[node]))
-        return out
-
-
 @pytest.fixture
-def flower_rounds():
+def flower_rounds(in_process_grid, flower_task_identity):
     """Run ``ROUNDS`` rounds of a fedarena strategy through Flower's strategy API (configure_train ->
     send_and_receive -> aggregate_train, what ``Strategy.start`` does each round)."""
-    pytest.importorskip("flwr")
+    pytest.importorskip("flwr")  # the optional extra 'flower'
     from flwr.app import ConfigRecord
-    from flwr.supercore.task_identity import TaskIdentity
 
     from fedarena.federated import flower
-
-    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 0, 0, 0  # what a ServerApp run sets
 
     def run(task, strategy, codec=None, mods=()):
         x, y, train = _data(task)
         app = flower.fedarena_client_app(x, y, train, task.sizes, num_classes=task.sizes[-1], seed=SEED,
                                          mods=list(mods))
         fs = flower.FlowerStrategy(strategy, codec=codec, seed=SEED, min_available_nodes=CLIENTS)
-        grid = _InProcessGrid(app, CLIENTS)
+        grid = in_process_grid(app, CLIENTS)
         arrays = flower.params_to_record(task.trainer.init_params(0))
         selected = []
         for rnd in range(1, ROUNDS + 1):
@@ -143,8 +102,7 @@ def flower_rounds():
             assert metrics["reporting"] == PER_ROUND and metrics["rejected"] == 0
         return flower.record_to_params(arrays), selected
 
-    yield run
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+    return run
 
 
 def _assert_same(a, b, init):
@@ -180,6 +138,9 @@ def test_simulation_grpc_and_flower_give_the_same_model(case, make_cluster, flow
     init = task.trainer.init_params(0)
     _assert_same(simulated, runtime, init)
     _assert_same(flowered, runtime, init)
+    if rule != "mean":  # the runtime really ran the rule: plain FedAvg ends elsewhere
+        plain, _ = _simulate(task, FedAvg(FIT, opt, clients_per_round=PER_ROUND))
+        assert np.linalg.norm(_flat(plain) - _flat(runtime)) > 1e-3 * np.linalg.norm(_flat(runtime))
 
 
 def test_a_registered_rule_changes_the_model_and_its_params_are_checked():
