@@ -58,11 +58,11 @@ def _data(task):
     return x, y, [np.arange(off[i], off[i + 1]) for i in range(len(task.clients))]
 
 
-def _grpc(make_cluster, opt, rule="mean", rule_params=None, cfg=CFG, encoding="dense"):
+def _grpc(make_cluster, opt, rule="mean", rule_params=None, cfg=CFG, encoding="dense", **bounds):
+    bounds = {"max_client_weight": 1.0, "norm_bound_multiple": 0.0, **bounds}  # default: the plain weighted mean
     policy = RoundPolicy(rounds=ROUNDS, clients_per_round=PER_ROUND, window_seconds=120, start_clients=CLIENTS,
                          min_fraction=1.0, selection="uniform", seed=SEED, round_config=cfg, server_optimizer=opt,
-                         aggregation=rule, rule_params=rule_params or {}, trim_fraction=0.25,
-                         max_client_weight=1.0, norm_bound_multiple=0.0)  # the simulation's plain weighted mean
+                         aggregation=rule, rule_params=rule_params or {}, trim_fraction=0.25, **bounds)
     c = make_cluster(policy, task=TASK)
     c.run_clients(CLIENTS, seed=SEED, wait_s=0.5, encoding=encoding)
     assert c.scheduler.version == ROUNDS, c.scheduler.history[-1]
@@ -141,6 +141,21 @@ def test_simulation_grpc_and_flower_give_the_same_model(case, make_cluster, flow
     if rule != "mean":  # the runtime really ran the rule: plain FedAvg ends elsewhere
         plain, _ = _simulate(task, FedAvg(FIT, opt, clients_per_round=PER_ROUND))
         assert np.linalg.norm(_flat(plain) - _flat(runtime)) > 1e-3 * np.linalg.norm(_flat(runtime))
+
+
+def test_the_runtimes_bounded_mean_is_the_tables_mean_with_its_stages(make_cluster):
+    """The gRPC runtime's default 'mean' (each delta clipped to 1.5 x the round's median norm here, weights capped
+    at 0.3 of the round's total) is, in the simulation, ``RobustAggregate(rule="mean")`` with the same two stages of
+    the rule table."""
+    opt = ServerOptimizer()
+    task, runtime, _ = _grpc(make_cluster, opt, max_client_weight=0.3, norm_bound_multiple=1.5)
+    stages = {"max_client_weight": 0.3, "norm_bound_multiple": 1.5}
+    simulated, _ = _simulate(task, RobustAggregate(FIT, opt, clients_per_round=PER_ROUND, rule="mean",
+                                                   rule_params=stages))
+    init = task.trainer.init_params(0)
+    _assert_same(simulated, runtime, init)
+    plain, _ = _simulate(task, FedAvg(FIT, opt, clients_per_round=PER_ROUND))
+    assert np.linalg.norm(_flat(plain) - _flat(runtime)) > 1e-3 * np.linalg.norm(_flat(runtime))  # the bounds bind
 
 
 def test_a_registered_rule_changes_the_model_and_its_params_are_checked():
