@@ -17,7 +17,8 @@ clipped to ``norm_bound_multiple`` times the round's median update norm and each
 the servers' partial sums) or, with another rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`, that rule
 over the individual deltas is applied with the server optimizer
 and the model version increases (servers forward every accepted delta whenever the rule needs them);
-otherwise the round is abandoned and the next one starts with the same model. After every round the
+otherwise the round is abandoned and the next one starts with the same model. The current round's state is one
+:class:`RoundProgress` whose :class:`Phase` moves idle -> open -> closing -> idle (or done). After every round the
 global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
 wire format, and a restarted scheduler continues from that file with identical model bytes.
 """
@@ -225,6 +226,7 @@ class Scheduler:
         self.round = 1
         self.version = 0
         self.current = RoundProgress()
+        self._model_size, self._model_size_version = 0, -1  # wire size of the current model (cached per version)
         self.history: list[dict[str, Any]] = []
         self.params = {k: np.asarray(v) for k, v in initial_params.items()}
         self.opt_state = policy.server_optimizer.init(self.params)
@@ -524,7 +526,7 @@ class Scheduler:
         self._next_round()
 
     def _model_wire_bytes(self) -> int:
-        if getattr(self, "_model_size_version", None) != self.version:
+        if self._model_size_version != self.version:
             self._model_size = len(wire.encode("params", {"params": self.params}, self.limits))
             self._model_size_version = self.version
         return self._model_size

@@ -438,6 +438,7 @@ def _bind_rule(rule: str, trim_fraction: float, krum_byzantine: int, krum_keep: 
 
 cap_weights = rules.cap_weights
 bounded_mean = rules.bounded_mean
+krum_scores = rules.krum_scores
 
 
 def robust_rule(rule: RobustRule, trim_fraction: float = 0.2, krum_byzantine: int = 0, krum_keep: int | None = None,
