@@ -30,14 +30,13 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from fedarena.federated import auth, rules, wire
-from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
+from fedarena.federated.protocol import SCHEDULER_KINDS, Phase, RoundConfig, params_shapes
 from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
 from fedarena.federated.strategy import (PartialAggregate, ServerOptimizer, bounded_mean, robust_rule,
                                          select_clients)
@@ -125,16 +124,6 @@ class RoundPolicy:
 
 
 # ----------------------------------------------------------------------------- the round's state
-
-
-class Phase(str, Enum):
-    """Where the current round stands: waiting to open, open for uploads, waiting for the servers' partials, or
-    every round is done (the values are the ``phase`` strings of the wire protocol, :data:`protocol.PHASES`)."""
-
-    IDLE = "idle"
-    OPEN = "open"
-    CLOSING = "closing"
-    DONE = "done"
 
 
 @dataclass
