@@ -178,7 +178,13 @@ class Scheduler:
 
     ``aggregator``: a robust rule (see :data:`Aggregator`) used instead of the example-weighted mean; the
     plan then asks the FL-Servers for every accepted delta. A result that is not finite or does not match
-    the model's tensors abandons the round."""
+    the model's tensors abandons the round.
+
+    ``strategy``: a :class:`~fedarena.federated.strategy.Strategy` (``FedAvg``, ``RobustAggregate``, a wrapper such
+    as :class:`~fedarena.federated.wrappers.DPFedAvg`) that selects the round's clients (``select``) and aggregates
+    their individual updates (``aggregate``, the simulation's code path) in place of the policy's rule, selection
+    and server optimizer; the policy's ``round_config`` still sets the clients' local training. Not with secure
+    rounds (they release only the sum)."""
 
     def __init__(
         self,
@@ -193,14 +199,20 @@ class Scheduler:
         tls: TLSFiles | None = None,
         client_tls: TLSFiles | None = None,
         aggregator: Aggregator | None = None,
+        strategy: Any = None,
     ) -> None:
         self.policy = policy
-        if aggregator is None:
+        if strategy is not None and (aggregator is not None or policy.round_config.secagg):
+            raise ValueError("strategy: a strategy aggregates the individual updates itself; it takes neither an "
+                             "aggregator nor secure rounds")
+        self.strategy = strategy
+        if aggregator is None and strategy is None:
             aggregator = policy.rule()
         self.aggregator = aggregator
         # the default mean is bounded (norm clipping, weight cap): it needs every delta, as a robust rule does
-        self.bounded = aggregator is None and (policy.max_client_weight < 1 or policy.norm_bound_multiple > 0)
-        self.collect = aggregator is not None or self.bounded
+        self.bounded = aggregator is None and strategy is None and (policy.max_client_weight < 1
+                                                                    or policy.norm_bound_multiple > 0)
+        self.collect = aggregator is not None or self.bounded or strategy is not None
         self.secret = secret
         self.state_path = Path(state_path)
         self.evaluate = evaluate
@@ -218,7 +230,8 @@ class Scheduler:
         self._model_size, self._model_size_version = 0, -1  # wire size of the current model (cached per version)
         self.history: list[dict[str, Any]] = []
         self.params = {k: np.asarray(v) for k, v in initial_params.items()}
-        self.opt_state = policy.server_optimizer.init(self.params)
+        self.opt_state = (strategy.init_state(self.params).opt_state if strategy is not None
+                          else policy.server_optimizer.init(self.params))
         restored = load_state(self.state_path)
         if restored is not None:
             self._restore(restored)
@@ -374,7 +387,8 @@ class Scheduler:
         k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
         if p.round_config.secagg:
             k = min(k, capacity(p.round_config))  # more would overflow the fixed-point sum
-        selected = select_clients(cands, k, p.seed, self.round)
+        selected = (select_clients(cands, k, p.seed, self.round) if self.strategy is None
+                    else sorted(self.strategy.select(self.round, cands, p.seed)))
         secure = None
         if p.round_config.secagg:
             dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
@@ -411,7 +425,9 @@ class Scheduler:
         applied = None
         if len(total.clients) >= need and total.weight > 0:
             try:
-                if self.bounded:
+                if self.strategy is not None:
+                    applied = self._strategy_step(total.clients)
+                elif self.bounded:
                     delta, info = bounded_mean(*self._individual(total.clients), p.max_client_weight,
                                                p.norm_bound_multiple)
                     row.update(info)
@@ -448,6 +464,16 @@ class Scheduler:
             raise ValueError(f"updates: no individual update of {missing[:5]} reached the scheduler")
         order = sorted(clients)
         return [self.current.updates[c][0] for c in order], [self.current.updates[c][1] for c in order]
+
+    def _strategy_step(self, clients: Sequence[str]) -> tuple[Params, dict]:
+        """The strategy's ``aggregate`` over the individual updates of ``clients`` (sorted by id, as the simulation
+        orders them); returns the new model and optimizer state."""
+        from fedarena.federated.strategy import ClientUpdate, RoundState
+
+        deltas, weights = self._individual(clients)
+        updates = [ClientUpdate(c, d, w) for c, d, w in zip(sorted(clients), deltas, weights)]
+        new = self.strategy.aggregate(RoundState(self.round, self.params, self.opt_state), updates, len(self.clients))
+        return new.params, new.opt_state
 
     def _robust_delta(self, clients: Sequence[str]) -> Params:
         """The aggregator's delta over the individual updates of ``clients``; ValueError if unusable."""

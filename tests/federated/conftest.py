@@ -17,7 +17,7 @@ SMALL_TASK = TaskSpec(dataset="synthetic", num_clients=4, hidden=(8,), trainer="
 
 class Cluster:
     def __init__(self, tmp_path, policy, n_servers=2, tls=None, task=SMALL_TASK, server_options=None, limits=None,
-                 chunk_bytes=wire.DEFAULT_CHUNK_BYTES, aggregator=None):
+                 chunk_bytes=wire.DEFAULT_CHUNK_BYTES, aggregator=None, strategy=None):
         self.chunk_bytes = chunk_bytes
         self.task = build_task(task)
         self.secret = auth.new_secret()
@@ -25,7 +25,7 @@ class Cluster:
         self.tls = tls
         self.scheduler = Scheduler(policy, self.task.trainer.init_params(0), self.secret, tmp_path / "state.fl",
                                    evaluate=self.evaluate, tls=tls, client_tls=tls, limits=self.limits,
-                                   chunk_bytes=chunk_bytes, aggregator=aggregator)
+                                   chunk_bytes=chunk_bytes, aggregator=aggregator, strategy=strategy)
         port = self.scheduler.start("127.0.0.1:0")
         self.address = f"127.0.0.1:{port}"
         opts = server_options or ServerOptions(sync_wait_s=0.2, max_update_norm=50.0)

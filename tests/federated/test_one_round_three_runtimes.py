@@ -58,12 +58,12 @@ def _data(task):
     return x, y, [np.arange(off[i], off[i + 1]) for i in range(len(task.clients))]
 
 
-def _grpc(make_cluster, opt, rule="mean", rule_params=None, cfg=CFG, encoding="dense", **bounds):
+def _grpc(make_cluster, opt, rule="mean", rule_params=None, cfg=CFG, encoding="dense", strategy=None, **bounds):
     bounds = {"max_client_weight": 1.0, "norm_bound_multiple": 0.0, **bounds}  # default: the plain weighted mean
     policy = RoundPolicy(rounds=ROUNDS, clients_per_round=PER_ROUND, window_seconds=120, start_clients=CLIENTS,
                          min_fraction=1.0, selection="uniform", seed=SEED, round_config=cfg, server_optimizer=opt,
                          aggregation=rule, rule_params=rule_params or {}, trim_fraction=0.25, **bounds)
-    c = make_cluster(policy, task=TASK)
+    c = make_cluster(policy, task=TASK, strategy=strategy)
     c.run_clients(CLIENTS, seed=SEED, wait_s=0.5, encoding=encoding)
     assert c.scheduler.version == ROUNDS, c.scheduler.history[-1]
     return c.task, c.scheduler.params, [sorted(r["clients"]) for r in c.scheduler.history]
@@ -99,7 +99,7 @@ def flower_rounds(in_process_grid, flower_task_identity):
             msgs = list(fs.configure_train(rnd, arrays, ConfigRecord(), grid))
             selected.append(sorted(fs._selected))
             arrays, metrics = fs.aggregate_train(rnd, grid.send_and_receive(msgs))
-            assert metrics["reporting"] == PER_ROUND and metrics["rejected"] == 0
+            assert metrics["reporting"] == len(msgs) and metrics["rejected"] == 0
         return flower.record_to_params(arrays), selected
 
     return run
@@ -217,3 +217,22 @@ def test_eight_bit_uploads_give_the_same_model_in_every_runtime(make_cluster, fl
     dense, _ = _simulate(task, strategy)
     for quantized in (runtime, flat_form):  # the quantization really happened (8-bit error >> float32 rounding)
         assert np.abs(_flat(quantized) - _flat(dense)).max() > 1e-5
+
+
+def test_dp_fedavg_gives_the_same_model_in_every_runtime(make_cluster, flower_rounds):
+    """DP-FedAvg (Poisson sampling, clipping, Gaussian noise on the sum, denominator q N) is one wrapper in all three
+    runtimes: the simulation's strategy, the scheduler's ``strategy=`` and Flower's ``FlowerStrategy``. With the
+    mechanism's test seed the sample and the noise are the same draws everywhere."""
+    from fedarena.federated.wrappers import DPFedAvg
+    from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
+
+    mech = DPFedAvgMechanism(clip_norm=0.5, noise_multiplier=0.3, sample_rate=0.6, num_clients=CLIENTS, seed=11)
+    dp = DPFedAvg(FedAvg(FIT, ServerOptimizer()), mech)
+    task, runtime, runtime_selected = _grpc(make_cluster, ServerOptimizer(), strategy=dp)
+    simulated, sim_selected = _simulate(task, dp)
+    flowered, flower_selected = flower_rounds(task, dp)
+    assert runtime_selected == sim_selected == flower_selected
+    assert len({len(s) for s in sim_selected}) > 1 and all(sim_selected)  # Poisson sizes vary; no empty round
+    init = task.trainer.init_params(0)
+    _assert_same(simulated, runtime, init)
+    _assert_same(flowered, runtime, init)
