@@ -247,7 +247,8 @@ def decode_tensors(payload: Any, shapes: Mapping[str, tuple[int, ...]], codec: C
         raise WireError(where, f"expected a map of tensor name to payload, got {type(payload).__name__}")
     missing, extra = set(shapes) - set(payload), set(payload) - set(shapes)
     if missing or extra:
-        raise WireError(where, f"tensor names differ from the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
+        raise WireError(where, f"tensor names differ from the model: missing {sorted(missing)}, "
+                        f"unexpected {sorted(extra)}")
     return {name: codec.decode_tensor(payload[name], tuple(shape), f"{where}.{name}") for name, shape in shapes.items()}
 
 

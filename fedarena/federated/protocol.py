@@ -54,6 +54,11 @@ class Phase(str, Enum):
     CLOSING = "closing"
     DONE = "done"
 
+    def __str__(self) -> str:  # messages and logs show the wire string
+        return self.value
+
+    __format__ = str.__format__
+
 
 PHASES = tuple(p.value for p in Phase)
 

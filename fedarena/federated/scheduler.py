@@ -358,7 +358,8 @@ class Scheduler:
                 return
             if self.current.phase == Phase.OPEN:
                 if len(self.current.admitted) >= len(self.current.selected) or now >= self.current.deadline:
-                    self.current.close_reason = "all_reported" if len(self.current.admitted) >= len(self.current.selected) else "deadline"
+                    cur = self.current
+                    cur.close_reason = "all_reported" if len(cur.admitted) >= len(cur.selected) else "deadline"
                     self.current.closed_at = now
                     self.current.phase = Phase.CLOSING
                     self.current.grace_until = now + p.partial_grace_s
@@ -418,7 +419,8 @@ class Scheduler:
         row: dict[str, Any] = {
             "round": self.round, "selected": len(self.current.selected), "admitted": len(self.current.admitted),
             "reporting": len(total.clients), "needed": need, "close_reason": self.current.close_reason,
-            "duration_s": self.current.closed_at - self.current.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
+            "duration_s": self.current.closed_at - self.current.opened_at, "window_s": p.window_seconds,
+            "closed_wall": time.time(),
             "bytes_up": bytes_up, "bytes_down": bytes_down,
             "servers": sorted(self.current.partials), "clients": sorted(total.clients),
         }
@@ -504,9 +506,11 @@ class Scheduler:
         row: dict[str, Any] = {
             "round": self.round, "selected": len(self.current.selected), "admitted": 0, "reporting": 0,
             "needed": sec.server.config.threshold, "close_reason": self.current.close_reason,
-            "duration_s": self.current.closed_at - self.current.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
+            "duration_s": self.current.closed_at - self.current.opened_at, "window_s": p.window_seconds,
+            "closed_wall": time.time(),
             # SecAgg messages as relayed, plus one model download (wire size) per client that took part
-            "bytes_up": sec.bytes_up, "bytes_down": sec.bytes_down + self._model_wire_bytes() * len(sec.server.state.keys),
+            "bytes_up": sec.bytes_up,
+            "bytes_down": sec.bytes_down + self._model_wire_bytes() * len(sec.server.state.keys),
             "servers": [], "clients": [], "secagg_stage": sec.stage,
         }
         decoded, reason = None, sec.aborted
@@ -666,7 +670,8 @@ class Scheduler:
         cid = wire.field(b, "client_id", str)
         with self.cond:
             if rnd != self.round or self.current.phase != Phase.OPEN:
-                raise ProtocolError("body.round", f"round {rnd} is not open (round {self.round} is {self.current.phase})",
+                raise ProtocolError("body.round", f"round {rnd} is not open (round {self.round} is "
+                                    f"{self.current.phase.value})",
                                     "stale_round")
             if cid not in self.current.selected:
                 raise ProtocolError("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
@@ -685,7 +690,8 @@ class Scheduler:
         sums_body = wire.field(b, "sums", dict)
         with self.cond:
             if rnd != self.round or self.current.phase != Phase.CLOSING:
-                raise ProtocolError("body.round", f"round {rnd} is not closing (round {self.round} is {self.current.phase})",
+                raise ProtocolError("body.round", f"round {rnd} is not closing (round {self.round} is "
+                                    f"{self.current.phase.value})",
                                     "stale_round")
             for cid in clients:
                 if self.current.admitted.get(cid) != server_id:
@@ -761,7 +767,8 @@ class Scheduler:
             now = time.monotonic()
             return "status", {
                 "round": self.round, "model_version": self.version, "phase": self.current.phase.value,
-                "history": self.history, "selected": list(self.current.selected), "admitted": sorted(self.current.admitted),
+                "history": self.history, "selected": list(self.current.selected),
+                "admitted": sorted(self.current.admitted),
                 "servers": {s: {"address": v.address, "alive": v.alive} for s, v in self.servers.items()},
                 "clients": {c: {"server": v["server"], "age_s": now - v["last_seen"]} for c, v in self.clients.items()},
                 "assignments": dict(self.assignments),

@@ -442,7 +442,8 @@ krum_scores = rules.krum_scores
 
 
 def robust_rule(rule: RobustRule, trim_fraction: float = 0.2, krum_byzantine: int = 0, krum_keep: int | None = None,
-                krum_preselect: bool = False, **rule_params: Any) -> Callable[[Sequence[Params], Sequence[float]], Params]:
+                krum_preselect: bool = False, **rule_params: Any
+                ) -> Callable[[Sequence[Params], Sequence[float]], Params]:
     """A rule of :data:`fedarena.federated.rules.AGGREGATION_RULES` in the gRPC runtime's form
     (``Scheduler(aggregator=...)``): the client deltas and their weights -> the global delta. A bad argument
     raises ValueError naming the field."""

@@ -1,6 +1,6 @@
 """Strategy wrappers: server-side stages around a :class:`~fedarena.federated.strategy.Strategy`, composed the same
-way in the simulation, the gRPC runtime's policy and Flower interop (as Flower's ``DifferentialPrivacyServerSideFixedClipping``
-and ``SecAggPlusWorkflow`` wrap its strategies).
+way in the simulation, the gRPC runtime (``Scheduler(strategy=...)``) and Flower interop (``FlowerStrategy``), as
+Flower's ``DifferentialPrivacyServerSideFixedClipping`` and ``SecAggPlusWorkflow`` wrap its strategies.
 
 * :class:`StrategyWrapper`: forwards every hook of the protocol to ``inner``; a wrapper overrides what it changes.
 * :class:`DPFedAvg`: DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent Language Models", ICLR

@@ -1,8 +1,9 @@
 """One round, one Strategy, three runtimes: the in-process simulation (``Simulation``), the gRPC runtime (a real
 scheduler, two FL-Servers and five FLClient threads on loopback) and Flower interop (``FlowerStrategy`` driving
-fedarena ClientApps through Flower's Message API, delivered in-process) reach the same global model (``||a - b|| / ||b|| < 1e-6``)
-after 5 rounds of 4 of 5 clients, for FedAvg, FedAdam, trimmed mean, geometric median and a rule this module
-registers with ``register_rule``; SecAgg (simulation and runtime) and 8-bit quantized uploads likewise.
+fedarena ClientApps through Flower's Message API, delivered in-process) reach the same global model
+(``||a - b|| / ||b|| < 1e-6``) after 5 rounds, for FedAvg, FedAdam, trimmed mean, geometric median and a rule this
+module registers with ``register_rule`` (4 of 5 clients a round); SecAgg (simulation and runtime), 8-bit quantized
+uploads and DP-FedAvg likewise; and the runtime's bounded mean is the rule table's mean with its two stages.
 
 How the three train identically: the runtime's ``trainer="engine"`` clients and the simulation's batched MLP run the
 same engine step on the same minibatches (generator ``(seed, round, client key)``), Flower's ClientApp is the
