@@ -28,10 +28,10 @@ import numpy as np
 
 from fedarena.engine import models as zoo
 from fedarena.engine import ops
+from fedarena.federated.config import ZOO_ARCHS as ARCHS
 from fedarena.federated.simulation import BatchedModel
 from fedarena.federated.strategy import Params
 
-ARCHS = ("resnet18_gn", "resnet8_gn", "cnn_emnist", "char_lstm", "word_lstm", "transformer")
 SEQUENCE_ARCHS = ("char_lstm", "word_lstm", "transformer")
 PAD = 0
 """the pad token id, left out of the language models' loss"""
