@@ -1,5 +1,5 @@
 """The models of the federated benchmarks of Reddi et al. 2021 ("Adaptive Federated Optimization", ICLR,
-Appendix C), as ``init``/``apply`` pairs over parameter pytrees built from :mod:`fedarena.engine.nn`.
+appendix on the tasks and models), as ``init``/``apply`` pairs over parameter pytrees built from :mod:`fedarena.engine.nn`.
 
 - :class:`ResNetGN`: ResNet (He et al. 2016, torchvision's BasicBlock layout) with every batch norm
   replaced by group norm of 2 groups, the CIFAR-100 model of Reddi et al. after Hsieh et al. 2020
@@ -128,13 +128,14 @@ def resnet18_gn(num_classes: int = 100, in_channels: int = 3, groups: int = 2) -
 
 def resnet8_gn(num_classes: int = 100, in_channels: int = 3, groups: int = 2) -> ResNetGN:
     """ResNet-8 with group norm for CPU runs: a 3x3 stem and one BasicBlock in each of three stages of
-    16, 32 and 64 channels (the CIFAR ResNet layout of He et al. 2016, Sec. 4.2, with n = 1)."""
+    16, 32 and 64 channels (the CIFAR ResNet layout of He et al. 2016, Sec. 4.2, with n = 1, here with 1x1
+    projection shortcuts where the shape changes and group norm)."""
     return ResNetGN(num_classes, (1, 1, 1), (16, 32, 64), in_channels, groups, "cifar")
 
 
 @dataclass(frozen=True)
 class EmnistCNN(nn.Module):
-    """Reddi et al. 2021's EMNIST CNN (Appendix C, Table 6): ``conv(3x3, channels[0]) - ReLU - conv(3x3,
+    """Reddi et al. 2021's EMNIST CNN (their appendix; TFF's EMNIST character model): ``conv(3x3, channels[0]) - ReLU - conv(3x3,
     channels[1]) - ReLU - maxpool(2x2) - dropout(0.25) - dense(hidden) - ReLU - dropout(0.5) -
     dense(num_classes)``, valid convolutions; defaults 32/64 channels, 128 units, 62 classes on 28x28
     (1,206,590 parameters).  ``apply(params, x, key=None)``: dropout only when a ``key`` is given."""
