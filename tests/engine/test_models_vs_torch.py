@@ -110,6 +110,7 @@ def _count(p) -> int:
 def test_full_size_parameter_counts():
     # torchvision's resnet18 has 11,689,512 parameters for 1,000 classes; 100 classes drop 900 x 513 of the head
     assert _count(models.resnet18_gn(100).init(0)) == 11_689_512 - 900 * 513
+    assert sum(p.numel() for p in TorchResNetGN(models.resnet18_gn(100)).parameters()) == 11_689_512 - 900 * 513
     # the TFF EMNIST CNN of Reddi et al. (Keras summary: 1,206,590)
     assert _count(models.EmnistCNN().init(0)) == 1_206_590
     # Keras LSTMs have one bias of 4H per layer, PyTorch's (and ours) two: 4H more per layer
@@ -124,3 +125,15 @@ def test_full_size_parameter_counts():
 def test_group_norm_rejects_bad_groups():
     with pytest.raises(ValueError, match="multiple of num_groups"):
         nn.GroupNorm(3, 8)
+
+
+def test_full_size_resnet18_gn_forward_matches_torch():
+    """The full ResNet-18-GN on one 24x24 CIFAR crop (Reddi et al.'s input size): logits as torch's, float32."""
+    m = models.resnet18_gn(100)
+    params = m.init(np.random.default_rng(0), np.float32)
+    twin = TorchResNetGN(m).float()
+    with torch.no_grad():
+        twin.load(params, np.float32)
+        want = twin(_t(np.random.default_rng(1).standard_normal((1, 3, 24, 24)), np.float32)).numpy()
+    got = np.asarray(engine.jit(m.apply)(params, np.random.default_rng(1).standard_normal((1, 3, 24, 24)).astype(np.float32)))
+    _close(got, want, 1e-5, "resnet18_gn logits")
