@@ -1,5 +1,6 @@
 """The models of the federated benchmarks of Reddi et al. 2021 ("Adaptive Federated Optimization", ICLR,
-appendix on the tasks and models), as ``init``/``apply`` pairs over parameter pytrees built from :mod:`fedarena.engine.nn`.
+appendix on the tasks and models), as ``init``/``apply`` pairs over parameter pytrees built from
+:mod:`fedarena.engine.nn`.
 
 - :class:`ResNetGN`: ResNet (He et al. 2016, torchvision's BasicBlock layout) with every batch norm
   replaced by group norm of 2 groups, the CIFAR-100 model of Reddi et al. after Hsieh et al. 2020
@@ -63,7 +64,8 @@ class ResNetGN(nn.Module):
         object.__setattr__(self, "blocks", tuple(int(b) for b in self.blocks))
         object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
         if len(self.blocks) != len(self.widths) or not self.blocks or min(self.blocks) < 1:
-            raise ValueError(f"ResNetGN: blocks {self.blocks} and widths {self.widths} need one positive entry per stage")
+            raise ValueError(f"ResNetGN: blocks {self.blocks} and widths {self.widths} need one positive entry per "
+                             "stage")
         if self.stem not in ("imagenet", "cifar"):
             raise ValueError(f"ResNetGN: stem must be 'imagenet' or 'cifar', got {self.stem!r}")
 
@@ -86,9 +88,11 @@ class ResNetGN(nn.Module):
         rng = as_rng(seed)
         w0 = self.widths[0]
         k = 7 if self.stem == "imagenet" else 3
-        p: dict = {"stem": {"conv": self._conv(self.in_channels, w0, k, 1).init(rng, dtype), "norm": self._norm(w0).init(rng, dtype)}}
+        p: dict = {"stem": {"conv": self._conv(self.in_channels, w0, k, 1).init(rng, dtype),
+                            "norm": self._norm(w0).init(rng, dtype)}}
         for name, cin, cout, stride in self._plan():
-            blk = {"conv1": self._conv(cin, cout, 3, stride).init(rng, dtype), "norm1": self._norm(cout).init(rng, dtype),
+            blk = {"conv1": self._conv(cin, cout, 3, stride).init(rng, dtype),
+                   "norm1": self._norm(cout).init(rng, dtype),
                    "conv2": self._conv(cout, cout, 3, 1).init(rng, dtype), "norm2": self._norm(cout).init(rng, dtype)}
             if stride != 1 or cin != cout:
                 blk["down_conv"] = self._conv(cin, cout, 1, stride).init(rng, dtype)
@@ -135,10 +139,10 @@ def resnet8_gn(num_classes: int = 100, in_channels: int = 3, groups: int = 2) ->
 
 @dataclass(frozen=True)
 class EmnistCNN(nn.Module):
-    """Reddi et al. 2021's EMNIST CNN (their appendix; TFF's EMNIST character model): ``conv(3x3, channels[0]) - ReLU - conv(3x3,
-    channels[1]) - ReLU - maxpool(2x2) - dropout(0.25) - dense(hidden) - ReLU - dropout(0.5) -
-    dense(num_classes)``, valid convolutions; defaults 32/64 channels, 128 units, 62 classes on 28x28
-    (1,206,590 parameters).  ``apply(params, x, key=None)``: dropout only when a ``key`` is given."""
+    """Reddi et al. 2021's EMNIST CNN (their appendix; TFF's EMNIST character model): ``conv(3x3,
+    channels[0]) - ReLU - conv(3x3, channels[1]) - ReLU - maxpool(2x2) - dropout(0.25) - dense(hidden) -
+    ReLU - dropout(0.5) - dense(num_classes)``, valid convolutions; defaults 32/64 channels, 128 units, 62
+    classes on 28x28 (1,206,590 parameters).  ``apply(params, x, key=None)``: dropout only when a ``key`` is given."""
 
     num_classes: int = 62
     image: Sequence[int] = (1, 28, 28)

@@ -135,5 +135,6 @@ def test_full_size_resnet18_gn_forward_matches_torch():
     with torch.no_grad():
         twin.load(params, np.float32)
         want = twin(_t(np.random.default_rng(1).standard_normal((1, 3, 24, 24)), np.float32)).numpy()
-    got = np.asarray(engine.jit(m.apply)(params, np.random.default_rng(1).standard_normal((1, 3, 24, 24)).astype(np.float32)))
+    x = np.random.default_rng(1).standard_normal((1, 3, 24, 24)).astype(np.float32)
+    got = np.asarray(engine.jit(m.apply)(params, x))
     _close(got, want, 1e-5, "resnet18_gn logits")

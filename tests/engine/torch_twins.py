@@ -117,7 +117,8 @@ class TorchEmnistCNN(tnn.Module):
 
     def grads(self):
         return {"conv1": {"w": self.conv1.weight.grad, "b": self.conv1.bias.grad},
-                "conv2": {"w": self.conv2.weight.grad, "b": self.conv2.bias.grad}, "fc": _lg(self.fc), "out": _lg(self.out)}
+                "conv2": {"w": self.conv2.weight.grad, "b": self.conv2.bias.grad}, "fc": _lg(self.fc),
+                "out": _lg(self.out)}
 
 
 class TorchRecurrentLM(tnn.Module):

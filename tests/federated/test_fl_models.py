@@ -19,7 +19,8 @@ from fedarena.federated import strategy as st  # noqa: E402
 from fedarena.federated.config import ModelConfig  # noqa: E402
 from fedarena.federated.models import BatchedZooModel  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("torch_twins", pathlib.Path(__file__).parents[1] / "engine" / "torch_twins.py")
+_TWINS = pathlib.Path(__file__).parents[1] / "engine" / "torch_twins.py"  # shared with the engine's zoo tests
+_spec = importlib.util.spec_from_file_location("torch_twins", _TWINS)
 twins = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(twins)
 
