@@ -156,12 +156,17 @@ class BatchedModel:
     def _flat(self, tree: Any) -> Params:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def example_losses(self, tree: Any, x: Any, y_onehot: Any) -> Any:
+        """Each example's cross-entropy of ``forward(tree, x)`` against ``y_onehot`` (a sequence model of
+        :mod:`fedarena.federated.models` overrides it with its per-token loss)."""
+        logits = self.forward(tree, x)
+        return ops.logsumexp(logits, axis=1) - ops.sum(logits * y_onehot, axis=1)
+
     def _compile(self) -> None:
-        forward = self.forward
+        forward, example_losses = self.forward, self.example_losses
 
         def loss_fn(w, x, y, m):
-            logits = forward(w, x)
-            ce = ops.logsumexp(logits, axis=1) - ops.sum(logits * y, axis=1)
+            ce = example_losses(w, x, y)
             return ops.sum(ce * m) / ops.maximum(ops.sum(m), 1.0)
 
         def step(w, anchor, corr, x, y, m, valid, lr, mu):
@@ -318,6 +323,10 @@ def batched_model(spec: tuple) -> BatchedModel:
         return BatchedMLP(spec[1])
     if spec[0] == "cnn":
         return BatchedCNN(*spec[1:])
+    if spec[0] == "zoo":
+        from fedarena.federated.models import BatchedZooModel  # it subclasses BatchedModel (a cycle at import)
+
+        return BatchedZooModel.from_spec(spec)
     raise ValueError(f"model: unknown spec {spec[0]!r}")
 
 
