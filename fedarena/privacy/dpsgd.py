@@ -262,12 +262,15 @@ class DPSGD:
         else:  # an empty Poisson batch still releases noise
             summed, norms = engine.tree_map(lambda p: np.zeros(np.shape(p)), params), np.zeros(0)
         std = cfg.noise_multiplier * cfg.clip_norm
-
-        def noisy(s, p):
-            out = (np.asarray(s, np.float64) + rng.normal(0.0, std, size=np.shape(s))) / expected
-            return out.astype(np.asarray(p).dtype)
-
-        grads = engine.tree_map(noisy, summed, params)
+        leaves, treedef = engine.tree_flatten(summed)
+        noise = np.asarray(rng.normal(0.0, std, size=sum(int(np.size(s)) for s in leaves)), np.float64)
+        out, start = [], 0  # one draw for all parameters (fewer os.urandom calls), split in leaf order
+        for s, p in zip(leaves, engine.tree_leaves(params)):
+            size = int(np.size(s))
+            noisy = (np.asarray(s, np.float64) + noise[start:start + size].reshape(np.shape(s))) / expected
+            out.append(noisy.astype(np.asarray(p).dtype))
+            start += size
+        grads = engine.tree_unflatten(treedef, out)
         stats = {"batch_size": int(len(x)),
                  "clipped_fraction": float(np.mean(norms > cfg.clip_norm)) if norms.size else 0.0,
                  "mean_grad_norm": float(norms.mean()) if norms.size else 0.0}
