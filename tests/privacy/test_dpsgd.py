@@ -87,7 +87,8 @@ def test_fused_path_equals_the_loop_path_with_at_most_two_compiles():
     def loss_fn(p, xb, yb):
         return ops.cross_entropy(mlp.apply(p, xb), yb)
 
-    cfg = DPSGDConfig(2.0, 0.0, 0.05)  # about half the examples clipped; q N = 5: buckets at 5 + 2 and 4 standard deviations (2.18)
+    # C = 2 clips about half of these examples; q N = 5: buckets 2 and 4 standard deviations (2.18) above it
+    cfg = DPSGDConfig(2.0, 0.0, 0.05)
     fused, loop = DPSGD(loss_fn, cfg, 100), DPSGD(loss_fn, cfg, 100, fused=False)
     clipped = []
     for n in [0, 1, 4, 8, 9, 10, 13, 14, 15, 29, 40]:
