@@ -38,11 +38,16 @@ class SecureRandom:
         return out.reshape(shape) if shape else float(out[0])
 
     def standard_normal(self, size: Any = None) -> Any:
-        """Box-Muller: ``sqrt(-2 ln(1 - u1)) cos(2 pi u2)`` for independent uniforms (``1 - u1`` lies in (0, 1])."""
+        """Box-Muller: for independent uniforms ``u1, u2`` and ``r = sqrt(-2 ln(1 - u1))`` (``1 - u1`` lies in
+        (0, 1]), ``r cos(2 pi u2)`` and ``r sin(2 pi u2)`` are two independent standard normals; both are used,
+        so ``n`` draws take ``ceil(n / 2)`` pairs of uniforms."""
         shape = _shape(size)
         n = int(np.prod(shape)) if shape else 1
-        u1, u2 = self.random(n), self.random(n)
-        z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+        pairs = (n + 1) // 2
+        u1, u2 = self.random(pairs), self.random(pairs)
+        r = np.sqrt(-2.0 * np.log1p(-u1))
+        angle = 2.0 * np.pi * u2
+        z = np.concatenate([r * np.cos(angle), r * np.sin(angle)])[:n]
         return z.reshape(shape) if shape else float(z[0])
 
     def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = None) -> Any:

@@ -1,14 +1,18 @@
-"""DP-SGD: per-example clipping checked against PyTorch per-example gradients, noise scale, and the dpsgd_digits
-experiment (budget monitor stops at the budget, epsilon per step in the metrics, resume reproduces the run)."""
+"""DP-SGD: per-example clipping (the loop path and the fused, shape-bucketed program) checked against PyTorch
+per-example gradients and against each other, noise scale, and the dpsgd_digits experiment (budget monitor stops
+at the budget, epsilon per step in the metrics, resume reproduces the run)."""
 
 import shutil
+import warnings
 
 import numpy as np
 import pytest
 
+from fedarena import engine
 from fedarena.engine import nn, ops
 from fedarena.privacy.accountant import RDPAccountant
-from fedarena.privacy.dpsgd import DPSGD, DPSGDConfig, clip_and_sum, per_example_gradients, poisson_batch
+from fedarena.privacy.dpsgd import (DPSGD, DPSGDConfig, clip_and_sum, fused_clipped_sum, per_example_gradients,
+                                    poisson_batch, poisson_buckets)
 
 
 def _model():
@@ -20,7 +24,8 @@ def _model():
     return mlp, params, x, y
 
 
-def test_clipped_per_example_sum_matches_torch():
+@pytest.mark.parametrize("path", ["loop", "fused"])
+def test_clipped_per_example_sum_matches_torch(path):
     torch = pytest.importorskip("torch")
     mlp, params, x, y = _model()
 
@@ -28,7 +33,11 @@ def test_clipped_per_example_sum_matches_torch():
         return ops.cross_entropy(mlp.apply(p, xb), yb)
 
     clip = 0.3
-    ours, norms = clip_and_sum(per_example_gradients(loss_fn)(params, x, y), clip)
+    if path == "loop":
+        ours, norms = clip_and_sum(per_example_gradients(loss_fn)(params, x, y), clip)
+    else:  # the 7 examples padded to a bucket of 11 rows: the 4 zero rows must not count
+        ours, norms = fused_clipped_sum(loss_fn, clip, (5, 11))(params, x, y)
+        assert norms.shape == (7,)
     ws = [torch.tensor(layer["w"], requires_grad=True) for layer in params]
     bs = [torch.tensor(layer["b"], requires_grad=True) for layer in params]
     total = [torch.zeros_like(t) for t in ws + bs]
@@ -65,6 +74,47 @@ def test_vmap_path_matches_loop():
     for gv, gl in zip(by_vmap, by_loop):
         for a, b in zip(engine.tree_leaves(gv), engine.tree_leaves(gl)):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_fused_path_equals_the_loop_path_with_at_most_two_compiles():
+    """Every batch size from empty to twice the top bucket (chunked), sigma = 0: the fused program's clipped sum
+    and statistics equal the per-example loop's (float64, rtol 1e-10), the padded rows do not count, and the
+    many sizes compile only the two bucket programs."""
+    mlp = nn.MLP([6, 8, 3], activation="tanh")
+    params = mlp.init(0, dtype=np.float64)
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(40, 6)) * 2.0, rng.integers(0, 3, size=40)
+
+    def loss_fn(p, xb, yb):
+        return ops.cross_entropy(mlp.apply(p, xb), yb)
+
+    # C = 2 clips about half of these examples; q N = 5: buckets 2 and 4 standard deviations (2.18) above it
+    cfg = DPSGDConfig(2.0, 0.0, 0.05)
+    fused, loop = DPSGD(loss_fn, cfg, 100), DPSGD(loss_fn, cfg, 100, fused=False)
+    clipped = []
+    for n in [0, 1, 4, 8, 9, 10, 13, 14, 15, 29, 40]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", engine.RecompileWarning)  # a new bucket compiles without a warning
+            gf, sf = fused.noisy_gradient(params, x[:n], y[:n])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", engine.RecompileWarning)  # the loop path compiles every batch size
+            gl, sl = loop.noisy_gradient(params, x[:n], y[:n])
+        for a, b in zip(engine.tree_leaves(gf), engine.tree_leaves(gl)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
+        assert sf["batch_size"] == sl["batch_size"] == n
+        assert sf["mean_grad_norm"] == pytest.approx(sl["mean_grad_norm"], rel=1e-10)
+        assert sf["clipped_fraction"] == sl["clipped_fraction"]
+        clipped.append(sf["clipped_fraction"])
+    assert fused.buckets == (10, 14) and fused.compiles == 2 and loop.compiles == 0
+    assert 0 < max(clipped) and min(clipped[1:]) < 1  # both clipped and unclipped examples occur
+
+
+def test_poisson_buckets():
+    assert poisson_buckets(5.0, 0.05) == (10, 14)  # ceil(5 + 2 * 2.179), ceil(5 + 4 * 2.179)
+    assert poisson_buckets(5.0, 0.05, avoid=(10, 11, 14)) == (12, 15)  # the parameters' leading lengths
+    assert poisson_buckets(64.0, 64 / 1797) == (80, 96)
+    assert poisson_buckets(30.0, 1.0) == (30,)  # q = 1: every batch is the whole data set
+    assert poisson_buckets(0.001, 0.001) == (1,)  # a larger batch is summed in chunks of the top bucket
 
 
 def test_noise_scale_and_normalisation():

@@ -59,3 +59,15 @@ def test_mechanisms_without_an_rng_use_the_os_csprng(monkeypatch):
     b = ldp.GaussianMechanism(epsilon=1.0, delta=1e-5, clip_norm=1.0)(np.ones(8), 5)
     np.testing.assert_array_equal(a, b)
     assert not calls
+
+
+def test_both_box_muller_outputs_are_independent_normals():
+    """standard_normal uses r cos and r sin of each uniform pair: the two halves of a draw are its pair partners
+    and must be uncorrelated (|rho| < 0.05 is 5 standard errors for 10,000 pairs), each N(0, 1), odd sizes too."""
+    r = SecureRandom()
+    z = r.standard_normal(20_001)
+    first, second = z[:10_000], z[10_001:]  # partners: i and i + 10,001
+    assert abs(np.corrcoef(first, second)[0, 1]) < 0.05
+    assert stats.kstest(first, "norm").pvalue > 1e-4 and stats.kstest(second, "norm").pvalue > 1e-4
+    assert stats.kstest((first + second) / np.sqrt(2.0), "norm").pvalue > 1e-4  # jointly normal, independent
+    assert r.standard_normal(0).shape == (0,) and isinstance(r.standard_normal(), float)
