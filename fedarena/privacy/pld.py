@@ -136,8 +136,7 @@ def _log_mix(x: np.ndarray, q: float, sigma: float) -> np.ndarray:
 def _hockey_stick(eps: np.ndarray, q: float, sigma: float, direction: str) -> np.ndarray:
     """Exact ``delta(eps)`` of one subsampled Gaussian step in ``direction`` ("remove" or "add")."""
     eps = np.asarray(eps, np.float64)
-    sf = special.ndtr  # Phi
-    out = np.empty_like(eps)
+    sf = special.ndtr  # standard normal CDF Phi
     if direction == "remove":
         # L(x) > eps  <=>  x > x*;  delta = P(x > x*) - e^eps Q(x > x*)
         arg = (np.exp(eps) - (1.0 - q)) / q if q > 0 else np.full_like(eps, np.inf)
@@ -147,7 +146,7 @@ def _hockey_stick(eps: np.ndarray, q: float, sigma: float, direction: str) -> np
         out = p - np.exp(eps) * sf(-xs / sigma)
         out = np.where(ok, out, -np.expm1(eps))  # every x has L > eps: delta = 1 - e^eps
     elif direction == "add":
-        # L(x) = -log_mix(x) > eps  <=>  x < x*;  delta = Q_add... P = N(0), Q = mixture
+        # P = N(0, s^2), Q = the mixture; L(x) = -log_mix(x) > eps  <=>  x < x*;  delta = P(x < x*) - e^eps Q(x < x*)
         arg = (np.exp(-eps) - (1.0 - q)) / q
         ok = arg > 0
         xs = np.where(ok, sigma**2 * np.log(np.where(ok, arg, 1.0)) + 0.5, -np.inf)

@@ -1,0 +1,95 @@
+"""PLD accountant (fedarena.privacy.pld) against Google's dp-accounting PLD, the closed form of composed
+Gaussians, and the RDP accountant's bound."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import special
+
+from fedarena.privacy.accountant import RDPAccountant
+from fedarena.privacy.pld import PLDAccountant, _hockey_stick, subsampled_gaussian_pld
+
+# (sample rate q, noise multiplier sigma, steps, delta)
+POINTS = [(0.01, 1.0, 1000, 1e-5), (0.1, 2.0, 100, 1e-6), (1.0, 5.0, 10, 1e-5), (0.05, 0.8, 200, 1e-5),
+          (0.004, 1.1, 3000, 1e-5)]
+
+
+def _oracle(q, sigma, steps):
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return acc
+
+
+@pytest.mark.parametrize("q,sigma,steps,delta", POINTS)
+def test_epsilon_and_delta_match_dp_accounting(q, sigma, steps, delta):
+    ours = PLDAccountant()
+    ours.step(sigma, q, steps)
+    oracle = _oracle(q, sigma, steps)
+    eps = ours.epsilon(delta)
+    assert eps == pytest.approx(oracle.get_epsilon(delta), rel=1e-3)
+    assert ours.delta(eps) == pytest.approx(oracle.get_delta(eps), rel=1e-3)
+    assert ours.delta(eps) == pytest.approx(delta, rel=1e-6)  # epsilon and delta invert each other
+    # PLD is tighter than RDP (both are upper bounds on the same mechanism)
+    rdp = RDPAccountant()
+    rdp.step(sigma, q, steps)
+    assert eps < rdp.epsilon(delta)
+
+
+def _gaussian_delta(eps, mu):
+    """Exact delta(eps) of the Gaussian mechanism with mu = sensitivity / std (Balle & Wang 2018, Theorem 8)."""
+    return special.ndtr(-eps / mu + mu / 2) - math.exp(eps) * special.ndtr(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize("sigma,steps", [(2.0, 1), (4.0, 16), (10.0, 50)])
+def test_unsampled_composition_equals_closed_form(sigma, steps):
+    # q = 1: steps Gaussian mechanisms compose to one with mu = sqrt(steps) / sigma
+    acc = PLDAccountant()
+    acc.step(sigma, 1.0, steps)
+    mu = math.sqrt(steps) / sigma
+    for eps in (0.1, 0.5, 1.0, 2.0):
+        exact = _gaussian_delta(eps, mu)
+        got = acc.delta(eps)
+        assert got >= exact * (1 - 1e-9)  # pessimistic
+        assert got == pytest.approx(exact, rel=1e-3)
+
+
+def test_single_step_is_pessimistic_between_grid_points():
+    q, sigma = 0.05, 0.9
+    for direction in ("remove", "add"):
+        pld = subsampled_gaussian_pld(q, sigma, direction, interval=1e-2)
+        eps = np.linspace(0.0, 2.0, 97) + 1e-3  # off the grid
+        exact = _hockey_stick(eps, q, sigma, direction)
+        got = np.array([pld.delta(e) for e in eps])
+        assert np.all(got >= exact - 1e-12)
+        assert np.max(got - exact) > 0  # a coarse grid is strictly looser somewhere
+        # total probability is one
+        assert pld.pmf.sum() + pld.inf_mass == pytest.approx(1.0, abs=1e-9)
+
+
+def test_heterogeneous_steps_compose():
+    # two groups of steps: their composition lies between the two groups' doubled counts
+    a = PLDAccountant()
+    a.step(1.0, 0.02, 100)
+    a.step(2.0, 0.02, 100)
+    lo, hi = PLDAccountant(), PLDAccountant()
+    lo.step(2.0, 0.02, 200)
+    hi.step(1.0, 0.02, 200)
+    assert lo.epsilon(1e-5) < a.epsilon(1e-5) < hi.epsilon(1e-5)
+
+
+def test_bad_input():
+    acc = PLDAccountant()
+    assert acc.epsilon(1e-5) == 0.0
+    with pytest.raises(ValueError, match="sample_rate"):
+        acc.step(1.0, 1.5)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        acc.step(0.0, 0.1)
+    acc.step(1.0, 0.1, 10)
+    with pytest.raises(ValueError, match="delta"):
+        acc.epsilon(0.0)
+    with pytest.raises(ValueError, match="epsilon"):
+        acc.delta(-1.0)
