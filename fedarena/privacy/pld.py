@@ -186,8 +186,8 @@ def subsampled_gaussian_pld(sample_rate: float, noise_multiplier: float, directi
 @dataclass
 class PLDAccountant:
     """Composes Poisson-subsampled Gaussian steps in both directions of add-or-remove-one adjacency; epsilon and
-    delta are the worse of the two. Steps with the same (noise multiplier, sampling rate) are composed together by
-    repeated squaring when epsilon is asked for (the result is cached)."""
+    delta are the worse of the two. Steps are composed when epsilon or delta is asked for: those with the same
+    (noise multiplier, sampling rate) together by repeated squaring, onto the cached composition of earlier steps."""
 
     interval: float = DEFAULT_INTERVAL
     tail_mass: float = DEFAULT_TAIL_MASS
@@ -205,17 +205,18 @@ class PLDAccountant:
             self.steps += steps
 
     def pld(self, direction: str) -> PLD:
-        """The composed PLD of every step so far in ``direction``."""
-        key = tuple(sorted(self.events.items()))
-        if self._cache.get("events") != key:
-            self._cache = {"events": key}
-        if direction not in self._cache:
-            out = PLD(0, np.ones(1), 0.0, self.interval)
-            for (sigma, q), n in key:
+        """The composed PLD of every step so far in ``direction``; steps added since the last call are composed
+        onto the cached result."""
+        if direction not in ("remove", "add"):
+            raise ValueError(f"direction: must be 'remove' or 'add', got {direction!r}")
+        out, done = self._cache.get(direction, (PLD(0, np.ones(1), 0.0, self.interval), {}))
+        for (sigma, q), n in sorted(self.events.items()):
+            new = n - done.get((sigma, q), 0)
+            if new > 0:
                 one = subsampled_gaussian_pld(q, sigma, direction, self.interval, self.tail_mass)
-                out = out.compose(one.self_compose(n, self.tail_mass), self.tail_mass)
-            self._cache[direction] = out
-        return self._cache[direction]
+                out = out.compose(one.self_compose(new, self.tail_mass), self.tail_mass)
+        self._cache[direction] = (out, dict(self.events))
+        return out
 
     def epsilon(self, delta: float) -> float:
         if self.steps == 0:
