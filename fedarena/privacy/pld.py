@@ -218,6 +218,10 @@ class PLDAccountant:
         self._cache[direction] = (out, dict(self.events))
         return out
 
+    def copy(self) -> PLDAccountant:
+        """An accountant with the same steps that shares the (immutable) composed PLDs computed so far."""
+        return PLDAccountant(self.interval, self.tail_mass, dict(self.events), self.steps, dict(self._cache))
+
     def epsilon(self, delta: float) -> float:
         if self.steps == 0:
             return 0.0
