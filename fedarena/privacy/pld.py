@@ -194,6 +194,8 @@ class PLDAccountant:
     events: dict[tuple[float, float], int] = field(default_factory=dict)
     steps: int = 0
     _cache: dict = field(default_factory=dict, repr=False)
+    _single: dict = field(default_factory=dict, repr=False)
+    """one-step PLDs by (noise multiplier, sampling rate, direction), shared with copies"""
 
     def step(self, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
         _validate(float(sample_rate), float(noise_multiplier))
@@ -213,14 +215,18 @@ class PLDAccountant:
         for (sigma, q), n in sorted(self.events.items()):
             new = n - done.get((sigma, q), 0)
             if new > 0:
-                one = subsampled_gaussian_pld(q, sigma, direction, self.interval, self.tail_mass)
+                one = self._single.get((sigma, q, direction))
+                if one is None:
+                    one = self._single[(sigma, q, direction)] = subsampled_gaussian_pld(
+                        q, sigma, direction, self.interval, self.tail_mass)
                 out = out.compose(one.self_compose(new, self.tail_mass), self.tail_mass)
         self._cache[direction] = (out, dict(self.events))
         return out
 
     def copy(self) -> PLDAccountant:
         """An accountant with the same steps that shares the (immutable) composed PLDs computed so far."""
-        return PLDAccountant(self.interval, self.tail_mass, dict(self.events), self.steps, dict(self._cache))
+        return PLDAccountant(self.interval, self.tail_mass, dict(self.events), self.steps, dict(self._cache),
+                             self._single)
 
     def epsilon(self, delta: float) -> float:
         if self.steps == 0:

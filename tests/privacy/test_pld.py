@@ -93,3 +93,41 @@ def test_bad_input():
         acc.epsilon(0.0)
     with pytest.raises(ValueError, match="epsilon"):
         acc.delta(-1.0)
+
+
+def test_budget_monitor_with_pld_stops_at_budget():
+    from fedarena.privacy.budget import BudgetMonitor, noise_multiplier_for_budget
+
+    sigma, q, budget = 1.0, 0.05, 1.5
+    mon = BudgetMonitor(budget, 1e-5, sigma, q, accountant="pld")
+    while mon.can_step():
+        mon.step()
+    fresh = PLDAccountant()
+    fresh.step(sigma, q, mon.steps)
+    assert mon.epsilon == pytest.approx(fresh.epsilon(1e-5), rel=1e-6) and mon.epsilon <= budget
+    fresh.step(sigma, q)
+    assert fresh.epsilon(1e-5) > budget  # one more step would overspend
+    assert mon.max_steps() == mon.steps
+    rdp = BudgetMonitor(budget, 1e-5, sigma, q)
+    assert rdp.max_steps() < mon.steps  # the tighter accountant allows more steps
+    # the calibrated noise multiplier spends the budget by PLD, and less noise would not
+    s = noise_multiplier_for_budget(budget, 1e-5, q, mon.steps, accountant="pld", tol=1e-3)
+    at, below = PLDAccountant(), PLDAccountant()
+    at.step(s, q, mon.steps)
+    below.step(s - 2e-3, q, mon.steps)
+    assert at.epsilon(1e-5) <= budget < below.epsilon(1e-5)
+    with pytest.raises(ValueError, match="accountant"):
+        BudgetMonitor(budget, 1e-5, sigma, q, accountant="moments")
+
+
+def test_dpsgd_digits_reports_both_epsilons_with_pld_budget(tmp_path):
+    from fedarena.platform.runs import execute
+
+    cfg = {"kind": "dpsgd_digits", "seed": 1, "epsilon_budget": 1.0, "noise_multiplier": 1.5, "epochs": 1,
+           "batch_size": 64, "eval_every": 50, "accountant": "pld", "insecure_seeded_noise": True}
+    summary = execute(cfg, out=tmp_path / "run", quiet=True, report=False)
+    ours = PLDAccountant()
+    ours.step(1.5, summary["sample_rate"], summary["steps"])
+    assert summary["epsilon"] == pytest.approx(summary["epsilon_pld"]) == pytest.approx(ours.epsilon(1e-5))
+    assert summary["epsilon_pld"] <= 1.0 < summary["epsilon_rdp"]  # RDP would have stopped earlier
+    assert summary["stopped_by_budget"]
