@@ -457,6 +457,12 @@ class DPFedAvgConfig:
         n = max(num_clients, 1)
         clipper = None
         if self.adaptive_clip:
+            count_stddev = self.clip_count_stddev or self.sample_rate * n / 20
+            if 2 * count_stddev <= self.noise_multiplier:
+                from fedarena.platform.errors import ConfigError
+
+                raise ConfigError(f"privacy.dp.clip_count_stddev: {count_stddev:g} (0 means q N / 20 with N = {n}) "
+                                  f"must exceed noise_multiplier / 2 = {self.noise_multiplier / 2:g}")
             clipper = QuantileClipper(self.clip_norm, self.sample_rate * n, self.target_quantile,
                                       self.clip_learning_rate, self.clip_count_stddev, seed=seed)
         return DPFedAvgMechanism(self.clip_norm, self.noise_multiplier, self.sample_rate, n, self.delta,

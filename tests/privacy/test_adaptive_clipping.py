@@ -113,3 +113,14 @@ def test_fedsim_runs_adaptive_clip_with_pld_accountant(tmp_path):
     assert rows[-1]["dp_epsilon"] == pytest.approx(pld) and pld < rdp
     assert summary["dp_epsilon_pld"] == pytest.approx(pld)
     assert len({r["dp_clip_norm"] for r in rows}) == 3  # the clip moved every round
+
+
+def test_too_little_count_noise_is_a_one_line_config_error(tmp_path, capsys):
+    from fedarena.platform.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("kind: fedsim\nrounds: 1\nclients: {per_round: 0}\n"
+                   "privacy:\n  dp: {noise_multiplier: 1.0, adaptive_clip: true}\n")  # q N / 20 = 0.5: too little
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("fedarena: error: privacy.dp.clip_count_stddev:"), err
