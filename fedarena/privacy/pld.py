@@ -103,12 +103,15 @@ class PLD:
         if self.inf_mass > delta:
             return math.inf
         losses, a, b = self._suffix()
-        at = a - np.exp(losses) * b  # delta at each grid point (non-increasing)
-        k = int(np.searchsorted(-at, -delta, side="left"))  # first grid point with delta(eps_k) <= delta
-        if k == 0:
-            return max(0.0, float(losses[0]))
-        j = k - 1  # delta(eps) = a_j - e^eps b_j on [eps_j, eps_k]
-        eps = float(losses[k]) if b[j] <= 0 else float(np.log((a[j] - delta) / b[j]))
+        at = a - np.exp(losses) * b  # delta at each grid point (non-increasing; the last one is inf_mass)
+        k = int(np.argmax(at <= delta))  # first grid point with delta(eps_k) <= delta
+        if k == 0:  # below the lowest loss: delta(eps) = inf_mass + sum_i w_i - e^eps sum_i w_i e^(-eps_i)
+            a0 = self.inf_mass + float(self.pmf.sum())
+            b0 = float(np.sum(self.pmf * np.exp(-losses)))
+            eps = float(np.log((a0 - delta) / b0)) if a0 > delta and b0 > 0 else float(losses[0])
+        else:  # delta(eps) = a_j - e^eps b_j on [eps_j, eps_k]
+            j = k - 1
+            eps = float(np.log((a[j] - delta) / b[j])) if b[j] > 0 else float(losses[k])
         return max(0.0, min(eps, float(losses[k])))
 
 

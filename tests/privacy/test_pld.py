@@ -131,3 +131,22 @@ def test_dpsgd_digits_reports_both_epsilons_with_pld_budget(tmp_path):
     assert summary["epsilon"] == pytest.approx(summary["epsilon_pld"]) == pytest.approx(ours.epsilon(1e-5))
     assert summary["epsilon_pld"] <= 1.0 < summary["epsilon_rdp"]  # RDP would have stopped earlier
     assert summary["stopped_by_budget"]
+
+
+@pytest.mark.parametrize("offset", [-30, 5, 40])
+def test_epsilon_inverts_delta_on_small_distributions(offset):
+    # brute force: bisection on the hockey-stick sum of a random discrete PLD (some of it at +inf)
+    from scipy import optimize
+
+    from fedarena.privacy.pld import PLD
+
+    rng = np.random.default_rng(offset + 100)
+    w = rng.random(12)
+    pld = PLD(offset, 0.999 * w / w.sum(), 0.001, 0.05)
+    for delta in (0.002, 0.05, 0.3):
+        def gap(eps):
+            losses = (offset + np.arange(12)) * 0.05
+            return pld.inf_mass + np.sum(pld.pmf * np.maximum(0.0, 1 - np.exp(eps - losses))) - delta
+        want = max(0.0, optimize.brentq(gap, -10, 10, xtol=1e-14)) if gap(0.0) > 0 else 0.0
+        assert pld.epsilon(delta) == pytest.approx(want, abs=1e-9)
+    assert pld.epsilon(0.0005) == math.inf  # less than the mass at +inf
