@@ -154,9 +154,10 @@ def secagg(seeds) -> None:
         rep = stage.secure_sum(inputs, round_id=1)
         dt = time.perf_counter() - t0
         surv = rep.result.survivors
+        scale = stage.secagg_config(n, d).scale  # the runtime's fixed point (scale rounded to a multiple of W)
         want = np.zeros(d, np.uint64)
         for u in surv:
-            want = (want + quantize(inputs[u], 1.0, stage.scale, 32).astype(np.uint64)) % 2 ** 32
+            want = (want + quantize(inputs[u], 1.0, scale, 32).astype(np.uint64)) % 2 ** 32
         exact = np.array_equal(want.astype(np.uint32), rep.result.total)
         print(f"seed {seed}: SecAgg+ (k=14) {n} clients, {n - len(surv)} dropped, {len(surv)} survivors: "
               f"exact sum {exact}, {dt:.2f} s per round (server {rep.server_seconds:.2f} s, "

@@ -5,7 +5,9 @@ returns its parameters (nested dicts of numpy arrays) and ``layer.apply(params, 
 ``layer(params, x)``) computes the output with :mod:`fedarena.engine.ops`, so it runs eagerly or
 inside ``jit``/``grad``.  Dense weights are stored (in, out) so ``y = x @ w + b``; convolution
 weights are OIHW like PyTorch.  Cell equations: GRU (Cho et al., 2014) and LSTM (Hochreiter &
-Schmidhuber, 1997) in PyTorch's gate order and bias layout; LayerNorm (Ba et al., 2016).
+Schmidhuber, 1997) in PyTorch's gate order and bias layout; LayerNorm (Ba et al., 2016); GroupNorm
+(Wu & He, 2018); multi-head self-attention and the transformer encoder layer (Vaswani et al., 2017) with
+PyTorch's ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` equations (post-norm by default).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 from . import initializers as I
 from . import ops
 from . import random as _random
+from .control_flow import scan as _scan
+from .core.tracing import aval_of
 from .initializers import as_rng
 
 Params = Any
@@ -443,3 +447,164 @@ class BatchNorm(Module):
         if params is not None:
             y = ops.add(ops.multiply(y, ops.reshape(params["gamma"], bshape)), ops.reshape(params["beta"], bshape))
         return y, new_state
+
+
+@dataclass(frozen=True)
+class GroupNorm(Module):
+    """Group normalisation (Wu & He, 2018; PyTorch's ``nn.GroupNorm``): the C channels of an (N, C, ...)
+    input are cut into ``num_groups`` groups; each example's group is normalised by its own mean and
+    (biased) variance, then each channel is scaled by gamma and shifted by beta.  Composed of existing
+    ops, so its gradients and batching come from theirs."""
+
+    num_groups: int
+    num_channels: int
+    eps: float = 1e-5
+    affine: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_groups < 1 or self.num_channels % self.num_groups:
+            raise ValueError(f"GroupNorm: num_channels ({self.num_channels}) must be a positive multiple of "
+                             f"num_groups ({self.num_groups})")
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> Params:
+        if not self.affine:
+            return None
+        return {"gamma": np.ones(self.num_channels, dtype), "beta": np.zeros(self.num_channels, dtype)}
+
+    def apply(self, params: Params, x: Any) -> Any:
+        sh = ops.shape(x)
+        if len(sh) < 2 or sh[1] != self.num_channels:
+            raise ValueError(f"GroupNorm: expected (N, {self.num_channels}, ...) input, got shape {sh}")
+        g = self.num_groups
+        z = ops.reshape(x, (sh[0], g, -1))
+        mu = ops.mean(z, 2, keepdims=True)
+        d = ops.subtract(z, mu)
+        var = ops.mean(ops.multiply(d, d), 2, keepdims=True)
+        y = ops.reshape(ops.multiply(d, ops.rsqrt(ops.add(var, self.eps))), sh)
+        if params is None:
+            return y
+        bshape = (1, self.num_channels) + (1,) * (len(sh) - 2)
+        return ops.add(ops.multiply(y, ops.reshape(params["gamma"], bshape)), ops.reshape(params["beta"], bshape))
+
+
+@dataclass(frozen=True)
+class LSTM(Module):
+    """``num_layers`` stacked :class:`LSTMCell` layers over a (batch, time, features) sequence from zero
+    states (PyTorch's ``nn.LSTM(batch_first=True)``); returns the last layer's hidden states
+    (batch, time, hidden_size).  The time loop is one ``engine.scan`` per layer (``unroll=True``
+    writes it as a Python loop of cells instead); params is a list with one cell's dict per layer."""
+
+    input_size: int
+    hidden_size: int
+    num_layers: int = 1
+    unroll: bool = False
+
+    @property
+    def cells(self) -> list[LSTMCell]:
+        return [LSTMCell(self.input_size if i == 0 else self.hidden_size, self.hidden_size)
+                for i in range(self.num_layers)]
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        return [cell.init(rng, dtype) for cell in self.cells]
+
+    def apply(self, params: Params, x: Any) -> Any:
+        h = ops.swapaxes(x, 0, 1)  # (time, batch, features): scan runs over the leading axis
+        for cell, p in zip(self.cells, params):
+            zero = np.zeros((ops.shape(h)[1], self.hidden_size), aval_of(h).dtype)
+            if self.unroll:
+                state, outs = (zero, zero), []
+                for t in range(ops.shape(h)[0]):
+                    state = cell.apply(p, h[t], state)
+                    outs.append(state[0])
+                h = ops.stack(outs, 0)
+            else:
+                def step(state, xt, cell=cell, p=p):
+                    new = cell.apply(p, xt, state)
+                    return new, new[0]
+
+                _, h = _scan(step, (zero, zero), h)
+        return ops.swapaxes(h, 0, 1)
+
+
+@dataclass(frozen=True)
+class MultiHeadSelfAttention(Module):
+    """Scaled dot-product self-attention with ``num_heads`` heads (Vaswani et al., 2017) as PyTorch's
+    ``nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)`` computes it with ``q = k = v = x``:
+    one input projection ``w_qkv`` (embed_dim, 3 embed_dim) giving q, k, v in that order, softmax(q k^T /
+    sqrt(head_dim) + mask) v per head, and the output projection ``w_out``.  ``mask`` is an additive
+    (time, time) array (``-inf`` where a position may not attend), e.g. :func:`causal_mask`."""
+
+    embed_dim: int
+    num_heads: int
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1 or self.embed_dim % self.num_heads:
+            raise ValueError(f"MultiHeadSelfAttention: embed_dim ({self.embed_dim}) must be a positive multiple of "
+                             f"num_heads ({self.num_heads})")
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        e = self.embed_dim
+        xavier = I.uniform(math.sqrt(6.0 / (e + 3 * e)))  # PyTorch: xavier_uniform_ on in_proj, zero biases
+        return {"w_qkv": xavier(rng, (e, 3 * e), dtype), "b_qkv": np.zeros(3 * e, dtype),
+                "w_out": I.lecun_uniform()(rng, (e, e), dtype), "b_out": np.zeros(e, dtype)}
+
+    def apply(self, params: Params, x: Any, mask: Any = None) -> Any:
+        b, t, e = ops.shape(x)
+        nh = self.num_heads
+        hd = e // nh
+        qkv = ops.add(ops.matmul(x, params["w_qkv"]), params["b_qkv"])
+        q, k, v = (ops.transpose(ops.reshape(z, (b, t, nh, hd)), (0, 2, 1, 3)) for z in ops.split(qkv, 3, axis=-1))
+        scores = ops.multiply(ops.matmul(q, ops.swapaxes(k, -1, -2)), 1.0 / math.sqrt(hd))
+        if mask is not None:
+            scores = ops.add(scores, mask)
+        att = ops.matmul(ops.softmax(scores, -1), v)  # (b, heads, t, head_dim)
+        att = ops.reshape(ops.transpose(att, (0, 2, 1, 3)), (b, t, e))
+        return ops.add(ops.matmul(att, params["w_out"]), params["b_out"])
+
+
+def causal_mask(length: int, dtype: Any = np.float32) -> np.ndarray:
+    """The additive mask letting position i attend to positions <= i (0 there, -inf above the diagonal)."""
+    return np.triu(np.full((length, length), -np.inf, dtype), 1)
+
+
+@dataclass(frozen=True)
+class TransformerEncoderLayer(Module):
+    """PyTorch's ``nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0, batch_first=True)``:
+    post-norm ``x = LN1(x + SA(x)); x = LN2(x + W2 act(W1 x))`` (``norm_first=True``: pre-norm
+    ``x = x + SA(LN1(x)); x = x + FF(LN2(x))``), activation ``relu`` or ``gelu``, no dropout."""
+
+    d_model: int
+    num_heads: int
+    dim_feedforward: int
+    activation: str = "relu"
+    norm_first: bool = False
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"TransformerEncoderLayer: activation must be relu or gelu, got {self.activation!r}")
+
+    def _parts(self):
+        return (MultiHeadSelfAttention(self.d_model, self.num_heads), Linear(self.d_model, self.dim_feedforward),
+                Linear(self.dim_feedforward, self.d_model), LayerNorm(self.d_model, self.eps),
+                LayerNorm(self.d_model, self.eps))
+
+    def init(self, seed: int | np.random.Generator = 0, dtype: Any = np.float32) -> Params:
+        rng = as_rng(seed)
+        names = ("attn", "ff1", "ff2", "norm1", "norm2")
+        return {n: m.init(rng, dtype) for n, m in zip(names, self._parts())}
+
+    def apply(self, params: Params, x: Any, mask: Any = None) -> Any:
+        attn, ff1, ff2, n1, n2 = self._parts()
+        act = ops.relu if self.activation == "relu" else ops.gelu
+
+        def ff(z):
+            return ff2.apply(params["ff2"], act(ff1.apply(params["ff1"], z)))
+
+        if self.norm_first:
+            x = ops.add(x, attn.apply(params["attn"], n1.apply(params["norm1"], x), mask))
+            return ops.add(x, ff(n2.apply(params["norm2"], x)))
+        x = n1.apply(params["norm1"], ops.add(x, attn.apply(params["attn"], x, mask)))
+        return n2.apply(params["norm2"], ops.add(x, ff(x)))

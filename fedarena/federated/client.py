@@ -236,7 +236,9 @@ class FLClient:
             encoding, payload = "signds", encode_signds(delta, sds, prng)
         else:
             encoding = self.options.encoding
-            payload = encode_update(delta, encoding, rng, self.options.topk_fraction)  # rounding needs no secrecy
+            # rounding needs no secrecy; drawn from (seed, round, client key, 13) as in the simulation and Flower's mod
+            crng = np.random.default_rng([self.options.seed, rnd, cid_key, 13])
+            payload = encode_update(delta, encoding, crng, self.options.topk_fraction)
         upload = {"round": rnd, "model_version": version, "num_examples": int(len(self.x)),
                   "nonce": os.urandom(16), "encoding": encoding, "update": payload,
                   "train_loss": float(loss)}

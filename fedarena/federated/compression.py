@@ -28,8 +28,11 @@ hold without extra uploads: the mean global step since the client's last deliver
 keeps the model of its last upload), and for a client's first upload the last global step ``x_t - x_{t-1}``, sent
 with its first model (``4 d`` bytes, counted in the download). The client sends ``C(v - p_i + e)``; the server
 adds ``p_i`` back; error feedback keeps what ``C`` drops.
-:func:`stochastic_quantize` and :func:`topk_indices` are also what the gRPC runtime's ``q8`` and
-``topk`` upload encoders use (:mod:`fedarena.federated.stages`).
+One codec family serves every runtime: the simulation and Flower's :class:`~fedarena.federated.flower.UploadMod`
+send a codec's bytes of the flattened difference, the gRPC runtime sends the same codec tensor by tensor in its wire
+form (:meth:`Codec.encode_tensor`; its ``dense``, ``topk`` and ``q8`` encodings are :func:`wire_codec`), which the
+simulation reproduces with ``UploadCompression(per_tensor=True)``. Every runtime draws a client's rounding from the
+generator ``(seed, round, client key, 13)``.
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
+
+from fedarena.federated.wire import WireError, check_array
 
 Params = dict[str, np.ndarray]
 CODECS = ("dense", "quantize", "topk", "topk_quantize")
@@ -150,6 +155,103 @@ class Codec:
         return out
 
 
+    # ------------------------------------------------------------------ the runtime's per-tensor wire form
+
+    def encode_tensor(self, x: np.ndarray, rng: np.random.Generator) -> Any:
+        """One tensor's entry of a gRPC upload payload (wire maps, see :data:`WIRE_ENCODINGS`): ``dense`` the float32
+        array; ``topk`` ``{"indices": uint32[k], "values": float32[k]}``; ``quantize`` (8 bits)
+        ``{"q": uint8[shape], "lo": float, "scale": float}``."""
+        if self.kind == "dense":
+            return np.asarray(x, np.float32)
+        if self.kind == "topk":
+            flat = np.asarray(x, np.float32).ravel()
+            k = max(1, math.ceil(self.fraction * flat.size)) if flat.size else 0
+            idx = topk_indices(flat, k)
+            return {"indices": idx.astype(np.uint32), "values": flat[idx].astype(np.float32)}
+        if self.kind == "quantize" and self.bits == 8:
+            q, lo, scale = stochastic_quantize(np.asarray(x, np.float64), 8, rng)
+            return {"q": q, "lo": lo, "scale": scale}
+        raise ValueError(f"codec: {self.kind}:{self.bits} has no wire form (dense, topk, 8-bit quantize)")
+
+    def decode_tensor(self, entry: Any, shape: tuple[int, ...], path: str) -> np.ndarray:
+        """The dense float64 tensor of one payload entry; checks dtype, shape, index range and finiteness and raises
+        :class:`~fedarena.federated.wire.WireError` naming ``path``."""
+        size = int(np.prod(shape))
+        if self.kind == "dense":
+            return check_array(entry, path, dtype="float32", shape=tuple(shape), finite=True).astype(np.float64)
+        if self.kind == "topk":
+            if not isinstance(entry, dict) or set(entry) != {"indices", "values"}:
+                raise WireError(path, "expected a map with exactly 'indices' and 'values'")
+            idx = check_array(entry["indices"], f"{path}.indices", dtype="uint32")
+            val = check_array(entry["values"], f"{path}.values", dtype="float32", finite=True)
+            if idx.ndim != 1 or val.shape != idx.shape:
+                raise WireError(path, f"indices {idx.shape} and values {val.shape} must be equal-length vectors")
+            if idx.size > size:
+                raise WireError(f"{path}.indices", f"{idx.size} entries for a tensor of {size}")
+            if idx.size and int(idx.max()) >= size:
+                raise WireError(f"{path}.indices", f"index {int(idx.max())} out of range for {size} entries")
+            if idx.size > 1 and not np.all(np.diff(idx.astype(np.int64)) > 0):
+                raise WireError(f"{path}.indices", "must be strictly increasing (sorted, no repeats)")
+            dense = np.zeros(size, np.float64)
+            dense[idx.astype(np.int64)] = val
+            return dense.reshape(shape)
+        if not isinstance(entry, dict) or set(entry) != {"q", "lo", "scale"}:
+            raise WireError(path, "expected a map with exactly 'q', 'lo' and 'scale'")
+        q = check_array(entry["q"], f"{path}.q", dtype="uint8", shape=tuple(shape))
+        lo, scale = _number(entry, "lo", path), _number(entry, "scale", path)
+        if scale < 0:
+            raise WireError(f"{path}.scale", f"must be >= 0, got {scale}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = lo + scale * q.astype(np.float64)
+        if not np.isfinite(out).all():
+            raise WireError(path, "dequantized values are not finite")
+        return out
+
+
+def _number(entry: Mapping[str, Any], key: str, path: str) -> float:
+    v = entry.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise WireError(f"{path}.{key}", f"expected a number, got {type(v).__name__}")
+    if not math.isfinite(float(v)):
+        raise WireError(f"{path}.{key}", "must be finite")
+    return float(v)
+
+
+WIRE_ENCODINGS = ("dense", "topk", "q8")
+"""the gRPC runtime's upload encodings, each a :class:`Codec` applied tensor by tensor (:func:`wire_codec`)"""
+
+
+def wire_codec(encoding: str, topk_fraction: float = 0.1) -> Codec:
+    """The codec of a runtime upload ``encoding``: ``dense``, ``topk`` (``topk_fraction``) or ``q8`` (8-bit
+    quantize)."""
+    if encoding == "dense":
+        return Codec("dense")
+    if encoding == "topk":
+        if not 0 < topk_fraction <= 1:
+            raise ValueError(f"topk_fraction: must lie in (0, 1], got {topk_fraction}")
+        return Codec("topk", fraction=topk_fraction)
+    if encoding == "q8":
+        return Codec("quantize", bits=8)
+    raise ValueError(f"encoding: unknown '{encoding}' (one of {', '.join(WIRE_ENCODINGS)})")
+
+
+def encode_tensors(delta: Params, codec: Codec, rng: np.random.Generator) -> dict[str, Any]:
+    """The wire payload of ``delta``: ``codec.encode_tensor`` of every tensor, in sorted name order (the order in
+    which a quantizing codec draws its rounding)."""
+    return {k: codec.encode_tensor(delta[k], rng) for k in sorted(delta)}
+
+
+def decode_tensors(payload: Any, shapes: Mapping[str, tuple[int, ...]], codec: Codec, where: str) -> Params:
+    """Validate a wire payload against the model's tensor ``shapes`` and return the dense float64 delta."""
+    if not isinstance(payload, dict):
+        raise WireError(where, f"expected a map of tensor name to payload, got {type(payload).__name__}")
+    missing, extra = set(shapes) - set(payload), set(payload) - set(shapes)
+    if missing or extra:
+        raise WireError(where, f"tensor names differ from the model: missing {sorted(missing)}, "
+                        f"unexpected {sorted(extra)}")
+    return {name: codec.decode_tensor(payload[name], tuple(shape), f"{where}.{name}") for name, shape in shapes.items()}
+
+
 def flatten(p: Params) -> np.ndarray:
     names = sorted(p)
     return np.concatenate([np.asarray(p[k], np.float64).ravel() for k in names]) if names else np.zeros(0)
@@ -176,6 +278,10 @@ class UploadCompression:
     codec: Codec
     error_feedback: bool = False
     prediction: Literal["none", "trajectory"] = "none"
+    per_tensor: bool = False
+    """encode tensor by tensor in the gRPC runtime's wire form (:func:`encode_tensors` / :func:`decode_tensors`, what
+    a runtime client with the matching ``encoding`` uploads) instead of the flattened difference; bytes are then the
+    payload's array and number bytes"""
     residuals: dict[str, np.ndarray] = field(default_factory=dict)
     last_seen: dict[str, int] = field(default_factory=dict)
     """trajectory: the round of each client's last delivered upload (the model it keeps is that round's)"""
@@ -183,6 +289,8 @@ class UploadCompression:
     """trajectory: the flattened model of every round some client last uploaded from (and the current round's)"""
     _round: int = 0
     _download_bytes: int = 0
+    private = False  # stochastic rounding needs no secrecy
+    equal_weight = False
 
     def __post_init__(self) -> None:
         if self.prediction not in PREDICTIONS:
@@ -223,13 +331,27 @@ class UploadCompression:
         w = v - p
         if self.error_feedback:
             w = w + self.residuals.get(client_id, 0.0)
-        data = self.codec.encode(w, rng)
-        dec = self.codec.decode(data, w.size)
+        if self.per_tensor:
+            shapes = {k: v.shape for k, v in delta.items()}
+            payload = encode_tensors(unflatten(w, delta), self.codec, rng)
+            dec, nbytes = flatten(decode_tensors(payload, shapes, self.codec, "upload")), _payload_bytes(payload)
+        else:
+            data = self.codec.encode(w, rng)
+            dec, nbytes = self.codec.decode(data, w.size), len(data)
         if self.error_feedback:
             self.residuals[client_id] = w - dec
         if self.prediction != "none":
             self.last_seen[client_id] = self._round
-        return unflatten(dec + p, delta), len(data)
+        return unflatten(dec + p, delta), nbytes
+
+
+def _payload_bytes(payload: Mapping[str, Any]) -> int:
+    """Array bytes plus 8 per number of a wire payload (its msgpack framing not counted)."""
+    total = 0
+    for entry in payload.values():
+        for v in (entry.values() if isinstance(entry, dict) else [entry]):
+            total += v.nbytes if isinstance(v, np.ndarray) else 8
+    return total
 
 
 @dataclass

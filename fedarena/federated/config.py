@@ -213,6 +213,10 @@ class DataConfig:
             synthetic_size_min=self.synthetic_size_min, synthetic_size_max=self.synthetic_size_max)
 
 
+ZOO_ARCHS = ("resnet18_gn", "resnet8_gn", "cnn_emnist", "char_lstm", "word_lstm", "transformer")
+"""``model.arch`` names of :mod:`fedarena.federated.models` (kept here so that loading a config imports no engine)"""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The model every client trains (:mod:`fedarena.federated.simulation`'s batched models)."""
@@ -221,17 +225,32 @@ class ModelConfig:
                       "2017's CNN: 5x5 convs, 2x2 max pools, a ReLU layer), or a torch model "
                       "'torch:module.path:factory' (factory(num_features, num_classes) -> nn.Module, converted by "
                       "engine.from_torch; the run imports that module and calls the factory: a config is code, "
-                      "run only configs you trust)")
+                      "run only configs you trust); Reddi et al. 2021's models (fedarena.federated.models): "
+                      "resnet18_gn, resnet8_gn, cnn_emnist, char_lstm, word_lstm, transformer")
     hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
     cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions", factory=lambda: [32, 64])
     cnn_hidden: int = param(512, "cnn: units of the fully connected ReLU layer")
     image_shape: list[int] = param(doc="cnn: (channels, height, width) of an example; [] = one channel, square",
                                    factory=list)
     zero_init: bool = param(False, "start from all-zero parameters (softmax regression)")
+    widths: list[int] = param(doc="resnet*_gn: channels per stage; cnn_emnist: the two convolutions' channels "
+                              "([] = the paper's)", factory=list)
+    embed_dim: int = param(0, "char_lstm/word_lstm: embedding width; transformer: model width (0 = the paper's: "
+                           "8, 96; transformer 64)")
+    units: int = param(0, "char_lstm/word_lstm: LSTM units; transformer: feed-forward units; cnn_emnist: dense "
+                       "units (0 = 256, 670; 2 x embed_dim; 128)")
+    num_layers: int = param(0, "char_lstm/word_lstm/transformer: stacked layers (0 = 2, 1, 2)")
+    num_heads: int = param(0, "transformer: attention heads (0 = 4)")
+    norm_groups: int = param(2, "resnet*_gn: group-norm groups (2, as Hsieh et al. 2020 and Reddi et al. 2021)")
 
     def __post_init__(self) -> None:
-        if self.arch not in ("mlp", "cnn") and not self.arch.startswith("torch:"):
-            raise ValueError(f"arch: expected mlp, cnn or torch:module:factory, got {self.arch!r}")
+        if self.arch not in ("mlp", "cnn", *ZOO_ARCHS) and not self.arch.startswith("torch:"):
+            raise ValueError(f"arch: expected mlp, cnn, {', '.join(ZOO_ARCHS)} or torch:module:factory, got {self.arch!r}")
+        for name in ("embed_dim", "units", "num_layers", "num_heads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0 (0 = the paper's value), got {getattr(self, name)}")
+        if self.norm_groups < 1 or any(w < 1 for w in self.widths):
+            raise ValueError(f"norm_groups/widths: must be >= 1, got {self.norm_groups}, {self.widths}")
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"hidden: every layer needs >= 1 unit, got {self.hidden}")
         if self.image_shape and len(self.image_shape) != 3:
@@ -247,6 +266,12 @@ class ModelConfig:
 
         if self.arch == "mlp":
             return BatchedMLP((num_features, *self.hidden, num_classes))
+        from fedarena.federated.models import BatchedZooModel
+
+        if self.arch in ZOO_ARCHS:
+            return BatchedZooModel(self.arch, num_features, num_classes, image=tuple(self.image_shape),
+                                   widths=tuple(self.widths), embed_dim=self.embed_dim, hidden=self.units,
+                                   num_layers=self.num_layers, num_heads=self.num_heads, groups=self.norm_groups)
         if self.arch.startswith("torch:"):
             from fedarena.engine.interop import TorchConversionError
             from fedarena.federated.torch_model import BatchedTorchModel

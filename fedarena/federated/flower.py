@@ -1,7 +1,7 @@
 """Flower interoperability both ways (Flower's Message API: ``flwr.serverapp`` / ``flwr.clientapp``; flwr 1.42).
 
 * :class:`FlowerStrategy` -- a fedarena :class:`~fedarena.federated.strategy.Strategy` (FedAvg/FedProx/FedAdam/...,
-  the robust rules, DP-FedAvg) as a ``flwr.serverapp.strategy.Strategy``: usable in a ``ServerApp`` under
+  every rule of :data:`fedarena.federated.rules.AGGREGATION_RULES` through ``RobustAggregate``, DP-FedAvg) as a ``flwr.serverapp.strategy.Strategy``: usable in a ``ServerApp`` under
   Flower's ``run_simulation`` and its deployment runtime alike (the ServerApp is the same object). It keeps the
   fedarena :class:`~fedarena.federated.strategy.RoundState` (server-optimizer moments), selects with the
   fedarena strategy's ``select`` over the nodes' fedarena client ids, sends the strategy's ``FitConfig`` as a

@@ -35,6 +35,7 @@ problems), ``unauthenticated``, ``stale_round``, ``stale_version``, ``not_select
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Any, Mapping
 
 import numpy as np
@@ -44,7 +45,22 @@ from fedarena.federated import wire
 CLIENT_KINDS = ("register", "get_task", "upload", "secagg_send", "secagg_poll", "ping")
 SCHEDULER_KINDS = ("assign", "server_join", "sync", "admit", "partial", "get_model", "status", "secagg_up",
                    "secagg_down", "ping")
-PHASES = ("idle", "open", "closing", "done")
+class Phase(str, Enum):
+    """Where a round stands in the plan: waiting to open, open for uploads, waiting for the FL-Servers' partials, or
+    every round is done. The values are the ``phase`` strings of ``plan`` and ``status`` bodies."""
+
+    IDLE = "idle"
+    OPEN = "open"
+    CLOSING = "closing"
+    DONE = "done"
+
+    def __str__(self) -> str:  # messages and logs show the wire string
+        return self.value
+
+    __format__ = str.__format__
+
+
+PHASES = tuple(p.value for p in Phase)
 
 
 @dataclass(frozen=True)

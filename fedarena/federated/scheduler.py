@@ -14,10 +14,11 @@ aggregates (waited for at most ``partial_grace_s``). If the partials cover at le
 ``ceil(min_fraction * |selected|)`` clients, the bounded weighted mean delta (by default each delta
 clipped to ``norm_bound_multiple`` times the round's median update norm and each weight capped at
 ``max_client_weight`` of the round's total, :func:`~fedarena.federated.strategy.bounded_mean`; both off:
-the servers' partial sums) or, with an ``aggregator``, its rule over the individual deltas (coordinate-wise
-median, trimmed mean, Krum from :mod:`fedarena.federated.strategy`) is applied with the server optimizer
+the servers' partial sums) or, with another rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`, that rule
+over the individual deltas is applied with the server optimizer
 and the model version increases (servers forward every accepted delta whenever the rule needs them);
-otherwise the round is abandoned and the next one starts with the same model. After every round the
+otherwise the round is abandoned and the next one starts with the same model. The current round's state is one
+:class:`RoundProgress` whose :class:`Phase` moves idle -> open -> closing -> idle (or done). After every round the
 global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
 wire format, and a restarted scheduler continues from that file with identical model bytes.
 """
@@ -30,12 +31,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
-from fedarena.federated import auth, wire
-from fedarena.federated.protocol import SCHEDULER_KINDS, RoundConfig, params_shapes
+from fedarena.federated import auth, rules, wire
+from fedarena.federated.protocol import SCHEDULER_KINDS, Phase, RoundConfig, params_shapes
 from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
 from fedarena.federated.strategy import (PartialAggregate, ServerOptimizer, bounded_mean, robust_rule,
                                          select_clients)
@@ -70,9 +71,11 @@ class RoundPolicy:
     round_config: RoundConfig = field(default_factory=RoundConfig)
     server_optimizer: ServerOptimizer = field(default_factory=ServerOptimizer)
     seed: int = 0
-    aggregation: Literal["mean", "median", "trimmed_mean", "krum"] = "mean"
-    """'mean': the example-weighted mean of the servers' partial sums; otherwise a Byzantine-robust rule of
-    :func:`fedarena.federated.strategy.robust_rule` over every individual delta (unweighted)"""
+    aggregation: str = "mean"
+    """a rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`. 'mean': the example-weighted mean (of the
+    servers' partial sums, or bounded as below); any other rule runs over every individual delta"""
+    rule_params: Mapping[str, Any] = field(default_factory=dict)
+    """further parameters of the rule (one added by :func:`fedarena.federated.rules.register_rule`)"""
     trim_fraction: float = 0.2
     """trimmed mean: fraction cut at each end of every coordinate"""
     krum_byzantine: int = 0
@@ -84,6 +87,13 @@ class RoundPolicy:
     """'mean': every delta is clipped to this multiple of the round's median update norm (0 = off; the servers'
     fixed ``max_update_norm`` still refuses larger uploads)"""
 
+    def rule(self) -> Aggregator | None:
+        """The round's rule over individual deltas; None for the plain 'mean' (partial sums or bounded)."""
+        if self.aggregation == "mean" and not self.rule_params:
+            rules.aggregation_rule("mean")
+            return None
+        return robust_rule(self.aggregation, self.trim_fraction, self.krum_byzantine, **self.rule_params)
+
     def __post_init__(self) -> None:
         if isinstance(self.max_client_weight, bool) or not 0 < self.max_client_weight <= 1:
             raise ValueError(f"max_client_weight: must lie in (0, 1], got {self.max_client_weight}")
@@ -91,8 +101,8 @@ class RoundPolicy:
                                                               or self.norm_bound_multiple >= 1):
             raise ValueError(f"norm_bound_multiple: must be 0 (off) or >= 1 (a multiple of the median update norm), "
                              f"got {self.norm_bound_multiple}")
+        self.rule()  # names a bad rule or parameter
         if self.aggregation != "mean":
-            robust_rule(self.aggregation, self.trim_fraction, self.krum_byzantine)  # names a bad field
             if self.round_config.secagg:
                 raise ValueError(f"aggregation: '{self.aggregation}' needs every client's delta, which secure "
                                  "aggregation hides; use 'mean' with secagg")
@@ -111,6 +121,31 @@ class RoundPolicy:
             if n < 3:
                 raise ValueError(f"clients_per_round/start_clients: a secure round needs at least 3 clients, got {n}")
             check_secure_config(self.round_config, n)
+
+
+# ----------------------------------------------------------------------------- the round's state
+
+
+@dataclass
+class RoundProgress:
+    """The scheduler's state of the current round (one object, replaced when the next round starts)."""
+
+    phase: Phase = Phase.IDLE
+    selected: list[str] = field(default_factory=list)
+    opened_at: float = 0.0
+    deadline: float = 0.0
+    """when the window closes (monotonic seconds)"""
+    closed_at: float = 0.0
+    close_reason: str = ""
+    grace_until: float = 0.0
+    """how long the scheduler waits for the servers' partials after closing"""
+    admitted: dict[str, str] = field(default_factory=dict)
+    """client -> the server that admitted its upload (the global counter)"""
+    partials: dict[str, tuple[PartialAggregate, int, int]] = field(default_factory=dict)
+    """server -> (its partial aggregate, bytes up, bytes down)"""
+    updates: dict[str, tuple[Params, float]] = field(default_factory=dict)
+    """client -> (delta, weight), when the rule needs individual deltas"""
+    secure: SecureRound | None = None
 
 
 # ----------------------------------------------------------------------------- state file
@@ -143,7 +178,13 @@ class Scheduler:
 
     ``aggregator``: a robust rule (see :data:`Aggregator`) used instead of the example-weighted mean; the
     plan then asks the FL-Servers for every accepted delta. A result that is not finite or does not match
-    the model's tensors abandons the round."""
+    the model's tensors abandons the round.
+
+    ``strategy``: a :class:`~fedarena.federated.strategy.Strategy` (``FedAvg``, ``RobustAggregate``, a wrapper such
+    as :class:`~fedarena.federated.wrappers.DPFedAvg`) that selects the round's clients (``select``) and aggregates
+    their individual updates (``aggregate``, the simulation's code path) in place of the policy's rule, selection
+    and server optimizer; the policy's ``round_config`` still sets the clients' local training. Not with secure
+    rounds (they release only the sum)."""
 
     def __init__(
         self,
@@ -158,14 +199,20 @@ class Scheduler:
         tls: TLSFiles | None = None,
         client_tls: TLSFiles | None = None,
         aggregator: Aggregator | None = None,
+        strategy: Any = None,
     ) -> None:
         self.policy = policy
-        if aggregator is None and policy.aggregation != "mean":
-            aggregator = robust_rule(policy.aggregation, policy.trim_fraction, policy.krum_byzantine)
+        if strategy is not None and (aggregator is not None or policy.round_config.secagg):
+            raise ValueError("strategy: a strategy aggregates the individual updates itself; it takes neither an "
+                             "aggregator nor secure rounds")
+        self.strategy = strategy
+        if aggregator is None and strategy is None:
+            aggregator = policy.rule()
         self.aggregator = aggregator
         # the default mean is bounded (norm clipping, weight cap): it needs every delta, as a robust rule does
-        self.bounded = aggregator is None and (policy.max_client_weight < 1 or policy.norm_bound_multiple > 0)
-        self.collect = aggregator is not None or self.bounded
+        self.bounded = aggregator is None and strategy is None and (policy.max_client_weight < 1
+                                                                    or policy.norm_bound_multiple > 0)
+        self.collect = aggregator is not None or self.bounded or strategy is not None
         self.secret = secret
         self.state_path = Path(state_path)
         self.evaluate = evaluate
@@ -179,17 +226,12 @@ class Scheduler:
         self.assignments: dict[str, str] = {}
         self.round = 1
         self.version = 0
-        self.phase = "idle"
-        self.selected: list[str] = []
-        self.opened_at = 0.0
-        self.deadline = 0.0
-        self.admitted: dict[str, str] = {}
-        self.partials: dict[str, tuple[PartialAggregate, int, int]] = {}
-        self.updates: dict[str, tuple[Params, float]] = {}  # client -> (delta, weight), with an aggregator
-        self.secure: SecureRound | None = None
+        self.current = RoundProgress()
+        self._model_size, self._model_size_version = 0, -1  # wire size of the current model (cached per version)
         self.history: list[dict[str, Any]] = []
         self.params = {k: np.asarray(v) for k, v in initial_params.items()}
-        self.opt_state = policy.server_optimizer.init(self.params)
+        self.opt_state = (strategy.init_state(self.params).opt_state if strategy is not None
+                          else policy.server_optimizer.init(self.params))
         restored = load_state(self.state_path)
         if restored is not None:
             self._restore(restored)
@@ -198,6 +240,22 @@ class Scheduler:
         self._server = None
         self.port = 0
         self._thread: threading.Thread | None = None
+
+    @property
+    def phase(self) -> Phase:
+        return self.current.phase
+
+    @property
+    def admitted(self) -> dict[str, str]:
+        return self.current.admitted
+
+    def _next_round(self, open_next: bool = True) -> None:
+        """Count the round, start the next one's state, persist (call with ``cond`` held)."""
+        self.round += 1
+        self.current = RoundProgress(Phase.DONE if self.round > self.policy.rounds else Phase.IDLE)
+        self._save()
+        if open_next and self.current.phase == Phase.IDLE:
+            self._open_round(time.monotonic())
 
     # -------------------------------------------------------------- persistence
 
@@ -221,7 +279,7 @@ class Scheduler:
         self.round, self.version, self.params, self.history = rnd, version, dict(params), list(history)
         self.opt_state = {k: dict(v) for k, v in opt_state.items()}
         if self.round > self.policy.rounds:
-            self.phase = "done"
+            self.current.phase = Phase.DONE
         log.info("scheduler: resumed at round %d, model version %d", self.round, self.version)
 
     def _save(self) -> None:
@@ -241,11 +299,12 @@ class Scheduler:
         return self.port
 
     def stop(self) -> None:
+        """Stop serving requests, then wake and join the coordinator thread."""
         self._stop.set()
-        with self.cond:
-            self.cond.notify_all()
         if self._server is not None:
             self._server.stop(grace=0.5)
+        with self.cond:
+            self.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -276,42 +335,43 @@ class Scheduler:
         with self.cond:
             now = time.monotonic()
             self._live_servers(now)
-            if self.phase == "done":
+            if self.current.phase == Phase.DONE:
                 self.cond.wait(0.5)
                 return
-            if self.phase == "idle":
+            if self.current.phase == Phase.IDLE:
                 if not self._open_round(now):
                     self.cond.wait(0.05)
                 return
-            if self.phase == "open" and self.secure is not None:
-                sec = self.secure
+            if self.current.phase == Phase.OPEN and self.current.secure is not None:
+                sec = self.current.secure
                 if sec.due(now):
                     sec.close_stage(now)
                     self.cond.notify_all()
                 if sec.finished:
-                    self.close_reason = "secagg_done" if sec.result is not None else "secagg_aborted"
-                    self.closed_at = now
-                    self.phase = "closing"
+                    self.current.close_reason = "secagg_done" if sec.result is not None else "secagg_aborted"
+                    self.current.closed_at = now
+                    self.current.phase = Phase.CLOSING
                     self._finish_round()
                     self.cond.notify_all()
                 else:
                     self.cond.wait(max(0.0, min(0.2, sec.deadline - now)))
                 return
-            if self.phase == "open":
-                if len(self.admitted) >= len(self.selected) or now >= self.deadline:
-                    self.close_reason = "all_reported" if len(self.admitted) >= len(self.selected) else "deadline"
-                    self.closed_at = now
-                    self.phase = "closing"
-                    self.grace_until = now + p.partial_grace_s
+            if self.current.phase == Phase.OPEN:
+                if len(self.current.admitted) >= len(self.current.selected) or now >= self.current.deadline:
+                    cur = self.current
+                    cur.close_reason = "all_reported" if len(cur.admitted) >= len(cur.selected) else "deadline"
+                    self.current.closed_at = now
+                    self.current.phase = Phase.CLOSING
+                    self.current.grace_until = now + p.partial_grace_s
                     self.cond.notify_all()
                 else:
-                    self.cond.wait(min(0.5, self.deadline - now))
+                    self.cond.wait(min(0.5, self.current.deadline - now))
                 return
-            if self.phase == "closing":
+            if self.current.phase == Phase.CLOSING:
                 live = set(self._live_servers(now))
-                expected = {s for s in self.admitted.values() if s in live}
-                if expected - set(self.partials) and now < self.grace_until:
-                    self.cond.wait(min(0.2, self.grace_until - now))
+                expected = {s for s in self.current.admitted.values() if s in live}
+                if expected - set(self.current.partials) and now < self.current.grace_until:
+                    self.cond.wait(min(0.2, self.current.grace_until - now))
                     return
                 self._finish_round()
                 self.cond.notify_all()
@@ -328,7 +388,8 @@ class Scheduler:
         k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
         if p.round_config.secagg:
             k = min(k, capacity(p.round_config))  # more would overflow the fixed-point sum
-        selected = select_clients(cands, k, p.seed, self.round)
+        selected = (select_clients(cands, k, p.seed, self.round) if self.strategy is None
+                    else sorted(self.strategy.select(self.round, cands, p.seed)))
         secure = None
         if p.round_config.secagg:
             dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
@@ -338,10 +399,8 @@ class Scheduler:
                 log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
                 self._abandon_unopened(now, selected, str(e))
                 return True
-        self.selected, self.secure = selected, secure
-        self.admitted, self.partials, self.updates = {}, {}, {}
-        self.opened_at, self.deadline = now, now + p.window_seconds
-        self.phase = "open"
+        self.current = RoundProgress(Phase.OPEN, selected, opened_at=now, deadline=now + p.window_seconds,
+                                     secure=secure)
         log.info("scheduler: round %d open, %d clients selected", self.round, k)
         self.cond.notify_all()
         return True
@@ -350,24 +409,27 @@ class Scheduler:
         p = self.policy
         total = PartialAggregate()
         bytes_up = bytes_down = 0
-        for sid, (part, up, down) in sorted(self.partials.items()):  # _partial checked admission per client
+        for sid, (part, up, down) in sorted(self.current.partials.items()):  # _partial checked admission per client
             total.merge(part)
             bytes_up += up
             bytes_down += down
-        if self.secure is not None:
+        if self.current.secure is not None:
             return self._finish_secure_round()
-        need = max(1, math.ceil(p.min_fraction * len(self.selected)))
+        need = max(1, math.ceil(p.min_fraction * len(self.current.selected)))
         row: dict[str, Any] = {
-            "round": self.round, "selected": len(self.selected), "admitted": len(self.admitted),
-            "reporting": len(total.clients), "needed": need, "close_reason": self.close_reason,
-            "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
+            "round": self.round, "selected": len(self.current.selected), "admitted": len(self.current.admitted),
+            "reporting": len(total.clients), "needed": need, "close_reason": self.current.close_reason,
+            "duration_s": self.current.closed_at - self.current.opened_at, "window_s": p.window_seconds,
+            "closed_wall": time.time(),
             "bytes_up": bytes_up, "bytes_down": bytes_down,
-            "servers": sorted(self.partials), "clients": sorted(total.clients),
+            "servers": sorted(self.current.partials), "clients": sorted(total.clients),
         }
         applied = None
         if len(total.clients) >= need and total.weight > 0:
             try:
-                if self.bounded:
+                if self.strategy is not None:
+                    applied = self._strategy_step(total.clients)
+                elif self.bounded:
                     delta, info = bounded_mean(*self._individual(total.clients), p.max_client_weight,
                                                p.norm_bound_multiple)
                     row.update(info)
@@ -394,21 +456,26 @@ class Scheduler:
         self.history.append(row)
         self.version = version  # after the row: whoever sees the new version (even without the lock) sees its round
         log.info("scheduler: round %d %s (%d/%d reported)", self.round, row["outcome"], len(total.clients),
-                 len(self.selected))
-        self.round += 1
-        self.phase = "done" if self.round > p.rounds else "idle"
-        self.selected, self.admitted, self.partials, self.updates = [], {}, {}, {}
-        self._save()
-        if self.phase == "idle":
-            self._open_round(time.monotonic())
+                 len(self.current.selected))
+        self._next_round()
 
     def _individual(self, clients: Sequence[str]) -> tuple[list[Params], list[float]]:
         """The deltas and weights of ``clients`` (sorted by id); ValueError if one did not reach the scheduler."""
-        missing = sorted(set(clients) - set(self.updates))
+        missing = sorted(set(clients) - set(self.current.updates))
         if missing:
             raise ValueError(f"updates: no individual update of {missing[:5]} reached the scheduler")
         order = sorted(clients)
-        return [self.updates[c][0] for c in order], [self.updates[c][1] for c in order]
+        return [self.current.updates[c][0] for c in order], [self.current.updates[c][1] for c in order]
+
+    def _strategy_step(self, clients: Sequence[str]) -> tuple[Params, dict]:
+        """The strategy's ``aggregate`` over the individual updates of ``clients`` (sorted by id, as the simulation
+        orders them); returns the new model and optimizer state."""
+        from fedarena.federated.strategy import ClientUpdate, RoundState
+
+        deltas, weights = self._individual(clients)
+        updates = [ClientUpdate(c, d, w) for c, d, w in zip(sorted(clients), deltas, weights)]
+        new = self.strategy.aggregate(RoundState(self.round, self.params, self.opt_state), updates, len(self.clients))
+        return new.params, new.opt_state
 
     def _robust_delta(self, clients: Sequence[str]) -> Params:
         """The aggregator's delta over the individual updates of ``clients``; ValueError if unusable."""
@@ -430,20 +497,20 @@ class Scheduler:
                "closed_wall": time.time(), "bytes_up": 0, "bytes_down": 0, "servers": [], "clients": [],
                "outcome": "abandoned", "abort_reason": reason, "model_version": self.version}
         self.history.append(row)
-        self.round += 1
-        self.phase = "done" if self.round > self.policy.rounds else "idle"
-        self._save()
+        self._next_round(open_next=False)
         self.cond.notify_all()
 
     def _finish_secure_round(self) -> None:
-        p, sec = self.policy, self.secure
+        p, sec = self.policy, self.current.secure
         assert sec is not None
         row: dict[str, Any] = {
-            "round": self.round, "selected": len(self.selected), "admitted": 0, "reporting": 0,
-            "needed": sec.server.config.threshold, "close_reason": self.close_reason,
-            "duration_s": self.closed_at - self.opened_at, "window_s": p.window_seconds, "closed_wall": time.time(),
+            "round": self.round, "selected": len(self.current.selected), "admitted": 0, "reporting": 0,
+            "needed": sec.server.config.threshold, "close_reason": self.current.close_reason,
+            "duration_s": self.current.closed_at - self.current.opened_at, "window_s": p.window_seconds,
+            "closed_wall": time.time(),
             # SecAgg messages as relayed, plus one model download (wire size) per client that took part
-            "bytes_up": sec.bytes_up, "bytes_down": sec.bytes_down + self._model_wire_bytes() * len(sec.server.state.keys),
+            "bytes_up": sec.bytes_up,
+            "bytes_down": sec.bytes_down + self._model_wire_bytes() * len(sec.server.state.keys),
             "servers": [], "clients": [], "secagg_stage": sec.stage,
         }
         decoded, reason = None, sec.aborted
@@ -474,16 +541,11 @@ class Scheduler:
         self.history.append(row)
         self.version = version  # after the row, as in _finish_round
         log.info("scheduler: secure round %d %s (%d/%d survivors)", self.round, row["outcome"], row["reporting"],
-                 len(self.selected))
-        self.round += 1
-        self.phase = "done" if self.round > p.rounds else "idle"
-        self.selected, self.admitted, self.partials, self.secure = [], {}, {}, None
-        self._save()
-        if self.phase == "idle":
-            self._open_round(time.monotonic())
+                 len(self.current.selected))
+        self._next_round()
 
     def _model_wire_bytes(self) -> int:
-        if getattr(self, "_model_size_version", None) != self.version:
+        if self._model_size_version != self.version:
             self._model_size = len(wire.encode("params", {"params": self.params}, self.limits))
             self._model_size_version = self.version
         return self._model_size
@@ -493,9 +555,9 @@ class Scheduler:
         cid = wire.field(b, "client_id", str)
         data = wire.field(b, "message", bytes)
         with self.cond:
-            if self.secure is None or rnd != self.round or self.phase != "open":
+            if self.current.secure is None or rnd != self.round or self.current.phase != Phase.OPEN:
                 raise ProtocolError("body.round", f"round {rnd} is not an open secure round", "stale_round")
-            self.secure.receive(cid, data)
+            self.current.secure.receive(cid, data)
             self.cond.notify_all()
             return "ack", {}
 
@@ -507,14 +569,14 @@ class Scheduler:
         end = time.monotonic() + wait_s
         with self.cond:
             while True:
-                if self.secure is None or rnd != self.round:
+                if self.current.secure is None or rnd != self.round:
                     raise ProtocolError("body.round", f"round {rnd} is not an open secure round", "stale_round")
-                data = self.secure.message_for(cid, stage)
+                data = self.current.secure.message_for(cid, stage)
                 if data is not None:
                     return "secagg", {"message": data}
                 left = end - time.monotonic()
                 if left <= 0 or self._stop.is_set():
-                    return "wait", {"round": rnd, "stage": self.secure.stage}
+                    return "wait", {"round": rnd, "stage": self.current.secure.stage}
                 self.cond.wait(left)
 
     # -------------------------------------------------------------- request handling
@@ -569,10 +631,10 @@ class Scheduler:
     def _plan(self) -> dict[str, Any]:
         now = time.monotonic()
         return {
-            "round": self.round, "model_version": self.version, "phase": self.phase,
-            "selected": list(self.selected) if self.phase == "open" else [],
+            "round": self.round, "model_version": self.version, "phase": self.current.phase.value,
+            "selected": list(self.current.selected) if self.current.phase == Phase.OPEN else [],
             "config": self.policy.round_config.to_body(),
-            "deadline_s": max(0.0, self.deadline - now) if self.phase == "open" else 0.0,
+            "deadline_s": max(0.0, self.current.deadline - now) if self.current.phase == Phase.OPEN else 0.0,
             "rounds": self.policy.rounds, "collect_updates": self.collect,
         }
 
@@ -593,13 +655,13 @@ class Scheduler:
                     self.clients[cid] = {"num_examples": int(info[0]), "server": server_id, "last_seen": seen}
                     self.assignments.setdefault(cid, server_id)
             end = now + wait_s
-            while (self.round, self.phase) == (known_round, known_phase) and not self._stop.is_set():
+            while (self.round, self.current.phase) == (known_round, known_phase) and not self._stop.is_set():
                 left = end - time.monotonic()
                 if left <= 0:
                     break
                 self.cond.wait(left)
             plan = self._plan()
-            if self.phase == "open" and wire.field(b, "known_version", int, default=-1) != self.version:
+            if self.current.phase == Phase.OPEN and wire.field(b, "known_version", int, default=-1) != self.version:
                 plan["params"] = self.params  # saves the server a get_model round trip
             return "plan", plan
 
@@ -607,31 +669,32 @@ class Scheduler:
         rnd = wire.field(b, "round", int)
         cid = wire.field(b, "client_id", str)
         with self.cond:
-            if rnd != self.round or self.phase != "open":
-                raise ProtocolError("body.round", f"round {rnd} is not open (round {self.round} is {self.phase})",
+            if rnd != self.round or self.current.phase != Phase.OPEN:
+                raise ProtocolError("body.round", f"round {rnd} is not open (round {self.round} is "
+                                    f"{self.current.phase.value})",
                                     "stale_round")
-            if cid not in self.selected:
+            if cid not in self.current.selected:
                 raise ProtocolError("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
-            if cid in self.admitted:
+            if cid in self.current.admitted:
                 raise ProtocolError("body.client_id", f"client {cid} already reported in round {rnd}", "duplicate")
-            self.admitted[cid] = server_id
+            self.current.admitted[cid] = server_id
             self.cond.notify_all()
-            return "admitted", {"count": len(self.admitted)}
+            return "admitted", {"count": len(self.current.admitted)}
 
     def _partial(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rnd = wire.field(b, "round", int)
         clients = wire.field(b, "clients", list)
         weight = wire.field(b, "weight", float)
         loss_sum = wire.field(b, "loss_sum", float)
-        up = wire.field(b, "bytes_up", int)
-        down = wire.field(b, "bytes_down", int)
+        traffic = (wire.field(b, "bytes_up", int), wire.field(b, "bytes_down", int))
         sums_body = wire.field(b, "sums", dict)
         with self.cond:
-            if rnd != self.round or self.phase != "closing":
-                raise ProtocolError("body.round", f"round {rnd} is not closing (round {self.round} is {self.phase})",
+            if rnd != self.round or self.current.phase != Phase.CLOSING:
+                raise ProtocolError("body.round", f"round {rnd} is not closing (round {self.round} is "
+                                    f"{self.current.phase.value})",
                                     "stale_round")
             for cid in clients:
-                if self.admitted.get(cid) != server_id:
+                if self.current.admitted.get(cid) != server_id:
                     raise ProtocolError("body.clients", f"client {cid!r} was not admitted through {server_id}",
                                         "rejected")
             if clients and set(sums_body) != set(self._shapes):
@@ -657,8 +720,8 @@ class Scheduler:
                     updates[cid] = ({k: wire.check_array(v, f"body.updates.{cid}.{k}", dtype="float64",
                                                          shape=self._shapes[k], finite=True) for k, v in d.items()},
                                     float(w))
-            self.partials[server_id] = (part, up, down)
-            self.updates.update(updates)
+            self.current.partials[server_id] = (part, *traffic)
+            self.current.updates.update(updates)
             self.cond.notify_all()
             return "ack", {}
 
@@ -703,8 +766,9 @@ class Scheduler:
         with self.cond:
             now = time.monotonic()
             return "status", {
-                "round": self.round, "model_version": self.version, "phase": self.phase,
-                "history": self.history, "selected": list(self.selected), "admitted": sorted(self.admitted),
+                "round": self.round, "model_version": self.version, "phase": self.current.phase.value,
+                "history": self.history, "selected": list(self.current.selected),
+                "admitted": sorted(self.current.admitted),
                 "servers": {s: {"address": v.address, "alive": v.alive} for s, v in self.servers.items()},
                 "clients": {c: {"server": v["server"], "age_s": now - v["last_seen"]} for c, v in self.clients.items()},
                 "assignments": dict(self.assignments),

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from fedarena.federated import auth, wire
-from fedarena.federated.protocol import CLIENT_KINDS, RoundConfig, params_shapes, signds_config
+from fedarena.federated.protocol import CLIENT_KINDS, Phase, RoundConfig, params_shapes, signds_config
 from fedarena.federated.stages import decode_signds, decode_update, global_norm
 from fedarena.federated.strategy import PartialAggregate
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
@@ -49,12 +49,14 @@ log = logging.getLogger("fedarena.federated.server")
 
 @dataclass(frozen=True)
 class ServerOptions:
+    """An FL-Server's limits: ``max_update_norm``, uploads whose delta has a larger global L2 norm are refused;
+    ``max_examples``, the largest num_examples a client may claim (bounds its FedAvg weight; deployments set it from
+    the task); ``max_wait_s``, the longest long-poll a client may ask for; ``sync_wait_s``, the long-poll of the
+    server's own sync with the scheduler; ``nonce_memory``, how many upload nonces it remembers against replays."""
+
     max_update_norm: float = 100.0
-    """uploads whose delta has a larger global L2 norm are refused"""
     max_examples: int = 1_000_000
-    """largest num_examples a client may claim (bounds its FedAvg weight; deployments set it from the task)"""
     max_wait_s: float = 5.0
-    """longest long-poll a client may ask for"""
     sync_wait_s: float = 1.0
     nonce_memory: int = 100_000
 
@@ -86,7 +88,7 @@ class FLServer:
         self.cluster_token = auth.cluster_token(secret)
         self.cond = threading.Condition()
         self.upload_lock = threading.Lock()
-        self.plan: dict[str, Any] = {"round": 0, "phase": "idle", "model_version": -1, "selected": [],
+        self.plan: dict[str, Any] = {"round": 0, "phase": Phase.IDLE.value, "model_version": -1, "selected": [],
                                      "config": {}, "deadline_s": 0.0}
         self.selected: frozenset[str] = frozenset()
         self.round_config = RoundConfig()
@@ -187,7 +189,7 @@ class FLServer:
         version = wire.field(plan, "model_version", int)
         phase = wire.field(plan, "phase", str)
         rnd = wire.field(plan, "round", int)
-        if phase == "open" and version != self.params_version:
+        if phase == Phase.OPEN and version != self.params_version:
             if "params" in plan:
                 params = wire.field(plan, "params", dict)
             else:
@@ -204,16 +206,16 @@ class FLServer:
                 self.partial, self.partial_round = PartialAggregate(), rnd
                 self.uploaded, self.updates = set(), {}
                 self.bytes_up = self.bytes_down = 0
-            if phase == "open" and plan.get("config"):
+            if phase == Phase.OPEN and plan.get("config"):
                 self.round_config = RoundConfig.from_body(plan["config"])
                 self.signds = signds_config(self.round_config, self.shapes)
             self.plan = {k: v for k, v in plan.items() if k != "params"}
             self.plan["received_at"] = time.monotonic()
             self.selected = frozenset(plan.get("selected", []))
-            if phase == "open":
+            if phase == Phase.OPEN:
                 self.collect = bool(plan.get("collect_updates", False))
             self.cond.notify_all()
-        if phase == "closing" and self.partial_sent != rnd:
+        if phase == Phase.CLOSING and self.partial_sent != rnd:
             self._send_partial(rnd)
 
     def _send_partial(self, rnd: int) -> None:
@@ -307,9 +309,9 @@ class FLServer:
             while True:
                 self.clients[cid][1] = time.monotonic()
                 plan = self.plan
-                if plan["phase"] == "done":
+                if plan["phase"] == Phase.DONE:
                     return "done", {"round": plan["round"]}
-                if (plan["phase"] == "open" and cid in self.selected and cid not in self.uploaded
+                if (plan["phase"] == Phase.OPEN and cid in self.selected and cid not in self.uploaded
                         and self.params_version == plan["model_version"]):
                     left = plan["deadline_s"] - (time.monotonic() - plan["received_at"])
                     body: dict[str, Any] = {"round": plan["round"], "model_version": plan["model_version"],
@@ -325,7 +327,7 @@ class FLServer:
                 left = end - time.monotonic()
                 if left <= 0 or self._stop.is_set():
                     return "wait", {"round": plan["round"], "reason": f"round {plan['round']} is {plan['phase']}"
-                                    + ("" if cid in self.selected or plan["phase"] != "open" else "; not selected")}
+                                    + ("" if cid in self.selected or plan["phase"] != Phase.OPEN else "; not selected")}
                 self.cond.wait(left)
 
     def _secagg(self, kind: str, cid: str, b: dict[str, Any], nbytes: int) -> tuple[str, dict[str, Any]]:
@@ -333,7 +335,7 @@ class FLServer:
         rnd = wire.field(b, "round", int)
         with self.cond:
             plan, selected, secure = dict(self.plan), self.selected, self.round_config.secagg
-        if plan["phase"] != "open" or rnd != plan["round"] or not secure:
+        if plan["phase"] != Phase.OPEN or rnd != plan["round"] or not secure:
             raise self._refuse("body.round", f"round {rnd} is not an open secure round (current round "
                                f"{plan['round']} is {plan['phase']})", "stale_round")
         if cid not in selected:
@@ -376,7 +378,7 @@ class FLServer:
             with self.cond:
                 plan = dict(self.plan)
                 selected = self.selected
-            if plan["phase"] != "open" or rnd != plan["round"]:
+            if plan["phase"] != Phase.OPEN or rnd != plan["round"]:
                 raise self._refuse("body.round", f"round {rnd} is not open (current round {plan['round']} is "
                                    f"{plan['phase']})", "stale_round")
             if version != plan["model_version"] or version != self.params_version:

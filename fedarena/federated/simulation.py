@@ -37,7 +37,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -156,12 +156,17 @@ class BatchedModel:
     def _flat(self, tree: Any) -> Params:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def example_losses(self, tree: Any, x: Any, y_onehot: Any) -> Any:
+        """Each example's cross-entropy of ``forward(tree, x)`` against ``y_onehot`` (a sequence model of
+        :mod:`fedarena.federated.models` overrides it with its per-token loss)."""
+        logits = self.forward(tree, x)
+        return ops.logsumexp(logits, axis=1) - ops.sum(logits * y_onehot, axis=1)
+
     def _compile(self) -> None:
-        forward = self.forward
+        forward, example_losses = self.forward, self.example_losses
 
         def loss_fn(w, x, y, m):
-            logits = forward(w, x)
-            ce = ops.logsumexp(logits, axis=1) - ops.sum(logits * y, axis=1)
+            ce = example_losses(w, x, y)
             return ops.sum(ce * m) / ops.maximum(ops.sum(m), 1.0)
 
         def step(w, anchor, corr, x, y, m, valid, lr, mu):
@@ -318,6 +323,10 @@ def batched_model(spec: tuple) -> BatchedModel:
         return BatchedMLP(spec[1])
     if spec[0] == "cnn":
         return BatchedCNN(*spec[1:])
+    if spec[0] == "zoo":
+        from fedarena.federated.models import BatchedZooModel  # it subclasses BatchedModel (a cycle at import)
+
+        return BatchedZooModel.from_spec(spec)
     raise ValueError(f"model: unknown spec {spec[0]!r}")
 
 
@@ -422,6 +431,45 @@ def dense_upload(client_id: str, delta: Params, rng: np.random.Generator) -> tup
     return out, sum(4 * v.size for v in delta.values())
 
 
+@runtime_checkable
+class Upload(Protocol):
+    """What the simulation calls on its upload: the call itself (:data:`UploadFn`), ``begin_round`` with the model
+    the clients trained from, ``pop_download_bytes`` (download bytes the upload's prediction added this round),
+    ``private`` (it gets the privacy randomness, not the codec's) and ``equal_weight`` (every report weighs 1)."""
+
+    private: bool
+    equal_weight: bool
+
+    def __call__(self, client_id: str, delta: Params, rng: np.random.Generator) -> tuple[Params, int]: ...
+
+    def begin_round(self, rnd: int, params: Params) -> None: ...
+
+    def pop_download_bytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class FunctionUpload:
+    """A plain :data:`UploadFn` as an :class:`Upload` (no round state, no download bytes, not private)."""
+
+    fn: UploadFn
+    private = False
+    equal_weight = False
+
+    def __call__(self, client_id: str, delta: Params, rng: np.random.Generator) -> tuple[Params, int]:
+        return self.fn(client_id, delta, rng)
+
+    def begin_round(self, rnd: int, params: Params) -> None:
+        return None
+
+    def pop_download_bytes(self) -> int:
+        return 0
+
+
+def as_upload(upload: Any) -> Upload:
+    """``upload`` itself when it has every hook of :class:`Upload`, else a :class:`FunctionUpload` around it."""
+    return upload if isinstance(upload, Upload) else FunctionUpload(upload)
+
+
 @dataclass
 class RoundRecord:
     """Metrics of one simulated round."""
@@ -487,7 +535,8 @@ class Simulation:
         for i, p in enumerate(self.train):
             if len(p) == 0:
                 raise ValueError(f"partition: client {self.client_ids[i]} has no training examples")
-        k = getattr(self.strategy, "clients_per_round", 0)
+        self.upload = as_upload(self.upload)
+        k = self.strategy.clients_per_round
         if k > len(self.client_ids):
             raise ValueError(f"clients_per_round: {k} exceeds the {len(self.client_ids)} clients")
         self.x = np.ascontiguousarray(self.x, np.float32)
@@ -645,14 +694,10 @@ class Simulation:
         else:
             client_params, down = state.params, sum(4 * v.size for v in state.params.values()) * len(selected)
         training = [c for c in selected if not (het.drop_before_training and frng.random() < het.drop_before_training)]
-        begin = getattr(self.upload, "begin_round", None)
-        if begin is not None:  # a codec that predicts the update from the models the clients hold
-            begin(rnd, client_params)
-        scaffold = bool(state.control)
-        corrections = None
-        if scaffold:
-            corrections = {c: {k: (state.control[k] - self.client_control.get(c, {}).get(k, 0.0)) for k in state.control}
-                           for c in training}
+        self.upload.begin_round(rnd, client_params)
+        corrections = {c: self.strategy.client_correction(state, self.client_control.get(c)) for c in training}
+        if all(v is None for v in corrections.values()):
+            corrections = None
         local, deltas, losses, steps = (self._train(client_params, training, rnd, cfg, corrections) if training
                                         else ({}, {}, {}, {}))
         timed = het.window_s > 0 or het.straggler_fraction > 0
@@ -661,7 +706,6 @@ class Simulation:
         updates, bytes_up = [], 0
         prng = (SecureRandom() if self.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
                 else np.random.default_rng([self.privacy_seed, rnd]))
-        crng = np.random.default_rng([self.seed, rnd, 13])  # upload codecs (stochastic rounding)
         for c in training:
             if c not in local:
                 continue  # a straggler dropped at the deadline (no finished step)
@@ -677,19 +721,20 @@ class Simulation:
                 delta = stage(delta, prng)
             if het.drop_upload and frng.random() < het.drop_upload:
                 continue
-            # compression's stochastic rounding needs no secrecy (and 2M draws from os.urandom cost ~0.5 s);
-            # a private upload (SignDS) gets the privacy randomness
-            decoded, nbytes = self.upload(c, delta, prng if getattr(self.upload, "private", False) else crng)
+            # compression's stochastic rounding needs no secrecy (and 2M draws from os.urandom cost ~0.5 s): it is
+            # drawn from (seed, round, client key), as the runtime's client and Flower's UploadMod draw it; a private
+            # upload (SignDS) gets the privacy randomness
+            crng = np.random.default_rng([self.seed, rnd, client_key(c), 13])
+            decoded, nbytes = self.upload(c, delta, prng if self.upload.private else crng)
             bytes_up += nbytes
             control_delta = None
-            if scaffold:
-                control_delta = self._scaffold_control(c, state, local[c], client_params, steps[c], cfg)
-            n = 1 if getattr(self.upload, "equal_weight", False) else \
-                self._reported_examples.get(c, len(self.train[self._pos[c]]))
+            kept = self.strategy.client_control_update(state, self.client_control.get(c), local[c], client_params,
+                                                       steps[c], cfg)
+            if kept is not None:
+                self.client_control[c], control_delta = kept
+            n = 1 if self.upload.equal_weight else self._reported_examples.get(c, len(self.train[self._pos[c]]))
             updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
-        extra = getattr(self.upload, "pop_download_bytes", None)
-        if extra is not None:
-            down += extra()
+        down += self.upload.pop_download_bytes()
         new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
         m.update(reporting=len(updates), bytes_up=bytes_up, bytes_down=down,
                  train_loss=float(np.mean([u.loss for u in updates])) if updates else float("nan"))
@@ -707,15 +752,6 @@ class Simulation:
     def _full_steps(self, cid: str, rnd: int, cfg: FitConfig) -> int:
         n = len(self.train[self._pos[cid]])
         return cfg.local_steps if cfg.local_steps else cfg.epochs * math.ceil(n / cfg.batch_size)
-
-    def _scaffold_control(self, cid, state, local, start, steps, cfg) -> Params:
-        """Option II: ``c_i+ = c_i - c + (x - y_i) / (K lr)``; returns ``Delta c_i`` and stores ``c_i+``."""
-        old = self.client_control.get(cid, {k: np.zeros(v.shape, np.float64) for k, v in state.control.items()})
-        K = max(steps, 1)
-        new = {k: old[k] - state.control[k] + (start[k].astype(np.float64) - local[k].astype(np.float64)) / (K * cfg.lr)
-               for k in old}
-        self.client_control[cid] = new
-        return {k: new[k] - old[k] for k in old}
 
     def evaluate(self, state: RoundState, rnd: int) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -22,30 +22,26 @@ with :meth:`FedAvg.aggregate_partial`, so linear strategies share one code path 
 * SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1): clients correct each gradient by
   ``c - c_i``; the server applies ``x <- x + eta_g mean_S(Delta y_i)`` and
   ``c <- c + |S| / N mean_S(Delta c_i)`` (unweighted means, as in the paper).
-* Robust rules over the unweighted client deltas: coordinate-wise median and trimmed mean (Yin et
-  al., ICML 2018: drop the ``floor(beta n)`` largest and smallest values per coordinate), Krum and
-  multi-Krum (Blanchard et al., NeurIPS 2017: score = sum of squared distances to the ``n - f - 2``
-  nearest other updates; keep the lowest-scored ``m``, average them), the geometric median (RFA,
-  Pillutla et al. 2022, smoothed Weiszfeld), and Krum preselection of the ``n - f`` most central updates
-  before a coordinate-wise or geometric-median rule (Bulyan's selection stage, El Mhamdi et al. 2018).
+* :class:`RobustAggregate`: the round with any rule of the one rule table,
+  :data:`fedarena.federated.rules.AGGREGATION_RULES` (coordinate-wise median, trimmed mean, (multi-)Krum,
+  geometric median, Krum preselection, and whatever :func:`fedarena.federated.rules.register_rule` adds), in place
+  of the weighted mean. :func:`robust_rule` is the same table entry in the gRPC runtime's per-tensor form, and the
+  runtime's bounded mean (:func:`bounded_mean`: norm bounding, Sun et al. 2019, and water-filled weight caps) is the
+  table's ``mean`` with its two stages.
 * Example-count bounds: a client's FedAvg weight is ``min(n_i, max_weight)`` so no client can
   dominate a round by claiming (or holding) many examples.
-* The gRPC runtime's bounded mean (:func:`bounded_mean`): every delta is clipped to ``k`` times the round's
-  median update norm (norm bounding, Sun et al., "Can You Really Backdoor Federated Learning?", 2019, with
-  the bound taken from the round's median norm as FLAME does, Nguyen et al., USENIX Security 2022), and the
-  weights are capped by water-filling (:func:`cap_weights`) so no client holds more than a fraction ``c``
-  of the round's total weight; one client then moves the mean delta by at most ``c k`` median norms.
 
 Parameters are ``dict[str, np.ndarray]``; accumulation is in float64, stored models keep their dtype.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
+
+from fedarena.federated import rules
 
 Params = dict[str, np.ndarray]
 
@@ -212,9 +208,13 @@ def client_accuracy_summary(accs: np.ndarray, prefix: str = "client_acc") -> dic
 
 
 class Strategy(Protocol):
-    """Hooks of one FL round (see the module docstring)."""
+    """Hooks of one FL round (see the module docstring): every hook a runtime or a wrapper
+    (:mod:`fedarena.federated.wrappers`) calls is declared here."""
 
     clients_per_round: int
+    linear: bool
+    """the aggregate is a function of the partial sums (:meth:`aggregate_partial`): the runtime's servers may
+    pre-aggregate"""
 
     def select(self, rnd: int, candidates: Sequence[str], seed: int) -> list[str]: ...
 
@@ -222,7 +222,21 @@ class Strategy(Protocol):
 
     def init_state(self, params: Params) -> RoundState: ...
 
+    def weight(self, num_examples: float) -> float:
+        """A client's aggregation weight for its example count."""
+
+    def client_correction(self, state: RoundState, client_state: Params | None) -> Params | None:
+        """The correction added to each local gradient of a client whose kept state is ``client_state`` (None:
+        plain local SGD)."""
+
+    def client_control_update(self, state: RoundState, client_state: Params | None, local: Params, start: Params,
+                              steps: int, fit: FitConfig) -> tuple[Params, Params] | None:
+        """After local training from ``start`` to ``local`` in ``steps`` steps: the client's new kept state and the
+        control delta it uploads (None: the strategy keeps no client state)."""
+
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState: ...
+
+    def aggregate_partial(self, state: RoundState, total: PartialAggregate) -> RoundState: ...
 
     def evaluate(self, rnd: int, client_accuracies: np.ndarray) -> dict[str, float]: ...
 
@@ -266,6 +280,13 @@ class FedAvg:
     def weight(self, num_examples: float) -> float:
         return min(float(num_examples), self.max_weight) if self.max_weight > 0 else float(num_examples)
 
+    def client_correction(self, state: RoundState, client_state: Params | None) -> Params | None:
+        return None
+
+    def client_control_update(self, state: RoundState, client_state: Params | None, local: Params, start: Params,
+                              steps: int, fit: FitConfig) -> tuple[Params, Params] | None:
+        return None
+
     def aggregate_partial(self, state: RoundState, total: PartialAggregate) -> RoundState:
         params, opt = self.server_optimizer.step(state.params, total.mean_delta(), state.opt_state)
         return RoundState(state.round + 1, params, opt, state.control)
@@ -303,6 +324,20 @@ class Scaffold(FedAvg):
     def init_state(self, params: Params) -> RoundState:
         return RoundState(1, dict(params), {}, {k: np.zeros(v.shape, np.float64) for k, v in params.items()})
 
+    def client_correction(self, state: RoundState, client_state: Params | None) -> Params:
+        """``c - c_i`` (``c_i = 0`` before the client's first round)."""
+        return {k: state.control[k] - (0.0 if client_state is None else client_state[k]) for k in state.control}
+
+    def client_control_update(self, state: RoundState, client_state: Params | None, local: Params, start: Params,
+                              steps: int, fit: FitConfig) -> tuple[Params, Params]:
+        """Option II: ``c_i+ = c_i - c + (x - y_i) / (K lr)``; returns ``(c_i+, Delta c_i)``."""
+        old = client_state if client_state is not None else \
+            {k: np.zeros(v.shape, np.float64) for k, v in state.control.items()}
+        K = max(steps, 1)
+        new = {k: old[k] - state.control[k] + (start[k].astype(np.float64) - local[k].astype(np.float64))
+               / (K * fit.lr) for k in old}
+        return new, {k: new[k] - old[k] for k in old}
+
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
         if not updates:
             return replace(state, round=state.round + 1)
@@ -315,58 +350,35 @@ class Scaffold(FedAvg):
         return RoundState(state.round + 1, params, {}, control)
 
 
-RobustRule = Literal["median", "trimmed_mean", "krum", "geometric_median"]
+RobustRule = str
+"""the name of a rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`"""
 
 
 def coordinate_median(x: np.ndarray) -> np.ndarray:
-    return np.median(x, axis=0)
+    """The ``median`` rule of :mod:`fedarena.federated.rules`."""
+    return rules.median(x, np.ones(len(x)))
 
 
 def trimmed_mean(x: np.ndarray, beta: float) -> np.ndarray:
-    """Per coordinate: drop the ``floor(beta n)`` smallest and largest values and average the rest."""
-    n = x.shape[0]
-    b = int(beta * n)
-    if 2 * b >= n:
-        raise ValueError(f"trim_fraction: {beta} trims every one of {n} updates")
-    s = np.sort(x, axis=0)
-    return s[b: n - b].mean(axis=0)
-
-
-def krum_scores(x: np.ndarray, num_byzantine: int) -> np.ndarray:
-    """Krum's score of every row: the sum of squared distances to its ``n - f - 2`` nearest other rows."""
-    n = x.shape[0]
-    sq = np.sum(x * x, axis=1)
-    d = np.maximum(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T), 0.0)
-    m = max(1, n - num_byzantine - 2)
-    return np.array([np.sort(np.delete(d[i], i))[:m].sum() for i in range(n)])
+    """The ``trimmed_mean`` rule of :mod:`fedarena.federated.rules`."""
+    return rules.trimmed_mean(x, np.ones(len(x)), beta)
 
 
 def krum(x: np.ndarray, num_byzantine: int, keep: int = 1) -> np.ndarray:
-    """(Multi-)Krum: average of the ``keep`` updates with the lowest Krum scores."""
-    best = np.argsort(krum_scores(x, num_byzantine), kind="stable")[: max(1, keep)]
-    return x[best].mean(axis=0)
+    """The ``krum`` rule of :mod:`fedarena.federated.rules` (average of the ``keep`` lowest-scored updates)."""
+    return rules.krum(x, np.ones(len(x)), num_byzantine, max(1, keep))
 
 
 def geometric_median(x: np.ndarray, smoothing: float = 1e-6, max_iter: int = 100, tol: float = 1e-7) -> np.ndarray:
-    """The geometric median ``argmin_z sum_i ||x_i - z||`` by the smoothed Weiszfeld iteration of RFA (Pillutla,
-    Kakade & Harchaoui, "Robust aggregation for federated learning", IEEE TSP 2022, Algorithm 2):
-    ``z <- sum_i b_i x_i / sum_i b_i`` with ``b_i = 1 / max(smoothing, ||x_i - z||)``, from the mean, until the
-    objective improves by less than ``tol`` relatively. Breakdown point 1/2."""
-    z = x.mean(axis=0)
-    obj = np.linalg.norm(x - z, axis=1).sum()
-    for _ in range(max_iter):
-        b = 1.0 / np.maximum(smoothing, np.linalg.norm(x - z, axis=1))
-        z = (b[:, None] * x).sum(axis=0) / b.sum()
-        new = np.linalg.norm(x - z, axis=1).sum()
-        if obj - new <= tol * max(new, 1e-30):
-            break
-        obj = new
-    return z
+    """The ``geometric_median`` rule of :mod:`fedarena.federated.rules`."""
+    return rules.geometric_median(x, np.ones(len(x)), smoothing, max_iter, tol)
 
 
 @dataclass(frozen=True)
 class RobustAggregate(FedAvg):
-    """FedAvg's round with a Byzantine-robust rule in place of the weighted mean (unweighted, see module doc)."""
+    """FedAvg's round with a rule of :data:`fedarena.federated.rules.AGGREGATION_RULES` in place of the linear
+    weighted mean (the built-in robust rules are unweighted, see :mod:`fedarena.federated.rules`); the rule gets
+    the client deltas in sorted client-id order and their :meth:`FedAvg.weight`."""
 
     rule: RobustRule = "median"
     trim_fraction: float = 0.2
@@ -378,94 +390,63 @@ class RobustAggregate(FedAvg):
     """before median / trimmed mean / geometric median, keep the ``n - f`` updates with the lowest Krum scores
     (the selection stage of Bulyan, El Mhamdi et al. ICML 2018): a sign-flipped update stands out in the whole
     parameter space while, coordinate by coordinate, it hides inside the honest clients' noise"""
+    rule_params: Mapping[str, Any] = field(default_factory=dict)
+    """further parameters of ``rule`` (a rule added by :func:`fedarena.federated.rules.register_rule`)"""
 
     linear = False
 
     def __post_init__(self) -> None:
-        if self.rule not in ("median", "trimmed_mean", "krum", "geometric_median"):
-            raise ValueError(f"aggregation: unknown '{self.rule}' (median, trimmed_mean, krum, geometric_median)")
-        if not 0 <= self.trim_fraction < 0.5:
-            raise ValueError(f"trim_fraction: must lie in [0, 0.5), got {self.trim_fraction}")
         if self.num_byzantine < 0:
             raise ValueError(f"krum_byzantine: must be >= 0, got {self.num_byzantine}")
-        if self.krum_preselect and (self.rule == "krum" or self.num_byzantine < 1):
+        if self.krum_preselect and self.num_byzantine < 1:
             raise ValueError("krum_preselect: needs a coordinate-wise or geometric-median rule and krum_byzantine >= 1")
+        self.bound_rule()  # a bad name or parameter fails here, naming the field
 
-    def robust_delta(self, x: np.ndarray) -> np.ndarray:
-        if self.krum_preselect and len(x) > self.num_byzantine:
-            keep = np.sort(np.argsort(krum_scores(x, self.num_byzantine), kind="stable")[: len(x) - self.num_byzantine])
-            x = x[keep]
-        if self.rule == "geometric_median":
-            return geometric_median(x)
-        if self.rule == "median":
-            return coordinate_median(x)
-        if self.rule == "trimmed_mean":
-            return trimmed_mean(x, self.trim_fraction)
-        return krum(x, self.num_byzantine, self.krum_keep)
+    def bound_rule(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """The table's rule with this strategy's parameters (built per call: the strategy stays picklable)."""
+        return _bind_rule(self.rule, self.trim_fraction, self.num_byzantine, self.krum_keep, self.krum_preselect,
+                          self.rule_params)
+
+    def robust_delta(self, x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """The rule over the ``(n, d)`` updates ``x`` (``weights`` default to equal ones)."""
+        return self.bound_rule()(x, np.ones(len(x)) if weights is None else weights)
 
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
         if not updates:
             return replace(state, round=state.round + 1)
         names = sorted(state.params)
-        delta = _unflatten(self.robust_delta(_stack(updates, names)), state.params, names)
+        ordered = sorted(updates, key=lambda u: u.client_id)
+        w = np.array([self.weight(u.num_examples) for u in ordered], np.float64)
+        delta = _unflatten(self.robust_delta(_stack(ordered, names), w), state.params, names)
         params, opt = self.server_optimizer.step(state.params, delta, state.opt_state)
         return RoundState(state.round + 1, params, opt, state.control)
 
 
-def cap_weights(weights: Sequence[float], max_fraction: float) -> np.ndarray:
-    """``min(w_i, L)`` with the largest level ``L`` at which no weight exceeds ``max_fraction`` of their sum
-    (water-filling); equal weights when ``max_fraction * n <= 1`` (no level can satisfy the cap)."""
-    w = np.asarray(weights, np.float64)
-    n = w.size
-    if n == 0 or max_fraction >= 1 or w.max() <= max_fraction * w.sum():
-        return w
-    if max_fraction * n <= 1:
-        return np.full(n, w.mean())
-    desc = np.sort(w)[::-1]
-    for k in range(1, n):  # the k largest weights are cut to L = c * (rest + k L)
-        level = max_fraction * desc[k:].sum() / (1 - max_fraction * k)
-        if desc[k] <= level <= desc[k - 1]:
-            return np.minimum(w, level)
-    return np.full(n, w.mean())  # not reached for max_fraction * n > 1
+def _bind_rule(rule: str, trim_fraction: float, krum_byzantine: int, krum_keep: int | None, krum_preselect: bool,
+               extra: Mapping[str, Any]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The table's rule with those of the named parameters it takes (the others belong to other rules; None: the
+    table's default)."""
+    named = {"trim_fraction": trim_fraction, "krum_byzantine": krum_byzantine, "krum_keep": krum_keep}
+    takes = rules.rule_params(rule)
+    params = {k: v for k, v in named.items() if k in takes and v is not None}
+    if krum_preselect:
+        if rule in ("krum", "multi_krum"):
+            raise ValueError("krum_preselect: needs a coordinate-wise or geometric-median rule and krum_byzantine >= 1")
+        params["krum_preselect"] = krum_byzantine
+    return rules.aggregation_rule(rule, **params, **dict(extra))
 
 
-def bounded_mean(deltas: Sequence[Params], weights: Sequence[float], max_client_weight: float,
-                 norm_bound_multiple: float) -> tuple[Params, dict[str, float]]:
-    """The weighted mean of ``deltas`` after clipping each to ``norm_bound_multiple`` times the median global L2
-    norm (0 = no clipping) and capping each weight at ``max_client_weight`` of the total (:func:`cap_weights`).
-
-    Returns the mean and ``{"norm_bound", "norm_clipped", "weight_capped"}`` (the bound used, 0 when off, and how
-    many deltas / weights were cut)."""
-    names = sorted(deltas[0])
-    norms = np.array([math.sqrt(sum(float(np.sum(np.square(np.asarray(d[k], np.float64)))) for k in names))
-                      for d in deltas])
-    scale = np.ones(len(deltas))
-    bound = float("inf")
-    if norm_bound_multiple > 0:
-        bound = norm_bound_multiple * float(np.median(norms))
-        over = norms > bound
-        scale[over] = bound / norms[over]
-    w0 = np.asarray(weights, np.float64)
-    w = cap_weights(w0, max_client_weight)
-    coef = w * scale / w.sum()
-    mean = {k: np.tensordot(coef, np.stack([np.asarray(d[k], np.float64) for d in deltas]), axes=1) for k in names}
-    return mean, {"norm_bound": bound if norm_bound_multiple > 0 else 0.0, "norm_clipped": int((scale < 1).sum()),
-                  "weight_capped": int((w < w0 - 1e-12 * w0.max()).sum())}
+cap_weights = rules.cap_weights
+bounded_mean = rules.bounded_mean
+krum_scores = rules.krum_scores
 
 
-def robust_rule(rule: RobustRule, trim_fraction: float = 0.2, krum_byzantine: int = 0, krum_keep: int = 1,
-                krum_preselect: bool = False) -> Callable[[Sequence[Params], Sequence[float]], Params]:
-    """:class:`RobustAggregate`'s rule in the gRPC runtime's form (``Scheduler(aggregator=...)``, or
-    ``RoundPolicy.aggregation``): the client deltas and their weights (unused: the robust rules are unweighted)
-    -> the global delta. A bad argument raises ValueError naming the field."""
+def robust_rule(rule: RobustRule, trim_fraction: float = 0.2, krum_byzantine: int = 0, krum_keep: int | None = None,
+                krum_preselect: bool = False, **rule_params: Any
+                ) -> Callable[[Sequence[Params], Sequence[float]], Params]:
+    """A rule of :data:`fedarena.federated.rules.AGGREGATION_RULES` in the gRPC runtime's form
+    (``Scheduler(aggregator=...)``): the client deltas and their weights -> the global delta. A bad argument
+    raises ValueError naming the field."""
     if krum_byzantine < 0:
         raise ValueError(f"krum_byzantine: must be >= 0, got {krum_byzantine}")
-    agg = RobustAggregate(rule=rule, trim_fraction=trim_fraction, num_byzantine=krum_byzantine, krum_keep=krum_keep,
-                          krum_preselect=krum_preselect)
-
-    def aggregate(deltas: Sequence[Params], weights: Sequence[float]) -> Params:
-        names = sorted(deltas[0])
-        x = np.stack([np.concatenate([np.asarray(d[k], np.float64).ravel() for k in names]) for d in deltas])
-        return _unflatten(agg.robust_delta(x), {k: np.asarray(deltas[0][k]) for k in names}, names)
-
-    return aggregate
+    return rules.params_rule(_bind_rule(rule, trim_fraction, krum_byzantine, krum_keep, krum_preselect, rule_params))

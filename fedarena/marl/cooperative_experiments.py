@@ -1,7 +1,8 @@
 """Experiment kind ``cooperative_marl``: QMIX, VDN and independent PPO side by side on a cooperative
 PettingZoo parallel task (MPE ``simple_spread_v3`` from ``mpe2``, or the QMIX paper's two-step game
 ``two_step_v0``), over several seeds. MPE tasks run on fedarena's vectorised copy of ``mpe2``
-(:mod:`fedarena.envs.mpe`) unless ``vectorised: false``.
+(:mod:`fedarena.envs.mpe`) unless ``vectorised: false``; ``overcooked.<layout>`` is fedarena's vectorised
+Overcooked (:mod:`fedarena.envs.overcooked`), learnt by ``mappo``.
 
 Every (algorithm, seed) learner runs on its own batch of environment copies; they advance in rounds of
 ``steps_per_round`` environment steps so the metric rows line up. Every round starts fresh episodes on all
@@ -30,6 +31,7 @@ import numpy as np
 from fedarena import engine
 from fedarena.envs.mpe import MPEVecEnv
 from fedarena.envs.mpe.batch import MPEBatch
+from fedarena.envs.overcooked import OvercookedVecEnv, UnknownLayoutError, is_overcooked
 from fedarena.envs.pettingzoo_adapters import UnknownEnvError, make_env
 from fedarena.envs.pettingzoo_batch import ParallelEnvBatch, observation_size
 from fedarena.marl.independent import IndependentPPO
@@ -48,8 +50,10 @@ STACKED = ("qmix", "vdn", "ippo")  # one network over all agents' stacked observ
 class CooperativeConfig(ExperimentConfig):
     env_id: str = param("mpe2.simple_spread_v3", "PettingZoo parallel env id (or two_step_v0, the QMIX paper's game)")
     max_cycles: int | None = param(25, "episode length of MPE tasks (passed as max_cycles); null for envs without it")
+    env_options: dict[str, Any] = param(doc="further keyword arguments of the env (e.g. Overcooked's "
+                                        "shaped_reward_coef, shaped_reward_horizon)", factory=dict)
     algorithms: list[str] = param(doc="algorithms run side by side: qmix, vdn, ippo, mappo (mappo: vectorised MPE "
-                                  "tasks only)", factory=lambda: list(STACKED))
+                                  "tasks and Overcooked only)", factory=lambda: list(STACKED))
     learner_seeds: list[int] = param(doc="seeds per algorithm inside this one run, so the report compares them "
                                      "(the run's seed is added to each)", factory=lambda: [0])
     num_envs: int = param(8, "environment copies per learner")
@@ -77,7 +81,17 @@ class CooperativeConfig(ExperimentConfig):
                              "batch runner; episodes start from other draws of the same distribution")
 
     def __post_init__(self) -> None:
-        if self.uses_vectorised_mpe():
+        if is_overcooked(self.env_id):  # fedarena.envs.overcooked, learnt by mappo
+            if set(self.algorithms) - {"mappo"}:
+                raise ValueError(f"algorithms: '{self.env_id}' runs with mappo only, got {self.algorithms}")
+            try:
+                vec = OvercookedVecEnv(self.env_id, 1, **self.env_kwargs())
+            except UnknownLayoutError as e:
+                raise ValueError(f"env_id: {e}") from None
+            except (TypeError, ValueError) as e:  # options the env rejects
+                raise ValueError(f"env_options: {str(e).replace('OvercookedVecEnv.__init__() ', '')}") from None
+            agents, sizes, acts = list(vec.agents), sorted(set(vec.observation_sizes)), sorted(set(vec.action_sizes))
+        elif self.uses_vectorised_mpe():
             try:
                 vec = MPEVecEnv(self.env_id, 1, **self.env_kwargs())
             except ValueError as e:  # unknown scenario (with a did-you-mean), bad scenario options
@@ -89,7 +103,7 @@ class CooperativeConfig(ExperimentConfig):
         else:
             if "mappo" in self.algorithms:
                 raise ValueError(f"algorithms: mappo runs on the vectorised MPE tasks (env_id mpe2.*, vectorised: "
-                                 f"true), not on '{self.env_id}'")
+                                 f"true) and Overcooked (overcooked.<layout>), not on '{self.env_id}'")
             try:
                 env = make_env(self.env_id, api="parallel", **self.env_kwargs())
             except UnknownEnvError as e:
@@ -129,7 +143,7 @@ class CooperativeConfig(ExperimentConfig):
                              f"divide env_steps ({self.env_steps}), so every round ends on the same step")
 
     def env_kwargs(self) -> dict[str, Any]:
-        return {} if self.max_cycles is None else {"max_cycles": self.max_cycles}
+        return {**({} if self.max_cycles is None else {"max_cycles": self.max_cycles}), **self.env_options}
 
     def uses_vectorised_mpe(self) -> bool:
         return self.vectorised and self.env_id.startswith("mpe2.")

@@ -29,6 +29,7 @@ import numpy as np
 from fedarena import engine
 from fedarena.engine import initializers, nn, ops, optim
 from fedarena.envs.mpe import MPEVecEnv
+from fedarena.envs.overcooked import OvercookedVecEnv, is_overcooked
 from fedarena.marl.value_decomposition import rng_state_from_checkpoint
 from fedarena.platform.experiment import param
 from fedarena.rl.returns import gae
@@ -232,13 +233,19 @@ class _Group:
 
 
 class MAPPO:
-    """MAPPO (or IPPO with ``centralised_critic=False``) on ``num_envs`` copies of an MPE scenario."""
+    """MAPPO (or IPPO with ``centralised_critic=False``) on ``num_envs`` copies of an MPE scenario or an Overcooked
+    layout (``overcooked.<layout>``, :mod:`fedarena.envs.overcooked`)."""
 
     def __init__(self, env_id: str, num_envs: int, config: MAPPOConfig, seed: int = 0, max_cycles: int = 25,
                  eval_envs: int = 16, **scenario_kwargs: Any) -> None:
         self.config = config
-        self.env = MPEVecEnv(env_id, num_envs, max_cycles=max_cycles, seed=seed, **scenario_kwargs)
-        self.eval_env = MPEVecEnv(env_id, eval_envs, max_cycles=max_cycles, seed=10_000 + seed, **scenario_kwargs)
+        if is_overcooked(env_id):  # evaluated on the sparse (delivery) reward only
+            self.env: Any = OvercookedVecEnv(env_id, num_envs, max_cycles=max_cycles, seed=seed, **scenario_kwargs)
+            self.eval_env: Any = OvercookedVecEnv(env_id, eval_envs, max_cycles=max_cycles, seed=10_000 + seed,
+                                                  **dict(scenario_kwargs, shaped_reward_coef=0.0))
+        else:
+            self.env = MPEVecEnv(env_id, num_envs, max_cycles=max_cycles, seed=seed, **scenario_kwargs)
+            self.eval_env = MPEVecEnv(env_id, eval_envs, max_cycles=max_cycles, seed=10_000 + seed, **scenario_kwargs)
         e = self.env
         self.group_members = agent_groups(list(e.agents), e.observation_sizes, e.action_sizes, config.share)
         init_rng = np.random.default_rng([seed, 0])
@@ -367,3 +374,5 @@ class MAPPO:
         self.rng.bit_generator.state = rng_state_from_checkpoint(state["rng"])
         self.env.rng.bit_generator.state = rng_state_from_checkpoint(state["env_rng"])
         self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
+        if isinstance(self.env, OvercookedVecEnv):  # the shaped-reward anneal's clock
+            self.env.total_steps = self.env_steps

@@ -17,7 +17,7 @@ SMALL_TASK = TaskSpec(dataset="synthetic", num_clients=4, hidden=(8,), trainer="
 
 class Cluster:
     def __init__(self, tmp_path, policy, n_servers=2, tls=None, task=SMALL_TASK, server_options=None, limits=None,
-                 chunk_bytes=wire.DEFAULT_CHUNK_BYTES, aggregator=None):
+                 chunk_bytes=wire.DEFAULT_CHUNK_BYTES, aggregator=None, strategy=None):
         self.chunk_bytes = chunk_bytes
         self.task = build_task(task)
         self.secret = auth.new_secret()
@@ -25,7 +25,7 @@ class Cluster:
         self.tls = tls
         self.scheduler = Scheduler(policy, self.task.trainer.init_params(0), self.secret, tmp_path / "state.fl",
                                    evaluate=self.evaluate, tls=tls, client_tls=tls, limits=self.limits,
-                                   chunk_bytes=chunk_bytes, aggregator=aggregator)
+                                   chunk_bytes=chunk_bytes, aggregator=aggregator, strategy=strategy)
         port = self.scheduler.start("127.0.0.1:0")
         self.address = f"127.0.0.1:{port}"
         opts = server_options or ServerOptions(sync_wait_s=0.2, max_update_norm=50.0)
@@ -46,6 +46,23 @@ class Cluster:
         p = Peer(self.servers[server_index].address, tls=self.tls, limits=self.limits, chunk_bytes=self.chunk_bytes)
         self.peers.append(p)
         return p
+
+    def run_clients(self, n, **options):
+        """``n`` FLClient threads ``c0..c{n-1}`` with ``ClientOptions(**options)`` until the scheduler is done."""
+        import threading
+
+        from fedarena.federated.client import ClientOptions, FLClient
+
+        clients = [FLClient(f"c{i}", self.token(f"c{i}"), self.address, self.task.clients[i], self.task.trainer,
+                            ClientOptions(**options)) for i in range(n)]
+        threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for cl in clients:
+            cl.close()
+        return clients
 
     def close(self):
         for p in self.peers:
@@ -98,3 +115,49 @@ def self_signed_tls(tmp_path):
 
     return TLSFiles(cert_chain=str(tmp_path / "cert.pem"), private_key=str(tmp_path / "key.pem"),
                     root_cert=str(tmp_path / "cert.pem"), server_name="localhost")
+
+
+class InProcessGrid:
+    """A Flower Grid stand-in that delivers each message to a ClientApp in this process (node i = partition i);
+    ``tamper`` rewrites a node's train reply (a hostile or broken client)."""
+
+    def __init__(self, app, n, tamper=None):
+        from flwr.app import Context, RecordDict
+
+        self.app, self.n, self.tamper = app, n, tamper or {}
+        self.contexts = {i + 1: Context(run_id=0, node_id=i + 1, node_config={"partition-id": i}, state=RecordDict(),
+                                        run_config={}) for i in range(n)}
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Message, Metadata
+
+        out = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            meta = Metadata(run_id=0, message_id=f"m{len(out)}", src_node_id=0, dst_node_id=node, reply_to_message_id="",
+                            group_id="", created_at=0.0, ttl=60.0, message_type=m.metadata.message_type)
+            reply = self.app(Message(m.content, metadata=meta), self.contexts[node])
+            if node in self.tamper and m.metadata.message_type == "train":
+                reply = Message(self.tamper[node](reply.content), reply_to=Message(m.content, metadata=meta))
+            out.append(reply)
+        return out
+
+
+@pytest.fixture
+def in_process_grid():
+    """The :class:`InProcessGrid` class (Flower's Grid interface, messages delivered in this process)."""
+    return InProcessGrid
+
+
+@pytest.fixture
+def flower_task_identity():
+    """What a ServerApp run sets before a strategy creates Messages (restored afterwards)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 0, 0, 0
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old

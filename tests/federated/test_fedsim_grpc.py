@@ -3,11 +3,8 @@ FL-Servers, four FLClient threads on loopback) reach the same global model after
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
-from fedarena.federated.client import ClientOptions, FLClient
 from fedarena.federated.protocol import RoundConfig
 from fedarena.federated.scheduler import RoundPolicy
 from fedarena.federated.simulation import BatchedMLP, Simulation
@@ -44,15 +41,7 @@ def test_simulation_equals_grpc_runtime_after_five_rounds(make_cluster):
                          selection="uniform", seed=seed, round_config=cfg, server_optimizer=opt,
                          max_client_weight=1.0, norm_bound_multiple=0.0)  # the simulation's plain weighted mean
     c = make_cluster(policy, task=TASK)
-    clients = [FLClient(f"c{i}", c.token(f"c{i}"), c.address, c.task.clients[i], c.task.trainer,
-                        ClientOptions(seed=seed, wait_s=0.5)) for i in range(4)]
-    threads = [threading.Thread(target=cl.run, daemon=True) for cl in clients]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    for cl in clients:
-        cl.close()
+    c.run_clients(4, seed=seed, wait_s=0.5)
     assert c.scheduler.phase == "done" and c.scheduler.version == 5
     state, records = _simulate(c.task, seed, 5, opt, cfg)
     runtime_selected = [sorted(r["clients"]) for r in c.scheduler.history]

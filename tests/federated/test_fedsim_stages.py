@@ -110,7 +110,9 @@ def test_secagg_stage_gives_the_exact_sum_with_dropouts():
     rep = stage.secure_sum(inputs, 1)
     surv = rep.result.survivors
     assert 30 - len(surv) == 2  # the drawn dropouts (at most m - t = 3)
-    want = sum(quantize(inputs[u], 1.0, stage.scale, 32).astype(np.uint64) for u in surv) % 2 ** 32
+    scale = stage.secagg_config(30, 20).scale  # the runtime's fixed point: scale rounded to a multiple of W
+    assert scale == 1000 * (2 ** 20 // 1000)
+    want = sum(quantize(inputs[u], 1.0, scale, 32).astype(np.uint64) for u in surv) % 2 ** 32
     np.testing.assert_array_equal(rep.result.total, want.astype(np.uint32))
 
 

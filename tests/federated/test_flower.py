@@ -176,44 +176,7 @@ def test_flower_records_are_validated():
         flower.FlowerStrategy(SecureAggregation(st.FedAvg()))
 
 
-class _InProcessGrid:
-    """A Flower Grid stand-in that delivers each message to a ClientApp in this process (node i = partition i);
-    ``tamper`` rewrites a node's train reply (a hostile or broken client)."""
-
-    def __init__(self, app, n, tamper=None):
-        self.app, self.n, self.tamper = app, n, tamper or {}
-        self.contexts = {i + 1: Context(run_id=0, node_id=i + 1, node_config={"partition-id": i}, state=RecordDict(),
-                                        run_config={}) for i in range(n)}
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def send_and_receive(self, messages, timeout=None):
-        from flwr.app import Metadata
-
-        out = []
-        for m in messages:
-            node = m.metadata.dst_node_id
-            meta = Metadata(run_id=0, message_id=f"m{len(out)}", src_node_id=0, dst_node_id=node, reply_to_message_id="",
-                            group_id="", created_at=0.0, ttl=60.0, message_type=m.metadata.message_type)
-            reply = self.app(Message(m.content, metadata=meta), self.contexts[node])
-            if node in self.tamper and m.metadata.message_type == "train":
-                reply = Message(self.tamper[node](reply.content), reply_to=Message(m.content, metadata=meta))
-            out.append(reply)
-        return out
-
-
-@pytest.fixture
-def flower_task_identity():
-    from flwr.supercore.task_identity import TaskIdentity
-
-    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 0, 0, 0  # what a ServerApp run sets
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
-
-
-def test_flower_strategy_drops_malformed_replies_and_keeps_serving(flower_task_identity):
+def test_flower_strategy_drops_malformed_replies_and_keeps_serving(flower_task_identity, in_process_grid):
     rng = np.random.default_rng(5)
     sizes, counts, seed = (4, 5, 2), [6, 9, 7, 8], 2
     x = rng.standard_normal((sum(counts), 4)).astype(np.float32)
@@ -232,7 +195,7 @@ def test_flower_strategy_drops_malformed_replies_and_keeps_serving(flower_task_i
 
     strategy = st.FedAvg(st.FitConfig(1, 3, 0.1))
     fs = flower.FlowerStrategy(strategy, seed=seed)
-    grid = _InProcessGrid(app, 4, tamper={3: nan_arrays, 4: wrong_shape})
+    grid = in_process_grid(app, 4, tamper={3: nan_arrays, 4: wrong_shape})
     from flwr.app import ConfigRecord
 
     p0 = mlp_init(sizes, seed)
