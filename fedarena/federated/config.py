@@ -451,12 +451,47 @@ class DPFedAvgConfig:
     clip_norm: float = param(1.0, "server-side clip S of every client update")
     sample_rate: float = param(0.1, "Poisson client sampling rate q (replaces clients.per_round)")
     delta: float = param(1e-5, "delta of the reported epsilon")
+    accountant: Literal["rdp", "pld"] = param("rdp", "accountant of dp_epsilon: RDP or the tighter privacy loss "
+                                                     "distribution; both are logged as dp_epsilon_rdp / dp_epsilon_pld")
+    adaptive_clip: bool = param(False, "adapt the clip to a quantile of the update norms (Andrew et al. 2021); "
+                                       "clip_norm is then the initial clip")
+    target_quantile: float = param(0.5, "adaptive clip: target fraction gamma of unclipped updates")
+    clip_learning_rate: float = param(0.2, "adaptive clip: eta_C of C <- C exp(-eta_C (b_bar - gamma))")
+    clip_count_stddev: float = param(0.0, "adaptive clip: noise sigma_b on the count of unclipped updates "
+                                          "(0 = q N / 20); must exceed noise_multiplier / 2")
 
     def __post_init__(self) -> None:
         _at_least("noise_multiplier", self.noise_multiplier, 0)
         _positive("clip_norm", self.clip_norm)
         _in_unit("sample_rate", self.sample_rate, lo_open=True)
         _in_unit("delta", self.delta, lo_open=True, hi_open=True)
+        if self.accountant not in ("rdp", "pld"):
+            raise ValueError(f"accountant: must be 'rdp' or 'pld', got {self.accountant!r}")
+        _in_unit("target_quantile", self.target_quantile, lo_open=True, hi_open=True)
+        _positive("clip_learning_rate", self.clip_learning_rate)
+        _at_least("clip_count_stddev", self.clip_count_stddev, 0)
+        if self.adaptive_clip and 0 < 2 * self.clip_count_stddev <= self.noise_multiplier:
+            raise ValueError(f"clip_count_stddev: must exceed noise_multiplier / 2 = {self.noise_multiplier / 2:g}, "
+                             f"got {self.clip_count_stddev}")
+
+    def mechanism(self, num_clients: int, seed: int | None = None):
+        """The :class:`~fedarena.privacy.dp_fedavg.DPFedAvgMechanism` of ``num_clients`` clients."""
+        from fedarena.privacy.adaptive_clipping import QuantileClipper
+        from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
+
+        n = max(num_clients, 1)
+        clipper = None
+        if self.adaptive_clip:
+            count_stddev = self.clip_count_stddev or self.sample_rate * n / 20
+            if 2 * count_stddev <= self.noise_multiplier:
+                from fedarena.platform.errors import ConfigError
+
+                raise ConfigError(f"privacy.dp.clip_count_stddev: {count_stddev:g} (0 means q N / 20 with N = {n}) "
+                                  f"must exceed noise_multiplier / 2 = {self.noise_multiplier / 2:g}")
+            clipper = QuantileClipper(self.clip_norm, self.sample_rate * n, self.target_quantile,
+                                      self.clip_learning_rate, self.clip_count_stddev, seed=seed)
+        return DPFedAvgMechanism(self.clip_norm, self.noise_multiplier, self.sample_rate, n, self.delta,
+                                 seed=seed, accountant=self.accountant, clipper=clipper)
 
     @property
     def on(self) -> bool:
@@ -497,10 +532,7 @@ class SimPrivacyConfig:
         from fedarena.federated import stages
 
         if self.dp.on:
-            from fedarena.privacy.dp_fedavg import DPFedAvgMechanism
-
-            strategy = stages.DPFedAvg(strategy, DPFedAvgMechanism(
-                self.dp.clip_norm, self.dp.noise_multiplier, self.dp.sample_rate, max(num_clients, 1), self.dp.delta))
+            strategy = stages.DPFedAvg(strategy, self.dp.mechanism(num_clients))
         if self.secagg.enabled:
             strategy = stages.SecureAggregation(strategy, neighbours=self.secagg.neighbours,
                                                 dropout=self.secagg.dropout, seed=seed)

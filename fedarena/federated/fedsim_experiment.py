@@ -194,7 +194,8 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     return out
 
 
-SUMMARY_METRICS = ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst", "dp_epsilon")
+SUMMARY_METRICS = ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst", "dp_epsilon",
+                   "dp_epsilon_rdp", "dp_epsilon_pld", "dp_clip_norm")
 
 
 class _RoundSteps:
@@ -242,6 +243,11 @@ class _RoundSteps:
             m["local_steps"] = steps
         for c in rec.reporting:
             self.participation[c] = self.participation.get(c, 0) + 1
+        mech = dp_mechanism(sim.strategy)
+        if mech is not None:  # DP-FedAvg: the (adaptive) clip, and both accountants' epsilon on evaluated rounds
+            m["dp_clip_norm"] = mech.current_clip
+            if "dp_epsilon" in m or "test_loss" in m or r == cfg.rounds:  # PLD composition costs ~0.1 s a step
+                m.update({f"dp_epsilon_{k}": v for k, v in mech.epsilons(rec.round).items()})
         if cfg.privacy.ldp.on and self.participation:
             m["ldp_epsilon_round"] = cfg.privacy.ldp.epsilon
             m["ldp_epsilon_cumulative"] = ldp_cumulative_epsilon(cfg, max(self.participation.values()))
@@ -278,6 +284,16 @@ def _run_async(cfg: FedSimConfig, run: Any, sim: Any, params: dict[str, np.ndarr
             "server_steps": int(last["version"]), "clients_dispatched": int(last["clients_dispatched"])}
 
 
+def dp_mechanism(strategy: Any):
+    """The DP-FedAvg mechanism inside a (wrapped) strategy, or None."""
+    while strategy is not None:
+        mech = getattr(strategy, "mechanism", None)
+        if mech is not None:
+            return mech
+        strategy = getattr(strategy, "inner", None)
+    return None
+
+
 def ldp_cumulative_epsilon(cfg: FedSimConfig, uploads: int) -> float:
     """Epsilon (at ``privacy.ldp.delta``) of the client that uploaded most often: its ``uploads`` analytic-Gaussian
     releases (sigma for (epsilon, delta) of ``privacy.ldp``, L2 sensitivity 2 C) composed in RDP (Mironov 2017)."""
@@ -294,6 +310,7 @@ def ldp_cumulative_epsilon(cfg: FedSimConfig, uploads: int) -> float:
 def _snapshot(sim, state, last_div, steps_current) -> dict[str, Any]:
     """Everything a resumed run needs (selection and training draws are keyed by (seed, round), so no RNG state)."""
     up, down = sim.upload, sim.download
+    clipper = getattr(dp_mechanism(sim.strategy), "clipper", None)  # the adaptive clip of DP-FedAvg
     return {
         "round": state.round, "params": state.params, "opt_state": state.opt_state, "control": state.control,
         "client_control": sim.client_control,
@@ -305,6 +322,7 @@ def _snapshot(sim, state, last_div, steps_current) -> dict[str, Any]:
         "broadcast_round": getattr(down, "_round", 0),
         "bytes": [sim.bytes_up_total, sim.bytes_down_total],
         "last_divergence": float("nan") if last_div is None else float(last_div), "steps_current": steps_current,
+        "dp_clipper": clipper.state() if clipper is not None else {},
     }
 
 
@@ -324,6 +342,9 @@ def _restore(sim, saved: dict[str, Any]):
         sim.download.reference = dict(saved["broadcast_reference"]) or None
         sim.download._round = int(saved["broadcast_round"])
     sim.bytes_up_total, sim.bytes_down_total = (int(b) for b in saved["bytes"])
+    clipper = getattr(dp_mechanism(sim.strategy), "clipper", None)
+    if clipper is not None and saved.get("dp_clipper"):  # the adaptive clip of DP-FedAvg
+        clipper.restore(saved["dp_clipper"])
     div = float(saved["last_divergence"])
     return state, (None if np.isnan(div) else div), int(saved["steps_current"])
 

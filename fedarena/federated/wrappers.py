@@ -71,7 +71,7 @@ class StrategyWrapper:
 class DPFedAvg(StrategyWrapper):
     """DP-FedAvg (McMahan et al. 2018) around a FedAvg-family strategy: Poisson client sampling with rate
     ``q``, server-side clipping, Gaussian noise on the sum, fixed denominator ``q N``; the inner strategy's
-    server optimizer applies the noisy mean. ``epsilon(rounds)`` comes from the RDP accountant."""
+    server optimizer applies the noisy mean. ``epsilon(rounds)`` comes from the configured accountant (RDP or PLD)."""
 
     inner: Any
     mechanism: Any  # fedarena.privacy.dp_fedavg.DPFedAvgMechanism

@@ -1,5 +1,7 @@
 """Experiment kind ``dpsgd_digits``: DP-SGD (Abadi et al. 2016) on scikit-learn's digits with an engine MLP,
-an RDP accountant (Mironov, Talwar, Zhang 2019) and a budget monitor that stops training at the epsilon budget.
+an RDP accountant (Mironov, Talwar, Zhang 2019) or a privacy-loss-distribution accountant
+(:mod:`fedarena.privacy.pld`, ``accountant: pld``), and a budget monitor that stops training at the epsilon
+budget by the chosen accountant. The summary reports the epsilon of both accountants after the last step.
 
 Every step logs the epsilon spent so far (at the configured delta); every ``eval_every`` steps the accuracy on
 the held-out test split. Nothing computed on the training data (batch loss, Poisson batch size, clipped fraction,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -21,14 +24,18 @@ from fedarena import engine
 from fedarena.engine import nn, ops, optim
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.platform.loop import run_loop
+from fedarena.privacy.accountant import RDPAccountant
 from fedarena.privacy.budget import BudgetMonitor, noise_multiplier_for_budget
 from fedarena.privacy.dpsgd import DPSGD, DPSGDConfig, SecureRandom, poisson_batch
+from fedarena.privacy.pld import PLDAccountant
 
 
 @dataclass(frozen=True)
 class DPSGDDigitsConfig(ExperimentConfig):
     epsilon_budget: float = param(8.0, "privacy budget epsilon; training stops before exceeding it")
     delta: float = param(1e-5, "delta of the (epsilon, delta) guarantee")
+    accountant: Literal["rdp", "pld"] = param("rdp", "accountant of the budget: RDP or the tighter privacy loss "
+                                                     "distribution (the summary reports both epsilons)")
     batch_size: int = param(64, "expected Poisson batch size (sampling rate = batch_size / training-set size)")
     epochs: float = param(15.0, "planned epochs; with noise_multiplier = 0 the noise is calibrated to spend the "
                                 "budget over this many epochs")
@@ -75,8 +82,8 @@ class _DPSGDSteps:
         if not 0 < q <= 1:
             raise ValueError(f"batch_size: {cfg.batch_size} exceeds the training-set size {n}")
         planned = int(round(cfg.epochs / q))
-        self.sigma = sigma = cfg.noise_multiplier or noise_multiplier_for_budget(cfg.epsilon_budget, cfg.delta, q,
-                                                                                 planned)
+        self.sigma = sigma = cfg.noise_multiplier or noise_multiplier_for_budget(
+            cfg.epsilon_budget, cfg.delta, q, planned, accountant=cfg.accountant)
         mlp = nn.MLP([64, *[int(h) for h in cfg.hidden], 10], activation="tanh")
 
         def loss_fn(params, x, y):
@@ -88,7 +95,7 @@ class _DPSGDSteps:
         opt = optim.sgd(cfg.lr, momentum=cfg.momentum)
         self.update = engine.jit(lambda g, s, p: opt.update(g, s, p))
         self.logits = engine.jit(lambda p, x: mlp.apply(p, x))
-        self.monitor = BudgetMonitor(cfg.epsilon_budget, cfg.delta, sigma, q)
+        self.monitor = BudgetMonitor(cfg.epsilon_budget, cfg.delta, sigma, q, accountant=cfg.accountant)
         self.params = mlp.init(cfg.seed)
         self.opt_state = opt.init(self.params)
         self.desc, self.total = "dp-sgd", self.monitor.max_steps()
@@ -134,11 +141,18 @@ class _DPSGDSteps:
 
     def summary(self) -> dict:
         cfg, monitor = self.cfg, self.monitor
-        return {"test_accuracy": self.accuracy(), "epsilon": monitor.epsilon, "delta": cfg.delta,
+        both = {}
+        for kind in ("rdp", "pld"):  # both accountants' epsilon after the steps taken
+            acc = RDPAccountant() if kind == "rdp" else PLDAccountant()
+            if monitor.steps:
+                acc.step(self.sigma, self.q, monitor.steps)
+            both[f"epsilon_{kind}"] = acc.epsilon(cfg.delta)
+        return {"test_accuracy": self.accuracy(), "epsilon": monitor.epsilon, **both, "delta": cfg.delta,
                 "steps": monitor.steps, "noise_multiplier": self.sigma, "sample_rate": self.q,
                 "epochs": monitor.steps * self.q, "stopped_by_budget": not monitor.can_step(),
                 "insecure_seeded_noise": cfg.insecure_seeded_noise,
-                "privacy": "void: seeded noise" if cfg.insecure_seeded_noise else "(epsilon, delta)-DP, RDP accountant"}
+                "privacy": ("void: seeded noise" if cfg.insecure_seeded_noise
+                            else f"(epsilon, delta)-DP, {cfg.accountant.upper()} accountant")}
 
 
 def plots(rows, cfg, report_dir) -> list[str]:
@@ -169,4 +183,4 @@ def plots(rows, cfg, report_dir) -> list[str]:
 
 
 EXPERIMENT = Experiment(config=DPSGDDigitsConfig, run=run, plots=plots,
-                        summary_keys=("test_accuracy", "epsilon", "steps"))
+                        summary_keys=("test_accuracy", "epsilon", "epsilon_rdp", "epsilon_pld", "steps"))

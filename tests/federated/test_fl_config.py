@@ -156,7 +156,9 @@ def test_every_old_flat_key_has_exactly_one_new_path(schema, moved, count):
     # and every field of the sections is the new home of one old key, or one of the fields added since
     zoo = {"model.widths", "model.embed_dim", "model.units", "model.num_layers", "model.num_heads", "model.norm_groups"}
     added = {FedSimConfig: {"execution.threads", "execution.max_stacked_clients", "execution.ray_workers",
-                            "execution.ray_chunk"} | zoo}.get(schema, set())
+                            "execution.ray_chunk", "privacy.dp.accountant", "privacy.dp.adaptive_clip",
+                            "privacy.dp.target_quantile", "privacy.dp.clip_learning_rate",
+                            "privacy.dp.clip_count_stddev"} | zoo}.get(schema, set())
     added |= zoo & kind_fields
     assert len(moved) == count - 1 and len(set(moved.values())) == len(moved)
     assert set(moved.values()) | {"rounds"} | added == kind_fields
