@@ -8,7 +8,10 @@ larger games (chess, oshi_zumo, 3-player Leduc) run on :class:`~fedarena.marl.mc
 walks the game one sample at a time, logs histories touched and time, skips the exploitability (no exact
 best response exists at that size) and exports the information states it met (``complete: false`` in the file).
 ``lazy: true`` forces the lazy walk on a small game too; there the states it never met play uniformly in the
-exploitability and the export.
+exploitability and the export. The lazy walk is bounded: external sampling is refused before the run (config
+error, exit status 2) where Knuth's estimate of one iteration is above ``max_traversal_nodes`` (chess, oshi_zumo:
+use outcome sampling), and a run stops with a one-line error when an iteration touches more histories than that or
+the tables reach ``max_infostates`` information states (the rows logged so far stay; no policy is exported).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from fedarena.envs.efg import TreeTooLargeError, check_tree_size
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.game_experiments import _check_common, _SolverSteps
 from fedarena.marl.game_tree import game_tree
-from fedarena.marl.mccfr import LazyMCCFRSolver, MCCFROptions, MCCFRSolver
+from fedarena.marl.mccfr import (DEFAULT_MAX_INFOSTATES, DEFAULT_MAX_TRAVERSAL_NODES, LazyMCCFRSolver,
+                                 LazyWalkLimitError, MCCFROptions, MCCFRSolver, check_external_traversal)
 from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
-from fedarena.platform.errors import RunError
+from fedarena.platform.errors import ConfigError, RunError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.platform.loop import run_loop
 
@@ -46,12 +50,20 @@ class MCCFRConfig(ExperimentConfig):
                               "null: only when the tree is above max_tree_nodes")
     max_tree_nodes: int | None = param(None, "histories the compiled tree may have (null: "
                                        "$FEDARENA_MAX_TREE_NODES or 1,000,000)")
+    max_traversal_nodes: int = param(DEFAULT_MAX_TRAVERSAL_NODES, "lazy walk: histories one iteration may touch; "
+                                     "external sampling is refused before the run when Knuth's estimate of one "
+                                     "iteration is above it, and any iteration stops the run when it touches more")
+    max_infostates: int = param(DEFAULT_MAX_INFOSTATES, "lazy walk: information states it may store (about 330 "
+                                "bytes each plus the key string); more stops the run with an error")
     eval_every: int = param(10, "compute the exact exploitability of the average policy every this many iterations")
 
     def __post_init__(self) -> None:
         _check_common(self)  # game, iterations, eval_every: as the exact solvers' kinds check them
         if self.max_tree_nodes is not None and self.max_tree_nodes < 1:
             raise ValueError(f"max_tree_nodes: must be at least 1 or null, got {self.max_tree_nodes}")
+        for name in ("max_traversal_nodes", "max_infostates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be at least 1, got {getattr(self, name)}")
         self.options()   # validates sampling, averaging, discount, exploration, batch
 
     def options(self, lazy: bool = False) -> MCCFROptions:
@@ -83,7 +95,13 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
     exact = _fits(game, cfg.max_tree_nodes)        # exact exploitability only where the tree fits
     lazy = (not exact) if cfg.lazy is None else cfg.lazy
     if lazy:
-        solver: Any = LazyMCCFRSolver(game, cfg.options(lazy=True), seed=cfg.seed)
+        if cfg.sampling == "external":
+            try:
+                check_external_traversal(game, cfg.max_traversal_nodes)
+            except LazyWalkLimitError as e:
+                raise ConfigError(str(e)) from None
+        solver: Any = LazyMCCFRSolver(game, cfg.options(lazy=True), seed=cfg.seed,
+                                      max_traversal_nodes=cfg.max_traversal_nodes, max_infostates=cfg.max_infostates)
     else:
         solver = MCCFRSolver(game, cfg.options(), seed=cfg.seed, max_tree_nodes=cfg.max_tree_nodes)
     steps = _MCCFRSteps(run, cfg, game, solver, exact)
@@ -108,7 +126,7 @@ class _MCCFRSteps(_SolverSteps):
         if self.exact:
             row["exploitability"] = exploitability(self.game, _average(self.solver, self.game, self.exact))
         else:
-            row["information_states"] = len(self.solver.regrets)
+            row["information_states"] = self.solver.num_infostates
         return row
 
     def summary(self) -> dict[str, Any]:
@@ -135,7 +153,10 @@ def _run_lazy(run: Any, steps: _MCCFRSteps) -> dict[str, Any]:
     with run.progress(total=steps.total, initial=0, desc=steps.desc) as bar:
         while not steps.done():
             it = steps.it + 1
-            steps.step(it)
+            try:
+                steps.step(it)
+            except LazyWalkLimitError as e:
+                raise RunError(str(e)) from None
             if it % steps.cfg.eval_every == 0 or it == 1 or steps.done():
                 run.log(it, **steps.evaluate(it))
             bar.update(1)
