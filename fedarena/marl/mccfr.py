@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -298,10 +298,10 @@ DEFAULT_MAX_TRAVERSAL_NODES = 1_000_000
 """Histories one iteration of :class:`LazyMCCFRSolver` may touch (all players' walks together). The lazy walk
 touches roughly 10^4 - 10^5 histories a second, so the default caps an iteration at minutes, not hours."""
 
-DEFAULT_MAX_INFOSTATES = 2_000_000
-"""Information states :class:`LazyMCCFRSolver` may store. Its tables cost about 330 bytes per information state
-plus the key string (measured: see ``LazyMCCFRSolver``), so the default keeps them near 1 GB or below on games
-with short information-state strings; lower it for games with long ones."""
+DEFAULT_MAX_INFOSTATES = 500_000
+"""Information states :class:`LazyMCCFRSolver` may store. Measured with ``tracemalloc`` (bytes of the tables per
+information state, key string included): 531 on 3-player Leduc, 623 on oshi_zumo, 2,059 on chess (its keys are
+the move history), so the default keeps the tables near 1 GB at most on those games."""
 
 
 class LazyWalkLimitError(RuntimeError):
@@ -368,9 +368,9 @@ class LazyMCCFRSolver:
     The walks are loops over an explicit stack (a game of thousands of moves does not reach Python's recursion
     limit); chance and the other players' moves are applied to one state in place, only the updating player's
     histories are copied under external sampling. Each information state keeps ``(regrets, average numerator)``
-    as one ``(2, n)`` array over its ``n`` legal actions and the legal actions themselves (about 330 bytes plus
-    the key string, measured with ``tracemalloc`` on Leduc, oshi_zumo and chess), not rows over the game's
-    ``num_distinct_actions`` (4674 in chess). Two bounds keep a run finite: ``max_traversal_nodes`` histories per
+    as one ``(2, n)`` array over its ``n`` legal actions and the legal actions themselves (see
+    :data:`DEFAULT_MAX_INFOSTATES` for the measured bytes), not rows over the game's ``num_distinct_actions``
+    (4674 in chess). Two bounds keep a run finite: ``max_traversal_nodes`` histories per
     iteration and ``max_infostates`` information states stored; either raises :class:`LazyWalkLimitError`."""
 
     def __init__(self, game: Game, options: MCCFROptions = MCCFROptions(), seed: int = 0,
@@ -537,14 +537,17 @@ class LazyMCCFRSolver:
             self.iteration()
         return self
 
-    def average_policy_dict(self) -> dict[str, np.ndarray]:
-        """Information-state string -> average probabilities over the game's actions (the states met)."""
-        out = {}
+    def average_policy_rows(self) -> Iterator[tuple[str, np.ndarray]]:
+        """``(information-state string, average probabilities over the game's actions)`` for the states met, one
+        row at a time (a row of chess has 4674 entries)."""
         A = self.game.num_distinct_actions
         for key, table in self.tables.items():
             legal, s = self.legal[key], table[1]
             row = np.zeros(A)
             total = s.sum()
             row[legal] = s / total if total > 0 else 1.0 / len(legal)
-            out[key] = row
-        return out
+            yield key, row
+
+    def average_policy_dict(self) -> dict[str, np.ndarray]:
+        """Information-state string -> average probabilities over the game's actions (the states met)."""
+        return dict(self.average_policy_rows())

@@ -16,6 +16,7 @@ the tables reach ``max_infostates`` information states (the rows logged so far s
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from fedarena.marl.game_experiments import _check_common, _SolverSteps
 from fedarena.marl.game_tree import game_tree
 from fedarena.marl.mccfr import (DEFAULT_MAX_INFOSTATES, DEFAULT_MAX_TRAVERSAL_NODES, LazyMCCFRSolver,
                                  LazyWalkLimitError, MCCFROptions, MCCFRSolver, check_external_traversal)
-from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
+from fedarena.marl.policy_export import FORMAT, POLICY_FILE, evaluate_exported, export_policy
 from fedarena.platform.errors import ConfigError, RunError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.platform.loop import run_loop
@@ -53,8 +54,8 @@ class MCCFRConfig(ExperimentConfig):
     max_traversal_nodes: int = param(DEFAULT_MAX_TRAVERSAL_NODES, "lazy walk: histories one iteration may touch; "
                                      "external sampling is refused before the run when Knuth's estimate of one "
                                      "iteration is above it, and any iteration stops the run when it touches more")
-    max_infostates: int = param(DEFAULT_MAX_INFOSTATES, "lazy walk: information states it may store (about 330 "
-                                "bytes each plus the key string); more stops the run with an error")
+    max_infostates: int = param(DEFAULT_MAX_INFOSTATES, "lazy walk: information states it may store (measured: "
+                                "531 bytes each on 3-player Leduc, 2,059 on chess); more stops the run with an error")
     eval_every: int = param(10, "compute the exact exploitability of the average policy every this many iterations")
 
     def __post_init__(self) -> None:
@@ -106,9 +107,35 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
         solver = MCCFRSolver(game, cfg.options(), seed=cfg.seed, max_tree_nodes=cfg.max_tree_nodes)
     steps = _MCCFRSteps(run, cfg, game, solver, exact)
     summary = _run_lazy(run, steps) if lazy else run_loop(run, steps, eval_every=cfg.eval_every, eval_first=True)
-    export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), algorithm=steps.name,
-                  iterations=steps.it, batch=1 if lazy else cfg.batch, averaging=cfg.averaging, complete=exact)
+    meta = dict(algorithm=steps.name, iterations=steps.it, batch=1 if lazy else cfg.batch, averaging=cfg.averaging,
+                complete=exact)
+    if exact:
+        export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), **meta)
+        return summary
+    entries = solver.num_infostates * game.num_distinct_actions
+    if entries > MAX_EXPORT_ENTRIES:
+        summary["policy"] = (f"not exported: {solver.num_infostates:,} information states x "
+                             f"{game.num_distinct_actions:,} actions, above {MAX_EXPORT_ENTRIES:,} entries")
+        run.logger.warning("policy.json %s", summary["policy"])
+        return summary
+    _stream_policy(run.dir / POLICY_FILE, cfg.game, solver, meta)
     return summary
+
+
+MAX_EXPORT_ENTRIES = 20_000_000
+"""Probabilities (information states x the game's actions) a lazy run may write to ``policy.json`` (about 100 MB
+of JSON); the format stores every action of every state, so chess passes it within a few iterations."""
+
+
+def _stream_policy(path: Any, game: str, solver: LazyMCCFRSolver, meta: dict[str, Any]) -> None:
+    """Write the lazy walk's average policy in :func:`~fedarena.marl.policy_export.export_policy`'s format one row at
+    a time, so the file never sits in memory whole."""
+    head = json.dumps({"format": FORMAT, "game": game, "num_actions": solver.game.num_distinct_actions, **meta})
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head[:-1] + ', "policy": {')
+        for k, (key, row) in enumerate(solver.average_policy_rows()):
+            f.write((", " if k else "") + json.dumps(str(key)) + ": " + json.dumps([float(x) for x in row]))
+        f.write("}}")
 
 
 class _MCCFRSteps(_SolverSteps):
