@@ -26,9 +26,13 @@ Two walks of the same algorithms:
   ``max_tree_nodes``): one iteration draws ``batch`` independent samples per player with the same policy and
   sums their regret and average updates (``batch=1`` is the textbook one-sample iteration); the samples are
   walked together as per-history counts split by multinomial draws, one depth level at a time (see the class).
-- :class:`LazyMCCFRSolver` walks :class:`~fedarena.envs.efg.State` objects one sample at a time with
-  dictionaries keyed by information-state strings, so it runs on games whose trees are too large to compile
-  (chess, oshi_zumo, 3-player Leduc); only the information states it meets take memory.
+- :class:`LazyMCCFRSolver` walks :class:`~fedarena.envs.efg.State` objects one sample at a time with a
+  dictionary keyed by information-state strings, so it runs on games whose trees are too large to compile
+  (chess, oshi_zumo, 3-player Leduc); only the information states it meets take memory. Its walks use an
+  explicit stack, and two bounds keep it finite: histories per iteration (external sampling explores every action
+  of the updating player, so one iteration of chess or oshi_zumo is astronomically large;
+  :func:`check_external_traversal` refuses such games beforehand from Knuth's estimate) and information states
+  stored.
 
 Both count the histories they touch (``nodes_touched``), the cost measure of Lanctot et al. (2009).
 """
