@@ -541,6 +541,46 @@ class LazyMCCFRSolver:
             self.iteration()
         return self
 
+    def state_dict(self) -> dict:
+        """The tables packed into flat arrays (the checkpoint form: arrays and JSON scalars): ``keys`` the UTF-8
+        bytes of the information-state strings cut at ``key_ends``, ``legal`` and ``tables`` (regrets, then the
+        average numerator) over each state's legal actions cut at ``legal_ends``."""
+        keys = [k.encode("utf-8") for k in self.tables]
+        legal = list(self.legal.values())
+        return {"keys": np.frombuffer(b"".join(keys), dtype=np.uint8).copy(),
+                "key_ends": np.cumsum([len(k) for k in keys], dtype=np.int64),
+                "legal": np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64),
+                "legal_ends": np.cumsum([len(a) for a in legal], dtype=np.int64),
+                "tables": np.concatenate([t for t in self.tables.values()], axis=1) if legal else np.zeros((2, 0)),
+                "iterations": int(self.iterations), "nodes_touched": int(self.nodes_touched),
+                "underflows": int(self.underflows), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s form; inconsistent arrays raise a one-line ``ValueError`` naming the field."""
+        raw = np.asarray(state["keys"], dtype=np.uint8).tobytes()
+        key_ends, legal_ends = (np.asarray(state[f], dtype=np.int64) for f in ("key_ends", "legal_ends"))
+        legal, tables = np.asarray(state["legal"], dtype=np.int64), np.asarray(state["tables"], dtype=np.float64)
+        if len(key_ends) != len(legal_ends) or (len(key_ends) and key_ends[-1] != len(raw)):
+            raise ValueError("checkpoint field 'key_ends': does not match 'keys' and 'legal_ends'")
+        if tables.shape != (2, len(legal)) or (len(legal_ends) and legal_ends[-1] != len(legal)):
+            raise ValueError(f"checkpoint field 'tables': expected shape (2, {len(legal)}), got {tables.shape}")
+        if len(legal) and (legal.min() < 0 or legal.max() >= self.game.num_distinct_actions):
+            raise ValueError("checkpoint field 'legal': actions outside the game's")
+        if len(key_ends) > self.max_infostates:
+            raise ValueError(f"checkpoint: {len(key_ends):,} information states, above max_infostates="
+                             f"{self.max_infostates:,}")
+        self.tables, self.legal = {}, {}
+        k0 = a0 = 0
+        for k1, a1 in zip(key_ends.tolist(), legal_ends.tolist()):
+            key = raw[k0:k1].decode("utf-8")
+            self.tables[key] = tables[:, a0:a1].copy()
+            self.legal[key] = legal[a0:a1].copy()
+            k0, a0 = k1, a1
+        self.iterations = int(state["iterations"])
+        self.nodes_touched = int(state["nodes_touched"])
+        self.underflows = int(state["underflows"])
+        self.rng.bit_generator.state = state["rng"]
+
     def average_policy_rows(self) -> Iterator[tuple[str, np.ndarray]]:
         """``(information-state string, average probabilities over the game's actions)`` for the states met, one
         row at a time (a row of chess has 4674 entries)."""

@@ -11,7 +11,8 @@ best response exists at that size) and exports the information states it met (``
 exploitability and the export. The lazy walk is bounded: external sampling is refused before the run (config
 error, exit status 2) where Knuth's estimate of one iteration is above ``max_traversal_nodes`` (chess, oshi_zumo:
 use outcome sampling), and a run stops with a one-line error when an iteration touches more histories than that or
-the tables reach ``max_infostates`` information states (the rows logged so far stay; no policy is exported).
+the tables reach ``max_infostates`` information states (the rows logged so far and the last checkpoint stay; no
+policy is exported). Both walks checkpoint and resume (the lazy one packs its tables into flat arrays).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
     else:
         solver = MCCFRSolver(game, cfg.options(), seed=cfg.seed, max_tree_nodes=cfg.max_tree_nodes)
     steps = _MCCFRSteps(run, cfg, game, solver, exact)
-    summary = _run_lazy(run, steps) if lazy else run_loop(run, steps, eval_every=cfg.eval_every, eval_first=True)
+    summary = run_loop(run, steps, eval_every=cfg.eval_every, eval_first=True)
     meta = dict(algorithm=steps.name, iterations=steps.it, batch=1 if lazy else cfg.batch, averaging=cfg.averaging,
                 complete=exact)
     if exact:
@@ -148,6 +149,12 @@ class _MCCFRSteps(_SolverSteps):
         self.exact, self.lazy = exact, isinstance(solver, LazyMCCFRSolver)
         self.desc = f"mccfr {cfg.game}"
 
+    def step(self, step: int) -> dict[str, float]:
+        try:
+            return super().step(step)
+        except LazyWalkLimitError as e:   # the tables of this iteration are partial: the last checkpoint stays
+            raise RunError(str(e)) from None
+
     def evaluate(self, step: int) -> dict[str, float]:
         row = {"solver_time": self.solver_time, "nodes_touched": self.solver.nodes_touched}
         if self.exact:
@@ -170,24 +177,6 @@ class _MCCFRSteps(_SolverSteps):
                                 "first_below_0.05/nodes_touched": below[0]["nodes_touched"],
                                 "first_below_0.05/solver_seconds": below[0]["solver_time"]})
         return summary
-
-
-def _run_lazy(run: Any, steps: _MCCFRSteps) -> dict[str, Any]:
-    """The lazy walk keeps no checkpoints (its dictionaries of regrets have no checkpoint form), so it runs its
-    steps outside :func:`~fedarena.platform.loop.run_loop`, on the same evaluation cadence, and refuses ``--resume``."""
-    if run.restore() is not None:
-        raise RunError("--resume: the lazy MCCFR walk keeps no checkpoints; start the run again")
-    with run.progress(total=steps.total, initial=0, desc=steps.desc) as bar:
-        while not steps.done():
-            it = steps.it + 1
-            try:
-                steps.step(it)
-            except LazyWalkLimitError as e:
-                raise RunError(str(e)) from None
-            if it % steps.cfg.eval_every == 0 or it == 1 or steps.done():
-                run.log(it, **steps.evaluate(it))
-            bar.update(1)
-    return steps.summary()
 
 
 def plots_mccfr(rows, cfg: MCCFRConfig, report_dir: str) -> list[str]:

@@ -1,7 +1,7 @@
 """The lazy MCCFR walk's bounds: independent of Python's recursion limit on long games (chess, oshi_zumo at their
 default parameters), Knuth's estimate of one external-sampling iteration against the exact expected size counted
 by brute force, the refusal of external sampling where that estimate is too large, the per-iteration node budget,
-the cap on stored information states and the row-by-row policy export."""
+the cap on stored information states, checkpoint and resume, and the row-by-row policy export."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_infostate_cap_stops_the_run_in_one_line_and_keeps_the_logged_rows(tmp_p
         s.run(1000)
     assert s.num_infostates == 40
     cfg = {"kind": "mccfr", "game": "leduc_poker", "lazy": True, "sampling": "outcome", "iterations": 1000,
-           "eval_every": 1, "max_infostates": 40}
+           "eval_every": 1, "max_infostates": 40, "checkpoint": {"every": 1}}
     with pytest.raises(RunError, match="max_infostates=40"):
         execute(cfg, out=tmp_path / "run", quiet=True, report=False)
     rows = read_metrics(tmp_path / "run")
@@ -133,6 +133,36 @@ def test_infostate_cap_stops_the_run_in_one_line_and_keeps_the_logged_rows(tmp_p
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["state"] == "failed" and "max_infostates=40" in status["error"]
     assert "\n" not in status["error"]
+    assert status["last_checkpoint_step"] == status["last_step"] == rows[-1]["step"]   # the last whole iteration
+
+
+def test_lazy_run_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path):
+    from fedarena.marl.policy_export import load_policy
+    from fedarena.platform.runs import execute, read_metrics
+
+    cfg = {"kind": "mccfr", "game": "oshi_zumo", "sampling": "outcome", "iterations": 8, "eval_every": 2,
+           "checkpoint": {"every": 3}}
+    straight = execute(cfg, out=tmp_path / "b", quiet=True, report=False)
+    execute({**cfg, "iterations": 6}, out=tmp_path / "a", quiet=True, report=False)
+    resumed = execute(resume=tmp_path / "a", overrides=["iterations=8"], quiet=True, report=False)
+    def strip(d):
+        return [{k: v for k, v in r.items() if k not in ("wall_time", "solver_time")} for r in read_metrics(d)]
+
+    assert strip(tmp_path / "a") == strip(tmp_path / "b")
+    assert [r["step"] for r in strip(tmp_path / "a")] == [1, 2, 4, 6, 8]
+    assert resumed["nodes_touched"] == straight["nodes_touched"] and resumed["iterations"] == 8
+    a, b = load_policy(tmp_path / "a" / "policy.json"), load_policy(tmp_path / "b" / "policy.json")
+    assert a.policy.keys() == b.policy.keys()
+    for key in a.policy:
+        np.testing.assert_array_equal(a.policy[key], b.policy[key])
+    s = LazyMCCFRSolver(load_game("kuhn_poker"), seed=0).run(3)
+    t = LazyMCCFRSolver(load_game("kuhn_poker"), seed=0)
+    t.load_state_dict(s.state_dict())
+    s.run(2), t.run(2)
+    assert s.tables.keys() == t.tables.keys() and all((s.tables[k] == t.tables[k]).all() for k in s.tables)
+    bad = {**s.state_dict(), "tables": np.zeros((2, 1))}
+    with pytest.raises(ValueError, match="tables"):
+        t.load_state_dict(bad)
 
 
 def test_lazy_export_is_the_policy_files_format_and_bounded(tmp_path, monkeypatch):
