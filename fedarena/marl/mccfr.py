@@ -302,10 +302,11 @@ DEFAULT_MAX_TRAVERSAL_NODES = 1_000_000
 """Histories one iteration of :class:`LazyMCCFRSolver` may touch (all players' walks together). The lazy walk
 touches roughly 10^4 - 10^5 histories a second, so the default caps an iteration at minutes, not hours."""
 
-DEFAULT_MAX_INFOSTATES = 500_000
+DEFAULT_MAX_INFOSTATES = 200_000
 """Information states :class:`LazyMCCFRSolver` may store. Measured with ``tracemalloc`` (bytes of the tables per
 information state, key string included): 531 on 3-player Leduc, 623 on oshi_zumo, 2,059 on chess (its keys are
-the move history), so the default keeps the tables near 1 GB at most on those games."""
+the move history). A checkpoint (:meth:`LazyMCCFRSolver.state_dict`) briefly needs about as much again, so the
+default keeps a chess run, the worst of these, near 1 GB at its peak."""
 
 
 class LazyWalkLimitError(RuntimeError):
@@ -545,10 +546,10 @@ class LazyMCCFRSolver:
         """The tables packed into flat arrays (the checkpoint form: arrays and JSON scalars): ``keys`` the UTF-8
         bytes of the information-state strings cut at ``key_ends``, ``legal`` and ``tables`` (regrets, then the
         average numerator) over each state's legal actions cut at ``legal_ends``."""
-        keys = [k.encode("utf-8") for k in self.tables]
+        raw = "".join(self.tables).encode("utf-8")     # one copy of the keys (chess: most of the bytes)
         legal = list(self.legal.values())
-        return {"keys": np.frombuffer(b"".join(keys), dtype=np.uint8).copy(),
-                "key_ends": np.cumsum([len(k) for k in keys], dtype=np.int64),
+        return {"keys": np.frombuffer(raw, dtype=np.uint8),
+                "key_ends": np.cumsum([len(k.encode("utf-8")) for k in self.tables], dtype=np.int64),
                 "legal": np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64),
                 "legal_ends": np.cumsum([len(a) for a in legal], dtype=np.int64),
                 "tables": np.concatenate([t for t in self.tables.values()], axis=1) if legal else np.zeros((2, 0)),
