@@ -18,7 +18,6 @@ policy is exported). Both walks checkpoint and resume (the lazy one packs its ta
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
