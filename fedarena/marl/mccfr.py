@@ -300,7 +300,8 @@ class MCCFRSolver:
 
 DEFAULT_MAX_TRAVERSAL_NODES = 1_000_000
 """Histories one iteration of :class:`LazyMCCFRSolver` may touch (all players' walks together). The lazy walk
-touches roughly 10^4 - 10^5 histories a second, so the default caps an iteration at minutes, not hours."""
+touched 1.1e4 (chess) to 3.1e4 (3-player Leduc) histories a second on a loaded 2-core machine, so the default caps
+an iteration at a minute or two, not hours."""
 
 DEFAULT_MAX_INFOSTATES = 200_000
 """Information states :class:`LazyMCCFRSolver` may store. Measured with ``tracemalloc`` (bytes of the tables per
