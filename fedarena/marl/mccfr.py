@@ -303,11 +303,12 @@ DEFAULT_MAX_TRAVERSAL_NODES = 1_000_000
 touched 1.1e4 (chess) to 3.1e4 (3-player Leduc) histories a second on a loaded 2-core machine, so the default caps
 an iteration at a minute or two, not hours."""
 
-DEFAULT_MAX_INFOSTATES = 200_000
+DEFAULT_MAX_INFOSTATES = 150_000
 """Information states :class:`LazyMCCFRSolver` may store. Measured with ``tracemalloc`` (bytes of the tables per
 information state, key string included): 531 on 3-player Leduc, 623 on oshi_zumo, 2,059 on chess (its keys are
-the move history). A checkpoint (:meth:`LazyMCCFRSolver.state_dict`) briefly needs about as much again, so the
-default keeps a chess run, the worst of these, near 1 GB at its peak."""
+the move history). Writing or reading a checkpoint (:meth:`LazyMCCFRSolver.state_dict`) costs several times the
+tables (chess, 135,000 information states: peak resident memory 1.01 GB writing it, 1.22 GB resuming from it), so
+the default keeps a chess run, the worst of these, near 1.2 GB at its peak."""
 
 
 class LazyWalkLimitError(RuntimeError):

@@ -55,8 +55,8 @@ class MCCFRConfig(ExperimentConfig):
                                      "external sampling is refused before the run when Knuth's estimate of one "
                                      "iteration is above it, and any iteration stops the run when it touches more")
     max_infostates: int = param(DEFAULT_MAX_INFOSTATES, "lazy walk: information states it may store (measured: "
-                                "531 bytes each on 3-player Leduc, 2,059 on chess, about as much again while a "
-                                "checkpoint is written); more stops the run with an error")
+                                "531 bytes each on 3-player Leduc, 2,059 on chess, several times that while a "
+                                "checkpoint is written or read); more stops the run with an error")
     eval_every: int = param(10, "compute the exact exploitability of the average policy every this many iterations")
 
     def __post_init__(self) -> None:
