@@ -26,9 +26,13 @@ Two walks of the same algorithms:
   ``max_tree_nodes``): one iteration draws ``batch`` independent samples per player with the same policy and
   sums their regret and average updates (``batch=1`` is the textbook one-sample iteration); the samples are
   walked together as per-history counts split by multinomial draws, one depth level at a time (see the class).
-- :class:`LazyMCCFRSolver` walks :class:`~fedarena.envs.efg.State` objects one sample at a time with
-  dictionaries keyed by information-state strings, so it runs on games whose trees are too large to compile
-  (chess, oshi_zumo, 3-player Leduc); only the information states it meets take memory.
+- :class:`LazyMCCFRSolver` walks :class:`~fedarena.envs.efg.State` objects one sample at a time with a
+  dictionary keyed by information-state strings, so it runs on games whose trees are too large to compile
+  (chess, oshi_zumo, 3-player Leduc); only the information states it meets take memory. Its walks use an
+  explicit stack, and two bounds keep it finite: histories per iteration (external sampling explores every action
+  of the updating player, so one iteration of chess or oshi_zumo is astronomically large;
+  :func:`check_external_traversal` refuses such games beforehand from Knuth's estimate) and information states
+  stored.
 
 Both count the histories they touch (``nodes_touched``), the cost measure of Lanctot et al. (2009).
 """
@@ -37,11 +41,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
-from fedarena.envs.efg import CHANCE, TERMINAL, Game
+from fedarena.envs.efg import CHANCE, TERMINAL, Game, TreeSizeEstimate
 from fedarena.marl.cfr import normalize_average, regret_matching
 from fedarena.marl.game_tree import GameTree, game_tree
 from fedarena.marl.policy import TabularPolicy
@@ -294,118 +298,303 @@ class MCCFRSolver:
         self.rng.bit_generator.state = state["rng"]
 
 
+DEFAULT_MAX_TRAVERSAL_NODES = 1_000_000
+"""Histories one iteration of :class:`LazyMCCFRSolver` may touch (all players' walks together). The lazy walk
+touched 1.1e4 (chess) to 3.1e4 (3-player Leduc) histories a second on a loaded 2-core machine, so the default caps
+an iteration at a minute or two, not hours."""
+
+DEFAULT_MAX_INFOSTATES = 150_000
+"""Information states :class:`LazyMCCFRSolver` may store. Measured with ``tracemalloc`` (bytes of the tables per
+information state, key string included): 531 on 3-player Leduc, 623 on oshi_zumo, 2,059 on chess (its keys are
+the move history). Writing or reading a checkpoint (:meth:`LazyMCCFRSolver.state_dict`) costs several times the
+tables (chess, 135,000 information states: peak resident memory 1.01 GB writing it, 1.22 GB resuming from it), so
+the default keeps a chess run, the worst of these, near 1.2 GB at its peak."""
+
+
+class LazyWalkLimitError(RuntimeError):
+    """The lazy walk refusing or stopping a run: one external-sampling iteration estimated (or found) above its
+    node budget, or more information states than may be stored. One line naming the game, the number, the bound
+    and what to do; a user error (CLI exit status 2)."""
+
+    user_error = True
+
+
+def estimate_external_traversal(game: Game, probes: int = 256, seed: int = 0, stop_above: float | None = None
+                                ) -> TreeSizeEstimate:
+    """Knuth's (1975) estimate of the histories one external-sampling iteration touches (every player's sampled
+    tree, summed). The sampled tree of player ``i`` has one child at chance nodes and at the other players'
+    histories and all children at ``i``'s own, so a random playout (chance by its probabilities, every player
+    uniformly, as the first iteration's policies are) with ``i``'s branching factors ``b_0, b_1, ...`` along it
+    estimates ``1 + b_0 + b_0 b_1 + ...`` (the other players' histories count with branching factor 1); one
+    playout serves every player. With ``stop_above``, stops as soon as the playouts so far prove the mean
+    exceeds it (a lower bound is returned). Costs ``probes`` playouts."""
+    rng = np.random.default_rng(seed)
+    limit = float("inf") if stop_above is None else float(stop_above) * probes
+    total = 0.0
+    for k in range(probes):
+        s = game.new_initial_state()
+        weight = np.ones(game.num_players)
+        est = float(game.num_players)
+        while True:
+            p = s.current_player()
+            if p == TERMINAL:
+                break
+            if p == CHANCE:
+                outcomes = s.chance_outcomes()
+                probs = np.array([q for _, q in outcomes])
+                j = min(int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right")),
+                        len(outcomes) - 1)
+                s._apply(int(outcomes[j][0]))
+            else:
+                legal = s.legal_actions()
+                weight[p] *= len(legal)
+                s._apply(int(legal[int(rng.integers(len(legal)))]))
+            est += float(weight.sum())
+            if total + est > limit:
+                return TreeSizeEstimate((total + est) / probes, k + 1, probes, lower_bound=True)
+        total += est
+    return TreeSizeEstimate(total / probes, probes, probes)
+
+
+def check_external_traversal(game: Game, max_nodes: int = DEFAULT_MAX_TRAVERSAL_NODES) -> TreeSizeEstimate:
+    """Refuse (:class:`LazyWalkLimitError`) external sampling on a game where one iteration is estimated
+    (:func:`estimate_external_traversal`) above ``max_nodes`` histories; returns the estimate."""
+    est = estimate_external_traversal(game, stop_above=max_nodes)
+    if est.histories > max_nodes:
+        raise LazyWalkLimitError(
+            f"game {game.name}: one external-sampling MCCFR iteration walks every action of the updating player, "
+            f"estimated at {est}, above max_traversal_nodes={max_nodes:,}; use sampling: outcome")
+    return est
+
+
 class LazyMCCFRSolver:
     """External- or outcome-sampling MCCFR walking :class:`~fedarena.envs.efg.State` objects, one sample per
-    player per iteration, with regrets and average-policy numerators in dictionaries keyed by
-    information-state strings (rows over the game's ``num_distinct_actions``). Nothing is enumerated, so any
-    game that can be played can be run; memory grows with the information states met."""
+    player per iteration, with its tables in a dictionary keyed by information-state strings. Nothing is
+    enumerated, so any game that can be played can be run; memory grows with the information states met.
 
-    def __init__(self, game: Game, options: MCCFROptions = MCCFROptions(), seed: int = 0) -> None:
+    The walks are loops over an explicit stack (a game of thousands of moves does not reach Python's recursion
+    limit); chance and the other players' moves are applied to one state in place, only the updating player's
+    histories are copied under external sampling. Each information state keeps ``(regrets, average numerator)``
+    as one ``(2, n)`` array over its ``n`` legal actions and the legal actions themselves (see
+    :data:`DEFAULT_MAX_INFOSTATES` for the measured bytes), not rows over the game's ``num_distinct_actions``
+    (4674 in chess). Two bounds keep a run finite: ``max_traversal_nodes`` histories per
+    iteration and ``max_infostates`` information states stored; either raises :class:`LazyWalkLimitError`."""
+
+    def __init__(self, game: Game, options: MCCFROptions = MCCFROptions(), seed: int = 0,
+                 max_traversal_nodes: int = DEFAULT_MAX_TRAVERSAL_NODES,
+                 max_infostates: int = DEFAULT_MAX_INFOSTATES) -> None:
         if options.batch != 1:
             raise ValueError(f"batch: the lazy solver draws one sample per player per iteration, got {options.batch}")
+        for name, value in (("max_traversal_nodes", max_traversal_nodes), ("max_infostates", max_infostates)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive whole number, got {value!r}")
         self.game, self.options = game, options
+        self.max_traversal_nodes, self.max_infostates = max_traversal_nodes, max_infostates
         self.rng = np.random.default_rng(seed)
-        self.regrets: dict[str, np.ndarray] = {}
-        self.cumulative_policy: dict[str, np.ndarray] = {}
-        self.legal: dict[str, np.ndarray] = {}
+        self.tables: dict[str, np.ndarray] = {}      # key -> (2, n): regrets, average-policy numerator
+        self.legal: dict[str, np.ndarray] = {}       # key -> the n legal actions
         self.iterations = 0
         self.nodes_touched = 0
-        self.underflows = 0      # outcome-sampling episodes skipped: their sampling probability underflowed to 0
+        self.underflows = 0      # outcome-sampling episodes whose sampling probability underflowed to 0
+        self._budget = 0
 
-    def _policy(self, key: str, legal: list[int]) -> np.ndarray:
-        if key not in self.regrets:
-            A = self.game.num_distinct_actions
-            self.regrets[key], self.cumulative_policy[key] = np.zeros(A), np.zeros(A)
-            mask = np.zeros(A, dtype=bool)
-            mask[legal] = True
-            self.legal[key] = mask
-        pos = np.where(self.legal[key], np.maximum(self.regrets[key], 0.0), 0.0)
+    @property
+    def num_infostates(self) -> int:
+        return len(self.tables)
+
+    def _table(self, key: str, legal: list[int]) -> np.ndarray:
+        table = self.tables.get(key)
+        if table is None:
+            if len(self.tables) >= self.max_infostates:
+                raise LazyWalkLimitError(
+                    f"game {self.game.name}: the lazy MCCFR walk met more than max_infostates={self.max_infostates:,}"
+                    f" information states (iteration {self.iterations}); raise max_infostates if memory allows")
+            table = self.tables[key] = np.zeros((2, len(legal)))
+            self.legal[key] = np.asarray(legal, dtype=np.int64)
+        return table
+
+    @staticmethod
+    def _regret_matching(regrets: np.ndarray) -> np.ndarray:
+        pos = np.maximum(regrets, 0.0)
         total = pos.sum()
-        return pos / total if total > 0 else self.legal[key] / self.legal[key].sum()
+        return pos / total if total > 0 else np.full(len(regrets), 1.0 / len(regrets))
 
     def _weight(self) -> float:
         return float(self.iterations) if self.options.averaging == "linear" else 1.0
 
     def _sample(self, probs: np.ndarray) -> int:
-        return int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum(), side="right"))
+        k = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum(), side="right"))
+        return min(k, len(probs) - 1)
 
-    def _external(self, state: Any, player: int) -> float:
+    def _touch(self) -> None:
         self.nodes_touched += 1
-        p = state.current_player()
-        if p == TERMINAL:
-            return float(state.returns()[player])
-        if p == CHANCE:
-            outcomes = state.chance_outcomes()
-            k = self._sample(np.array([q for _, q in outcomes]))
-            return self._external(state.child(outcomes[min(k, len(outcomes) - 1)][0]), player)
-        legal = state.legal_actions()
-        key = state.information_state_string(p)
-        sigma = self._policy(key, legal)
-        if p != player:
-            self.cumulative_policy[key] += self._weight() * sigma
-            a = min(self._sample(sigma), len(sigma) - 1)
-            return self._external(state.child(a), player)
-        values = np.zeros(len(sigma))
-        for a in legal:
-            values[a] = self._external(state.child(a), player)
-        v = float(sigma @ values)
-        self.regrets[key][legal] += values[legal] - v
-        return v
+        self._budget -= 1
+        if self._budget < 0:
+            hint = "; use sampling: outcome" if self.options.sampling == "external" else ""
+            raise LazyWalkLimitError(
+                f"game {self.game.name}: one {self.options.sampling}-sampling MCCFR iteration touched more than "
+                f"max_traversal_nodes={self.max_traversal_nodes:,} histories{hint}")
 
-    def _outcome(self, state: Any, player: int, pi_mine: float, q_all: float, q_mine: float
-                 ) -> tuple[float, float]:
-        """Returns ``(W, pi_i(z | h))`` for the sampled terminal ``z``."""
-        self.nodes_touched += 1
-        p = state.current_player()
-        if p == TERMINAL:
-            if q_mine == 0.0 or q_all == 0.0:   # the sampling probability underflowed (games of hundreds of moves)
-                self.underflows += 1
-                return 0.0, 0.0                 # the episode updates nothing
-            return float(state.returns()[player]) / q_mine, 1.0
-        if p == CHANCE:
-            outcomes = state.chance_outcomes()
-            probs = np.array([q for _, q in outcomes])
-            k = min(self._sample(probs), len(outcomes) - 1)
-            return self._outcome(state.child(outcomes[k][0]), player, pi_mine, q_all * probs[k], q_mine)
-        legal = state.legal_actions()
-        key = state.information_state_string(p)
-        sigma = self._policy(key, legal)
-        if p != player:
-            a = min(self._sample(sigma), len(sigma) - 1)
-            return self._outcome(state.child(a), player, pi_mine, q_all * sigma[a], q_mine)
-        eps = self.options.exploration
-        sample = eps * self.legal[key] / self.legal[key].sum() + (1.0 - eps) * sigma
-        a = min(self._sample(sample), len(sample) - 1)
-        W, tail = self._outcome(state.child(a), player, pi_mine * sigma[a], q_all * sample[a], q_mine * sample[a])
-        r = np.where(self.legal[key], -W * tail * sigma[a], 0.0)
-        r[a] += W * tail
-        self.regrets[key] += r
-        if q_all > 0.0:
-            self.cumulative_policy[key] += self._weight() * pi_mine / q_all * sigma
-        return W, tail * sigma[a]
+    def _chance(self, state: Any) -> tuple[int, float]:
+        outcomes = state.chance_outcomes()
+        probs = np.array([q for _, q in outcomes])
+        k = self._sample(probs)
+        return int(outcomes[k][0]), float(probs[k])
+
+    def _external(self, player: int) -> float:
+        """One external-sampling walk for ``player`` (depth first, explicit stack); its root value."""
+        w = self._weight()
+        stack: list[list[Any]] = []      # the updating player's histories: [state, table, sigma, values, next]
+        state = self.game.new_initial_state()
+        while True:
+            while True:                  # down to a terminal or a history of the updating player
+                self._touch()
+                p = state.current_player()
+                if p == TERMINAL:
+                    value = float(state.returns()[player])
+                    break
+                if p == CHANCE:
+                    state._apply(self._chance(state)[0])
+                    continue
+                legal = state.legal_actions()
+                table = self._table(state.information_state_string(p), legal)
+                sigma = self._regret_matching(table[0])
+                if p != player:
+                    table[1] += w * sigma
+                    state._apply(int(legal[self._sample(sigma)]))
+                    continue
+                stack.append([state, table, sigma, np.zeros(len(legal)), 1, legal])
+                state = state.clone() if len(legal) > 1 else state
+                state._apply(int(legal[0]))
+            while stack:                 # up: hand the value to the parent; the next child or the parent's value
+                frame = stack[-1]
+                parent, table, sigma, values, k, legal = frame
+                values[k - 1] = value
+                if k < len(legal):
+                    frame[4] = k + 1
+                    state = parent.clone() if k + 1 < len(legal) else parent   # the last child reuses the parent
+                    state._apply(int(legal[k]))
+                    break
+                stack.pop()
+                value = float(sigma @ values)
+                table[0] += values - value
+            else:
+                return value
+
+    def _outcome(self, player: int) -> None:
+        """One outcome-sampling episode for ``player``: down one sampled path, then the updates back up it."""
+        w, eps = self._weight(), self.options.exploration
+        path: list[tuple[np.ndarray, int, np.ndarray, float, float]] = []   # table, a*, sigma, pi_i(h), q(h)
+        pi_mine = q_all = q_mine = 1.0
+        state = self.game.new_initial_state()
+        while True:
+            self._touch()
+            p = state.current_player()
+            if p == TERMINAL:
+                break
+            if p == CHANCE:
+                outcome, prob = self._chance(state)
+                q_all *= prob
+                state._apply(outcome)
+                continue
+            legal = state.legal_actions()
+            table = self._table(state.information_state_string(p), legal)
+            sigma = self._regret_matching(table[0])
+            if p != player:
+                k = self._sample(sigma)
+                q_all *= sigma[k]
+            else:
+                sample = eps / len(legal) + (1.0 - eps) * sigma
+                k = self._sample(sample)
+                path.append((table, k, sigma, pi_mine, q_all))
+                pi_mine *= sigma[k]
+                q_all *= sample[k]
+                q_mine *= sample[k]
+            state._apply(int(legal[k]))
+        if q_mine == 0.0 or q_all == 0.0:   # the sampling probability underflowed (games of hundreds of moves):
+            self.underflows += 1            # no regret update from this episode
+            W, tail = 0.0, 0.0
+        else:
+            W, tail = float(state.returns()[player]) / q_mine, 1.0
+        for table, k, sigma, pi_h, q_h in reversed(path):
+            table[0] -= W * tail * sigma[k]
+            table[0, k] += W * tail
+            if q_h > 0.0:
+                table[1] += w * pi_h / q_h * sigma
+            tail *= sigma[k]
 
     def iteration(self) -> None:
+        """One iteration: one walk per player in turn (together at most ``max_traversal_nodes`` histories), then
+        discounting if configured."""
         self.iterations += 1
+        self._budget = self.max_traversal_nodes
         for player in range(self.game.num_players):
             if self.options.sampling == "external":
-                self._external(self.game.new_initial_state(), player)
+                self._external(player)
             else:
-                self._outcome(self.game.new_initial_state(), player, 1.0, 1.0, 1.0)
+                self._outcome(player)
         if self.options.discount is not None:
             pos, neg, avg = _discount_factors(self.iterations, self.options.discount)
-            for key, r in self.regrets.items():
-                r *= np.where(r > 0, pos, neg)
-                self.cumulative_policy[key] *= avg
+            for table in self.tables.values():
+                table[0] *= np.where(table[0] > 0, pos, neg)
+                table[1] *= avg
 
     def run(self, iterations: int) -> "LazyMCCFRSolver":
         for _ in range(iterations):
             self.iteration()
         return self
 
+    def state_dict(self) -> dict:
+        """The tables packed into flat arrays (the checkpoint form: arrays and JSON scalars): ``keys`` the UTF-8
+        bytes of the information-state strings cut at ``key_ends``, ``legal`` and ``tables`` (regrets, then the
+        average numerator) over each state's legal actions cut at ``legal_ends``."""
+        raw = "".join(self.tables).encode("utf-8")     # one copy of the keys (chess: most of the bytes)
+        legal = list(self.legal.values())
+        return {"keys": np.frombuffer(raw, dtype=np.uint8),
+                "key_ends": np.cumsum([len(k.encode("utf-8")) for k in self.tables], dtype=np.int64),
+                "legal": np.concatenate(legal) if legal else np.zeros(0, dtype=np.int64),
+                "legal_ends": np.cumsum([len(a) for a in legal], dtype=np.int64),
+                "tables": np.concatenate([t for t in self.tables.values()], axis=1) if legal else np.zeros((2, 0)),
+                "iterations": int(self.iterations), "nodes_touched": int(self.nodes_touched),
+                "underflows": int(self.underflows), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s form; inconsistent arrays raise a one-line ``ValueError`` naming the field."""
+        raw = np.asarray(state["keys"], dtype=np.uint8).tobytes()
+        key_ends, legal_ends = (np.asarray(state[f], dtype=np.int64) for f in ("key_ends", "legal_ends"))
+        legal, tables = np.asarray(state["legal"], dtype=np.int64), np.asarray(state["tables"], dtype=np.float64)
+        if len(key_ends) != len(legal_ends) or (len(key_ends) and key_ends[-1] != len(raw)):
+            raise ValueError("checkpoint field 'key_ends': does not match 'keys' and 'legal_ends'")
+        if tables.shape != (2, len(legal)) or (len(legal_ends) and legal_ends[-1] != len(legal)):
+            raise ValueError(f"checkpoint field 'tables': expected shape (2, {len(legal)}), got {tables.shape}")
+        if len(legal) and (legal.min() < 0 or legal.max() >= self.game.num_distinct_actions):
+            raise ValueError("checkpoint field 'legal': actions outside the game's")
+        if len(key_ends) > self.max_infostates:
+            raise ValueError(f"checkpoint: {len(key_ends):,} information states, above max_infostates="
+                             f"{self.max_infostates:,}")
+        self.tables, self.legal = {}, {}
+        k0 = a0 = 0
+        for k1, a1 in zip(key_ends.tolist(), legal_ends.tolist()):
+            key = raw[k0:k1].decode("utf-8")
+            self.tables[key] = tables[:, a0:a1].copy()
+            self.legal[key] = legal[a0:a1].copy()
+            k0, a0 = k1, a1
+        self.iterations = int(state["iterations"])
+        self.nodes_touched = int(state["nodes_touched"])
+        self.underflows = int(state["underflows"])
+        self.rng.bit_generator.state = state["rng"]
+
+    def average_policy_rows(self) -> Iterator[tuple[str, np.ndarray]]:
+        """``(information-state string, average probabilities over the game's actions)`` for the states met, one
+        row at a time (a row of chess has 4674 entries)."""
+        A = self.game.num_distinct_actions
+        for key, table in self.tables.items():
+            legal, s = self.legal[key], table[1]
+            row = np.zeros(A)
+            total = s.sum()
+            row[legal] = s / total if total > 0 else 1.0 / len(legal)
+            yield key, row
+
     def average_policy_dict(self) -> dict[str, np.ndarray]:
         """Information-state string -> average probabilities over the game's actions (the states met)."""
-        out = {}
-        for key, s in self.cumulative_policy.items():
-            total = s.sum()
-            out[key] = s / total if total > 0 else self.legal[key] / self.legal[key].sum()
-        return out
+        return dict(self.average_policy_rows())

@@ -8,12 +8,16 @@ larger games (chess, oshi_zumo, 3-player Leduc) run on :class:`~fedarena.marl.mc
 walks the game one sample at a time, logs histories touched and time, skips the exploitability (no exact
 best response exists at that size) and exports the information states it met (``complete: false`` in the file).
 ``lazy: true`` forces the lazy walk on a small game too; there the states it never met play uniformly in the
-exploitability and the export.
+exploitability and the export. The lazy walk is bounded: external sampling is refused before the run (config
+error, exit status 2) where Knuth's estimate of one iteration is above ``max_traversal_nodes`` (chess, oshi_zumo:
+use outcome sampling), and a run stops with a one-line error when an iteration touches more histories than that or
+the tables reach ``max_infostates`` information states (the rows logged so far and the last checkpoint stay; no
+policy is exported). Both walks checkpoint and resume (the lazy one packs its tables into flat arrays).
 """
 
 from __future__ import annotations
 
-import time
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,9 +28,10 @@ from fedarena.envs.efg import TreeTooLargeError, check_tree_size
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.game_experiments import _check_common, _SolverSteps
 from fedarena.marl.game_tree import game_tree
-from fedarena.marl.mccfr import LazyMCCFRSolver, MCCFROptions, MCCFRSolver
-from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
-from fedarena.platform.errors import RunError
+from fedarena.marl.mccfr import (DEFAULT_MAX_INFOSTATES, DEFAULT_MAX_TRAVERSAL_NODES, LazyMCCFRSolver,
+                                 LazyWalkLimitError, MCCFROptions, MCCFRSolver, check_external_traversal)
+from fedarena.marl.policy_export import FORMAT, POLICY_FILE, evaluate_exported, export_policy
+from fedarena.platform.errors import ConfigError, RunError
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.platform.loop import run_loop
 
@@ -46,12 +51,21 @@ class MCCFRConfig(ExperimentConfig):
                               "null: only when the tree is above max_tree_nodes")
     max_tree_nodes: int | None = param(None, "histories the compiled tree may have (null: "
                                        "$FEDARENA_MAX_TREE_NODES or 1,000,000)")
+    max_traversal_nodes: int = param(DEFAULT_MAX_TRAVERSAL_NODES, "lazy walk: histories one iteration may touch; "
+                                     "external sampling is refused before the run when Knuth's estimate of one "
+                                     "iteration is above it, and any iteration stops the run when it touches more")
+    max_infostates: int = param(DEFAULT_MAX_INFOSTATES, "lazy walk: information states it may store (measured: "
+                                "531 bytes each on 3-player Leduc, 2,059 on chess, several times that while a "
+                                "checkpoint is written or read); more stops the run with an error")
     eval_every: int = param(10, "compute the exact exploitability of the average policy every this many iterations")
 
     def __post_init__(self) -> None:
         _check_common(self)  # game, iterations, eval_every: as the exact solvers' kinds check them
         if self.max_tree_nodes is not None and self.max_tree_nodes < 1:
             raise ValueError(f"max_tree_nodes: must be at least 1 or null, got {self.max_tree_nodes}")
+        for name in ("max_traversal_nodes", "max_infostates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be at least 1, got {getattr(self, name)}")
         self.options()   # validates sampling, averaging, discount, exploration, batch
 
     def options(self, lazy: bool = False) -> MCCFROptions:
@@ -83,14 +97,46 @@ def run_mccfr(cfg: MCCFRConfig, run) -> dict[str, Any]:
     exact = _fits(game, cfg.max_tree_nodes)        # exact exploitability only where the tree fits
     lazy = (not exact) if cfg.lazy is None else cfg.lazy
     if lazy:
-        solver: Any = LazyMCCFRSolver(game, cfg.options(lazy=True), seed=cfg.seed)
+        if cfg.sampling == "external":
+            try:
+                check_external_traversal(game, cfg.max_traversal_nodes)
+            except LazyWalkLimitError as e:
+                raise ConfigError(str(e)) from None
+        solver: Any = LazyMCCFRSolver(game, cfg.options(lazy=True), seed=cfg.seed,
+                                      max_traversal_nodes=cfg.max_traversal_nodes, max_infostates=cfg.max_infostates)
     else:
         solver = MCCFRSolver(game, cfg.options(), seed=cfg.seed, max_tree_nodes=cfg.max_tree_nodes)
     steps = _MCCFRSteps(run, cfg, game, solver, exact)
-    summary = _run_lazy(run, steps) if lazy else run_loop(run, steps, eval_every=cfg.eval_every, eval_first=True)
-    export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), algorithm=steps.name,
-                  iterations=steps.it, batch=1 if lazy else cfg.batch, averaging=cfg.averaging, complete=exact)
+    summary = run_loop(run, steps, eval_every=cfg.eval_every, eval_first=True)
+    meta = dict(algorithm=steps.name, iterations=steps.it, batch=1 if lazy else cfg.batch, averaging=cfg.averaging,
+                complete=exact)
+    if exact:
+        export_policy(run.dir / POLICY_FILE, cfg.game, _average(solver, game, exact), **meta)
+        return summary
+    entries = solver.num_infostates * game.num_distinct_actions
+    if entries > MAX_EXPORT_ENTRIES:
+        summary["policy"] = (f"not exported: {solver.num_infostates:,} information states x "
+                             f"{game.num_distinct_actions:,} actions, above {MAX_EXPORT_ENTRIES:,} entries")
+        run.logger.warning("policy.json %s", summary["policy"])
+        return summary
+    _stream_policy(run.dir / POLICY_FILE, cfg.game, solver, meta)
     return summary
+
+
+MAX_EXPORT_ENTRIES = 20_000_000
+"""Probabilities (information states x the game's actions) a lazy run may write to ``policy.json`` (about 100 MB
+of JSON); the format stores every action of every state, so chess passes it within a few iterations."""
+
+
+def _stream_policy(path: Any, game: str, solver: LazyMCCFRSolver, meta: dict[str, Any]) -> None:
+    """Write the lazy walk's average policy in :func:`~fedarena.marl.policy_export.export_policy`'s format one row at
+    a time, so the file never sits in memory whole."""
+    head = json.dumps({"format": FORMAT, "game": game, "num_actions": solver.game.num_distinct_actions, **meta})
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head[:-1] + ', "policy": {')
+        for k, (key, row) in enumerate(solver.average_policy_rows()):
+            f.write((", " if k else "") + json.dumps(str(key)) + ": " + json.dumps([float(x) for x in row]))
+        f.write("}}")
 
 
 class _MCCFRSteps(_SolverSteps):
@@ -103,12 +149,18 @@ class _MCCFRSteps(_SolverSteps):
         self.exact, self.lazy = exact, isinstance(solver, LazyMCCFRSolver)
         self.desc = f"mccfr {cfg.game}"
 
+    def step(self, step: int) -> dict[str, float]:
+        try:
+            return super().step(step)
+        except LazyWalkLimitError as e:   # the tables of this iteration are partial: the last checkpoint stays
+            raise RunError(str(e)) from None
+
     def evaluate(self, step: int) -> dict[str, float]:
         row = {"solver_time": self.solver_time, "nodes_touched": self.solver.nodes_touched}
         if self.exact:
             row["exploitability"] = exploitability(self.game, _average(self.solver, self.game, self.exact))
         else:
-            row["information_states"] = len(self.solver.regrets)
+            row["information_states"] = self.solver.num_infostates
         return row
 
     def summary(self) -> dict[str, Any]:
@@ -125,21 +177,6 @@ class _MCCFRSteps(_SolverSteps):
                                 "first_below_0.05/nodes_touched": below[0]["nodes_touched"],
                                 "first_below_0.05/solver_seconds": below[0]["solver_time"]})
         return summary
-
-
-def _run_lazy(run: Any, steps: _MCCFRSteps) -> dict[str, Any]:
-    """The lazy walk keeps no checkpoints (its dictionaries of regrets have no checkpoint form), so it runs its
-    steps outside :func:`~fedarena.platform.loop.run_loop`, on the same evaluation cadence, and refuses ``--resume``."""
-    if run.restore() is not None:
-        raise RunError("--resume: the lazy MCCFR walk keeps no checkpoints; start the run again")
-    with run.progress(total=steps.total, initial=0, desc=steps.desc) as bar:
-        while not steps.done():
-            it = steps.it + 1
-            steps.step(it)
-            if it % steps.cfg.eval_every == 0 or it == 1 or steps.done():
-                run.log(it, **steps.evaluate(it))
-            bar.update(1)
-    return steps.summary()
 
 
 def plots_mccfr(rows, cfg: MCCFRConfig, report_dir: str) -> list[str]:
