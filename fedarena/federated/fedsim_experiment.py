@@ -175,7 +175,12 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     params = cfg.model.init_params(sim.model, cfg.seed)
     state = sim.init_state(params)
     sim.final_round = cfg.rounds
-    hist = data.label_histogram(d.y, d.train, d.num_classes)
+    if getattr(d, "files", ()):  # read from data.path: the manifest of the exact files this run used
+        from fedarena.federated.datasets.manifest import write_manifest
+
+        write_manifest(list(d.files), run.dir, cfg.data.dataset)
+    # the histogram of a large population covers its first clients (the figure draws at most 200)
+    hist = data.label_histogram(d.y, d.train[:HISTOGRAM_CLIENTS], d.num_classes)
     np.save(run.dir / "label_histogram.npy", hist)
     if cfg.strategy.server_mode != "rounds":
         return _run_async(cfg, run, sim, params)
@@ -193,6 +198,9 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
             out["personalized_acc_after"] = float(after[ok].mean())
     return out
 
+
+HISTOGRAM_CLIENTS = 10_000
+"""clients in the saved label histogram"""
 
 SUMMARY_METRICS = ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst", "dp_epsilon")
 
@@ -245,6 +253,10 @@ class _RoundSteps:
         if cfg.privacy.ldp.on and self.participation:
             m["ldp_epsilon_round"] = cfg.privacy.ldp.epsilon
             m["ldp_epsilon_cumulative"] = ldp_cumulative_epsilon(cfg, max(self.participation.values()))
+        if hasattr(sim.x, "pop_timings"):  # the data pipeline's per-stage seconds of this round
+            m.update(sim.x.pop_timings())
+            if m.get("train_seconds"):
+                m["data_wait_fraction"] = m["data_wait_s"] / m["train_seconds"]
         report = getattr(sim.strategy, "last_report", None)
         if report:
             m.update(report)
@@ -335,8 +347,8 @@ def _data_setup(cfg) -> str:
              "per client", "quantity": f"Dirichlet({cfg.beta:g}) client sizes", "iid": "IID"}[cfg.partition]
     if cfg.dataset == "synthetic":  # its own device split (FedProx's Synthetic(alpha, beta)); partition unused
         split = f"Synthetic({cfg.synthetic_alpha:g},{cfg.synthetic_beta:g}) devices"
-    elif cfg.dataset == "leaf":  # one client per LEAF user; partition unused
-        split = "LEAF users"
+    elif cfg.dataset == "leaf" or cfg.dataset.startswith(("leaf_", "tff_")):  # one client per user; partition unused
+        split = "users of the files"
     return f"{cfg.dataset}, {cfg.num_clients} clients ({split})"
 
 
