@@ -155,7 +155,8 @@ def test_every_old_flat_key_has_exactly_one_new_path(schema, moved, count):
     # the old flat layouts had `count` fields of their own: every one but `rounds` moved, each to its own field,
     # and every field of the sections is the new home of one old key, or one of the fields added since
     added = {FedSimConfig: {"execution.threads", "execution.max_stacked_clients", "execution.ray_workers",
-                            "execution.ray_chunk"}}.get(schema, set())
+                            "execution.ray_chunk", "data.label", "data.cache_dir", "data.prefetch_threads",
+                            "data.augment", "data.test_clients"}}.get(schema, set())
     assert len(moved) == count - 1 and len(set(moved.values())) == len(moved)
     assert set(moved.values()) | {"rounds"} | added == kind_fields
 
