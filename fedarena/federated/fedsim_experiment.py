@@ -1,6 +1,8 @@
 """Experiment kind ``fedsim``: federated simulation of many clients in one process (or on Ray).
 
-Builds the federated data set (:mod:`fedarena.federated.data`), the strategy and its stages
+Builds the federated data set (:mod:`fedarena.federated.data`; the data sets read per client from ``data.path``
+come from :mod:`fedarena.federated.datasets`, and a run then writes ``data_manifest.json`` and logs the data
+pipeline's per-stage seconds each round), the strategy and its stages
 (:mod:`fedarena.federated.strategy`, :mod:`fedarena.federated.stages`, compression, DP-FedAvg, SecAgg)
 and runs :class:`fedarena.federated.simulation.Simulation`, logging per round: global test accuracy
 and loss, the per-client held-out accuracy distribution (mean, 10th percentile, worst), clients
@@ -146,8 +148,11 @@ def build(cfg: FedSimConfig):
     download = cfg.download.build(cfg.seed)
     if download is not None:
         kw["download"] = download
+    held_out = d.held_out
+    if hasattr(held_out, "sizes") and not held_out.sizes().any():
+        held_out = None  # streamed clients without held-out examples: no per-client evaluation pass over them all
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
-                     seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=cfg.heterogeneity.build(),
+                     seed=cfg.seed, held_out=held_out, test=d.test_set(), heterogeneity=cfg.heterogeneity.build(),
                      upload_stages=upload_stages, backend=cfg.execution.backend,
                      engine_backend=cfg.execution.engine_backend, threads=cfg.execution.threads,
                      max_stacked_clients=cfg.execution.max_stacked_clients, ray_workers=cfg.execution.ray_workers,
