@@ -110,6 +110,16 @@ class TFFReader:
             raise DataError("data.path", f"{f}: no group examples/{cid}") from None
 
     def scan(self) -> ClientIndex:
+        f = self.files[0]
+        try:
+            return self._scan()
+        except DataError:
+            raise
+        except (OSError, RuntimeError, ValueError, TypeError) as e:  # a damaged file deep inside h5py
+            raise DataError("data.path", f"{f}: unreadable HDF5 ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+    def _scan(self) -> ClientIndex:
         b = IndexBuilder(parts=2)
         for fid, f in enumerate(self.files):
             h = self._file(fid)
