@@ -4,9 +4,7 @@ per-client pipeline (fedarena.federated.datasets; issue 31's target: at most 10 
 Writes 50,000 random CIFAR-10 binary records (``data_batch_1..5.bin``, 3073 bytes each, and a 1,000-record
 ``test_batch.bin``) unless present, splits them IID over 500 clients (100 images each), and runs fedsim rounds of
 ``--per-round`` clients (the McMahan et al. CNN, E = 1, B = 20; random crop + flip on) with ``--threads``
-prefetch threads, then the same rounds with prefetch off (``prefetch_threads`` 1 and the round's clients read
-as training reaches them is not separable here, so the comparison is 1 thread vs ``--threads``). Prints each
-round's ``data_read_s``, ``data_map_s``, ``data_wait_s`` and ``data_wait_fraction`` from the pipeline's own
+prefetch threads, then the same rounds with one prefetch thread. Prints each round's ``data_read_s``, ``data_map_s``, ``data_wait_s`` and ``data_wait_fraction`` from the pipeline's own
 timings.
 
     nice -n 10 env OMP_NUM_THREADS=1 python benchmarks/fedsim_data_pipeline.py [--rounds 3] [--per-round 20]
