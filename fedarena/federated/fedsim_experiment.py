@@ -180,10 +180,10 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     params = cfg.model.init_params(sim.model, cfg.seed)
     state = sim.init_state(params)
     sim.final_round = cfg.rounds
-    if getattr(d, "files", ()):  # read from data.path: the manifest of the exact files this run used
-        from fedarena.federated.datasets.manifest import write_manifest
+    if cfg.data.path:  # read from data.path: the manifest of the files this run used
+        from fedarena.federated.datasets.manifest import data_files, write_manifest
 
-        write_manifest(list(d.files), run.dir, cfg.data.dataset)
+        write_manifest(list(getattr(d, "files", ())) or data_files(cfg.data.path), run.dir, cfg.data.dataset)
     # the histogram of a large population covers its first clients (the figure draws at most 200)
     hist = data.label_histogram(d.y, d.train[:HISTOGRAM_CLIENTS], d.num_classes)
     np.save(run.dir / "label_histogram.npy", hist)

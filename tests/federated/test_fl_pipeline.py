@@ -99,3 +99,14 @@ def test_cli_corrupt_data_file_one_line_exit_2(tmp_path):
     assert p.returncode == 2 and len(errors) == 1, p.stderr
     assert "data.path:" in errors[0] and str(f) in errors[0] and "truncated" in errors[0]
     assert "Traceback" not in p.stderr
+
+
+def test_in_memory_leaf_run_writes_the_manifest_too(tmp_path):
+    _femnist(tmp_path / "femnist", [5, 9, 3, 4])
+    load(DataSpec(dataset="leaf_femnist", path=str(tmp_path / "femnist"), partition=PartitionSpec(num_clients=4)), 0)
+    assert list((tmp_path / "femnist" / ".fedarena_index").glob("*.npz"))  # an index cache beside the data
+    cfg = dict(CFG, rounds=1, clients={"per_round": 2},
+               data={"dataset": "leaf", "path": str(tmp_path / "femnist"), "num_clients": 4})
+    execute(cfg, out=tmp_path / "run", quiet=True, report=False)
+    man = json.loads((tmp_path / "run" / "data_manifest.json").read_text())
+    assert [m["name"] for m in man["files"]] == [str(f.resolve()) for f in sorted((tmp_path / "femnist").glob("*.json"))]

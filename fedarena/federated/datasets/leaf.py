@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -187,6 +188,7 @@ class LeafReader:
         self.num_classes = len(LEAF_LETTERS) if task == "shakespeare" else 62
         self.example_shape = (SEQ_LEN,) if task == "shakespeare" else (1, 28, 28)
         self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()  # the pipeline's threads open the files once between them
 
     def scan(self) -> ClientIndex:
         b = IndexBuilder(parts=2)
@@ -205,9 +207,10 @@ class LeafReader:
         return ix
 
     def _fd(self, fid: int) -> int:
-        fd = self._fds.get(fid)
-        if fd is None:
-            fd = self._fds[fid] = os.open(self.files[fid], os.O_RDONLY)
+        with self._lock:
+            fd = self._fds.get(fid)
+            if fd is None:
+                fd = self._fds[fid] = os.open(self.files[fid], os.O_RDONLY)
         return fd
 
     def read(self, ix: ClientIndex, u: int) -> tuple[np.ndarray, np.ndarray]:

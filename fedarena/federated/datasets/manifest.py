@@ -16,6 +16,14 @@ def sha256(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def data_files(path: str | Path) -> list[Path]:
+    """``path`` itself, or every file under the folder ``path`` (the readers' index caches left out)."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    return sorted(f for f in p.rglob("*") if f.is_file() and ".fedarena_index" not in f.parts)
+
+
 def write_manifest(files: list[Path], run_dir: str | Path, dataset: str) -> Path:
     """``run_dir/data_manifest.json``: ``{"dataset", "files": [{"name", "size", "sha256"}]}``."""
     out = Path(run_dir) / "data_manifest.json"
