@@ -24,7 +24,9 @@ INDEX_VERSION = 1
 @dataclass
 class ClientIndex:
     """Where every user's examples are: record ``i`` of ``users`` has ``count[i]`` examples located by
-    ``(file[i], offset[i], length[i])`` (meaning per reader: byte range, row range), of which the last
+    ``(file[i], offset[i], length[i])`` per part (LEAF: the file and the record's byte offset and length; TFF:
+    the file, whose group ``examples/<user>`` holds them; CIFAR: the start in the partition's record order),
+    of which the last
     ``held[i]`` are the user's own held-out (test-split) examples; ``labels`` holds all examples' labels in
     user order (user ``i`` from ``start[i]``)."""
 

@@ -22,7 +22,8 @@ the pipeline feeds federated clients instead of one model.
   land in the run's metrics.
 
 Memory is bounded by a round's clients (their mapped examples are dropped at the next round) plus the index
-(about 40 bytes a user and 8 an example), not by the population.
+(about 100 bytes a user and 8 an example: 107 MB for 1,000,000 users
+with 2,008,601 examples in ``benchmarks/fedsim_population.py``), not by the population.
 """
 
 from __future__ import annotations

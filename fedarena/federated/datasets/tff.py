@@ -4,8 +4,8 @@ TFF's HDF5 layout: a group ``examples`` holding one group per client id, which h
 all of the same length (the client's examples). The tasks read here:
 
 * EMNIST / FEMNIST (``fed_emnist_train.h5``, ``fed_emnist_test.h5``, and the ``_digitsonly`` variants):
-  ``pixels`` (n, 28, 28) float32 and ``label`` (n,) integers (62 classes; 10 for digits only); Caldas et al.'s
-  writers as clients, as in Reddi et al. (ICLR 2021, "Adaptive Federated Optimization").
+  ``pixels`` (n, 28, 28) float32 and ``label`` (n,) integers (62 classes; 10 for digits only); EMNIST's
+  writers (Cohen et al. 2017) as clients, as in Reddi et al. (ICLR 2021, "Adaptive Federated Optimization").
 * Shakespeare (``shakespeare_train.h5``, ``shakespeare_test.h5``): ``snippets`` (n,) byte strings, a speaking
   role's lines. A client's text (its snippets joined) gives one next-character example per character: the 80
   characters before it (left-padded with spaces) over LEAF's 80-character vocabulary plus one
