@@ -21,9 +21,9 @@ the pipeline feeds federated clients instead of one model.
   client not yet ready, and gathering batches are reported per round (:meth:`ClientSource.pop_timings`) and
   land in the run's metrics.
 
-Memory is bounded by a round's clients (their mapped examples are dropped at the next round) plus the index
-(about 100 bytes a user and 8 an example: 107 MB for 1,000,000 users
-with 2,008,601 examples in ``benchmarks/fedsim_population.py``), not by the population.
+Memory holds one round's clients (their mapped examples are dropped at the next round) and the index (about
+100 bytes a user and 8 an example: 107 MB for 1,000,000 users with 2,008,601 examples in
+``benchmarks/fedsim_population.py``); the population's examples stay on disk.
 """
 
 from __future__ import annotations
