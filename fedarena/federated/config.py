@@ -168,8 +168,11 @@ class SignDSConfig:
 class DataConfig:
     """The data set and its split over the simulated clients (:mod:`fedarena.federated.data`)."""
 
-    dataset: Literal["digits", "breast_cancer", "synthetic", "leaf", "mnist"] = param("digits", "data set")
-    path: str = param("", "local file or folder of a leaf / mnist data set")
+    dataset: Literal["digits", "breast_cancer", "synthetic", "leaf", "mnist", "leaf_femnist", "leaf_shakespeare",
+                     "tff_emnist", "tff_shakespeare", "tff_cifar100", "cifar10", "cifar100"] = param(
+        "digits", "data set; leaf_* / tff_* / cifar10 / cifar100 are read per client from data.path "
+        "(fedarena.federated.datasets), leaf and mnist whole into memory")
+    path: str = param("", "local file or folder of a data set read from disk (no download)")
     num_clients: int = param(100, "number of clients")
     partition: Literal["iid", "dirichlet", "shards", "quantity"] = param("iid", "how examples are split over clients")
     alpha: float = param(0.5, "Dirichlet label-skew concentration (partition: dirichlet)")
@@ -183,9 +186,16 @@ class DataConfig:
     synthetic_size_sigma: float = param(2.0, "see synthetic_size_mean")
     synthetic_size_min: int = param(50, "see synthetic_size_mean")
     synthetic_size_max: int = param(0, "cap on examples per device (0 = none)")
+    label: Literal["fine", "coarse"] = param("fine", "CIFAR-100 labels: fine (100 classes) or coarse (20)")
+    cache_dir: str = param("", "folder of the per-user index when the data folder is read-only "
+                           "('' = ~/.cache/fedarena/data)")
+    prefetch_threads: int = param(2, "threads reading and mapping a round's clients ahead of training")
+    augment: bool = param(True, "CIFAR: random crop (padding 4) and horizontal flip of training examples")
+    test_clients: int = param(200, "global test set of a per-user data set without one: the held-out examples "
+                              "of this many users")
 
     def __post_init__(self) -> None:
-        if self.dataset in ("leaf", "mnist") and not self.path:
+        if self.dataset not in ("digits", "breast_cancer", "synthetic") and not self.path:
             raise ValueError(f"path: dataset '{self.dataset}' is read from a local path; set path")
         if self.path and not Path(self.path).exists():
             raise ValueError(f"path: {self.path}: no such file or directory")
@@ -200,6 +210,8 @@ class DataConfig:
         _at_least("synthetic_size_sigma", self.synthetic_size_sigma, 0)
         _at_least("synthetic_size_min", self.synthetic_size_min, 1)
         _at_least("synthetic_size_max", self.synthetic_size_max, 0)
+        _at_least("prefetch_threads", self.prefetch_threads, 1)
+        _at_least("test_clients", self.test_clients, 0)
 
     def build(self):
         """:class:`fedarena.federated.data.DataSpec` (``data.load(spec, seed)`` makes the data set)."""
@@ -210,7 +222,9 @@ class DataConfig:
             test_fraction=self.test_fraction, held_out_fraction=self.held_out_fraction,
             synthetic_alpha=self.synthetic_alpha, synthetic_beta=self.synthetic_beta,
             synthetic_size_mean=self.synthetic_size_mean, synthetic_size_sigma=self.synthetic_size_sigma,
-            synthetic_size_min=self.synthetic_size_min, synthetic_size_max=self.synthetic_size_max)
+            synthetic_size_min=self.synthetic_size_min, synthetic_size_max=self.synthetic_size_max, label=self.label,
+            cache_dir=self.cache_dir, prefetch_threads=self.prefetch_threads, augment=self.augment,
+            test_clients=self.test_clients)
 
 
 ZOO_ARCHS = ("resnet18_gn", "resnet8_gn", "cnn_emnist", "char_lstm", "word_lstm", "transformer")

@@ -16,7 +16,9 @@ Partitioners (each returns one sorted index array per client; every example is a
 Data sets, none downloaded: scikit-learn's digits (1797 8x8 images, 10 classes) and breast cancer
 (569 x 30, 2 classes, standardised); the FedProx Synthetic(alpha, beta) generator (Li et al., MLSys
 2020, Sec. 5.1, after Shamir et al. 2014), naturally split by device; LEAF JSON files (FEMNIST,
-Shakespeare; Caldas et al. 2018) and MNIST IDX files read from a local path.
+Shakespeare; Caldas et al. 2018; each file parsed whole) and MNIST IDX files read from a local path. The
+data sets read per client from large files (TFF HDF5, LEAF JSON per user, CIFAR binary) are
+:mod:`fedarena.federated.datasets`.
 
 A :class:`FederatedData` holds one feature matrix and label vector and, per client, index arrays of
 its training and held-out examples (held-out data per client, for per-client evaluation), plus a
@@ -42,7 +44,10 @@ LEAF_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghi
 
 
 class DataError(ValueError):
-    """Bad data input; ``str(e)`` is ``"<field>: <reason>"``."""
+    """Bad data input; ``str(e)`` is ``"<field>: <reason>"``. A user error (CLI exit 2,
+    :mod:`fedarena.platform.errors`) also when raised mid-run, by a file read lazily."""
+
+    user_error = True
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
@@ -522,16 +527,34 @@ class DataSpec:
     synthetic_size_min: int = 50
     synthetic_size_max: int = 0
     char_context: int = 10
+    label: str = "fine"
+    """CIFAR-100: fine (100 classes) or coarse (20) labels"""
+    cache_dir: str = ""
+    """where a data set's index is cached when its folder is read-only ("" = ~/.cache/fedarena/data)"""
+    prefetch_threads: int = 2
+    augment: bool = True
+    """CIFAR: random crop (padding 4) and horizontal flip of the training examples"""
+    test_clients: int = 200
 
     def __post_init__(self) -> None:
-        if self.dataset not in ("digits", "breast_cancer", "synthetic", "leaf", "mnist"):
-            raise DataError("data.dataset", f"unknown '{self.dataset}' (digits, breast_cancer, synthetic, leaf, mnist)")
-        if self.dataset in ("leaf", "mnist") and not self.path:
+        from fedarena.federated.datasets.pipeline import PIPELINE_DATASETS
+
+        known = ("digits", "breast_cancer", "synthetic", "leaf", "mnist") + PIPELINE_DATASETS
+        if self.dataset not in known:
+            raise DataError("data.dataset", f"unknown '{self.dataset}' ({', '.join(known)})")
+        if self.dataset in ("leaf", "mnist") + PIPELINE_DATASETS and not self.path:
             raise DataError("data.path", f"dataset '{self.dataset}' is read from a local path; set data.path")
 
 
 def load(spec: DataSpec, seed: int) -> FederatedData:
-    """Build the federated data set of ``spec`` (deterministic in ``seed``)."""
+    """Build the federated data set of ``spec`` (deterministic in ``seed``); the data sets read lazily from
+    ``spec.path`` come from :func:`fedarena.federated.datasets.load`."""
+    from fedarena.federated.datasets.pipeline import PIPELINE_DATASETS
+
+    if spec.dataset in PIPELINE_DATASETS:
+        from fedarena.federated import datasets
+
+        return datasets.load(spec, seed)
     if spec.dataset == "synthetic":
         return synthetic_fedprox(spec.synthetic_alpha, spec.synthetic_beta, spec.partition.num_clients, seed,
                                  size_mean=spec.synthetic_size_mean, size_sigma=spec.synthetic_size_sigma,

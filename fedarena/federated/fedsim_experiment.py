@@ -1,6 +1,8 @@
 """Experiment kind ``fedsim``: federated simulation of many clients in one process (or on Ray).
 
-Builds the federated data set (:mod:`fedarena.federated.data`), the strategy and its stages
+Builds the federated data set (:mod:`fedarena.federated.data`; the data sets read per client from ``data.path``
+come from :mod:`fedarena.federated.datasets`, and a run then writes ``data_manifest.json`` and logs the data
+pipeline's per-stage seconds each round), the strategy and its stages
 (:mod:`fedarena.federated.strategy`, :mod:`fedarena.federated.stages`, compression, DP-FedAvg, SecAgg)
 and runs :class:`fedarena.federated.simulation.Simulation`, logging per round: global test accuracy
 and loss, the per-client held-out accuracy distribution (mean, 10th percentile, worst), clients
@@ -146,8 +148,11 @@ def build(cfg: FedSimConfig):
     download = cfg.download.build(cfg.seed)
     if download is not None:
         kw["download"] = download
+    held_out = d.held_out
+    if hasattr(held_out, "sizes") and not held_out.sizes().any():
+        held_out = None  # streamed clients without held-out examples: no per-client evaluation pass over them all
     sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
-                     seed=cfg.seed, held_out=d.held_out, test=d.test_set(), heterogeneity=cfg.heterogeneity.build(),
+                     seed=cfg.seed, held_out=held_out, test=d.test_set(), heterogeneity=cfg.heterogeneity.build(),
                      upload_stages=upload_stages, backend=cfg.execution.backend,
                      engine_backend=cfg.execution.engine_backend, threads=cfg.execution.threads,
                      max_stacked_clients=cfg.execution.max_stacked_clients, ray_workers=cfg.execution.ray_workers,
@@ -175,7 +180,12 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     params = cfg.model.init_params(sim.model, cfg.seed)
     state = sim.init_state(params)
     sim.final_round = cfg.rounds
-    hist = data.label_histogram(d.y, d.train, d.num_classes)
+    if cfg.data.path:  # read from data.path: the manifest of the files this run used
+        from fedarena.federated.datasets.manifest import data_files, write_manifest
+
+        write_manifest(list(getattr(d, "files", ())) or data_files(cfg.data.path), run.dir, cfg.data.dataset)
+    # the histogram of a large population covers its first clients (the figure draws at most 200)
+    hist = data.label_histogram(d.y, d.train[:HISTOGRAM_CLIENTS], d.num_classes)
     np.save(run.dir / "label_histogram.npy", hist)
     if cfg.strategy.server_mode != "rounds":
         return _run_async(cfg, run, sim, params)
@@ -193,6 +203,9 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
             out["personalized_acc_after"] = float(after[ok].mean())
     return out
 
+
+HISTOGRAM_CLIENTS = 10_000
+"""clients in the saved label histogram"""
 
 SUMMARY_METRICS = ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst", "dp_epsilon",
                    "dp_epsilon_rdp", "dp_epsilon_pld", "dp_clip_norm")
@@ -251,6 +264,10 @@ class _RoundSteps:
         if cfg.privacy.ldp.on and self.participation:
             m["ldp_epsilon_round"] = cfg.privacy.ldp.epsilon
             m["ldp_epsilon_cumulative"] = ldp_cumulative_epsilon(cfg, max(self.participation.values()))
+        if hasattr(sim.x, "pop_timings"):  # the data pipeline's per-stage seconds of this round
+            m.update(sim.x.pop_timings())
+            if m.get("train_seconds"):
+                m["data_wait_fraction"] = m["data_wait_s"] / m["train_seconds"]
         report = getattr(sim.strategy, "last_report", None)
         if report:
             m.update(report)
@@ -356,8 +373,8 @@ def _data_setup(cfg) -> str:
              "per client", "quantity": f"Dirichlet({cfg.beta:g}) client sizes", "iid": "IID"}[cfg.partition]
     if cfg.dataset == "synthetic":  # its own device split (FedProx's Synthetic(alpha, beta)); partition unused
         split = f"Synthetic({cfg.synthetic_alpha:g},{cfg.synthetic_beta:g}) devices"
-    elif cfg.dataset == "leaf":  # one client per LEAF user; partition unused
-        split = "LEAF users"
+    elif cfg.dataset == "leaf" or cfg.dataset.startswith(("leaf_", "tff_")):  # one client per user; partition unused
+        split = "users of the files"
     return f"{cfg.dataset}, {cfg.num_clients} clients ({split})"
 
 

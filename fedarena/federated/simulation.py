@@ -354,6 +354,16 @@ def per_client_accuracy(model: BatchedModel, params: Params, x: np.ndarray, y: n
         return np.where(sizes > 0, hits / np.maximum(sizes, 1), np.nan)
 
 
+class _OneHot:
+    """One-hot labels formed on lookup (``onehot[idx]``), for data sets too large for an (N, classes) matrix."""
+
+    def __init__(self, y: np.ndarray, num_classes: int) -> None:
+        self.y, self.eye = y, np.eye(num_classes, dtype=np.float32)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return self.eye[self.y[idx]]
+
+
 class LocalDeltas(Mapping):
     """``{client id: float32 delta w_local - params}`` formed on lookup (in float64, then rounded to float32, as
     the runtime client forms it) from the clients' local parameters, so that deltas are not held beside them."""
@@ -539,9 +549,16 @@ class Simulation:
         k = self.strategy.clients_per_round
         if k > len(self.client_ids):
             raise ValueError(f"clients_per_round: {k} exceeds the {len(self.client_ids)} clients")
-        self.x = np.ascontiguousarray(self.x, np.float32)
+        self._streamed = hasattr(self.x, "prepare")  # a ClientSource: clients read from disk per round
+        if self._streamed:
+            if self.backend == "ray":
+                raise ValueError("backend: a data set read per client from data.path trains with backend vmap "
+                                 "(the ray backend ships the whole feature matrix to its actors)")
+        else:
+            self.x = np.ascontiguousarray(self.x, np.float32)
         self.y = np.asarray(self.y, np.int64)
-        self._onehot = np.eye(self.num_classes, dtype=np.float32)[self.y]
+        self._onehot = _OneHot(self.y, self.num_classes) if self._streamed else \
+            np.eye(self.num_classes, dtype=np.float32)[self.y]
         het = self.heterogeneity
         rng = np.random.default_rng([self.seed, 101])
         n = len(self.client_ids)
@@ -580,6 +597,8 @@ class Simulation:
         het = self.heterogeneity
         slow: set[str] = set()
         srng = np.random.default_rng([self.seed, rnd, 11])
+        if self._streamed:  # start reading (and mapping) the clients of this round on the pipeline's threads
+            self.x.prepare(rnd, [self._pos[c] for c in selected])
         if stragglers and het.straggler_fraction > 0 and selected:
             k = int(round(het.straggler_fraction * len(selected)))
             slow = set(srng.choice(sorted(selected), size=k, replace=False).tolist()) if k else set()

@@ -158,7 +158,8 @@ def test_every_old_flat_key_has_exactly_one_new_path(schema, moved, count):
     added = {FedSimConfig: {"execution.threads", "execution.max_stacked_clients", "execution.ray_workers",
                             "execution.ray_chunk", "privacy.dp.accountant", "privacy.dp.adaptive_clip",
                             "privacy.dp.target_quantile", "privacy.dp.clip_learning_rate",
-                            "privacy.dp.clip_count_stddev"} | zoo}.get(schema, set())
+                            "privacy.dp.clip_count_stddev", "data.label", "data.cache_dir",
+                            "data.prefetch_threads", "data.augment", "data.test_clients"} | zoo}.get(schema, set())
     added |= zoo & kind_fields
     assert len(moved) == count - 1 and len(set(moved.values())) == len(moved)
     assert set(moved.values()) | {"rounds"} | added == kind_fields
