@@ -339,7 +339,7 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=512_000, help="environment steps per seed (multiple of 2048)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--window", type=int, default=10, help="updates averaged for a return")
-    p.add_argument("--threshold", type=float, default=-22.0, help="return for the time-to-threshold column")
+    p.add_argument("--threshold", type=float, default=-24.0, help="return for the time-to-threshold column")
     p.add_argument("--json", help="also write every logged row of both sides to this file")
     a = p.parse_args()
     if a.train:
