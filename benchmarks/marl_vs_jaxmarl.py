@@ -26,8 +26,9 @@ network also sees a one-hot agent id and the (all-ones) action mask, and bootstr
 the value of their last observation, where JaxMARL's baseline treats the 25-step limit as terminal. Logged per
 update: the mean team return (mean over agents of the summed rewards) of the training episodes that ended in
 the rollout. Reported per side: the return over the last ``--window`` updates at the same environment steps,
-mean and seed range, and the wall and CPU time (JaxMARL: after compiling, which is reported apart) until the
-return over ``--window`` updates first reaches ``--threshold``. Seeds run one after the other in one process
+mean and seed range, the wall and CPU time (JaxMARL: after compiling, which is reported apart) until the
+return over ``--window`` updates first reaches ``--threshold`` (mean over the seeds that reach it), and the
+wall and CPU time of the whole budget, per seed. Seeds run one after the other in one process
 per side.
 """
 
@@ -258,13 +259,19 @@ def _windowed(rows: list, window: int) -> list[tuple[int, float, float, float]]:
     return out
 
 
+def _mean(xs: list[float]) -> float:
+    """Mean over the seeds that reached the threshold (nan when none did)."""
+    hit = [x for x in xs if np.isfinite(x)]
+    return float(np.mean(hit)) if hit else float("nan")
+
+
 def report_training(sides: dict, window: int, threshold: float) -> None:
     print(f"IPPO on simple_spread, JaxMARL's ippo_ff_mpe hyper-parameters; return = mean over the last {window} "
           f"updates of the training episodes' team return")
     print(f"{'':10s} {'env steps':>10s} {'return mean':>12s} {'seed min..max':>16s} {'wall to ' + str(threshold):>14s} "
-          f"{'CPU to ' + str(threshold):>13s} {'wall total':>11s}")
+          f"{'CPU to ' + str(threshold):>13s} {'wall total':>11s} {'CPU total':>10s}")
     for name, res in sides.items():
-        finals, walls, cpus, totals = [], [], [], []
+        finals, walls, cpus, totals, cpu_totals = [], [], [], [], []
         for seed, rows in res["seeds"].items():
             w = _windowed(rows, window)
             finals.append(w[-1][1])
@@ -272,10 +279,12 @@ def report_training(sides: dict, window: int, threshold: float) -> None:
             walls.append(hit[2] if hit else float("nan"))
             cpus.append(hit[3] if hit else float("nan"))
             totals.append(rows[-1][2])
+            cpu_totals.append(rows[-1][3])
         steps = next(iter(res["seeds"].values()))[-1][0]
         print(f"{name:10s} {steps:10,d} {np.mean(finals):12.2f} {min(finals):7.2f}..{max(finals):7.2f} "
-              f"{np.nanmean(walls):13.1f}s {np.nanmean(cpus):12.1f}s {np.mean(totals):10.1f}s   per seed: "
-              + ", ".join(f"{f:.2f} ({w:.0f}s)" for f, w in zip(finals, walls)))
+              f"{_mean(walls):13.1f}s {_mean(cpus):12.1f}s {np.mean(totals):10.1f}s {np.mean(cpu_totals):9.1f}s   "
+              "per seed: " + ", ".join(f"{f:.2f} ({w:.0f}s)" for f, w in zip(finals, walls))
+              + f"; seeds reaching it: {sum(np.isfinite(walls))}/{len(walls)}")
         for frac in (0.25, 0.5):  # the curves at equal environment steps along the way
             vals = []
             for rows in res["seeds"].values():
