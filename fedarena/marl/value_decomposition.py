@@ -6,7 +6,9 @@ observation plus a one-hot agent id, as in Rashid et al.). The joint value mixes
 - VDN: ``Q_tot = sum_a Q_a`` (Sunehag et al.);
 - QMIX: ``Q_tot = w2(s) . elu(W1(s)^T q + b1(s)) + b2(s)`` where hypernetworks of the global state ``s``
   produce the weights, made non-negative by an absolute value, so ``dQ_tot/dQ_a >= 0`` (monotonic mixing,
-  Rashid et al., fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU.
+  Rashid et al., fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU. ``W1`` and ``w2`` come from
+  linear hypernetworks (Rashid et al.) or, with ``hypernet_layers=2``, from two-layer ReLU ones (PyMARL's and
+  EPyMARL's ``hypernet_layers: 2``).
 
 Training minimizes the TD error ``(r + gamma (1 - terminal) Q_tot^-(s', argmax_u Q_a(o'_a, u)) - Q_tot(s, u))^2``
 on transitions drawn uniformly from a replay buffer, with a target network (``^-``) copied every
