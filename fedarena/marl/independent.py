@@ -63,7 +63,11 @@ def sample_actions(ppo: PPO, x: np.ndarray, rng: np.random.Generator) -> tuple[n
 class IndependentPPO:
     """IPPO on a :class:`~fedarena.envs.pettingzoo_batch.ParallelEnvBatch`; :meth:`iteration` collects
     ``ppo.num_steps`` batched steps and updates. ``ppo.num_envs`` is ignored: the batch is the env's copies
-    (times the agents when ``shared``). Agents must stay alive until their episode ends (MPE tasks do)."""
+    (times the agents when ``shared``). Agents must stay alive until their episode ends (MPE tasks do).
+    ``total_steps``: the environment-step budget over which ``anneal_lr`` takes the learning rate to 0; a
+    shared network's rollout holds ``agents`` rows per environment step, so its PPO learner counts
+    ``total_steps x agents`` rows (counting environment steps as rows annealed the rate to 0 after a third of
+    the budget on 3-agent simple_spread)."""
 
     def __init__(self, env: Any, ppo: PPOConfig, shared: bool = True, seed: int = 0,
                  total_steps: int | None = None) -> None:
@@ -73,7 +77,8 @@ class IndependentPPO:
         cfg = replace(ppo, num_envs=rows)
         self.config = cfg
         features = env.obs_size + (M if shared else 0)
-        self.learners = [masked_ppo(features, env.num_actions, cfg, seed=seed + k, total_steps=total_steps)
+        rows_total = None if total_steps is None else int(total_steps) * (M if shared else 1)
+        self.learners = [masked_ppo(features, env.num_actions, cfg, seed=seed + k, total_steps=rows_total)
                          for k in range(1 if shared else M)]
         self.rng = np.random.default_rng([seed, 2])
         self.obs, self.mask, _ = env.reset()

@@ -6,7 +6,9 @@ observation plus a one-hot agent id, as in Rashid et al.). The joint value mixes
 - VDN: ``Q_tot = sum_a Q_a`` (Sunehag et al.);
 - QMIX: ``Q_tot = w2(s) . elu(W1(s)^T q + b1(s)) + b2(s)`` where hypernetworks of the global state ``s``
   produce the weights, made non-negative by an absolute value, so ``dQ_tot/dQ_a >= 0`` (monotonic mixing,
-  Rashid et al., fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU.
+  Rashid et al., fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU. ``W1`` and ``w2`` come from
+  linear hypernetworks (Rashid et al.) or, with ``hypernet_layers=2``, from two-layer ReLU ones (PyMARL's and
+  EPyMARL's ``hypernet_layers: 2``).
 
 Training minimizes the TD error ``(r + gamma (1 - terminal) Q_tot^-(s', argmax_u Q_a(o'_a, u)) - Q_tot(s, u))^2``
 on transitions drawn uniformly from a replay buffer, with a target network (``^-``) copied every
@@ -18,7 +20,8 @@ whatever the task's reward scale. Agents act epsilon-greedily on their own utili
 (decentralized execution). The agents here are feed-forward networks of the current observation (the
 papers use GRU agents over the observation history; the tasks here are fully observed per agent).
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
-``engine.jit`` graph.
+``engine.jit`` graph, and the ``updates_per_step`` updates of one environment step (their batches drawn at
+once) run as one compiled call that updates the parameters and Adam moments in place (donated buffers).
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ class ValueDecompositionConfig:
     mixer: str = param("qmix", "joint-value mixer: qmix (monotonic hypernetwork mixing) or vdn (sum)")
     hidden: tuple[int, ...] = param((64,), "hidden layer sizes of the shared agent network")
     mixing_embed: int = param(32, "QMIX mixing network width")
-    hypernet_hidden: int = param(64, "QMIX: hidden size of the hypernetwork producing b2 (V(s))")
+    hypernet_hidden: int = param(64, "QMIX: hidden size of the hypernetwork producing b2 (V(s)), and of those "
+                                 "producing W1 and w2 when hypernet_layers is 2")
+    hypernet_layers: int = param(1, "QMIX: layers of the hypernetworks producing W1 and w2: 1 (linear in the "
+                                 "state, Rashid et al.) or 2 (a ReLU layer of hypernet_hidden units first, as "
+                                 "EPyMARL's hypernet_layers: 2)")
     gamma: float = param(0.99, "discount factor")
     learning_rate: float = param(5e-4, "Adam learning rate")
     batch_size: int = param(32, "transitions per update")
@@ -64,7 +71,7 @@ class ValueDecompositionConfig:
                   "batch_size": self.batch_size >= 1, "buffer_size": self.buffer_size >= self.batch_size,
                   "learning_starts": self.learning_starts >= 0, "updates_per_step": self.updates_per_step >= 0,
                   "target_update_every": self.target_update_every >= 1, "mixing_embed": self.mixing_embed >= 1,
-                  "hypernet_hidden": self.hypernet_hidden >= 1,
+                  "hypernet_hidden": self.hypernet_hidden >= 1, "hypernet_layers": self.hypernet_layers in (1, 2),
                   "epsilon_start": 0.0 <= self.epsilon_start <= 1.0, "epsilon_finish": 0.0 <= self.epsilon_finish <= 1.0,
                   "epsilon_anneal_steps": self.epsilon_anneal_steps >= 1, "max_grad_norm": self.max_grad_norm > 0}
         for name, ok in checks.items():
@@ -99,9 +106,13 @@ class ValueDecomposition:
         params: dict[str, Any] = {"agent": self.agent_net.init(self.rng)}
         if c.mixer == "qmix":
             E, H, S = c.mixing_embed, c.hypernet_hidden, state_size
-            self.hyper_w1 = nn.Linear(S, num_agents * E)
+            if c.hypernet_layers == 1:
+                self.hyper_w1: Any = nn.Linear(S, num_agents * E)
+                self.hyper_w2: Any = nn.Linear(S, E)
+            else:
+                self.hyper_w1 = nn.MLP((S, H, num_agents * E), activation="relu")
+                self.hyper_w2 = nn.MLP((S, H, E), activation="relu")
             self.hyper_b1 = nn.Linear(S, E)
-            self.hyper_w2 = nn.Linear(S, E)
             self.hyper_b2 = nn.MLP((S, H, 1), activation="relu")
             params["mixer"] = {"w1": self.hyper_w1.init(self.rng), "b1": self.hyper_b1.init(self.rng),
                                "w2": self.hyper_w2.init(self.rng), "b2": self.hyper_b2.init(self.rng)}
@@ -111,7 +122,7 @@ class ValueDecomposition:
         self.opt_state = self.optimizer.init(params)
         self._ids = np.eye(num_agents, dtype=np.float32)
         self._q = engine.jit(self.utilities)
-        self._step = engine.jit(self._train_step)
+        self._steps = engine.jit(self._train_steps, donate_argnums=(0, 2))
         self.updates = 0
 
     # -- networks
@@ -171,13 +182,32 @@ class ValueDecomposition:
         out = np.where(take, explore, greedy)
         return np.where(mask.any(axis=2), out, 0)
 
+    def _train_steps(self, params: Any, target_params: Any, opt_state: Any, batches: tuple[Mapping[str, Any], ...]
+                     ) -> tuple[Any, Any, Any]:
+        """``len(batches)`` updates one after the other against the same target (one graph)."""
+        for batch in batches:
+            params, opt_state, aux = self._train_step(params, target_params, opt_state, batch)
+        return params, opt_state, aux
+
     def update(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        b = {k: np.asarray(v, dtype=np.int64 if k == "action" else np.float32) for k, v in batch.items()
-             if k != "indices"}
-        self.params, self.opt_state, aux = self._step(self.params, self.target_params, self.opt_state, b)
-        self.updates += 1
-        if self.updates % self.config.target_update_every == 0:
-            self.target_params = engine.tree_map(np.copy, self.params)
+        """One update on ``batch``; returns its loss, gradient norm and mean Q_tot and target."""
+        return self.update_many([batch])
+
+    def update_many(self, batches: list[Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """One update per batch, in order, as :meth:`update` would make them; the updates between two target
+        copies run as one compiled call. Returns the last update's metrics."""
+        every = self.config.target_update_every
+        prepared = [{k: np.asarray(v, dtype=np.int64 if k == "action" else np.float32) for k, v in b.items()
+                     if k != "indices"} for b in batches]
+        i, aux = 0, {}
+        while i < len(prepared):
+            k = min(len(prepared) - i, every - self.updates % every)
+            self.params, self.opt_state, aux = self._steps(self.params, self.target_params, self.opt_state,
+                                                           tuple(prepared[i:i + k]))
+            self.updates += k
+            i += k
+            if self.updates % every == 0:
+                self.target_params = engine.tree_map(np.copy, self.params)
         return {k: float(v) for k, v in aux.items()}
 
     def greedy_q_tot(self, obs: np.ndarray, state: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -194,7 +224,9 @@ class ValueDecomposition:
         return np.asarray(self.mix(self.params, chosen.astype(np.float32), state.astype(np.float32)))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"params": self.params, "target_params": self.target_params, "opt_state": self.opt_state,
+        # copies: the next update may write the new parameters and Adam moments into these arrays (donated)
+        copy = lambda tree: engine.tree_map(np.copy, tree)  # noqa: E731
+        return {"params": copy(self.params), "target_params": copy(self.target_params), "opt_state": copy(self.opt_state),
                 "updates": self.updates, "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -265,12 +297,14 @@ class ValueDecompositionTrainer:
         self.env_steps += env.num_envs
         self.reward_stats.update(team_reward)
         if len(self.buffer) >= max(c.learning_starts, c.batch_size):
-            for _ in range(c.updates_per_step):
-                batch = self.buffer.sample(c.batch_size)
+            if c.updates_per_step:  # every update's batch drawn at once, the updates in one compiled call
+                B = c.batch_size
+                batch = self.buffer.sample(B * c.updates_per_step)
                 if c.standardise_rewards:
                     std = np.sqrt(self.reward_stats.var + 1e-8)
                     batch = dict(batch, reward=(batch["reward"] - self.reward_stats.mean) / std)
-                self.last_metrics = self.learner.update(batch)
+                self.last_metrics = self.learner.update_many(
+                    [{k: v[u * B:(u + 1) * B] for k, v in batch.items()} for u in range(c.updates_per_step)])
         finished = st.episode_return[st.episode_end]
         self.episodes += len(finished)
         return finished.mean(axis=1) if len(finished) else np.zeros(0)

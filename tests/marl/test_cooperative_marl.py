@@ -83,6 +83,18 @@ def test_independent_ppo_updates_on_simple_spread(shared):
     assert ip.greedy_actions(ip.obs, ip.mask).shape == (2, 3)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_independent_ppo_anneals_the_learning_rate_over_the_environment_step_budget(shared):
+    # 2 copies x 10 steps = 20 environment steps per rollout; a budget of 200 steps is 10 rollouts, each of
+    # 2 minibatches x 1 epoch, so the rate reaches 0 after 20 minibatch updates whatever the sharing
+    env = ParallelEnvBatch(lambda: make_env("simple_spread_v3", api="parallel", max_cycles=5), 2, seed=0)
+    cfg = PPOConfig(num_steps=10, num_minibatches=2, update_epochs=1, anneal_lr=True, learning_rate=1e-3)
+    ip = IndependentPPO(env, cfg, shared=shared, seed=0, total_steps=200)
+    for p in ip.learners:
+        assert p.total_updates == 200 // 20 * 2
+        assert p.learning_rate(10) == pytest.approx(5e-4)
+
+
 def test_snapshot_pool_keeps_the_newest_frozen_copies():
     pool = SnapshotPool(2)
     params = {"w": np.zeros(3, np.float32)}

@@ -1,9 +1,16 @@
 """MAPPO (fedarena.marl.mappo): the loss against a numpy oracle, ValueNorm against its closed form, grouping
-of heterogeneous agents, one training iteration, and the CLI's one-line errors (exit 2) for networks that
-cannot take the agents they are given and for unknown scenarios."""
+of heterogeneous agents, one training iteration, the CLI's one-line errors (exit 2) for networks that
+cannot take the agents they are given and for unknown scenarios, and a run stopped by SIGTERM after a
+checkpoint that resumes to exactly the uninterrupted run."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +141,59 @@ def test_mappo_run_end_to_end_with_the_random_listener_baseline(tmp_path):
     assert summary["mappo/episodes"] == 8
     assert np.isfinite(summary["mappo/greedy_return_mean"])
     assert np.isfinite(summary["mappo/greedy_return_with_random_listener_0_mean"])
+
+
+def test_mappo_interrupted_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
+    # speaker-listener: two agent types, so two actors, two critics, two ValueNorms and their Adam states
+    from fedarena.platform import checkpoint as ckpt
+    from fedarena.platform.runs import execute, read_metrics
+
+    overrides = ["learner_seeds=[0]", "num_envs=4", "env_steps=2000", "steps_per_round=100", "eval_every=2",
+                 "eval_episodes=4", "workers=1", "mappo.hidden=[16]", "mappo.update_epochs=2",
+                 "checkpoint.every=100", "checkpoint.keep=2"]
+    config = "experiments/simple_speaker_listener_mappo.yaml"
+    stopped = tmp_path / "stopped"
+    args = [sys.executable, "-m", "fedarena", "run", config, "--out", str(stopped), "--quiet", "--no-report"]
+    for o in overrides:
+        args += ["--set", o]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        deadline = time.monotonic() + 300
+        while not ckpt.list_checkpoints(stopped / "checkpoints"):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else "ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert json.loads((stopped / "status.json").read_text())["state"] == "interrupted"
+    cut = read_metrics(stopped)[-1]["step"]
+    assert 100 <= cut < 2000  # stopped part-way, at a round with its checkpoint
+
+    execute(None, [], resume=stopped, quiet=True, report=False)
+    execute(ROOT / config, overrides, out=tmp_path / "straight", quiet=True, report=False)
+    drop = lambda rows: [{k: v for k, v in r.items() if not k.endswith("wall_time")} for r in rows]  # noqa: E731
+    assert drop(read_metrics(stopped)) == drop(read_metrics(tmp_path / "straight"))
+    (s1, a), (s2, b) = (ckpt.load_newest_valid(d / "checkpoints") for d in (stopped, tmp_path / "straight"))
+    assert s1 == s2 == 2000
+
+    def leaves(tree, path=""):
+        if isinstance(tree, dict):
+            for k in sorted(tree):
+                if k != "wall":
+                    yield from leaves(tree[k], f"{path}/{k}")
+        elif isinstance(tree, (list, tuple)):
+            for i, v in enumerate(tree):
+                yield from leaves(v, f"{path}/{i}")
+        else:
+            yield path, tree
+
+    la, lb = dict(leaves(a["experiment"])), dict(leaves(b["experiment"]))
+    assert la.keys() == lb.keys() and len(la) > 20
+    for k in la:
+        np.testing.assert_array_equal(np.asarray(la[k]), np.asarray(lb[k]), err_msg=k)

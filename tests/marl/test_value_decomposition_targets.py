@@ -60,17 +60,17 @@ def test_standardised_rewards_use_the_running_mean_and_std_of_all_team_rewards()
                                    standardise_rewards=True)
     tr = ValueDecompositionTrainer(env, cfg, seed=0)
     seen, got = [], []
-    real_update, real_add = tr.learner.update, tr.buffer.add
+    real_update, real_add = tr.learner.update_many, tr.buffer.add
 
     def add(batch):
         seen.extend(np.asarray(batch["reward"], dtype=np.float64).tolist())
         return real_add(batch)
 
-    def update(batch):
-        got.append((np.asarray(batch["reward"], dtype=np.float64), np.array(seen)))
-        return real_update(batch)
+    def update(batches):
+        got.extend((np.asarray(b["reward"], dtype=np.float64), np.array(seen)) for b in batches)
+        return real_update(batches)
 
-    tr.buffer.add, tr.learner.update = add, update
+    tr.buffer.add, tr.learner.update_many = add, update
     for _ in range(12):
         tr.step()
     assert len(got) == 12 - 3
@@ -80,3 +80,26 @@ def test_standardised_rewards_use_the_running_mean_and_std_of_all_team_rewards()
         r = scaled * history.std() + history.mean()
         assert np.all(np.min(np.abs(r[:, None] - raw[None, :]), axis=1) < 1e-3 * max(1.0, history.std()))
     assert abs(np.mean(got[-1][0])) < 3.0 and not np.allclose(got[-1][0], raw[:8])
+
+
+def test_update_many_equals_one_update_at_a_time_across_target_copies():
+    # the updates between two target copies run as one compiled call: the same parameters, targets and
+    # update count as calling update() once per batch (oracle: the one-at-a-time path)
+    rng = np.random.default_rng(3)
+    cfg = ValueDecompositionConfig(mixer="qmix", hidden=(8,), mixing_embed=4, hypernet_hidden=8, hypernet_layers=2,
+                                   batch_size=6, buffer_size=6, target_update_every=2)
+    batches = [{"obs": rng.normal(size=(6, 2, 3)), "next_obs": rng.normal(size=(6, 2, 3)),
+                "state": rng.normal(size=(6, 6)), "next_state": rng.normal(size=(6, 6)),
+                "action": rng.integers(0, 4, (6, 2)), "reward": rng.normal(size=6),
+                "next_mask": np.ones((6, 2, 4)), "terminal": np.zeros(6)} for _ in range(5)]
+    one, many = (ValueDecomposition(3, 6, 2, 4, cfg, seed=1) for _ in range(2))
+    for b in batches:
+        one.update(b)
+    many.update_many(batches[:3])
+    many.update_many(batches[3:])
+    assert one.updates == many.updates == 5
+    for a, b in zip(engine.tree_leaves(one.params) + engine.tree_leaves(one.target_params),
+                    engine.tree_leaves(many.params) + engine.tree_leaves(many.target_params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    # the target was copied after update 4, so it differs from the online parameters after update 5
+    assert not np.allclose(engine.tree_leaves(many.params)[0], engine.tree_leaves(many.target_params)[0])
