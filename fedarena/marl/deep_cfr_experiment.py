@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 
 from fedarena.envs import load_game
 from fedarena.marl.deep_cfr import AVERAGES, DeepCFR, DeepCFRConfig
 from fedarena.marl.exploitability import exploitability
 from fedarena.marl.game_experiments import _check_common, _SolverSteps
+from fedarena.marl.mccfr_experiment import exploitability_panels, first_below
 from fedarena.marl.policy_export import POLICY_FILE, evaluate_exported, export_policy
 from fedarena.platform.experiment import Experiment, ExperimentConfig, param
 from fedarena.platform.loop import run_loop
@@ -90,44 +90,14 @@ class _DeepCFRSteps(_SolverSteps):
                                    "solver_seconds": self.solver_time,
                                    "exploitability": rows[-1]["exploitability"] if rows else float("nan"),
                                    "policy": str(self.run.dir / POLICY_FILE)}
-        below = [r for r in rows if r["exploitability"] <= 0.1]
-        if below:
-            summary.update({"first_below_0.1/iteration": below[0]["step"],
-                            "first_below_0.1/nodes_touched": below[0]["nodes_touched"],
-                            "first_below_0.1/solver_seconds": below[0]["solver_time"]})
+        summary.update(first_below(rows, 0.1))
         return summary
 
 
 def plots_deep_cfr(rows, cfg: DeepCFRExperimentConfig, report_dir: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pts = [(r["step"], r["nodes_touched"], r["solver_time"], r["exploitability"]) for r in rows
-           if "exploitability" in r]
-    if not pts:
-        return []
-    steps, nodes, wall, expl = (np.array(v, dtype=float) for v in zip(*pts))
     name = "Single Deep CFR (mixture)" if cfg.average == "mixture" else "Deep CFR (average network)"
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    for ax, x, label in zip(axes, (nodes, steps, wall), ("histories touched by the traversals", "iteration",
-                                                         "solver wall time (s)")):
-        ok = (x > 0) & (expl > 0)
-        ax.plot(x[ok], expl[ok], "o-", ms=3, lw=1.4, label=f"{name}, {cfg.traversals} traversals")
-        ax.axhline(0.1, color="gray", ls=":", lw=1, label="0.1")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("exact exploitability of the average strategy")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{name} on {cfg.game}")
-    fig.tight_layout()
-    path = f"{report_dir}/exploitability.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    return exploitability_panels(rows, report_dir, title=f"{name} on {cfg.game}", target=0.1, marker="o-",
+                                 label=f"{name}, {cfg.traversals} traversals")
 
 
 EXPERIMENT = Experiment(config=DeepCFRExperimentConfig, run=run_deep_cfr, plots=plots_deep_cfr,

@@ -171,15 +171,25 @@ class _MCCFRSteps(_SolverSteps):
         if self.exact:
             rows = [r for r in self.run.rows() if "exploitability" in r]
             summary["exploitability"] = rows[-1]["exploitability"] if rows else float("nan")
-            below = [r for r in rows if r["exploitability"] <= 0.05]
-            if below:
-                summary.update({"first_below_0.05/iteration": below[0]["step"],
-                                "first_below_0.05/nodes_touched": below[0]["nodes_touched"],
-                                "first_below_0.05/solver_seconds": below[0]["solver_time"]})
+            summary.update(first_below(rows, 0.05))
         return summary
 
 
-def plots_mccfr(rows, cfg: MCCFRConfig, report_dir: str) -> list[str]:
+def first_below(rows: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
+    """The iteration, histories touched and solver time of the first row whose exploitability is at most
+    ``threshold`` (``first_below_<threshold>/...`` summary keys; empty when none is)."""
+    below = [r for r in rows if r["exploitability"] <= threshold]
+    if not below:
+        return {}
+    return {f"first_below_{threshold:g}/iteration": below[0]["step"],
+            f"first_below_{threshold:g}/nodes_touched": below[0]["nodes_touched"],
+            f"first_below_{threshold:g}/solver_seconds": below[0]["solver_time"]}
+
+
+def exploitability_panels(rows, report_dir: str, *, title: str, label: str, target: float | None = None,
+                          marker: str = "-") -> list[str]:
+    """``exploitability.png``: exploitability against iterations, histories touched and solver time (log-log),
+    with a dotted line at ``target`` when given; no figure when no row has an exploitability."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,21 +201,28 @@ def plots_mccfr(rows, cfg: MCCFRConfig, report_dir: str) -> list[str]:
         return []
     steps, nodes, wall, expl = (np.array(v, dtype=float) for v in zip(*pts))
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    for ax, x, label in zip(axes, (steps, nodes, wall), ("iteration", "histories touched", "solver wall time (s)")):
+    for ax, x, xlabel in zip(axes, (steps, nodes, wall), ("iteration", "histories touched", "solver wall time (s)")):
         ok = (x > 0) & (expl > 0)
-        ax.plot(x[ok], expl[ok], "-", lw=1.4, label=f"{cfg.sampling} sampling, batch {cfg.batch}")
+        ax.plot(x[ok], expl[ok], marker, ms=3, lw=1.4, label=label)
+        if target is not None:
+            ax.axhline(target, color="gray", ls=":", lw=1, label=f"{target:g}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("exploitability of the average policy")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("exact exploitability of the average policy")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    fig.suptitle(f"MCCFR on {cfg.game}")
+    fig.suptitle(title)
     fig.tight_layout()
     path = f"{report_dir}/exploitability.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
+
+
+def plots_mccfr(rows, cfg: MCCFRConfig, report_dir: str) -> list[str]:
+    return exploitability_panels(rows, report_dir, title=f"MCCFR on {cfg.game}",
+                                 label=f"{cfg.sampling} sampling, batch {cfg.batch}")
 
 
 EXPERIMENT = Experiment(config=MCCFRConfig, run=run_mccfr, plots=plots_mccfr, evaluate=evaluate_exported,
