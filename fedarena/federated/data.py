@@ -363,7 +363,8 @@ def synthetic_fedprox(alpha: float, beta: float, num_clients: int, seed: int, *,
     return FederatedData(x.astype(np.float32), y, train, held, test, num_classes, f"synthetic({alpha},{beta})")
 
 
-def _leaf_files(path: Path) -> tuple[list[Path], list[Path]]:
+def leaf_files(path: Path) -> tuple[list[Path], list[Path]]:
+    """(train files, test files) of a LEAF file or folder (``train/*.json`` and ``test/*.json``, or ``*.json``)."""
     if path.is_file():
         return [path], []
     train = sorted((path / "train").glob("*.json")) if (path / "train").is_dir() else sorted(path.glob("*.json"))
@@ -426,7 +427,7 @@ def load_leaf(path: str | Path, *, held_out_fraction: float = 0.2, seed: int = 0
     p = Path(path)
     if not str(path) or not p.exists():
         raise DataError("data.path", f"{path}: no such file or directory")
-    train_files, test_files = _leaf_files(p)
+    train_files, test_files = leaf_files(p)
     train_users = _leaf_read(train_files, "train")
     test_users = _leaf_read(test_files, "test") if test_files else {}
     names = sorted(train_users)

@@ -21,24 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from fedarena.federated.data import LEAF_LETTERS, DataError
+from fedarena.federated.data import LEAF_LETTERS, DataError, leaf_files
 from fedarena.federated.datasets.index import ClientIndex, IndexBuilder
 
 SEQ_LEN = 80
 """LEAF Shakespeare's context length"""
 FEMNIST_PIXELS = 28 * 28
 _LUT = {c: i for i, c in enumerate(LEAF_LETTERS)}
-
-
-def leaf_files(path: Path) -> tuple[list[Path], list[Path]]:
-    """(train files, test files) of a LEAF file or folder."""
-    if path.is_file():
-        return [path], []
-    train = sorted((path / "train").glob("*.json")) if (path / "train").is_dir() else sorted(path.glob("*.json"))
-    test = sorted((path / "test").glob("*.json")) if (path / "test").is_dir() else []
-    if not train:
-        raise DataError("data.path", f"{path}: no LEAF .json files (expected *.json or train/*.json)")
-    return train, test
 
 
 def _skip_ws(s: str, i: int) -> int:
