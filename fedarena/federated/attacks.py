@@ -43,6 +43,7 @@ from typing import Any, Literal, Protocol, Sequence
 import numpy as np
 
 from fedarena.federated.strategy import ClientUpdate, Params, RoundState
+from fedarena.federated.wrappers import StrategyWrapper
 
 AttackName = Literal["none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip", "backdoor"]
 ATTACKS: tuple[str, ...] = ("none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip",
@@ -270,42 +271,26 @@ def unflatten(flat: np.ndarray, like: Params, names: Sequence[str]) -> Params:
 
 
 @dataclass
-class Attacked:
-    """A strategy whose round includes a colluding coalition ``attacker_ids``: before ``strategy`` aggregates,
+class Attacked(StrategyWrapper):
+    """A strategy whose round includes a colluding coalition ``attacker_ids``: before ``inner`` aggregates,
     the coalition's updates of the round are replaced by ``attack(round, honest, own, context)``, where
-    ``honest`` are the other clients' updates of that round. Everything else is the inner strategy's.
+    ``honest`` are the other clients' updates of that round. Every other hook is the inner strategy's.
     ``last_attackers`` is how many of the coalition reported in the last aggregated round."""
 
-    strategy: Any
+    inner: Any
     attack: Attack
     attacker_ids: frozenset[str]
     last_attackers: int = field(default=0, init=False)
-
-    linear = False  # the coalition needs the round's individual updates
 
     def __post_init__(self) -> None:
         self.attacker_ids = frozenset(self.attacker_ids)
 
     @property
-    def clients_per_round(self) -> int:
-        return self.strategy.clients_per_round
+    def linear(self) -> bool:
+        return False  # the coalition needs the round's individual updates
 
-    def select(self, rnd, candidates, seed):
-        return self.strategy.select(rnd, candidates, seed)
-
-    def configure(self, rnd, state):
-        return self.strategy.configure(rnd, state)
-
-    def init_state(self, params: Params) -> RoundState:
-        return self.strategy.init_state(params)
-
-    def evaluate(self, rnd, client_accuracies):
-        return self.strategy.evaluate(rnd, client_accuracies)
-
-    def __getattr__(self, name: str) -> Any:  # fit, server_optimizer, weight, ... of the inner strategy
-        if name == "strategy":
-            raise AttributeError(name)
-        return getattr(self.strategy, name)
+    def aggregate_partial(self, state, total):
+        raise ValueError("attack: the coalition replaces individual updates; a partial sum hides them")
 
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
         bad = [i for i, u in enumerate(updates) if u.client_id in self.attacker_ids]
@@ -314,7 +299,7 @@ class Attacked:
             names = sorted(state.params)
             good = [i for i in range(len(updates)) if i not in set(bad)]
             flat = np.stack([flatten(u.delta, names) for u in updates])
-            opt = getattr(self.strategy, "server_optimizer", None)
+            opt = getattr(self.inner, "server_optimizer", None)
             ctx = AttackContext(len(updates), float(getattr(opt, "lr", 1.0)))
             mal = np.asarray(self.attack.attack(state.round, flat[good], flat[bad], ctx), np.float64)
             if mal.shape != (len(bad), flat.shape[1]):
@@ -322,7 +307,7 @@ class Attacked:
             updates = list(updates)
             for r, i in enumerate(bad):
                 updates[i] = replace(updates[i], delta=unflatten(mal[r], state.params, names))
-        return self.strategy.aggregate(state, updates, num_clients)
+        return self.inner.aggregate(state, updates, num_clients)
 
 
 def poison_clients(attack: Attack, x: np.ndarray, y: np.ndarray, train: Sequence[np.ndarray],

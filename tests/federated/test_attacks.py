@@ -134,7 +134,9 @@ def test_attacked_replaces_only_the_coalition_with_the_honest_round_in_view():
     want = (w[:, None] * vecs * np.array([1, -1, 1, -1])[:, None]).sum(0) / w.sum()
     got = np.concatenate([new.params["a"].ravel(), new.params["b"]])
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert wrapped.fit == inner.fit  # the rest is the inner strategy's
+    # every other hook is the inner strategy's (StrategyWrapper forwards them)
+    assert wrapped.configure(1, state) == inner.configure(1, state) and wrapped.weight(7) == inner.weight(7)
+    assert wrapped.clients_per_round == inner.clients_per_round and wrapped.linear is False
 
 
 def test_poison_clients_changes_only_the_coalitions_training_data():

@@ -11,7 +11,7 @@ from fedarena.federated.attacks import AttackConfig
 from fedarena.federated.defences import (Defended, DefenceConfig, RootSet, adaptive_norm_bound, bucketing,
                                          centered_clipping, fltrust)
 from fedarena.federated.simulation import BatchedMLP, Simulation
-from fedarena.federated.strategy import ClientUpdate, FedAvg, FitConfig, coordinate_median
+from fedarena.federated.strategy import ClientUpdate, FedAvg, FitConfig
 
 RNG = np.random.default_rng(3)
 X = RNG.normal(size=(9, 4))
@@ -47,19 +47,18 @@ def test_bucketing_is_the_rule_of_bucket_means_of_a_seeded_permutation():
     perm = np.random.default_rng([7, 2]).permutation(9)
     buckets = [perm[0:2], perm[2:4], perm[4:6], perm[6:8], perm[8:9]]
     means = np.stack([X[b].mean(0) for b in buckets])
-    got = bucketing(X, W, bucket_size=2, rule=lambda u, w: coordinate_median(u), seed=[7, 2])
+    got = bucketing(X, W, bucket_size=2, rule="median", seed=[7, 2])
     np.testing.assert_allclose(got, np.median(means, axis=0), rtol=1e-12)
-    seen = {}
-
-    def spy(u, w, **kw):
-        seen.update(w=w, kw=kw)
-        return u.mean(0)
-    bucketing(X, W, bucket_size=2, rule=spy, seed=[7, 2], tau=0.3)
-    np.testing.assert_allclose(seen["w"], [W[b].sum() for b in buckets])
-    assert seen["kw"] == {"tau": 0.3}
+    # the inner rule is the table's, with its parameters; a bucket weighs the sum of its members' weights
+    bw = np.array([W[b].sum() for b in buckets])
+    np.testing.assert_allclose(bucketing(X, W, bucket_size=2, rule="mean", seed=[7, 2]), bw @ means / bw.sum(),
+                               rtol=1e-12)
+    np.testing.assert_allclose(bucketing(X, W, bucket_size=2, rule="centered_clipping", rule_params={"tau": 0.3},
+                                         seed=[7, 2]), centered_clipping(means, bw, tau=0.3), rtol=1e-12)
     # bucket size 1 is the rule itself
-    np.testing.assert_allclose(bucketing(X, W, bucket_size=1, rule=lambda u, w: coordinate_median(u), seed=0),
-                               np.median(X, axis=0))
+    np.testing.assert_allclose(bucketing(X, W, bucket_size=1, rule="median", seed=0), np.median(X, axis=0))
+    with pytest.raises(ValueError, match="^aggregation: unknown 'mode'"):
+        bucketing(X, W, rule="mode")
 
 
 def test_adaptive_norm_bound_by_hand():
