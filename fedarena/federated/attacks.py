@@ -38,17 +38,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from fedarena.federated.config import ATTACKS, AttackConfig, AttackName, Direction  # noqa: F401  (the section)
 from fedarena.federated.strategy import ClientUpdate, Params, RoundState
 from fedarena.federated.wrappers import StrategyWrapper
 
-AttackName = Literal["none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip", "backdoor"]
-ATTACKS: tuple[str, ...] = ("none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip",
-                            "backdoor")
-Direction = Literal["unit", "std", "sign"]
 
 
 @dataclass(frozen=True)
@@ -355,68 +352,15 @@ class AttackPlan:
         return poison_clients(self.attack, x, y, train, client_ids, self.attacker_ids, self.seed)
 
 
-@dataclass(frozen=True)
-class AttackConfig:
-    """The ``attack`` section: which attack, how many clients collude, and the attack's parameters."""
-
-    kind: AttackName = "none"
-    num_attackers: int = 0
-    """clients of the coalition, drawn once per run from the seed"""
-    scale: float = 4.0
-    """sign_flip / scale: the factor s"""
-    z: float = 0.0
-    """alie: the shift in standard deviations; 0 = Baruch et al.'s z_max for the round's n and f"""
-    epsilon: float = 0.5
-    """ipm: the attackers upload -epsilon times the benign mean"""
-    direction: Direction = "std"
-    """min_max / min_sum: perturbation direction (unit, std, sign)"""
-    gamma_init: float = 10.0
-    tolerance: float = 1e-5
-    target: int = 0
-    """backdoor: the label the trigger should produce"""
-    poison_fraction: float = 0.5
-    """backdoor: triggered copies per attacker example"""
-    boost: float = 0.0
-    """backdoor: upload scale; 0 = n / (eta a), model replacement"""
-
-    def __post_init__(self) -> None:
-        if self.kind not in ATTACKS:
-            raise ValueError(f"attack.kind: unknown '{self.kind}' ({', '.join(ATTACKS)})")
-        if self.num_attackers < 0:
-            raise ValueError(f"attack.num_attackers: must be >= 0, got {self.num_attackers}")
-        if self.kind != "none" and self.num_attackers == 0:
-            raise ValueError(f"attack.num_attackers: attack '{self.kind}' needs at least one attacker")
-        if not self.scale > 0:
-            raise ValueError(f"attack.scale: must be > 0, got {self.scale}")
-        if self.z < 0:
-            raise ValueError(f"attack.z: must be >= 0 (0 = Baruch et al.'s z_max), got {self.z}")
-        if not self.epsilon > 0:
-            raise ValueError(f"attack.epsilon: must be > 0, got {self.epsilon}")
-        if self.direction not in ("unit", "std", "sign"):
-            raise ValueError(f"attack.direction: unknown '{self.direction}' (unit, std, sign)")
-        if not (self.gamma_init > 0 and self.tolerance > 0):
-            raise ValueError(f"attack.gamma_init/tolerance: must be > 0, got {self.gamma_init}, {self.tolerance}")
-        if not 0 < self.poison_fraction <= 1:
-            raise ValueError(f"attack.poison_fraction: must lie in (0, 1], got {self.poison_fraction}")
-        if self.boost < 0:
-            raise ValueError(f"attack.boost: must be >= 0 (0 = n / (eta a)), got {self.boost}")
-
-    def build(self, client_ids: Sequence[str], num_classes: int, seed: int) -> AttackPlan:
-        """The attack and a coalition of ``num_attackers`` of ``client_ids`` drawn by ``(seed, 23)``."""
-        if self.num_attackers > len(client_ids):
-            raise ValueError(f"attack.num_attackers: {self.num_attackers} exceeds the {len(client_ids)} clients")
-        if self.kind == "backdoor" and not 0 <= self.target < num_classes:
-            raise ValueError(f"attack.target: must lie in [0, {num_classes}), got {self.target}")
-        if self.kind == "none":
-            return AttackPlan(None, frozenset(), seed)
-        rng = np.random.default_rng([seed, 23])
-        ids = frozenset(np.asarray(client_ids)[rng.choice(len(client_ids), self.num_attackers, replace=False)].tolist())
-        attack: Attack = {
-            "sign_flip": lambda: SignFlip(self.scale), "scale": lambda: Scaling(self.scale),
-            "alie": lambda: ALIE(self.z), "ipm": lambda: IPM(self.epsilon),
-            "min_max": lambda: MinMax(self.direction, self.gamma_init, self.tolerance),
-            "min_sum": lambda: MinSum(self.direction, self.gamma_init, self.tolerance),
-            "label_flip": lambda: LabelFlip(num_classes),
-            "backdoor": lambda: Backdoor(self.target, poison_fraction=self.poison_fraction, boost=self.boost),
-        }[self.kind]()
-        return AttackPlan(attack, ids, seed)
+def make_attack(kind: str, num_classes: int, **params: Any) -> Attack | None:
+    """The built-in attack ``kind`` (None for ``none``) with the parameters of the ``attack`` section."""
+    p = params
+    return {
+        "none": lambda: None,
+        "sign_flip": lambda: SignFlip(p["scale"]), "scale": lambda: Scaling(p["scale"]),
+        "alie": lambda: ALIE(p["z"]), "ipm": lambda: IPM(p["epsilon"]),
+        "min_max": lambda: MinMax(p["direction"], p["gamma_init"], p["tolerance"]),
+        "min_sum": lambda: MinSum(p["direction"], p["gamma_init"], p["tolerance"]),
+        "label_flip": lambda: LabelFlip(num_classes),
+        "backdoor": lambda: Backdoor(p["target"], poison_fraction=p["poison_fraction"], boost=p["boost"]),
+    }[kind]()

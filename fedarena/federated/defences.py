@@ -27,11 +27,12 @@ the table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from fedarena.federated import rules
+from fedarena.federated.config import DEFENCES, DefenceConfig, DefenceName  # noqa: F401  (the section)
 from fedarena.federated.rules import adaptive_norm_bound, bucketing, centered_clipping, fltrust  # noqa: F401
 from fedarena.federated.simulation import BatchedModel, batch_plan, client_key, make_group_plan
 from fedarena.federated.strategy import ClientUpdate, FitConfig, Params, RoundState
@@ -132,81 +133,22 @@ class Defended(StrategyWrapper):
         return RoundState(state.round + 1, params, opt, state.control)
 
 
-# ----------------------------------------------------------------------------- config
-
-DefenceName = Literal["none", "centered_clipping", "bucketing", "norm_bound", "fltrust"]
-DEFENCES: tuple[str, ...] = ("none", "centered_clipping", "bucketing", "norm_bound", "fltrust")
-
-
-@dataclass(frozen=True)
-class DefenceConfig:
-    """The defence part of the ``strategy`` section: which defence and its parameters.
-
-    ``centered_clipping`` clips around the previous aggregate; ``bucketing`` runs ``bucket_rule`` (default
-    centered clipping) over bucket means; ``norm_bound`` clips to ``norm_multiple`` median norms;
-    ``fltrust`` needs a root set (``root_size`` examples the server holds)."""
-
-    kind: DefenceName = "none"
-    tau: float = 0.15
-    """centered clipping's radius, in the units of the flattened update: it should be about an honest update's
-    distance from the previous aggregate. 0.15 did best of {0.05, 0.15, 0.5} for the digits MLP of
-    benchmarks/fedsim_robustness.py on its tuning seed (100), whose honest updates have norms 0.1-0.4"""
-    iterations: int = 1
-    """centered clipping's iterations per round (the paper: one suffices with momentum)"""
-    bucket_size: int = 2
-    """bucketing's s"""
-    bucket_rule: str = "centered_clipping"
-    """bucketing's inner rule: a rule of :data:`fedarena.federated.rules.AGGREGATION_RULES` (not bucketing or
-    fltrust); it gets ``tau``/``iterations``, ``trim_fraction`` or Krum's f as ``num_byzantine`` when it takes them"""
-    trim_fraction: float = 0.2
-    num_byzantine: int = 0
-    """Krum's f for bucketing's krum rule (in buckets)"""
-    norm_multiple: float = 1.0
-    """norm bound: clip to this many median norms (1 = FLAME's median-norm bound)"""
-    root_size: int = 0
-    """FLTrust: examples of the server's clean root set (0 = none configured)"""
-
-    def __post_init__(self) -> None:
-        if self.kind not in DEFENCES:
-            raise ValueError(f"defence.kind: unknown '{self.kind}' ({', '.join(DEFENCES)})")
-        if not self.tau > 0:
-            raise ValueError(f"defence.tau: must be > 0, got {self.tau}")
-        if self.iterations < 1:
-            raise ValueError(f"defence.iterations: must be >= 1, got {self.iterations}")
-        if self.bucket_size < 1:
-            raise ValueError(f"defence.bucket_size: must be >= 1, got {self.bucket_size}")
-        if self.bucket_rule not in rules.AGGREGATION_RULES or self.bucket_rule == "bucketing":
-            known = ", ".join(sorted(set(rules.AGGREGATION_RULES) - {"bucketing", "fltrust"}))
-            raise ValueError(f"defence.bucket_rule: unknown '{self.bucket_rule}' ({known})")
-        if self.bucket_rule == "fltrust":
-            raise ValueError("defence.bucket_rule: fltrust scores single updates against the root set, not buckets")
-        if not 0 <= self.trim_fraction < 0.5:
-            raise ValueError(f"defence.trim_fraction: must lie in [0, 0.5), got {self.trim_fraction}")
-        if self.num_byzantine < 0:
-            raise ValueError(f"defence.num_byzantine: must be >= 0, got {self.num_byzantine}")
-        if not self.norm_multiple > 0:
-            raise ValueError(f"defence.norm_multiple: must be > 0, got {self.norm_multiple}")
-        if self.root_size < 0:
-            raise ValueError(f"defence.root_size: must be >= 0, got {self.root_size}")
-        if self.kind == "fltrust" and self.root_size == 0:
-            raise ValueError("defence.root_size: fltrust needs a clean root set on the server (root_size > 0)")
-
-    def build(self, strategy: Any, *, root: RootSet | None = None, seed: int = 0) -> Any:
-        """``strategy`` defended (``strategy`` itself for ``none``); ``root`` is the server's root set."""
-        if self.kind == "none":
-            return strategy
-        if self.kind == "centered_clipping":
-            return Defended(strategy, "centered_clipping", {"tau": self.tau, "iterations": self.iterations},
-                            center_previous=True, seed=seed)
-        if self.kind == "bucketing":
-            inner = {k: v for k, v in {"tau": self.tau, "iterations": self.iterations,
-                                       "trim_fraction": self.trim_fraction, "krum_byzantine": self.num_byzantine
-                                       }.items() if k in rules.rule_params(self.bucket_rule)}
-            return Defended(strategy, "bucketing", {"bucket_size": self.bucket_size, "rule": self.bucket_rule,
-                                                    "rule_params": inner},
-                            center_previous=self.bucket_rule == "centered_clipping", bucket_seeded=True, seed=seed)
-        if self.kind == "norm_bound":
-            return Defended(strategy, "norm_bound", {"multiple": self.norm_multiple}, seed=seed)
-        if root is None or len(root.y) != self.root_size:
-            raise ValueError(f"defence.root_size: fltrust needs the server's root set of {self.root_size} examples")
-        return Defended(strategy, "fltrust", {}, root=root, seed=seed)
+def build_defence(cfg: DefenceConfig, strategy: Any, *, root: RootSet | None = None, seed: int = 0) -> Any:
+    """``strategy`` defended as ``cfg`` says (``strategy`` itself for ``none``); ``root`` is the server's root set."""
+    if cfg.kind == "none":
+        return strategy
+    if cfg.kind == "centered_clipping":
+        return Defended(strategy, "centered_clipping", {"tau": cfg.tau, "iterations": cfg.iterations},
+                        center_previous=True, seed=seed)
+    if cfg.kind == "bucketing":
+        inner = {k: v for k, v in {"tau": cfg.tau, "iterations": cfg.iterations, "trim_fraction": cfg.trim_fraction,
+                                   "krum_byzantine": cfg.num_byzantine}.items()
+                 if k in rules.rule_params(cfg.bucket_rule)}
+        return Defended(strategy, "bucketing", {"bucket_size": cfg.bucket_size, "rule": cfg.bucket_rule,
+                                                "rule_params": inner},
+                        center_previous=cfg.bucket_rule == "centered_clipping", bucket_seeded=True, seed=seed)
+    if cfg.kind == "norm_bound":
+        return Defended(strategy, "norm_bound", {"multiple": cfg.norm_multiple}, seed=seed)
+    if root is None or len(root.y) != cfg.root_size:
+        raise ValueError(f"root_size: fltrust needs the server's root set of {cfg.root_size} examples")
+    return Defended(strategy, "fltrust", {}, root=root, seed=seed)

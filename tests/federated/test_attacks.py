@@ -165,13 +165,13 @@ def test_attack_config_builds_a_seeded_coalition():
 
 
 @pytest.mark.parametrize("kw, build, field", [
-    (dict(kind="alie", num_attackers=11), True, "attack.num_attackers"),
-    (dict(kind="alie", num_attackers=0), False, "attack.num_attackers"),
-    (dict(kind="lie", num_attackers=1), False, "attack.kind"),
-    (dict(kind="ipm", num_attackers=1, epsilon=0.0), False, "attack.epsilon"),
-    (dict(kind="min_max", num_attackers=1, direction="up"), False, "attack.direction"),
-    (dict(kind="backdoor", num_attackers=1, target=10), True, "attack.target"),
-    (dict(kind="backdoor", num_attackers=1, poison_fraction=0.0), False, "attack.poison_fraction"),
+    (dict(kind="alie", num_attackers=11), True, "num_attackers"),
+    (dict(kind="alie", num_attackers=0), False, "num_attackers"),
+    (dict(kind="lie", num_attackers=1), False, "kind"),
+    (dict(kind="ipm", num_attackers=1, epsilon=0.0), False, "epsilon"),
+    (dict(kind="min_max", num_attackers=1, direction="up"), False, "direction"),
+    (dict(kind="backdoor", num_attackers=1, target=10), True, "target"),
+    (dict(kind="backdoor", num_attackers=1, poison_fraction=0.0), False, "poison_fraction"),
 ])
 def test_attack_config_errors_are_one_line_naming_the_field(kw, build, field):
     with pytest.raises(ValueError) as e:
