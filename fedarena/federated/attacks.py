@@ -230,6 +230,9 @@ class Backdoor:
         return out
 
     def poison(self, x, y, rng):
+        if max(self.trigger) >= np.shape(x)[1]:
+            raise ValueError(f"kind: backdoor's trigger pixels {list(self.trigger)} need at least "
+                             f"{max(self.trigger) + 1} features (8x8 digits), the data has {np.shape(x)[1]}")
         k = int(round(self.poison_fraction * len(y)))
         pick = rng.choice(len(y), size=k, replace=False)
         return (np.concatenate([x, self.stamp(x[pick])]),
@@ -305,6 +308,44 @@ class Attacked(StrategyWrapper):
             for r, i in enumerate(bad):
                 updates[i] = replace(updates[i], delta=unflatten(mal[r], state.params, names))
         return self.inner.aggregate(state, updates, num_clients)
+
+
+NEEDS_HONEST: tuple[str, ...] = ("alie", "ipm", "min_max", "min_sum")
+"""the attacks computed from the round's honest updates (their mean and spread): simulation only"""
+
+
+@dataclass(frozen=True)
+class ClientAttack:
+    """One attacking client of the gRPC runtime: it sees only its own data (poisoned by the deployment before the
+    client starts, :meth:`Attack.poison`) and its own update, so ``honest_updates`` is None and ``own_updates`` is
+    its one row; ``context`` holds what the deployment's config makes public (the clients per round ``n`` and the
+    server learning rate)."""
+
+    attack: Attack
+    context: AttackContext
+
+    def upload(self, rnd: int, delta: Params) -> Params:
+        """The update this client uploads in round ``rnd`` in place of its honest ``delta`` (float32 tensors)."""
+        names = sorted(delta)
+        mal = np.asarray(self.attack.attack(rnd, None, flatten(delta, names)[None], self.context), np.float64)
+        return {k: np.asarray(v, np.float32) for k, v in unflatten(mal[0], delta, names).items()}
+
+
+def client_attack(spec: dict[str, Any], index: int, num_classes: int, x: np.ndarray, y: np.ndarray
+                  ) -> tuple[ClientAttack | None, np.ndarray, np.ndarray]:
+    """The attack of client ``index`` of a deployment (``spec`` as written by the ``fedavg_grpc`` kind: ``kind``,
+    ``params``, ``clients`` (the coalition's indices), ``num_updates``, ``server_lr``, ``seed``), and its local
+    data poisoned as in the simulation (:func:`poison_clients`'s draw ``(seed, index, 17)``); ``(None, x, y)`` for
+    an honest client."""
+    if not spec or index not in spec.get("clients", ()):
+        return None, x, y
+    if spec["kind"] in NEEDS_HONEST:
+        raise ValueError(f"attack.kind: {spec['kind']} needs the round's honest updates, which a client sees only "
+                         "in the simulation")
+    attack = make_attack(spec["kind"], num_classes, **spec["params"])
+    px, py = attack.poison(x, y, np.random.default_rng([spec["seed"], index, 17]))
+    ctx = AttackContext(int(spec["num_updates"]), float(spec["server_lr"]))
+    return ClientAttack(attack, ctx), np.asarray(px, np.asarray(x).dtype), np.asarray(py, np.asarray(y).dtype)
 
 
 def poison_clients(attack: Attack, x: np.ndarray, y: np.ndarray, train: Sequence[np.ndarray],

@@ -497,8 +497,10 @@ Direction = Literal["unit", "std", "sign"]
 @dataclass(frozen=True)
 class AttackConfig:
     """The ``attack`` section: which attack (:mod:`fedarena.federated.attacks`), how many clients collude, and the
-    attack's parameters. The coalition is drawn once per run from the seed; in the simulation it sees the round's
-    honest updates (:class:`~fedarena.federated.attacks.Attacked`)."""
+    attack's parameters. The coalition is drawn once per run from the seed (the same clients in both kinds); in the
+    simulation it sees the round's honest updates (:class:`~fedarena.federated.attacks.Attacked`), in the gRPC
+    runtime each attacker sees only its own data and update (:class:`~fedarena.federated.attacks.ClientAttack`),
+    so the attacks built on the honest updates (alie, ipm, min_max, min_sum) are simulation only."""
 
     kind: AttackName = param("none", "the attack: none, sign_flip, scale, alie, ipm, min_max, min_sum, label_flip, "
                              "backdoor")
@@ -513,7 +515,8 @@ class AttackConfig:
     tolerance: float = param(1e-5, "min_max / min_sum: the search stops when its step is below this")
     target: int = param(0, "backdoor: the label the trigger should produce")
     poison_fraction: float = param(0.5, "backdoor: triggered copies added, as a fraction of an attacker's examples")
-    boost: float = param(0.0, "backdoor: upload scale; 0 = n / (eta a), model replacement")
+    boost: float = param(0.0, "backdoor: upload scale; 0 = n / (eta a), model replacement (fedavg_grpc: a is the "
+                         "coalition's expected share of a round, a client cannot count the attackers reporting)")
 
     def __post_init__(self) -> None:
         if self.kind not in ATTACKS:
@@ -550,19 +553,31 @@ class AttackConfig:
 
         from fedarena.federated.attacks import AttackPlan, make_attack
 
-        k = self.count(len(client_ids))
-        if k > len(client_ids):
-            raise ValueError(f"num_attackers: {k} attackers exceed the {len(client_ids)} clients")
         if self.kind == "backdoor" and self.target >= num_classes:
             raise ValueError(f"target: must lie in [0, {num_classes}), got {self.target}")
-        if not self.on or k == 0:
+        members = self.coalition(len(client_ids), seed)
+        if not members:
             return AttackPlan(None, frozenset(), seed)
-        rng = np.random.default_rng([seed, 23])
-        ids = frozenset(np.asarray(client_ids)[rng.choice(len(client_ids), k, replace=False)].tolist())
-        attack = make_attack(self.kind, num_classes, scale=self.scale, z=self.z, epsilon=self.epsilon,
-                             direction=self.direction, gamma_init=self.gamma_init, tolerance=self.tolerance,
-                             target=self.target, poison_fraction=self.poison_fraction, boost=self.boost)
-        return AttackPlan(attack, ids, seed)
+        ids = frozenset(np.asarray(client_ids)[members].tolist())
+        return AttackPlan(make_attack(self.kind, num_classes, **self.attack_params()), ids, seed)
+
+    def coalition(self, num_clients: int, seed: int) -> list[int]:
+        """The indices of the coalition's clients among ``num_clients``, drawn by ``(seed, 23)`` (the same in both
+        runtimes); empty without an attack."""
+        import numpy as np
+
+        k = self.count(num_clients)
+        if k > num_clients:
+            raise ValueError(f"num_attackers: {k} attackers exceed the {num_clients} clients")
+        if not self.on or k == 0:
+            return []
+        return sorted(np.random.default_rng([seed, 23]).choice(num_clients, k, replace=False).tolist())
+
+    def attack_params(self) -> dict[str, Any]:
+        """The parameters :func:`fedarena.federated.attacks.make_attack` takes."""
+        return dict(scale=self.scale, z=self.z, epsilon=self.epsilon, direction=self.direction,
+                    gamma_init=self.gamma_init, tolerance=self.tolerance, target=self.target,
+                    poison_fraction=self.poison_fraction, boost=self.boost)
 
 
 DefenceName = Literal["none", "centered_clipping", "bucketing", "norm_bound", "fltrust"]

@@ -184,9 +184,9 @@ def _attacked(cfg: FedSimConfig, d: Any, model: Any, ids: list[str]):
         test = (test[0][t], test[1][t])
     try:
         plan = cfg.attack.build(ids, d.num_classes, cfg.seed)
+        x, y, train = plan.data(d.x, d.y, d.train, ids)
     except ValueError as e:
         raise ConfigError(f"attack.{e}") from None
-    x, y, train = plan.data(d.x, d.y, d.train, ids)
     inner = defence.build(cfg.strategy.build(cfg.clients.build(), cfg.clients.per_round), root=root, seed=cfg.seed)
     return x, y, train, test, plan.strategy(cfg.privacy.wrap(inner, d.num_clients, cfg.seed))
 

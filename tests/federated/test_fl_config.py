@@ -156,8 +156,8 @@ def test_every_old_flat_key_has_exactly_one_new_path(schema, moved, count):
     # and every field of the sections is the new home of one old key, or one of the fields added since
     added = {FedSimConfig: {"execution.threads", "execution.max_stacked_clients", "execution.ray_workers",
                             "execution.ray_chunk"}}.get(schema, set())
-    if schema is FedSimConfig:  # the attack section and strategy.defence (issue 36); three old keys moved into it
-        added |= {p for p in kind_fields if p.startswith(("attack.", "strategy.defence."))} - set(moved.values())
+    # the attack section (both kinds) and strategy.defence (fedsim), issue 36; three old fedsim keys moved into it
+    added |= {p for p in kind_fields if p.startswith(("attack.", "strategy.defence."))} - set(moved.values())
     assert len(moved) == count - 1 and len(set(moved.values())) == len(moved)
     assert set(moved.values()) | {"rounds"} | added == kind_fields
 
