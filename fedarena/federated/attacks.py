@@ -1,11 +1,13 @@
-"""Attackers as participants of federated rounds: the attack interface, the built-in attacks, and the
-strategy wrapper that plants a colluding coalition in the in-process simulation.
+"""Attackers as participants of federated rounds: the attack interface, the built-in attacks, the strategy
+wrapper that plants a colluding coalition in the in-process simulation (:class:`Attacked`), and the malicious
+client of the gRPC runtime (:class:`ClientAttack`, which sees only its own data and update). The ``attack``
+section is :class:`fedarena.federated.config.AttackConfig` (re-exported here).
 
 An attack sees what a colluding coalition would see in its runtime and returns the coalition's uploads:
 ``attack(round, honest_updates, own_updates, context) -> (a, d)``. In the simulation the round's honest
-updates are known to it (the strongest, "omniscient" coalition of the papers below); elsewhere
-``honest_updates`` is None and the coalition estimates what it needs from its own benign updates
-``own_updates`` (what its members trained on their own data). Rows are flattened client deltas
+updates are known to it (the strongest, "omniscient" coalition of the papers below); in the gRPC runtime
+``honest_updates`` is None and ``own_updates`` is the one attacking client's own update, so only the attacks
+that need no honest update run there (sign flip, scaling, label flipping, backdoor; :data:`NEEDS_HONEST`). Rows are flattened client deltas
 (parameter names in sorted order, as :func:`flatten`). A data-poisoning attack changes its members' local
 examples instead (:meth:`Attack.poison`), so it goes through ordinary local training.
 

@@ -1,7 +1,8 @@
 """Byzantine-robust aggregation beyond coordinate-wise rules in the simulation: the strategy wrapper that runs a
 rule of the table (:mod:`fedarena.federated.rules`, where the stateless rules ``centered_clipping``, ``bucketing``,
 ``norm_bound`` and ``fltrust`` are registered) with the state a defence keeps across rounds, the server's clean
-root set, and the ``strategy.defence`` section.
+root set, and the builder of the ``strategy.defence`` section (:func:`build_defence`; the section itself is
+:class:`fedarena.federated.config.DefenceConfig`, re-exported here).
 
 * Centered clipping (Karimireddy, He & Jaggi, "Learning from History for Byzantine Robust Optimization",
   ICML 2021, Eq. 3): from a centre ``v`` (the previous round's aggregate, the paper's momentum),
