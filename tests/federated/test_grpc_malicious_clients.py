@@ -23,6 +23,7 @@ SEED, CLIENTS, ROUNDS = 2, 5, 3
 TASK = TaskSpec(dataset="synthetic", num_clients=CLIENTS, hidden=(6,), trainer="engine", synthetic_features=64,
                 synthetic_classes=3, synthetic_examples=250, alpha=0.5)
 CFG = RoundConfig(epochs=1, batch_size=8, lr=0.1)
+TASK_CLASSES = 3
 
 
 def _flat(p):
@@ -75,8 +76,6 @@ def test_malicious_grpc_clients_give_the_simulations_attacked_model(attack, make
     clean, _ = honest.run(ROUNDS, honest.init_state(c.task.trainer.init_params(0)))
     assert np.linalg.norm(_flat(clean.params) - b) > 1e-2 * np.linalg.norm(b)  # the attack changed the model
 
-
-TASK_CLASSES = 3
 
 
 @pytest.mark.parametrize("kind", ["alie", "ipm", "min_max", "min_sum"])
