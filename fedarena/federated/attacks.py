@@ -1,11 +1,13 @@
-"""Attackers as participants of federated rounds: the attack interface, the built-in attacks, and the
-strategy wrapper that plants a colluding coalition in the in-process simulation.
+"""Attackers as participants of federated rounds: the attack interface, the built-in attacks, the strategy
+wrapper that plants a colluding coalition in the in-process simulation (:class:`Attacked`), and the malicious
+client of the gRPC runtime (:class:`ClientAttack`, which sees only its own data and update). The ``attack``
+section is :class:`fedarena.federated.config.AttackConfig` (re-exported here).
 
 An attack sees what a colluding coalition would see in its runtime and returns the coalition's uploads:
 ``attack(round, honest_updates, own_updates, context) -> (a, d)``. In the simulation the round's honest
-updates are known to it (the strongest, "omniscient" coalition of the papers below); elsewhere
-``honest_updates`` is None and the coalition estimates what it needs from its own benign updates
-``own_updates`` (what its members trained on their own data). Rows are flattened client deltas
+updates are known to it (the strongest, "omniscient" coalition of the papers below); in the gRPC runtime
+``honest_updates`` is None and ``own_updates`` is the one attacking client's own update, so only the attacks
+that need no honest update run there (sign flip, scaling, label flipping, backdoor; :data:`NEEDS_HONEST`). Rows are flattened client deltas
 (parameter names in sorted order, as :func:`flatten`). A data-poisoning attack changes its members' local
 examples instead (:meth:`Attack.poison`), so it goes through ordinary local training.
 
@@ -38,16 +40,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from fedarena.federated.config import ATTACKS, AttackConfig, AttackName, Direction  # noqa: F401  (the section)
 from fedarena.federated.strategy import ClientUpdate, Params, RoundState
+from fedarena.federated.wrappers import StrategyWrapper
 
-AttackName = Literal["none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip", "backdoor"]
-ATTACKS: tuple[str, ...] = ("none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip",
-                            "backdoor")
-Direction = Literal["unit", "std", "sign"]
 
 
 @dataclass(frozen=True)
@@ -232,6 +232,9 @@ class Backdoor:
         return out
 
     def poison(self, x, y, rng):
+        if max(self.trigger) >= np.shape(x)[1]:
+            raise ValueError(f"kind: backdoor's trigger pixels {list(self.trigger)} need at least "
+                             f"{max(self.trigger) + 1} features (8x8 digits), the data has {np.shape(x)[1]}")
         k = int(round(self.poison_fraction * len(y)))
         pick = rng.choice(len(y), size=k, replace=False)
         return (np.concatenate([x, self.stamp(x[pick])]),
@@ -270,42 +273,26 @@ def unflatten(flat: np.ndarray, like: Params, names: Sequence[str]) -> Params:
 
 
 @dataclass
-class Attacked:
-    """A strategy whose round includes a colluding coalition ``attacker_ids``: before ``strategy`` aggregates,
+class Attacked(StrategyWrapper):
+    """A strategy whose round includes a colluding coalition ``attacker_ids``: before ``inner`` aggregates,
     the coalition's updates of the round are replaced by ``attack(round, honest, own, context)``, where
-    ``honest`` are the other clients' updates of that round. Everything else is the inner strategy's.
+    ``honest`` are the other clients' updates of that round. Every other hook is the inner strategy's.
     ``last_attackers`` is how many of the coalition reported in the last aggregated round."""
 
-    strategy: Any
+    inner: Any
     attack: Attack
     attacker_ids: frozenset[str]
     last_attackers: int = field(default=0, init=False)
-
-    linear = False  # the coalition needs the round's individual updates
 
     def __post_init__(self) -> None:
         self.attacker_ids = frozenset(self.attacker_ids)
 
     @property
-    def clients_per_round(self) -> int:
-        return self.strategy.clients_per_round
+    def linear(self) -> bool:
+        return False  # the coalition needs the round's individual updates
 
-    def select(self, rnd, candidates, seed):
-        return self.strategy.select(rnd, candidates, seed)
-
-    def configure(self, rnd, state):
-        return self.strategy.configure(rnd, state)
-
-    def init_state(self, params: Params) -> RoundState:
-        return self.strategy.init_state(params)
-
-    def evaluate(self, rnd, client_accuracies):
-        return self.strategy.evaluate(rnd, client_accuracies)
-
-    def __getattr__(self, name: str) -> Any:  # fit, server_optimizer, weight, ... of the inner strategy
-        if name == "strategy":
-            raise AttributeError(name)
-        return getattr(self.strategy, name)
+    def aggregate_partial(self, state, total):
+        raise ValueError("attack: the coalition replaces individual updates; a partial sum hides them")
 
     def aggregate(self, state: RoundState, updates: Sequence[ClientUpdate], num_clients: int) -> RoundState:
         bad = [i for i, u in enumerate(updates) if u.client_id in self.attacker_ids]
@@ -314,7 +301,7 @@ class Attacked:
             names = sorted(state.params)
             good = [i for i in range(len(updates)) if i not in set(bad)]
             flat = np.stack([flatten(u.delta, names) for u in updates])
-            opt = getattr(self.strategy, "server_optimizer", None)
+            opt = getattr(self.inner, "server_optimizer", None)
             ctx = AttackContext(len(updates), float(getattr(opt, "lr", 1.0)))
             mal = np.asarray(self.attack.attack(state.round, flat[good], flat[bad], ctx), np.float64)
             if mal.shape != (len(bad), flat.shape[1]):
@@ -322,7 +309,45 @@ class Attacked:
             updates = list(updates)
             for r, i in enumerate(bad):
                 updates[i] = replace(updates[i], delta=unflatten(mal[r], state.params, names))
-        return self.strategy.aggregate(state, updates, num_clients)
+        return self.inner.aggregate(state, updates, num_clients)
+
+
+NEEDS_HONEST: tuple[str, ...] = ("alie", "ipm", "min_max", "min_sum")
+"""the attacks computed from the round's honest updates (their mean and spread): simulation only"""
+
+
+@dataclass(frozen=True)
+class ClientAttack:
+    """One attacking client of the gRPC runtime: it sees only its own data (poisoned by the deployment before the
+    client starts, :meth:`Attack.poison`) and its own update, so ``honest_updates`` is None and ``own_updates`` is
+    its one row; ``context`` holds what the deployment's config makes public (the clients per round ``n`` and the
+    server learning rate)."""
+
+    attack: Attack
+    context: AttackContext
+
+    def upload(self, rnd: int, delta: Params) -> Params:
+        """The update this client uploads in round ``rnd`` in place of its honest ``delta`` (float32 tensors)."""
+        names = sorted(delta)
+        mal = np.asarray(self.attack.attack(rnd, None, flatten(delta, names)[None], self.context), np.float64)
+        return {k: np.asarray(v, np.float32) for k, v in unflatten(mal[0], delta, names).items()}
+
+
+def client_attack(spec: dict[str, Any], index: int, num_classes: int, x: np.ndarray, y: np.ndarray
+                  ) -> tuple[ClientAttack | None, np.ndarray, np.ndarray]:
+    """The attack of client ``index`` of a deployment (``spec`` as written by the ``fedavg_grpc`` kind: ``kind``,
+    ``params``, ``clients`` (the coalition's indices), ``num_updates``, ``server_lr``, ``seed``), and its local
+    data poisoned as in the simulation (:func:`poison_clients`'s draw ``(seed, index, 17)``); ``(None, x, y)`` for
+    an honest client."""
+    if not spec or index not in spec.get("clients", ()):
+        return None, x, y
+    if spec["kind"] in NEEDS_HONEST:
+        raise ValueError(f"attack.kind: {spec['kind']} needs the round's honest updates, which a client sees only "
+                         "in the simulation")
+    attack = make_attack(spec["kind"], num_classes, **spec["params"])
+    px, py = attack.poison(x, y, np.random.default_rng([spec["seed"], index, 17]))
+    ctx = AttackContext(int(spec["num_updates"]), float(spec["server_lr"]))
+    return ClientAttack(attack, ctx), np.asarray(px, np.asarray(x).dtype), np.asarray(py, np.asarray(y).dtype)
 
 
 def poison_clients(attack: Attack, x: np.ndarray, y: np.ndarray, train: Sequence[np.ndarray],
@@ -370,68 +395,15 @@ class AttackPlan:
         return poison_clients(self.attack, x, y, train, client_ids, self.attacker_ids, self.seed)
 
 
-@dataclass(frozen=True)
-class AttackConfig:
-    """The ``attack`` section: which attack, how many clients collude, and the attack's parameters."""
-
-    kind: AttackName = "none"
-    num_attackers: int = 0
-    """clients of the coalition, drawn once per run from the seed"""
-    scale: float = 4.0
-    """sign_flip / scale: the factor s"""
-    z: float = 0.0
-    """alie: the shift in standard deviations; 0 = Baruch et al.'s z_max for the round's n and f"""
-    epsilon: float = 0.5
-    """ipm: the attackers upload -epsilon times the benign mean"""
-    direction: Direction = "std"
-    """min_max / min_sum: perturbation direction (unit, std, sign)"""
-    gamma_init: float = 10.0
-    tolerance: float = 1e-5
-    target: int = 0
-    """backdoor: the label the trigger should produce"""
-    poison_fraction: float = 0.5
-    """backdoor: triggered copies per attacker example"""
-    boost: float = 0.0
-    """backdoor: upload scale; 0 = n / (eta a), model replacement"""
-
-    def __post_init__(self) -> None:
-        if self.kind not in ATTACKS:
-            raise ValueError(f"attack.kind: unknown '{self.kind}' ({', '.join(ATTACKS)})")
-        if self.num_attackers < 0:
-            raise ValueError(f"attack.num_attackers: must be >= 0, got {self.num_attackers}")
-        if self.kind != "none" and self.num_attackers == 0:
-            raise ValueError(f"attack.num_attackers: attack '{self.kind}' needs at least one attacker")
-        if not self.scale > 0:
-            raise ValueError(f"attack.scale: must be > 0, got {self.scale}")
-        if self.z < 0:
-            raise ValueError(f"attack.z: must be >= 0 (0 = Baruch et al.'s z_max), got {self.z}")
-        if not self.epsilon > 0:
-            raise ValueError(f"attack.epsilon: must be > 0, got {self.epsilon}")
-        if self.direction not in ("unit", "std", "sign"):
-            raise ValueError(f"attack.direction: unknown '{self.direction}' (unit, std, sign)")
-        if not (self.gamma_init > 0 and self.tolerance > 0):
-            raise ValueError(f"attack.gamma_init/tolerance: must be > 0, got {self.gamma_init}, {self.tolerance}")
-        if not 0 < self.poison_fraction <= 1:
-            raise ValueError(f"attack.poison_fraction: must lie in (0, 1], got {self.poison_fraction}")
-        if self.boost < 0:
-            raise ValueError(f"attack.boost: must be >= 0 (0 = n / (eta a)), got {self.boost}")
-
-    def build(self, client_ids: Sequence[str], num_classes: int, seed: int) -> AttackPlan:
-        """The attack and a coalition of ``num_attackers`` of ``client_ids`` drawn by ``(seed, 23)``."""
-        if self.num_attackers > len(client_ids):
-            raise ValueError(f"attack.num_attackers: {self.num_attackers} exceeds the {len(client_ids)} clients")
-        if self.kind == "backdoor" and not 0 <= self.target < num_classes:
-            raise ValueError(f"attack.target: must lie in [0, {num_classes}), got {self.target}")
-        if self.kind == "none":
-            return AttackPlan(None, frozenset(), seed)
-        rng = np.random.default_rng([seed, 23])
-        ids = frozenset(np.asarray(client_ids)[rng.choice(len(client_ids), self.num_attackers, replace=False)].tolist())
-        attack: Attack = {
-            "sign_flip": lambda: SignFlip(self.scale), "scale": lambda: Scaling(self.scale),
-            "alie": lambda: ALIE(self.z), "ipm": lambda: IPM(self.epsilon),
-            "min_max": lambda: MinMax(self.direction, self.gamma_init, self.tolerance),
-            "min_sum": lambda: MinSum(self.direction, self.gamma_init, self.tolerance),
-            "label_flip": lambda: LabelFlip(num_classes),
-            "backdoor": lambda: Backdoor(self.target, poison_fraction=self.poison_fraction, boost=self.boost),
-        }[self.kind]()
-        return AttackPlan(attack, ids, seed)
+def make_attack(kind: str, num_classes: int, **params: Any) -> Attack | None:
+    """The built-in attack ``kind`` (None for ``none``) with the parameters of the ``attack`` section."""
+    p = params
+    return {
+        "none": lambda: None,
+        "sign_flip": lambda: SignFlip(p["scale"]), "scale": lambda: Scaling(p["scale"]),
+        "alie": lambda: ALIE(p["z"]), "ipm": lambda: IPM(p["epsilon"]),
+        "min_max": lambda: MinMax(p["direction"], p["gamma_init"], p["tolerance"]),
+        "min_sum": lambda: MinSum(p["direction"], p["gamma_init"], p["tolerance"]),
+        "label_flip": lambda: LabelFlip(num_classes),
+        "backdoor": lambda: Backdoor(p["target"], poison_fraction=p["poison_fraction"], boost=p["boost"]),
+    }[kind]()

@@ -97,9 +97,14 @@ class FLClient:
         chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
         tls: TLSFiles | None = None,
         identity: Any = None,
+        attack: Any = None,
     ) -> None:
         """``identity``: a :class:`~fedarena.federated.secure_round.SecAggIdentity` (long-term signing key and
-        the clients' public keys) for secure rounds; without it the signing key is fresh per round."""
+        the clients' public keys) for secure rounds; without it the signing key is fresh per round. ``attack``: a
+        :class:`~fedarena.federated.attacks.ClientAttack` makes this a malicious client: its ``upload(round,
+        delta)`` replaces the trained delta before the upload stages (a data-poisoning attack poisons ``data``
+        before the client is made)."""
+        self.attack = attack
         self.client_id = client_id
         self.identity = identity
         self.token = token
@@ -223,6 +228,8 @@ class FLClient:
         self.stats.rounds_trained += 1
         delta = {k: (local[k].astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
                  for k in self.params}
+        if self.attack is not None:
+            delta = self.attack.upload(rnd, delta)
         cid_key = int.from_bytes(self.client_id.encode()[:8], "little")
         prng = (SecureRandom() if self.options.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
                 else np.random.default_rng([self.options.privacy_seed, rnd, cid_key]))

@@ -13,9 +13,10 @@ Checks across sections (SecAgg needs a mean, DP-FedAvg samples its own clients, 
 classes, :class:`fedarena.federated.fedsim_experiment.FedSimConfig` and
 :class:`fedarena.federated.grpc_experiment.FedAvgGrpcConfig`.
 
-The attack section: attackers and defences (issue 36, ``fedarena.federated.attacks``) join as a section
-``attack`` of ``FedSimConfig`` beside ``heterogeneity``; until then the corrupting clients of
-:class:`fedarena.federated.simulation.Heterogeneity` are configured by ``heterogeneity.adversary*``.
+Attackers and defences: the section ``attack`` (:class:`AttackConfig`, :mod:`fedarena.federated.attacks`) says who
+attacks and how; the defence is part of how the server aggregates, so it is ``strategy.defence``
+(:class:`DefenceConfig`, :mod:`fedarena.federated.defences`) and is configured with or without an attack. They
+replace ``heterogeneity.adversary``, ``adversary_fraction`` and ``adversary_scale`` (:data:`ADVERSARY_MOVED`).
 
 ``FEDSIM_MOVED`` and ``GRPC_MOVED`` map every key of the old flat layouts (before the sections) to its dotted path
 now: the loader names the new path of an old key in one line, and ``fedarena show --migrate FILE`` rewrites an old
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from fedarena.platform.experiment import ExperimentConfig, param
 
@@ -362,9 +363,14 @@ class StrategyConfig:
     async_concurrency: int = param(10, "clients training at once (server_mode sync / threshold / async)")
     async_buffer: int = param(5, "deltas per server step in threshold mode (FedBuff's K)")
     async_staleness: int = param(4, "largest model-version lag of an applied delta (threshold / async)")
+    defence: DefenceConfig = param(doc="a defence in place of the aggregation rule (with aggregation fedavg)",
+                                   factory=lambda: DefenceConfig())
 
     def __post_init__(self) -> None:
         _check_trim(self.trim_fraction)
+        if self.defence.on and self.aggregation != "fedavg":
+            raise ValueError(f"defence: strategy.defence.kind {self.defence.kind} replaces the aggregation rule; "
+                             f"set strategy.aggregation to fedavg, got {self.aggregation}")
         _at_least("krum_byzantine", self.krum_byzantine, 0)
         _at_least("krum_keep", self.krum_keep, 1)
         if self.krum_preselect and (self.aggregation not in ("median", "trimmed_mean", "geometric_median")
@@ -553,9 +559,165 @@ class SimPrivacyConfig:
         return strategy
 
 
+AttackName = Literal["none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip", "backdoor"]
+ATTACKS: tuple[str, ...] = ("none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip",
+                            "backdoor")
+Direction = Literal["unit", "std", "sign"]
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """The ``attack`` section: which attack (:mod:`fedarena.federated.attacks`), how many clients collude, and the
+    attack's parameters. The coalition is drawn once per run from the seed (the same clients in both kinds); in the
+    simulation it sees the round's honest updates (:class:`~fedarena.federated.attacks.Attacked`), in the gRPC
+    runtime each attacker sees only its own data and update (:class:`~fedarena.federated.attacks.ClientAttack`),
+    so the attacks built on the honest updates (alie, ipm, min_max, min_sum) are simulation only."""
+
+    kind: AttackName = param("none", "the attack: none, sign_flip, scale, alie, ipm, min_max, min_sum, label_flip, "
+                             "backdoor")
+    num_attackers: int = param(0, "clients of the coalition (or give fraction)")
+    fraction: float = param(0.0, "the coalition as a fraction of all clients, round(fraction * clients) of them "
+                            "(or give num_attackers)")
+    scale: float = param(4.0, "sign_flip / scale: the factor s of -s Delta / s Delta")
+    z: float = param(0.0, "alie: the shift in standard deviations; 0 = Baruch et al.'s z_max for the round's n and f")
+    epsilon: float = param(0.5, "ipm: the attackers upload -epsilon times the benign mean")
+    direction: Direction = param("std", "min_max / min_sum: perturbation direction (unit, std, sign)")
+    gamma_init: float = param(10.0, "min_max / min_sum: first gamma of the search")
+    tolerance: float = param(1e-5, "min_max / min_sum: the search stops when its step is below this")
+    target: int = param(0, "backdoor: the label the trigger should produce")
+    poison_fraction: float = param(0.5, "backdoor: triggered copies added, as a fraction of an attacker's examples")
+    boost: float = param(0.0, "backdoor: upload scale; 0 = n / (eta a), model replacement (fedavg_grpc: a is the "
+                         "coalition's expected share of a round, a client cannot count the attackers reporting)")
+
+    def __post_init__(self) -> None:
+        if self.kind not in ATTACKS:
+            raise ValueError(f"kind: unknown attack '{self.kind}' ({', '.join(ATTACKS)})")
+        _at_least("num_attackers", self.num_attackers, 0)
+        _in_unit("fraction", self.fraction)
+        if self.num_attackers and self.fraction:
+            raise ValueError("num_attackers: give num_attackers or fraction, not both")
+        if self.kind != "none" and self.num_attackers == 0 and self.fraction == 0:
+            raise ValueError(f"num_attackers: attack '{self.kind}' needs attackers (num_attackers or fraction)")
+        _positive("scale", self.scale)
+        _at_least("z", self.z, 0)
+        _positive("epsilon", self.epsilon)
+        if self.direction not in ("unit", "std", "sign"):
+            raise ValueError(f"direction: unknown '{self.direction}' (unit, std, sign)")
+        _positive("gamma_init", self.gamma_init)
+        _positive("tolerance", self.tolerance)
+        _at_least("target", self.target, 0)
+        _in_unit("poison_fraction", self.poison_fraction, lo_open=True)
+        _at_least("boost", self.boost, 0)
+
+    @property
+    def on(self) -> bool:
+        return self.kind != "none"
+
+    def count(self, num_clients: int) -> int:
+        """Clients of the coalition among ``num_clients``."""
+        return self.num_attackers if self.num_attackers else int(round(self.fraction * num_clients))
+
+    def build(self, client_ids, num_classes: int, seed: int):
+        """:class:`fedarena.federated.attacks.AttackPlan`: the attack and a coalition of :meth:`count` of
+        ``client_ids`` drawn by ``(seed, 23)``."""
+        import numpy as np
+
+        from fedarena.federated.attacks import AttackPlan, make_attack
+
+        if self.kind == "backdoor" and self.target >= num_classes:
+            raise ValueError(f"target: must lie in [0, {num_classes}), got {self.target}")
+        members = self.coalition(len(client_ids), seed)
+        if not members:
+            return AttackPlan(None, frozenset(), seed)
+        ids = frozenset(np.asarray(client_ids)[members].tolist())
+        return AttackPlan(make_attack(self.kind, num_classes, **self.attack_params()), ids, seed)
+
+    def coalition(self, num_clients: int, seed: int) -> list[int]:
+        """The indices of the coalition's clients among ``num_clients``, drawn by ``(seed, 23)`` (the same in both
+        runtimes); empty without an attack."""
+        import numpy as np
+
+        k = self.count(num_clients)
+        if k > num_clients:
+            raise ValueError(f"num_attackers: {k} attackers exceed the {num_clients} clients")
+        if not self.on or k == 0:
+            return []
+        return sorted(np.random.default_rng([seed, 23]).choice(num_clients, k, replace=False).tolist())
+
+    def attack_params(self) -> dict[str, Any]:
+        """The parameters :func:`fedarena.federated.attacks.make_attack` takes."""
+        return dict(scale=self.scale, z=self.z, epsilon=self.epsilon, direction=self.direction,
+                    gamma_init=self.gamma_init, tolerance=self.tolerance, target=self.target,
+                    poison_fraction=self.poison_fraction, boost=self.boost)
+
+
+DefenceName = Literal["none", "centered_clipping", "bucketing", "norm_bound", "fltrust"]
+DEFENCES: tuple[str, ...] = ("none", "centered_clipping", "bucketing", "norm_bound", "fltrust")
+
+
+@dataclass(frozen=True)
+class DefenceConfig:
+    """``strategy.defence``: a defence of :mod:`fedarena.federated.defences` in place of the aggregation rule.
+
+    ``centered_clipping`` clips around the previous aggregate; ``bucketing`` runs ``bucket_rule`` (default
+    centered clipping) over bucket means; ``norm_bound`` clips to ``norm_multiple`` median norms; ``fltrust``
+    needs a clean root set on the server (``root_size`` examples, taken out of the test split)."""
+
+    kind: DefenceName = param("none", "the defence: none, centered_clipping, bucketing, norm_bound, fltrust")
+    tau: float = param(0.15, "centered clipping's radius in the units of the flattened update (about an honest "
+                       "update's distance from the previous aggregate)")
+    iterations: int = param(1, "centered clipping's iterations per round (the paper: one suffices with momentum)")
+    bucket_size: int = param(2, "bucketing's s")
+    bucket_rule: str = param("centered_clipping", "bucketing's inner rule: a rule of the aggregation table (not "
+                             "bucketing or fltrust)")
+    trim_fraction: float = param(0.2, "bucketing with trimmed_mean: fraction trimmed at each end")
+    num_byzantine: int = param(0, "bucketing with krum / multi_krum: Krum's f among the buckets")
+    norm_multiple: float = param(1.0, "norm_bound: clip to this many median norms (1 = FLAME's median-norm bound)")
+    root_size: int = param(0, "fltrust: examples of the server's clean root set (0 = none)")
+
+    def __post_init__(self) -> None:
+        if self.kind not in DEFENCES:
+            raise ValueError(f"kind: unknown defence '{self.kind}' ({', '.join(DEFENCES)})")
+        _positive("tau", self.tau)
+        _at_least("iterations", self.iterations, 1)
+        _at_least("bucket_size", self.bucket_size, 1)
+        if self.bucket_rule != "centered_clipping":
+            from fedarena.federated import rules
+
+            if self.bucket_rule not in rules.AGGREGATION_RULES or self.bucket_rule in ("bucketing", "fltrust"):
+                known = ", ".join(sorted(set(rules.AGGREGATION_RULES) - {"bucketing", "fltrust"}))
+                raise ValueError(f"bucket_rule: unknown '{self.bucket_rule}' (a rule of the table: {known})")
+        _check_trim(self.trim_fraction)
+        _at_least("num_byzantine", self.num_byzantine, 0)
+        _positive("norm_multiple", self.norm_multiple)
+        _at_least("root_size", self.root_size, 0)
+        if self.kind == "fltrust" and self.root_size == 0:
+            raise ValueError("root_size: fltrust needs a clean root set on the server (root_size > 0)")
+
+    @property
+    def on(self) -> bool:
+        return self.kind != "none"
+
+    def build(self, strategy: Any, *, root: Any = None, seed: int = 0) -> Any:
+        """``strategy`` defended (``strategy`` itself for ``none``); ``root`` is the server's
+        :class:`~fedarena.federated.defences.RootSet`."""
+        from fedarena.federated.defences import build_defence
+
+        return build_defence(self, strategy, root=root, seed=seed)
+
+
+ADVERSARY_MOVED: dict[str, str] = {"adversary": "attack.kind", "adversary_fraction": "attack.fraction",
+                                   "adversary_scale": "attack.scale"}
+"""The corrupting clients of ``heterogeneity`` (before the ``attack`` section) -> their paths now; the old values
+carry over (sign_flip / scale are attack kinds, the fraction and the scale mean the same)."""
+
+
 @dataclass(frozen=True)
 class HeterogeneityConfig:
-    """Systems heterogeneity of the simulated clients (:class:`fedarena.federated.simulation.Heterogeneity`)."""
+    """Systems heterogeneity of the simulated clients (:class:`fedarena.federated.simulation.Heterogeneity`); the
+    corrupting clients it configured are the ``attack`` section now."""
+
+    MOVED: ClassVar[dict[str, str]] = {k: "/" + v for k, v in ADVERSARY_MOVED.items()}
 
     availability: float = param(1.0, "probability a client is reachable in a round")
     speed_mean: float = param(0.0, "mean client speed in local steps per simulated second (0 = no time model)")
@@ -567,9 +729,6 @@ class HeterogeneityConfig:
     drop_before_training: float = param(0.0, "dropout probability before local training")
     drop_after_training: float = param(0.0, "dropout probability after local training")
     drop_upload: float = param(0.0, "dropout probability during upload")
-    adversary_fraction: float = param(0.0, "fraction of clients that corrupt their uploads")
-    adversary: Literal["sign_flip", "scale"] = param("sign_flip", "corruption: -s Delta or s Delta")
-    adversary_scale: float = param(4.0, "s of the corruption")
 
     def __post_init__(self) -> None:
         _in_unit("availability", self.availability, lo_open=True)
@@ -578,8 +737,7 @@ class HeterogeneityConfig:
         _at_least("window_s", self.window_s, 0)
         if self.window_s > 0 and self.speed_mean == 0:
             raise ValueError("window_s: a round window needs client speeds (speed_mean > 0)")
-        for name in ("straggler_fraction", "drop_before_training", "drop_after_training", "drop_upload",
-                     "adversary_fraction"):
+        for name in ("straggler_fraction", "drop_before_training", "drop_after_training", "drop_upload"):
             _in_unit(name, getattr(self, name))
 
     def build(self):
@@ -587,7 +745,7 @@ class HeterogeneityConfig:
 
         return Heterogeneity(self.availability, self.speed_mean, self.speed_sigma, self.window_s, self.partial_work,
                              self.straggler_fraction, self.drop_before_training, self.drop_after_training,
-                             self.drop_upload, self.adversary_fraction, self.adversary, self.adversary_scale)
+                             self.drop_upload)
 
 
 @dataclass(frozen=True)
@@ -843,8 +1001,8 @@ FEDSIM_MOVED: dict[str, str] = {
                          "async_concurrency async_buffer async_staleness"),
     **{k: f"strategy.{v}" for k, v in _OPT.items()},
     **_table("heterogeneity", "availability speed_mean speed_sigma window_s partial_work straggler_fraction "
-                              "drop_before_training drop_after_training drop_upload adversary_fraction adversary "
-                              "adversary_scale"),
+                              "drop_before_training drop_after_training drop_upload"),
+    **ADVERSARY_MOVED,
     "clip_norm": "upload.clip_norm",
     **_table("upload", "upload_codec upload_bits upload_fraction upload_error_feedback upload_prediction",
              {f"upload_{k}": k for k in ("codec", "bits", "fraction", "error_feedback", "prediction")}),

@@ -45,6 +45,9 @@ class DeploymentSpec:
     chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES
     max_message_bytes: int = wire.DEFAULT_LIMITS.max_message_bytes
     tls: TLSFiles = field(default_factory=TLSFiles)
+    attack: dict[str, Any] = field(default_factory=dict)
+    """malicious clients (:func:`fedarena.federated.attacks.client_attack`): kind, params, the coalition's client
+    indices, and the public round facts the attack uses; empty = every client honest"""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +66,7 @@ def spec_from_json(d: dict[str, Any]) -> DeploymentSpec:
         task=TaskSpec(**task), policy=RoundPolicy(**pol), server=ServerOptions(**d["server"]),
         client=ClientOptions(**d["client"]), num_servers=d["num_servers"], init_seed=d["init_seed"],
         chunk_bytes=d["chunk_bytes"], max_message_bytes=d["max_message_bytes"], tls=TLSFiles(**d["tls"]),
+        attack=dict(d.get("attack") or {}),
     )
 
 

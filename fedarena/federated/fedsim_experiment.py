@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedarena.federated.config import (FEDSIM_MOVED, DataConfig, DownloadConfig, EvaluationConfig, ExecutionConfig,
+from fedarena.federated.config import (FEDSIM_MOVED, AttackConfig, DataConfig, DownloadConfig, EvaluationConfig, ExecutionConfig,
                                        FLExperimentConfig, HeterogeneityConfig, ModelConfig, SimClientsConfig,
                                        SimPrivacyConfig, StrategyConfig, UploadConfig)
 from fedarena.platform.config import ConfigError
@@ -29,8 +29,8 @@ from fedarena.platform.loop import run_loop
 
 @dataclass(frozen=True)
 class FedSimConfig(FLExperimentConfig):
-    """A federated simulation, section by section (:mod:`fedarena.federated.config`); an attack section joins
-    beside ``heterogeneity`` (see that module)."""
+    """A federated simulation, section by section (:mod:`fedarena.federated.config`); ``attack`` plants a
+    colluding coalition (it sees each round's honest updates), ``strategy.defence`` defends the aggregation."""
 
     MOVED: ClassVar[dict[str, str]] = FEDSIM_MOVED
 
@@ -43,8 +43,9 @@ class FedSimConfig(FLExperimentConfig):
     download: DownloadConfig = param(doc="compression of the broadcast model", factory=DownloadConfig)
     privacy: SimPrivacyConfig = param(doc="local DP, SignDS, DP-FedAvg, secure aggregation",
                                       factory=SimPrivacyConfig)
-    heterogeneity: HeterogeneityConfig = param(doc="availability, speeds, stragglers, dropouts, corrupting clients",
+    heterogeneity: HeterogeneityConfig = param(doc="availability, speeds, stragglers, dropouts",
                                                factory=HeterogeneityConfig)
+    attack: AttackConfig = param(doc="a coalition of attacking clients and its attack", factory=AttackConfig)
     evaluation: EvaluationConfig = param(doc="evaluation cadence and personalization", factory=EvaluationConfig)
     execution: ExecutionConfig = param(doc="where the clients train", factory=ExecutionConfig)
 
@@ -66,6 +67,12 @@ class FedSimConfig(FLExperimentConfig):
                              "its models from a spec)")
         if self.strategy.server_mode != "rounds":
             _check_async(self)
+        if self.strategy.defence.on and (priv.secagg.enabled or priv.dp.on):
+            raise ValueError(f"strategy.defence.kind: {self.strategy.defence.kind} needs every individual update; "
+                             "secure aggregation and DP-FedAvg give the server only their sum")
+        if self.attack.count(self.data.num_clients) > self.data.num_clients:
+            raise ValueError(f"attack.num_attackers: {self.attack.count(self.data.num_clients)} attackers exceed the "
+                             f"{self.data.num_clients} clients (data.num_clients)")
 
 
 def _round_only(cfg: FedSimConfig) -> dict[str, tuple[Any, Any]]:
@@ -76,7 +83,8 @@ def _round_only(cfg: FedSimConfig) -> dict[str, tuple[Any, Any]]:
         "upload.codec": c.upload.codec, "download.codec": c.download.codec, "upload.clip_norm": c.upload.clip_norm,
         "privacy.ldp.epsilon": c.privacy.ldp.epsilon, "privacy.signds.k": c.privacy.signds.k,
         "privacy.dp.noise_multiplier": c.privacy.dp.noise_multiplier, "privacy.secagg.enabled": c.privacy.secagg.enabled,
-        "clients.step_schedule": c.clients.step_schedule, "heterogeneity": c.heterogeneity,
+        "clients.step_schedule": c.clients.step_schedule, "heterogeneity": c.heterogeneity, "attack": c.attack,
+        "strategy.defence": c.strategy.defence,
         "execution.backend": c.execution.backend, "execution.engine_backend": c.execution.engine_backend,
         "evaluation.personalize_epochs": c.evaluation.personalize_epochs}
     now, default = pick(cfg), pick(d)
@@ -86,7 +94,7 @@ def _round_only(cfg: FedSimConfig) -> dict[str, tuple[Any, Any]]:
 def _check_async(cfg: FedSimConfig) -> None:
     for name, (value, default) in _round_only(cfg).items():
         if value != default:
-            shown = "its defaults" if name == "heterogeneity" else f"{default!r}"
+            shown = "its defaults" if name in ("heterogeneity", "attack", "strategy.defence") else f"{default!r}"
             raise ValueError(f"{name}: strategy.server_mode {cfg.strategy.server_mode} runs plain FedAvg with dense "
                              f"uploads; set {name} to {shown} or use server_mode rounds")
 
@@ -135,8 +143,8 @@ def build(cfg: FedSimConfig):
         model = cfg.model.build(d.num_features, d.num_classes)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    strategy = cfg.privacy.wrap(cfg.strategy.build(cfg.clients.build(), cfg.clients.per_round), d.num_clients,
-                                cfg.seed)
+    ids = [f"c{i}" for i in range(d.num_clients)]
+    x, y, train, test, strategy = _attacked(cfg, d, model, ids)
     upload_stages, upload = cfg.upload.build()
     if cfg.privacy.ldp.on:
         upload_stages.append(cfg.privacy.ldp.build())
@@ -151,8 +159,8 @@ def build(cfg: FedSimConfig):
     held_out = d.held_out
     if hasattr(held_out, "sizes") and not held_out.sizes().any():
         held_out = None  # streamed clients without held-out examples: no per-client evaluation pass over them all
-    sim = Simulation(model, strategy, d.x, d.y, d.train, [f"c{i}" for i in range(d.num_clients)], d.num_classes,
-                     seed=cfg.seed, held_out=held_out, test=d.test_set(), heterogeneity=cfg.heterogeneity.build(),
+    sim = Simulation(model, strategy, x, y, train, ids, d.num_classes,
+                     seed=cfg.seed, held_out=held_out, test=test, heterogeneity=cfg.heterogeneity.build(),
                      upload_stages=upload_stages, backend=cfg.execution.backend,
                      engine_backend=cfg.execution.engine_backend, threads=cfg.execution.threads,
                      max_stacked_clients=cfg.execution.max_stacked_clients, ray_workers=cfg.execution.ray_workers,
@@ -161,12 +169,44 @@ def build(cfg: FedSimConfig):
     return d, sim
 
 
+def _attacked(cfg: FedSimConfig, d: Any, model: Any, ids: list[str]):
+    """The examples, the test set and the strategy with ``attack`` and ``strategy.defence`` applied: the coalition's
+    local data poisoned (label flip, backdoor), FLTrust's root set taken out of the test split (the first
+    ``root_size`` of its seeded permutation; the test set is the rest), the defence in place of the aggregation,
+    privacy wrapped around it and the coalition outermost (it replaces its updates before anything aggregates)."""
+    from fedarena.federated.defences import RootSet
+
+    test = d.test_set()
+    root = None
+    defence = cfg.strategy.defence
+    if defence.kind == "fltrust":
+        if defence.root_size >= len(test[1]):
+            raise ConfigError(f"strategy.defence.root_size: {defence.root_size} root examples leave none of the "
+                              f"{len(test[1])} test examples")
+        pick = np.random.default_rng([cfg.seed, 31]).permutation(len(test[1]))
+        r, t = pick[:defence.root_size], pick[defence.root_size:]
+        root = RootSet(model, test[0][r], test[1][r], d.num_classes, cfg.seed)
+        test = (test[0][t], test[1][t])
+    try:
+        plan = cfg.attack.build(ids, d.num_classes, cfg.seed)
+        x, y, train = plan.data(d.x, d.y, d.train, ids)
+    except ValueError as e:
+        raise ConfigError(f"attack.{e}") from None
+    inner = defence.build(cfg.strategy.build(cfg.clients.build(), cfg.clients.per_round), root=root, seed=cfg.seed)
+    return x, y, train, test, plan.strategy(cfg.privacy.wrap(inner, d.num_clients, cfg.seed))
+
+
 def _with_steps(strategy: Any, steps: int) -> Any:
+    """``strategy`` with ``steps`` local steps: the innermost strategy's ``fit`` replaced, every wrapper around it
+    copied with its state (a defence's momentum centre, the coalition) kept."""
+    import copy
     from dataclasses import replace
 
     if hasattr(strategy, "fit"):
         return replace(strategy, fit=replace(strategy.fit, local_steps=steps))
-    return replace(strategy, inner=_with_steps(strategy.inner, steps))
+    out = copy.copy(strategy)
+    object.__setattr__(out, "inner", _with_steps(strategy.inner, steps))
+    return out
 
 
 def run(cfg: FedSimConfig, run) -> dict[str, Any]:
@@ -208,7 +248,23 @@ HISTOGRAM_CLIENTS = 10_000
 """clients in the saved label histogram"""
 
 SUMMARY_METRICS = ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst", "dp_epsilon",
-                   "dp_epsilon_rdp", "dp_epsilon_pld", "dp_clip_norm")
+                   "dp_epsilon_rdp", "dp_epsilon_pld", "dp_clip_norm", "attack_success")
+
+
+def _attack_metrics(sim: Any, state: Any, evaluated: bool) -> dict[str, float]:
+    """``attackers``: the coalition's members that reported this round; ``attack_success`` (a backdoor, in evaluated
+    rounds): the fraction of the test examples outside the target class that the global model puts in the target
+    class once the trigger is stamped on them (:func:`fedarena.federated.attacks.attack_success_rate`)."""
+    from fedarena.federated.attacks import Attacked, Backdoor, attack_success_rate
+
+    if not isinstance(sim.strategy, Attacked):
+        return {}
+    out = {"attackers": float(sim.strategy.last_attackers)}
+    if evaluated and isinstance(sim.strategy.attack, Backdoor) and sim.test is not None:
+        with sim.math_threads():
+            out["attack_success"] = attack_success_rate(lambda v: sim.model.logits(state.params, v), *sim.test,
+                                                        sim.strategy.attack)
+    return out
 
 
 class _RoundSteps:
@@ -218,7 +274,6 @@ class _RoundSteps:
         self.cfg, self.run, self.sim, self.round_state = cfg, run, sim, state
         c = cfg.clients
         self.schedule = StepSchedule(c.step_schedule, c.steps_min, c.steps_max, c.divergence_target)
-        self.base = sim.strategy
         self.last_div: float | None = None
         self.participation: dict[str, int] = {}
         self.r = 0
@@ -247,10 +302,11 @@ class _RoundSteps:
         steps = 0
         if cfg.clients.step_schedule != "fixed":
             steps = self.schedule.steps(r, self.last_div)
-            sim.strategy = _with_steps(self.base, steps)
+            sim.strategy = _with_steps(sim.strategy, steps)
         self.round_state, rec = sim.round(self.round_state)
         self.r = r
         m = dict(rec.metrics)
+        m.update(_attack_metrics(sim, self.round_state, "test_acc" in m))
         self.last_div = m.get("update_divergence")
         if steps:
             m["local_steps"] = steps

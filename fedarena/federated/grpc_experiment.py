@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fedarena.federated.config import (GRPC_MOVED, FLExperimentConfig, GrpcClientsConfig, GrpcExecutionConfig,
+from fedarena.federated.config import (GRPC_MOVED, AttackConfig, FLExperimentConfig, GrpcClientsConfig, GrpcExecutionConfig,
                                        GrpcPrivacyConfig, GrpcStrategyConfig, GrpcUploadConfig, TaskDataConfig,
                                        TaskModelConfig, TLSConfig)
 from fedarena.platform.experiment import Experiment, param
@@ -44,6 +44,8 @@ class FedAvgGrpcConfig(FLExperimentConfig):
     privacy: GrpcPrivacyConfig = param(doc="local DP, SignDS, secure aggregation", factory=GrpcPrivacyConfig)
     execution: GrpcExecutionConfig = param(doc="the deployment's processes", factory=GrpcExecutionConfig)
     tls: TLSConfig = param(doc="TLS between nodes and clients", factory=TLSConfig)
+    attack: AttackConfig = param(doc="malicious clients (sign_flip, scale, label_flip, backdoor: each sees only its "
+                                 "own data)", factory=AttackConfig)
 
     def check_sections(self) -> None:
         secagg = self.privacy.secagg.enabled
@@ -54,6 +56,13 @@ class FedAvgGrpcConfig(FLExperimentConfig):
             raise ValueError("privacy.secagg.enabled: cannot be combined with SignDS (privacy.signds.k > 0)")
         if secagg and (self.clients.per_round or self.data.num_clients) < 3:
             raise ValueError("privacy.secagg.enabled: a secure round needs at least 3 clients per round")
+        if self.attack.kind in ("alie", "ipm", "min_max", "min_sum"):
+            raise ValueError(f"attack.kind: {self.attack.kind} is computed from the round's honest updates, which a "
+                             "client of the gRPC runtime never sees (it has only its own data); use sign_flip, scale, "
+                             "label_flip or backdoor, or the fedsim kind")
+        if self.attack.count(self.data.num_clients) > self.data.num_clients:
+            raise ValueError(f"attack.num_attackers: {self.attack.count(self.data.num_clients)} attackers exceed the "
+                             f"{self.data.num_clients} clients (data.num_clients)")
         _policy(self)  # the runtime's own limits across fields (e.g. the SecAgg fixed-point capacity); no data read
 
 
@@ -99,7 +108,25 @@ def _spec(cfg: FedAvgGrpcConfig):
         num_servers=cfg.execution.num_servers,
         init_seed=cfg.seed,
         tls=cfg.tls.build(),
+        attack=_attack_spec(cfg),
     )
+
+
+def _attack_spec(cfg: FedAvgGrpcConfig) -> dict[str, Any]:
+    """The deployment's malicious clients (:func:`fedarena.federated.attacks.client_attack`); {} when none. The
+    public round facts an attacker uses: ``n`` = clients per round, the server learning rate; a backdoor's boost
+    ``n / (eta a)`` takes ``a`` = the coalition's expected share of a round (a client cannot count the attackers)."""
+    a = cfg.attack
+    members = a.coalition(cfg.data.num_clients, cfg.seed)
+    if not members:
+        return {}
+    n = cfg.clients.per_round or cfg.data.num_clients
+    lr = cfg.strategy.server_optimizer.lr
+    params = a.attack_params()
+    if a.kind == "backdoor" and a.boost == 0:
+        params["boost"] = n / (lr * max(1, round(n * len(members) / cfg.data.num_clients)))
+    return {"kind": a.kind, "params": params, "clients": members, "num_updates": n, "server_lr": lr,
+            "seed": cfg.seed}
 
 
 def _max_examples(cfg: FedAvgGrpcConfig, task) -> int:

@@ -97,9 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     task = build_task(spec.task)
     cid = client_name(index)
     identity = load_identity(folder / "identity", cid) if (folder / "identity" / f"{cid}.key").exists() else None
-    client = FLClient(cid, auth.client_token(secret, cid), address, task.clients[index], task.trainer,
+    attack, x, y = None, *task.clients[index]
+    if spec.attack:
+        from fedarena.federated.attacks import client_attack
+
+        attack, x, y = client_attack(spec.attack, index, task.sizes[-1], x, y)
+    client = FLClient(cid, auth.client_token(secret, cid), address, (x, y), task.trainer,
                       spec.client, limits=limits, chunk_bytes=spec.chunk_bytes,
-                      tls=tls.for_client(cid) if tls is not None else None, identity=identity)
+                      tls=tls.for_client(cid) if tls is not None else None, identity=identity, attack=attack)
     worker = threading.Thread(target=client.run, daemon=True)
     worker.start()
     while worker.is_alive() and not stop.is_set():

@@ -20,6 +20,22 @@ Built-in rules (``weights`` are used by ``mean`` only; the robust rules are unwe
 * ``geometric_median``: ``argmin_z sum_i ||x_i - z||`` by RFA's smoothed Weiszfeld iteration (Pillutla, Kakade &
   Harchaoui, IEEE TSP 2022, Algorithm 2).
 
+Defences beyond coordinate-wise rules (the stateful parts -- centered clipping's momentum centre, FLTrust's
+per-round root-set update, bucketing's per-round permutation -- are :class:`fedarena.federated.defences.Defended`'s;
+here each rule takes them as parameters):
+
+* ``centered_clipping``: from ``center`` ``v`` (zeros when not given), ``v <- v + 1/n sum_i (x_i - v)
+  min(1, tau / ||x_i - v||)``, ``iterations`` times (Karimireddy, He & Jaggi, ICML 2021, Eq. 3); an update moves
+  the result by at most ``tau / n``.
+* ``bucketing``: a permutation (``seed``) of the updates cut into buckets of ``bucket_size``, each bucket averaged,
+  and the table's rule ``rule`` (with ``rule_params``) over the bucket means (Karimireddy, He & Jaggi, ICLR 2022,
+  Algorithm 1).
+* ``norm_bound``: the weighted mean after clipping every update to ``multiple`` times the round's median norm
+  (Sun et al. 2019, FLAME's median bound, Nguyen et al. 2022).
+* ``fltrust``: trust scores ``ReLU(cos(g_i, g_0))`` against the server's root-set update ``reference`` ``g_0``,
+  updates rescaled to ``||g_0||`` (Cao et al., NDSS 2021, Algorithm 2); it needs ``reference`` (a ValueError
+  without one).
+
 Stages every rule takes through :func:`aggregation_rule` (they act before the rule):
 
 * ``krum_preselect = f > 0``: keep the ``n - f`` updates with the lowest Krum scores (the selection stage of
@@ -214,6 +230,88 @@ def _check_geometric_median(smoothing: float, max_iter: int, tol: float) -> None
         raise ValueError(f"max_iter: must be an integer >= 1, got {max_iter!r}")
 
 
+# ----------------------------------------------------------------------------- defences beyond coordinate-wise rules
+
+
+def centered_clipping(updates: np.ndarray, weights: np.ndarray, tau: float = 0.15, iterations: int = 1,
+                      center: np.ndarray | None = None) -> np.ndarray:
+    """Karimireddy et al.'s centered clipping from ``center`` (zeros when None): ``iterations`` times
+    ``v <- v + 1/n sum_i (x_i - v) min(1, tau / ||x_i - v||)``; unweighted, as in the paper."""
+    x = np.asarray(updates, np.float64)
+    _check_centered_clipping(tau, iterations, center)
+    v = np.zeros(x.shape[1]) if center is None else np.asarray(center, np.float64).copy()
+    if v.shape != (x.shape[1],):
+        raise ValueError(f"center: expected a ({x.shape[1]},) vector, got shape {v.shape}")
+    for _ in range(iterations):
+        diff = x - v
+        norms = np.linalg.norm(diff, axis=1)
+        scale = np.minimum(1.0, tau / np.maximum(norms, 1e-300))
+        v = v + (diff * scale[:, None]).mean(0)
+    return v
+
+
+def _check_centered_clipping(tau: float, iterations: int, center: Any) -> None:
+    if not tau > 0:
+        raise ValueError(f"tau: must be > 0, got {tau}")
+    if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
+        raise ValueError(f"iterations: must be an integer >= 1, got {iterations!r}")
+
+
+def bucketing(updates: np.ndarray, weights: np.ndarray, bucket_size: int = 2, rule: str = "centered_clipping",
+              rule_params: Mapping[str, Any] | None = None, seed: Any = 0) -> np.ndarray:
+    """The table's rule ``rule`` (with ``rule_params``) over the means of buckets of ``bucket_size`` updates of a
+    permutation drawn by ``np.random.default_rng(seed)`` (the last bucket may be smaller); a bucket weighs the sum
+    of its members' weights."""
+    _check_bucketing(bucket_size, rule, rule_params, seed)
+    x, w = np.asarray(updates, np.float64), np.asarray(weights, np.float64)
+    perm = np.random.default_rng(seed).permutation(len(x))
+    groups = [perm[i: i + bucket_size] for i in range(0, len(x), bucket_size)]
+    means = np.stack([x[g].mean(0) for g in groups])
+    return aggregation_rule(rule, **dict(rule_params or {}))(means, np.array([w[g].sum() for g in groups]))
+
+
+def _check_bucketing(bucket_size: int, rule: str, rule_params: Mapping[str, Any] | None, seed: Any) -> None:
+    if isinstance(bucket_size, bool) or not isinstance(bucket_size, (int, np.integer)) or bucket_size < 1:
+        raise ValueError(f"bucket_size: must be an integer >= 1, got {bucket_size!r}")
+    if rule == "bucketing":
+        raise ValueError("rule: bucketing's inner rule must be another rule of the table")
+    aggregation_rule(rule, **dict(rule_params or {}))  # names an unknown inner rule or parameter
+
+
+def adaptive_norm_bound(updates: np.ndarray, weights: np.ndarray, multiple: float = 1.0) -> np.ndarray:
+    """The weighted mean after clipping every update to ``multiple`` times the round's median update norm."""
+    _check_norm_bound(multiple)
+    x = np.asarray(updates, np.float64)
+    return mean(x * norm_bound_scales(x, multiple)[:, None], weights)
+
+
+def _check_norm_bound(multiple: float) -> None:
+    if not multiple > 0:
+        raise ValueError(f"multiple: must be > 0, got {multiple}")
+
+
+def fltrust(updates: np.ndarray, weights: np.ndarray, reference: np.ndarray | None = None) -> np.ndarray:
+    """FLTrust's trust-weighted, norm-equalised mean ``sum_i TS_i ||g_0|| / ||g_i|| g_i / sum_i TS_i`` with
+    ``TS_i = ReLU(cos(g_i, g_0))`` against the root-set update ``reference`` ``g_0`` (zero when nobody is
+    trusted)."""
+    _check_fltrust(reference)
+    x = np.asarray(updates, np.float64)
+    g0 = np.asarray(reference, np.float64)
+    if g0.shape != (x.shape[1],):
+        raise ValueError(f"reference: expected a ({x.shape[1]},) root-set update, got shape {g0.shape}")
+    n0 = float(np.linalg.norm(g0))
+    safe = np.maximum(np.linalg.norm(x, axis=1), 1e-300)
+    trust = np.maximum(0.0, (x @ g0) / (safe * max(n0, 1e-300)))
+    if trust.sum() <= 0:
+        return np.zeros(x.shape[1])
+    return ((trust * n0 / safe)[:, None] * x).sum(0) / trust.sum()
+
+
+def _check_fltrust(reference: Any) -> None:
+    if reference is None:
+        raise ValueError("reference: FLTrust needs the server's root-set update (configure a clean root set)")
+
+
 register_rule("mean", mean)
 register_rule("median", median)
 register_rule("trimmed_mean", trimmed_mean, params={"trim_fraction": 0.2}, check=_check_trim)
@@ -221,6 +319,12 @@ register_rule("krum", krum, params={"krum_byzantine": 0, "krum_keep": 1}, check=
 register_rule("multi_krum", krum, params={"krum_byzantine": 0, "krum_keep": 0}, check=_check_krum)
 register_rule("geometric_median", geometric_median, params={"smoothing": 1e-6, "max_iter": 100, "tol": 1e-7},
               check=_check_geometric_median)
+register_rule("centered_clipping", centered_clipping, params={"tau": 0.15, "iterations": 1, "center": None},
+              check=_check_centered_clipping)
+register_rule("bucketing", bucketing, params={"bucket_size": 2, "rule": "centered_clipping", "rule_params": {},
+                                              "seed": 0}, check=_check_bucketing)
+register_rule("norm_bound", adaptive_norm_bound, params={"multiple": 1.0}, check=_check_norm_bound)
+register_rule("fltrust", fltrust, params={"reference": None}, check=_check_fltrust)
 
 
 # ----------------------------------------------------------------------------- the stages and the runtime's mean

@@ -44,7 +44,7 @@ import numpy as np
 from fedarena import engine
 from fedarena.engine import nn, ops
 from fedarena.engine.backend_selection import backend_jit, check_engine_backend, to_host
-from fedarena.federated.strategy import ClientUpdate, FitConfig, Params, RoundState, Strategy
+from fedarena.federated.strategy import ClientUpdate, FitConfig, Params, PartialAggregate, RoundState, Strategy
 from fedarena.federated.trainer import mlp_init
 from fedarena.privacy.secure_random import SecureRandom
 
@@ -480,6 +480,35 @@ def as_upload(upload: Any) -> Upload:
     return upload if isinstance(upload, Upload) else FunctionUpload(upload)
 
 
+class UpdateDivergence:
+    """The divergence of a round's client updates, ``mean_i ||Delta_i - mean||^2 / ||mean||^2`` (unweighted), from
+    running sums over the updates as they arrive: Welford's update of the mean and of the sum of squared deviations
+    (``M <- M + (x - M) / k``, ``S <- S + (x - M_old) . (x - M_new)``, exact in exact arithmetic and free of the
+    cancellation of ``sum ||x||^2 - n ||mean||^2``), so no ``(n, d)`` matrix is formed."""
+
+    def __init__(self) -> None:
+        self.k = 0
+        self.mean: np.ndarray | None = None
+        self.sq = 0.0
+
+    def add(self, delta: Params) -> None:
+        x = np.concatenate([np.asarray(delta[k], np.float64).ravel() for k in sorted(delta)])
+        self.k += 1
+        if self.mean is None:
+            self.mean = x
+            return
+        dev_old = x - self.mean
+        self.mean += dev_old / self.k
+        x -= self.mean  # x is a fresh copy: reuse it for the new deviation
+        self.sq += float(dev_old @ x)
+
+    def value(self) -> float:
+        """The divergence (nan before two updates)."""
+        if self.k < 2 or self.mean is None:
+            return float("nan")
+        return self.sq / self.k / max(float(self.mean @ self.mean), 1e-30)
+
+
 @dataclass
 class RoundRecord:
     """Metrics of one simulated round."""
@@ -722,7 +751,12 @@ class Simulation:
         timed = het.window_s > 0 or het.straggler_fraction > 0
         m["stragglers"] = sum(1 for c in training if steps.get(c, 0) == 0 or
                               (timed and self._full_steps(c, rnd, cfg) > steps[c]))
-        updates, bytes_up = [], 0
+        # a linear strategy (FedAvg, FedProx) aggregates the weighted running sum (aggregate_partial): no decoded
+        # update outlives its client's turn; every other strategy (robust rules, wrappers that need each update)
+        # gets the list of updates
+        running = PartialAggregate() if self._sums_suffice() else None
+        divergence = UpdateDivergence()
+        updates, bytes_up, reporting, losses_kept = [], 0, [], []
         prng = (SecureRandom() if self.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
                 else np.random.default_rng([self.privacy_seed, rnd]))
         for c in training:
@@ -752,21 +786,37 @@ class Simulation:
             if kept is not None:
                 self.client_control[c], control_delta = kept
             n = 1 if self.upload.equal_weight else self._reported_examples.get(c, len(self.train[self._pos[c]]))
-            updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
+            divergence.add(decoded)
+            reporting.append(c)
+            losses_kept.append(losses[c])
+            if running is not None and control_delta is None:
+                running.add(c, decoded, self.strategy.weight(n), losses[c])
+            else:
+                updates.append(ClientUpdate(c, decoded, n, losses[c], control_delta))
+            del decoded
         down += self.upload.pop_download_bytes()
-        new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
-        m.update(reporting=len(updates), bytes_up=bytes_up, bytes_down=down,
-                 train_loss=float(np.mean([u.loss for u in updates])) if updates else float("nan"))
-        if len(updates) > 1:
-            flat = np.stack([np.concatenate([u.delta[k].ravel() for k in sorted(u.delta)]) for u in updates])
-            mean = flat.mean(0)
-            m["update_divergence"] = float(((flat - mean) ** 2).sum(1).mean() / max((mean ** 2).sum(), 1e-30))
+        if running is not None and running.clients and not updates:
+            new_state = self.strategy.aggregate_partial(state, running)
+        else:
+            new_state = self.strategy.aggregate(state, updates, len(self.client_ids))
+        m.update(reporting=len(reporting), bytes_up=bytes_up, bytes_down=down,
+                 train_loss=float(np.mean(losses_kept)) if losses_kept else float("nan"))
+        if len(reporting) > 1:
+            m["update_divergence"] = divergence.value()
         self.bytes_up_total += bytes_up
         self.bytes_down_total += down
         m["train_seconds"] = time.perf_counter() - t0
         if rnd % self.eval_every == 0 or rnd == self.final_round:
             m.update(self.evaluate(new_state, rnd))
-        return new_state, RoundRecord(rnd, m, list(selected), [u.client_id for u in updates])
+        return new_state, RoundRecord(rnd, m, list(selected), reporting)
+
+    def _sums_suffice(self) -> bool:
+        """Whether the strategy's aggregate is its ``aggregate_partial`` of the weighted sum: a linear strategy that
+        no wrapper changes (DP-FedAvg clips each update, SecAgg masks each one, an attack or a defence needs each
+        one, so a wrapped strategy gets the list)."""
+        from fedarena.federated.wrappers import StrategyWrapper
+
+        return bool(getattr(self.strategy, "linear", False)) and not isinstance(self.strategy, StrategyWrapper)
 
     def _full_steps(self, cid: str, rnd: int, cfg: FitConfig) -> int:
         n = len(self.train[self._pos[cid]])

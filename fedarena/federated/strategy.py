@@ -384,8 +384,9 @@ class RobustAggregate(FedAvg):
     trim_fraction: float = 0.2
     num_byzantine: int = 0
     """Krum's f (assumed number of Byzantine clients per round)"""
-    krum_keep: int = 1
-    """multi-Krum's m (1 = Krum); Blanchard et al.'s multi-Krum with m = n - f averages every update it trusts"""
+    krum_keep: int | None = None
+    """multi-Krum's m (1 = Krum); Blanchard et al.'s multi-Krum with m = n - f averages every update it trusts;
+    None: the table's default of the rule (1 for ``krum``, ``n - f`` for ``multi_krum``)"""
     krum_preselect: bool = False
     """before median / trimmed mean / geometric median, keep the ``n - f`` updates with the lowest Krum scores
     (the selection stage of Bulyan, El Mhamdi et al. ICML 2018): a sign-flipped update stands out in the whole

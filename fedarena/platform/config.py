@@ -174,7 +174,8 @@ def build(schema: type, data: Mapping[str, Any], path: str = "") -> Any:
         full = f"{path}.{key}" if path else str(key)
         if key in moved and (key not in fields or (dataclasses.is_dataclass(hints[key])
                                                    and not isinstance(value, Mapping))):
-            raise _located(ConfigError(f"{full}: moved to {_join(path, moved[key])} (`fedarena show --migrate "
+            new = moved[key][1:] if moved[key].startswith("/") else _join(path, moved[key])  # "/": from the top
+            raise _located(ConfigError(f"{full}: moved to {new} (`fedarena show --migrate "
                                        f"FILE` prints an old flat config in the nested layout)"), where(key))
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)

@@ -11,7 +11,7 @@ from fedarena.federated.attacks import AttackConfig
 from fedarena.federated.defences import (Defended, DefenceConfig, RootSet, adaptive_norm_bound, bucketing,
                                          centered_clipping, fltrust)
 from fedarena.federated.simulation import BatchedMLP, Simulation
-from fedarena.federated.strategy import ClientUpdate, FedAvg, FitConfig, coordinate_median
+from fedarena.federated.strategy import ClientUpdate, FedAvg, FitConfig
 
 RNG = np.random.default_rng(3)
 X = RNG.normal(size=(9, 4))
@@ -47,19 +47,18 @@ def test_bucketing_is_the_rule_of_bucket_means_of_a_seeded_permutation():
     perm = np.random.default_rng([7, 2]).permutation(9)
     buckets = [perm[0:2], perm[2:4], perm[4:6], perm[6:8], perm[8:9]]
     means = np.stack([X[b].mean(0) for b in buckets])
-    got = bucketing(X, W, bucket_size=2, rule=lambda u, w: coordinate_median(u), seed=[7, 2])
+    got = bucketing(X, W, bucket_size=2, rule="median", seed=[7, 2])
     np.testing.assert_allclose(got, np.median(means, axis=0), rtol=1e-12)
-    seen = {}
-
-    def spy(u, w, **kw):
-        seen.update(w=w, kw=kw)
-        return u.mean(0)
-    bucketing(X, W, bucket_size=2, rule=spy, seed=[7, 2], tau=0.3)
-    np.testing.assert_allclose(seen["w"], [W[b].sum() for b in buckets])
-    assert seen["kw"] == {"tau": 0.3}
+    # the inner rule is the table's, with its parameters; a bucket weighs the sum of its members' weights
+    bw = np.array([W[b].sum() for b in buckets])
+    np.testing.assert_allclose(bucketing(X, W, bucket_size=2, rule="mean", seed=[7, 2]), bw @ means / bw.sum(),
+                               rtol=1e-12)
+    np.testing.assert_allclose(bucketing(X, W, bucket_size=2, rule="centered_clipping", rule_params={"tau": 0.3},
+                                         seed=[7, 2]), centered_clipping(means, bw, tau=0.3), rtol=1e-12)
     # bucket size 1 is the rule itself
-    np.testing.assert_allclose(bucketing(X, W, bucket_size=1, rule=lambda u, w: coordinate_median(u), seed=0),
-                               np.median(X, axis=0))
+    np.testing.assert_allclose(bucketing(X, W, bucket_size=1, rule="median", seed=0), np.median(X, axis=0))
+    with pytest.raises(ValueError, match="^aggregation: unknown 'mode'"):
+        bucketing(X, W, rule="mode")
 
 
 def test_adaptive_norm_bound_by_hand():
@@ -125,12 +124,12 @@ def test_cc_bucketing_and_fltrust_run_in_the_simulation_against_an_attack():
 
 
 @pytest.mark.parametrize("kw, field", [
-    (dict(kind="fltrust"), "defence.root_size"),
-    (dict(kind="cc"), "defence.kind"),
-    (dict(kind="centered_clipping", tau=0.0), "defence.tau"),
-    (dict(kind="bucketing", bucket_size=0), "defence.bucket_size"),
-    (dict(kind="bucketing", bucket_rule="mode"), "defence.bucket_rule"),
-    (dict(kind="norm_bound", norm_multiple=-1.0), "defence.norm_multiple"),
+    (dict(kind="fltrust"), "root_size"),
+    (dict(kind="cc"), "kind"),
+    (dict(kind="centered_clipping", tau=0.0), "tau"),
+    (dict(kind="bucketing", bucket_size=0), "bucket_size"),
+    (dict(kind="bucketing", bucket_rule="mode"), "bucket_rule"),
+    (dict(kind="norm_bound", norm_multiple=-1.0), "norm_multiple"),
 ])
 def test_defence_config_errors_are_one_line_naming_the_field(kw, field):
     with pytest.raises(ValueError) as e:
@@ -141,5 +140,5 @@ def test_defence_config_errors_are_one_line_naming_the_field(kw, field):
 def test_fltrust_without_the_root_set_is_one_line():
     with pytest.raises(ValueError) as e:
         DefenceConfig("fltrust", root_size=40).build(FedAvg())
-    assert str(e.value).startswith("defence.root_size:") and "\n" not in str(e.value)
+    assert str(e.value).startswith("root_size:") and "\n" not in str(e.value)
     assert isinstance(DefenceConfig("norm_bound").build(FedAvg()), Defended)
