@@ -59,12 +59,13 @@ def device_for(backend: str) -> Any:
         return dev
 
 
-def backend_jit(fn: Callable, backend: str, static_argnums: int | Sequence[int] = ()) -> Any:
+def backend_jit(fn: Callable, backend: str, static_argnums: int | Sequence[int] = (), *,
+                shape_varies: bool = False) -> Any:
     """``fn`` compiled for ``backend``: ``engine.jit`` for numpy, the cupy backend's ``jit`` on
     :func:`device_for` otherwise (arguments may be numpy or device arrays, outputs are device
     arrays: each call copies its numpy inputs to the device once and nothing else crosses)."""
     if backend == "numpy":
-        return numpy_jit(fn, static_argnums=static_argnums)
+        return numpy_jit(fn, static_argnums=static_argnums, shape_varies=shape_varies)
     return cupy_jit(fn, static_argnums=static_argnums, device=device_for(backend))
 
 

@@ -409,13 +409,16 @@ class Jitted:
     """A jit-compiled function; call it like the original."""
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, static_argnames: Sequence[str] = (),
-                 debug_nans: bool | None = None, donate_argnums: Sequence[int] = (), max_compiles: int | None = None):
+                 debug_nans: bool | None = None, donate_argnums: Sequence[int] = (), max_compiles: int | None = None,
+                 shape_varies: bool = False):
         self.fn = fn
         if max_compiles is not None and (isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1):
             raise EngineError(f"jit: max_compiles must be a positive int, got {max_compiles!r}")
         self.max_compiles = max_compiles  # None: the module's MAX_COMPILES at the time of the compile
         self.compiles = 0  # programs compiled so far (evicted ones included)
-        self._miss_warned = False  # the once-per-function warning about a changed shape/dtype/static value
+        # the once-per-function warning about a changed shape/dtype/static value (not for a function whose
+        # caller expects several shapes)
+        self._miss_warned = bool(shape_varies)
         self._budget_warned = False
         self.donate_argnums = frozenset(int(i) for i in donate_argnums)
         if self.donate_argnums & set(int(i) for i in static_argnums):
@@ -753,6 +756,7 @@ def jit(
     max_compiles: int | None = None,
     shape_buckets: Sequence[int] | None = None,
     bucket_argnums: int | Sequence[int] | None = None,
+    shape_varies: bool = False,
 ) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
@@ -781,6 +785,8 @@ def jit(
     ``None`` reads :data:`MAX_COMPILES` at each compile.  The first recompile caused by a new array
     shape or dtype, static value or argument structure also warns once, naming the argument and the
     change (:func:`explain_cache_misses` for every miss).
+    ``shape_varies``: the caller expects a few different input shapes by design (a stack of however many
+    clients a round trains, a last partial batch): no warning for a new shape, the compile budget still warns.
     ``shape_buckets``: batch sizes (e.g. ``(32, 128, 512)``); the leading axis of the arguments
     ``bucket_argnums`` (default: every non-static positional argument) is padded with zero rows to the next
     size and masked, so any batch up to the largest size runs one of ``len(shape_buckets)`` programs with
@@ -811,8 +817,10 @@ def jit(
                                         static_argnames, debug_nans, donate_argnums, max_compiles)
         return make if fn is None else make(fn)
     if fn is None:
-        return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles)
-    return Jitted(fn, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles)
+        return lambda f: Jitted(f, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles,
+                                shape_varies)
+    return Jitted(fn, static_argnums, passes, static_argnames, debug_nans, donate_argnums, max_compiles,
+                  shape_varies)
 
 
 def make_graph(fn: Callable, static_argnums: int | Sequence[int] = ()) -> Callable[..., Graph]:

@@ -63,8 +63,8 @@ class EngineMLPTrainer:
                 new = engine.tree_map(lambda p, gp: p - lr * gp, w, g)
                 return new, ce
 
-            self._cache["step"] = engine.jit(step)
-            self._cache["logits"] = engine.jit(lambda w, x: mlp.apply(w, x))
+            self._cache["step"] = engine.jit(step, shape_varies=True)  # the last batch of an epoch may be short
+            self._cache["logits"] = engine.jit(lambda w, x: mlp.apply(w, x), shape_varies=True)
         return self._cache["step"]
 
     def train(self, params: Params, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int, lr: float,

@@ -179,9 +179,12 @@ class BatchedModel:
             return engine.tree_map(lambda p, gp: p - (lr * valid) * gp, w, g), ce
 
         backend = self.engine_backend
-        self._step = backend_jit(engine.vmap(step, in_axes=(0, None, 0, 0, 0, 0, 0, None, None)), backend)
-        self._step_plain = backend_jit(engine.vmap(step_plain, in_axes=(0, 0, 0, 0, 0, None)), backend)
-        self._forward = backend_jit(forward, backend)
+        # the stack's size and step count change with the clients a round trains: a few programs by design
+        self._step = backend_jit(engine.vmap(step, in_axes=(0, None, 0, 0, 0, 0, 0, None, None)), backend,
+                                 shape_varies=True)
+        self._step_plain = backend_jit(engine.vmap(step_plain, in_axes=(0, 0, 0, 0, 0, None)), backend,
+                                       shape_varies=True)
+        self._forward = backend_jit(forward, backend, shape_varies=True)
 
     def use_engine_backend(self, backend: str) -> None:
         """Compile the batched local step and the forward pass for ``backend`` (numpy, cupy or cupy-emulated,

@@ -194,3 +194,19 @@ def test_bad_bucketed_calls_are_named():
         g(np.ones(3), np.ones(4))
     with pytest.raises(engine.EngineError, match="shape_buckets must be a non-empty sequence of positive ints"):
         engine.jit(lambda x: x, shape_buckets=(0, 4))
+
+
+def test_shape_varies_silences_the_new_shape_warning_but_not_the_budget():
+    import warnings
+
+    from fedarena import engine
+    from fedarena.engine import RecompileWarning
+
+    f = engine.jit(lambda x: (x * 2).sum(), shape_varies=True, max_compiles=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(1, 4):
+            f(np.ones((n, 2), np.float32))
+    assert not [w for w in caught if issubclass(w.category, RecompileWarning)]
+    with pytest.warns(RecompileWarning, match="over its budget of 3"):
+        f(np.ones((4, 2), np.float32))
