@@ -17,7 +17,8 @@ target).
 
 ``--subset acceptance``: every defence against ALIE and IPM, and centered clipping with bucketing and FedAvg
 against every attack. The acceptance checks printed at the end: some defence within 3 points of clean FedAvg
-against each of ALIE and IPM, and CC + bucketing losing less than FedAvg against every attack run.
+against each of ALIE and IPM, and CC + bucketing losing less than FedAvg against every attack run, with the
+two rules' accuracy difference paired by seed (mean and standard error) to tell a loss from a tie.
 """
 
 from __future__ import annotations
@@ -142,8 +143,20 @@ def acceptance(results: list[dict]) -> list[str]:
             continue
         cc, fa = drop(a, "cc_bucketing"), drop(a, "fedavg")
         if cc is not None and fa is not None:
-            out.append(f"{a}: cc_bucketing {cc:.2f} vs fedavg {fa:.2f} -> {'PASS' if cc < fa else 'FAIL'}")
+            out.append(f"{a}: cc_bucketing {cc:.2f} vs fedavg {fa:.2f} -> {'PASS' if cc < fa else 'FAIL'}"
+                       + paired(results, a))
     return out
+
+
+def paired(results: list[dict], attack: str) -> str:
+    """CC + bucketing's accuracy minus FedAvg's under ``attack``, paired by seed: mean +- standard error, points."""
+    acc = {(r["defence"], r["seed"]): r["test_acc"] for r in results if r["attack"] == attack}
+    diff = np.array([100 * (acc["cc_bucketing", s] - acc["fedavg", s]) for d, s in acc
+                     if d == "fedavg" and ("cc_bucketing", s) in acc])
+    if len(diff) < 2:
+        return ""
+    return (f" (paired accuracy difference {diff.mean():+.2f} +- {diff.std(ddof=1) / np.sqrt(len(diff)):.2f} "
+            f"s.e. over {len(diff)} seeds)")
 
 
 def main() -> None:
