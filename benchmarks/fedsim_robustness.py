@@ -14,6 +14,10 @@ target).
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset rest --out rest.jsonl
     python benchmarks/fedsim_robustness.py --results acc.jsonl rest.jsonl     # the table of both
     python benchmarks/fedsim_robustness.py --seeds 100 --attacks alie ipm --defences cc_bucketing --tau 0.5
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --defences fedavg cc_bucketing_momentum
+
+``cc_bucketing_momentum`` (off the grid): CC + bucketing over per-client momenta kept by the server
+(:class:`ClientMomentum`, ``--beta``), the worker momentum Karimireddy et al. pair centered clipping with.
 
 ``--subset acceptance``: every defence against ALIE and IPM, and centered clipping with bucketing and FedAvg
 against every attack. The acceptance checks printed at the end: some defence within 3 points of clean FedAvg
