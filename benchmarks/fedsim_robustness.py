@@ -14,10 +14,15 @@ target).
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset rest --out rest.jsonl
     python benchmarks/fedsim_robustness.py --results acc.jsonl rest.jsonl     # the table of both
     python benchmarks/fedsim_robustness.py --seeds 100 --attacks alie ipm --defences cc_bucketing --tau 0.5
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --defences fedavg cc_bucketing_momentum
+
+``cc_bucketing_momentum`` (off the grid): CC + bucketing over per-client momenta kept by the server
+(:class:`ClientMomentum`, ``--beta``), the worker momentum Karimireddy et al. pair centered clipping with.
 
 ``--subset acceptance``: every defence against ALIE and IPM, and centered clipping with bucketing and FedAvg
 against every attack. The acceptance checks printed at the end: some defence within 3 points of clean FedAvg
-against each of ALIE and IPM, and CC + bucketing losing less than FedAvg against every attack run.
+against each of ALIE and IPM, and CC + bucketing losing less than FedAvg against every attack run, with the
+two rules' accuracy difference paired by seed (mean and standard error) to tell a loss from a tie.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,12 +44,44 @@ from fedarena.federated.attacks import AttackConfig, Backdoor, attack_success_ra
 from fedarena.federated.defences import DefenceConfig, RootSet  # noqa: E402
 from fedarena.federated.simulation import BatchedMLP, Simulation  # noqa: E402
 from fedarena.federated.strategy import FedAvg, FitConfig, RobustAggregate  # noqa: E402
+from fedarena.federated.wrappers import StrategyWrapper  # noqa: E402
 
 ATTACKS = ["none", "sign_flip", "scale", "alie", "ipm", "min_max", "min_sum", "label_flip", "backdoor"]
 DEFENCES = ["fedavg", "median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "cc_bucketing",
             "norm_bound", "fltrust"]
+VARIANTS = ["cc_bucketing_momentum"]  # run only when named with --defences; not part of the grid
 NUM_CLIENTS, PER_ROUND, ATTACKERS, ROOT = 100, 20, 20, 100
 F_ROUND = PER_ROUND * ATTACKERS // NUM_CLIENTS  # the rules' assumed Byzantine count per round (4)
+
+
+@dataclass
+class ClientMomentum(StrategyWrapper):
+    """Worker momentum (Karimireddy, He & Jaggi, ICML 2021) in a round where clients keep no state: the server keeps
+    client ``i``'s momentum ``m_i <- beta m_i + (1 - beta) Delta_i`` across its participations (``m_i = Delta_i`` at
+    the first) and hands the momenta to ``inner`` as the round's updates. Placed outside :class:`Attacked`, so the
+    coalition sees the honest momenta and uploads its own in place of its members' (the paper's threat model)."""
+
+    inner: Any
+    beta: float = 0.9
+    momenta: dict[str, dict] = field(default_factory=dict, init=False)
+
+    @property
+    def linear(self) -> bool:
+        return False
+
+    def init_state(self, params):
+        self.momenta = {}
+        return self.inner.init_state(params)
+
+    def aggregate(self, state, updates, num_clients):
+        out = []
+        for u in updates:
+            m = self.momenta.get(u.client_id)
+            m = dict(u.delta) if m is None else {k: self.beta * m[k] + (1 - self.beta) * np.asarray(u.delta[k])
+                                                 for k in u.delta}
+            self.momenta[u.client_id] = m
+            out.append(replace(u, delta=m))
+        return self.inner.aggregate(state, out, num_clients)
 
 
 def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int):
@@ -55,7 +94,7 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
         return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND)
     if name == "multi_krum":
         return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND, krum_keep=PER_ROUND - F_ROUND)
-    if name == "cc_bucketing":
+    if name in ("cc_bucketing", "cc_bucketing_momentum"):
         return DefenceConfig("bucketing", tau=tau, bucket_size=bucket).build(FedAvg(**base), seed=seed)
     if name == "norm_bound":
         return DefenceConfig("norm_bound").build(FedAvg(**base), seed=seed)
@@ -64,7 +103,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     raise ValueError(f"defence: unknown '{name}'")
 
 
-def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, **attack_params) -> dict:
+def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
+             **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec("iid", NUM_CLIENTS),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
@@ -77,12 +117,16 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
     strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket))
+    if defence == "cc_bucketing_momentum":
+        strategy = ClientMomentum(strategy, beta)
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
                      test=(d.x[test_idx], d.y[test_idx]), eval_clients=False, eval_every=rounds)
     t0 = time.perf_counter()
     state, records = sim.run(rounds)
     out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
            "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket}
+    if defence == "cc_bucketing_momentum":
+        out["beta"] = beta
     if attack == "backdoor" or attack == "none":
         out["backdoor_success"] = attack_success_rate(lambda v: model.logits(state.params, v), d.x[test_idx],
                                                       d.y[test_idx], Backdoor())
@@ -104,7 +148,7 @@ def cells(subset: str, attacks: list[str] | None, defences: list[str] | None) ->
 def table(results: list[dict]) -> str:
     clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
     attacks = [a for a in ATTACKS if any(r["attack"] == a for r in results)]
-    defences = [x for x in DEFENCES if any(r["defence"] == x for r in results)]
+    defences = [x for x in DEFENCES + VARIANTS if any(r["defence"] == x for r in results)]
     lines = ["accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: drop / success rate %",
              "| attack | " + " | ".join(defences) + " |", "|---" * (len(defences) + 1) + "|"]
     for a in attacks:
@@ -142,8 +186,20 @@ def acceptance(results: list[dict]) -> list[str]:
             continue
         cc, fa = drop(a, "cc_bucketing"), drop(a, "fedavg")
         if cc is not None and fa is not None:
-            out.append(f"{a}: cc_bucketing {cc:.2f} vs fedavg {fa:.2f} -> {'PASS' if cc < fa else 'FAIL'}")
+            out.append(f"{a}: cc_bucketing {cc:.2f} vs fedavg {fa:.2f} -> {'PASS' if cc < fa else 'FAIL'}"
+                       + paired(results, a))
     return out
+
+
+def paired(results: list[dict], attack: str) -> str:
+    """CC + bucketing's accuracy minus FedAvg's under ``attack``, paired by seed: mean +- standard error, points."""
+    acc = {(r["defence"], r["seed"]): r["test_acc"] for r in results if r["attack"] == attack}
+    diff = np.array([100 * (acc["cc_bucketing", s] - acc["fedavg", s]) for d, s in acc
+                     if d == "fedavg" and ("cc_bucketing", s) in acc])
+    if len(diff) < 2:
+        return ""
+    return (f" (paired accuracy difference {diff.mean():+.2f} +- {diff.std(ddof=1) / np.sqrt(len(diff)):.2f} "
+            f"s.e. over {len(diff)} seeds)")
 
 
 def main() -> None:
@@ -153,7 +209,8 @@ def main() -> None:
     p.add_argument("--results", nargs="*", default=[],
                    help="print the table of these JSON-lines files (from --out) instead of running")
     p.add_argument("--attacks", nargs="*", choices=ATTACKS)
-    p.add_argument("--defences", nargs="*", choices=DEFENCES)
+    p.add_argument("--defences", nargs="*", choices=DEFENCES + VARIANTS,
+                   help="cc_bucketing_momentum: CC + bucketing over per-client momenta (ClientMomentum, --beta)")
     p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--tau", type=float, default=DefenceConfig.tau, help="centered clipping's radius")
@@ -161,6 +218,7 @@ def main() -> None:
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
     p.add_argument("--scale", type=float, default=AttackConfig.scale, help="sign flip's and scaling's factor")
+    p.add_argument("--beta", type=float, default=0.9, help="cc_bucketing_momentum's momentum (the paper's 0.9)")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
     a = p.parse_args()
     if a.results:
@@ -177,7 +235,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for seed in a.seeds:
         for atk, dfn in todo:
-            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, epsilon=a.epsilon, z=a.z, scale=a.scale)
+            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)
             if a.out:
