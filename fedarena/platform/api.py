@@ -152,12 +152,12 @@ def evaluate(run: str | Path | Result, *, episodes: int | None = None, policy: s
     """``fedarena evaluate``: replay a run's exported policy (``final`` / ``best``) for deterministic episodes
     (default: the run's evaluation episodes and seed); returns the mean return, its spread and the run's own
     evaluation return. ``render="rgb_array"`` also writes GIFs under ``<run>/evaluation/``."""
-    from fedarena.platform.runs import resolve
+    from fedarena.platform.runs import resolve_saved
 
     run_dir = Path(run.run_dir if isinstance(run, Result) else run)
     if not (run_dir / "config.yaml").exists():
         raise RunError(f"evaluate {run_dir}: not a run folder (no config.yaml)")
-    experiment, cfg = resolve(run_dir / "config.yaml")
+    experiment, cfg = resolve_saved(run_dir / "config.yaml")
     if experiment.evaluate is None:
         raise RunError(f"evaluate {run_dir}: kind '{cfg.kind}' exports no policy to evaluate")
     if episodes is not None and episodes < 1:

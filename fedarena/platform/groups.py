@@ -60,11 +60,11 @@ def execute_group(config: Any, overrides: Sequence[str] = (), *, out: str | Path
                   seeds: Sequence[int] | None = None, resume: bool = False, quiet: bool = False, report: bool = True,
                   parallel: int = 0) -> dict[str, Any]:
     """Run (or resume) a seed group; returns the group summary with ``run_dir`` (the group folder) and ``runs``."""
-    from fedarena.platform.runs import new_run_dir, resolve
+    from fedarena.platform.runs import new_run_dir, resolve, resolve_saved
 
     if resume:
         group_dir = Path(out)  # type: ignore[arg-type]
-        experiment, cfg = resolve(group_dir / "config.yaml", overrides)
+        experiment, cfg = resolve_saved(group_dir / "config.yaml", overrides)
         seed_list = list(json.loads((group_dir / "group.json").read_text(encoding="utf-8"))["seeds"])
     else:
         experiment, cfg = resolve(config, overrides)
@@ -286,12 +286,12 @@ def _group_metrics(experiment: Any, per_seed_rows: Mapping[int, Sequence[Mapping
 
 def render_group(group_dir: str | Path, experiment: Any = None) -> Path:
     """(Re)create ``<group>/report/``: band plots per group metric and the per-seed table."""
-    from fedarena.platform.runs import read_metrics, resolve
+    from fedarena.platform.runs import read_metrics, resolve_saved
 
     group_dir = Path(group_dir)
     info = json.loads((group_dir / "group.json").read_text(encoding="utf-8"))
     if experiment is None:
-        experiment, _ = resolve(group_dir / "config.yaml")
+        experiment, _ = resolve_saved(group_dir / "config.yaml")
     seeds = [int(s) for s in info["seeds"]]
     rows = {s: read_metrics(seed_dir(group_dir, s)) for s in seeds}
     statuses = {s: _status(seed_dir(group_dir, s)) for s in seeds}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from fedarena.platform import config as cfgmod
-from fedarena.platform.runs import RunError, read_metrics, resolve, write_csv
+from fedarena.platform.runs import RunError, read_metrics, resolve_saved, write_csv
 
 
 def _pyplot():
@@ -65,7 +65,7 @@ def render(run_dir: str | Path, experiment=None, config=None) -> Path:
     if not (run_dir / "config.yaml").exists():
         raise RunError(f"{run_dir}: not a run folder (no config.yaml)")
     if experiment is None or config is None:
-        experiment, config = resolve(run_dir / "config.yaml")
+        experiment, config = resolve_saved(run_dir / "config.yaml")
     rows = read_metrics(run_dir)
     write_csv(run_dir)
     report_dir = run_dir / "report"

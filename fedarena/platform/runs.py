@@ -56,6 +56,15 @@ def resolve(config: str | Path | Mapping[str, Any], overrides: Sequence[str] = (
     return experiment, cfgmod.build(experiment.config, data)
 
 
+def resolve_saved(path: str | Path, overrides: Sequence[str] = ()) -> tuple[Experiment, ExperimentConfig]:
+    """:func:`resolve` for the ``config.yaml`` a run folder stores: written by fedarena itself, possibly by an older
+    version, so keys its kind has since moved (``MOVED``, e.g. the flat FL layout) are moved to their new paths
+    first instead of refused; ``overrides`` use the new paths."""
+    data, experiment = load_given(path)
+    data = cfgmod.migrate(experiment.config, data)
+    return resolve(data, overrides)
+
+
 def load_given(config: str | Path | Mapping[str, Any],
                overrides: Sequence[str] = ()) -> tuple[dict[str, Any], Experiment]:
     """The config as given (YAML path or mapping, ``--set`` overrides applied) and its kind, before validation.
@@ -356,7 +365,7 @@ def execute(config: str | Path | Mapping[str, Any] | None = None, overrides: Seq
         saved = run_dir / "config.yaml"
         if not saved.exists():
             raise RunError(f"--resume {run_dir}: not a run folder (no config.yaml)")
-        experiment, cfg = resolve(saved, overrides)
+        experiment, cfg = resolve_saved(saved, overrides)
         if config is not None:
             _, given = resolve(config, overrides)
             diff = _differences(cfgmod.to_dict(given), cfgmod.to_dict(cfg))

@@ -280,3 +280,44 @@ def test_the_execution_section_reaches_the_simulation():
     assert default.threads == 1  # one math-library thread unless asked: the stacked clients fill the cores
     with pytest.raises(ConfigError, match="execution.max_stacked_clients"):
         build(FedSimConfig, merged(SIM_BASE, {"execution": {"max_stacked_clients": -1}}))
+
+
+def _flat_layout(nested: dict, moved: dict) -> dict:
+    """``nested`` written back in the old flat layout (every path of ``moved`` at its old key; fields added since,
+    all at their defaults here, dropped)."""
+    import copy
+
+    src, out = copy.deepcopy(nested), dict(nested)
+    for old, new in moved.items():
+        *sections, last = new.split(".")
+        node = src
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            out[old] = node.pop(last)
+    sections = {"data", "model", "clients", "strategy", "upload", "download", "privacy", "heterogeneity",
+                "evaluation", "execution", "attack", "tls"}
+    return {k: v for k, v in out.items() if k not in sections}  # what is left there came after the flat layout
+
+
+def test_a_run_folder_from_before_the_sections_still_reports_and_resumes(tmp_path):
+    import yaml
+
+    from fedarena.platform.runs import execute, resolve_saved
+
+    run = tmp_path / "run"
+    execute(merged(SIM_BASE, {"checkpoint": {"every": 1}}), out=run, quiet=True, report=False)
+    saved = load_yaml(run / "config.yaml")
+    flat = _flat_layout(yaml.safe_load((run / "config.yaml").read_text()), FEDSIM_MOVED)
+    assert "strategy" not in flat and "aggregation" in flat  # an old flat config, as an older fedarena wrote it
+    (run / "config.yaml").write_text(yaml.safe_dump(flat))
+    with pytest.raises(ConfigError, match="moved to"):  # a user's old file is still refused...
+        build(FedSimConfig, load_yaml(run / "config.yaml"))
+    _, cfg = resolve_saved(run / "config.yaml")  # ... the run's own is migrated
+    assert cfg == build(FedSimConfig, saved)
+    assert main(["report", str(run)]) == 0
+    from fedarena.platform.runs import read_metrics
+
+    before = max(r["step"] for r in read_metrics(run))
+    execute(None, out=None, resume=run, overrides=["rounds=3"], quiet=True, report=False)
+    assert (before, max(r["step"] for r in read_metrics(run))) == (2, 3)
