@@ -653,21 +653,24 @@ def _devices_plot(rec: dict[str, np.ndarray], rows, cfg, name: str, report_dir: 
             ax[0, 0].scatter(rec["memory_budget"][sel] / 1e6, rec["memory_bytes"][sel] / 1e6, s=8, color=colours[k],
                              label=f"width {w:g}")
             budget = np.where(np.isfinite(rec["time_budget"][sel]), rec["time_budget"][sel], np.nan)
-            ax[0, 1].scatter(rec["seconds"][sel], budget, s=8, color=colours[k], label=f"width {w:g}")
+            ax[0, 1].scatter(budget, rec["seconds"][sel], s=8, color=colours[k], label=f"width {w:g}")
     lo, hi = ax[0, 0].get_xlim()
     ax[0, 0].plot([0, hi], [0, hi], "k--", lw=1, label="budget")
     ax[0, 0].set_xlabel("device memory budget (MB)")
     ax[0, 0].set_ylabel("training memory (MB)")
     ax[0, 0].set_title("memory per client and round (all on or below the budget line)", fontsize=10)
     ax[0, 0].legend(fontsize=7)
-    ax[0, 1].set_xlabel("on-device seconds (download + compute + upload)")
-    ax[0, 1].set_ylabel("time budget (s)")
+    ax[0, 1].set_xlabel("time budget: deadline or the window's end (s)")
+    ax[0, 1].set_ylabel("on-device seconds (download + compute + upload)")
     finite = np.isfinite(rec["time_budget"])
-    ax[0, 1].set_title("time per client and round" + ("" if finite.any() else
+    ax[0, 1].set_title("time per client and round" + (" (log scale)" if finite.any() else
                        " (no deadline and no window: budgets unbounded)"), fontsize=10)
     if finite.any():
-        top = float(np.nanmax(rec["time_budget"][finite]))
-        ax[0, 1].plot([0, top], [0, top], "k--", lw=1, label="budget")
+        lo = float(min(rec["seconds"].min(), rec["time_budget"][finite].min()))
+        top = float(rec["time_budget"][finite].max())
+        ax[0, 1].plot([lo, top], [lo, top], "k--", lw=1, label="budget")
+        ax[0, 1].set_xscale("log")
+        ax[0, 1].set_yscale("log")
     ax[0, 1].legend(fontsize=7)
     r = [row["step"] for row in rows]
     for k, w in enumerate(levels):

@@ -11,10 +11,12 @@ A client whose device cannot train the global model trains a sub-model of width 
 A sub-model's weight ``l{i}.w`` is the global ``w[rows, cols]`` (rows: the kept units of layer ``i``'s input,
 cols: of its output) and its bias ``b[cols]``. The server averages each coordinate over the clients whose
 sub-model holds it (``sum_i Delta_i[c] / #{i : c in S_i}``, unweighted, as both papers' code does) and leaves a
-coordinate no client held unchanged. HeteroFL's "scaler" divides a width-``r`` sub-model's hidden outputs by
-``r`` so that the next layer's sums over fewer units keep the full model's scale; the MLP has no normalization
+coordinate no client held unchanged. HeteroFL's "scaler" divides a sub-model's hidden outputs by its width
+relative to the global model's, ``r / r_global``, so that the next layer's sums over fewer units keep the global
+model's scale (a run whose global model is itself narrow, every client at one width, scales nothing); the MLP
+has no normalization
 layer (HeteroFL's static batch norm has nothing to do here), so the scaler applies whenever a sub-model runs, in
-training and when a narrow level is evaluated; the full width (``r = 1``) is the plain model.
+training and when a narrow level is evaluated; the global width is the plain model.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def submodel_index(sizes: Sequence[int], rate: float, kind: Submodel, rnd: int) 
     sub = level_sizes(sizes, rate)
     index = [np.arange(sizes[0])]
     for h, k in zip(sizes[1:-1], sub[1:-1]):
-        start = (rnd - 1) % h if kind == "fedrolex" else 0
+        start = (rnd - 1) % h if kind == "fedrolex" and k < h else 0  # a full-width window is the layer in order
         index.append((start + np.arange(k)) % h)
     index.append(np.arange(sizes[-1]))
     return index
@@ -95,8 +97,9 @@ class CoordinateMean:
 
 
 class ScaledMLP(BatchedMLP):
-    """The MLP ``sizes`` of a width-``rate`` sub-model whose hidden outputs are divided by ``rate`` (HeteroFL's
-    scaler; ``scaler=False`` or ``rate = 1``: the plain MLP). Same parameters as :class:`BatchedMLP`."""
+    """The MLP ``sizes`` of a sub-model whose hidden outputs are divided by ``rate``, its width relative to the
+    global model's (HeteroFL's scaler; ``scaler=False`` or ``rate = 1``: the plain MLP). Same parameters as
+    :class:`BatchedMLP`."""
 
     def __init__(self, sizes: Sequence[int], rate: float, scaler: bool = True) -> None:
         self.scale = 1.0 / rate if scaler else 1.0

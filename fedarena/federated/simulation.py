@@ -737,7 +737,24 @@ class Simulation:
     # ------------------------------------------------------------------ rounds
 
     def init_state(self, params: Params | None = None) -> RoundState:
-        return self.strategy.init_state(params if params is not None else self.model.init_params(self.seed))
+        params = params if params is not None else self.model.init_params(self.seed)
+        if self.devices is not None and self.widths.rates[0] < 1:
+            params = self._narrow_global_init(params)
+        return self.strategy.init_state(params)
+
+    def _narrow_global_init(self, params: Params) -> Params:
+        """A global model narrower than ``model`` (``widths.rates[0] < 1``, e.g. every client at the smallest
+        width) starts as a model of that width would (its own fan-ins, :func:`mlp_init`), in the leading units;
+        the units beyond it are never trained nor evaluated."""
+        from fedarena.federated.hetero import submodel_index
+
+        index = submodel_index(self.model.sizes, self.widths.rates[0], "heterofl", 1)
+        fresh = self._level_models[0].init_params(self.seed)
+        out = {k: np.array(v, np.float32, copy=True) for k, v in params.items()}
+        for i in range(len(index) - 1):
+            out[f"l{i}.w"][np.ix_(index[i], index[i + 1])] = fresh[f"l{i}.w"]
+            out[f"l{i}.b"][index[i + 1]] = fresh[f"l{i}.b"]
+        return out
 
     def round(self, state: RoundState) -> tuple[RoundState, RoundRecord]:
         """Run round ``state.round``; returns the next state and the round's record."""
@@ -890,7 +907,7 @@ class Simulation:
                              "the speed-based time model off")
         self._level_models = []
         for rate, sizes in zip(self.widths.rates, self.devices.level_sizes):
-            model = ScaledMLP(sizes, rate, self.widths.scaler)
+            model = ScaledMLP(sizes, rate / self.widths.rates[0], self.widths.scaler)
             if self.engine_backend != "numpy":
                 model.use_engine_backend(self.engine_backend)
             self._level_models.append(model)
