@@ -49,14 +49,15 @@ class DeviceTier:
 
 
 DEFAULT_TIERS = (
-    DeviceTier(0.2, 512e6, 20e9, 2.5e6, 6.25e6),
-    DeviceTier(0.2, 256e6, 10e9, 1.25e6, 3.1e6),
-    DeviceTier(0.2, 128e6, 5e9, 0.6e6, 1.25e6),
-    DeviceTier(0.2, 64e6, 2.5e9, 0.25e6, 0.6e6),
-    DeviceTier(0.2, 32e6, 1.25e9, 0.125e6, 0.25e6),
+    DeviceTier(0.2, 512e6, 20e9, 20e6 / 8, 50e6 / 8),
+    DeviceTier(0.2, 256e6, 10e9, 10e6 / 8, 25e6 / 8),
+    DeviceTier(0.2, 128e6, 5e9, 5e6 / 8, 10e6 / 8),
+    DeviceTier(0.2, 64e6, 2.5e9, 2e6 / 8, 5e6 / 8),
+    DeviceTier(0.2, 32e6, 1.25e9, 1e6 / 8, 2e6 / 8),
 )
-"""Assumed tiers (high-end to low-end phone; memory granted to training 512 MB ... 32 MB, throughput 20 ... 1.25
-GFLOP/s, uplink 20 ... 1 Mbit/s, downlink 50 ... 2 Mbit/s): assumptions, see the module docstring."""
+"""Assumed tiers (high-end to low-end phone; memory granted to training 512 ... 32 MB, throughput 20 ... 1.25
+GFLOP/s, uplink 20, 10, 5, 2, 1 Mbit/s, downlink 50, 25, 10, 5, 2 Mbit/s): assumptions, see the module
+docstring."""
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ A client whose device cannot train the global model trains a sub-model of width 
 
 A sub-model's weight ``l{i}.w`` is the global ``w[rows, cols]`` (rows: the kept units of layer ``i``'s input,
 cols: of its output) and its bias ``b[cols]``. The server averages each coordinate over the clients whose
-sub-model holds it (``sum_i Delta_i[c] / #{i : c in S_i}``, unweighted, as both papers' code does) and leaves a
-coordinate no client held unchanged. HeteroFL's "scaler" divides a sub-model's hidden outputs by its width
-relative to the global model's, ``r / r_global``, so that the next layer's sums over fewer units keep the global
-model's scale (a run whose global model is itself narrow, every client at one width, scales nothing); the MLP
-has no normalization
-layer (HeteroFL's static batch norm has nothing to do here), so the scaler applies whenever a sub-model runs, in
-training and when a narrow level is evaluated; the global width is the plain model.
+sub-model holds it (``sum_i Delta_i[c] / #{i : c in S_i}``, unweighted: the per-parameter averaging both papers
+describe) and leaves a coordinate no client held unchanged. HeteroFL's "scaler" divides a sub-model's hidden
+outputs by its width relative to the global model's, ``r / r_global``, so that the next layer's sums over fewer
+units keep the global model's scale (a run whose global model is itself narrow, every client at one width,
+scales nothing). The MLP has no normalization layer (HeteroFL's static batch norm has nothing to do here), so
+the scaler applies whenever a sub-model runs, in training and when a narrow level is evaluated; the global
+width is the plain model.
 """
 
 from __future__ import annotations
