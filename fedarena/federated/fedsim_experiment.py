@@ -353,6 +353,11 @@ class _RoundSteps:
 
     def load(self, step: int, saved: dict[str, Any]) -> None:
         self.r = step
+        records = self.run.dir / DEVICE_RECORDS
+        if records.exists():  # rounds after the checkpoint are run again: their rows go
+            keep = [ln for i, ln in enumerate(records.read_text(encoding="utf-8").splitlines(keepends=True))
+                    if i == 0 or int(ln.split(",", 1)[0]) <= step]
+            records.write_text("".join(keep), encoding="utf-8")
         self.round_state, self.last_div, self.schedule.current = _restore(self.sim, saved)
         self.participation = {c: int(n) for c, n in saved.get("participation", {}).items()}
 

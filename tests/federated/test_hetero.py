@@ -5,10 +5,12 @@ client within its memory and time budget, and bad input refused in one line with
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from fedarena.federated.devices import DeviceFleet, DeviceProfile, step_flops, training_cost, training_memory
 from fedarena.federated.hetero import CoordinateMean, WidthLevels, extract, level_sizes, submodel_index
@@ -188,7 +190,8 @@ def _config(tmp_path: Path, extra: str = "") -> Path:
 
 
 def test_five_levels_all_trained_every_client_within_its_budget(tmp_path):
-    from fedarena.federated.fedsim_experiment import read_device_records
+    from fedarena.federated.fedsim_experiment import FedSimConfig, _devices_plot, read_device_records
+    from fedarena.platform.config import build
 
     out = tmp_path / "run"
     assert main(["run", str(_config(tmp_path)), "--out", str(out), "--quiet", "--no-report", "--set", "rounds=4",
@@ -201,21 +204,18 @@ def test_five_levels_all_trained_every_client_within_its_budget(tmp_path):
     # each client's level is its tier's (the tiers' memory fits exactly one width each) and its upload is the
     # dense float32 sub-model of that width
     np.testing.assert_array_equal(rec["level"], rec["tier"])
-    p = {k: 4 * sum(a * b + b for a, b in zip(s[:-1], s[1:]))
-         for k, s in enumerate(level_sizes((64, 64, 64, 10), r) for r in (1, .5, .25, .125, .0625))}
-    np.testing.assert_array_equal(rec["bytes_up"][rec["reported"] == 1],
-                                  [p[int(k)] for k in rec["level"][rec["reported"] == 1]])
-    import json
-
+    # budgets as configured (spread 0: the tier's value) and memory by hand: hidden units h = 64 r, P = 64 h + h +
+    # h h + h + 10 h + 10, memory 4 (2 P + B (64 + h + h + h + h + 2 x 10)) with B = 10
+    np.testing.assert_allclose(rec["memory_budget"], np.array([100e3, 50e3, 25e3, 12e3, 8e3])[rec["tier"].astype(int)])
+    hidden = 64 * np.array([1, .5, .25, .125, .0625])[rec["level"].astype(int)]
+    params = 64 * hidden + hidden + hidden * hidden + hidden + 10 * hidden + 10
+    np.testing.assert_array_equal(rec["memory_bytes"], 4 * (2 * params + 10 * (64 + 4 * hidden + 20)))
+    up = rec["reported"] == 1
+    np.testing.assert_array_equal(rec["bytes_up"][up], 4 * params[up])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["over_budget"] == 0 for r in rows)
     assert {f"test_acc_level{k}" for k in range(5)} <= set(rows[-1])
     # the report's device figure, drawn from the run's records and metrics
-    import yaml
-
-    from fedarena.federated.fedsim_experiment import FedSimConfig, _devices_plot
-    from fedarena.platform.config import build
-
     cfg = build(FedSimConfig, yaml.safe_load(_config(tmp_path).read_text()))
     (tmp_path / "report").mkdir()
     path = _devices_plot(rec, [{"step": i + 1, **r} for i, r in enumerate(rows)], cfg, "t", tmp_path / "report")
@@ -257,3 +257,24 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, sets, message):
     assert main(args) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and message in err[0], err
+
+
+def test_resumed_run_has_the_same_device_records(tmp_path):
+    from fedarena.platform.runs import execute, read_metrics
+
+    cfg = yaml.safe_load((REPO / "experiments" / "heterofl_digits.yaml").read_text())
+    cfg.update(rounds=4, checkpoint={"every": 1, "keep": 2}, evaluation={"every": 2})
+    cfg["data"]["num_clients"] = 30
+    cfg["clients"]["per_round"] = 10
+    cfg["devices"]["submodel"] = "fedrolex"
+    execute(cfg, out=tmp_path / "a", quiet=True, report=False)
+    execute(dict(cfg, rounds=2), out=tmp_path / "b", quiet=True, report=False)
+    # a row of a round after the checkpoint (a run stopped mid-round 3) goes when the run resumes
+    with open(tmp_path / "b" / "device_costs.csv", "a") as f:
+        f.write("3,c0,0,0,1.0,1,1,1,1,1,1,1,1\n")
+    execute(None, overrides=["rounds=4"], resume=tmp_path / "b", quiet=True, report=False)
+    assert (tmp_path / "a" / "device_costs.csv").read_text() == (tmp_path / "b" / "device_costs.csv").read_text()
+    a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    np.testing.assert_allclose([r["test_loss"] for r in b if "test_loss" in r],
+                               [r["test_loss"] for r in a if "test_loss" in r], rtol=1e-12)
