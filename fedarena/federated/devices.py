@@ -47,6 +47,11 @@ class DeviceTier:
     up_bytes_per_s: float
     down_bytes_per_s: float
 
+    def __post_init__(self) -> None:
+        for name in ("fraction", "memory_bytes", "flops_per_s", "up_bytes_per_s", "down_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"devices: a tier's {name} must be > 0, got {getattr(self, name)}")
+
 
 DEFAULT_TIERS = (
     DeviceTier(0.2, 512e6, 20e9, 20e6 / 8, 50e6 / 8),

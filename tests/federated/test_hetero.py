@@ -278,3 +278,42 @@ def test_resumed_run_has_the_same_device_records(tmp_path):
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     np.testing.assert_allclose([r["test_loss"] for r in b if "test_loss" in r],
                                [r["test_loss"] for r in a if "test_loss" in r], rtol=1e-12)
+
+
+def test_profiles_follow_the_tiers():
+    from fedarena.federated.devices import DEFAULT_TIERS, DeviceTier, draw_profiles
+
+    profiles = draw_profiles(DEFAULT_TIERS, 20_000, seed=3, spread=0.5, window_s=6 * 3600.0)
+    tier = np.array([p.tier for p in profiles])
+    np.testing.assert_allclose(np.bincount(tier, minlength=5) / len(tier), 0.2, atol=0.015)
+    # the log-normal factor exp(0.5 z - 0.125) has mean 1 and median exp(-0.125)
+    factor = np.array([p.memory_bytes / DEFAULT_TIERS[p.tier].memory_bytes for p in profiles])
+    assert factor.mean() == pytest.approx(1.0, abs=0.02)
+    assert np.median(factor) == pytest.approx(np.exp(-0.125), abs=0.02)
+    # a 6-hour window is open a quarter of the day
+    assert np.mean([p.seconds_left(10 * 3600.0) > 0 for p in profiles]) == pytest.approx(0.25, abs=0.015)
+    with pytest.raises(ValueError, match="memory_bytes must be > 0"):
+        DeviceTier(0.5, 0.0, 1e9, 1e6, 1e6)
+
+
+def test_device_round_on_the_emulated_device_backend_matches_numpy():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(60, 3)).astype(np.float32)
+    y = rng.integers(0, 2, 60)
+    train = [np.arange(i * 10, i * 10 + 10) for i in range(6)]
+    sizes_k = [level_sizes(SIZES, r) for r in (1.0, 0.5)]
+    mem = [training_memory(s, 5) for s in sizes_k]
+    fleet = DeviceFleet([_profile(i % 2, mem[i % 2] + 1) for i in range(6)], sizes_k)
+    out = []
+    for backend in ("numpy", "cupy-emulated"):
+        sim = Simulation(BatchedMLP(SIZES), FedAvg(fit=FitConfig(batch_size=5, lr=0.2)), x, y, train,
+                         [f"c{i}" for i in range(6)], 2, devices=fleet, widths=WidthLevels((1.0, 0.5), "fedrolex"),
+                         engine_backend=backend, eval_clients=False)
+        assert [m.engine_backend for m in sim._level_models] == [backend, backend]
+        state = sim.init_state(_params())
+        for _ in range(3):
+            state, rec = sim.round(state)
+        assert rec.metrics["level0_clients"] == 3 and rec.metrics["level1_clients"] == 3
+        out.append(state.params)
+    for k in out[0]:
+        np.testing.assert_allclose(out[1][k], out[0][k], rtol=1e-5, atol=1e-6)
