@@ -8,7 +8,10 @@ and runs :class:`fedarena.federated.simulation.Simulation`, logging per round: g
 and loss, the per-client held-out accuracy distribution (mean, 10th percentile, worst), clients
 selected / reporting / stragglers, exact bytes up and down, the divergence of the client updates,
 local steps, and DP epsilon. The report draws these, the per-client label histogram of the split, and
-(with ``evaluation.personalize_epochs``) per-client accuracy before and after local fine-tuning.
+(with ``evaluation.personalize_epochs``) per-client accuracy before and after local fine-tuning. Under device
+budgets (the ``devices`` section, docs/devices.md) a run also writes ``device_costs.csv`` (each trained client's
+memory, seconds, FLOPs and bytes against its budgets, per round), logs the clients per width level and each
+level's accuracy, and its report draws them (``devices.png``).
 """
 
 from __future__ import annotations

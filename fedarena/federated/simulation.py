@@ -859,7 +859,7 @@ class Simulation:
         return cfg.local_steps if cfg.local_steps else cfg.epochs * math.ceil(n / cfg.batch_size)
 
     def evaluate(self, state: RoundState, rnd: int) -> dict[str, float]:
-        if self.widths is not None:
+        if self.devices is not None:
             return self._evaluate_levels(state, rnd)
         out: dict[str, float] = {}
         with self.math_threads():
@@ -903,8 +903,8 @@ class Simulation:
             raise ValueError(f"devices: {len(self.devices.profiles)} profiles for {len(self.client_ids)} clients")
         het = self.heterogeneity
         if het.window_s > 0 or het.straggler_fraction > 0 or het.adversary_fraction > 0:
-            raise ValueError("heterogeneity.window_s/straggler_fraction: the device profiles time the clients; leave "
-                             "the speed-based time model off")
+            raise ValueError("heterogeneity.window_s/straggler_fraction/adversary_fraction: the device profiles time "
+                             "the clients and sub-model updates are averaged per coordinate; leave these at 0")
         self._level_models = []
         for rate, sizes in zip(self.widths.rates, self.devices.level_sizes):
             model = ScaledMLP(sizes, rate / self.widths.rates[0], self.widths.scaler)
