@@ -764,8 +764,10 @@ class DevicesConfig:
     width_levels: list[float] = param(doc="widths a client may train, widest first (the first is the global "
                                       "model's); submodel none uses [1]",
                                       factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625])
-    scaler: bool = param(True, "divide a sub-model's hidden outputs by its width (HeteroFL's scaler)")
-    tier_fraction: list[float] = param(doc="share of the clients in each tier ([] = the default tiers)",
+    scaler: bool = param(True, "divide a sub-model's hidden outputs by its width relative to the global model's "
+                         "(HeteroFL's scaler)")
+    tier_fraction: list[float] = param(doc="share of the clients in each tier ([] = the assumed default tiers of "
+                                       "docs/devices.md)",
                                        factory=list)
     tier_memory_mb: list[float] = param(doc="memory granted to training per tier, MB", factory=list)
     tier_gflops: list[float] = param(doc="sustained training throughput per tier, GFLOP/s", factory=list)
