@@ -748,6 +748,86 @@ class HeterogeneityConfig:
                              self.drop_upload)
 
 
+# ----------------------------------------------------------------------------- fedsim: device budgets (issue 35)
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """Device profiles of the simulated clients and the width-scaled sub-models they train
+    (:mod:`fedarena.federated.devices`, :mod:`fedarena.federated.hetero`; docs/devices.md). Tier lists give one
+    value per tier; empty lists take :data:`fedarena.federated.devices.DEFAULT_TIERS` (assumed figures)."""
+
+    enabled: bool = param(False, "give every client a device profile and train under its budget")
+    submodel: Literal["none", "heterofl", "fedrolex"] = param(
+        "heterofl", "sub-models of clients that cannot train the global model: heterofl (static leading units, "
+        "Diao et al. 2021), fedrolex (a rolling window, Alam et al. 2022) or none (they sit the round out)")
+    width_levels: list[float] = param(doc="widths a client may train, widest first (the first is the global "
+                                      "model's); submodel none uses [1]",
+                                      factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625])
+    scaler: bool = param(True, "divide a sub-model's hidden outputs by its width relative to the global model's "
+                         "(HeteroFL's scaler)")
+    tier_fraction: list[float] = param(doc="share of the clients in each tier ([] = the assumed default tiers of "
+                                       "docs/devices.md)",
+                                       factory=list)
+    tier_memory_mb: list[float] = param(doc="memory granted to training per tier, MB", factory=list)
+    tier_gflops: list[float] = param(doc="sustained training throughput per tier, GFLOP/s", factory=list)
+    tier_up_mbps: list[float] = param(doc="uplink per tier, Mbit/s", factory=list)
+    tier_down_mbps: list[float] = param(doc="downlink per tier, Mbit/s", factory=list)
+    spread: float = param(0.0, "log-normal sigma of each quantity around its tier's median (0 = every device of "
+                          "a tier alike)")
+    window_hours: float = param(24.0, "daily availability window of a device, hours (24 = always available)")
+    round_interval_s: float = param(600.0, "simulated seconds between the starts of two rounds")
+    deadline_s: float = param(0.0, "round deadline, simulated seconds (0 = none; the window's end still binds)")
+
+    TIER_FIELDS: ClassVar[tuple[str, ...]] = ("tier_fraction", "tier_memory_mb", "tier_gflops", "tier_up_mbps",
+                                              "tier_down_mbps")
+
+    def __post_init__(self) -> None:
+        lists = {f: getattr(self, f) for f in self.TIER_FIELDS}
+        given = [f for f, v in lists.items() if v]
+        if given and len(given) != len(lists):
+            raise ValueError(f"{given[0]}: set all five tier lists or none, missing "
+                             f"{', '.join(f for f in lists if f not in given)}")
+        if given and len({len(v) for v in lists.values()}) != 1:
+            raise ValueError(f"tier_fraction: the tier lists differ in length: "
+                             f"{', '.join(f'{f} {len(v)}' for f, v in lists.items())}")
+        for f, v in lists.items():
+            if any(not x > 0 for x in v):
+                raise ValueError(f"{f}: every tier needs a value > 0, got {v}")
+        if given and abs(sum(self.tier_fraction) - 1) > 1e-6:
+            raise ValueError(f"tier_fraction: must sum to 1, got {sum(self.tier_fraction):g}")
+        if not self.width_levels or any(not 0 < r <= 1 for r in self.width_levels):
+            raise ValueError(f"width_levels: every width must lie in (0, 1], got {self.width_levels}")
+        if list(self.width_levels) != sorted(set(self.width_levels), reverse=True):
+            raise ValueError(f"width_levels: distinct widths, widest first, got {self.width_levels}")
+        _at_least("spread", self.spread, 0)
+        if not 0 < self.window_hours <= 24:
+            raise ValueError(f"window_hours: must lie in (0, 24], got {self.window_hours}")
+        _positive("round_interval_s", self.round_interval_s)
+        _at_least("deadline_s", self.deadline_s, 0)
+
+    def tiers(self):
+        from fedarena.federated.devices import DEFAULT_TIERS, DeviceTier
+
+        if not self.tier_fraction:
+            return DEFAULT_TIERS
+        return tuple(DeviceTier(f, m * 1e6, g * 1e9, u * 1e6 / 8, d * 1e6 / 8) for f, m, g, u, d in
+                     zip(self.tier_fraction, self.tier_memory_mb, self.tier_gflops, self.tier_up_mbps,
+                         self.tier_down_mbps))
+
+    def build(self, sizes: Any, num_clients: int, seed: int):
+        """``(DeviceFleet, WidthLevels)`` for an MLP of layer sizes ``sizes``; a width that leaves a hidden layer
+        with no unit is a ValueError naming ``devices.width_levels``."""
+        from fedarena.federated.devices import DAY_S, DeviceFleet, draw_profiles
+        from fedarena.federated.hetero import WidthLevels, level_sizes
+
+        rates = (1.0,) if self.submodel == "none" else tuple(float(r) for r in self.width_levels)
+        widths = WidthLevels(rates, "heterofl" if self.submodel == "none" else self.submodel, self.scaler)
+        sizes_k = [level_sizes(sizes, r) for r in rates]
+        profiles = draw_profiles(self.tiers(), num_clients, seed, self.spread, min(self.window_hours * 3600, DAY_S))
+        return DeviceFleet(profiles, sizes_k, self.round_interval_s, self.deadline_s), widths
+
+
 @dataclass(frozen=True)
 class EvaluationConfig:
     """When the global model is evaluated, and the optional local fine-tuning after the last round."""

@@ -8,7 +8,10 @@ and runs :class:`fedarena.federated.simulation.Simulation`, logging per round: g
 and loss, the per-client held-out accuracy distribution (mean, 10th percentile, worst), clients
 selected / reporting / stragglers, exact bytes up and down, the divergence of the client updates,
 local steps, and DP epsilon. The report draws these, the per-client label histogram of the split, and
-(with ``evaluation.personalize_epochs``) per-client accuracy before and after local fine-tuning.
+(with ``evaluation.personalize_epochs``) per-client accuracy before and after local fine-tuning. Under device
+budgets (the ``devices`` section, docs/devices.md) a run also writes ``device_costs.csv`` (each trained client's
+memory, seconds, FLOPs and bytes against its budgets, per round), logs the clients per width level and each
+level's accuracy, and its report draws them (``devices.png``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fedarena.federated.config import (FEDSIM_MOVED, AttackConfig, DataConfig, DownloadConfig, EvaluationConfig, ExecutionConfig,
+from fedarena.federated.config import (FEDSIM_MOVED, AttackConfig, DataConfig, DevicesConfig, DownloadConfig,
+                                       EvaluationConfig, ExecutionConfig,
                                        FLExperimentConfig, HeterogeneityConfig, ModelConfig, SimClientsConfig,
                                        SimPrivacyConfig, StrategyConfig, UploadConfig)
 from fedarena.platform.config import ConfigError
@@ -48,6 +52,8 @@ class FedSimConfig(FLExperimentConfig):
     attack: AttackConfig = param(doc="a coalition of attacking clients and its attack", factory=AttackConfig)
     evaluation: EvaluationConfig = param(doc="evaluation cadence and personalization", factory=EvaluationConfig)
     execution: ExecutionConfig = param(doc="where the clients train", factory=ExecutionConfig)
+    devices: DevicesConfig = param(doc="device profiles (memory, compute, bandwidth, availability) and the "
+                                   "width-scaled sub-models of HeteroFL / FedRolex", factory=DevicesConfig)
 
     def check_sections(self) -> None:
         priv, agg = self.privacy, self.strategy.aggregation
@@ -70,9 +76,41 @@ class FedSimConfig(FLExperimentConfig):
         if self.strategy.defence.on and (priv.secagg.enabled or priv.dp.on):
             raise ValueError(f"strategy.defence.kind: {self.strategy.defence.kind} needs every individual update; "
                              "secure aggregation and DP-FedAvg give the server only their sum")
+        if self.devices.enabled:
+            _check_devices(self)
         if self.attack.count(self.data.num_clients) > self.data.num_clients:
             raise ValueError(f"attack.num_attackers: {self.attack.count(self.data.num_clients)} attackers exceed the "
                              f"{self.data.num_clients} clients (data.num_clients)")
+
+
+def _check_devices(cfg: FedSimConfig) -> None:
+    """What training under device budgets supports: the MLP (with a hidden layer when sub-models are on), plain
+    FedAvg-family aggregation of dense updates in rounds on the vmap backend, no attack, defence, DP-FedAvg,
+    SecAgg or SignDS (each needs whole-model updates), the device clock instead of the speed-based time model."""
+    if cfg.model.arch != "mlp":
+        raise ValueError(f"model.arch: width-scaled sub-models (devices.enabled) are defined for the MLP, got "
+                         f"{cfg.model.arch}")
+    if cfg.devices.submodel != "none" and not cfg.model.hidden:
+        raise ValueError("model.hidden: width-scaled sub-models need at least one hidden layer")
+    if cfg.strategy.aggregation != "fedavg" or cfg.strategy.defence.on or cfg.strategy.server_mode != "rounds":
+        raise ValueError("strategy.aggregation: devices.enabled averages sub-model updates per coordinate; use "
+                         "aggregation fedavg, no defence, server_mode rounds")
+    if cfg.upload.codec != "dense" or cfg.download.codec != "dense":
+        raise ValueError("upload.codec: devices.enabled sends dense float32 sub-models (the cost model prices "
+                         "them); set upload.codec and download.codec to dense")
+    p = cfg.privacy
+    if p.dp.on or p.secagg.enabled or p.signds.on or cfg.attack.kind != "none":
+        raise ValueError("devices.enabled: DP-FedAvg, SecAgg, SignDS and attacks need whole-model updates; turn "
+                         "them off")
+    h = cfg.heterogeneity
+    if h.window_s > 0 or h.straggler_fraction > 0:
+        raise ValueError("heterogeneity.window_s: the device profiles time the clients; set heterogeneity.window_s "
+                         "and straggler_fraction to 0")
+    if cfg.execution.backend != "vmap":
+        raise ValueError("execution.backend: devices.enabled trains with the vmap backend")
+    if cfg.evaluation.personalize_epochs:
+        raise ValueError("evaluation.personalize_epochs: personalization fine-tunes the global model, not the "
+                         "clients' sub-models; set it to 0 with devices.enabled")
 
 
 def _round_only(cfg: FedSimConfig) -> dict[str, tuple[Any, Any]]:
@@ -86,7 +124,7 @@ def _round_only(cfg: FedSimConfig) -> dict[str, tuple[Any, Any]]:
         "clients.step_schedule": c.clients.step_schedule, "heterogeneity": c.heterogeneity, "attack": c.attack,
         "strategy.defence": c.strategy.defence,
         "execution.backend": c.execution.backend, "execution.engine_backend": c.execution.engine_backend,
-        "evaluation.personalize_epochs": c.evaluation.personalize_epochs}
+        "evaluation.personalize_epochs": c.evaluation.personalize_epochs, "devices.enabled": c.devices.enabled}
     now, default = pick(cfg), pick(d)
     return {k: (now[k], default[k]) for k in now}
 
@@ -159,6 +197,11 @@ def build(cfg: FedSimConfig):
     held_out = d.held_out
     if hasattr(held_out, "sizes") and not held_out.sizes().any():
         held_out = None  # streamed clients without held-out examples: no per-client evaluation pass over them all
+    if cfg.devices.enabled:
+        try:
+            kw["devices"], kw["widths"] = cfg.devices.build(model.sizes, d.num_clients, cfg.seed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes,
                      seed=cfg.seed, held_out=held_out, test=test, heterogeneity=cfg.heterogeneity.build(),
                      upload_stages=upload_stages, backend=cfg.execution.backend,
@@ -244,6 +287,35 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
     return out
 
 
+DEVICE_RECORDS = "device_costs.csv"
+"""the run folder's per-client, per-round device costs and budgets (``devices.enabled``)"""
+
+DEVICE_COLUMNS = ("round", "client", "tier", "level", "width", "memory_bytes", "memory_budget", "seconds",
+                  "time_budget", "flops", "bytes_down", "bytes_up", "reported")
+
+
+def write_device_records(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` (:meth:`Simulation.device_round`'s records) to the CSV ``path`` (a header first)."""
+    import csv
+
+    new = not path.exists()
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=DEVICE_COLUMNS)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
+def read_device_records(path: Path) -> dict[str, np.ndarray]:
+    """The columns of a device-cost CSV as arrays (``client`` as strings, the rest as floats)."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return {k: np.array([r[k] for r in rows]) if k == "client" else np.array([float(r[k]) for r in rows])
+            for k in DEVICE_COLUMNS}
+
+
 HISTOGRAM_CLIENTS = 10_000
 """clients in the saved label histogram"""
 
@@ -284,6 +356,11 @@ class _RoundSteps:
 
     def load(self, step: int, saved: dict[str, Any]) -> None:
         self.r = step
+        records = self.run.dir / DEVICE_RECORDS
+        if records.exists():  # rounds after the checkpoint are run again: their rows go
+            keep = [ln for i, ln in enumerate(records.read_text(encoding="utf-8").splitlines(keepends=True))
+                    if i == 0 or int(ln.split(",", 1)[0]) <= step]
+            records.write_text("".join(keep), encoding="utf-8")
         self.round_state, self.last_div, self.schedule.current = _restore(self.sim, saved)
         self.participation = {c: int(n) for c, n in saved.get("participation", {}).items()}
 
@@ -327,6 +404,8 @@ class _RoundSteps:
         report = getattr(sim.strategy, "last_report", None)
         if report:
             m.update(report)
+        if sim.devices is not None:
+            write_device_records(self.run.dir / DEVICE_RECORDS, sim.pop_device_records())
         return m
 
     def summary(self) -> dict[str, Any]:
@@ -518,6 +597,9 @@ def plots(rows, cfg, report_dir) -> list[str]:
         out.append(plot_label_histogram(hist, report_dir / "label_histogram.png",
                                         f"{name}: per-client label histogram of the training split\n{_data_setup(cfg)}",
                                         max_clients=max(50, min(len(hist), 200))))
+    dev = report_dir.parent / DEVICE_RECORDS
+    if dev.exists():
+        out.append(_devices_plot(read_device_records(dev), rows, cfg, name, report_dir))
     pers = report_dir.parent / "personalization.npy"
     if pers.exists():
         before, after = np.load(pers)
@@ -560,6 +642,68 @@ def _personalization_plot(before: np.ndarray, after: np.ndarray, cfg, name: str,
                  f"model\n{note}", fontsize=10)
     fig.tight_layout()
     path = report_dir / "personalization.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _devices_plot(rec: dict[str, np.ndarray], rows, cfg, name: str, report_dir: Path) -> str:
+    """On-device training cost against budget per client and round (memory, time; the diagonal is the budget),
+    the clients trained at each width level per round and the accuracy of each level's sub-model."""
+    import matplotlib.pyplot as plt
+
+    levels = [1.0] if cfg.devices.submodel == "none" else list(cfg.devices.width_levels)
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7.6))
+    colours = plt.cm.viridis(np.linspace(0, 0.9, len(levels)))
+    for k, w in enumerate(levels):
+        sel = rec["level"] == k
+        if sel.any():
+            ax[0, 0].scatter(rec["memory_budget"][sel] / 1e6, rec["memory_bytes"][sel] / 1e6, s=8, color=colours[k],
+                             label=f"width {w:g}")
+            budget = np.where(np.isfinite(rec["time_budget"][sel]), rec["time_budget"][sel], np.nan)
+            ax[0, 1].scatter(budget, rec["seconds"][sel], s=8, color=colours[k], label=f"width {w:g}")
+    lo, hi = ax[0, 0].get_xlim()
+    ax[0, 0].plot([0, hi], [0, hi], "k--", lw=1, label="budget")
+    ax[0, 0].set_xlabel("device memory budget (MB)")
+    ax[0, 0].set_ylabel("training memory (MB)")
+    ax[0, 0].set_title("memory per client and round (all on or below the budget line)", fontsize=10)
+    ax[0, 0].legend(fontsize=7)
+    ax[0, 1].set_xlabel("time budget: deadline or the window's end (s)")
+    ax[0, 1].set_ylabel("on-device seconds (download + compute + upload)")
+    finite = np.isfinite(rec["time_budget"])
+    ax[0, 1].set_title("time per client and round" + (" (log scale)" if finite.any() else
+                       " (no deadline and no window: budgets unbounded)"), fontsize=10)
+    if finite.any():
+        lo = float(min(rec["seconds"].min(), rec["time_budget"][finite].min()))
+        top = float(rec["time_budget"][finite].max())
+        ax[0, 1].plot([lo, top], [lo, top], "k--", lw=1, label="budget")
+        ax[0, 1].set_xscale("log")
+        ax[0, 1].set_yscale("log")
+    ax[0, 1].legend(fontsize=7)
+    r = [row["step"] for row in rows]
+    for k, w in enumerate(levels):
+        ax[1, 0].plot(r, [row.get(f"level{k}_clients", 0) for row in rows], "-", color=colours[k],
+                      label=f"width {w:g}")
+    ax[1, 0].plot(r, [row.get("unfit", 0) for row in rows], "k:", label="no level fits")
+    ax[1, 0].set_title("clients trained per width level", fontsize=10)
+    ax[1, 0].set_ylabel("clients")
+    ax[1, 0].legend(fontsize=7)
+    for k, w in enumerate(levels):
+        ev = [(row["step"], row[f"test_acc_level{k}"]) for row in rows if f"test_acc_level{k}" in row]
+        if ev:
+            ax[1, 1].plot(*zip(*ev), "-", color=colours[k], label=f"width {w:g}" + (" (global)" if k == 0 else ""))
+    ax[1, 1].set_title("test accuracy of each level's sub-model", fontsize=10)
+    ax[1, 1].set_ylabel("accuracy")
+    ax[1, 1].legend(fontsize=7)
+    for a in ax[1]:
+        a.set_xlabel("round")
+        _integer_ticks(a)
+    for a in ax.flat:
+        a.grid(alpha=0.3)
+    fig.suptitle(f"{name}: device budgets, {cfg.devices.submodel} sub-models; {int(rec['reported'].sum())} "
+                 f"uploads, {len(rec['round'])} client trainings", fontsize=10)
+    fig.tight_layout()
+    path = report_dir / "devices.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)

@@ -20,6 +20,11 @@ hooks, upload stages and codecs as the gRPC runtime, with no network:
 5. the upload stages (clip, local DP, ...), the encoder and the server-side decoder, with exact bytes;
 6. ``strategy.aggregate``; the global test set and every client's held-out data are evaluated.
 
+Under device budgets (``devices``, :meth:`Simulation.device_round`) each client has a device profile
+(:mod:`fedarena.federated.devices`) and trains the widest width-scaled sub-model its memory and time hold
+(HeteroFL or FedRolex, :mod:`fedarena.federated.hetero`), one set of stacks per width level; the server averages
+each coordinate over the clients that held it.
+
 Backends: ``vmap`` (default; its math-library threads set by ``threads``) and ``ray`` (each round's clients
 spread over Ray actors balanced by work, :mod:`fedarena.federated.ray_backend`). Both train at most
 ``max_stacked_clients`` clients in one stack; a client's arithmetic does not depend on which clients share its
@@ -568,6 +573,11 @@ class Simulation:
     round, fit) -> {client id: result}`` whose results have ``params``, ``loss``, ``num_examples`` and ``steps``
     (e.g. :class:`fedarena.federated.flower.ClientAppTrainer`, a Flower ClientApp); its ``num_examples`` weigh
     the updates. Evaluation still uses ``model``, so the trainer must train that architecture."""
+    devices: Any = None
+    """a :class:`fedarena.federated.devices.DeviceFleet`: every client's device profile; a round then runs
+    :meth:`device_round` (each client trains the widest level of ``widths`` its budget holds)"""
+    widths: Any = None
+    """with ``devices``: the :class:`fedarena.federated.hetero.WidthLevels` the clients may train (an MLP only)"""
 
     def __post_init__(self) -> None:
         if len(self.train) != len(self.client_ids):
@@ -619,6 +629,10 @@ class Simulation:
             raise ValueError(f"max_stacked_clients: must be >= 0 (0 = up to 1024), got {self.max_stacked_clients}")
         if self.ray_groups_per_task < 0:
             raise ValueError(f"ray_groups_per_task: must be >= 0, got {self.ray_groups_per_task}")
+        self.device_records: list[dict[str, Any]] = []
+        """one row per client trained under ``devices`` (:meth:`device_round`), taken by :meth:`pop_device_records`"""
+        if self.devices is not None:
+            self._init_devices()
         self._threadpools = None
         self.final_round = -1  # the round after which :meth:`run` evaluates in any case (set by run)
 
@@ -723,10 +737,29 @@ class Simulation:
     # ------------------------------------------------------------------ rounds
 
     def init_state(self, params: Params | None = None) -> RoundState:
-        return self.strategy.init_state(params if params is not None else self.model.init_params(self.seed))
+        params = params if params is not None else self.model.init_params(self.seed)
+        if self.devices is not None and self.widths.rates[0] < 1:
+            params = self._narrow_global_init(params)
+        return self.strategy.init_state(params)
+
+    def _narrow_global_init(self, params: Params) -> Params:
+        """A global model narrower than ``model`` (``widths.rates[0] < 1``, e.g. every client at the smallest
+        width) starts as a model of that width would (its own fan-ins, :func:`mlp_init`), in the leading units;
+        the units beyond it are never trained nor evaluated."""
+        from fedarena.federated.hetero import submodel_index
+
+        index = submodel_index(self.model.sizes, self.widths.rates[0], "heterofl", 1)
+        fresh = self._level_models[0].init_params(self.seed)
+        out = {k: np.array(v, np.float32, copy=True) for k, v in params.items()}
+        for i in range(len(index) - 1):
+            out[f"l{i}.w"][np.ix_(index[i], index[i + 1])] = fresh[f"l{i}.w"]
+            out[f"l{i}.b"][index[i + 1]] = fresh[f"l{i}.b"]
+        return out
 
     def round(self, state: RoundState) -> tuple[RoundState, RoundRecord]:
         """Run round ``state.round``; returns the next state and the round's record."""
+        if self.devices is not None:
+            return self.device_round(state)
         rnd = state.round
         het = self.heterogeneity
         t0 = time.perf_counter()
@@ -826,6 +859,8 @@ class Simulation:
         return cfg.local_steps if cfg.local_steps else cfg.epochs * math.ceil(n / cfg.batch_size)
 
     def evaluate(self, state: RoundState, rnd: int) -> dict[str, float]:
+        if self.devices is not None:
+            return self._evaluate_levels(state, rnd)
         out: dict[str, float] = {}
         with self.math_threads():
             if self.test is not None and len(self.test[1]):
@@ -852,6 +887,160 @@ class Simulation:
         for _ in range(rounds):
             state, rec = self.round(state)
             yield state, rec
+
+    # ------------------------------------------------------------------ device budgets and sub-models
+
+    def _init_devices(self) -> None:
+        from fedarena.federated.hetero import ScaledMLP
+
+        if self.widths is None:
+            raise ValueError("widths: device profiles need the width levels the clients may train")
+        if getattr(self.model, "spec", ("",))[0] != "mlp":
+            raise ValueError("model.arch: width-scaled sub-models (devices) are defined for the MLP")
+        if self.backend != "vmap" or self.client_trainer is not None:
+            raise ValueError("devices: clients under device budgets train with the vmap backend's batched trainer")
+        if len(self.devices.profiles) != len(self.client_ids):
+            raise ValueError(f"devices: {len(self.devices.profiles)} profiles for {len(self.client_ids)} clients")
+        het = self.heterogeneity
+        if het.window_s > 0 or het.straggler_fraction > 0 or het.adversary_fraction > 0:
+            raise ValueError("heterogeneity.window_s/straggler_fraction/adversary_fraction: the device profiles time "
+                             "the clients and sub-model updates are averaged per coordinate; leave these at 0")
+        self._level_models = []
+        for rate, sizes in zip(self.widths.rates, self.devices.level_sizes):
+            model = ScaledMLP(sizes, rate / self.widths.rates[0], self.widths.scaler)
+            if self.engine_backend != "numpy":
+                model.use_engine_backend(self.engine_backend)
+            self._level_models.append(model)
+
+    def device_round(self, state: RoundState) -> tuple[RoundState, RoundRecord]:
+        """A round under device budgets (:mod:`fedarena.federated.devices`, :mod:`fedarena.federated.hetero`):
+        the available clients are those whose window is open (and, with ``heterogeneity.availability < 1``, that
+        draw reachable); each selected client trains the widest level whose memory and time fit its budget (none
+        fits: it sits the round out, counted in ``unfit``), each level's clients as their own stacks from the
+        level's sub-model of the global model; the updates go through the upload stages and the upload, and the
+        server hands their per-coordinate mean to the strategy's server step (``aggregate_partial`` with weight 1).
+        Each trained client's cost and budget are appended to ``device_records``."""
+        from fedarena.federated.hetero import CoordinateMean, extract, submodel_index
+
+        rnd = state.round
+        het, fleet, widths = self.heterogeneity, self.devices, self.widths
+        t0 = time.perf_counter()
+        frng = np.random.default_rng([self.seed, rnd, 7])
+        avail = np.array([fleet.available(i, rnd) for i in range(len(self.client_ids))], bool)
+        if het.availability < 1:
+            avail &= frng.random(len(self.client_ids)) < het.availability
+        cands = [c for c, a in zip(self.client_ids, avail) if a]
+        selected = self.strategy.select(rnd, cands, self.seed)
+        cfg = self.strategy.configure(rnd, state)
+        m: dict[str, float] = {"selected": len(selected), "available": len(cands)}
+        by_level: dict[int, list[str]] = {}
+        costs: dict[str, Any] = {}
+        unfit = 0
+        for c in selected:
+            if het.drop_before_training and frng.random() < het.drop_before_training:
+                continue
+            got = fleet.assign(self._pos[c], rnd, cfg.batch_size, self._full_steps(c, rnd, cfg), cfg.prox_mu > 0)
+            if got is None:
+                unfit += 1
+                continue
+            by_level.setdefault(got[0], []).append(c)
+            costs[c] = got[1]
+        prng = (SecureRandom() if self.privacy_seed < 0 else np.random.default_rng([self.privacy_seed, rnd]))
+        mean = CoordinateMean(state.params)
+        bytes_up = bytes_down = 0
+        reporting: list[str] = []
+        losses_kept: list[float] = []
+        rows: list[dict[str, Any]] = []
+        self.upload.begin_round(rnd, state.params)
+        with self.math_threads():
+            for k in sorted(by_level):
+                clients = by_level[k]
+                index = submodel_index(self.model.sizes, widths.rates[k], widths.kind, rnd)
+                sub = extract(state.params, index)
+                sub_bytes = sum(4 * v.size for v in sub.values())
+                plans, allowed = self._plans(clients, rnd, cfg, stragglers=False)
+                steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
+                for g in stacked_groups(steps, self.max_stacked_clients):
+                    plan = make_group_plan([plans[j] for j in g], [allowed[j] for j in g], cfg.batch_size,
+                                           self.max_stacked_clients)
+                    stack, ls = self._level_models[k].train_group(sub, plan, self.x, self._onehot, cfg)
+                    for r, j in enumerate(g):
+                        c = clients[j]
+                        bytes_down += sub_bytes
+                        row = self._device_row(c, rnd, k, costs[c])
+                        rows.append(row)
+                        if het.drop_after_training and frng.random() < het.drop_after_training:
+                            continue
+                        delta = {n: (stack[n][r].astype(np.float64) - sub[n].astype(np.float64)).astype(np.float32)
+                                 for n in sub}
+                        for stage in self.upload_stages:
+                            delta = stage(delta, prng)
+                        if het.drop_upload and frng.random() < het.drop_upload:
+                            continue
+                        crng = np.random.default_rng([self.seed, rnd, client_key(c), 13])
+                        decoded, nbytes = self.upload(c, delta, prng if self.upload.private else crng)
+                        row["reported"], row["bytes_up"] = 1, nbytes
+                        bytes_up += nbytes
+                        mean.add(decoded, index)
+                        reporting.append(c)
+                        losses_kept.append(float(ls[r]))
+        if reporting:
+            total = PartialAggregate(mean.mean(), 1.0, list(reporting), float(np.mean(losses_kept)))
+            new_state = self.strategy.aggregate_partial(state, total)
+        else:
+            new_state = replace(state, round=state.round + 1)
+        self.device_records.extend(rows)
+        m.update(reporting=len(reporting), bytes_up=bytes_up, bytes_down=bytes_down, unfit=unfit,
+                 train_loss=float(np.mean(losses_kept)) if losses_kept else float("nan"))
+        for k in range(len(widths.rates)):
+            m[f"level{k}_clients"] = len(by_level.get(k, ()))
+        if rows:
+            m["device_seconds_max"] = max(r["seconds"] for r in rows)
+            m["device_seconds_mean"] = float(np.mean([r["seconds"] for r in rows]))
+            m["device_memory_max_mb"] = max(r["memory_bytes"] for r in rows) / 1e6
+            m["device_gflops"] = sum(r["flops"] for r in rows) / 1e9
+            m["over_budget"] = sum(1 for r in rows if r["memory_bytes"] > r["memory_budget"]
+                                   or r["seconds"] > r["time_budget"])
+        self.bytes_up_total += bytes_up
+        self.bytes_down_total += bytes_down
+        m["train_seconds"] = time.perf_counter() - t0
+        if rnd % self.eval_every == 0 or rnd == self.final_round:
+            m.update(self.evaluate(new_state, rnd))
+        return new_state, RoundRecord(rnd, m, list(selected), reporting)
+
+    def _device_row(self, cid: str, rnd: int, level: int, cost: Any) -> dict[str, Any]:
+        """A trained client's record: its device, level, cost and budgets (``reported``/``bytes_up`` set on upload)."""
+        i = self._pos[cid]
+        prof = self.devices.profiles[i]
+        return {"round": rnd, "client": cid, "tier": prof.tier, "level": level, "width": self.widths.rates[level],
+                "memory_bytes": cost.memory_bytes, "memory_budget": prof.memory_bytes, "seconds": cost.seconds,
+                "time_budget": self.devices.time_budget(i, rnd), "flops": cost.flops, "bytes_down": cost.bytes_down,
+                "bytes_up": 0, "reported": 0}
+
+    def pop_device_records(self) -> list[dict[str, Any]]:
+        """The device records since the last call."""
+        out, self.device_records = self.device_records, []
+        return out
+
+    def _evaluate_levels(self, state: RoundState, rnd: int) -> dict[str, float]:
+        """The global model is the widest level (its leading units): ``test_loss``/``test_acc`` and the per-client
+        accuracies are its; ``test_acc_level{k}`` is level ``k``'s leading-unit sub-model (with its scaler)."""
+        from fedarena.federated.hetero import extract, submodel_index
+
+        out: dict[str, float] = {}
+        with self.math_threads():
+            for k, rate in enumerate(self.widths.rates):
+                sub = extract(state.params, submodel_index(self.model.sizes, rate, "heterofl", rnd))
+                model = self._level_models[k]
+                if self.test is not None and len(self.test[1]):
+                    loss, acc = evaluate_params(model, sub, *self.test)
+                    out[f"test_acc_level{k}"] = acc
+                    if k == 0:
+                        out["test_loss"], out["test_acc"] = loss, acc
+                if k == 0 and self.eval_clients and self.held_out is not None:
+                    accs = per_client_accuracy(model, sub, self.x, self.y, self.held_out)
+                    out.update(self.strategy.evaluate(rnd, accs[~np.isnan(accs)]))
+        return out
 
     # ------------------------------------------------------------------ personalization
 

@@ -163,6 +163,8 @@ def test_every_old_flat_key_has_exactly_one_new_path(schema, moved, count):
     added |= zoo & kind_fields
     # the attack section (both kinds) and strategy.defence (fedsim), issue 36; three old fedsim keys moved into it
     added |= {p for p in kind_fields if p.startswith(("attack.", "strategy.defence."))} - set(moved.values())
+    # the devices section (fedsim), issue 35: new, no old key moved into it
+    added |= {p for p in kind_fields if p.startswith("devices.")}
     assert len(moved) == count - 1 and len(set(moved.values())) == len(moved)
     assert set(moved.values()) | {"rounds"} | added == kind_fields
 
