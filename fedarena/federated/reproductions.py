@@ -656,7 +656,7 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
     a.set_ylabel("global test accuracy")
     a.grid(alpha=0.3)
     a.legend(fontsize=8)
-    title = f"{report_dir.parent.name}: {_sweep_setup(cfg)}"
+    title = f"{report_dir.parent.name}:\n{_sweep_setup(cfg)}"  # two lines: a run name and the setup overflow one
     a.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(report_dir / "sweep_accuracy.png", dpi=110)
