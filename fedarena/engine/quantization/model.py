@@ -1,0 +1,508 @@
+"""Post-training int8 quantization of engine models (dense and convolution layers), the int8 forward
+pass on the native kernel or its numpy reference, and the quantized model file.
+
+A model is read as a plan of steps (:func:`layer_plan`): ``nn.MLP`` (ReLU or identity between
+layers) or ``nn.Sequential`` of ``Linear``, ``Conv2d``, ``MaxPool2d``, ``Flatten`` and ReLU.  A ReLU
+right after a dense or convolution layer is fused into its requantization; every dense or
+convolution output is a quantization point, as is the model's input.  :func:`calibrate` runs the
+float model over a calibration set and records each point's range (min-max, or a percentile of a
+histogram); :func:`quantize_model` turns weights into per-channel symmetric int8, biases into int32
+(scale ``s_x * s_w``, Jacob et al., CVPR 2018, section 2.4) and returns a :class:`QuantizedModel`,
+whose :meth:`QuantizedModel.forward` quantizes the input, runs every layer in int8 (convolutions as
+im2col + int8 GEMM, the padding filled with the input's zero point so it stands for 0.0; max
+pooling directly on int8, which commutes with the monotone quantizer) and dequantizes the output.
+
+The file (:meth:`QuantizedModel.save`) is ``FAQM`` + a little-endian uint64 header length + a UTF-8
+JSON header (layers, quantization parameters, and each array's offset, dtype and shape) + the raw
+arrays: int8 weights, float32 per-channel scales and float32 biases; nothing is unpickled, and
+:meth:`QuantizedModel.load` checks every field and raises one ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .. import nn
+from .. import ops
+from .kernel import qgemm, qgemm_reference
+from .scheme import (
+    OBSERVERS,
+    ActivationQuant,
+    MinMaxObserver,
+    PercentileObserver,
+    activation_params,
+    check_bits,
+    quantize_weights,
+)
+
+MAGIC = b"FAQM"
+FORMAT_VERSION = 1
+MAX_HEADER = 1 << 24
+BACKENDS = ("native", "scalar", "reference")
+
+
+# ----------------------------------------------------------------------------- the plan of a model
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a model's forward pass: ``kind`` in linear/conv/maxpool/flatten/relu, the engine
+    layer, its parameters, and (dense/conv) whether a ReLU follows and is fused."""
+
+    kind: str
+    layer: Any
+    params: Any = None
+    relu: bool = False
+
+
+def _is_relu(layer: Any) -> bool:
+    if isinstance(layer, nn.Activation):
+        return layer.fn in ("relu", ops.relu)
+    return layer is ops.relu
+
+
+def _is_identity(layer: Any) -> bool:
+    return isinstance(layer, nn.Activation) and layer.fn in ("identity", None)
+
+
+def layer_plan(model: nn.Module, params: Any) -> list[Step]:
+    """The steps of ``model`` (``nn.MLP`` or ``nn.Sequential``) with their parameters; a ReLU that
+    follows a dense or convolution layer is folded into it."""
+    if isinstance(model, nn.MLP):
+        for name, act in (("activation", model.activation), ("output_activation", model.output_activation)):
+            if act not in ("relu", "identity", None, ops.relu):
+                raise ValueError(f"model.{name}: int8 quantization supports relu or identity, got {act!r}")
+        if len(params) != len(model.layers):
+            raise ValueError(f"params: the MLP has {len(model.layers)} layers but params has {len(params)} entries")
+        n = len(model.layers)
+        act_relu = model.activation in ("relu", ops.relu)
+        out_relu = model.output_activation in ("relu", ops.relu)
+        return [Step("linear", layer, p, act_relu if i < n - 1 else out_relu) for i, (layer, p) in enumerate(zip(model.layers, params))]
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(f"model: int8 quantization takes nn.MLP or nn.Sequential, got {type(model).__name__}")
+    if len(params) != len(model.layers):
+        raise ValueError(f"params: the Sequential has {len(model.layers)} layers but params has {len(params)} entries")
+    steps: list[Step] = []
+    for i, (layer, p) in enumerate(zip(model.layers, params)):
+        if isinstance(layer, nn.Linear):
+            steps.append(Step("linear", layer, p))
+        elif isinstance(layer, nn.Conv2d):
+            steps.append(Step("conv", layer, p))
+        elif isinstance(layer, nn.MaxPool2d):
+            steps.append(Step("maxpool", layer))
+        elif isinstance(layer, nn.Flatten):
+            if layer.start_dim != 1:
+                raise ValueError(f"model.layers[{i}]: Flatten must keep the batch axis (start_dim=1), got {layer.start_dim}")
+            steps.append(Step("flatten", layer))
+        elif _is_relu(layer):
+            prev = steps[-1] if steps else None
+            if prev is not None and prev.kind in ("linear", "conv") and not prev.relu:
+                steps[-1] = Step(prev.kind, prev.layer, prev.params, True)
+            else:
+                steps.append(Step("relu", layer))
+        elif _is_identity(layer):
+            continue
+        else:
+            raise ValueError(
+                f"model.layers[{i}]: int8 quantization supports Linear, Conv2d, MaxPool2d, Flatten and ReLU, got {type(layer).__name__}"
+            )
+    return steps
+
+
+def _float_step(step: Step, x: Any) -> Any:
+    if step.kind == "relu":
+        return ops.relu(x)
+    y = step.layer.apply(step.params, x)
+    return ops.relu(y) if step.relu else y
+
+
+def _quant_points(steps: Sequence[Step]) -> int:
+    return 1 + sum(s.kind in ("linear", "conv") for s in steps)
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The float range [lo, hi] of every quantization point (the input, then each dense/conv output)."""
+
+    ranges: tuple[tuple[float, float], ...]
+    method: str
+
+
+def _batches(data: Any, batch_size: int) -> list[np.ndarray]:
+    if isinstance(data, np.ndarray):
+        return [data[i : i + batch_size] for i in range(0, len(data), batch_size)]
+    return [np.asarray(b) for b in data]
+
+
+def _observe(steps: Sequence[Step], batches: list[np.ndarray], observers: list) -> None:
+    for xb in batches:
+        x = np.asarray(xb, np.float32)
+        observers[0].observe(x)
+        j = 1
+        for step in steps:
+            x = np.asarray(_float_step(step, x))
+            if step.kind in ("linear", "conv"):
+                observers[j].observe(x)
+                j += 1
+
+
+def calibrate(model: nn.Module, params: Any, data: Any, method: str = "minmax", percentile: float = 99.99,
+              bins: int = 2048, batch_size: int = 256) -> Calibration:
+    """Run the float model over ``data`` (an array of examples, or an iterable of batches) and record
+    the range of every quantization point: ``"minmax"`` or ``"percentile"`` (of a ``bins``-bin
+    histogram over the min-max range, see :class:`PercentileObserver`)."""
+    if method not in OBSERVERS:
+        raise ValueError(f"calibration.method: must be one of {', '.join(OBSERVERS)}, got {method!r}")
+    if batch_size < 1:
+        raise ValueError(f"calibration.batch_size: must be >= 1, got {batch_size}")
+    steps = layer_plan(model, params)
+    batches = [b for b in _batches(data, batch_size) if len(b)]
+    if not batches:
+        raise ValueError("calibration: the calibration set is empty")
+    n = _quant_points(steps)
+    minmax = [MinMaxObserver() for _ in range(n)]
+    _observe(steps, batches, minmax)
+    if method == "minmax":
+        return Calibration(tuple(o.range() for o in minmax), method)
+    hist = [PercentileObserver(*o.range(), percentile=percentile, bins=bins) for o in minmax]
+    _observe(steps, batches, hist)
+    return Calibration(tuple(o.range() for o in hist), method)
+
+
+# ----------------------------------------------------------------------------- int8 layers
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
+
+
+@dataclass(frozen=True)
+class QuantizedLayer:
+    """One int8 step.  ``kind`` linear/conv: ``weight`` int8 (N, K) with K = in_features or
+    C * KH * KW, ``weight_scale`` float32 (N,), ``bias`` float32 (N,) or None, ``out`` the output's
+    quantizer, ``relu`` fused; conv also ``kernel`` (KH, KW), ``stride``, ``padding``, ``dilation``,
+    ``in_channels``.  maxpool: ``kernel``, ``stride``, ``padding``.  flatten / relu: nothing."""
+
+    kind: str
+    weight: np.ndarray | None = None
+    weight_scale: np.ndarray | None = None
+    bias: np.ndarray | None = None
+    out: ActivationQuant | None = None
+    relu: bool = False
+    kernel: tuple[int, int] = (1, 1)
+    stride: tuple[int, int] = (1, 1)
+    padding: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    in_channels: int = 0
+    _derived: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def requant(self, inq: ActivationQuant) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(int32 bias with the input zero point folded in, float64 multipliers, lo, hi) for input ``inq``."""
+        key = (inq.scale, inq.zero_point)
+        if key not in self._derived:
+            sx = np.float64(inq.scale)
+            sw = self.weight_scale.astype(np.float64)
+            acc_scale = sx * sw
+            bias_q = np.zeros(len(sw), np.int64) if self.bias is None else np.rint(self.bias.astype(np.float64) / acc_scale).astype(np.int64)
+            folded = bias_q - inq.zero_point * self.weight.astype(np.int64).sum(axis=1)
+            if np.abs(folded).max(initial=0) + self.weight.shape[1] * 128 * 128 > 2**31 - 1:
+                raise ValueError(f"{self.kind} layer: the bias or K={self.weight.shape[1]} overflows the int32 accumulator")
+            multiplier = acc_scale / np.float64(self.out.scale)
+            lo = max(self.out.qmin, self.out.zero_point) if self.relu else self.out.qmin
+            self._derived[key] = (folded.astype(np.int32), multiplier, lo, self.out.qmax)
+        return self._derived[key]
+
+    def run(self, q: np.ndarray, inq: ActivationQuant, backend: str) -> tuple[np.ndarray, ActivationQuant]:
+        if self.kind == "flatten":
+            return q.reshape(q.shape[0], -1), inq
+        if self.kind == "relu":
+            return np.maximum(q, np.int8(inq.zero_point)), inq
+        if self.kind == "maxpool":
+            return _maxpool_int8(q, self.kernel, self.stride, self.padding, inq.qmin), inq
+        bias, mult, lo, hi = self.requant(inq)
+        gemm = qgemm_reference if backend == "reference" else lambda *a: qgemm(*a, backend=backend)
+        if self.kind == "linear":
+            if q.ndim != 2 or q.shape[1] != self.weight.shape[1]:
+                raise ValueError(f"linear layer: input of shape {q.shape} does not match {self.weight.shape[1]} features")
+            return gemm(q, self.weight, bias, mult, self.out.zero_point, lo, hi), self.out
+        cols, (b, oh, ow) = _im2col_int8(q, self.in_channels, self.kernel, self.stride, self.padding, self.dilation, inq.zero_point)
+        y = gemm(cols, self.weight, bias, mult, self.out.zero_point, lo, hi)
+        return np.ascontiguousarray(y.reshape(b, oh, ow, -1).transpose(0, 3, 1, 2)), self.out
+
+
+def _im2col_int8(x: np.ndarray, channels: int, kernel, stride, padding, dilation, pad_value: int):
+    """(B * OH * OW, C * KH * KW) int8 patches of NCHW ``x`` (padded with ``pad_value``), in the
+    weights' (C, KH, KW) order."""
+    if x.ndim != 4 or x.shape[1] != channels:
+        raise ValueError(f"conv layer: input of shape {x.shape} is not NCHW with {channels} channels")
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=np.int8(pad_value))
+    eh, ew = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    win = np.lib.stride_tricks.sliding_window_view(xp, (eh, ew), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+    b, c, oh, ow = win.shape[:4]
+    return np.ascontiguousarray(win.transpose(0, 2, 3, 1, 4, 5)).reshape(b * oh * ow, c * kh * kw), (b, oh, ow)
+
+
+def _maxpool_int8(x: np.ndarray, kernel, stride, padding, pad_value: int) -> np.ndarray:
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=np.int8(pad_value))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+    return np.ascontiguousarray(win.max(axis=(4, 5)))
+
+
+# ----------------------------------------------------------------------------- the quantized model
+
+
+@dataclass(frozen=True)
+class QuantizedModel:
+    """An int8 model: the input's quantizer and the int8 layers; :meth:`forward` maps float inputs
+    to float outputs (the last quantized activation, dequantized)."""
+
+    input: ActivationQuant
+    layers: tuple[QuantizedLayer, ...]
+    weight_bits: int = 8
+    activation_bits: int = 8
+
+    def forward_int8(self, x: np.ndarray, backend: str = "native") -> tuple[np.ndarray, ActivationQuant]:
+        """The int8 output and its quantizer."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        q, quant = self.input.quantize(x), self.input
+        for layer in self.layers:
+            q, quant = layer.run(q, quant, backend)
+        return q, quant
+
+    def forward(self, x: np.ndarray, backend: str = "native") -> np.ndarray:
+        q, quant = self.forward_int8(x, backend)
+        return quant.dequantize(q)
+
+    __call__ = forward
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the stored arrays (int8 weights, float32 scales and biases)."""
+        return sum(a.nbytes for l in self.layers for a in (l.weight, l.weight_scale, l.bias) if a is not None)
+
+    # ------------------------------------------------------------------ file
+    def to_bytes(self) -> bytes:
+        blobs: list[bytes] = []
+        offset = 0
+
+        def put(a: np.ndarray | None) -> dict | None:
+            nonlocal offset
+            if a is None:
+                return None
+            a = np.ascontiguousarray(a)
+            entry = {"offset": offset, "dtype": a.dtype.str, "shape": list(a.shape)}
+            blobs.append(a.tobytes())
+            offset += a.nbytes
+            return entry
+
+        def quant(q: ActivationQuant | None) -> dict | None:
+            return None if q is None else {"scale": q.scale, "zero_point": q.zero_point, "qmin": q.qmin, "qmax": q.qmax}
+
+        layers = []
+        for l in self.layers:
+            d: dict[str, Any] = {"kind": l.kind}
+            if l.kind in ("linear", "conv"):
+                d.update(weight=put(l.weight), weight_scale=put(l.weight_scale), bias=put(l.bias), out=quant(l.out), relu=l.relu)
+            if l.kind == "conv":
+                d.update(kernel=list(l.kernel), stride=list(l.stride), padding=list(l.padding), dilation=list(l.dilation), in_channels=l.in_channels)
+            if l.kind == "maxpool":
+                d.update(kernel=list(l.kernel), stride=list(l.stride), padding=list(l.padding))
+            layers.append(d)
+        header = {"format": "fedarena.int8", "version": FORMAT_VERSION, "weight_bits": self.weight_bits,
+                  "activation_bits": self.activation_bits, "input": quant(self.input), "layers": layers}
+        h = json.dumps(header, separators=(",", ":")).encode()
+        return MAGIC + len(h).to_bytes(8, "little") + h + b"".join(blobs)
+
+    def save(self, path: str | Path) -> int:
+        """Write the model file; returns its size in bytes."""
+        data = self.to_bytes()
+        Path(path).write_bytes(data)
+        return len(data)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str = "quantized model") -> "QuantizedModel":
+        return _parse(data, where)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "QuantizedModel":
+        """Read a file written by :meth:`save`; a malformed one raises ``ValueError`` naming the field."""
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise ValueError(f"quantized model file {path}: cannot be read ({e.strerror})") from None
+        return _parse(data, f"quantized model file {path}")
+
+
+_KINDS = ("linear", "conv", "maxpool", "flatten", "relu")
+
+
+def _parse(data: bytes, where: str) -> QuantizedModel:
+    def bad(field_: str, why: str) -> ValueError:
+        return ValueError(f"{where}: {field_}: {why}")
+
+    if len(data) < 12 or data[:4] != MAGIC:
+        raise bad("magic", f"not a fedarena int8 model (expected {MAGIC!r})")
+    hlen = int.from_bytes(data[4:12], "little")
+    if hlen > min(MAX_HEADER, len(data) - 12):
+        raise bad("header", f"length {hlen} exceeds the file")
+    try:
+        header = json.loads(data[12 : 12 + hlen].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise bad("header", "is not UTF-8 JSON") from None
+    if not isinstance(header, dict) or header.get("format") != "fedarena.int8":
+        raise bad("header.format", "is not 'fedarena.int8'")
+    if header.get("version") != FORMAT_VERSION:
+        raise bad("header.version", f"unsupported version {header.get('version')!r} (this reader knows {FORMAT_VERSION})")
+    blob = memoryview(data)[12 + hlen :]
+
+    def integer(v: Any, name: str, lo: int, hi: int) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise bad(name, f"must be an integer in [{lo}, {hi}], got {v!r}")
+        return v
+
+    def pair(v: Any, name: str, lo: int) -> tuple[int, int]:
+        if not isinstance(v, list) or len(v) != 2:
+            raise bad(name, f"must be a pair of integers, got {v!r}")
+        return integer(v[0], f"{name}[0]", lo, 1 << 16), integer(v[1], f"{name}[1]", lo, 1 << 16)
+
+    def quant(d: Any, name: str) -> ActivationQuant:
+        if not isinstance(d, dict):
+            raise bad(name, "missing")
+        s = d.get("scale")
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (math.isfinite(s) and s > 0):
+            raise bad(f"{name}.scale", f"must be a finite positive number, got {s!r}")
+        qmin = integer(d.get("qmin"), f"{name}.qmin", -128, 127)
+        qmax = integer(d.get("qmax"), f"{name}.qmax", qmin, 127)
+        return ActivationQuant(float(s), integer(d.get("zero_point"), f"{name}.zero_point", qmin, qmax), qmin, qmax)
+
+    def array(e: Any, name: str, dtype: str, ndim: int) -> np.ndarray:
+        if not isinstance(e, dict) or e.get("dtype") != np.dtype(dtype).str:
+            raise bad(name, f"must be a {dtype} array entry, got {e!r:.80}")
+        shape = e.get("shape")
+        if not isinstance(shape, list) or len(shape) != ndim or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 1 << 31 for s in shape):
+            raise bad(f"{name}.shape", f"must be {ndim} non-negative integers, got {shape!r}")
+        off = e.get("offset")
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if isinstance(off, bool) or not isinstance(off, int) or off < 0 or off + size > len(blob):
+            raise bad(f"{name}.offset", f"{off!r} (+{size} bytes) lies outside the file's {len(blob)} data bytes")
+        return np.frombuffer(blob[off : off + size], dtype=dtype).reshape(shape).copy()
+
+    wb = integer(header.get("weight_bits"), "header.weight_bits", 2, 8)
+    ab = integer(header.get("activation_bits"), "header.activation_bits", 2, 8)
+    inq = quant(header.get("input"), "header.input")
+    raw = header.get("layers")
+    if not isinstance(raw, list) or len(raw) > 10_000:
+        raise bad("header.layers", "must be a list")
+    layers = []
+    for i, d in enumerate(raw):
+        name = f"layers[{i}]"
+        if not isinstance(d, dict) or d.get("kind") not in _KINDS:
+            raise bad(f"{name}.kind", f"must be one of {', '.join(_KINDS)}, got {(d.get('kind') if isinstance(d, dict) else d)!r}")
+        kind = d["kind"]
+        if kind in ("flatten", "relu"):
+            layers.append(QuantizedLayer(kind))
+            continue
+        if kind == "maxpool":
+            layers.append(QuantizedLayer(kind, kernel=pair(d.get("kernel"), f"{name}.kernel", 1), stride=pair(d.get("stride"), f"{name}.stride", 1),
+                                         padding=pair(d.get("padding"), f"{name}.padding", 0)))
+            continue
+        w = array(d.get("weight"), f"{name}.weight", "int8", 2)
+        n = w.shape[0]
+        sc = array(d.get("weight_scale"), f"{name}.weight_scale", "float32", 1)
+        if sc.shape != (n,) or not np.all(np.isfinite(sc) & (sc > 0)):
+            raise bad(f"{name}.weight_scale", f"must hold {n} finite positive scales")
+        b = None if d.get("bias") is None else array(d.get("bias"), f"{name}.bias", "float32", 1)
+        if b is not None and (b.shape != (n,) or not np.all(np.isfinite(b))):
+            raise bad(f"{name}.bias", f"must hold {n} finite values")
+        relu = d.get("relu")
+        if not isinstance(relu, bool):
+            raise bad(f"{name}.relu", f"must be true or false, got {relu!r}")
+        extra: dict[str, Any] = {}
+        if kind == "conv":
+            extra = dict(kernel=pair(d.get("kernel"), f"{name}.kernel", 1), stride=pair(d.get("stride"), f"{name}.stride", 1),
+                         padding=pair(d.get("padding"), f"{name}.padding", 0), dilation=pair(d.get("dilation"), f"{name}.dilation", 1),
+                         in_channels=integer(d.get("in_channels"), f"{name}.in_channels", 1, 1 << 20))
+            if extra["in_channels"] * extra["kernel"][0] * extra["kernel"][1] != w.shape[1]:
+                raise bad(f"{name}.weight.shape", f"{w.shape} does not match in_channels x kernel = {extra['in_channels']} x {extra['kernel']}")
+        layers.append(QuantizedLayer(kind, w, sc, b, quant(d.get("out"), f"{name}.out"), relu, **extra))
+    return QuantizedModel(inq, tuple(layers), wb, ab)
+
+
+# ----------------------------------------------------------------------------- post-training quantization
+
+
+def quantize_model(model: nn.Module, params: Any, calibration: Calibration | Any, weight_bits: int = 8,
+                   activation_bits: int = 8, method: str = "minmax", percentile: float = 99.99) -> QuantizedModel:
+    """Post-training quantization: per-channel symmetric ``weight_bits`` weights, activations quantized
+    with the ranges of ``calibration`` (a :class:`Calibration`, or a calibration set that
+    :func:`calibrate` is run on with ``method``)."""
+    weight_bits = check_bits(weight_bits, "weight_bits")
+    activation_bits = check_bits(activation_bits, "activation_bits")
+    steps = layer_plan(model, params)
+    if not isinstance(calibration, Calibration):
+        calibration = calibrate(model, params, calibration, method=method, percentile=percentile)
+    if len(calibration.ranges) != _quant_points(steps):
+        raise ValueError(f"calibration: has {len(calibration.ranges)} ranges but the model has {_quant_points(steps)} quantization points")
+    return build_quantized(steps, calibration.ranges, weight_bits, activation_bits)
+
+
+def build_quantized(steps: Sequence[Step], ranges: Sequence[tuple[float, float]], weight_bits: int,
+                    activation_bits: int, weights: Sequence[Any] | None = None) -> QuantizedModel:
+    """The :class:`QuantizedModel` of a plan and one range per quantization point (``weights``: the
+    dense/conv parameters to use instead of the plan's, e.g. after quantization-aware training)."""
+    quants = [activation_params(lo, hi, activation_bits) for lo, hi in ranges]
+    layers: list[QuantizedLayer] = []
+    j = 1
+    for step in steps:
+        if step.kind in ("flatten", "relu"):
+            layers.append(QuantizedLayer(step.kind))
+        elif step.kind == "maxpool":
+            l = step.layer
+            layers.append(QuantizedLayer("maxpool", kernel=_pair(l.kernel_size), stride=_pair(l.stride if l.stride is not None else l.kernel_size),
+                                         padding=_pair(l.padding)))
+        else:
+            p = step.params if weights is None else weights[j - 1]
+            w = np.asarray(p["w"], np.float32)
+            b = None if p.get("b") is None else np.asarray(p["b"], np.float32)
+            if step.kind == "linear":
+                wq, sc = quantize_weights(w.T, weight_bits, axis=0)
+                layers.append(QuantizedLayer("linear", np.ascontiguousarray(wq), sc, b, quants[j], step.relu))
+            else:
+                l = step.layer
+                wq, sc = quantize_weights(w, weight_bits, axis=0)
+                layers.append(QuantizedLayer("conv", wq.reshape(w.shape[0], -1), sc, b, quants[j], step.relu, kernel=(w.shape[2], w.shape[3]),
+                                             stride=_pair(l.stride), padding=_pair(l.padding), dilation=_pair(l.dilation), in_channels=w.shape[1]))
+            j += 1
+    return QuantizedModel(quants[0], tuple(layers), weight_bits, activation_bits)
+
+
+def float_bytes(params: Any) -> int:
+    """Bytes of a float32 parameter pytree's arrays."""
+    from ..core.pytree import tree_leaves
+
+    return sum(np.asarray(a, np.float32).nbytes for a in tree_leaves(params) if a is not None)
+
+
+__all__ = [
+    "Calibration",
+    "QuantizedLayer",
+    "QuantizedModel",
+    "Step",
+    "build_quantized",
+    "calibrate",
+    "float_bytes",
+    "layer_plan",
+    "quantize_model",
+]
