@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import nn
 from .. import ops
-from .kernel import qgemm, qgemm_reference
+from .kernel import BACKENDS, backend as kernel_backend
 from .scheme import (
     OBSERVERS,
     ActivationQuant,
@@ -44,7 +44,6 @@ from .scheme import (
 MAGIC = b"FAQM"
 FORMAT_VERSION = 1
 MAX_HEADER = 1 << 24
-BACKENDS = ("native", "scalar", "reference")
 
 
 # ----------------------------------------------------------------------------- the plan of a model
@@ -216,47 +215,32 @@ class QuantizedLayer:
             folded = bias_q - inq.zero_point * self.weight.astype(np.int64).sum(axis=1)
             if np.abs(folded).max(initial=0) + self.weight.shape[1] * 128 * 128 > 2**31 - 1:
                 raise ValueError(f"{self.kind} layer: the bias or K={self.weight.shape[1]} overflows the int32 accumulator")
-            multiplier = acc_scale / np.float64(self.out.scale)
+            multiplier = np.ascontiguousarray(acc_scale / np.float64(self.out.scale))
             lo = max(self.out.qmin, self.out.zero_point) if self.relu else self.out.qmin
-            self._derived[key] = (folded.astype(np.int32), multiplier, lo, self.out.qmax)
+            self._derived[key] = (np.ascontiguousarray(folded.astype(np.int32)), multiplier, lo, self.out.qmax)
         return self._derived[key]
 
-    def run(self, q: np.ndarray, inq: ActivationQuant, backend: str) -> tuple[np.ndarray, ActivationQuant]:
+    def run(self, q: np.ndarray, inq: ActivationQuant, ops_: Any) -> tuple[np.ndarray, ActivationQuant]:
+        """This layer on int8 ``q`` quantized by ``inq``, with the operations ``ops_`` of a
+        :func:`~fedarena.engine.quantization.kernel.backend`; returns the output and its quantizer."""
         if self.kind == "flatten":
             return q.reshape(q.shape[0], -1), inq
         if self.kind == "relu":
             return np.maximum(q, np.int8(inq.zero_point)), inq
         if self.kind == "maxpool":
-            return _maxpool_int8(q, self.kernel, self.stride, self.padding, inq.qmin), inq
+            if q.ndim != 4:
+                raise ValueError(f"maxpool layer: input of shape {q.shape} is not NCHW")
+            return ops_.maxpool(q, self.kernel, self.stride, self.padding, inq.qmin), inq
         bias, mult, lo, hi = self.requant(inq)
-        gemm = qgemm_reference if backend == "reference" else lambda *a: qgemm(*a, backend=backend)
+        zp = self.out.zero_point
         if self.kind == "linear":
             if q.ndim != 2 or q.shape[1] != self.weight.shape[1]:
                 raise ValueError(f"linear layer: input of shape {q.shape} does not match {self.weight.shape[1]} features")
-            return gemm(q, self.weight, bias, mult, self.out.zero_point, lo, hi), self.out
-        cols, (b, oh, ow) = _im2col_int8(q, self.in_channels, self.kernel, self.stride, self.padding, self.dilation, inq.zero_point)
-        y = gemm(cols, self.weight, bias, mult, self.out.zero_point, lo, hi)
-        return np.ascontiguousarray(y.reshape(b, oh, ow, -1).transpose(0, 3, 1, 2)), self.out
-
-
-def _im2col_int8(x: np.ndarray, channels: int, kernel, stride, padding, dilation, pad_value: int):
-    """(B * OH * OW, C * KH * KW) int8 patches of NCHW ``x`` (padded with ``pad_value``), in the
-    weights' (C, KH, KW) order."""
-    if x.ndim != 4 or x.shape[1] != channels:
-        raise ValueError(f"conv layer: input of shape {x.shape} is not NCHW with {channels} channels")
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=np.int8(pad_value))
-    eh, ew = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    win = np.lib.stride_tricks.sliding_window_view(xp, (eh, ew), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
-    b, c, oh, ow = win.shape[:4]
-    return np.ascontiguousarray(win.transpose(0, 2, 3, 1, 4, 5)).reshape(b * oh * ow, c * kh * kw), (b, oh, ow)
-
-
-def _maxpool_int8(x: np.ndarray, kernel, stride, padding, pad_value: int) -> np.ndarray:
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=np.int8(pad_value))
-    win = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
-    return np.ascontiguousarray(win.max(axis=(4, 5)))
+            return ops_.gemm(q, self.weight, bias, mult, zp, lo, hi), self.out
+        if q.ndim != 4 or q.shape[1] != self.in_channels:
+            raise ValueError(f"conv layer: input of shape {q.shape} is not NCHW with {self.in_channels} channels")
+        cols, (b, oh, ow) = ops_.im2col(q, self.kernel, self.stride, self.padding, self.dilation, inq.zero_point)
+        return ops_.gemm(cols, self.weight, bias, mult, zp, lo, hi, group=oh * ow).reshape(b, -1, oh, ow), self.out
 
 
 # ----------------------------------------------------------------------------- the quantized model
@@ -274,16 +258,18 @@ class QuantizedModel:
 
     def forward_int8(self, x: np.ndarray, backend: str = "native") -> tuple[np.ndarray, ActivationQuant]:
         """The int8 output and its quantizer."""
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        q, quant = self.input.quantize(x), self.input
+        ops_ = kernel_backend(backend)
+        inq = self.input
+        q, quant = ops_.quantize(x, inq.scale, inq.zero_point, inq.qmin, inq.qmax), inq
         for layer in self.layers:
-            q, quant = layer.run(q, quant, backend)
+            q, quant = layer.run(q, quant, ops_)
         return q, quant
 
     def forward(self, x: np.ndarray, backend: str = "native") -> np.ndarray:
+        """Float input -> float output through int8: ``backend`` "native" (C kernels), "scalar" (C
+        without SIMD) or "reference" (numpy)."""
         q, quant = self.forward_int8(x, backend)
-        return quant.dequantize(q)
+        return kernel_backend(backend).dequantize(q, quant.scale, quant.zero_point)
 
     __call__ = forward
 

@@ -1,25 +1,31 @@
-/* int8 GEMM with int32 accumulation and fused requantization to int8.
+/* int8 GEMM with int32 accumulation and fused requantization to int8, and the int8 data movement
+ * around it (quantize / dequantize, im2col, max pooling) for the int8 forward pass.
  *
  *   acc[m, n] = bias[n] + sum_k x[m, k] * w[n, k]                      (int32, exact)
  *   y[m, n]   = clamp(rint(acc[m, n] * multiplier[n]) + zero_point, lo, hi)   (int8)
  *
- * x is (M, K) row-major int8 (activations, zero point already folded into bias), w is (N, K)
- * row-major int8 (one row per output channel, symmetric per-channel weights), bias int32 (N),
- * multiplier float64 (N): s_x * s_w[n] / s_y.  rint is IEEE round-to-nearest-even in the default
- * rounding mode; the product is one correctly rounded float64 multiply, so the result equals numpy's
+ * x is (M, K) row-major int8 (activations, zero point already folded into bias), w is (N, K) int8
+ * (one row per output channel, symmetric per-channel weights), bias int32 (N), multiplier float64
+ * (N): s_x * s_w[n] / s_y.  rint is IEEE round-to-nearest-even in the default rounding mode; the
+ * product is one correctly rounded float64 multiply, so the result equals numpy's
  * np.rint(acc.astype(float64) * multiplier) bit for bit.  ReLU is fused by the caller passing
  * lo = max(qmin, zero_point).  The formulation is Jacob et al., "Quantization and Training of Neural
  * Networks for Efficient Integer-Arithmetic-Only Inference" (CVPR 2018), section 2, with a float64
  * multiplier in place of their fixed-point one.
  *
- * Instruction path: with AVX2 (and no VNNI) each step sign-extends 16 int8 of x and of w to int16
- * (vpmovsxbw) and multiplies pairs into int32 lanes with vpmaddwd (|x*w + x'*w'| <= 2 * 128 * 128,
- * no saturation, unlike vpmaddubsw); four output channels share each load of x.  Without AVX2 (or
- * with QGEMM_FORCE_SCALAR defined) a plain C loop computes the same integers.
- * Accumulation is exact as long as K * 128 * 128 + |bias| < 2^31; the Python caller checks it.
+ * w is packed once per layer (qgemm_pack) into blocks of 8 output channels, each holding for every
+ * pair of k the 8 channels' (w[n, k], w[n, k + 1]) as int16 pairs (K padded to even, N to a multiple
+ * of 8 with zeros).  Instruction path with AVX2 (this kernel has no AVX-512 or VNNI path): a 4 x 8
+ * register tile; per pair of k, one 256-bit load of the block's 16 int16 weights is multiplied with the
+ * broadcast (x[m, k], x[m, k + 1]) int16 pair of each of 4 rows by vpmaddwd into 8 int32 lanes
+ * (|x w + x' w'| <= 2 * 128 * 128: no saturation, unlike vpmaddubsw), so no horizontal sums are
+ * needed.  Without AVX2 (or with QGEMM_FORCE_SCALAR defined) a plain C loop over the same packed
+ * weights computes the same integers.  Accumulation is exact while K * 128 * 128 + |bias| < 2^31;
+ * the Python caller checks it.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX2__) && !defined(QGEMM_FORCE_SCALAR)
@@ -29,68 +35,27 @@
 
 const char *qgemm_isa(void) {
 #ifdef QGEMM_AVX2
-    return "avx2: vpmovsxbw + vpmaddwd (int8 -> int16 pairs -> int32), no VNNI";
+    return "avx2: vpmaddwd on int16 pairs (int8 sign-extended), 4x8 int32 tile; no AVX-512/VNNI path";
 #else
     return "scalar C";
 #endif
 }
 
-#ifdef QGEMM_AVX2
-static inline int32_t hsum256(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
+/* the packed size in int16 elements of an (n, k) weight matrix */
+int64_t qgemm_packed_size(int64_t n, int64_t k) {
+    return ((n + 7) / 8) * 8 * ((k + 1) / 2) * 2;
 }
 
-static inline __m256i load16(const int8_t *p) {
-    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-}
-#endif
-
-/* four dot products of one row of x with rows w0..w3 (length k) */
-static void dot4(const int8_t *x, const int8_t *w0, const int8_t *w1, const int8_t *w2, const int8_t *w3,
-                 int64_t k, int32_t out[4]) {
-    int64_t i = 0;
-    int32_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-#ifdef QGEMM_AVX2
-    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-    __m256i s2 = _mm256_setzero_si256(), s3 = _mm256_setzero_si256();
-    for (; i + 16 <= k; i += 16) {
-        __m256i xv = load16(x + i);
-        s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(xv, load16(w0 + i)));
-        s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(xv, load16(w1 + i)));
-        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(xv, load16(w2 + i)));
-        s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(xv, load16(w3 + i)));
-    }
-    a0 = hsum256(s0);
-    a1 = hsum256(s1);
-    a2 = hsum256(s2);
-    a3 = hsum256(s3);
-#endif
-    for (; i < k; i++) {
-        int32_t xi = x[i];
-        a0 += xi * w0[i];
-        a1 += xi * w1[i];
-        a2 += xi * w2[i];
-        a3 += xi * w3[i];
-    }
-    out[0] = a0;
-    out[1] = a1;
-    out[2] = a2;
-    out[3] = a3;
-}
-
-static int32_t dot1(const int8_t *x, const int8_t *w, int64_t k) {
-    int64_t i = 0;
-    int32_t a = 0;
-#ifdef QGEMM_AVX2
-    __m256i s = _mm256_setzero_si256();
-    for (; i + 16 <= k; i += 16) s = _mm256_add_epi32(s, _mm256_madd_epi16(load16(x + i), load16(w + i)));
-    a = hsum256(s);
-#endif
-    for (; i < k; i++) a += (int32_t)x[i] * w[i];
-    return a;
+/* out[((blk * kp + j) * 8 + c) * 2 + t] = w[blk * 8 + c, 2 j + t] (zero outside), kp = ceil(k / 2) */
+void qgemm_pack(const int8_t *w, int64_t n, int64_t k, int16_t *out) {
+    const int64_t kp = (k + 1) / 2, nb = (n + 7) / 8;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t j = 0; j < kp; j++)
+            for (int c = 0; c < 8; c++)
+                for (int t = 0; t < 2; t++) {
+                    int64_t row = b * 8 + c, col = 2 * j + t;
+                    out[((b * kp + j) * 8 + c) * 2 + t] = (row < n && col < k) ? w[row * k + col] : 0;
+                }
 }
 
 static inline int8_t requantize(int32_t acc, double multiplier, double zero_point, double lo, double hi) {
@@ -99,29 +64,199 @@ static inline int8_t requantize(int32_t acc, double multiplier, double zero_poin
     return (int8_t)v;
 }
 
-/* y (M, N) int8 = requantize(x (M, K) @ w (N, K)^T + bias) */
-int qgemm_requant(const int8_t *x, const int8_t *w, const int32_t *bias, const double *multiplier,
-                  int64_t m, int64_t n, int64_t k, int32_t zero_point, int32_t lo, int32_t hi,
-                  int32_t *acc_out, int8_t *y) {
-    const double zp = (double)zero_point, dlo = (double)lo, dhi = (double)hi;
-    for (int64_t r = 0; r < m; r++) {
-        const int8_t *xr = x + r * k;
-        int8_t *yr = y + r * n;
-        int64_t c = 0;
-        for (; c + 4 <= n; c += 4) {
-            int32_t a[4];
-            dot4(xr, w + c * k, w + (c + 1) * k, w + (c + 2) * k, w + (c + 3) * k, k, a);
-            for (int j = 0; j < 4; j++) {
-                int32_t acc = a[j] + bias[c + j];
-                if (acc_out) acc_out[r * n + c + j] = acc;
-                yr[c + j] = requantize(acc, multiplier[c + j], zp, dlo, dhi);
-            }
+/* one row of x as int32 words holding the int16 pairs (x[2 j], x[2 j + 1]) */
+static void pair_row(const int8_t *x, int64_t k, int32_t *out) {
+    const int64_t kp = (k + 1) / 2;
+    for (int64_t j = 0; j < kp; j++) {
+        uint16_t lo = (uint16_t)(int16_t)x[2 * j];
+        uint16_t hi = (2 * j + 1 < k) ? (uint16_t)(int16_t)x[2 * j + 1] : 0;
+        out[j] = (int32_t)((uint32_t)lo | ((uint32_t)hi << 16));
+    }
+}
+
+/* acc[i * 8 + c] = sum_j pairs_i[j] . wblock[j, c] for rows i < rows (<= 4) of one 8-channel block */
+static void tile(const int32_t *pairs, int64_t kp, int rows, const int16_t *wb, int32_t *acc) {
+#ifdef QGEMM_AVX2
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    const int32_t *p0 = pairs, *p1 = pairs + kp, *p2 = pairs + 2 * kp, *p3 = pairs + 3 * kp;
+    if (rows == 4) {
+        for (int64_t j = 0; j < kp; j++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(wb + j * 16));
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_set1_epi32(p0[j]), wv));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_set1_epi32(p1[j]), wv));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_set1_epi32(p2[j]), wv));
+            a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_set1_epi32(p3[j]), wv));
         }
-        for (; c < n; c++) {
-            int32_t acc = dot1(xr, w + c * k, k) + bias[c];
-            if (acc_out) acc_out[r * n + c] = acc;
-            yr[c] = requantize(acc, multiplier[c], zp, dlo, dhi);
+        _mm256_storeu_si256((__m256i *)(acc + 0), a0);
+        _mm256_storeu_si256((__m256i *)(acc + 8), a1);
+        _mm256_storeu_si256((__m256i *)(acc + 16), a2);
+        _mm256_storeu_si256((__m256i *)(acc + 24), a3);
+        return;
+    }
+    for (int i = 0; i < rows; i++) {
+        const int32_t *pi = pairs + i * kp;
+        __m256i a = _mm256_setzero_si256();
+        for (int64_t j = 0; j < kp; j++)
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_set1_epi32(pi[j]), _mm256_loadu_si256((const __m256i *)(wb + j * 16))));
+        _mm256_storeu_si256((__m256i *)(acc + i * 8), a);
+    }
+#else
+    for (int i = 0; i < rows; i++) {
+        const int32_t *pi = pairs + i * kp;
+        for (int c = 0; c < 8; c++) {
+            int32_t a = 0;
+            for (int64_t j = 0; j < kp; j++) {
+                int32_t xl = (int16_t)(pi[j] & 0xFFFF), xh = (int16_t)((uint32_t)pi[j] >> 16);
+                a += xl * wb[(j * 8 + c) * 2] + xh * wb[(j * 8 + c) * 2 + 1];
+            }
+            acc[i * 8 + c] = a;
         }
     }
+#endif
+}
+
+/* y int8 = requantize(x (M, K) @ w (N, K)^T + bias), w packed by qgemm_pack.  Row r of the product
+ * is written in groups of `group` rows with the channel axis in the middle:
+ * y[(r / group) * N * group + n * group + r % group] (group = 1: the (M, N) matrix; group = OH * OW:
+ * a convolution's NCHW output from im2col rows).  acc_out (optional) gets the int32 accumulators in
+ * the same layout.  Returns 0, or -1 for a bad argument or a failed allocation. */
+int qgemm_requant(const int8_t *x, const int16_t *wpacked, const int32_t *bias, const double *multiplier,
+                  int64_t m, int64_t n, int64_t k, int64_t group, int32_t zero_point, int32_t lo, int32_t hi,
+                  int32_t *acc_out, int8_t *y) {
+    const double zp = (double)zero_point, dlo = (double)lo, dhi = (double)hi;
+    const int64_t kp = (k + 1) / 2, nb = (n + 7) / 8;
+    if (group < 1 || m < 0 || n < 0 || k < 0) return -1;
+    int32_t *pairs = (int32_t *)malloc(sizeof(int32_t) * (size_t)(4 * kp + 1));
+    if (!pairs) return -1;
+    int32_t acc[32];
+    int64_t base[4];
+    for (int64_t r0 = 0; r0 < m; r0 += 4) {
+        const int rows = (int)(m - r0 < 4 ? m - r0 : 4);
+        for (int i = 0; i < rows; i++) {
+            const int64_t r = r0 + i;
+            pair_row(x + r * k, k, pairs + i * kp);
+            base[i] = (r / group) * n * group + r % group;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            tile(pairs, kp, rows, wpacked + b * kp * 16, acc);
+            const int cmax = (int)(n - b * 8 < 8 ? n - b * 8 : 8);
+#ifdef QGEMM_AVX2
+            if (cmax == 8) {  /* the same arithmetic as requantize(), 4 float64 lanes at a time */
+                const __m256i bv = _mm256_loadu_si256((const __m256i *)(bias + b * 8));
+                const __m256d m0 = _mm256_loadu_pd(multiplier + b * 8), m1 = _mm256_loadu_pd(multiplier + b * 8 + 4);
+                const __m256d zv = _mm256_set1_pd(zp), lov = _mm256_set1_pd(dlo), hiv = _mm256_set1_pd(dhi);
+                for (int i = 0; i < rows; i++) {
+                    const __m256i a = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(acc + i * 8)), bv);
+                    __m256d v0 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(a)), m0);
+                    __m256d v1 = _mm256_mul_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(a, 1)), m1);
+                    v0 = _mm256_add_pd(_mm256_round_pd(v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+                    v1 = _mm256_add_pd(_mm256_round_pd(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+                    v0 = _mm256_min_pd(_mm256_max_pd(v0, lov), hiv);
+                    v1 = _mm256_min_pd(_mm256_max_pd(v1, lov), hiv);
+                    const __m128i q0 = _mm256_cvtpd_epi32(v0), q1 = _mm256_cvtpd_epi32(v1);
+                    const __m128i q16 = _mm_packs_epi32(q0, q1);
+                    const __m128i q8 = _mm_packs_epi16(q16, q16);
+                    int32_t av[8];
+                    int8_t qv[16];
+                    _mm_storeu_si128((__m128i *)qv, q8);
+                    if (acc_out) _mm256_storeu_si256((__m256i *)av, a);
+                    const int64_t at0 = base[i] + b * 8 * group;
+                    if (group == 1) {
+                        memcpy(y + at0, qv, 8);
+                        if (acc_out) memcpy(acc_out + at0, av, sizeof av);
+                    } else {
+                        for (int c = 0; c < 8; c++) {
+                            y[at0 + c * group] = qv[c];
+                            if (acc_out) acc_out[at0 + c * group] = av[c];
+                        }
+                    }
+                }
+                continue;
+            }
+#endif
+            for (int i = 0; i < rows; i++) {
+                for (int c = 0; c < cmax; c++) {
+                    const int64_t ch = b * 8 + c, at = base[i] + ch * group;
+                    const int32_t a = acc[i * 8 + c] + bias[ch];
+                    if (acc_out) acc_out[at] = a;
+                    y[at] = requantize(a, multiplier[ch], zp, dlo, dhi);
+                }
+            }
+        }
+    }
+    free(pairs);
     return 0;
+}
+
+/* out = clamp(rint((double)x / scale) + zero_point, qmin, qmax): the float -> int8 quantizer */
+void quantize_f32(const float *x, int64_t n, double scale, int32_t zero_point, int32_t qmin, int32_t qmax, int8_t *out) {
+    const double zp = (double)zero_point, lo = (double)qmin, hi = (double)qmax;
+    for (int64_t i = 0; i < n; i++) {
+        double v = rint((double)x[i] / scale) + zp;
+        v = v < lo ? lo : (v > hi ? hi : v);
+        out[i] = (int8_t)v;
+    }
+}
+
+/* out = (float)(((double)q - zero_point) * scale) */
+void dequantize_i8(const int8_t *q, int64_t n, double scale, int32_t zero_point, float *out) {
+    const double zp = (double)zero_point;
+    for (int64_t i = 0; i < n; i++) out[i] = (float)(((double)q[i] - zp) * scale);
+}
+
+/* NCHW x (b, c, h, w) -> (b * oh * ow, c * kh * kw) patches in (c, kh, kw) order, outside = pad */
+void im2col_i8(const int8_t *x, int64_t b, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+               int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, int8_t pad, int64_t oh, int64_t ow,
+               int8_t *out) {
+    const int64_t row = c * kh * kw;
+    for (int64_t n = 0; n < b; n++)
+        for (int64_t oy = 0; oy < oh; oy++)
+            for (int64_t ox = 0; ox < ow; ox++) {
+                int8_t *o = out + ((n * oh + oy) * ow + ox) * row;
+                const int64_t ix0 = ox * sw - pw;
+                const int inside_x = ix0 >= 0 && ix0 + (kw - 1) * dw < w;
+                for (int64_t ch = 0; ch < c; ch++) {
+                    const int8_t *xc = x + (n * c + ch) * h * w;
+                    for (int64_t ky = 0; ky < kh; ky++, o += kw) {
+                        const int64_t iy = oy * sh - ph + ky * dh;
+                        if (iy < 0 || iy >= h) {
+                            memset(o, pad, (size_t)kw);
+                        } else if (inside_x && dw == 1) {
+                            memcpy(o, xc + iy * w + ix0, (size_t)kw);
+                        } else {
+                            for (int64_t kx = 0; kx < kw; kx++) {
+                                const int64_t ix = ix0 + kx * dw;
+                                o[kx] = (ix >= 0 && ix < w) ? xc[iy * w + ix] : pad;
+                            }
+                        }
+                    }
+                }
+            }
+}
+
+/* NCHW max pooling of int8, outside = pad */
+void maxpool_i8(const int8_t *x, int64_t b, int64_t c, int64_t h, int64_t w, int64_t kh, int64_t kw, int64_t sh,
+                int64_t sw, int64_t ph, int64_t pw, int8_t pad, int64_t oh, int64_t ow, int8_t *out) {
+    for (int64_t p = 0; p < b * c; p++) {
+        const int8_t *xc = x + p * h * w;
+        for (int64_t oy = 0; oy < oh; oy++)
+            for (int64_t ox = 0; ox < ow; ox++) {
+                const int64_t iy0 = oy * sh - ph, ix0 = ox * sw - pw;
+                int8_t m = -128;
+                if (iy0 >= 0 && iy0 + kh <= h && ix0 >= 0 && ix0 + kw <= w) {
+                    for (int64_t ky = 0; ky < kh; ky++) {
+                        const int8_t *r = xc + (iy0 + ky) * w + ix0;
+                        for (int64_t kx = 0; kx < kw; kx++) m = r[kx] > m ? r[kx] : m;
+                    }
+                } else {
+                    for (int64_t ky = 0; ky < kh; ky++)
+                        for (int64_t kx = 0; kx < kw; kx++) {
+                            const int64_t iy = iy0 + ky, ix = ix0 + kx;
+                            const int8_t v = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? xc[iy * w + ix] : pad;
+                            m = v > m ? v : m;
+                        }
+                }
+                *out++ = m;
+            }
+    }
 }

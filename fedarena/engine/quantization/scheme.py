@@ -47,13 +47,6 @@ class ActivationQuant:
     qmin: int
     qmax: int
 
-    def quantize(self, x: np.ndarray) -> np.ndarray:
-        q = np.rint(np.asarray(x, np.float64) / self.scale) + self.zero_point
-        return np.clip(q, self.qmin, self.qmax).astype(np.int8)
-
-    def dequantize(self, q: np.ndarray) -> np.ndarray:
-        return ((q.astype(np.float64) - self.zero_point) * self.scale).astype(np.float32)
-
 
 def activation_params(lo: float, hi: float, bits: int) -> ActivationQuant:
     """The scale and zero point mapping [min(lo, 0), max(hi, 0)] onto the ``bits``-bit range."""
