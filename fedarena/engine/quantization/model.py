@@ -12,16 +12,18 @@ whose :meth:`QuantizedModel.forward` quantizes the input, runs every layer in in
 im2col + int8 GEMM, the padding filled with the input's zero point so it stands for 0.0; max
 pooling directly on int8, which commutes with the monotone quantizer) and dequantizes the output.
 
-The file (:meth:`QuantizedModel.save`) is ``FAQM`` + a little-endian uint64 header length + a UTF-8
-JSON header (layers, quantization parameters, and each array's offset, dtype and shape) + the raw
-arrays: int8 weights, float32 per-channel scales and float32 biases; nothing is unpickled, and
-:meth:`QuantizedModel.load` checks every field and raises one ``ValueError`` naming it.
+The file (:meth:`QuantizedModel.save`) is ``FAQM`` + a little-endian uint64 header length + the
+header, zlib-compressed UTF-8 JSON (layers, quantization parameters, and each array's offset, dtype
+and shape; inflated to at most 16 MiB) + the raw arrays: int8 weights, float32 per-channel scales and
+float32 biases.  Nothing is unpickled, and :meth:`QuantizedModel.load` checks every field and raises
+one ``ValueError`` naming it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -30,6 +32,7 @@ import numpy as np
 
 from .. import nn
 from .. import ops
+from ..core.pytree import tree_leaves
 from .kernel import BACKENDS, backend as kernel_backend
 from .scheme import (
     OBSERVERS,
@@ -308,7 +311,7 @@ class QuantizedModel:
             layers.append(d)
         header = {"format": "fedarena.int8", "version": FORMAT_VERSION, "weight_bits": self.weight_bits,
                   "activation_bits": self.activation_bits, "input": quant(self.input), "layers": layers}
-        h = json.dumps(header, separators=(",", ":")).encode()
+        h = zlib.compress(json.dumps(header, separators=(",", ":")).encode(), 9)
         return MAGIC + len(h).to_bytes(8, "little") + h + b"".join(blobs)
 
     def save(self, path: str | Path) -> int:
@@ -344,7 +347,13 @@ def _parse(data: bytes, where: str) -> QuantizedModel:
     if hlen > min(MAX_HEADER, len(data) - 12):
         raise bad("header", f"length {hlen} exceeds the file")
     try:
-        header = json.loads(data[12 : 12 + hlen].decode("utf-8"))
+        inflate = zlib.decompressobj()
+        text = inflate.decompress(data[12 : 12 + hlen], MAX_HEADER)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise bad("header", f"is truncated or inflates past {MAX_HEADER} bytes")
+        header = json.loads(text.decode("utf-8"))
+    except zlib.error:
+        raise bad("header", "is not zlib-compressed data") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise bad("header", "is not UTF-8 JSON") from None
     if not isinstance(header, dict) or header.get("format") != "fedarena.int8":
@@ -476,8 +485,6 @@ def build_quantized(steps: Sequence[Step], ranges: Sequence[tuple[float, float]]
 
 def float_bytes(params: Any) -> int:
     """Bytes of a float32 parameter pytree's arrays."""
-    from ..core.pytree import tree_leaves
-
     return sum(np.asarray(a, np.float32).nbytes for a in tree_leaves(params) if a is not None)
 
 
