@@ -419,3 +419,22 @@ def test_qat_recovers_float_accuracy_on_digits(digits, trained):
     assert np.isfinite(loss)
     acc_qat = _acc(qat.to_int8(p, ranges).forward(xte), yte)
     assert acc_qat >= acc_float - 0.005, (acc_float, acc_qat)
+
+
+def test_a_received_int8_model_round_trips_through_qat_parameters(trained):
+    """What a federated client that receives an int8 model does: float parameters and ranges from it,
+    (training), back to int8; with no training step in between the int8 model is the same."""
+    from fedarena.engine.quantization import dequantize_params
+
+    for name in ("mlp", "cnn"):
+        model, params, xtr = trained[name]
+        q = quantize_model(model, params, xtr[:256])
+        back = qat_model(model).to_int8(dequantize_params(model, q), q.ranges())
+        assert [l.kind for l in back.layers] == [l.kind for l in q.layers]
+        for a, b in zip(back.layers, q.layers):
+            if a.weight is not None:
+                assert np.array_equal(a.weight, b.weight) and np.array_equal(a.weight_scale, b.weight_scale)
+                assert (a.out.zero_point, a.out.scale) == (b.out.zero_point, b.out.scale)
+        assert np.array_equal(back.forward_int8(xtr[:100])[0], q.forward_int8(xtr[:100])[0])
+    with pytest.raises(ValueError, match="qmodel: has 2 dense/conv layers but the model has 3"):
+        dequantize_params(nn.MLP([64, 64, 10, 10], activation="relu"), quantize_model(*trained["mlp"][:2], trained["mlp"][2][:50]))

@@ -30,11 +30,13 @@ int8 model does)::
 
 The parameters stay float32 throughout (fake quantization only simulates int8), so they can be
 averaged by any federated aggregator; ``quantize_model(model, params, x_calib)`` gives the int8 model
-of float parameters received from a server.
+of float parameters received from a server.  A client that receives an int8 model instead
+(``QuantizedModel.load`` / ``from_bytes``) trains from ``params = dequantize_params(model, int8)``
+and ``ranges = int8.ranges()``.
 """
 
 from .kernel import KernelBuildError, isa, qgemm, qgemm_reference
-from .model import Calibration, QuantizedLayer, QuantizedModel, calibrate, float_bytes, layer_plan, quantize_model
+from .model import Calibration, QuantizedLayer, QuantizedModel, calibrate, dequantize_params, float_bytes, layer_plan, quantize_model
 from .qat import QATModel, fake_quant, qat_model
 from .scheme import ActivationQuant, activation_params, quantize_weights
 
@@ -47,6 +49,7 @@ __all__ = [
     "QuantizedModel",
     "activation_params",
     "calibrate",
+    "dequantize_params",
     "fake_quant",
     "float_bytes",
     "isa",

@@ -187,7 +187,7 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class QuantizedLayer:
     """One int8 step.  ``kind`` linear/conv: ``weight`` int8 (N, K) with K = in_features or
     C * KH * KW, ``weight_scale`` float32 (N,), ``bias`` float32 (N,) or None, ``out`` the output's
@@ -214,8 +214,10 @@ class QuantizedLayer:
             sx = np.float64(inq.scale)
             sw = self.weight_scale.astype(np.float64)
             acc_scale = sx * sw
-            bias_q = np.zeros(len(sw), np.int64) if self.bias is None else np.rint(self.bias.astype(np.float64) / acc_scale).astype(np.int64)
-            folded = bias_q - inq.zero_point * self.weight.astype(np.int64).sum(axis=1)
+            bias_f = np.zeros(len(sw)) if self.bias is None else np.rint(self.bias.astype(np.float64) / acc_scale)
+            if not np.all(np.abs(bias_f) < 2**31):
+                raise ValueError(f"{self.kind} layer: a bias does not fit int32 at scale s_x * s_w (input scale {inq.scale:g})")
+            folded = bias_f.astype(np.int64) - inq.zero_point * self.weight.astype(np.int64).sum(axis=1)
             if np.abs(folded).max(initial=0) + self.weight.shape[1] * 128 * 128 > 2**31 - 1:
                 raise ValueError(f"{self.kind} layer: the bias or K={self.weight.shape[1]} overflows the int32 accumulator")
             multiplier = np.ascontiguousarray(acc_scale / np.float64(self.out.scale))
@@ -249,7 +251,7 @@ class QuantizedLayer:
 # ----------------------------------------------------------------------------- the quantized model
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class QuantizedModel:
     """An int8 model: the input's quantizer and the int8 layers; :meth:`forward` maps float inputs
     to float outputs (the last quantized activation, dequantized)."""
@@ -275,6 +277,13 @@ class QuantizedModel:
         return kernel_backend(backend).dequantize(q, quant.scale, quant.zero_point)
 
     __call__ = forward
+
+    def ranges(self) -> np.ndarray:
+        """The float range [scale * (qmin - zp), scale * (qmax - zp)] of every quantization point (the
+        input, then each dense/conv output): (points, 2) float32, the ``ranges`` a :class:`QATModel`
+        trains with."""
+        quants = [self.input] + [l.out for l in self.layers if l.kind in ("linear", "conv")]
+        return np.array([[q.scale * (q.qmin - q.zero_point), q.scale * (q.qmax - q.zero_point)] for q in quants], np.float32)
 
     @property
     def weight_bytes(self) -> int:
@@ -367,10 +376,18 @@ def _parse(data: bytes, where: str) -> QuantizedModel:
             raise bad(name, f"must be an integer in [{lo}, {hi}], got {v!r}")
         return v
 
-    def pair(v: Any, name: str, lo: int) -> tuple[int, int]:
+    def pair(v: Any, name: str, lo: int, hi: int = 1 << 16) -> tuple[int, int]:
         if not isinstance(v, list) or len(v) != 2:
             raise bad(name, f"must be a pair of integers, got {v!r}")
-        return integer(v[0], f"{name}[0]", lo, 1 << 16), integer(v[1], f"{name}[1]", lo, 1 << 16)
+        return integer(v[0], f"{name}[0]", lo, hi), integer(v[1], f"{name}[1]", lo, hi)
+
+    def window(d: dict, name: str, conv: bool) -> dict:
+        kernel = pair(d.get("kernel"), f"{name}.kernel", 1, 1 << 10)
+        out = {"kernel": kernel, "stride": pair(d.get("stride"), f"{name}.stride", 1, 1 << 10),
+               "padding": pair(d.get("padding"), f"{name}.padding", 0, max(kernel))}  # no more padding than a kernel
+        if conv:
+            out["dilation"] = pair(d.get("dilation"), f"{name}.dilation", 1, 1 << 10)
+        return out
 
     def quant(d: Any, name: str) -> ActivationQuant:
         if not isinstance(d, dict):
@@ -410,8 +427,7 @@ def _parse(data: bytes, where: str) -> QuantizedModel:
             layers.append(QuantizedLayer(kind))
             continue
         if kind == "maxpool":
-            layers.append(QuantizedLayer(kind, kernel=pair(d.get("kernel"), f"{name}.kernel", 1), stride=pair(d.get("stride"), f"{name}.stride", 1),
-                                         padding=pair(d.get("padding"), f"{name}.padding", 0)))
+            layers.append(QuantizedLayer(kind, **window(d, name, conv=False)))
             continue
         w = array(d.get("weight"), f"{name}.weight", "int8", 2)
         n = w.shape[0]
@@ -426,9 +442,7 @@ def _parse(data: bytes, where: str) -> QuantizedModel:
             raise bad(f"{name}.relu", f"must be true or false, got {relu!r}")
         extra: dict[str, Any] = {}
         if kind == "conv":
-            extra = dict(kernel=pair(d.get("kernel"), f"{name}.kernel", 1), stride=pair(d.get("stride"), f"{name}.stride", 1),
-                         padding=pair(d.get("padding"), f"{name}.padding", 0), dilation=pair(d.get("dilation"), f"{name}.dilation", 1),
-                         in_channels=integer(d.get("in_channels"), f"{name}.in_channels", 1, 1 << 20))
+            extra = dict(window(d, name, conv=True), in_channels=integer(d.get("in_channels"), f"{name}.in_channels", 1, 1 << 20))
             if extra["in_channels"] * extra["kernel"][0] * extra["kernel"][1] != w.shape[1]:
                 raise bad(f"{name}.weight.shape", f"{w.shape} does not match in_channels x kernel = {extra['in_channels']} x {extra['kernel']}")
         layers.append(QuantizedLayer(kind, w, sc, b, quant(d.get("out"), f"{name}.out"), relu, **extra))
@@ -483,6 +497,38 @@ def build_quantized(steps: Sequence[Step], ranges: Sequence[tuple[float, float]]
     return QuantizedModel(quants[0], tuple(layers), weight_bits, activation_bits)
 
 
+def dequantize_params(model: nn.Module, qmodel: QuantizedModel) -> Any:
+    """The float parameter pytree of ``model`` (the ``nn.MLP`` / ``nn.Sequential`` ``qmodel`` was made
+    from) holding ``qmodel``'s dequantized weights ``q * s_w`` and biases: what a client that received
+    an int8 model starts quantization-aware training from."""
+    dense = [l for l in qmodel.layers if l.kind in ("linear", "conv")]
+    layers = model.layers if isinstance(model, (nn.MLP, nn.Sequential)) else None
+    if layers is None:
+        raise ValueError(f"model: int8 quantization takes nn.MLP or nn.Sequential, got {type(model).__name__}")
+    wanted = [l for l in layers if isinstance(l, (nn.Linear, nn.Conv2d))]
+    if len(wanted) != len(dense):
+        raise ValueError(f"qmodel: has {len(dense)} dense/conv layers but the model has {len(wanted)}")
+    out, it = [], iter(dense)
+    for layer in layers:
+        if not isinstance(layer, (nn.Linear, nn.Conv2d)):
+            out.append(None)
+            continue
+        q = next(it)
+        w = q.weight.astype(np.float32) * q.weight_scale[:, None]
+        if isinstance(layer, nn.Linear):
+            w, want = w.T, (layer.in_features, layer.out_features)
+        else:
+            want = (layer.out_channels, layer.in_channels, *_pair(layer.kernel_size))
+            w = w.reshape(want) if w.size == int(np.prod(want)) else w
+        if tuple(w.shape) != tuple(want) or (q.bias is None) == layer.bias:
+            raise ValueError(f"qmodel: a {q.kind} layer of weight shape {q.weight.shape} does not match the model's {type(layer).__name__} {want}")
+        p = {"w": np.ascontiguousarray(w, np.float32)}
+        if q.bias is not None:
+            p["b"] = q.bias.astype(np.float32).copy()
+        out.append(p)
+    return out
+
+
 def float_bytes(params: Any) -> int:
     """Bytes of a float32 parameter pytree's arrays."""
     return sum(np.asarray(a, np.float32).nbytes for a in tree_leaves(params) if a is not None)
@@ -495,6 +541,7 @@ __all__ = [
     "Step",
     "build_quantized",
     "calibrate",
+    "dequantize_params",
     "float_bytes",
     "layer_plan",
     "quantize_model",
