@@ -24,7 +24,7 @@ int8 forward pass computes what the fake-quant forward simulated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -122,7 +122,6 @@ class QATModel:
     weight_bits: int = 8
     activation_bits: int = 8
     ema_decay: float = 0.99
-    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_bits(self.weight_bits, "weight_bits")
@@ -180,20 +179,17 @@ class QATModel:
         optimizer step on ``loss(output, y)`` (default: cross-entropy on integer labels) through the
         fake-quant forward pass, then the EMA update of the ranges."""
         loss = loss or ops.cross_entropy
-        key = (id(optimizer), id(loss))
-        if key not in self._cache:
 
-            def objective(params, ranges, x, y):
-                out, stats = self.apply(params, ranges, x)
-                return loss(out, y), stats
+        def objective(params, ranges, x, y):
+            out, stats = self.apply(params, ranges, x)
+            return loss(out, y), stats
 
-            def step(params, opt_state, ranges, x, y):
-                (value, stats), grads = value_and_grad(objective, has_aux=True)(params, ranges, x, y)
-                params, opt_state = optimizer.update(grads, opt_state, params)
-                return params, opt_state, stats, value
+        def step(params, opt_state, ranges, x, y):
+            (value, stats), grads = value_and_grad(objective, has_aux=True)(params, ranges, x, y)
+            params, opt_state = optimizer.update(grads, opt_state, params)
+            return params, opt_state, stats, value
 
-            self._cache[key] = jit(step, shape_varies=True)
-        compiled = self._cache[key]
+        compiled = jit(step, shape_varies=True)
 
         def run(params, opt_state, ranges, x, y):
             params, opt_state, stats, value = compiled(params, opt_state, ranges, x, y)
