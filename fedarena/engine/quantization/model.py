@@ -26,14 +26,14 @@ import math
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .. import nn
 from .. import ops
 from ..core.pytree import tree_leaves
-from .kernel import BACKENDS, backend as kernel_backend
+from .kernel import backend as kernel_backend
 from .scheme import (
     OBSERVERS,
     ActivationQuant,
@@ -124,7 +124,8 @@ def _float_step(step: Step, x: Any) -> Any:
     return ops.relu(y) if step.relu else y
 
 
-def _quant_points(steps: Sequence[Step]) -> int:
+def quant_points(steps: Sequence[Step]) -> int:
+    """How many quantization points a plan has: the input and every dense/conv output."""
     return 1 + sum(s.kind in ("linear", "conv") for s in steps)
 
 
@@ -170,7 +171,7 @@ def calibrate(model: nn.Module, params: Any, data: Any, method: str = "minmax", 
     batches = [b for b in _batches(data, batch_size) if len(b)]
     if not batches:
         raise ValueError("calibration: the calibration set is empty")
-    n = _quant_points(steps)
+    n = quant_points(steps)
     minmax = [MinMaxObserver() for _ in range(n)]
     _observe(steps, batches, minmax)
     if method == "minmax":
@@ -462,8 +463,8 @@ def quantize_model(model: nn.Module, params: Any, calibration: Calibration | Any
     steps = layer_plan(model, params)
     if not isinstance(calibration, Calibration):
         calibration = calibrate(model, params, calibration, method=method, percentile=percentile)
-    if len(calibration.ranges) != _quant_points(steps):
-        raise ValueError(f"calibration: has {len(calibration.ranges)} ranges but the model has {_quant_points(steps)} quantization points")
+    if len(calibration.ranges) != quant_points(steps):
+        raise ValueError(f"calibration: has {len(calibration.ranges)} ranges but the model has {quant_points(steps)} quantization points")
     return build_quantized(steps, calibration.ranges, weight_bits, activation_bits)
 
 
@@ -544,5 +545,6 @@ __all__ = [
     "dequantize_params",
     "float_bytes",
     "layer_plan",
+    "quant_points",
     "quantize_model",
 ]

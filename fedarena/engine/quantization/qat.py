@@ -33,7 +33,7 @@ from .. import nn, ops
 from ..custom import custom_vjp
 from ..jit import jit
 from ..transforms.autodiff import value_and_grad
-from .model import Calibration, QuantizedModel, Step, _quant_points, build_quantized, calibrate, layer_plan
+from .model import QuantizedModel, Step, build_quantized, calibrate, layer_plan, quant_points
 from .scheme import activation_range, check_bits, weight_range
 
 _MAGIC32 = np.float32(1.5 * 2**23)  # x + M - M rounds a float32 |x| < 2^22 to the nearest integer, ties to even
@@ -201,12 +201,9 @@ class QATModel:
         """The int8 model of the trained parameters and the tracked ranges."""
         steps = self._steps(params)
         ranges = np.asarray(ranges, np.float64)
-        if ranges.shape != (_quant_points(steps), 2):
-            raise ValueError(f"ranges: must have shape ({_quant_points(steps)}, 2), got {ranges.shape}")
+        if ranges.shape != (quant_points(steps), 2):
+            raise ValueError(f"ranges: must have shape ({quant_points(steps)}, 2), got {ranges.shape}")
         return build_quantized(steps, [tuple(r) for r in ranges], self.weight_bits, self.activation_bits)
-
-    def calibration(self, ranges: Any) -> Calibration:
-        return Calibration(tuple((float(a), float(b)) for a, b in np.asarray(ranges)), "ema")
 
 
 def qat_model(model: nn.Module, weight_bits: int = 8, activation_bits: int = 8, ema_decay: float = 0.99) -> QATModel:
