@@ -190,6 +190,15 @@ class Reference:
         return np.ascontiguousarray(win.max(axis=(4, 5)))
 
 
+def _addr(a: np.ndarray) -> int:
+    """The data address of a C-contiguous array: through ctypes' buffer export where the array is
+    writable and not empty (about 3x cheaper than ``a.ctypes.data``, which dominates a batch-1 call)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):  # read-only or empty
+        return a.ctypes.data
+
+
 class Native:
     """The same operations on the C kernels (``scalar=True``: the build without SIMD).  A weight
     matrix is packed for the kernel on its first use and the packing kept (keyed by the array's
@@ -210,11 +219,11 @@ class Native:
             return got[1], got[2]
         w8 = np.ascontiguousarray(w, np.int8)
         out = np.empty(self.lib.qgemm_packed_size(*w8.shape), np.int16)
-        self.lib.qgemm_pack(w8.ctypes.data, w8.shape[0], w8.shape[1], out.ctypes.data)
+        self.lib.qgemm_pack(w8.ctypes.data, w8.shape[0], w8.shape[1], _addr(out))
         if len(self._packed) > 4096:
             self._packed.clear()
-        self._packed[id(w)] = (w, out.ctypes.data, out)
-        return out.ctypes.data, out
+        self._packed[id(w)] = (w, _addr(out), out)
+        return _addr(out), out
 
     def _address(self, a: np.ndarray) -> int:
         """The data address of a layer's constant array (bias, multiplier), looked up once."""
@@ -227,13 +236,13 @@ class Native:
     def quantize(self, x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int) -> np.ndarray:
         x = np.ascontiguousarray(x, np.float32)
         out = np.empty(x.shape, np.int8)
-        self.lib.quantize_f32(x.ctypes.data, x.size, scale, zero_point, qmin, qmax, out.ctypes.data)
+        self.lib.quantize_f32(_addr(x), x.size, scale, zero_point, qmin, qmax, _addr(out))
         return out
 
     def dequantize(self, q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
         q = np.ascontiguousarray(q)
         out = np.empty(q.shape, np.float32)
-        self.lib.dequantize_i8(q.ctypes.data, q.size, scale, zero_point, out.ctypes.data)
+        self.lib.dequantize_i8(_addr(q), q.size, scale, zero_point, _addr(out))
         return out
 
     def gemm(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray, multiplier: np.ndarray, zero_point: int, lo: int, hi: int,
@@ -253,8 +262,8 @@ class Native:
             packed = np.empty(self.lib.qgemm_packed_size(*w.shape), np.int16)
             self.lib.qgemm_pack(w.ctypes.data, w.shape[0], w.shape[1], packed.ctypes.data)
             pw, pb, pm = packed.ctypes.data, bias.ctypes.data, multiplier.ctypes.data
-        rc = self.lib.qgemm_requant(x.ctypes.data, pw, pb, pm, m, n,
-                                    x.shape[1], group, zero_point, lo, hi, None if acc is None else acc.ctypes.data, y.ctypes.data)
+        rc = self.lib.qgemm_requant(_addr(x), pw, pb, pm, m, n,
+                                    x.shape[1], group, zero_point, lo, hi, None if acc is None else _addr(acc), _addr(y))
         if rc != 0:  # pragma: no cover - out of memory
             raise MemoryError("qgemm: the kernel could not allocate its row buffer")
         return (y, acc) if return_acc else y
@@ -264,7 +273,7 @@ class Native:
         b, c, h, w = x.shape
         oh, ow = _out_hw(h, w, kernel, stride, padding, dilation)
         out = np.empty((b * oh * ow, c * kernel[0] * kernel[1]), np.int8)
-        self.lib.im2col_i8(x.ctypes.data, b, c, h, w, *kernel, *stride, *padding, *dilation, pad, oh, ow, out.ctypes.data)
+        self.lib.im2col_i8(_addr(x), b, c, h, w, *kernel, *stride, *padding, *dilation, pad, oh, ow, _addr(out))
         return out, (b, oh, ow)
 
     def maxpool(self, x: np.ndarray, kernel, stride, padding, pad: int) -> np.ndarray:
@@ -272,7 +281,7 @@ class Native:
         b, c, h, w = x.shape
         oh, ow = _out_hw(h, w, kernel, stride, padding)
         out = np.empty((b, c, oh, ow), np.int8)
-        self.lib.maxpool_i8(x.ctypes.data, b, c, h, w, *kernel, *stride, *padding, pad, oh, ow, out.ctypes.data)
+        self.lib.maxpool_i8(_addr(x), b, c, h, w, *kernel, *stride, *padding, pad, oh, ow, _addr(out))
         return out
 
 
