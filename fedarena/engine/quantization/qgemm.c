@@ -18,11 +18,11 @@
  * of 8 with zeros).  Instruction path with AVX2 (this kernel has no AVX-512 or VNNI path): a 4 x 16
  * register tile (4 x 8 at the edges); per pair of k, a 256-bit load of each block's 16 int16 weights
  * is multiplied with the broadcast (x[m, k], x[m, k + 1]) int16 pair of each of 4 rows by vpmaddwd into
- * 8 int32 lanes
- * (|x w + x' w'| <= 2 * 128 * 128: no saturation, unlike vpmaddubsw), so no horizontal sums are
- * needed.  Without AVX2 (or with QGEMM_FORCE_SCALAR defined) a plain C loop over the same packed
- * weights computes the same integers.  Accumulation is exact while K * 128 * 128 + |bias| < 2^31;
- * the Python caller checks it.
+ * 8 int32 lanes (|x w + x' w'| <= 2 * 128 * 128: no saturation, unlike vpmaddubsw), so no horizontal
+ * sums are needed; requantization runs 4 float64 lanes at a time (vroundpd with an explicit
+ * round-to-nearest-even, the same result as rint in the default mode).  Without AVX2 (or with
+ * QGEMM_FORCE_SCALAR defined) a plain C loop over the same packed weights computes the same integers.
+ * Accumulation is exact while K * 128 * 128 + |bias| < 2^31; the Python caller checks it.
  */
 #include <math.h>
 #include <stdint.h>
@@ -36,7 +36,7 @@
 
 const char *qgemm_isa(void) {
 #ifdef QGEMM_AVX2
-    return "avx2: vpmaddwd on int16 pairs (int8 sign-extended), 4x8 int32 tile; no AVX-512/VNNI path";
+    return "avx2: vpmaddwd on int16 pairs (int8 sign-extended), 4x16 int32 register tile; no AVX-512/VNNI path";
 #else
     return "scalar C";
 #endif
