@@ -174,6 +174,18 @@ def test_percentile_observer_against_numpy_percentile():
     assert abs(hi - np.percentile(x, 99.9)) <= 2 * width
 
 
+def test_calibrating_on_batches_equals_calibrating_on_the_whole_set():
+    model = nn.MLP([5, 7, 3], activation="relu")
+    params = model.init(2)
+    x = np.random.default_rng(9).standard_t(3, (300, 5)).astype(np.float32)  # heavy tails: percentile < min-max
+    for method in ("minmax", "percentile"):
+        whole = calibrate(model, params, x, method=method, batch_size=1000)
+        parts = calibrate(model, params, [x[:7], x[7:150], x[150:]], method=method)
+        assert whole.ranges == parts.ranges and len(whole.ranges) == 3
+    mm, pc = calibrate(model, params, x).ranges[0], calibrate(model, params, x, method="percentile", percentile=99.0).ranges[0]
+    assert mm[0] < pc[0] < pc[1] < mm[1]
+
+
 # ----------------------------------------------------------------------------- models
 
 

@@ -68,8 +68,12 @@ def build(flags: tuple[str, ...] = FLAGS) -> Path:
     out = _cache_dir() / f"qgemm-{key.hexdigest()[:20]}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    except OSError as e:
+        raise KernelBuildError(f"int8 kernel: cannot write the kernel cache {out.parent} ({e.strerror}); "
+                               "set FEDARENA_KERNEL_CACHE to a writable directory") from None
     os.close(fd)
     try:
         res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
