@@ -25,7 +25,7 @@ LAYERS = [
     ("transforms", ["transforms", "autodiff", "vmap"]),
     ("compiler", ["compiler", "passes", "fusion", "memory_plan", "native"]),
     ("backends", ["backends", "executor"]),
-    ("api", ["jit", "backend_selection", "control_flow", "custom", "nn", "models", "optim", "serialization", "inspection", "profiler", "interop", "__init__"]),
+    ("api", ["jit", "backend_selection", "control_flow", "custom", "nn", "models", "optim", "serialization", "inspection", "profiler", "interop", "quantization", "__init__"]),
     ("above", ["collectives", "distributed"]),
 ]
 LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
