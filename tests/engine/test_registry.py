@@ -89,7 +89,7 @@ def test_op_sets_are_derived_from_traits():
     """The executor's emit rules', memory planner's, fusion's and vmap's op sets are the primitives' traits."""
     import importlib
 
-    from fedarena.engine.tracing import TRAITS, names_with
+    from fedarena.engine.core.tracing import TRAITS, names_with
 
     paths = {"emit_elementwise": "backends.numpy.emit_elementwise", "emit_shapes": "backends.numpy.emit_shapes", "memory_plan": "compiler.memory_plan", "fusion": "compiler.fusion", "vmap": "transforms.vmap"}
     mods = {m: importlib.import_module(f"fedarena.engine.{p}") for m, p in paths.items()}
