@@ -36,6 +36,14 @@ class Primitive:
     cotangents (``None`` for an output without one) and the list of outputs, its ``jvp`` the list of
     outputs and returns a list of tangents (``None`` for none), and its ``batch`` rule returns a list
     of values, all batched on axis 0.
+
+    ``batch(prim, vals, batched, size, **attrs)`` is the batching rule of ``vmap`` (``vals[i]`` has its
+    batch axis in front when ``batched[i]``; returns the result batched on axis 0); a primitive without
+    a specialised rule declares ``primitives.base.loop_batching``.  ``cuda(eqn, lib)`` is the cupy
+    backend's step rule (``lib``: the backend's kernel library; returns a step spec, ``None`` for the
+    host kernel on this equation); ``cuda_expr(ins, in_dtypes, out_dtype, attrs, weak)`` is an
+    elementwise primitive's C expression of one element for the generated kernels;
+    ``primitives.base.host_only`` declares a primitive run on the host on that backend.
     """
 
     def __init__(self, name: str):
@@ -45,6 +53,9 @@ class Primitive:
         self.emit: Callable | None = None
         self.vjp: Callable | None = None
         self.jvp: Callable | None = None
+        self.batch: Callable | None = None
+        self.cuda: Callable | None = None
+        self.cuda_expr: Callable | None = None
         self.multiple_results = False  # True: abstract_eval/impl/bind/rules give a list, one entry per output
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
         self.traits: frozenset = frozenset()  # see TRAITS

@@ -9,7 +9,7 @@ import numpy as np
 from ..core.ir import ShapeError, ShapedArray
 from ..core.tracing import aval_of, bind
 from .emit import expr, stmt
-from .base import _define, _stand_in, promote, reshape, shape_of, transpose, unbroadcast, zeros_like_aval
+from .base import _define, _stand_in, all_batched, shift_axes, promote, reshape, shape_of, transpose, unbroadcast, zeros_like_aval
 from .reductions import _norm_axes
 
 # ============================================================================ shapes (views)
@@ -37,12 +37,27 @@ def _transpose_vjp(need, ct, out, x, perm):
     return (transpose(ct, inv),)
 
 
+def _reshape_view(e, lib):
+    """The cupy rule of the reshaping views (reshape, squeeze, expand_dims): a reshaped device array."""
+    return lib.view(lambda xp, x, shape=e.outputs[0].aval.shape: xp.reshape(x, shape), e)
+
+
+def _broadcast_batch(prim, vals, batched, size, shape):
+    x = vals[0]
+    s = shape_of(x)
+    if len(s) - 1 < len(shape):  # the batch axis in front of the unit axes broadcasting adds
+        x = reshape(x, (s[0],) + (1,) * (len(shape) - (len(s) - 1)) + s[1:])
+    return bind(prim, x, shape=(size,) + tuple(shape))
+
+
 transpose_p = _define(
     "transpose",
     _transpose_rule,
     lambda x, perm: np.transpose(x, perm),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.transpose({attrs['perm']!r})"),
     _transpose_vjp,
+    batch=lambda prim, vals, batched, size, perm: bind(prim, vals[0], perm=(0,) + tuple(int(p) + 1 for p in perm)),
+    cuda=lambda e, lib: lib.view(lambda xp, x, perm=tuple(e.attrs["perm"]): xp.transpose(x, perm), e),
 )
 transpose_p.jvp = _linear_jvp(transpose_p)
 
@@ -61,6 +76,8 @@ reshape_p = _define(
     lambda x, shape: np.reshape(x, shape),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({attrs['shape']!r})"),
     lambda need, ct, out, x, shape: (reshape(ct, shape_of(x)),),
+    batch=lambda prim, vals, batched, size, shape: bind(prim, vals[0], shape=(size,) + tuple(shape)),
+    cuda=lambda e, lib: _reshape_view(e, lib),
 )
 reshape_p.jvp = _linear_jvp(reshape_p)
 
@@ -83,6 +100,8 @@ broadcast_to_p = _define(
     lambda x, shape: np.broadcast_to(x, shape),
     lambda ctx, ins, attrs, ia, oa: expr(f"np.broadcast_to({ins[0]}, {attrs['shape']!r})"),
     lambda need, ct, out, x, shape: (unbroadcast(ct, shape_of(x)),),
+    batch=_broadcast_batch,
+    cuda=lambda e, lib: lib.view(lambda xp, x, shape=e.outputs[0].aval.shape: xp.broadcast_to(x, shape), e),
 )
 broadcast_to_p.jvp = _linear_jvp(broadcast_to_p)
 
@@ -102,6 +121,8 @@ squeeze_p = _define(
     lambda x, axes: np.squeeze(x, axis=tuple(axes)),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
     lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+    batch=lambda prim, vals, batched, size, axes: bind(prim, vals[0], axes=shift_axes(axes, len(shape_of(vals[0])) - 1)),
+    cuda=lambda e, lib: _reshape_view(e, lib),
 )
 squeeze_p.jvp = _linear_jvp(squeeze_p)
 
@@ -120,6 +141,8 @@ expand_dims_p = _define(
     lambda x, axes: np.expand_dims(x, tuple(axes)),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
     lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+    batch=lambda prim, vals, batched, size, axes: bind(prim, vals[0], axes=shift_axes(axes, len(shape_of(vals[0])) - 1 + len(axes))),
+    cuda=lambda e, lib: _reshape_view(e, lib),
 )
 expand_dims_p.jvp = _linear_jvp(expand_dims_p)
 
@@ -162,7 +185,18 @@ def _slice_vjp(need, ct, out, x, starts, limits, strides):
     return (bind(pad_p, ct, low=lows, high=highs, interior=interior),)
 
 
-slice_p = _define("slice", _slice_rule, _slice_impl, _slice_emit, _slice_vjp)
+def _slice_cuda(e, lib):
+    sl = tuple(slice(s, l, st) for s, l, st in zip(e.attrs["starts"], e.attrs["limits"], e.attrs["strides"]))
+    return lib.view(lambda xp, x: x[sl], e)
+
+
+slice_p = _define(
+    "slice", _slice_rule, _slice_impl, _slice_emit, _slice_vjp,
+    batch=lambda prim, vals, batched, size, starts, limits, strides: bind(
+        prim, vals[0], starts=(0,) + tuple(starts), limits=(size,) + tuple(limits), strides=(1,) + tuple(strides)
+    ),
+    cuda=_slice_cuda,
+)
 slice_p.jvp = _linear_jvp(slice_p)
 
 
@@ -201,7 +235,18 @@ def _pad_vjp(need, ct, out, x, low, high, interior):
     return (bind(slice_p, ct, starts=starts, limits=limits, strides=strides),)
 
 
-pad_p = _define("pad", _pad_rule, _pad_impl, _pad_emit, _pad_vjp)
+def _pad_xp(xp, ins, attrs, out):
+    out.fill(0)
+    out[tuple(slice(lo, lo + max(0, s - 1) * (it + 1) + 1, it + 1) for s, lo, it in zip(ins[0].shape, attrs["low"], attrs["interior"]))] = ins[0]
+
+
+pad_p = _define(
+    "pad", _pad_rule, _pad_impl, _pad_emit, _pad_vjp,
+    batch=lambda prim, vals, batched, size, low, high, interior: bind(
+        prim, vals[0], low=(0,) + tuple(low), high=(0,) + tuple(high), interior=(0,) + tuple(interior)
+    ),
+    cuda=lambda e, lib: lib.xp(_pad_xp, e),
+)
 pad_p.jvp = _linear_jvp(pad_p)
 
 
@@ -248,8 +293,17 @@ def _concat_jvp(ts, out, *xs, axis):
     return bind(concatenate_p, *ts, axis=axis)
 
 
+def _join_batch(prim, vals, batched, size, axis):
+    """concatenate/stack: every operand batched, the joined axis shifted past the batch axis."""
+    vals = all_batched(vals, batched, size)
+    nd = len(shape_of(vals[0])) - 1 + (1 if prim.name == "stack" else 0)
+    return bind(prim, *vals, axis=(int(axis) % nd) + 1)
+
+
 concatenate_p = _define(
-    "concatenate", _concat_rule, lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_emit, _concat_vjp, _concat_jvp
+    "concatenate", _concat_rule, lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_emit, _concat_vjp, _concat_jvp,
+    batch=_join_batch,
+    cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: xp.concatenate(ins, axis=attrs["axis"], out=out), e),
 )
 
 
@@ -291,7 +345,11 @@ def _stack_jvp(ts, out, *xs, axis):
     return bind(stack_p, *ts, axis=axis)
 
 
-stack_p = _define("stack", _stack_rule, lambda *xs, axis: np.stack(xs, axis=axis), _stack_emit, _stack_vjp, _stack_jvp)
+stack_p = _define(
+    "stack", _stack_rule, lambda *xs, axis: np.stack(xs, axis=axis), _stack_emit, _stack_vjp, _stack_jvp,
+    batch=_join_batch,
+    cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: xp.stack(ins, axis=attrs["axis"], out=out), e),
+)
 
 
 for _p in (transpose_p, reshape_p, squeeze_p, expand_dims_p, slice_p):
