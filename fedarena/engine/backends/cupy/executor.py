@@ -56,7 +56,8 @@ class Executable:
     """``exe(*flat_inputs) -> list of device arrays`` on ``device`` (see :mod:`.device`).
 
     ``kernels``: every generated kernel, ``source``: the CUDA module they form, ``memory``: the
-    plan the arena follows, ``host_steps``: primitives run on host copies (no device rule)."""
+    plan the arena follows, ``host_steps``: primitives run on host copies (declared ``host_only``, or left to
+    the host by their rule for this equation)."""
 
     def __init__(self, graph: Graph, device: Any, validate: bool = True):
         if validate:
