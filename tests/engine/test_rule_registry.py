@@ -116,3 +116,87 @@ def test_a_primitive_without_a_cupy_rule_is_refused(bare_primitive):
         Executable(g, device, validate=False)
     bare_primitive.cuda = host_only
     assert Executable(g, device, validate=False).host_steps == ["test_bare_twice"]
+
+
+# ----------------------------------------------------------------------------- linear primitives: JVP + transpose
+
+_RNG = np.random.default_rng(7)
+
+
+def _f(*shape):
+    return _RNG.standard_normal(shape)
+
+
+IDX = np.array([[2], [0], [3]])
+TAKE_IDX = np.array([1, 0, 1, 2])
+LINEAR_CASES = {
+    # name: (operands, attrs); integer operands are indices (no tangent, no cotangent)
+    "neg": ([_f(3, 4)], {}),
+    "add": ([_f(3, 4), _f(4)], {}),
+    "sub": ([_f(3, 4), _f(3, 1)], {}),
+    "mul": ([_f(3, 4), _f(4)], {}),
+    "reduce_sum": ([_f(3, 4)], dict(axes=(1,), keepdims=False)),
+    "cumsum": ([_f(3, 4)], dict(axis=1, reverse=True)),
+    "matmul": ([_f(3, 4), _f(4, 2)], {}),
+    "transpose": ([_f(2, 3, 4)], dict(perm=(2, 0, 1))),
+    "reshape": ([_f(3, 4)], dict(shape=(2, 6))),
+    "broadcast_to": ([_f(1, 4)], dict(shape=(3, 4))),
+    "squeeze": ([_f(3, 1)], dict(axes=(1,))),
+    "expand_dims": ([_f(3, 4)], dict(axes=(0,))),
+    "slice": ([_f(5, 4)], dict(starts=(0, 1), limits=(5, 4), strides=(2, 1))),
+    "pad": ([_f(3, 4)], dict(low=(1, 0), high=(0, 2), interior=(1, 0))),
+    "concatenate": ([_f(2, 3), _f(1, 3)], dict(axis=0)),
+    "stack": ([_f(2, 3), _f(2, 3)], dict(axis=1)),
+    "gather": ([_f(3, 4), IDX], dict(axis=1)),
+    "take": ([_f(3, 4), TAKE_IDX], dict(axis=0)),
+    "scatter_add": ([_f(3, 1), IDX], dict(axis=1, shape=(3, 4))),
+    "index_add": ([_f(4, 2), TAKE_IDX], dict(axis=0, size=3)),
+    "conv2d": ([_f(2, 3, 5, 5), _f(4, 3, 3, 3)], dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1))),
+}
+
+
+def _traced_cases() -> dict:
+    """col2im and conv_input_grad as the engine emits them (attributes from a traced gradient)."""
+    out = {}
+    # a stride-1 convolution's input gradient is col2im; a strided one on phase planes is conv_input_grad
+    for x, w, stride in ((_f(2, 3, 6, 6), _f(4, 3, 3, 3), 1), (_f(2, 3, 8, 8), _f(4, 3, 2, 2), 2)):
+        g = engine.make_graph(engine.grad(lambda x, w: engine.ops.sum(engine.ops.conv2d(x, w, stride, 0) ** 2)))(x, w)
+        for e in g.eqns:
+            if e.prim.name in ("col2im", "conv_input_grad") and all(a.aval.dtype.kind == "f" for a in e.inputs):
+                out.setdefault(e.prim.name, ([_f(*a.aval.shape) for a in e.inputs], dict(e.attrs)))
+    return out
+
+
+def _dot(a, b) -> float:
+    return float(np.sum(np.asarray(a, np.float64) * np.asarray(b, np.float64)))
+
+
+def test_every_linear_primitive_is_checked():
+    linear = {n for n, p in PRIMITIVES.items() if p.transpose is not None}
+    assert linear >= {"neg", "add", "sub", "mul", "reduce_sum", "matmul", "transpose", "reshape", "broadcast_to", "slice", "pad", "concatenate", "gather"}
+    assert linear == set(LINEAR_CASES) | set(_traced_cases()), "a linear primitive without a case below (or a case of a non-linear one)"
+    for n in linear:
+        p = PRIMITIVES[n]
+        assert p.vjp is p.transpose and p.linearity is not None, n
+
+
+@pytest.mark.parametrize("name", sorted(LINEAR_CASES) + ["col2im", "conv_input_grad"])
+def test_linear_jvp_and_transpose_are_adjoint(name):
+    """The dot-product test of the transposition: <J t, c> = <t, J^T c> for random t and c, with J the
+    primitive's (derived or declared) JVP and J^T its transpose, i.e. the VJP reverse mode uses."""
+    cases = dict(LINEAR_CASES, **_traced_cases())
+    ins, attrs = cases[name]
+    p = PRIMITIVES[name]
+    out = bind(p, *ins, **attrs)
+    lin = [i for i, a in enumerate(ins) if np.asarray(a).dtype.kind == "f"]
+    # bilinear: linear in each operand with the other fixed; otherwise jointly in all float operands
+    groups = [[i] for i in lin] if p.linearity == "bilinear" else [lin]
+    for group in groups:
+        ts = [_f(*np.shape(ins[i])) if i in group else None for i in range(len(ins))]
+        jt = p.jvp(ts, out, *ins, **attrs)
+        c = _f(*np.shape(out))
+        need = tuple(i in group for i in range(len(ins)))
+        cts = p.transpose(need, c, out, *ins, **attrs)
+        lhs = _dot(jt, c)
+        rhs = sum(_dot(ts[i], np.broadcast_to(cts[i], np.shape(ins[i]))) for i in group)
+        assert abs(lhs - rhs) <= 1e-9 * (1 + abs(lhs)), (name, group, lhs, rhs)

@@ -44,6 +44,12 @@ class Primitive:
     host kernel on this equation); ``cuda_expr(ins, in_dtypes, out_dtype, attrs, weak)`` is an
     elementwise primitive's C expression of one element for the generated kernels;
     ``primitives.base.host_only`` declares a primitive run on the host on that backend.
+
+    A linear primitive declares ``transpose(need, ct, out, *ins, **attrs)`` (the transposed linear map:
+    one cotangent per operand, ``None`` for a non-linear one such as an index) and how it is linear
+    (``linearity``: in its first operand, jointly in all, or in each of two); its JVP is then the
+    primitive applied to the tangents and its VJP is the transpose (reverse mode = JVP + transposition,
+    as in JAX).
     """
 
     def __init__(self, name: str):
@@ -56,6 +62,8 @@ class Primitive:
         self.batch: Callable | None = None
         self.cuda: Callable | None = None
         self.cuda_expr: Callable | None = None
+        self.transpose: Callable | None = None
+        self.linearity: str | None = None  # "first", "joint" or "bilinear" (see primitives.base.LINEARITY)
         self.multiple_results = False  # True: abstract_eval/impl/bind/rules give a list, one entry per output
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
         self.traits: frozenset = frozenset()  # see TRAITS

@@ -57,10 +57,19 @@ def _define(
     batch: Callable | None = None,
     cuda: Callable | None = None,
     cuda_expr: Callable | None = None,
+    transpose: Callable | None = None,
+    linearity: str | None = None,
 ) -> Primitive:
     """Register primitive ``name`` with its rules (see :class:`~fedarena.engine.core.tracing.Primitive`):
     shape/dtype ``rule``, numpy ``impl``, ``emit`` rule, ``vjp``/``jvp``, ``batch`` rule of vmap,
-    ``cuda`` step rule and ``cuda_expr`` element expression of the cupy backend."""
+    ``cuda`` step rule and ``cuda_expr`` element expression of the cupy backend.
+
+    A linear primitive gives its ``transpose`` rule and its ``linearity`` (see :data:`LINEARITY`)
+    instead of a VJP: its VJP is the transpose and, unless ``jvp`` is given (to avoid materialising
+    zero tangents), its JVP is derived from the linearity."""
+    if transpose is not None:
+        if vjp is not None or linearity not in LINEARITY:
+            raise ValueError(f"{name}: a linear primitive gives a transpose rule and its linearity {sorted(LINEARITY)}, not a VJP")
     p = register(name)
     p.traits = frozenset(traits)
     p.abstract_eval = rule
@@ -72,7 +81,61 @@ def _define(
     p.batch = batch
     p.cuda = cuda
     p.cuda_expr = cuda_expr
+    p.transpose = transpose
+    p.linearity = linearity
+    if transpose is not None:
+        p.vjp = transpose  # reverse mode of a linear map: its transpose
+        if jvp is None:
+            p.jvp = LINEARITY[linearity](p)
     return p
+
+
+# ============================================================================ linear primitives
+# The JVP of a linear map is the map applied to the tangents; only its transpose is written by hand.
+
+
+def sum_tangents(out, *terms):
+    """The sum of the tangent terms that are not ``None``, each broadcast to ``out``'s shape."""
+    acc = None
+    for t in terms:
+        if t is None:
+            continue
+        t = _bcast_tangent(t, shape_of(out))
+        acc = t if acc is None else add(acc, t)
+    return acc
+
+
+def _first_linear_jvp(prim: Primitive) -> Callable:
+    """Linear in the first operand; the others (indices) carry no tangent."""
+
+    def jvp(ts, out, x, *rest, **attrs):
+        return None if ts[0] is None else bind(prim, ts[0], *rest, **attrs)
+
+    return jvp
+
+
+def _joint_linear_jvp(prim: Primitive) -> Callable:
+    """Linear in all operands together: the primitive of the tangents (zeros where none flows)."""
+
+    def jvp(ts, out, *xs, **attrs):
+        return bind(prim, *[zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)], **attrs)
+
+    return jvp
+
+
+def _bilinear_jvp(prim: Primitive) -> Callable:
+    """Linear in each of its two operands: ``f(tx, y) + f(x, ty)``."""
+
+    def jvp(ts, out, x, y, **attrs):
+        a = None if ts[0] is None else bind(prim, ts[0], y, **attrs)
+        b = None if ts[1] is None else bind(prim, x, ts[1], **attrs)
+        return sum_tangents(out, a, b)
+
+    return jvp
+
+
+LINEARITY = {"first": _first_linear_jvp, "joint": _joint_linear_jvp, "bilinear": _bilinear_jvp}
+"""How a linear primitive is linear, and the JVP that follows from it."""
 
 
 # ============================================================================ batching (vmap) helpers

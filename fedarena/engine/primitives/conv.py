@@ -436,7 +436,7 @@ def _col2im_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _col2im_vjp(need, ct, out, cols, x_shape, **attrs):
+def _col2im_transpose(need, ct, out, cols, x_shape, **attrs):
     return (bind(im2col_p, ct, pad_value=0.0, **attrs),)
 
 
@@ -456,10 +456,10 @@ def _col2im_cuda(e, lib):
 
 
 col2im_p = _define(
-    "col2im", _col2im_rule, _col2im_impl, _col2im_emit, _col2im_vjp, batch=_col2im_batch, cuda=_col2im_cuda
+    "col2im", _col2im_rule, _col2im_impl, _col2im_emit, transpose=_col2im_transpose, linearity="first",
+    batch=_col2im_batch, cuda=_col2im_cuda,
 )
 im2col_p.jvp = _im2col_jvp
-col2im_p.jvp = lambda ts, out, c, **a: bind(col2im_p, ts[0], **a)
 
 
 # conv_gemm(w2, cols, x; geometry) = w2 @ cols, where cols must be im2col(x, phased=True, ...) with
@@ -544,19 +544,13 @@ def _conv_input_grad_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {ins[1]}, {{o}})")
 
 
-def _conv_input_grad_vjp(need, g, out, ct, w2, x_shape, **geo):
+def _conv_input_grad_transpose(need, g, out, ct, w2, x_shape, **geo):
     # conv_input_grad(ct, w2) = col2im(w2[:, :K]^T @ ct): transpose through im2col of g
     extra = {"bias_row": 0.0} if shape_of(w2)[1] != geo["kernel"][0] * geo["kernel"][1] * x_shape[1] else {}
     cols = bind(im2col_p, g, pad_value=0.0, phased=True, **geo, **extra)
     g_ct = matmul(w2, cols) if need[0] else None
     g_w2 = reduce_sum(matmul(ct, transpose(cols, (0, 2, 1))), (0,)) if need[1] else None
     return (g_ct, g_w2)
-
-
-def _conv_input_grad_jvp(ts, out, ct, w2, **attrs):
-    a = None if ts[0] is None else bind(conv_input_grad_p, ts[0], w2, **attrs)
-    b = None if ts[1] is None else bind(conv_input_grad_p, ct, ts[1], **attrs)
-    return _sum_tangents(out, a, b)
 
 
 def _conv_input_grad_batch(prim, vals, batched, size, **attrs):
@@ -584,7 +578,8 @@ def _conv_input_grad_cuda(e, lib):
 
 
 conv_input_grad_p = _define(
-    "conv_input_grad", _conv_input_grad_rule, _conv_input_grad_impl, _conv_input_grad_emit, _conv_input_grad_vjp, _conv_input_grad_jvp,
+    "conv_input_grad", _conv_input_grad_rule, _conv_input_grad_impl, _conv_input_grad_emit,
+    transpose=_conv_input_grad_transpose, linearity="bilinear",
     batch=_conv_input_grad_batch,
     cuda=_conv_input_grad_cuda,
 )
@@ -639,7 +634,7 @@ def _conv_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {ins[1]}, {{o}})")
 
 
-def _conv_vjp(need, ct, out, x, w, stride, padding, dilation):
+def _conv_transpose(need, ct, out, x, w, stride, padding, dilation):
     n = shape_of(x)[0]
     o, c, kh, kw = shape_of(w)
     cs = shape_of(ct)
@@ -656,12 +651,6 @@ def _conv_vjp(need, ct, out, x, w, stride, padding, dilation):
     return (gx, gw)
 
 
-def _conv_jvp(ts, out, x, w, stride, padding, dilation):
-    a = None if ts[0] is None else bind(conv2d_p, ts[0], w, stride=stride, padding=padding, dilation=dilation)
-    b = None if ts[1] is None else bind(conv2d_p, x, ts[1], stride=stride, padding=padding, dilation=dilation)
-    return _sum_tangents(out, a, b)
-
-
 def _conv2d_batch(prim, vals, batched, size, **attrs):
     x, w = vals
     if batched[1]:  # per-example filters: one convolution per example
@@ -672,7 +661,7 @@ def _conv2d_batch(prim, vals, batched, size, **attrs):
 
 
 conv2d_p = _define(
-    "conv2d", _conv_rule, _conv_impl, _conv_emit, _conv_vjp, _conv_jvp,
+    "conv2d", _conv_rule, _conv_impl, _conv_emit, transpose=_conv_transpose, linearity="bilinear",
     batch=_conv2d_batch,
     cuda=host_only,  # the cupy backend's graphs carry im2col + conv_gemm (ops.conv2d), not conv2d
 )

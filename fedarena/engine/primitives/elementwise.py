@@ -20,6 +20,7 @@ from ..core.ir import ShapeError, ShapedArray, is_float
 from ..core.tracing import aval_of, bind
 from . import cuda as C
 from .emit import Code, expr, stmt
+from .base import sum_tangents as _sum_tangents  # noqa: F401  (the families' JVPs import it from here)
 from .base import _bcast_tangent, _define, loop_batching, _floatify, add, broadcast_shapes, cast, div, dtype_of, eq, exp, full, ge, gt, le, log, logical_and, mul, neg, promote, reshape, select, shape_of, sign, sub, unbroadcast
 
 # ============================================================================ elementwise
@@ -112,7 +113,11 @@ def _unary(name, uf, uf_name, kind, cuda_expr, vjp_from_out=None, vjp_from_x=Non
     return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC, batch=batch_elementwise, cuda_expr=cuda_expr)
 
 
-neg_p = _unary("neg", np.negative, "np.negative", "promote", C.unary(lambda x, o: f"(-{x})"), vjp_from_x=lambda ct, x, out: neg(ct))
+neg_p = _define(
+    "neg", _ew_rule("promote"), _ufunc_impl(np.negative), _ufunc_emit("np.negative"),
+    transpose=lambda need, ct, out, x: (neg(ct),), linearity="first",
+    traits=UFUNC, batch=batch_elementwise, cuda_expr=C.unary(lambda x, o: f"(-{x})"),
+)
 exp_p = _unary("exp", np.exp, "np.exp", "float", C.math_fn("exp"), vjp_from_out=lambda ct, x, out: mul(ct, out))
 log_p = _unary("log", np.log, "np.log", "float", C.math_fn("log"), vjp_from_x=lambda ct, x, out: div(ct, x))
 log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", C.math_fn("log1p"), vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)))
@@ -175,20 +180,20 @@ relu_p = _define(
 # ---------------------------------------------------------------------------- binary
 
 
-def _binary(name, uf, uf_name, kind, cuda_expr, vjp=None, jvp=None, differentiable=True):
+def _binary(name, uf, uf_name, kind, cuda_expr, vjp=None, jvp=None, differentiable=True, transpose=None, linearity=None):
     return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC, batch=batch_elementwise,
-                   cuda_expr=cuda_expr)
+                   cuda_expr=cuda_expr, transpose=transpose, linearity=linearity)
 
 
-def _add_vjp(need, ct, out, x, y):
+def _add_transpose(need, ct, out, x, y):
     return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(ct, shape_of(y)) if need[1] else None)
 
 
-def _sub_vjp(need, ct, out, x, y):
+def _sub_transpose(need, ct, out, x, y):
     return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(neg(ct), shape_of(y)) if need[1] else None)
 
 
-def _mul_vjp(need, ct, out, x, y):
+def _mul_transpose(need, ct, out, x, y):
     return (
         unbroadcast(mul(ct, y), shape_of(x)) if need[0] else None,
         unbroadcast(mul(ct, x), shape_of(y)) if need[1] else None,
@@ -220,26 +225,14 @@ def _pow_vjp(need, ct, out, x, y):
     return (gx, gy)
 
 
-def _sum_tangents(out, *terms):
-    acc = None
-    for t in terms:
-        if t is None:
-            continue
-        t = _bcast_tangent(t, shape_of(out))
-        acc = t if acc is None else add(acc, t)
-    return acc
-
-
+# add and sub are linear (their VJP is their transpose) but keep their own JVP: a missing tangent adds
+# nothing (no zero array is materialised) and each tangent is broadcast to the output's shape.
 def _add_jvp(ts, out, x, y):
     return _sum_tangents(out, ts[0], ts[1])
 
 
 def _sub_jvp(ts, out, x, y):
     return _sum_tangents(out, ts[0], None if ts[1] is None else neg(ts[1]))
-
-
-def _mul_jvp(ts, out, x, y):
-    return _sum_tangents(out, None if ts[0] is None else mul(ts[0], y), None if ts[1] is None else mul(x, ts[1]))
 
 
 def _div_jvp(ts, out, x, y):
@@ -286,9 +279,9 @@ def _pow_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.power({ins[0]}, {ins[1]}, {{o}})")
 
 
-add_p = _binary("add", np.add, "np.add", "promote", C.infix("+", "||"), _add_vjp, _add_jvp)
-sub_p = _binary("sub", np.subtract, "np.subtract", "promote", C.infix("-"), _sub_vjp, _sub_jvp)
-mul_p = _binary("mul", np.multiply, "np.multiply", "promote", C.infix("*", "&&"), _mul_vjp, _mul_jvp)
+add_p = _binary("add", np.add, "np.add", "promote", C.infix("+", "||"), jvp=_add_jvp, transpose=_add_transpose, linearity="joint")
+sub_p = _binary("sub", np.subtract, "np.subtract", "promote", C.infix("-"), jvp=_sub_jvp, transpose=_sub_transpose, linearity="joint")
+mul_p = _binary("mul", np.multiply, "np.multiply", "promote", C.infix("*", "&&"), transpose=_mul_transpose, linearity="bilinear")
 div_p = _binary("div", np.true_divide, "np.true_divide", "float", C.infix("/"), _div_vjp, _div_jvp)
 pow_p = _define("pow", _ew_rule("promote"), _ufunc_impl(np.power), _pow_emit, _pow_vjp, _pow_jvp,
                 batch=batch_elementwise, cuda_expr=C.float_or_int("pow", "fe_ipow"))

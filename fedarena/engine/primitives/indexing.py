@@ -125,12 +125,8 @@ def _gather_emit(ctx, ins, attrs, in_avals, out_aval):
     return expr(f"{ins[0]}[{', '.join(names)},]")
 
 
-def _gather_vjp(need, ct, out, x, idx, axis):
+def _gather_transpose(need, ct, out, x, idx, axis):
     return (bind(scatter_add_p, ct, idx, axis=axis, shape=shape_of(x)), None)
-
-
-def _gather_jvp(ts, out, x, idx, axis):
-    return bind(gather_p, ts[0], idx, axis=axis)
 
 
 def _gather_batch(prim, vals, batched, size, axis):
@@ -145,7 +141,8 @@ def _gather_cuda(e, lib):
 
 
 gather_p = _define(
-    "gather", _gather_rule, _gather_impl, _gather_emit, _gather_vjp, _gather_jvp, batch=_gather_batch, cuda=_gather_cuda
+    "gather", _gather_rule, _gather_impl, _gather_emit, transpose=_gather_transpose, linearity="first",
+    batch=_gather_batch, cuda=_gather_cuda,
 )
 
 
@@ -179,7 +176,7 @@ def _scatter_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{{o}}.fill(0); np.add.at({{o}}, ({names},), {ins[0]})")
 
 
-def _scatter_vjp(need, ct, out, upd, idx, axis, shape):
+def _scatter_transpose(need, ct, out, upd, idx, axis, shape):
     return (bind(gather_p, ct, idx, axis=axis), None)
 
 
@@ -195,9 +192,9 @@ def _scatter_cuda(e, lib):
 
 
 scatter_add_p = _define(
-    "scatter_add", _scatter_rule, _scatter_impl, _scatter_emit, _scatter_vjp, batch=_scatter_batch, cuda=_scatter_cuda
+    "scatter_add", _scatter_rule, _scatter_impl, _scatter_emit, transpose=_scatter_transpose, linearity="first",
+    batch=_scatter_batch, cuda=_scatter_cuda,
 )
-scatter_add_p.jvp = lambda ts, out, upd, idx, axis, shape: bind(scatter_add_p, ts[0], idx, axis=axis, shape=shape)
 
 
 def _take_rule(avals, attrs, weak):
@@ -211,7 +208,7 @@ def _take_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.take({ins[0]}, {ins[1]}, axis={attrs['axis']}, out={{o}})")
 
 
-def _take_vjp(need, ct, out, x, idx, axis):
+def _take_transpose(need, ct, out, x, idx, axis):
     return (bind(index_add_p, ct, idx, axis=axis % len(shape_of(x)), size=shape_of(x)[axis]), None)
 
 
@@ -253,9 +250,9 @@ def _take_cuda(e, lib):
 
 
 take_p = _define(
-    "take", _take_rule, lambda x, idx, axis: np.take(x, idx, axis=axis), _take_emit, _take_vjp, batch=_take_batch, cuda=_take_cuda
+    "take", _take_rule, lambda x, idx, axis: np.take(x, idx, axis=axis), _take_emit, transpose=_take_transpose, linearity="first",
+    batch=_take_batch, cuda=_take_cuda,
 )
-take_p.jvp = lambda ts, out, x, idx, axis: bind(take_p, ts[0], idx, axis=axis)
 
 
 def _index_add_rule(avals, attrs, weak):
@@ -316,11 +313,11 @@ index_add_p = _define(
     _index_add_rule,
     _index_add_impl,
     _index_add_emit,
-    lambda need, ct, out, upd, idx, axis, size: (bind(take_p, ct, idx, axis=axis), None),
+    transpose=lambda need, ct, out, upd, idx, axis, size: (bind(take_p, ct, idx, axis=axis), None),
+    linearity="first",
     batch=_index_add_batch,
     cuda=_index_add_cuda,
 )
-index_add_p.jvp = lambda ts, out, upd, idx, axis, size: bind(index_add_p, ts[0], idx, axis=axis, size=size)
 
 
 def _one_hot_rule(avals, attrs, weak):

@@ -11,7 +11,6 @@ from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
 from .emit import expr, stmt
 from ..core.tracing import bind
 from .base import _define, _swap_last, broadcast_shapes, matmul, mul, promote, reshape, shape_of, transpose, unbroadcast
-from .elementwise import _sum_tangents
 
 # ============================================================================ matmul
 
@@ -32,16 +31,10 @@ def _matmul_rule(avals, attrs, weak):
     return ShapedArray(batch + (a.shape[-2], b.shape[-1]), promote(avals, weak))
 
 
-def _matmul_vjp(need, ct, out, x, y):
+def _matmul_transpose(need, ct, out, x, y):
     gx = unbroadcast(matmul(ct, _swap_last(y)), shape_of(x)) if need[0] else None
     gy = unbroadcast(matmul(_swap_last(x), ct), shape_of(y)) if need[1] else None
     return (gx, gy)
-
-
-def _matmul_jvp(ts, out, x, y):
-    a = None if ts[0] is None else matmul(ts[0], y)
-    b = None if ts[1] is None else matmul(x, ts[1])
-    return _sum_tangents(out, a, b)
 
 
 def _low_precision_matmul(x, y):
@@ -94,6 +87,6 @@ def _matmul_batch(prim, vals, batched, size, **attrs):
 
 
 matmul_p = _define(
-    "matmul", _matmul_rule, _matmul_impl, _matmul_emit, _matmul_vjp, _matmul_jvp,
+    "matmul", _matmul_rule, _matmul_impl, _matmul_emit, transpose=_matmul_transpose, linearity="bilinear",
     batch=_matmul_batch, cuda=lambda e, lib: lib.matmul(e),  # cuBLAS under cupy
 )

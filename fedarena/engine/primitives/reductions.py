@@ -108,12 +108,8 @@ def _expand_reduced(ct, x_shape, axes, keepdims):
     return ct
 
 
-def _sum_vjp(need, ct, out, x, axes, keepdims):
+def _sum_transpose(need, ct, out, x, axes, keepdims):
     return (broadcast_to(_expand_reduced(ct, shape_of(x), axes, keepdims), shape_of(x)),)
-
-
-def _sum_jvp(ts, out, x, axes, keepdims):
-    return reduce_sum(ts[0], axes, keepdims)
 
 
 def _chooser_vjp(need, ct, out, x, axes, keepdims):
@@ -152,8 +148,8 @@ def _reduce_cuda(kind: str):
 
 
 reduce_sum_p = _define(
-    "reduce_sum", _reduce_rule("sum"), _reduce_impl(np.add), _reduce_emit("np.add"), _sum_vjp, _sum_jvp,
-    batch=_reduce_batch, cuda=_reduce_cuda("sum"),
+    "reduce_sum", _reduce_rule("sum"), _reduce_impl(np.add), _reduce_emit("np.add"),
+    transpose=_sum_transpose, linearity="first", batch=_reduce_batch, cuda=_reduce_cuda("sum"),
 )
 reduce_max_p = _define(
     "reduce_max", _reduce_rule("max"), _reduce_impl(np.maximum), _reduce_emit("np.maximum"), _chooser_vjp, _chooser_jvp,
@@ -283,12 +279,8 @@ def cumsum(x, axis, reverse=False):
     return bind(cumsum_p, x, axis=axis, reverse=bool(reverse))
 
 
-def _cumsum_vjp(need, ct, out, x, axis, reverse):
+def _cumsum_transpose(need, ct, out, x, axis, reverse):
     return (cumsum(ct, axis, not reverse),)
-
-
-def _cumsum_jvp(ts, out, x, axis, reverse):
-    return cumsum(ts[0], axis, reverse)
 
 
 def _axis_batch(prim, vals, batched, size, **attrs):
@@ -304,7 +296,7 @@ def _cumsum_xp(xp, ins, attrs, out):
 
 
 cumsum_p = _define(
-    "cumsum", _cumsum_rule, _cumsum_impl, _cumsum_emit, _cumsum_vjp, _cumsum_jvp,
+    "cumsum", _cumsum_rule, _cumsum_impl, _cumsum_emit, transpose=_cumsum_transpose, linearity="first",
     batch=_axis_batch, cuda=lambda e, lib: lib.xp(_cumsum_xp, e),
 )
 
