@@ -97,6 +97,8 @@ elementwise batching are the primitives' traits."""
     for name, p in engine.PRIMITIVES.items():
         assert p.traits <= set(TRAITS), f"{name}: unknown traits {sorted(p.traits - set(TRAITS))}"
     assert mods["emit_elementwise"].ELEMENTWISE == names_with("elementwise") == mods["emit_shapes"].ELEMENTWISE
+    assert mods["emit_elementwise"].SCALAR_CONST_PRIMS == names_with("typed_scalars")
+    assert set(mods["emit_elementwise"].SCALAR_EXPR) == {n for n, p in engine.PRIMITIVES.items() if p.scalar_emit is not None}
     assert mods["memory_plan"].VIEW_PRIMITIVES == names_with("view")
     assert mods["fusion"].FUSIBLE == names_with("fusible")
     from fedarena.engine.primitives.elementwise import batch_elementwise

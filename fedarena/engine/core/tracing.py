@@ -63,6 +63,9 @@ class Primitive:
         self.cuda: Callable | None = None
         self.cuda_expr: Callable | None = None
         self.transpose: Callable | None = None
+        # the numpy executor's form of the primitive on 0-d numpy scalars (a format string over the
+        # operands, or ``form(ctx, attrs) -> format string``); None: no scalar form
+        self.scalar_emit: str | Callable | None = None
         self.linearity: str | None = None  # "first", "joint" or "bilinear" (see primitives.base.LINEARITY)
         self.multiple_results = False  # True: abstract_eval/impl/bind/rules give a list, one entry per output
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
@@ -87,6 +90,8 @@ TRAITS = {
     "in_place": "the output may take over the buffer of any operand of its size and dtype (one ufunc pass)",
     "fusible": "the fusion pass may put it in a fused elementwise body",
     "view": "the executor may return a view of the first operand instead of a copy",
+    "typed_scalars": "emitted as one ufunc call on its operands, to which the numpy executor passes a Python-scalar "
+    "literal operand as a 0-d constant of the operation's type",
 }
 """The traits a primitive may carry; every op set of the compiler and backend is derived from them."""
 

@@ -59,10 +59,12 @@ def _define(
     cuda_expr: Callable | None = None,
     transpose: Callable | None = None,
     linearity: str | None = None,
+    scalar_emit: str | Callable | None = None,
 ) -> Primitive:
     """Register primitive ``name`` with its rules (see :class:`~fedarena.engine.core.tracing.Primitive`):
     shape/dtype ``rule``, numpy ``impl``, ``emit`` rule, ``vjp``/``jvp``, ``batch`` rule of vmap,
-    ``cuda`` step rule and ``cuda_expr`` element expression of the cupy backend.
+    ``cuda`` step rule and ``cuda_expr`` element expression of the cupy backend, ``scalar_emit`` form
+    on 0-d numpy scalars for the numpy executor.
 
     A linear primitive gives its ``transpose`` rule and its ``linearity`` (see :data:`LINEARITY`)
     instead of a VJP: its VJP is the transpose and, unless ``jvp`` is given (to avoid materialising
@@ -83,6 +85,7 @@ def _define(
     p.cuda_expr = cuda_expr
     p.transpose = transpose
     p.linearity = linearity
+    p.scalar_emit = scalar_emit
     if transpose is not None:
         p.vjp = transpose  # reverse mode of a linear map: its transpose
         if jvp is None:

@@ -98,7 +98,7 @@ def _ufunc_emit(uf_name: str):
 UFUNC = ("elementwise", "in_place", "fusible")  # traits of a plain numpy ufunc
 
 
-def _unary(name, uf, uf_name, kind, cuda_expr, vjp_from_out=None, vjp_from_x=None):
+def _unary(name, uf, uf_name, kind, cuda_expr, vjp_from_out=None, vjp_from_x=None, scalar_emit=None):
     """A unary elementwise primitive whose derivative is ``d(x, out)``; its JVP is the same
     diagonal scaling as its VJP."""
     d = vjp_from_out or vjp_from_x
@@ -110,32 +110,36 @@ def _unary(name, uf, uf_name, kind, cuda_expr, vjp_from_out=None, vjp_from_x=Non
         t = tangents[0]
         return d(t, x, out)
 
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC, batch=batch_elementwise, cuda_expr=cuda_expr)
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC, batch=batch_elementwise, cuda_expr=cuda_expr,
+                   scalar_emit=scalar_emit)
 
 
 neg_p = _define(
     "neg", _ew_rule("promote"), _ufunc_impl(np.negative), _ufunc_emit("np.negative"),
     transpose=lambda need, ct, out, x: (neg(ct),), linearity="first",
-    traits=UFUNC, batch=batch_elementwise, cuda_expr=C.unary(lambda x, o: f"(-{x})"),
+    traits=UFUNC, batch=batch_elementwise, cuda_expr=C.unary(lambda x, o: f"(-{x})"), scalar_emit="(-{0})",
 )
-exp_p = _unary("exp", np.exp, "np.exp", "float", C.math_fn("exp"), vjp_from_out=lambda ct, x, out: mul(ct, out))
-log_p = _unary("log", np.log, "np.log", "float", C.math_fn("log"), vjp_from_x=lambda ct, x, out: div(ct, x))
-log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", C.math_fn("log1p"), vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)))
-tanh_p = _unary("tanh", np.tanh, "np.tanh", "float", C.math_fn("tanh"), vjp_from_out=lambda ct, x, out: mul(ct, sub(1.0, mul(out, out))))
+exp_p = _unary("exp", np.exp, "np.exp", "float", C.math_fn("exp"), vjp_from_out=lambda ct, x, out: mul(ct, out), scalar_emit="np.exp({0})")
+log_p = _unary("log", np.log, "np.log", "float", C.math_fn("log"), vjp_from_x=lambda ct, x, out: div(ct, x), scalar_emit="np.log({0})")
+log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", C.math_fn("log1p"), vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)), scalar_emit="np.log1p({0})")
+tanh_p = _unary("tanh", np.tanh, "np.tanh", "float", C.math_fn("tanh"), vjp_from_out=lambda ct, x, out: mul(ct, sub(1.0, mul(out, out))), scalar_emit="np.tanh({0})")
 logistic_p = _unary(
     "logistic", expit, "_expit", "float",
     C.float_only(lambda x, o: f"({C.c_literal(1, o)} / ({C.c_literal(1, o)} + {C.c_fn('exp', o)}(-{x[0]})))", "logistic"),
-    vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out)))
+    vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out))),
+    scalar_emit="_expit({0})",
 )
-sqrt_p = _unary("sqrt", np.sqrt, "np.sqrt", "float", C.math_fn("sqrt"), vjp_from_out=lambda ct, x, out: div(ct, mul(out, 2.0)))
-sin_p = _unary("sin", np.sin, "np.sin", "float", C.math_fn("sin"), vjp_from_x=lambda ct, x, out: mul(ct, bind(cos_p, x)))
-cos_p = _unary("cos", np.cos, "np.cos", "float", C.math_fn("cos"), vjp_from_x=lambda ct, x, out: neg(mul(ct, bind(sin_p, x))))
+sqrt_p = _unary("sqrt", np.sqrt, "np.sqrt", "float", C.math_fn("sqrt"), vjp_from_out=lambda ct, x, out: div(ct, mul(out, 2.0)), scalar_emit="np.sqrt({0})")
+sin_p = _unary("sin", np.sin, "np.sin", "float", C.math_fn("sin"), vjp_from_x=lambda ct, x, out: mul(ct, bind(cos_p, x)), scalar_emit="np.sin({0})")
+cos_p = _unary("cos", np.cos, "np.cos", "float", C.math_fn("cos"), vjp_from_x=lambda ct, x, out: neg(mul(ct, bind(sin_p, x))), scalar_emit="np.cos({0})")
 abs_p = _unary(
     "abs", np.abs, "np.absolute", "promote",
     C.unary(lambda x, o: f"{C.c_fn('fabs', o)}({x})" if o.kind == "f" else f"({x} < 0 ? ({C.CTYPE[o]})(-{x}) : {x})"),
-    vjp_from_x=lambda ct, x, out: mul(ct, sign(x)))
+    vjp_from_x=lambda ct, x, out: mul(ct, sign(x)),
+    scalar_emit="np.absolute({0})",
+)
 sign_p = _define("sign", _ew_rule("promote"), _ufunc_impl(np.sign), _ufunc_emit("np.sign"), differentiable=False,
-                 batch=batch_elementwise, cuda_expr=C.helper("fe_sign"))
+                 batch=batch_elementwise, cuda_expr=C.helper("fe_sign"), scalar_emit="np.sign({0})")
 
 
 def _rsqrt_impl(x, **attrs):
@@ -180,9 +184,9 @@ relu_p = _define(
 # ---------------------------------------------------------------------------- binary
 
 
-def _binary(name, uf, uf_name, kind, cuda_expr, vjp=None, jvp=None, differentiable=True, transpose=None, linearity=None):
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC, batch=batch_elementwise,
-                   cuda_expr=cuda_expr, transpose=transpose, linearity=linearity)
+def _binary(name, uf, uf_name, kind, cuda_expr, vjp=None, jvp=None, differentiable=True, transpose=None, linearity=None, scalar_emit=None):
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC + ("typed_scalars",),
+                   batch=batch_elementwise, cuda_expr=cuda_expr, transpose=transpose, linearity=linearity, scalar_emit=scalar_emit)
 
 
 def _add_transpose(need, ct, out, x, y):
@@ -279,20 +283,20 @@ def _pow_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.power({ins[0]}, {ins[1]}, {{o}})")
 
 
-add_p = _binary("add", np.add, "np.add", "promote", C.infix("+", "||"), jvp=_add_jvp, transpose=_add_transpose, linearity="joint")
-sub_p = _binary("sub", np.subtract, "np.subtract", "promote", C.infix("-"), jvp=_sub_jvp, transpose=_sub_transpose, linearity="joint")
-mul_p = _binary("mul", np.multiply, "np.multiply", "promote", C.infix("*", "&&"), transpose=_mul_transpose, linearity="bilinear")
-div_p = _binary("div", np.true_divide, "np.true_divide", "float", C.infix("/"), _div_vjp, _div_jvp)
+add_p = _binary("add", np.add, "np.add", "promote", C.infix("+", "||"), jvp=_add_jvp, transpose=_add_transpose, linearity="joint", scalar_emit="({0} + {1})")
+sub_p = _binary("sub", np.subtract, "np.subtract", "promote", C.infix("-"), jvp=_sub_jvp, transpose=_sub_transpose, linearity="joint", scalar_emit="({0} - {1})")
+mul_p = _binary("mul", np.multiply, "np.multiply", "promote", C.infix("*", "&&"), transpose=_mul_transpose, linearity="bilinear", scalar_emit="({0} * {1})")
+div_p = _binary("div", np.true_divide, "np.true_divide", "float", C.infix("/"), _div_vjp, _div_jvp, scalar_emit="({0} / {1})")
 pow_p = _define("pow", _ew_rule("promote"), _ufunc_impl(np.power), _pow_emit, _pow_vjp, _pow_jvp,
-                batch=batch_elementwise, cuda_expr=C.float_or_int("pow", "fe_ipow"))
-max_p = _binary("maximum", np.maximum, "np.maximum", "promote", C.helper("fe_max"), _minmax_vjp(True), _minmax_jvp(True))
-min_p = _binary("minimum", np.minimum, "np.minimum", "promote", C.helper("fe_min"), _minmax_vjp(False), _minmax_jvp(False))
-eq_p = _binary("eq", np.equal, "np.equal", "bool", C.compare("=="), differentiable=False)
-ne_p = _binary("ne", np.not_equal, "np.not_equal", "bool", C.compare("!="), differentiable=False)
-lt_p = _binary("lt", np.less, "np.less", "bool", C.compare("<"), differentiable=False)
-le_p = _binary("le", np.less_equal, "np.less_equal", "bool", C.compare("<="), differentiable=False)
-gt_p = _binary("gt", np.greater, "np.greater", "bool", C.compare(">"), differentiable=False)
-ge_p = _binary("ge", np.greater_equal, "np.greater_equal", "bool", C.compare(">="), differentiable=False)
+                batch=batch_elementwise, cuda_expr=C.float_or_int("pow", "fe_ipow"), scalar_emit="({0} ** {1})")
+max_p = _binary("maximum", np.maximum, "np.maximum", "promote", C.helper("fe_max"), _minmax_vjp(True), _minmax_jvp(True), scalar_emit="np.maximum({0}, {1})")
+min_p = _binary("minimum", np.minimum, "np.minimum", "promote", C.helper("fe_min"), _minmax_vjp(False), _minmax_jvp(False), scalar_emit="np.minimum({0}, {1})")
+eq_p = _binary("eq", np.equal, "np.equal", "bool", C.compare("=="), differentiable=False, scalar_emit="({0} == {1})")
+ne_p = _binary("ne", np.not_equal, "np.not_equal", "bool", C.compare("!="), differentiable=False, scalar_emit="({0} != {1})")
+lt_p = _binary("lt", np.less, "np.less", "bool", C.compare("<"), differentiable=False, scalar_emit="({0} < {1})")
+le_p = _binary("le", np.less_equal, "np.less_equal", "bool", C.compare("<="), differentiable=False, scalar_emit="({0} <= {1})")
+gt_p = _binary("gt", np.greater, "np.greater", "bool", C.compare(">"), differentiable=False, scalar_emit="({0} > {1})")
+ge_p = _binary("ge", np.greater_equal, "np.greater_equal", "bool", C.compare(">="), differentiable=False, scalar_emit="({0} >= {1})")
 and_p = _binary("and", np.logical_and, "np.logical_and", "logical", C.logical("&&"), differentiable=False)
 or_p = _binary("or", np.logical_or, "np.logical_or", "logical", C.logical("||"), differentiable=False)
 not_p = _define("not", _ew_rule("logical"), _ufunc_impl(np.logical_not), _ufunc_emit("np.logical_not"), differentiable=False,
@@ -362,7 +366,15 @@ def _cast_cuda(ins, in_dts, o, attrs, weak):
     return f"({ins[0]} != 0)" if o == np.bool_ else C.c_cast(ins[0], o)
 
 
-cast_p = _define("cast", _cast_rule, _cast_impl, _cast_emit, _cast_vjp, _cast_jvp, batch=batch_elementwise, cuda_expr=_cast_cuda)
+def _cast_scalar(ctx, attrs):
+    dt = attrs["dtype"] if isinstance(attrs["dtype"], np.dtype) else np.dtype(attrs["dtype"])
+    return ctx.const(dt.type) + "({0})"
+
+
+cast_p = _define(
+    "cast", _cast_rule, _cast_impl, _cast_emit, _cast_vjp, _cast_jvp, batch=batch_elementwise, cuda_expr=_cast_cuda,
+    scalar_emit=_cast_scalar,
+)
 
 
 def _same_rule(avals, attrs, weak):
@@ -492,7 +504,7 @@ erf_p = _define(
 # the fusion pass and the native VM do not know)
 for _p in (sign_p, rsqrt_p, relu_p, pow_p, not_p, clip_p):
     _p.traits = frozenset(UFUNC)
-select_p.traits = frozenset({"elementwise", "fusible"})
+select_p.traits = frozenset({"elementwise", "fusible", "typed_scalars"})
 select_p.in_place_operands = (2,)
 cast_p.traits = frozenset({"elementwise", "in_place"})
 for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
