@@ -1,11 +1,12 @@
 """Every primitive of the engine, one module per family, each primitive defined completely in one
-place: shape/dtype rule, numpy kernel, emit rule for the compiled executor, VJP, JVP and (where
-the generic loop is not enough) batching rule.
+place: shape/dtype rule, numpy kernel, emit rule for the compiled executor, VJP and JVP (or, for a
+linear primitive, its transpose rule and linearity), vmap batching rule (or the ``loop_batching``
+declaration), and the cupy backend's rule (a step rule, an elementwise C expression, or ``host_only``).
 
 Families: ``elementwise``, ``reductions`` (sum/max/min/prod, cumsum, argsort), ``linalg``
 (matmul), ``shapes`` (views, slice/pad, concatenate/stack), ``indexing`` (gather/scatter/take/
 one_hot), ``conv`` (convolution), ``pooling`` (max/avg pooling and the max-pooling gradient), ``random`` (PRNG keys), ``checks`` (run-time checks);
-``base`` holds the helpers they share and ``emit`` the emit vocabulary.  This package imports
+``base`` holds the helpers they share, ``emit`` the numpy emit vocabulary and ``cuda`` the CUDA C one.  This package imports
 every family, so the registry is complete once it is imported, and re-exports their public names
 (``primitives.add_p``, ``primitives.reshape``, ...) for the modules built on them; a module that needs a
 family's private helper imports it from the family module.
