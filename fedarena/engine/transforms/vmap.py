@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import primitives as P
 from ..core.interpreter import interpret
-from ..core.ir import EngineError, Literal, ShapedArray, Var
+from ..core.ir import EngineError, ShapedArray
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..core import buckets as _buckets
 from ..core.tracing import Tracer, aval_of, bind_rule, source_scope, trace_flat

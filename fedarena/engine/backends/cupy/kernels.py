@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...core.ir import EngineError, Graph, Literal, ShapedArray, Var
+from ...core.ir import Graph, Literal, ShapedArray, Var
 from ...core.tracing import names_with
 from ...primitives.base import promote
 from ...primitives.cuda import CTYPE, KernelGenerationError, c_cast, c_fn, c_literal, ctype  # noqa: F401  (the kernels' C vocabulary)
