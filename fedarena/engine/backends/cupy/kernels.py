@@ -1,6 +1,7 @@
 """CUDA C source of the cupy backend's generated kernels: one ``__global__`` function per fused
 elementwise group (a grid-stride loop; broadcasting by index arithmetic on shapes fixed when the
-kernel is generated), row and column reductions (sum, mean, max, min), and the row softmax and
+kernel is generated; each equation's C expression is its primitive's ``cuda_expr`` rule, written
+beside the primitive with the vocabulary of ``primitives/cuda.py``), row and column reductions (sum, mean, max, min), and the row softmax and
 logsumexp with the maximum subtracted first.
 
 A kernel is plain CUDA C++ over raw pointers, so the same text is compiled by NVRTC (cupy's
