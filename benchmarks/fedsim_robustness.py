@@ -104,8 +104,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 
 
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
-             **attack_params) -> dict:
-    d = data.load(data.DataSpec("digits", partition=data.PartitionSpec("iid", NUM_CLIENTS),
+             partition: str = "iid", alpha: float = 0.5, **attack_params) -> dict:
+    d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
     pick = np.random.default_rng([seed, 31]).permutation(len(test))
@@ -124,7 +124,8 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     t0 = time.perf_counter()
     state, records = sim.run(rounds)
     out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
-           "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket}
+           "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket,
+           "partition": partition if partition == "iid" else f"{partition}({alpha})"}
     if defence == "cc_bucketing_momentum":
         out["beta"] = beta
     if attack == "backdoor" or attack == "none":
@@ -219,6 +220,8 @@ def main() -> None:
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
     p.add_argument("--scale", type=float, default=AttackConfig.scale, help="sign flip's and scaling's factor")
     p.add_argument("--beta", type=float, default=0.9, help="cc_bucketing_momentum's momentum (the paper's 0.9)")
+    p.add_argument("--partition", choices=["iid", "dirichlet"], default="iid")
+    p.add_argument("--alpha", type=float, default=0.5, help="the Dirichlet label skew's concentration")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
     a = p.parse_args()
     if a.results:
@@ -235,7 +238,8 @@ def main() -> None:
     t0 = time.perf_counter()
     for seed in a.seeds:
         for atk, dfn in todo:
-            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, epsilon=a.epsilon, z=a.z, scale=a.scale)
+            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha,
+                         epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)
             if a.out:

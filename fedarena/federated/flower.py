@@ -186,8 +186,9 @@ class FlowerStrategy(_FlowerStrategy):
         from fedarena.federated.strategy import Scaffold
 
         if isinstance(strategy, SecureAggregation):
-            raise ValueError("strategy: fedarena's SecureAggregation simulates the protocol on the server; with Flower "
-                             "use Flower's SecAggPlusWorkflow around the strategy instead")
+            raise ValueError("strategy: a Flower strategy receives every ClientApp's reply in the clear, so "
+                             "SecureAggregation cannot hide the updates here; use Flower's secaggplus_mod in the "
+                             "ClientApp with SecAggPlusWorkflow in the ServerApp")
         if isinstance(strategy, Scaffold):
             raise ValueError("strategy: SCAFFOLD needs client control variates, which Flower ClientApps do not send")
         self.strategy = strategy
