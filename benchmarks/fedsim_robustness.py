@@ -84,7 +84,7 @@ class ClientMomentum(StrategyWrapper):
         return self.inner.aggregate(state, out, num_clients)
 
 
-def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int):
+def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int):
     base = dict(fit=fit, clients_per_round=PER_ROUND)
     if name == "fedavg":
         return FedAvg(**base)
@@ -95,7 +95,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     if name == "multi_krum":
         return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND, krum_keep=PER_ROUND - F_ROUND)
     if name in ("cc_bucketing", "cc_bucketing_momentum"):
-        return DefenceConfig("bucketing", tau=tau, bucket_size=bucket).build(FedAvg(**base), seed=seed)
+        return DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket).build(FedAvg(**base),
+                                                                                                   seed=seed)
     if name == "norm_bound":
         return DefenceConfig("norm_bound").build(FedAvg(**base), seed=seed)
     if name == "fltrust":
@@ -104,7 +105,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 
 
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
-             partition: str = "iid", alpha: float = 0.5, **attack_params) -> dict:
+             partition: str = "iid", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
+             **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
@@ -116,7 +118,7 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     root = RootSet(model, d.x[root_idx], d.y[root_idx], d.num_classes, seed)
     plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
-    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket))
+    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket, iterations))
     if defence == "cc_bucketing_momentum":
         strategy = ClientMomentum(strategy, beta)
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
@@ -125,6 +127,7 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     state, records = sim.run(rounds)
     out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
            "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket,
+           "iterations": iterations,
            "partition": partition if partition == "iid" else f"{partition}({alpha})"}
     if defence == "cc_bucketing_momentum":
         out["beta"] = beta
@@ -215,6 +218,8 @@ def main() -> None:
     p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--tau", type=float, default=DefenceConfig.tau, help="centered clipping's radius")
+    p.add_argument("--iterations", type=int, default=DefenceConfig.iterations,
+                   help="centered clipping's iterations per round")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
@@ -238,7 +243,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for seed in a.seeds:
         for atk, dfn in todo:
-            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha,
+            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha, a.iterations,
                          epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)

@@ -7,7 +7,11 @@
   fedarena strategy's ``select`` over the nodes' fedarena client ids, sends the strategy's ``FitConfig`` as a
   ``ConfigRecord`` and aggregates with the strategy's ``aggregate``; replies carry either the whole local
   model (any Flower ClientApp) or an update encoded by :class:`UploadMod`. A malformed reply is dropped and
-  counted (``rejected``), never aggregated, and the server keeps serving.
+  counted (``rejected``), never aggregated, and the server keeps serving. fedarena's ``SecureAggregation`` is
+  refused: ``aggregate_train`` receives every reply in the clear, so no strategy can hide the updates; Flower masks
+  them in the ClientApp (``secaggplus_mod``) under its ``SecAggPlusWorkflow``, which drives the legacy
+  ``flwr.server.strategy.Strategy`` (``configure_fit`` / ``aggregate_fit`` in a ``LegacyContext``), not this
+  Message-API strategy.
 * :class:`UploadMod` -- fedarena's upload stages (clipping, Gaussian local DP) and codecs (k-bit quantization,
   top-k with error feedback, optionally shifted by the trajectory prediction) as a Flower client *mod*: it turns
   any ClientApp's trained model into the fedarena-encoded model difference, keeping the error-feedback residual

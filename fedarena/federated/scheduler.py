@@ -17,7 +17,11 @@ clipped to ``norm_bound_multiple`` times the round's median update norm and each
 the servers' partial sums) or, with another rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`, that rule
 over the individual deltas is applied with the server optimizer
 and the model version increases (servers forward every accepted delta whenever the rule needs them);
-otherwise the round is abandoned and the next one starts with the same model. The current round's state is one
+otherwise the round is abandoned and the next one starts with the same model. A secure round (SecAgg) is run by
+the :class:`~fedarena.federated.wrappers.SecureAggregation` strategy, as in the simulation: it opens the round's
+protocol server and applies the unmasked sum, while the scheduler relays the clients' SecAgg messages and closes
+the protocol's stages on its clock. With a strategy, each round's client config takes local training from the
+strategy's ``configure``. The current round's state is one
 :class:`RoundProgress` whose :class:`Phase` moves idle -> open -> closing -> idle (or done). After every round the
 global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
 wire format, and a restarted scheduler continues from that file with identical model bytes.
