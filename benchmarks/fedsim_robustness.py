@@ -1,13 +1,14 @@
 """Robustness of aggregation rules and defences against the built-in attacks (issue 36, deliverable 3).
 
-Setting (that of the sign-flip section of docs/reproductions.md): scikit-learn digits split IID over 100
-clients, 20 clients per round, 200 rounds, MLP 64-32-10, FedAvg's local training (E = 1, B = 10, lr 0.1),
-20 attackers (20 %) drawn per seed; the robust rules assume f = 4 per round. The server's
-FLTrust root set is 100 examples of the global test split, removed from the test set of every cell so all
-cells are scored on the same examples. For each attack x defence x seed the final test accuracy is measured;
-the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard deviation over
-seeds) and, for the backdoor, the attack success rate (triggered non-target test examples classified as the
-target).
+Setting (issue 36's acceptance): scikit-learn digits over 100 clients with Dirichlet(0.5) label skew (the default
+split of ``experiments/fedsim_digits.yaml``; ``--partition iid`` for the sign-flip section's IID split), 20 clients per round, 200 rounds, MLP 64-32-10, FedAvg's local training
+(E = 1, B = 10, lr 0.1), 20 attackers (20 %) drawn per seed; the robust rules assume f = 4 per round. Attack
+parameters are the papers': ALIE's z from Baruch et al.'s formula, IPM's epsilon 0.5 (``--epsilon``), scaling and
+sign flip by 4. The server's FLTrust root set is 100 examples of the global test split, removed from the test set
+of every cell so all cells are scored on the same examples. For each attack x defence x seed the final test
+accuracy is measured; the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard
+deviation over seeds) and, for the backdoor, the attack success rate (triggered non-target test examples
+classified as the target).
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py                 # the whole grid
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset acceptance --out acc.jsonl
@@ -105,7 +106,7 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 
 
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
-             partition: str = "iid", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
+             partition: str = "dirichlet", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
              **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
@@ -153,7 +154,9 @@ def table(results: list[dict]) -> str:
     clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
     attacks = [a for a in ATTACKS if any(r["attack"] == a for r in results)]
     defences = [x for x in DEFENCES + VARIANTS if any(r["defence"] == x for r in results)]
-    lines = ["accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: drop / success rate %",
+    splits = ", ".join(sorted({r.get("partition", "iid") for r in results}))
+    lines = [f"split {splits}; accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: drop / "
+             "success rate %",
              "| attack | " + " | ".join(defences) + " |", "|---" * (len(defences) + 1) + "|"]
     for a in attacks:
         row = []
@@ -225,7 +228,8 @@ def main() -> None:
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
     p.add_argument("--scale", type=float, default=AttackConfig.scale, help="sign flip's and scaling's factor")
     p.add_argument("--beta", type=float, default=0.9, help="cc_bucketing_momentum's momentum (the paper's 0.9)")
-    p.add_argument("--partition", choices=["iid", "dirichlet"], default="iid")
+    p.add_argument("--partition", choices=["iid", "dirichlet"], default="dirichlet",
+                   help="the clients' split: Dirichlet label skew (alpha: --alpha) or IID")
     p.add_argument("--alpha", type=float, default=0.5, help="the Dirichlet label skew's concentration")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
     a = p.parse_args()
