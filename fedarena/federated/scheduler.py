@@ -261,8 +261,8 @@ class Scheduler:
         self.opt_state = (strategy.init_state(self.params).opt_state if strategy is not None
                           else policy.server_optimizer.init(self.params))
         if self.secure is not None:
-            check_secure_config(self._round_config(1), policy.clients_per_round or policy.start_clients,
-                                where="strategy")
+            check_secure_config(self._round_config(1), self.secure.clients_per_round or policy.clients_per_round
+                                or policy.start_clients, where="strategy")
         restored = load_state(self.state_path)
         if restored is not None:
             self._restore(restored)
@@ -280,10 +280,10 @@ class Scheduler:
     def admitted(self) -> dict[str, str]:
         return self.current.admitted
 
-    def _round_config(self, rnd: int, base: RoundConfig | None = None) -> RoundConfig:
+    def _round_config(self, rnd: int) -> RoundConfig:
         """Round ``rnd``'s client config: the policy's, with the strategy's ``configure`` for local training and a
         secure strategy's secure-round fields; ValueError for a FitConfig the runtime's clients cannot run."""
-        base = self.policy.round_config if base is None else base
+        base = self.policy.round_config
         if self.strategy is None:
             return base
         fit = self.strategy.configure(rnd, RoundState(rnd, self.params, self.opt_state))

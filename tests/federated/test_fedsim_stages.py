@@ -288,3 +288,11 @@ def test_the_scheduler_runs_secure_rounds_only_through_the_wrapper_around_a_line
     with pytest.raises(ValueError, match="strategy.secagg_scale: 3 clients x"):  # checked as the policy's own config
         Scheduler(RoundPolicy(clients_per_round=4), params, auth.new_secret(), tmp_path / "d.fl",
                   strategy=SecureAggregation(st.FedAvg(), scale=2.0 ** 30))
+    steps = Scheduler(RoundPolicy(clients_per_round=4), params, auth.new_secret(), tmp_path / "e.fl",
+                      strategy=st.FedAvg(st.FitConfig(lr=0.3, local_steps=5)))
+    with pytest.raises(ValueError, match="configure: round 1 asks for 5 local steps"):  # the round is abandoned
+        steps._round_config(1)
+    fit = Scheduler(RoundPolicy(clients_per_round=4), params, auth.new_secret(), tmp_path / "f.fl",
+                    strategy=st.FedAvg(st.FitConfig(epochs=3, batch_size=7, lr=0.3, prox_mu=0.01)))
+    cfg = fit._round_config(1)
+    assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.prox_mu, cfg.secagg) == (3, 7, 0.3, 0.01, False)
