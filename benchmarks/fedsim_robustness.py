@@ -3,8 +3,8 @@
 Setting (issue 36's acceptance): scikit-learn digits over 100 clients with Dirichlet(0.5) label skew (the default
 split of ``experiments/fedsim_digits.yaml``; ``--partition iid`` for the sign-flip section's IID split),
 20 clients per round, 200 rounds, MLP 64-32-10, FedAvg's local training (E = 1, B = 10, lr 0.1), 20 attackers (20 %) drawn per seed; the robust rules assume f = 4 per round. Attack
-parameters are the papers': ALIE's z from Baruch et al.'s formula, IPM's epsilon 0.5 (``--epsilon``), scaling and
-sign flip by 4. The server's FLTrust root set is 100 examples of the global test split, removed from the test set
+parameters: ALIE's z from Baruch et al.'s z_max formula, IPM's epsilon 0.5 (its small-epsilon regime; ``--epsilon``),
+scaling and sign flip by 4. The server's FLTrust root set is 100 examples of the global test split, removed from the test set
 of every cell so all cells are scored on the same examples. For each attack x defence x seed the final test
 accuracy is measured; the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard
 deviation over seeds) and, for the backdoor, the attack success rate (triggered non-target test examples
