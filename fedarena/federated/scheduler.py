@@ -713,14 +713,17 @@ class Scheduler:
                 plan["params"] = self.params  # saves the server a get_model round trip
             return "plan", plan
 
+    def _require_phase(self, rnd: int, phase: Phase) -> None:
+        """ProtocolError unless ``rnd`` is the current round and in ``phase`` (call with ``cond`` held)."""
+        if rnd != self.round or self.current.phase != phase:
+            raise ProtocolError("body.round", f"round {rnd} is not {phase.value} (round {self.round} is "
+                                f"{self.current.phase.value})", "stale_round")
+
     def _admit(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rnd = wire.field(b, "round", int)
         cid = wire.field(b, "client_id", str)
         with self.cond:
-            if rnd != self.round or self.current.phase != Phase.OPEN:
-                raise ProtocolError("body.round", f"round {rnd} is not open (round {self.round} is "
-                                    f"{self.current.phase.value})",
-                                    "stale_round")
+            self._require_phase(rnd, Phase.OPEN)
             if cid not in self.current.selected:
                 raise ProtocolError("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
             if cid in self.current.admitted:
@@ -737,10 +740,7 @@ class Scheduler:
         traffic = (wire.field(b, "bytes_up", int), wire.field(b, "bytes_down", int))
         sums_body = wire.field(b, "sums", dict)
         with self.cond:
-            if rnd != self.round or self.current.phase != Phase.CLOSING:
-                raise ProtocolError("body.round", f"round {rnd} is not closing (round {self.round} is "
-                                    f"{self.current.phase.value})",
-                                    "stale_round")
+            self._require_phase(rnd, Phase.CLOSING)
             for cid in clients:
                 if self.current.admitted.get(cid) != server_id:
                     raise ProtocolError("body.clients", f"client {cid!r} was not admitted through {server_id}",
