@@ -59,7 +59,7 @@ class Executable:
     plan the arena follows, ``host_steps``: primitives run on host copies (declared ``host_only``, or left to
     the host by their rule for this equation)."""
 
-    def __init__(self, graph: Graph, device: Any, validate: bool = True):
+    def __init__(self, graph: Graph, device: Any, validate: bool = True, cuda_graph: bool = False):
         if validate:
             graph.validate()
         self.device = device
@@ -72,6 +72,10 @@ class Executable:
         self.source = K.module_source(self.kernels)
         self.memory = plan_memory(graph)
         self._module = None
+        self.cuda_graph = bool(cuda_graph)
+        self.graph_status = "off" if not cuda_graph else "warm-up"
+        self._calls = 0
+        self._graph: Any = None
 
     # ------------------------------------------------------------------ building
 
@@ -96,6 +100,9 @@ class Executable:
         own cupy rule (``prim.cuda``, beside it in its family file; ``None``: the host kernel), else
         one generated kernel from its element expression (``prim.cuda_expr``)."""
         prim = e.prim
+        low = lowering.low_precision_spec(e)
+        if low is not None:
+            return low
         if prim.cuda is not None:
             spec = prim.cuda(e, lowering)
             if spec is None:
@@ -104,7 +111,7 @@ class Executable:
                 return ("step", spec[1](self, e), spec[2])
             return spec
         if prim.cuda_expr is not None:
-            if all(a.aval.dtype in K.CTYPE for a in e.inputs) and e.outputs[0].aval.dtype in K.CTYPE:
+            if all(K.has_storage(a.aval.dtype) for a in e.inputs) and K.has_storage(e.outputs[0].aval.dtype):
                 body, outer = _single_body(e)
                 return ("kernel", K.elementwise_kernel(body), outer)
             return ("host", None, list(e.inputs))
@@ -113,7 +120,27 @@ class Executable:
             "or declare primitives.base.host_only to run it on the host)"
         )
 
-    def _build(self) -> Callable:
+    def capture_refusal(self) -> str | None:
+        """Why this schedule cannot be one CUDA graph (``None`` when it can): host steps copy values
+        to the host and back, ``cond``/``while`` read a predicate on the host to choose what runs,
+        ``check_range`` reads a flag back; a graph holds only device work with fixed shapes."""
+        if self.host_steps:
+            return f"host steps {sorted(set(self.host_steps))} copy values to the host"
+        for e, spec in zip(self.graph.eqns, self._specs):
+            if e.prim.name in ("cond", "while"):
+                return f"{e.prim.name!r} reads its predicate on the host"
+            if e.prim.name == "check_range":
+                return "'check_range' reads a flag back to the host"
+            body = getattr(spec[1], "body", None) if spec[0] == "step" else None
+            if isinstance(body, Executable):
+                why = body.capture_refusal()
+                if why is not None:
+                    return f"{e.prim.name!r} body: {why}"
+        if any(isinstance(a, Literal) for a in self.graph.outvars):
+            return "a literal output would be copied from the host"
+        return None
+
+    def _build(self, static: bool = False) -> Callable:
         xp, dev = self.xp, self.device
         g, plan = self.graph, self.memory
         if self._module is None and self.kernels:
@@ -133,6 +160,8 @@ class Executable:
         fresh = {a for a in g.outvars if isinstance(a, Var) and a not in g.invars}
         for v in fresh:
             values.pop(v, None)
+            if static:  # a captured graph writes its outputs into buffers of its own
+                values[v] = xp.empty(v.aval.shape, v.aval.dtype)
         consts = {v: dev.to_device(np.asarray(c)) for v, c in zip(g.constvars, g.consts)}
         steps = []
         for e, (kind, kern, operands) in zip(g.eqns, self._specs):
@@ -151,7 +180,7 @@ class Executable:
             for a in outvars:
                 if isinstance(a, Literal):
                     outs.append(xp.asarray(np.asarray(a.value, a.aval.dtype)))
-                elif a in invars or a in owned:
+                elif a in invars or a in owned or static:
                     outs.append(env[a])
                 else:
                     outs.append(xp.array(env[a], copy=True))  # a view of the arena: copied out
@@ -217,14 +246,12 @@ class Executable:
             return lambda env: env.__setitem__(out, view(xp, read(env, x)))
         if kind == "matmul":
             a, b = e.inputs
+            shape, dtype, matmul = out.aval.shape, out.aval.dtype, self.device.matmul
 
             def matmul_step(env: dict) -> None:
-                x, y = env[a], env[b]
-                if buf is None:
-                    env[out] = xp.matmul(x, y)
-                else:
-                    xp.matmul(x, y, out=buf)
-                    env[out] = buf
+                o = buf if buf is not None else xp.empty(shape, dtype)
+                matmul(env[a], env[b], o)
+                env[out] = o
 
             return matmul_step
         # host fallback: the primitive's numpy kernel on host copies
@@ -256,7 +283,39 @@ class Executable:
         return host_step
 
     def __call__(self, *args: Any) -> list:
+        if self._graph is not None:
+            return self._replay(args)
         run = getattr(self, "_run", None)
         if run is None:
             run = self._run = self._build()
+        if self.cuda_graph and self.graph_status == "warm-up":
+            self._calls += 1
+            if self._calls > 1:  # the first call compiled the module and filled caches: capture now
+                why = self.capture_refusal()
+                if why is not None:
+                    self.graph_status = f"not captured: {why}"
+                else:
+                    self._capture()
+                    return self._replay(args)
         return run(*args)
+
+    # ------------------------------------------------------------------ CUDA graph
+
+    def _capture(self) -> None:
+        """Capture one call's work as a CUDA graph over static input and output buffers."""
+        xp, g = self.xp, self.graph
+        run = self._build(static=True)
+        ins = [xp.empty(v.aval.shape, v.aval.dtype) for v in g.invars]
+        self._graph = self.device.capture(lambda: run(*ins))
+        self._graph_inputs, self._graph_outputs = ins, self._graph.result
+        self._run = None  # the uncaptured arena is not needed any more
+        self.graph_status = "captured"
+
+    def _replay(self, args: tuple) -> list:
+        """Copy the arguments into the graph's input buffers, launch it once, copy the outputs out."""
+        xp, to_device = self.xp, self.device.to_device
+        for buf, a in zip(self._graph_inputs, args):
+            if a is not buf:
+                xp.copyto(buf, a if self.device.is_device_array(a) else to_device(a))
+        self._graph.launch()
+        return [xp.array(o, copy=True) for o in self._graph_outputs]
