@@ -295,17 +295,20 @@ class Executable:
                 if why is not None:
                     self.graph_status = f"not captured: {why}"
                 else:
-                    self._capture()
+                    self._capture(args)
                     return self._replay(args)
         return run(*args)
 
     # ------------------------------------------------------------------ CUDA graph
 
-    def _capture(self) -> None:
-        """Capture one call's work as a CUDA graph over static input and output buffers."""
-        xp, g = self.xp, self.graph
+    def _capture(self, args: tuple) -> None:
+        """Capture one call's work as a CUDA graph over static input and output buffers (holding
+        this call's arguments: the emulated capture runs the work once)."""
+        xp, g, dev = self.xp, self.graph, self.device
         run = self._build(static=True)
         ins = [xp.empty(v.aval.shape, v.aval.dtype) for v in g.invars]
+        for buf, a in zip(ins, args):
+            xp.copyto(buf, a if dev.is_device_array(a) else dev.to_device(a))
         self._graph = self.device.capture(lambda: run(*ins))
         self._graph_inputs, self._graph_outputs = ins, self._graph.result
         self._run = None  # the uncaptured arena is not needed any more
