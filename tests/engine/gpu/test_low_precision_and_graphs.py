@@ -3,7 +3,7 @@ the cupy backend, checked on the emulated device: against a float32 numpy refere
 dtype's rounding), against the numpy backend (bit for bit: both round each operation's float32
 result to nearest even), against PyTorch's ``GradScaler`` for the scale schedule, and against the
 uncaptured executor for graph replay; the generated float16/bfloat16 kernels also compile with
-NVRTC for sm_90."""
+NVRTC (and nvcc, where installed) for sm_90."""
 
 from __future__ import annotations
 
@@ -91,13 +91,14 @@ def test_tf32_only_when_allowed(tmp_path):
 
 
 @pytest.mark.skipif(BF16 is None, reason="no ml_dtypes")
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 def test_emulated_conversions_round_to_nearest_even(emulated_device):
     """Every float32 bit pattern class through the kernels' conversions equals ml_dtypes/numpy."""
     rng = np.random.default_rng(4)
     bits = rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     x = np.concatenate([x[np.isfinite(x)], np.float32([65504, 65519.99, 65520, 2.0**-25, 2.0**-24 * 1.5, 3e-8, -0.0, np.inf, -np.inf])])
-    for dt in (np.dtype(np.float16), BF16):  # (numpy warns of the float16 overflows it rounds to inf)
+    for dt in (np.dtype(np.float16), BF16):
         got = cb.jit(lambda v: ops.astype(v, dt), device=emulated_device)(x)
         np.testing.assert_array_equal(got.view(np.uint16), x.astype(dt).view(np.uint16))
         back = cb.jit(lambda v: ops.astype(v, np.float32), device=emulated_device)(got)
@@ -112,6 +113,9 @@ def test_low_precision_kernels_compile_with_nvrtc_for_sm90(emulated_device):
     assert "fe_half" in src and "fe_bf16" in src
     ptx = toolchain.nvrtc_ptx(src, arch="compute_90", library=NVRTC)
     assert "cvt.rn.f16.f32" in ptx and "cvt.rn.bf16.f32" in ptx
+    if toolchain.find_nvcc() is not None:  # and with nvcc for sm_90, NVVM's optimiser on
+        ptx = toolchain.ptx(src, arch="sm_90")
+        assert "cvt.rn.f16.f32" in ptx and "cvt.rn.bf16.f32" in ptx
 
 
 def test_loss_scaler_follows_torch_grad_scaler():
@@ -133,6 +137,7 @@ def test_loss_scaler_follows_torch_grad_scaler():
         assert float(state["scale"]) == scaler.get_scale()
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 def test_mixed_precision_step_skips_non_finite_steps():
     rng = np.random.default_rng(5)
     params = {"body": body.init(rng), "pi": pi_head.init(rng), "v": v_head.init(rng)}
