@@ -200,3 +200,24 @@ def test_graph_capture_is_refused_with_a_reason(emulated_device):
     # the emulated capture itself refuses a host transfer, as CUDA refuses it while capturing
     with pytest.raises(CaptureError, match="device-to-host"):
         emulated_device.capture(lambda: emulated_device.to_host(x))
+
+
+@pytest.mark.parametrize("name", ["float16", pytest.param("bfloat16", marks=pytest.mark.skipif(BF16 is None, reason="no ml_dtypes"))])
+def test_mixed_precision_ppo_step_runs_on_the_device_as_one_graph(emulated_device, name):
+    """The policy's step (float32 parameters, the loss in float16/bfloat16: low-precision kernels
+    and tensor-core GEMMs) has no host step, is captured, and equals the numpy backend's step."""
+    rng = np.random.default_rng(6)
+    params = {"body": body.init(rng), "pi": pi_head.init(rng), "v": v_head.init(rng)}
+    opt = optim.adam(3e-4)
+    step = precision.mixed_precision_step(ppo_loss, opt, precision.policy(name))
+    args = (params, opt.init(params), precision.loss_scale_init(), *_batch(64, 1))
+    j = cb.jit(step, device=emulated_device, cuda_graph=True)
+    exe = j.entry(*args)[0]
+    assert exe.host_steps == [] and "fe_to_float" in exe.source
+    g0 = emulated_device.graph_launches
+    ref = engine.jit(step)(*args)
+    for _ in range(3):
+        out = j(*args)
+        for a, r in zip(engine.tree_leaves(out), engine.tree_leaves(ref)):
+            np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(r, np.float64), rtol=1e-5, atol=1e-6)
+    assert exe.graph_status == "captured" and emulated_device.graph_launches == g0 + 2
