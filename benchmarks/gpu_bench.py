@@ -165,7 +165,7 @@ def _low_precision_gemm(env: Env, name: str, n: int) -> dict:
         flops, reps = 2.0 * n**3, (1 if env.dry else 20)
         row["ours_tflops"] = flops / env.time(lambda: j(a, b), reps) / 1e12
         if name == "float16":
-            row["library"] = "cupy.matmul (cuBLAS)"
+            row["library"] = "numpy.matmul (emulated device)" if env.dry else "cupy.matmul (cuBLAS)"
             row["library_tflops"] = flops / env.time(lambda: xp.matmul(a, b), reps) / 1e12
         else:
             torch, tsync = _torch(env)
@@ -174,7 +174,7 @@ def _low_precision_gemm(env: Env, name: str, n: int) -> dict:
             else:
                 ta = torch.tensor(ha.astype(np.float32), device=env.torch_device).to(torch.bfloat16)
                 tb = torch.tensor(hb.astype(np.float32), device=env.torch_device).to(torch.bfloat16)
-                row["library"] = "torch.matmul bfloat16 (cuBLAS)"
+                row["library"] = "torch.matmul bfloat16 (CPU)" if env.dry else "torch.matmul bfloat16 (cuBLAS)"
                 row["library_tflops"] = flops / _time_torch(lambda: torch.matmul(ta, tb), tsync, reps) / 1e12
         if "library_tflops" in row:
             row["vs_library"] = row["ours_tflops"] / row["library_tflops"]
@@ -624,7 +624,7 @@ def summarize(out: Path, dry: bool) -> tuple[str, list[str]]:
                     lines.append(f"  {low['dtype']} n={low['n']}: ERROR {low['error']} ({verdict('gemm-' + low['dtype'], False)})")
                 else:
                     vs = f" vs {low['library']} {low['library_tflops']:.2f} TFLOPS = {low['vs_library']:.2f}x" if "library_tflops" in low else f" ({low['library']})"
-                    lines.append(f"  {low['dtype']} n={low['n']} (cublasGemmEx, float32 accumulation): {low['ours_tflops']:.2f} TFLOPS{vs}; "
+                    lines.append(f"  {low['dtype']} n={low['n']} ({'emulated reference GEMM' if dry else 'cublasGemmEx'}, float32 accumulation): {low['ours_tflops']:.2f} TFLOPS{vs}; "
                                  f"max error {low['max_err_over_AB']:.1e} of |A||B| (target <= {bound:.1e}: {verdict('gemm-' + low['dtype'], low['max_err_over_AB'] <= bound)}){tag}")
         elif name == "fused":
             lines.append(f"fused: 10-op chain at {r['n']} elements: {r['speedup_jit']:.2f}x separate cupy calls per jit call, {r['speedup_executable']:.2f}x for the executable alone (target >= 2: {verdict(name, r['met'])}){tag}")
