@@ -4,7 +4,8 @@ Each equation of the schedule becomes one step: a fused elementwise group (or a 
 equation) launches its generated kernel (:mod:`.kernels`), a reduction its row or column kernel,
 the softmax and logsumexp chains their row kernels; every other equation's step comes from its
 primitive's cupy rule, defined beside the primitive in its family file (``prim.cuda``, see
-:mod:`.lowering`): ``matmul`` goes to ``xp.matmul`` (cuBLAS under cupy), convolutions to generated
+:mod:`.lowering`): ``matmul`` goes to the device's ``matmul`` (cuBLAS;
+tensor cores for float16/bfloat16), convolutions to generated
 im2col/col2im kernels around GEMMs, gathers and scatters to generated kernels, views (reshape,
 transpose, slices, broadcasts) are views of device arrays; an elementwise primitive gives its C
 expression (``prim.cuda_expr``) to the generated kernel.  The memory plan of the engine (:func:`memory_plan.plan_memory`)
@@ -13,6 +14,10 @@ Primitives declared ``host_only`` (and equations a rule leaves to the host: dtyp
 type, literal operands) run their numpy kernel on host copies; those steps are listed in
 ``Executable.host_steps`` (empty for the PPO and CNN steps measured in benchmarks/gpu_check.sh; the
 CNN step's label check reads back one flag).
+
+With ``cuda_graph=True`` the second call captures the whole schedule as one CUDA graph over input
+and output buffers of its own, and later calls replay it (one launch); :meth:`Executable.capture_refusal`
+names what keeps a schedule from being captured (host steps, ``cond``/``while``, ``check_range``).
 """
 
 from __future__ import annotations

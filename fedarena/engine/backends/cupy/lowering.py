@@ -7,7 +7,7 @@ dtypes, a literal operand) has no device step and runs its numpy kernel on host 
 Specs: ``kernel`` (a generated kernel over the operands), ``scatter`` (the same, into a zeroed
 output), ``col2im`` (a GEMM then a generated col2im kernel), ``xp`` (``fn(xp, operands, attrs, out)``:
 the array module's own device functions writing into the output's arena buffer), ``view``
-(``fn(xp, operand)``: a view of a device array), ``matmul`` (``xp.matmul``: cuBLAS under cupy) and
+(``fn(xp, operand)``: a view of a device array), ``matmul`` (the device's ``matmul``: cuBLAS, tensor cores for float16/bfloat16) and
 ``step`` (``make(executable, eqn)`` builds the step object for the executable being planned, e.g. a
 control-flow loop over sub-executables).
 """
