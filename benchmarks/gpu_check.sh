@@ -18,9 +18,12 @@
 #   tests    85  pytest -m gpu: tests/engine/gpu, tests/envs/test_classic_control_cupy.py,
 #                tests/{rl,federated}/test_backend_switch.py; fails when a test fails or errs,
 #                when none was collected, or, on a device, when any was skipped
-#   gemm     30  tiled SGEMM variants vs cuBLAS at 1024-8192 (target: best >= 0.7x at 4096)
+#   gemm     30  tiled SGEMM variants vs cuBLAS at 1024-8192 (target: best >= 0.7x at 4096); the
+#                bfloat16 and float16 GEMMs (cublasGemmEx, float32 accumulation) at 4096 vs torch's
+#                bfloat16 / cupy's float16 matmul (target: within one rounding of the exact product)
 #   fused    15  a 10-op fused chain vs separate cupy calls at 1M elements (target >= 2x)
-#   ppo      25  the PPO step at batch 4096 vs PyTorch CUDA eager (target: faster)
+#   ppo      25  the PPO step at batch 4096 vs PyTorch CUDA eager (target: faster); the same step
+#                as one CUDA graph per call (target: captured, equal to the uncaptured step to 1e-5)
 #   cnn      20  the CNN step vs PyTorch CUDA eager
 #   fl       15  64 vmapped FL clients on the GPU vs the numpy backend
 #   switch   50  `fedarena run` of PPO on CartPole (ppo.engine_backend) and of fedsim on digits

@@ -99,3 +99,48 @@ def test_device_inputs_stay_on_device(cp):
     out = engine.jit(lambda v: v * 2.0 + 1.0, backend="cupy")(x)
     assert isinstance(out, cp.ndarray) and out.device == x.device
     np.testing.assert_array_equal(cp.asnumpy(out), np.arange(10, dtype=np.float32) * 2 + 1)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_low_precision_program_and_gemm_on_gpu(cp, name):
+    """A float16/bfloat16 fused program equals the numpy backend bit for bit (both round each
+    float32 result to nearest even; the device's expf may differ by an ulp of float32, which
+    rounding to the dtype almost always hides: at most one unit of the dtype here), and the
+    tensor-core GEMM is within one rounding of the float32-accumulated product."""
+    dt = np.dtype(np.float16) if name == "float16" else np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((256, 384)).astype(dt) for _ in range(2))
+
+    def f(a, b):
+        return engine.ops.tanh(a * b + 1.5) * engine.ops.exp(-a), engine.ops.sum(a * b, axis=1), a @ b.T
+
+    dev = cb.CupyDevice()
+    j = cb.jit(f, device=dev)
+    assert j.entry(x, y)[0].host_steps == []
+    got = [cp.asnumpy(v) for v in j(cp.asarray(x), cp.asarray(y))]
+    ref = engine.jit(f)(x, y)
+    units = np.abs(got[0].view(np.int16).astype(np.int32) - np.asarray(ref[0]).view(np.int16).astype(np.int32))
+    assert units.max() <= 1
+    eps = 2.0**-11 if name == "float16" else 2.0**-8
+    xf, yf = x.astype(np.float64), y.astype(np.float64)
+    np.testing.assert_allclose(got[1].astype(np.float64), (xf * yf).sum(1), rtol=2 * eps, atol=2 * eps * 384)
+    exact, scale = xf @ yf.T, np.abs(xf) @ np.abs(yf).T
+    assert np.all(np.abs(got[2].astype(np.float64) - exact) <= eps * np.abs(exact) + 384 * 2.0**-23 * scale)
+
+
+def test_ppo_step_as_one_cuda_graph_on_gpu(cp):
+    from .test_executor_emulated import _batch, body, opt, pi_head, ppo_step, v_head
+
+    rng = np.random.default_rng(0)
+    params = {"body": body.init(rng), "pi": pi_head.init(rng), "v": v_head.init(rng)}
+    dev = cb.CupyDevice()
+    jg, j = cb.jit(ppo_step, device=dev, cuda_graph=True), cb.jit(ppo_step, device=dev)
+    p1 = p2 = params
+    s1 = s2 = opt.init(params)
+    for step in range(4):
+        b = [cp.asarray(v) for v in _batch(512, step)]
+        p1, s1, l1 = jg(p1, s1, *b)
+        p2, s2, l2 = j(p2, s2, *b)
+    assert jg.entry(p1, s1, *b)[0].graph_status == "captured"
+    for a, r in zip(engine.tree_leaves((p1, s1, l1)), engine.tree_leaves((p2, s2, l2))):
+        np.testing.assert_allclose(cp.asnumpy(a), cp.asnumpy(r), rtol=1e-6, atol=1e-7)

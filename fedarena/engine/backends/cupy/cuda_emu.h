@@ -10,7 +10,10 @@
 //   - __shared__ becomes `static` (one object shared by all threads; blocks never overlap in time,
 //     so this is exactly one shared-memory array per block), local variables live on each
 //     fibre's own stack (registers);
-//   - float4 is a 16-byte aligned struct, so reinterpret_cast'ed 128-bit loads keep their meaning.
+//   - float4 is a 16-byte aligned struct, so reinterpret_cast'ed 128-bit loads keep their meaning;
+//   - float16 and bfloat16 conversions (cuda_emu::f32_to_f16 and friends, used by the generated
+//     kernels' fe_half/fe_bf16 helpers where the device has `cvt` instructions) round to nearest
+//     even, subnormals and overflow to infinity included, as `cvt.rn.f16.f32` / `cvt.rn.bf16.f32` do.
 // Launchers follow the driver API's cuLaunchKernel: `args[k]` points at the k-th argument.
 #pragma once
 #include <math.h>
@@ -199,3 +202,52 @@ static inline unsigned long long __umul64hi(unsigned long long a, unsigned long 
 // blocks and threads run one at a time: an atomic add is a plain add
 template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
 #define __align__(n) __attribute__((aligned(n)))
+
+namespace cuda_emu {
+// IEEE binary16 from binary32, round to nearest even (as PTX cvt.rn.f16.f32)
+static inline unsigned short f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return static_cast<unsigned short>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));  // NaN stays NaN
+  if (ax >= 0x477ff000u) return static_cast<unsigned short>(sign | 0x7c00u);  // >= 65520: infinity
+  if (ax < 0x38800000u) {  // below 2^-14: a subnormal half (units of 2^-24) or zero
+    uint32_t e = ax >> 23;
+    if (e < 102) return static_cast<unsigned short>(sign);  // below 2^-25
+    uint32_t m = (ax & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<unsigned short>(sign | q);
+  }
+  uint32_t h = (((ax >> 23) - 112u) << 10) | ((ax & 0x7fffffu) >> 13), rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
+  return static_cast<unsigned short>(sign | h);
+}
+static inline float f16_to_f32(unsigned short h) {
+  uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+  if (e == 0x1fu) {
+    bits = sign | 0x7f800000u | (m << 13);
+  } else if (e == 0) {
+    float v = ldexpf(static_cast<float>(m), -24);  // exact
+    return sign ? -v : v;
+  } else {
+    bits = sign | ((e + 112u) << 23) | (m << 13);
+  }
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+// bfloat16: the high half of a binary32, round to nearest even (as PTX cvt.rn.bf16.f32)
+static inline unsigned short f32_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((x >> 16) | 0x40u);
+  return static_cast<unsigned short>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+static inline float bf16_to_f32(unsigned short b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+}  // namespace cuda_emu

@@ -4,7 +4,8 @@ Each equation of the schedule becomes one step: a fused elementwise group (or a 
 equation) launches its generated kernel (:mod:`.kernels`), a reduction its row or column kernel,
 the softmax and logsumexp chains their row kernels; every other equation's step comes from its
 primitive's cupy rule, defined beside the primitive in its family file (``prim.cuda``, see
-:mod:`.lowering`): ``matmul`` goes to ``xp.matmul`` (cuBLAS under cupy), convolutions to generated
+:mod:`.lowering`): ``matmul`` goes to the device's ``matmul`` (cuBLAS;
+tensor cores for float16/bfloat16), convolutions to generated
 im2col/col2im kernels around GEMMs, gathers and scatters to generated kernels, views (reshape,
 transpose, slices, broadcasts) are views of device arrays; an elementwise primitive gives its C
 expression (``prim.cuda_expr``) to the generated kernel.  The memory plan of the engine (:func:`memory_plan.plan_memory`)
@@ -13,6 +14,10 @@ Primitives declared ``host_only`` (and equations a rule leaves to the host: dtyp
 type, literal operands) run their numpy kernel on host copies; those steps are listed in
 ``Executable.host_steps`` (empty for the PPO and CNN steps measured in benchmarks/gpu_check.sh; the
 CNN step's label check reads back one flag).
+
+With ``cuda_graph=True`` the second call captures the whole schedule as one CUDA graph over input
+and output buffers of its own, and later calls replay it (one launch); :meth:`Executable.capture_refusal`
+names what keeps a schedule from being captured (host steps, ``cond``/``while``, ``check_range``).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ class Executable:
     plan the arena follows, ``host_steps``: primitives run on host copies (declared ``host_only``, or left to
     the host by their rule for this equation)."""
 
-    def __init__(self, graph: Graph, device: Any, validate: bool = True):
+    def __init__(self, graph: Graph, device: Any, validate: bool = True, cuda_graph: bool = False):
         if validate:
             graph.validate()
         self.device = device
@@ -72,6 +77,10 @@ class Executable:
         self.source = K.module_source(self.kernels)
         self.memory = plan_memory(graph)
         self._module = None
+        self.cuda_graph = bool(cuda_graph)
+        self.graph_status = "off" if not cuda_graph else "warm-up"
+        self._calls = 0
+        self._graph: Any = None
 
     # ------------------------------------------------------------------ building
 
@@ -96,6 +105,9 @@ class Executable:
         own cupy rule (``prim.cuda``, beside it in its family file; ``None``: the host kernel), else
         one generated kernel from its element expression (``prim.cuda_expr``)."""
         prim = e.prim
+        low = lowering.low_precision_spec(e)
+        if low is not None:
+            return low
         if prim.cuda is not None:
             spec = prim.cuda(e, lowering)
             if spec is None:
@@ -104,7 +116,7 @@ class Executable:
                 return ("step", spec[1](self, e), spec[2])
             return spec
         if prim.cuda_expr is not None:
-            if all(a.aval.dtype in K.CTYPE for a in e.inputs) and e.outputs[0].aval.dtype in K.CTYPE:
+            if all(K.has_storage(a.aval.dtype) for a in e.inputs) and K.has_storage(e.outputs[0].aval.dtype):
                 body, outer = _single_body(e)
                 return ("kernel", K.elementwise_kernel(body), outer)
             return ("host", None, list(e.inputs))
@@ -113,7 +125,27 @@ class Executable:
             "or declare primitives.base.host_only to run it on the host)"
         )
 
-    def _build(self) -> Callable:
+    def capture_refusal(self) -> str | None:
+        """Why this schedule cannot be one CUDA graph (``None`` when it can): host steps copy values
+        to the host and back, ``cond``/``while`` read a predicate on the host to choose what runs,
+        ``check_range`` reads a flag back; a graph holds only device work with fixed shapes."""
+        if self.host_steps:
+            return f"host steps {sorted(set(self.host_steps))} copy values to the host"
+        for e, spec in zip(self.graph.eqns, self._specs):
+            if e.prim.name in ("cond", "while"):
+                return f"{e.prim.name!r} reads its predicate on the host"
+            if e.prim.name == "check_range":
+                return "'check_range' reads a flag back to the host"
+            body = getattr(spec[1], "body", None) if spec[0] == "step" else None
+            if isinstance(body, Executable):
+                why = body.capture_refusal()
+                if why is not None:
+                    return f"{e.prim.name!r} body: {why}"
+        if any(isinstance(a, Literal) for a in self.graph.outvars):
+            return "a literal output would be copied from the host"
+        return None
+
+    def _build(self, static: bool = False) -> Callable:
         xp, dev = self.xp, self.device
         g, plan = self.graph, self.memory
         if self._module is None and self.kernels:
@@ -133,6 +165,8 @@ class Executable:
         fresh = {a for a in g.outvars if isinstance(a, Var) and a not in g.invars}
         for v in fresh:
             values.pop(v, None)
+            if static:  # a captured graph writes its outputs into buffers of its own
+                values[v] = xp.empty(v.aval.shape, v.aval.dtype)
         consts = {v: dev.to_device(np.asarray(c)) for v, c in zip(g.constvars, g.consts)}
         steps = []
         for e, (kind, kern, operands) in zip(g.eqns, self._specs):
@@ -151,7 +185,7 @@ class Executable:
             for a in outvars:
                 if isinstance(a, Literal):
                     outs.append(xp.asarray(np.asarray(a.value, a.aval.dtype)))
-                elif a in invars or a in owned:
+                elif a in invars or a in owned or static:
                     outs.append(env[a])
                 else:
                     outs.append(xp.array(env[a], copy=True))  # a view of the arena: copied out
@@ -217,14 +251,12 @@ class Executable:
             return lambda env: env.__setitem__(out, view(xp, read(env, x)))
         if kind == "matmul":
             a, b = e.inputs
+            shape, dtype, matmul = out.aval.shape, out.aval.dtype, self.device.matmul
 
             def matmul_step(env: dict) -> None:
-                x, y = env[a], env[b]
-                if buf is None:
-                    env[out] = xp.matmul(x, y)
-                else:
-                    xp.matmul(x, y, out=buf)
-                    env[out] = buf
+                o = buf if buf is not None else xp.empty(shape, dtype)
+                matmul(env[a], env[b], o)
+                env[out] = o
 
             return matmul_step
         # host fallback: the primitive's numpy kernel on host copies
@@ -256,7 +288,42 @@ class Executable:
         return host_step
 
     def __call__(self, *args: Any) -> list:
+        if self._graph is not None:
+            return self._replay(args)
         run = getattr(self, "_run", None)
         if run is None:
             run = self._run = self._build()
+        if self.cuda_graph and self.graph_status == "warm-up":
+            self._calls += 1
+            if self._calls > 1:  # the first call compiled the module and filled caches: capture now
+                why = self.capture_refusal()
+                if why is not None:
+                    self.graph_status = f"not captured: {why}"
+                else:
+                    self._capture(args)
+                    return self._replay(args)
         return run(*args)
+
+    # ------------------------------------------------------------------ CUDA graph
+
+    def _capture(self, args: tuple) -> None:
+        """Capture one call's work as a CUDA graph over static input and output buffers (holding
+        this call's arguments: the emulated capture runs the work once)."""
+        xp, g, dev = self.xp, self.graph, self.device
+        run = self._build(static=True)
+        ins = [xp.empty(v.aval.shape, v.aval.dtype) for v in g.invars]
+        for buf, a in zip(ins, args):
+            xp.copyto(buf, a if dev.is_device_array(a) else dev.to_device(a))
+        self._graph = self.device.capture(lambda: run(*ins))
+        self._graph_inputs, self._graph_outputs = ins, self._graph.result
+        self._run = None  # the uncaptured arena is not needed any more
+        self.graph_status = "captured"
+
+    def _replay(self, args: tuple) -> list:
+        """Copy the arguments into the graph's input buffers, launch it once, copy the outputs out."""
+        xp, to_device = self.xp, self.device.to_device
+        for buf, a in zip(self._graph_inputs, args):
+            if a is not buf:
+                xp.copyto(buf, a if self.device.is_device_array(a) else to_device(a))
+        self._graph.launch()
+        return [xp.array(o, copy=True) for o in self._graph_outputs]

@@ -28,8 +28,10 @@ def _static_key(v: Any) -> Any:
 class CupyJitted:
     """A function compiled for the cupy backend; call it like the original."""
 
-    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, device: Any = None):
+    def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, device: Any = None,
+                 cuda_graph: bool = False):
         self.fn = fn
+        self.cuda_graph = bool(cuda_graph)
         self.static_argnums = tuple(sorted(int(i) for i in static_argnums))
         self.pipeline = PIPELINE if passes is None else _passes.resolve(passes)
         self.device = device if device is not None else CupyDevice()
@@ -92,7 +94,7 @@ class CupyJitted:
             raise EngineError("jit(backend='cupy'): the function closes over values traced by an enclosing transformation")
         if self.pipeline is not None:
             graph = self.pipeline(graph)
-        return Executable(graph, self.device), out_tree[0]
+        return Executable(graph, self.device, cuda_graph=self.cuda_graph), out_tree[0]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _TRACE_STACK:
@@ -121,12 +123,16 @@ class CupyJitted:
         return len(self._cache)
 
 
-def jit(fn: Callable | None = None, static_argnums: int | Sequence[int] = (), passes: Any = None, device: Any = None) -> Any:
+def jit(fn: Callable | None = None, static_argnums: int | Sequence[int] = (), passes: Any = None, device: Any = None,
+        cuda_graph: bool = False) -> Any:
     """Compile ``fn`` for the GPU (``device``: a :class:`.device.CupyDevice` by default, or an
     :class:`.device.EmulatedDevice`); raises :class:`.device.GpuUnavailableError` when cupy or a
-    CUDA device is missing."""
+    CUDA device is missing.  ``cuda_graph=True``: each compiled signature's second call captures its
+    work as one CUDA graph, replayed by every later call (one launch; a new shape, dtype or static
+    value compiles and captures anew); a schedule that cannot be captured says why in
+    ``Executable.graph_status`` and runs uncaptured."""
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
     if fn is None:
-        return lambda f: CupyJitted(f, static_argnums, passes, device)
-    return CupyJitted(fn, static_argnums, passes, device)
+        return lambda f: CupyJitted(f, static_argnums, passes, device, cuda_graph)
+    return CupyJitted(fn, static_argnums, passes, device, cuda_graph)

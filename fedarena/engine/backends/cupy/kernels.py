@@ -9,7 +9,11 @@ A kernel is plain CUDA C++ over raw pointers, so the same text is compiled by NV
 emulation header (:mod:`.emulation`).  Semantics follow numpy's: operands are converted to the
 equation's result type, ``maximum``/``minimum``/``clip`` propagate NaN, ``floor_divide``/``mod``
 round toward minus infinity (and give 0 for integer division by zero, as numpy does), sums
-accumulate in double (float inputs) or 64-bit integers; the fused-kernel design is the
+accumulate in double (float32/float64 inputs), float (float16/bfloat16 inputs) or 64-bit integers.
+float16 and bfloat16 arrays are stored as 2-byte ``fe_half``/``fe_bf16`` values; each operation on
+them runs in float and its result is rounded to the dtype (round to nearest even), as numpy's
+float16 and ml_dtypes' bfloat16 loops do (Micikevicius et al., "Mixed Precision Training", ICLR
+2018, for float32 accumulation of low-precision values).  The fused-kernel design is the
 producer-consumer loop fusion of Chen et al., "TVM" (OSDI 2018), sec. 3.
 """
 
@@ -23,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ...core.ir import Graph, Literal, ShapedArray, Var
+from ...core.ir import LOW_PRECISION, Graph, Literal, ShapedArray, Var
 from ...core.tracing import names_with
 from ...primitives.base import promote
 from ...primitives.cuda import CTYPE, KernelGenerationError, c_cast, c_fn, c_literal, ctype  # noqa: F401  (the kernels' C vocabulary)
@@ -52,6 +56,25 @@ PRELUDE = r"""
 #define FE_INF_D __longlong_as_double(0x7ff0000000000000LL)
 #define FE_NAN_F __int_as_float(0x7fc00000)
 #define FE_NAN_D __longlong_as_double(0x7ff8000000000000LL)
+// float16 / bfloat16 storage (no headers: NVRTC compiles these modules without include paths);
+// arithmetic runs in float, each result rounded to nearest even by the device's cvt instructions
+// (by cuda_emu.h's bit-exact equivalents in the CPU emulation)
+struct __align__(2) fe_half { unsigned short x; };
+struct __align__(2) fe_bf16 { unsigned short x; };
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float fe_to_float(fe_half h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.x)); return f; }
+__device__ __forceinline__ float fe_to_float(fe_bf16 b) { return __int_as_float(((int)b.x) << 16); }
+__device__ __forceinline__ fe_half fe_to_half(float f) { fe_half h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.x) : "f"(f)); return h; }
+__device__ __forceinline__ fe_bf16 fe_to_bf16(float f) { fe_bf16 b; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b.x) : "f"(f)); return b; }
+#else
+static inline float fe_to_float(fe_half h) { return cuda_emu::f16_to_f32(h.x); }
+static inline float fe_to_float(fe_bf16 b) { return cuda_emu::bf16_to_f32(b.x); }
+static inline fe_half fe_to_half(float f) { return fe_half{cuda_emu::f32_to_f16(f)}; }
+static inline fe_bf16 fe_to_bf16(float f) { return fe_bf16{cuda_emu::f32_to_bf16(f)}; }
+#endif
+__device__ __forceinline__ float fe_to_float(float f) { return f; }
+__device__ __forceinline__ float fe_round_half(float f) { return fe_to_float(fe_to_half(f)); }
+__device__ __forceinline__ float fe_round_bf16(float f) { return fe_to_float(fe_to_bf16(f)); }
 template <typename T> __device__ __forceinline__ T fe_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> __device__ __forceinline__ T fe_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
 template <typename T> __device__ __forceinline__ T fe_sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }
@@ -107,6 +130,43 @@ __device__ __forceinline__ double fe_floordiv(double a, double b) {
 """
 
 
+F32 = np.dtype(np.float32)
+
+
+def storage_ctype(dt: np.dtype, what: str) -> str:
+    """The C type arrays of ``dt`` are stored as: :data:`CTYPE`'s, or the prelude's 2-byte
+    ``fe_half`` / ``fe_bf16`` for float16 / bfloat16 (whose arithmetic runs in float)."""
+    dt = np.dtype(dt)
+    if dt in LOW_PRECISION:
+        return "fe_half" if dt.name == "float16" else "fe_bf16"
+    return ctype(dt, what)
+
+
+def has_storage(dt: np.dtype) -> bool:
+    """Whether generated kernels can read and write arrays of ``dt``."""
+    return np.dtype(dt) in CTYPE or np.dtype(dt) in LOW_PRECISION
+
+
+def compute_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype a value of ``dt`` is computed in (float32 for float16/bfloat16)."""
+    return F32 if np.dtype(dt) in LOW_PRECISION else np.dtype(dt)
+
+
+def _load(expr: str, dt: np.dtype) -> str:
+    return f"fe_to_float({expr})" if dt in LOW_PRECISION else expr
+
+
+def _round(expr: str, dt: np.dtype) -> str:
+    """A float ``expr`` rounded to the low-precision ``dt`` (and held as a float)."""
+    return f"fe_round_half({expr})" if dt.name == "float16" else f"fe_round_bf16({expr})"
+
+
+def _store(expr: str, dt: np.dtype) -> str:
+    if dt in LOW_PRECISION:
+        return f"fe_to_half({expr})" if dt.name == "float16" else f"fe_to_bf16({expr})"
+    return c_cast(expr, dt)
+
+
 def _finish(kind: str, body: str, params: list, barriers: bool, threads: int, blocks: int) -> Kernel:
     """Name the kernel by a hash of its text (equal kernels share one compiled function)."""
     sig = ", ".join(f"{t} {n}" for t, n in params)
@@ -150,6 +210,14 @@ ELEMENTWISE_OPS = names_with("elementwise") | names_with("fusible")
 the primitives' traits); each gives the C expression of one element as its ``cuda_expr`` rule."""
 
 
+def _literal(value, dt: np.dtype) -> str:
+    """An exact C literal of ``value`` in ``dt``; a float16/bfloat16 one rounded to ``dt`` first and written as a float."""
+    dt = np.dtype(dt)
+    if dt in LOW_PRECISION:
+        return c_literal(float(np.asarray(value).astype(dt).astype(np.float32)), F32)
+    return c_literal(value, dt)
+
+
 def elementwise_kernel(body: Graph) -> Kernel:
     """One kernel computing ``body`` (a fused elementwise tree: every inner value has the output's
     shape) for each output element: ``name(in0, ..., out, n)``; inputs are C-contiguous arrays of
@@ -160,8 +228,8 @@ def elementwise_kernel(body: Graph) -> Kernel:
     odt = out.aval.dtype
     params = []
     for k, v in enumerate(body.invars):
-        params.append((f"const {ctype(v.aval.dtype, 'fused kernel input')}* __restrict__", f"in{k}"))
-    params.append((f"{ctype(odt, 'fused kernel output')}* __restrict__", "out"))
+        params.append((f"const {storage_ctype(v.aval.dtype, 'fused kernel input')}* __restrict__", f"in{k}"))
+    params.append((f"{storage_ctype(odt, 'fused kernel output')}* __restrict__", "out"))
     params.append(("long long", "n"))
     coord = [f"c{d}" for d in range(len(shape))]
     need_coord = any(v.aval.shape != shape and math.prod(v.aval.shape) != 1 for v in body.invars)
@@ -175,7 +243,7 @@ def elementwise_kernel(body: Graph) -> Kernel:
                 lines.append(f"    long long {coord[d]} = r % {shape[d]}LL; r /= {shape[d]}LL;")
     names: dict = {}
     for k, v in enumerate(body.invars):
-        names[v] = f"in{k}[{_broadcast_offset(v.aval.shape, shape, coord)}]"
+        names[v] = _load(f"in{k}[{_broadcast_offset(v.aval.shape, shape, coord)}]", v.aval.dtype)
     if body.constvars:
         raise KernelGenerationError("fused kernel: a body with captured constants (fold them into operands first)")
     for j, e in enumerate(body.eqns):
@@ -183,16 +251,17 @@ def elementwise_kernel(body: Graph) -> Kernel:
         pname = e.prim.name
         if pname not in ELEMENTWISE_OPS:
             raise KernelGenerationError(f"fused kernel: no CUDA rule for primitive {pname!r}")
-        ctype(o.aval.dtype, f"fused kernel ({pname})")
+        storage_ctype(o.aval.dtype, f"fused kernel ({pname})")
+        odt_j, cdt = o.aval.dtype, compute_dtype(o.aval.dtype)
         if "view" in e.prim.traits:
             # a broadcast: its operand read at the output's coordinates (the kernel's broadcasting
             # by index arithmetic), no value of its own
             a = e.inputs[0]
             if isinstance(a, Literal):
-                names[o] = c_literal(a.value, o.aval.dtype)
+                names[o] = _literal(a.value, o.aval.dtype)
             elif a in body.invars:
                 k = body.invars.index(a)
-                names[o] = f"in{k}[{_broadcast_offset(a.aval.shape, shape, coord)}]"
+                names[o] = _load(f"in{k}[{_broadcast_offset(a.aval.shape, shape, coord)}]", a.aval.dtype)
             else:
                 names[o] = names[a]
             continue
@@ -205,17 +274,21 @@ def elementwise_kernel(body: Graph) -> Kernel:
                 if a.weak and o.aval.dtype == np.bool_:
                     others = [b.aval.dtype for b in e.inputs if isinstance(b, Var)]
                     ldt = promote([ShapedArray((), d) for d in others] + [a.aval], [False] * len(others) + [True])
-                ins.append(c_literal(a.value, ldt))
-                dts.append(a.aval.dtype)
+                ins.append(_literal(a.value, ldt))
+                dts.append(compute_dtype(a.aval.dtype))
                 weak.append(a.weak)
             else:
                 ins.append(names[a])
-                dts.append(a.aval.dtype)
+                dts.append(compute_dtype(a.aval.dtype))
                 weak.append(False)
-        ct = CTYPE[o.aval.dtype]
-        lines.append(f"    const {ct} v{j} = {e.prim.cuda_expr(ins, dts, o.aval.dtype, e.attrs, weak)};")
+        # float16/bfloat16 results: the rule's float expression, rounded as numpy's float16 (and
+        # ml_dtypes' bfloat16) loops round each operation's float32 result
+        value = e.prim.cuda_expr(ins, dts, cdt, e.attrs, weak)
+        if odt_j in LOW_PRECISION:
+            value = _round(value, odt_j)
+        lines.append(f"    const {CTYPE[cdt]} v{j} = {value};")
         names[o] = f"v{j}"
-    lines.append(f"    out[i] = {c_cast(names[out], odt)};")
+    lines.append(f"    out[i] = {_store(names[out], odt)};")
     lines.append("  }")
     return _finish("ew", "\n".join(lines) + "\n", params, False, THREADS, _grid(n, THREADS))
 
@@ -224,6 +297,8 @@ def elementwise_kernel(body: Graph) -> Kernel:
 
 
 def _acc_type(kind: str, dt: np.dtype) -> str:
+    if dt in LOW_PRECISION:  # float16/bfloat16: float32 accumulation
+        return "float"
     if kind in ("sum", "mean"):
         if dt.kind == "f":
             return "double"
@@ -249,7 +324,7 @@ def reduction_kernel(kind: str, in_aval: ShapedArray, axes: Sequence[int], out_d
     if kind in ("max", "min") and n_red == 0:
         raise KernelGenerationError("max/min over an empty axis")
     idt, odt = in_aval.dtype, np.dtype(out_dtype)
-    it, ot = ctype(idt, f"reduce_{kind} input"), ctype(odt, f"reduce_{kind} output")
+    it, ot = storage_ctype(idt, f"reduce_{kind} input"), storage_ctype(odt, f"reduce_{kind} output")
     at = _acc_type(kind, idt)
     strides = _strides(shape)
     params = [(f"const {it}* __restrict__", "x"), (f"{ot}* __restrict__", "out")]
@@ -271,7 +346,10 @@ def reduction_kernel(kind: str, in_aval: ShapedArray, axes: Sequence[int], out_d
     scale = f" / (double){n_red}" if kind == "mean" else ""
     if kind == "mean" and odt.kind != "f":
         raise KernelGenerationError("mean needs a float result")
-    final = (lambda acc: f"({ot})(({at})({acc}){scale})") if kind == "mean" else (lambda acc: f"({ot})({acc})")
+    if odt in LOW_PRECISION:
+        final = lambda acc: _store(f"(float)(({at})({acc}){scale})", odt)  # noqa: E731
+    else:
+        final = (lambda acc: f"({ot})(({at})({acc}){scale})") if kind == "mean" else (lambda acc: f"({ot})({acc})")
     row = bool(axes) and axes == list(range(nd - len(axes), nd)) and n_red >= 32
     if row:
         t = THREADS
@@ -279,8 +357,8 @@ def reduction_kernel(kind: str, in_aval: ShapedArray, axes: Sequence[int], out_d
             f"  __shared__ {at} part[{t}];",
             f"  for (long long o = blockIdx.x; o < {n_out}LL; o += gridDim.x) {{",
             f"    const {it}* row = x + o * {n_red}LL;",
-            f"    {at} acc = " + (init if init is not None else f"({at})row[0]") + ";",
-            f"    for (long long r = threadIdx.x; r < {n_red}LL; r += blockDim.x) {{ {combine('acc', 'row[r]')} }}",
+            f"    {at} acc = " + (init if init is not None else f"({at}){_load('row[0]', idt)}") + ";",
+            f"    for (long long r = threadIdx.x; r < {n_red}LL; r += blockDim.x) {{ {combine('acc', _load('row[r]', idt))} }}",
             "    part[threadIdx.x] = acc;",
             "    __syncthreads();",
             f"    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {{",
@@ -294,10 +372,10 @@ def reduction_kernel(kind: str, in_aval: ShapedArray, axes: Sequence[int], out_d
         return _finish(f"row{kind}", "\n".join(lines) + "\n", params, True, t, _grid(n_out, 1))
     lines = [f"  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < {n_out}LL; o += (long long)blockDim.x * gridDim.x) {{"]
     lines += ["    " + l for l in offset("o", kept, "k")]
-    lines.append(f"    {at} acc = " + (init if init is not None else f"({at})x[koff]") + ";")
+    lines.append(f"    {at} acc = " + (init if init is not None else f"({at}){_load('x[koff]', idt)}") + ";")
     lines.append(f"    for (long long q = 0; q < {n_red}LL; ++q) {{")
     lines += ["      " + l for l in offset("q", axes, "a")]
-    lines.append(f"      {combine('acc', 'x[koff + aoff]')}")
+    lines.append(f"      {combine('acc', _load('x[koff + aoff]', idt))}")
     lines.append("    }")
     lines.append(f"    out[o] = {final('acc')};")
     lines.append("  }")

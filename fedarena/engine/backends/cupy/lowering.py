@@ -7,7 +7,7 @@ dtypes, a literal operand) has no device step and runs its numpy kernel on host 
 Specs: ``kernel`` (a generated kernel over the operands), ``scatter`` (the same, into a zeroed
 output), ``col2im`` (a GEMM then a generated col2im kernel), ``xp`` (``fn(xp, operands, attrs, out)``:
 the array module's own device functions writing into the output's arena buffer), ``view``
-(``fn(xp, operand)``: a view of a device array), ``matmul`` (``xp.matmul``: cuBLAS under cupy) and
+(``fn(xp, operand)``: a view of a device array), ``matmul`` (the device's ``matmul``: cuBLAS, tensor cores for float16/bfloat16) and
 ``step`` (``make(executable, eqn)`` builds the step object for the executable being planned, e.g. a
 control-flow loop over sub-executables).
 """
@@ -31,7 +31,27 @@ from .kernels import (  # noqa: F401  (the generators a rule may call)
     row_softmax_kernel,
     scatter_add_kernel,
 )
+from .kernels import has_storage
 from .random_kernels import random_kernel  # noqa: F401
+
+_REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}
+
+
+def low_precision_spec(e: Eqn) -> tuple | None:
+    """The backend's own step for an equation over float16/bfloat16 values that its primitive's rule
+    (written for :data:`CTYPE`) would leave to the host: the reductions (float32 accumulation).
+    ``None`` for every other equation."""
+    from ...core.ir import LOW_PRECISION
+
+    kind = _REDUCTIONS.get(e.prim.name)
+    if kind is None:
+        return None
+    x, o = e.inputs[0], e.outputs[0]
+    if isinstance(x, Literal) or not (x.aval.dtype in LOW_PRECISION or o.aval.dtype in LOW_PRECISION):
+        return None
+    if not (has_storage(x.aval.dtype) and has_storage(o.aval.dtype)):
+        return None
+    return kernel(reduction_kernel(kind, x.aval, e.attrs["axes"], o.aval.dtype), [x])
 
 
 def has_literal(e: Eqn) -> bool:
