@@ -291,11 +291,11 @@ def _mask_padded(x: Array, axes: tuple, fill: Any) -> Array:
 
 
 def _lowest(dtype: np.dtype) -> Any:
-    return -np.inf if dtype.kind == "f" else False if dtype == np.bool_ else np.iinfo(dtype).min
+    return -np.inf if is_float(dtype) else False if dtype == np.bool_ else np.iinfo(dtype).min
 
 
 def _highest(dtype: np.dtype) -> Any:
-    return np.inf if dtype.kind == "f" else True if dtype == np.bool_ else np.iinfo(dtype).max
+    return np.inf if is_float(dtype) else True if dtype == np.bool_ else np.iinfo(dtype).max
 
 
 def _count(x: Array, axes: tuple) -> Any:

@@ -181,7 +181,7 @@ class EmitState:
         :class:`OutputRecycler` when it is large, else ``np.empty``."""
         if RECYCLE_MIN_BYTES <= nbytes(v) <= RECYCLE_MAX_BYTES:
             return f"{self.ctx.const(OutputRecycler(v.aval.shape, v.aval.dtype))}.take()"
-        return f"_empty({v.aval.shape!r}, np.{v.aval.dtype.name})"
+        return f"_empty({v.aval.shape!r}, {self.ctx.const(np.dtype(v.aval.dtype))})"  # bfloat16 is not np.<name>
 
     def donor_for(self, n: int, out: Var) -> Var | None:
         """A donated input (``jit(..., donate_argnums=...)``) that equation ``n`` may write output

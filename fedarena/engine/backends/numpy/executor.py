@@ -263,7 +263,7 @@ def _returns(st: EmitState) -> list:
     rets = []
     for a in g.outvars:
         if isinstance(a, Literal):
-            rets.append(f"np.asarray({st.atom(a)}, np.{a.aval.dtype.name})")
+            rets.append(f"np.asarray({st.atom(a)}, {st.ctx.const(np.dtype(a.aval.dtype))})")
             continue
         kind = st.storage[a]
         if a in g.invars:
