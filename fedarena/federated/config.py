@@ -778,6 +778,13 @@ class DevicesConfig:
     window_hours: float = param(24.0, "daily availability window of a device, hours (24 = always available)")
     round_interval_s: float = param(600.0, "simulated seconds between the starts of two rounds")
     deadline_s: float = param(0.0, "round deadline, simulated seconds (0 = none; the window's end still binds)")
+    int8_download: bool = param(False, "clients receive their (sub-)model quantized to int8, start from its "
+                                "dequantized parameters and train with fake quantization (QAT); the download is "
+                                "priced at the int8 file's bytes")
+    int8_tiers: list[int] = param(doc="with int8_download: only the clients of these tiers (0-based, in the tier "
+                                  "lists' order) receive int8 models ([] = every tier)", factory=list)
+    int8_calibration: int = param(100, "examples in the server's calibration sample (drawn from the training pool) "
+                                  "for the int8 models' activation ranges")
 
     TIER_FIELDS: ClassVar[tuple[str, ...]] = ("tier_fraction", "tier_memory_mb", "tier_gflops", "tier_up_mbps",
                                               "tier_down_mbps")
@@ -805,6 +812,12 @@ class DevicesConfig:
             raise ValueError(f"window_hours: must lie in (0, 24], got {self.window_hours}")
         _positive("round_interval_s", self.round_interval_s)
         _at_least("deadline_s", self.deadline_s, 0)
+        if self.int8_tiers and not self.int8_download:
+            raise ValueError("int8_tiers: names the tiers that receive int8 models; set int8_download: true too")
+        n = len(self.tiers())
+        if any(not 0 <= t < n for t in self.int8_tiers) or len(set(self.int8_tiers)) != len(self.int8_tiers):
+            raise ValueError(f"int8_tiers: distinct tier indices in [0, {n - 1}] ({n} tiers), got {self.int8_tiers}")
+        _at_least("int8_calibration", self.int8_calibration, 1)
 
     def tiers(self):
         from fedarena.federated.devices import DEFAULT_TIERS, DeviceTier
@@ -825,7 +838,9 @@ class DevicesConfig:
         widths = WidthLevels(rates, "heterofl" if self.submodel == "none" else self.submodel, self.scaler)
         sizes_k = [level_sizes(sizes, r) for r in rates]
         profiles = draw_profiles(self.tiers(), num_clients, seed, self.spread, min(self.window_hours * 3600, DAY_S))
-        return DeviceFleet(profiles, sizes_k, self.round_interval_s, self.deadline_s), widths
+        int8 = (tuple(self.int8_tiers) or tuple(range(len(self.tiers())))) if self.int8_download else None
+        return DeviceFleet(profiles, sizes_k, self.round_interval_s, self.deadline_s, int8_tiers=int8,
+                           int8_calibration=self.int8_calibration), widths
 
 
 @dataclass(frozen=True)
