@@ -29,8 +29,9 @@ model (our accounting of the fake-quant forward and backward pass, not a measure
   (``B (d_0 + sum_{i>=1} d_i)`` floats);
 * FLOPs: :data:`FAKE_QUANT_FLOPS` per fake-quantized element (weights and activations) and step.
 
-:data:`DEFAULT_TIERS` are this project's assumptions (five tiers for HeteroFL's five width levels): no trace
-statistic was available to us offline, so the numbers are not taken from a publication; docs/devices.md says so.
+:data:`DEFAULT_TIERS` are this project's assumptions (five tiers for HeteroFL's five width levels).
+:data:`PUBLISHED_TIERS` take each tier's memory, throughput and bandwidth from published measurements, cited beside
+each number (the tier shares and the devices standing for a tier are our assumptions); docs/devices.md has the table.
 """
 
 from __future__ import annotations
@@ -77,6 +78,53 @@ DEFAULT_TIERS = (
 """Assumed tiers (high-end to low-end phone; memory granted to training 512 ... 32 MB, throughput 20 ... 1.25
 GFLOP/s, uplink 20, 10, 5, 2, 1 Mbit/s, downlink 50, 25, 10, 5, 2 Mbit/s): assumptions, see the module
 docstring."""
+
+MOBILENET_V1_FLOPS = 1.138e9
+"""FLOPs of one MobileNet v1 (1.0, 224) inference: 569 million multiply-adds (Howard et al. 2017, "MobileNets",
+Papers with Code lists 1.138 GFLOPs)"""
+
+MOBILENET_V2_FLOPS = 0.6e9
+"""FLOPs of one MobileNetV2 (1.0, 224) inference: 300 million multiply-adds (Sandler et al. 2018, "MobileNetV2")"""
+
+PUBLISHED_TIERS = (
+    # high-end phone
+    DeviceTier(
+        1 / 3,  # assumed: three equally common tiers
+        256 * 2**20,  # dalvik.vm.heapgrowthlimit=256m of an 8 GiB phone (phone-xhdpi-8192-dalvik-heap.mk, LineageOS
+        # frameworks/native): the heap an app gets without largeHeap
+        MOBILENET_V1_FLOPS / 32.2e-3,  # 35.3 GFLOP/s: TFLite MobileNet_1.0_224 (float), 1 thread, iPhone 8: 32.2 ms
+        # (tensorflow.org/lite/performance/benchmarks)
+        21.08e6 / 8,  # median global 5G upload, Q3 2021: 21.08 Mbit/s (Ookla, "Growing and Slowing: The State of 5G
+        # Worldwide in 2021")
+        166.13e6 / 8,  # median global 5G download, Q3 2021: 166.13 Mbit/s (same)
+    ),
+    # mid-range phone
+    DeviceTier(
+        1 / 3,  # assumed
+        192 * 2**20,  # dalvik.vm.heapgrowthlimit=192m of AOSP's 2 GB phone (phone-xhdpi-2048-dalvik-heap.mk; the same
+        # in the 1 GB xhdpi and the 4 GB configs)
+        MOBILENET_V1_FLOPS / 123.3e-3,  # 9.23 GFLOP/s: TFLite MobileNet_1.0_224 (float), 1 thread, Pixel 2: 123.3 ms
+        # (tensorflow.org/lite/performance/benchmarks)
+        12.61e6 / 8,  # global mobile upload, Speedtest Global Index, July 2021: 12.61 Mbit/s (Ookla, via livemint.com,
+        # 2021-09-24)
+        56.74e6 / 8,  # global mobile download, same index and month: 56.74 Mbit/s (same)
+    ),
+    # entry-level phone
+    DeviceTier(
+        1 / 3,  # assumed
+        48 * 2**20,  # dalvik.vm.heapgrowthlimit=48m of AOSP's "high density phone with around 512MB total RAM"
+        # (phone-hdpi-512-dalvik-heap.mk)
+        MOBILENET_V2_FLOPS / 1.25,  # 0.48 GFLOP/s: MobileNetV2 (fp32) on one Cortex-A55 little core of a Galaxy S20
+        # (SM-G980F), IREE's benchmark: 1225-1252 ms; assumed to stand for an entry-level phone's cores
+        5.09e6 / 8,  # India's mobile upload, Speedtest Global Index, July 2021: 5.09 Mbit/s (Ookla, via livemint.com)
+        17.77e6 / 8,  # India's mobile download, same: 17.77 Mbit/s
+    ),
+)
+"""Tiers from published measurements (each number's source beside it; docs/devices.md, "Published profiles").
+Assumed: the tier shares, that the per-app Java heap limit is the memory a training process gets (a native trainer
+is not bound by it), that single-thread float inference throughput is the sustained training throughput (FedScale's
+runtime likewise prices training at 3x the inference latency per sample, the FLOPs of forward plus backward), and
+which device stands for a tier."""
 
 
 @dataclass(frozen=True)

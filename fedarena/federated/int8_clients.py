@@ -83,6 +83,12 @@ class Int8Download:
         tree = folded_tree(params, len(sizes) - 1, scale)
         return quantize_model(mlp, tree, self.calibration).to_bytes()
 
+    def accuracy(self, params: Params, sizes: Sequence[int], scale: float, x: np.ndarray, y: np.ndarray) -> float:
+        """Test accuracy of the int8 model of ``params`` (what an int8 client would run), by the native int8
+        forward pass."""
+        q = QuantizedModel.from_bytes(self.quantize(params, sizes, scale))
+        return float(np.mean(np.argmax(q.forward(np.asarray(x, np.float32)), axis=1) == np.asarray(y)))
+
     @staticmethod
     def start(blob: bytes, sizes: Sequence[int]) -> tuple[list[dict[str, np.ndarray]], np.ndarray]:
         """What a client starts from: the parsed int8 file's dequantized (folded) parameters and its ranges."""

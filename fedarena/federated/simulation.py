@@ -1063,7 +1063,8 @@ class Simulation:
 
     def _evaluate_levels(self, state: RoundState, rnd: int) -> dict[str, float]:
         """The global model is the widest level (its leading units): ``test_loss``/``test_acc`` and the per-client
-        accuracies are its; ``test_acc_level{k}`` is level ``k``'s leading-unit sub-model (with its scaler)."""
+        accuracies are its; ``test_acc_level{k}`` is level ``k``'s leading-unit sub-model (with its scaler); with int8
+        clients, ``test_acc_int8`` is the global model's int8 model (as the server would send it) run in int8."""
         from fedarena.federated.hetero import extract, submodel_index
 
         out: dict[str, float] = {}
@@ -1076,6 +1077,8 @@ class Simulation:
                     out[f"test_acc_level{k}"] = acc
                     if k == 0:
                         out["test_loss"], out["test_acc"] = loss, acc
+                        if self._int8 is not None:
+                            out["test_acc_int8"] = self._int8.accuracy(sub, model.sizes, model.scale, *self.test)
                 if k == 0 and self.eval_clients and self.held_out is not None:
                     accs = per_client_accuracy(model, sub, self.x, self.y, self.held_out)
                     out.update(self.strategy.evaluate(rnd, accs[~np.isnan(accs)]))
