@@ -32,7 +32,7 @@ import engine_vs_torch as EV  # noqa: E402  (the core benchmark's models and ste
 
 from fedarena import engine  # noqa: E402
 from fedarena.engine import nn, ops  # noqa: E402
-from fedarena.engine.passes import FUSION_PIPELINE  # noqa: E402
+from fedarena.engine.compiler.passes import FUSION_PIPELINE  # noqa: E402
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}

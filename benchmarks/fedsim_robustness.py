@@ -1,13 +1,14 @@
 """Robustness of aggregation rules and defences against the built-in attacks (issue 36, deliverable 3).
 
-Setting (that of the sign-flip section of docs/reproductions.md): scikit-learn digits split IID over 100
-clients, 20 clients per round, 200 rounds, MLP 64-32-10, FedAvg's local training (E = 1, B = 10, lr 0.1),
-20 attackers (20 %) drawn per seed; the robust rules assume f = 4 per round. The server's
-FLTrust root set is 100 examples of the global test split, removed from the test set of every cell so all
-cells are scored on the same examples. For each attack x defence x seed the final test accuracy is measured;
-the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard deviation over
-seeds) and, for the backdoor, the attack success rate (triggered non-target test examples classified as the
-target).
+Setting (issue 36's acceptance): scikit-learn digits over 100 clients with Dirichlet(0.5) label skew (the default
+split of ``experiments/fedsim_digits.yaml``; ``--partition iid`` for the sign-flip section's IID split),
+20 clients per round, 200 rounds, MLP 64-32-10, FedAvg's local training (E = 1, B = 10, lr 0.1), 20 attackers (20 %) drawn per seed; the robust rules assume f = 4 per round. Attack
+parameters: ALIE's z from Baruch et al.'s z_max formula, IPM's epsilon 0.5 (its small-epsilon regime; ``--epsilon``),
+scaling and sign flip by 4. The server's FLTrust root set is 100 examples of the global test split, removed from the test set
+of every cell so all cells are scored on the same examples. For each attack x defence x seed the final test
+accuracy is measured; the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard
+deviation over seeds) and, for the backdoor, the attack success rate (triggered non-target test examples
+classified as the target).
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py                 # the whole grid
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset acceptance --out acc.jsonl
@@ -84,7 +85,7 @@ class ClientMomentum(StrategyWrapper):
         return self.inner.aggregate(state, out, num_clients)
 
 
-def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int):
+def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int):
     base = dict(fit=fit, clients_per_round=PER_ROUND)
     if name == "fedavg":
         return FedAvg(**base)
@@ -95,7 +96,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     if name == "multi_krum":
         return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND, krum_keep=PER_ROUND - F_ROUND)
     if name in ("cc_bucketing", "cc_bucketing_momentum"):
-        return DefenceConfig("bucketing", tau=tau, bucket_size=bucket).build(FedAvg(**base), seed=seed)
+        return DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket).build(FedAvg(**base),
+                                                                                                   seed=seed)
     if name == "norm_bound":
         return DefenceConfig("norm_bound").build(FedAvg(**base), seed=seed)
     if name == "fltrust":
@@ -104,8 +106,9 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 
 
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
+             partition: str = "dirichlet", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
              **attack_params) -> dict:
-    d = data.load(data.DataSpec("digits", partition=data.PartitionSpec("iid", NUM_CLIENTS),
+    d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
     pick = np.random.default_rng([seed, 31]).permutation(len(test))
@@ -116,7 +119,7 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     root = RootSet(model, d.x[root_idx], d.y[root_idx], d.num_classes, seed)
     plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
-    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket))
+    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket, iterations))
     if defence == "cc_bucketing_momentum":
         strategy = ClientMomentum(strategy, beta)
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
@@ -124,7 +127,9 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     t0 = time.perf_counter()
     state, records = sim.run(rounds)
     out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
-           "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket}
+           "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket,
+           "iterations": iterations,
+           "partition": partition if partition == "iid" else f"{partition}({alpha})"}
     if defence == "cc_bucketing_momentum":
         out["beta"] = beta
     if attack == "backdoor" or attack == "none":
@@ -149,7 +154,9 @@ def table(results: list[dict]) -> str:
     clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
     attacks = [a for a in ATTACKS if any(r["attack"] == a for r in results)]
     defences = [x for x in DEFENCES + VARIANTS if any(r["defence"] == x for r in results)]
-    lines = ["accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: drop / success rate %",
+    splits = ", ".join(sorted({r.get("partition", "iid") for r in results}))
+    lines = [f"split {splits}; accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: drop / "
+             "success rate %",
              "| attack | " + " | ".join(defences) + " |", "|---" * (len(defences) + 1) + "|"]
     for a in attacks:
         row = []
@@ -214,11 +221,16 @@ def main() -> None:
     p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--tau", type=float, default=DefenceConfig.tau, help="centered clipping's radius")
+    p.add_argument("--iterations", type=int, default=DefenceConfig.iterations,
+                   help="centered clipping's iterations per round")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
     p.add_argument("--scale", type=float, default=AttackConfig.scale, help="sign flip's and scaling's factor")
     p.add_argument("--beta", type=float, default=0.9, help="cc_bucketing_momentum's momentum (the paper's 0.9)")
+    p.add_argument("--partition", choices=["iid", "dirichlet"], default="dirichlet",
+                   help="the clients' split: Dirichlet label skew (alpha: --alpha) or IID")
+    p.add_argument("--alpha", type=float, default=0.5, help="the Dirichlet label skew's concentration")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
     a = p.parse_args()
     if a.results:
@@ -235,7 +247,8 @@ def main() -> None:
     t0 = time.perf_counter()
     for seed in a.seeds:
         for atk, dfn in todo:
-            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, epsilon=a.epsilon, z=a.z, scale=a.scale)
+            r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha, a.iterations,
+                         epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)
             if a.out:

@@ -29,6 +29,7 @@ from .transforms.vmap import vmap
 from .backends.numpy.executor import Executable
 from .core.ir import EngineError, Graph, ShapeError
 from .primitives import expr
+from .primitives.base import host_only
 from .core.tracing import Tracer, aval_of, bind, eval_graph, register, trace_flat
 
 
@@ -118,6 +119,7 @@ def _remat_batch(prim, vals, batched, size, **attrs):
 remat_p.vjp = _remat_vjp
 remat_p.jvp = _remat_jvp
 remat_p.batch = _remat_batch
+remat_p.cuda = host_only  # the cupy backend runs its numpy kernel (the body's executor) on host copies
 
 
 def remat(fn: Callable) -> Callable:
@@ -207,6 +209,7 @@ custom_vjp_p.vjp_forward = _custom_vjp_forward
 custom_vjp_p.vjp_saved = _custom_vjp_saved
 custom_vjp_p.jvp = _custom_jvp
 custom_vjp_p.batch = _custom_batch
+custom_vjp_p.cuda = host_only  # the cupy backend runs its numpy kernel on host copies
 
 
 class custom_vjp:  # noqa: N801 - JAX's name

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 
-from .core.ir import Graph, Literal
+from .core.interpreter import interpret
+from .core.ir import Graph
 from .jit import Jitted
 from .compiler.memory_plan import nbytes
 
@@ -106,28 +106,22 @@ class Profile:
         return path
 
 
-def _read(env: dict, a: Any) -> Any:
-    if isinstance(a, Literal):
-        return a.value if a.weak else np.asarray(a.value, a.aval.dtype)[()]
-    return env[a]
-
-
 def profile_graph(graph: Graph, flat_args: list, repeat: int = 5, clock: str = "wall") -> Profile:
-    """Time each equation of ``graph`` on ``flat_args`` with the primitives' numpy kernels."""
+    """Time each equation of ``graph`` on ``flat_args`` with the primitives' numpy kernels: the engine's
+    one interpreter (:func:`~fedarena.engine.core.interpreter.interpret`) runs the graph ``repeat``
+    times with a rule that times each kernel call."""
     tick = _clock(clock)
+    index = {id(e): i for i, e in enumerate(graph.eqns)}
     samples: list = [[] for _ in graph.eqns]
+
+    def timed(e, ins: list) -> Any:
+        t0 = tick()
+        out = e.prim.impl(*ins, **e.attrs)
+        samples[index[id(e)]].append(tick() - t0)
+        return out
+
     for _ in range(repeat):
-        env: dict = dict(zip(graph.constvars, graph.consts))
-        env.update(zip(graph.invars, flat_args))
-        for i, e in enumerate(graph.eqns):
-            ins = [_read(env, a) for a in e.inputs]
-            t0 = tick()
-            out = e.prim.impl(*ins, **e.attrs)
-            samples[i].append(tick() - t0)
-            if e.prim.multiple_results:
-                env.update(zip(e.outputs, out))
-            else:
-                env[e.outputs[0]] = out
+        interpret(graph, flat_args, timed)
     prof = Profile()
     for i, e in enumerate(graph.eqns):
         o = e.outputs[0]  # an equation with several outputs is reported with its first one's type and all their bytes

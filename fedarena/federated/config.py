@@ -1060,12 +1060,48 @@ class TLSConfig:
 # ----------------------------------------------------------------------------- the kinds' common part
 
 
+SECTION_DOCS: dict[str, str] = {
+    "data": "the data set and its split over the clients",
+    "model": "the model every client trains",
+    "clients": "clients per round and their local training",
+    "strategy": "the aggregation rule and the server's update",
+    "upload": "what a client does to its update before upload (the runtime: and what the FL-Servers accept)",
+    "download": "compression of the broadcast model",
+    "privacy": "local DP, SignDS, DP-FedAvg (fedsim), secure aggregation",
+    "heterogeneity": "availability, speeds, stragglers, dropouts",
+    "attack": "attacking clients and their attack (fedsim: a coalition that sees each round's honest updates; the "
+              "runtime: each attacker sees only its own data)",
+    "evaluation": "evaluation cadence and personalization",
+    "execution": "where the clients train (fedsim) or the deployment's processes (the runtime)",
+    "tls": "TLS between nodes and clients",
+    "devices": "device profiles (memory, compute, bandwidth, availability) and the width-scaled sub-models of "
+               "HeteroFL / FedRolex",
+}
+"""What each section means, the same in both kinds (``fedarena show`` prints it beside the section)."""
+
+
 @dataclass(frozen=True)
 class FLExperimentConfig(ExperimentConfig):
-    """What the configs of both FL kinds share: ``rounds`` and the checks every kind makes across its sections
-    (a kind adds its sections, among them ``data`` and ``clients``, and its own :meth:`check_sections`)."""
+    """What the configs of both FL kinds share: ``rounds``, the declaration of their sections and the checks every
+    kind makes across them (a kind names its sections, among them ``data`` and ``clients``, and adds its own
+    :meth:`check_sections`).
+
+    A kind declares its sections once, as ``SECTIONS`` (section name -> the kind's section class, in order): each
+    becomes a field defaulting to that class's defaults and documented by :data:`SECTION_DOCS`."""
+
+    SECTIONS: ClassVar[dict[str, type]] = {}
 
     rounds: int = param(50, "number of rounds")
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        annotations = cls.__dict__.get("__annotations__")
+        if annotations is None:
+            annotations = {}
+            cls.__annotations__ = annotations
+        for name, section in cls.__dict__.get("SECTIONS", {}).items():  # fields of the dataclass decorator to come
+            annotations[name] = section
+            setattr(cls, name, param(doc=SECTION_DOCS[name], factory=section))
 
     def __post_init__(self) -> None:
         if self.rounds < 1:

@@ -38,22 +38,11 @@ class FedSimConfig(FLExperimentConfig):
 
     MOVED: ClassVar[dict[str, str]] = FEDSIM_MOVED
 
+    SECTIONS = {"data": DataConfig, "model": ModelConfig, "clients": SimClientsConfig, "strategy": StrategyConfig,
+                "upload": UploadConfig, "download": DownloadConfig, "privacy": SimPrivacyConfig,
+                "heterogeneity": HeterogeneityConfig, "attack": AttackConfig, "evaluation": EvaluationConfig,
+                "execution": ExecutionConfig, "devices": DevicesConfig}
     rounds: int = param(50, "number of rounds (server steps in the asynchronous server modes)")
-    data: DataConfig = param(doc="the data set and its split over clients", factory=DataConfig)
-    model: ModelConfig = param(doc="the model every client trains", factory=ModelConfig)
-    clients: SimClientsConfig = param(doc="clients per round and their local training", factory=SimClientsConfig)
-    strategy: StrategyConfig = param(doc="aggregation and the server's update", factory=StrategyConfig)
-    upload: UploadConfig = param(doc="clipping and compression of the client updates", factory=UploadConfig)
-    download: DownloadConfig = param(doc="compression of the broadcast model", factory=DownloadConfig)
-    privacy: SimPrivacyConfig = param(doc="local DP, SignDS, DP-FedAvg, secure aggregation",
-                                      factory=SimPrivacyConfig)
-    heterogeneity: HeterogeneityConfig = param(doc="availability, speeds, stragglers, dropouts",
-                                               factory=HeterogeneityConfig)
-    attack: AttackConfig = param(doc="a coalition of attacking clients and its attack", factory=AttackConfig)
-    evaluation: EvaluationConfig = param(doc="evaluation cadence and personalization", factory=EvaluationConfig)
-    execution: ExecutionConfig = param(doc="where the clients train", factory=ExecutionConfig)
-    devices: DevicesConfig = param(doc="device profiles (memory, compute, bandwidth, availability) and the "
-                                   "width-scaled sub-models of HeteroFL / FedRolex", factory=DevicesConfig)
 
     def check_sections(self) -> None:
         priv, agg = self.privacy, self.strategy.aggregation

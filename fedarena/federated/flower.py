@@ -7,7 +7,11 @@
   fedarena strategy's ``select`` over the nodes' fedarena client ids, sends the strategy's ``FitConfig`` as a
   ``ConfigRecord`` and aggregates with the strategy's ``aggregate``; replies carry either the whole local
   model (any Flower ClientApp) or an update encoded by :class:`UploadMod`. A malformed reply is dropped and
-  counted (``rejected``), never aggregated, and the server keeps serving.
+  counted (``rejected``), never aggregated, and the server keeps serving. fedarena's ``SecureAggregation`` is
+  refused: ``aggregate_train`` receives every reply in the clear, so no strategy can hide the updates; Flower masks
+  them in the ClientApp (``secaggplus_mod``) under its ``SecAggPlusWorkflow``, which drives the legacy
+  ``flwr.server.strategy.Strategy`` (``configure_fit`` / ``aggregate_fit`` in a ``LegacyContext``), not this
+  Message-API strategy.
 * :class:`UploadMod` -- fedarena's upload stages (clipping, Gaussian local DP) and codecs (k-bit quantization,
   top-k with error feedback, optionally shifted by the trajectory prediction) as a Flower client *mod*: it turns
   any ClientApp's trained model into the fedarena-encoded model difference, keeping the error-feedback residual
@@ -186,8 +190,9 @@ class FlowerStrategy(_FlowerStrategy):
         from fedarena.federated.strategy import Scaffold
 
         if isinstance(strategy, SecureAggregation):
-            raise ValueError("strategy: fedarena's SecureAggregation simulates the protocol on the server; with Flower "
-                             "use Flower's SecAggPlusWorkflow around the strategy instead")
+            raise ValueError("strategy: a Flower strategy receives every ClientApp's reply in the clear, so "
+                             "SecureAggregation cannot hide the updates here; use Flower's secaggplus_mod in the "
+                             "ClientApp with SecAggPlusWorkflow in the ServerApp")
         if isinstance(strategy, Scaffold):
             raise ValueError("strategy: SCAFFOLD needs client control variates, which Flower ClientApps do not send")
         self.strategy = strategy

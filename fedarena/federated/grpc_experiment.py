@@ -34,18 +34,10 @@ class FedAvgGrpcConfig(FLExperimentConfig):
 
     MOVED: ClassVar[dict[str, str]] = GRPC_MOVED
 
+    SECTIONS = {"data": TaskDataConfig, "model": TaskModelConfig, "clients": GrpcClientsConfig,
+                "strategy": GrpcStrategyConfig, "upload": GrpcUploadConfig, "privacy": GrpcPrivacyConfig,
+                "execution": GrpcExecutionConfig, "tls": TLSConfig, "attack": AttackConfig}
     rounds: int = param(30, "number of rounds")
-    data: TaskDataConfig = param(doc="the data set and its split over the client processes", factory=TaskDataConfig)
-    model: TaskModelConfig = param(doc="the MLP and its trainer", factory=TaskModelConfig)
-    clients: GrpcClientsConfig = param(doc="selection, round window and local training", factory=GrpcClientsConfig)
-    strategy: GrpcStrategyConfig = param(doc="the scheduler's rule and server update", factory=GrpcStrategyConfig)
-    upload: GrpcUploadConfig = param(doc="the clients' upload encoding and the servers' limits",
-                                     factory=GrpcUploadConfig)
-    privacy: GrpcPrivacyConfig = param(doc="local DP, SignDS, secure aggregation", factory=GrpcPrivacyConfig)
-    execution: GrpcExecutionConfig = param(doc="the deployment's processes", factory=GrpcExecutionConfig)
-    tls: TLSConfig = param(doc="TLS between nodes and clients", factory=TLSConfig)
-    attack: AttackConfig = param(doc="malicious clients (sign_flip, scale, label_flip, backdoor: each sees only its "
-                                 "own data)", factory=AttackConfig)
 
     def check_sections(self) -> None:
         secagg = self.privacy.secagg.enabled

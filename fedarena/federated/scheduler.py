@@ -17,7 +17,11 @@ clipped to ``norm_bound_multiple`` times the round's median update norm and each
 the servers' partial sums) or, with another rule of :data:`fedarena.federated.rules.AGGREGATION_RULES`, that rule
 over the individual deltas is applied with the server optimizer
 and the model version increases (servers forward every accepted delta whenever the rule needs them);
-otherwise the round is abandoned and the next one starts with the same model. The current round's state is one
+otherwise the round is abandoned and the next one starts with the same model. A secure round (SecAgg) is run by
+the :class:`~fedarena.federated.wrappers.SecureAggregation` strategy, as in the simulation: it opens the round's
+protocol server and applies the unmasked sum, while the scheduler relays the clients' SecAgg messages and closes
+the protocol's stages on its clock. With a strategy, each round's client config takes local training from the
+strategy's ``configure``. The current round's state is one
 :class:`RoundProgress` whose :class:`Phase` moves idle -> open -> closing -> idle (or done). After every round the
 global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
 wire format, and a restarted scheduler continues from that file with identical model bytes.
@@ -29,7 +33,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -38,8 +42,9 @@ import numpy as np
 from fedarena.federated import auth, rules, wire
 from fedarena.federated.protocol import SCHEDULER_KINDS, Phase, RoundConfig, params_shapes
 from fedarena.federated.secure_round import AggregateOutOfRange, SecureRound, capacity, check_secure_config
-from fedarena.federated.strategy import (PartialAggregate, ServerOptimizer, bounded_mean, robust_rule,
-                                         select_clients)
+from fedarena.federated.strategy import (FedAvg, FitConfig, PartialAggregate, RoundState, ServerOptimizer,
+                                         bounded_mean, robust_rule, select_clients)
+from fedarena.federated.wrappers import SecureAggregation
 from fedarena.federated.transport import Peer, ProtocolError, RemoteError, TLSFiles, TransportError, serve
 from fedarena.platform.checkpoint import write_atomic
 
@@ -145,7 +150,11 @@ class RoundProgress:
     """server -> (its partial aggregate, bytes up, bytes down)"""
     updates: dict[str, tuple[Params, float]] = field(default_factory=dict)
     """client -> (delta, weight), when the rule needs individual deltas"""
+    config: RoundConfig | None = None
+    """what the selected clients run (the strategy's ``configure`` of this round, or the policy's round config)"""
     secure: SecureRound | None = None
+    """the secure round's protocol server (opened by the :class:`SecureAggregation` strategy), whose messages the
+    scheduler relays"""
 
 
 # ----------------------------------------------------------------------------- state file
@@ -181,10 +190,17 @@ class Scheduler:
     the model's tensors abandons the round.
 
     ``strategy``: a :class:`~fedarena.federated.strategy.Strategy` (``FedAvg``, ``RobustAggregate``, a wrapper such
-    as :class:`~fedarena.federated.wrappers.DPFedAvg`) that selects the round's clients (``select``) and aggregates
-    their individual updates (``aggregate``, the simulation's code path) in place of the policy's rule, selection
-    and server optimizer; the policy's ``round_config`` still sets the clients' local training. Not with secure
-    rounds (they release only the sum)."""
+    as :class:`~fedarena.federated.wrappers.DPFedAvg`) that selects the round's clients (``select``), sets their
+    local training (``configure``: epochs, batch size, lr and FedProx's mu of the round's config; the policy's round
+    config gives the other fields) and aggregates their individual updates (``aggregate``, the simulation's code
+    path) in place of the policy's rule, selection and server optimizer.
+
+    Secure rounds run the :class:`~fedarena.federated.wrappers.SecureAggregation` wrapper, the simulation's: either
+    given as ``strategy`` (its inner strategy must be linear), or built from a policy whose round config sets
+    ``secagg`` (around FedAvg with the policy's local training and server optimizer). The wrapper opens each
+    round's protocol server and applies the unmasked sum; the scheduler only relays the clients' SecAgg messages to
+    it (``secagg_up`` / ``secagg_down``) and closes its stages on its clock. No individual update reaches the
+    scheduler or the servers in a secure round."""
 
     def __init__(
         self,
@@ -202,9 +218,20 @@ class Scheduler:
         strategy: Any = None,
     ) -> None:
         self.policy = policy
-        if strategy is not None and (aggregator is not None or policy.round_config.secagg):
-            raise ValueError("strategy: a strategy aggregates the individual updates itself; it takes neither an "
-                             "aggregator nor secure rounds")
+        if strategy is not None and aggregator is not None:
+            raise ValueError("strategy: a strategy aggregates the individual updates itself; it takes no aggregator")
+        rc = policy.round_config
+        if strategy is None and rc.secagg:
+            fit = FitConfig(rc.epochs, rc.batch_size, rc.lr, rc.prox_mu)
+            strategy = SecureAggregation.from_round_config(
+                FedAvg(fit, policy.server_optimizer, clients_per_round=policy.clients_per_round), rc)
+        if rc.secagg and not isinstance(strategy, SecureAggregation):
+            raise ValueError("strategy: the round config sets secagg; secure rounds run the SecureAggregation "
+                             "wrapper (pass it as the strategy, around a linear one)")
+        self.secure: SecureAggregation | None = strategy if isinstance(strategy, SecureAggregation) else None
+        if self.secure is not None and not getattr(self.secure.inner, "linear", False):
+            raise ValueError("strategy: secure aggregation releases only the sum; its inner strategy must be linear "
+                             "(FedAvg family)")
         self.strategy = strategy
         if aggregator is None and strategy is None:
             aggregator = policy.rule()
@@ -212,7 +239,8 @@ class Scheduler:
         # the default mean is bounded (norm clipping, weight cap): it needs every delta, as a robust rule does
         self.bounded = aggregator is None and strategy is None and (policy.max_client_weight < 1
                                                                     or policy.norm_bound_multiple > 0)
-        self.collect = aggregator is not None or self.bounded or strategy is not None
+        # every individual delta goes to the scheduler when the rule needs them; never in a secure round
+        self.collect = self.secure is None and (aggregator is not None or self.bounded or strategy is not None)
         self.secret = secret
         self.state_path = Path(state_path)
         self.evaluate = evaluate
@@ -232,6 +260,9 @@ class Scheduler:
         self.params = {k: np.asarray(v) for k, v in initial_params.items()}
         self.opt_state = (strategy.init_state(self.params).opt_state if strategy is not None
                           else policy.server_optimizer.init(self.params))
+        if self.secure is not None:
+            check_secure_config(self._round_config(1), self.secure.clients_per_round or policy.clients_per_round
+                                or policy.start_clients, where="strategy")
         restored = load_state(self.state_path)
         if restored is not None:
             self._restore(restored)
@@ -248,6 +279,20 @@ class Scheduler:
     @property
     def admitted(self) -> dict[str, str]:
         return self.current.admitted
+
+    def _round_config(self, rnd: int) -> RoundConfig:
+        """Round ``rnd``'s client config: the policy's, with the strategy's ``configure`` for local training and a
+        secure strategy's secure-round fields; ValueError for a FitConfig the runtime's clients cannot run."""
+        base = self.policy.round_config
+        if self.strategy is None:
+            return base
+        fit = self.strategy.configure(rnd, RoundState(rnd, self.params, self.opt_state))
+        if fit.local_steps:
+            raise ValueError(f"configure: round {rnd} asks for {fit.local_steps} local steps; the runtime's clients "
+                             "run whole epochs (local_steps = 0)")
+        if self.secure is not None:
+            base = self.secure.round_config(**{k: v for k, v in vars(base).items() if not k.startswith("secagg")})
+        return replace(base, epochs=fit.epochs, batch_size=fit.batch_size, lr=fit.lr, prox_mu=fit.prox_mu)
 
     def _next_round(self, open_next: bool = True) -> None:
         """Count the round, start the next one's state, persist (call with ``cond`` held)."""
@@ -381,26 +426,32 @@ class Scheduler:
         p = self.policy
         cands = self._candidates(now)
         need = p.start_clients if not self.history else 1
-        if p.round_config.secagg:
+        if self.secure is not None:
             need = max(need, 3)  # with two clients the sum and one's own input give the other's
         if len(cands) < max(1, need) or not self._live_servers(now):
             return False
         k = len(cands) if p.clients_per_round == 0 else min(p.clients_per_round, len(cands))
-        if p.round_config.secagg:
-            k = min(k, capacity(p.round_config))  # more would overflow the fixed-point sum
+        try:
+            config = self._round_config(self.round)
+        except ValueError as e:  # a strategy's configure the clients cannot run: abandon the round, no retry storm
+            log.error("scheduler: cannot configure round %d: %s", self.round, e)
+            self._abandon_unopened(now, [], str(e))
+            return True
         selected = (select_clients(cands, k, p.seed, self.round) if self.strategy is None
                     else sorted(self.strategy.select(self.round, cands, p.seed)))
         secure = None
-        if p.round_config.secagg:
+        if self.secure is not None:
+            if len(selected) > capacity(config):  # more would overflow the fixed-point sum
+                selected = select_clients(selected, capacity(config), p.seed, self.round)
             dim = sum(int(np.prod(s)) for s in self._shapes.values()) + 1
             try:
-                secure = SecureRound.open(p.round_config, self.round, selected, dim, now + p.window_seconds)
+                secure = self.secure.open_round(self.round, selected, dim, now + p.window_seconds)
             except ValueError as e:  # parameters that do not fit this selection: abandon the round, no retry storm
                 log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
                 self._abandon_unopened(now, selected, str(e))
                 return True
         self.current = RoundProgress(Phase.OPEN, selected, opened_at=now, deadline=now + p.window_seconds,
-                                     secure=secure)
+                                     config=config, secure=secure)
         log.info("scheduler: round %d open, %d clients selected", self.round, k)
         self.cond.notify_all()
         return True
@@ -501,6 +552,7 @@ class Scheduler:
         self.cond.notify_all()
 
     def _finish_secure_round(self) -> None:
+        """Record the secure round's relay statistics; the SecureAggregation strategy applies the unmasked sum."""
         p, sec = self.policy, self.current.secure
         assert sec is not None
         row: dict[str, Any] = {
@@ -513,26 +565,22 @@ class Scheduler:
             "bytes_down": sec.bytes_down + self._model_wire_bytes() * len(sec.server.state.keys),
             "servers": [], "clients": [], "secagg_stage": sec.stage,
         }
-        decoded, reason = None, sec.aborted
+        new, reason = None, sec.aborted
         if sec.result is not None:
-            try:
-                decoded = sec.mean_delta()
+            inverse = {v: k for k, v in sec.ids.items()}
+            survivors = sorted(inverse[u] for u in sec.result.survivors)
+            try:  # the strategy checks and applies the unmasked sum, as in the simulation
+                new = self.secure.aggregate_unmasked(RoundState(self.round, self.params, self.opt_state),
+                                                     sec.result.total, survivors)
             except AggregateOutOfRange as e:  # some client masked out-of-range values: nothing is applied
                 reason = str(e)
                 log.warning("scheduler: secure round %d abandoned: %s", self.round, e)
         version = self.version
-        if decoded is not None:
-            flat, examples, survivors = decoded
-            delta, i = {}, 0
-            for name in sorted(self._shapes):
-                n = int(np.prod(self._shapes[name]))
-                delta[name] = flat[i : i + n].reshape(self._shapes[name])
-                i += n
-            self.params, self.opt_state = p.server_optimizer.step(self.params, delta, self.opt_state)
+        if new is not None:
+            self.params, self.opt_state = new.params, new.opt_state
             version += 1
-            inverse = {v: k for k, v in sec.ids.items()}
-            row.update(outcome="aggregated", reporting=survivors, examples=examples,
-                       clients=sorted(inverse[u] for u in sec.result.survivors))
+            row.update(outcome="aggregated", reporting=len(survivors),
+                       examples=self.secure.last_report["secagg_examples"], clients=survivors)
         else:
             row.update(outcome="abandoned", abort_reason=reason)
         row["model_version"] = version
@@ -633,7 +681,7 @@ class Scheduler:
         return {
             "round": self.round, "model_version": self.version, "phase": self.current.phase.value,
             "selected": list(self.current.selected) if self.current.phase == Phase.OPEN else [],
-            "config": self.policy.round_config.to_body(),
+            "config": (self.current.config or self.policy.round_config).to_body(),
             "deadline_s": max(0.0, self.current.deadline - now) if self.current.phase == Phase.OPEN else 0.0,
             "rounds": self.policy.rounds, "collect_updates": self.collect,
         }
@@ -665,14 +713,17 @@ class Scheduler:
                 plan["params"] = self.params  # saves the server a get_model round trip
             return "plan", plan
 
+    def _require_phase(self, rnd: int, phase: Phase) -> None:
+        """ProtocolError unless ``rnd`` is the current round and in ``phase`` (call with ``cond`` held)."""
+        if rnd != self.round or self.current.phase != phase:
+            raise ProtocolError("body.round", f"round {rnd} is not {phase.value} (round {self.round} is "
+                                f"{self.current.phase.value})", "stale_round")
+
     def _admit(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         rnd = wire.field(b, "round", int)
         cid = wire.field(b, "client_id", str)
         with self.cond:
-            if rnd != self.round or self.current.phase != Phase.OPEN:
-                raise ProtocolError("body.round", f"round {rnd} is not open (round {self.round} is "
-                                    f"{self.current.phase.value})",
-                                    "stale_round")
+            self._require_phase(rnd, Phase.OPEN)
             if cid not in self.current.selected:
                 raise ProtocolError("body.client_id", f"client {cid} is not selected in round {rnd}", "not_selected")
             if cid in self.current.admitted:
@@ -689,10 +740,7 @@ class Scheduler:
         traffic = (wire.field(b, "bytes_up", int), wire.field(b, "bytes_down", int))
         sums_body = wire.field(b, "sums", dict)
         with self.cond:
-            if rnd != self.round or self.current.phase != Phase.CLOSING:
-                raise ProtocolError("body.round", f"round {rnd} is not closing (round {self.round} is "
-                                    f"{self.current.phase.value})",
-                                    "stale_round")
+            self._require_phase(rnd, Phase.CLOSING)
             for cid in clients:
                 if self.current.admitted.get(cid) != server_id:
                     raise ProtocolError("body.clients", f"client {cid!r} was not admitted through {server_id}",

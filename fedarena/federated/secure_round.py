@@ -15,14 +15,15 @@ When a round's config sets ``secagg = true``:
   FL-Server (``secagg_send``), which checks the token, registration, round and selection and relays
   them to the scheduler; it fetches the scheduler's per-stage replies through the server
   (``secagg_poll``, long-poll);
-* the scheduler hosts the round's :class:`~fedarena.privacy.secagg.SecAggServer`: a stage closes when
+* the scheduler hosts the round's :class:`~fedarena.privacy.secagg.SecAggServer` (opened by the
+  :class:`~fedarena.federated.wrappers.SecureAggregation` strategy, the simulation's): a stage closes when
   every expected client has sent its message or at the stage deadline (stage 0 at the round's window,
   which includes local training; later stages after ``secagg_stage_seconds``); clients that miss a
   stage are dropped and their masks are removed through the Shamir shares of the others;
 * the unmasked sum gives ``S_j = sum_i n_i clip(Delta_ij)`` and ``K = sum_i n_i`` (in fixed point); the
-  scheduler refuses a sum that no set of bounded inputs can produce (``K`` not a whole number in
-  ``survivors..survivors * N``, or some ``|S_j| > c K``) and abandons the round; otherwise ``S / K`` is the
-  FedAvg mean delta, applied with the server optimizer. Fewer than ``threshold`` survivors abort the
+  strategy refuses a sum that no set of bounded inputs can produce (``K`` not a whole number in
+  ``survivors..survivors * N``, or some ``|S_j| > c K``; :func:`decode_aggregate`) and the scheduler abandons the
+  round; otherwise ``S / K`` is the FedAvg mean delta, applied by the inner strategy's server optimizer. Fewer than ``threshold`` survivors abort the
   round (abandoned; no aggregate is ever released).
 
 The threshold ``t`` is set over ``m``, the number of share holders of each secret (the number of selected
@@ -262,7 +263,9 @@ def load_identity(folder, client_id: str) -> SecAggIdentity:
 
 @dataclass
 class SecureRound:
-    """Scheduler side of one secure round: the SecAggServer, the stage clock and the per-client outbox."""
+    """Scheduler side of one secure round: the SecAggServer (opened by
+    :meth:`fedarena.federated.wrappers.SecureAggregation.open_round`), the stage clock and the per-client outbox the
+    scheduler relays; the wrapper's ``aggregate_unmasked`` decodes :attr:`result`."""
 
     server: Any
     ids: dict[str, int]
@@ -359,13 +362,6 @@ class SecureRound:
             raise ProtocolError("body.client_id", f"client {client_id} was dropped before stage {stage}", "dropped")
         self.bytes_down += len(self.outbox[u])
         return self.outbox[u]
-
-    def mean_delta(self) -> tuple[np.ndarray, int, int]:
-        """``(sum n_i clip(Delta_i) / sum n_i, sum n_i, survivors)`` from the unmasked sum; raises
-        :class:`AggregateOutOfRange` for a sum outside the declared bounds."""
-        survivors = len(self.result.survivors)
-        mean, examples = decode_aggregate(self.round_config, self.result.total, survivors)
-        return mean, examples, survivors
 
 
 def run_client(send, poll, secagg_cfg: Any, party: int, round_id: int, x: np.ndarray, deadline: float, *,

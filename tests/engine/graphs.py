@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedarena.engine.ir import Eqn, ShapedArray, Var
-from fedarena.engine.tracing import PRIMITIVES
+from fedarena.engine.core.ir import Eqn, ShapedArray, Var
+from fedarena.engine.core.tracing import PRIMITIVES
 
 
 def V(*shape, dtype=np.float64) -> Var:

@@ -4,9 +4,7 @@ inside a function (a function-level import is how a cycle hides).
 
 Layers, lowest first (docs/engine.md, "Module layout"): core -> primitives -> transforms ->
 compiler -> backends -> api -> above (collectives, distributed: they use only the public engine
-API).  A module's layer is its first name below ``fedarena.engine`` (``core``, ``compiler``, ...;
-the old flat paths such as ``fedarena.engine.executor`` are aliases of the moved modules and sit
-in the layer of what they alias).
+API).  A module's layer is its first name below ``fedarena.engine`` (``core``, ``compiler``, ...).
 """
 
 from __future__ import annotations
@@ -20,11 +18,11 @@ ENGINE = pathlib.Path(fedarena.engine.__file__).parent
 PKG = "fedarena.engine"
 
 LAYERS = [
-    ("core", ["core", "ir", "tracing", "pytree", "threads"]),
+    ("core", ["core"]),
     ("primitives", ["primitives", "ops", "initializers", "random"]),
-    ("transforms", ["transforms", "autodiff", "vmap"]),
-    ("compiler", ["compiler", "passes", "fusion", "memory_plan", "native"]),
-    ("backends", ["backends", "executor"]),
+    ("transforms", ["transforms"]),
+    ("compiler", ["compiler"]),
+    ("backends", ["backends"]),
     ("api", ["jit", "backend_selection", "control_flow", "custom", "nn", "models", "optim", "serialization", "inspection", "profiler", "interop", "quantization", "__init__"]),
     ("above", ["collectives", "distributed"]),
 ]

@@ -8,10 +8,10 @@ import pytest
 
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
-from fedarena.engine.executor import Executable
-from fedarena.engine.fusion import elementwise_fusion, fused_p, fused_sources
-from fedarena.engine.passes import FUSION_PIPELINE
-from fedarena.engine.tracing import eval_graph
+from fedarena.engine.backends.numpy.executor import Executable
+from fedarena.engine.compiler.fusion import elementwise_fusion, fused_p, fused_sources
+from fedarena.engine.compiler.passes import FUSION_PIPELINE
+from fedarena.engine.core.tracing import eval_graph
 
 from .test_passes import _random_program
 

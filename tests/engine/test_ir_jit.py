@@ -7,8 +7,8 @@ import pytest
 
 from fedarena import engine
 from fedarena.engine import ops
-from fedarena.engine.ir import Eqn, Graph, GraphValidationError, ShapedArray, Var
-from fedarena.engine.tracing import PRIMITIVES, Primitive, bind
+from fedarena.engine.core.ir import Eqn, Graph, GraphValidationError, ShapedArray, Var
+from fedarena.engine.core.tracing import PRIMITIVES, Primitive, bind
 
 GOLDEN = """\
 { lambda a:f32[3], b:f32[4,3], c:f32[2,4]. let
@@ -156,7 +156,7 @@ def test_unsupported_dtype_and_unknown_primitive():
     rogue = Primitive("rogue_op")
     with pytest.raises(engine.UnknownPrimitiveError, match="rogue_op"):
         bind(rogue, np.ones(2))
-    from fedarena.engine.tracing import get_primitive
+    from fedarena.engine.core.tracing import get_primitive
 
     with pytest.raises(engine.UnknownPrimitiveError, match="unknown primitive 'nope'"):
         get_primitive("nope")

@@ -13,10 +13,10 @@ import pytest
 
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
-from fedarena.engine.executor import Executable
-from fedarena.engine.passes import FUSION_PIPELINE
-from fedarena.engine.memory_plan import check_plan, plan_memory
-from fedarena.engine.tracing import eval_graph
+from fedarena.engine.backends.numpy.executor import Executable
+from fedarena.engine.compiler.passes import FUSION_PIPELINE
+from fedarena.engine.compiler.memory_plan import check_plan, plan_memory
+from fedarena.engine.core.tracing import eval_graph
 
 from .test_passes import _random_program
 

@@ -24,8 +24,8 @@ from fedarena.engine.compiler.fusion import (
 )
 from fedarena.engine.compiler.memory_plan import check_plan
 from fedarena.engine.compiler.passes import DEFAULT_PASSES, Pipeline, fuse_elementwise
-from fedarena.engine.executor import Executable
-from fedarena.engine.tracing import eval_graph
+from fedarena.engine.backends.numpy.executor import Executable
+from fedarena.engine.core.tracing import eval_graph
 
 from .test_passes import _random_program
 

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from fedarena import engine
-from fedarena.engine import fusion, native, nn, ops
-from fedarena.engine.executor import Executable
-from fedarena.engine.ir import Graph, Literal
+from fedarena.engine import nn, ops
+from fedarena.engine.compiler import fusion, native
+from fedarena.engine.core import tracing
+from fedarena.engine.backends.numpy.executor import Executable
+from fedarena.engine.core.ir import Graph, Literal
 
 from .graphs import V, eq, prims
 
@@ -190,7 +192,7 @@ def test_dense_vjp_matches_finite_differences(relu):
     ct = rng.standard_normal((2, 4))
 
     def f(x, w, b):
-        return ops.sum(engine.tracing.bind(native.dense_p, x, w, b, bias=True, relu=relu) * ct)
+        return ops.sum(tracing.bind(native.dense_p, x, w, b, bias=True, relu=relu) * ct)
 
     gx, gw, gb = engine.grad(f, argnums=(0, 1, 2))(x, w, b)
     np.testing.assert_allclose(gx, _fd_grad(lambda v: f(v, w, b), x), rtol=1e-6, atol=1e-8)
@@ -203,7 +205,7 @@ def test_softmax_vjp_matches_finite_differences():
     x, ct = rng.standard_normal((3, 5)), rng.standard_normal((3, 5))
 
     def f(x):
-        return ops.sum(engine.tracing.bind(native.softmax_p, x) * ct)
+        return ops.sum(tracing.bind(native.softmax_p, x) * ct)
 
     np.testing.assert_allclose(engine.grad(f)(x), _fd_grad(f, x), rtol=1e-6, atol=1e-8)
 
@@ -383,7 +385,7 @@ def test_dense_jvp_matches_finite_differences(relu):
     tx, tw, tb = rng.standard_normal((2, 3)), rng.standard_normal((3, 4)), rng.standard_normal(4)
 
     def f(x, w, b):
-        return engine.tracing.bind(native.dense_p, x, w, b, bias=True, relu=relu)
+        return tracing.bind(native.dense_p, x, w, b, bias=True, relu=relu)
 
     _, t = engine.jvp(f, (x, w, b), (tx, tw, tb))
     eps = 1e-6
@@ -399,7 +401,7 @@ def _dense_impl_np(x, w, b, relu):
 def test_softmax_jvp_matches_finite_differences():
     rng = np.random.default_rng(7)
     x, tx = rng.standard_normal((3, 5)), rng.standard_normal((3, 5))
-    _, t = engine.jvp(lambda v: engine.tracing.bind(native.softmax_p, v), (x,), (tx,))
+    _, t = engine.jvp(lambda v: tracing.bind(native.softmax_p, v), (x,), (tx,))
     eps = 1e-6
     sm = native._softmax_impl
     np.testing.assert_allclose(t, (sm(x + eps * tx) - sm(x - eps * tx)) / (2 * eps), rtol=1e-6, atol=1e-9)
@@ -412,8 +414,8 @@ def test_dense_and_softmax_vjps_match_torch():
     ct = rng.standard_normal((3, 4))
 
     def ours(x, w, b):
-        y = engine.tracing.bind(native.dense_p, x, w, b, bias=True, relu=True)
-        return ops.sum(engine.tracing.bind(native.softmax_p, y) * ct)
+        y = tracing.bind(native.dense_p, x, w, b, bias=True, relu=True)
+        return ops.sum(tracing.bind(native.softmax_p, y) * ct)
 
     grads = engine.grad(ours, argnums=(0, 1, 2))(x, w, b)
     tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from fedarena import engine
-from fedarena.engine import native, ops, passes
-from fedarena.engine.executor import Executable
-from fedarena.engine.ir import Graph, Literal
+from fedarena.engine import ops, passes
+from fedarena.engine.compiler import native
+from fedarena.engine.backends.numpy.executor import Executable
+from fedarena.engine.core.ir import Graph, Literal
 
 from .graphs import V, eq, prims
 

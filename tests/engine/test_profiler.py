@@ -10,7 +10,7 @@ import pytest
 
 from fedarena import engine
 from fedarena.engine import nn, ops, optim
-from fedarena.engine.memory_plan import check_plan, liveness, nbytes, plan_memory
+from fedarena.engine.compiler.memory_plan import check_plan, liveness, nbytes, plan_memory
 
 
 def _train_step():

@@ -86,19 +86,25 @@ def test_registry_is_complete_right_after_import():
 
 
 def test_op_sets_are_derived_from_traits():
-    """The executor's emit rules', memory planner's, fusion's and vmap's op sets are the primitives' traits."""
+    """The executor's emit rules', memory planner's, fusion's, the cupy generator's op sets and vmap's
+elementwise batching are the primitives' traits."""
     import importlib
 
-    from fedarena.engine.tracing import TRAITS, names_with
+    from fedarena.engine.core.tracing import TRAITS, names_with
 
-    paths = {"emit_elementwise": "backends.numpy.emit_elementwise", "emit_shapes": "backends.numpy.emit_shapes", "memory_plan": "compiler.memory_plan", "fusion": "compiler.fusion", "vmap": "transforms.vmap"}
+    paths = {"emit_elementwise": "backends.numpy.emit_elementwise", "emit_shapes": "backends.numpy.emit_shapes", "memory_plan": "compiler.memory_plan", "fusion": "compiler.fusion", "cupy": "backends.cupy.kernels"}
     mods = {m: importlib.import_module(f"fedarena.engine.{p}") for m, p in paths.items()}
     for name, p in engine.PRIMITIVES.items():
         assert p.traits <= set(TRAITS), f"{name}: unknown traits {sorted(p.traits - set(TRAITS))}"
     assert mods["emit_elementwise"].ELEMENTWISE == names_with("elementwise") == mods["emit_shapes"].ELEMENTWISE
+    assert mods["emit_elementwise"].SCALAR_CONST_PRIMS == names_with("typed_scalars")
+    assert set(mods["emit_elementwise"].SCALAR_EXPR) == {n for n, p in engine.PRIMITIVES.items() if p.scalar_emit is not None}
     assert mods["memory_plan"].VIEW_PRIMITIVES == names_with("view")
     assert mods["fusion"].FUSIBLE == names_with("fusible")
-    assert set(mods["vmap"]._ELEMENTWISE) == names_with("elementwise")
+    from fedarena.engine.primitives.elementwise import batch_elementwise
+
+    assert all(engine.PRIMITIVES[n].batch is batch_elementwise for n in names_with("elementwise"))
+    assert mods["cupy"].ELEMENTWISE_OPS == names_with("elementwise") | names_with("fusible")
     ip = mods["memory_plan"].in_place_operands
     assert ip("mul", 2) == (0, 1) and ip("select", 3) == (2,) and ip("fused_elementwise", 2) == () and ip("matmul", 2) == ()
     # a new elementwise primitive joins every set through its traits alone

@@ -239,3 +239,60 @@ def test_secagg_round_without_enough_shares_is_abandoned_not_crashed():
     s1 = sec.aggregate(s0, ups, 5)
     assert sec.last_report["secagg_aborted"] == 1 and s1.round == 2
     np.testing.assert_array_equal(s1.params["w"], s0.params["w"])
+
+
+def test_linear_is_false_for_dp_fedavg_and_secagg_and_forwarded_by_other_wrappers():
+    """``linear`` means the aggregate is the server step of the updates' partial sum (the runtime's servers may
+    pre-aggregate): a forwarding wrapper keeps FedAvg's True and its partial path equals its aggregate; DP-FedAvg
+    (clips each update) and SecAgg (masks each update) report False whatever their inner strategy and refuse a
+    partial sum."""
+    from dataclasses import dataclass
+    from typing import Any
+
+    from fedarena.federated.wrappers import DPFedAvg, SecureAggregation, StrategyWrapper
+
+    @dataclass
+    class Forwarding(StrategyWrapper):
+        inner: Any
+
+    ups = [st.ClientUpdate(f"c{i}", {"w": np.random.default_rng(i).uniform(-0.05, 0.05, 6)}, 5 + i) for i in range(4)]
+    s0 = st.FedAvg().init_state({"w": np.zeros(6)})
+    fwd = Forwarding(st.FedAvg())
+    assert fwd.linear and st.FedAvg().linear
+    total = st.PartialAggregate()
+    for u in ups:
+        total.add(u.client_id, u.delta, u.num_examples)
+    np.testing.assert_allclose(fwd.aggregate_partial(s0, total).params["w"], fwd.aggregate(s0, ups, 4).params["w"])
+    mech = DPFedAvgMechanism(clip_norm=0.1, noise_multiplier=0.0, sample_rate=0.5, num_clients=4, seed=0)
+    for w in (DPFedAvg(st.FedAvg(), mech), SecureAggregation(st.FedAvg()), Forwarding(DPFedAvg(st.FedAvg(), mech))):
+        assert w.linear is False
+        with pytest.raises(ValueError, match="partial sum"):
+            w.aggregate_partial(s0, total)
+
+
+def test_the_scheduler_runs_secure_rounds_only_through_the_wrapper_around_a_linear_strategy(tmp_path):
+    from fedarena.federated import auth
+    from fedarena.federated.protocol import RoundConfig
+    from fedarena.federated.scheduler import RoundPolicy, Scheduler
+    from fedarena.federated.wrappers import SecureAggregation
+
+    params = {"w": np.zeros(3)}
+    secure_policy = RoundPolicy(clients_per_round=4, round_config=RoundConfig(secagg=True))
+    sched = Scheduler(secure_policy, params, auth.new_secret(), tmp_path / "a.fl")
+    assert isinstance(sched.strategy, SecureAggregation) and not sched.collect  # no delta ever reaches it
+    with pytest.raises(ValueError, match="secure rounds run the SecureAggregation wrapper"):
+        Scheduler(secure_policy, params, auth.new_secret(), tmp_path / "b.fl", strategy=st.FedAvg())
+    with pytest.raises(ValueError, match="inner strategy must be linear"):
+        Scheduler(RoundPolicy(clients_per_round=4), params, auth.new_secret(), tmp_path / "c.fl",
+                  strategy=SecureAggregation(st.RobustAggregate(rule="median")))
+    with pytest.raises(ValueError, match="strategy.secagg_scale: 3 clients x"):  # checked as the policy's own config
+        Scheduler(RoundPolicy(clients_per_round=4), params, auth.new_secret(), tmp_path / "d.fl",
+                  strategy=SecureAggregation(st.FedAvg(), scale=2.0 ** 30))
+    steps = Scheduler(RoundPolicy(clients_per_round=4), params, auth.new_secret(), tmp_path / "e.fl",
+                      strategy=st.FedAvg(st.FitConfig(lr=0.3, local_steps=5)))
+    with pytest.raises(ValueError, match="configure: round 1 asks for 5 local steps"):  # the round is abandoned
+        steps._round_config(1)
+    fit = Scheduler(RoundPolicy(clients_per_round=4), params, auth.new_secret(), tmp_path / "f.fl",
+                    strategy=st.FedAvg(st.FitConfig(epochs=3, batch_size=7, lr=0.3, prox_mu=0.01)))
+    cfg = fit._round_config(1)
+    assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.prox_mu, cfg.secagg) == (3, 7, 0.3, 0.01, False)

@@ -13,6 +13,8 @@ different transports and aggregation paths (partial sums, individual deltas over
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -174,18 +176,22 @@ def test_a_registered_rule_changes_the_model_and_its_params_are_checked():
 
 
 def test_secure_aggregation_gives_the_same_model_in_simulation_and_runtime(make_cluster):
-    """SecAgg: the simulation's SecureAggregation wrapper runs the real protocol objects in process, the runtime
-    relays every SecAgg message over gRPC; both quantize the same bounded inputs ``[clip(Delta) n / N, n / N]`` to the
-    same fixed point. The two trainers' float32 deltas may differ in their last bit (the runtime's engine trainer and
-    the batched one agree to ~1e-7), which can flip a fixed-point rounding; at scale 2^28 one flip moves the mean by
-    about 1e-7 of a coordinate, inside the tolerance."""
-    from fedarena.federated.stages import SecureAggregation
+    """SecAgg is one wrapper in both runtimes: the simulation's SecureAggregation runs the real protocol objects in
+    process; the scheduler gets the same wrapper as its strategy, which opens each round's protocol server and applies
+    the unmasked sum while the scheduler relays every SecAgg message over gRPC. Both quantize the same bounded inputs
+    ``[clip(Delta) n / N, n / N]`` to the same fixed point. The policy's round config (another lr, epochs and batch
+    size, no secagg) is overridden by the wrapper's ``configure`` and secure-round fields. The two trainers' float32
+    deltas may differ in their last bit (the runtime's engine trainer and the batched one agree to ~1e-7), which can
+    flip a fixed-point rounding; at scale 2^28 one flip moves the mean by about 1e-7 of a coordinate, inside the
+    tolerance."""
+    from fedarena.federated.wrappers import SecureAggregation
 
     opt = ServerOptimizer()
     secure = SecureAggregation(FedAvg(FIT, opt, clients_per_round=PER_ROUND), threshold=0.5, clip=0.5,
-                               scale=2.0 ** 28, weight_scale=10000)
-    cfg = secure.round_config(epochs=CFG.epochs, batch_size=CFG.batch_size, lr=CFG.lr, secagg_stage_seconds=30.0)
-    task, runtime, runtime_selected = _grpc(make_cluster, opt, cfg=cfg)
+                               scale=2.0 ** 28, weight_scale=10000, stage_seconds=30.0)
+    other = RoundConfig(epochs=1, batch_size=4, lr=0.5)
+    task, runtime, runtime_selected = _grpc(make_cluster, opt, cfg=other, strategy=secure)
+    assert secure.last_report["secagg_survivors"] == PER_ROUND  # the runtime's rounds went through the wrapper
     simulated, sim_selected = _simulate(task, secure)
     assert runtime_selected == sim_selected
     assert secure.last_report["secagg_survivors"] == PER_ROUND
@@ -193,6 +199,31 @@ def test_secure_aggregation_gives_the_same_model_in_simulation_and_runtime(make_
     _assert_same(simulated, runtime, init)
     plain, _ = _simulate(task, FedAvg(FIT, opt, clients_per_round=PER_ROUND))
     assert not np.allclose(_flat(plain), _flat(runtime), rtol=1e-9, atol=0)  # really the fixed-point path
+
+
+@dataclass(frozen=True)
+class ScheduledFedAvg(FedAvg):
+    """FedAvg whose ``configure`` changes the local training every round (lr decay, epochs alternating)."""
+
+    def configure(self, rnd, state):
+        return FitConfig(epochs=1 + rnd % 2, batch_size=self.fit.batch_size, lr=0.3 / rnd)
+
+
+def test_the_strategys_configure_sets_each_rounds_local_training_in_every_runtime(make_cluster, flower_rounds):
+    """``configure`` is the one source of a round's client config: a strategy whose configure changes lr and epochs
+    per round gives the same model in the simulation, the runtime (whose policy's round config says otherwise) and
+    Flower, and a different one than the constant FIT."""
+    opt = ServerOptimizer()
+    scheduled = ScheduledFedAvg(FIT, opt, clients_per_round=PER_ROUND)
+    task, runtime, runtime_selected = _grpc(make_cluster, opt, strategy=scheduled)
+    simulated, sim_selected = _simulate(task, scheduled)
+    flowered, flower_selected = flower_rounds(task, scheduled)
+    assert runtime_selected == sim_selected == flower_selected
+    init = task.trainer.init_params(0)
+    _assert_same(simulated, runtime, init)
+    _assert_same(flowered, runtime, init)
+    constant, _ = _simulate(task, FedAvg(FIT, opt, clients_per_round=PER_ROUND))
+    assert np.linalg.norm(_flat(constant) - _flat(runtime)) > 1e-3 * np.linalg.norm(_flat(constant))
 
 
 def test_eight_bit_uploads_give_the_same_model_in_every_runtime(make_cluster, flower_rounds):

@@ -28,7 +28,8 @@ import numpy as np
 
 from .. import primitives as P
 from ..core.ir import Eqn, Graph, ShapedArray, ShapeError, Var
-from ..primitives import _define, stmt
+from ..primitives.base import _define
+from ..primitives.emit import stmt
 
 from ..core import cext
 from ..core.cext import FLOATS, ROW_REDUCE_MAX, _native, available, row_reduce_native  # noqa: F401  (re-exported)

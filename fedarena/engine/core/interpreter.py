@@ -3,8 +3,9 @@ its inputs' values with a rule, over any value domain.
 
 Eager evaluation and inlining (``tracing.eval_graph``: the rule is ``bind``), the autodiff
 forward replay (values plus which of them carry a gradient), forward mode (primal and tangent
-pairs) and batching (value and whether it has a batch axis) are rules given to
-:func:`interpret`; only the rule and the lifting of constants into the domain differ.
+pairs), batching (value and whether it has a batch axis) and the profiler's per-equation timing
+(``profiler.profile_graph``: each numpy kernel call timed) are rules given to :func:`interpret`;
+only the rule and the lifting of constants into the domain differ.
 """
 
 from __future__ import annotations

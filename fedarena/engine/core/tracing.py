@@ -36,6 +36,20 @@ class Primitive:
     cotangents (``None`` for an output without one) and the list of outputs, its ``jvp`` the list of
     outputs and returns a list of tangents (``None`` for none), and its ``batch`` rule returns a list
     of values, all batched on axis 0.
+
+    ``batch(prim, vals, batched, size, **attrs)`` is the batching rule of ``vmap`` (``vals[i]`` has its
+    batch axis in front when ``batched[i]``; returns the result batched on axis 0); a primitive without
+    a specialised rule declares ``primitives.base.loop_batching``.  ``cuda(eqn, lib)`` is the cupy
+    backend's step rule (``lib``: the backend's kernel library; returns a step spec, ``None`` for the
+    host kernel on this equation); ``cuda_expr(ins, in_dtypes, out_dtype, attrs, weak)`` is an
+    elementwise primitive's C expression of one element for the generated kernels;
+    ``primitives.base.host_only`` declares a primitive run on the host on that backend.
+
+    A linear primitive declares ``transpose(need, ct, out, *ins, **attrs)`` (the transposed linear map:
+    one cotangent per operand, ``None`` for a non-linear one such as an index) and how it is linear
+    (``linearity``: in its first operand, jointly in all, or in each of two); its JVP is then the
+    primitive applied to the tangents and its VJP is the transpose (reverse mode = JVP + transposition,
+    as in JAX).
     """
 
     def __init__(self, name: str):
@@ -45,6 +59,14 @@ class Primitive:
         self.emit: Callable | None = None
         self.vjp: Callable | None = None
         self.jvp: Callable | None = None
+        self.batch: Callable | None = None
+        self.cuda: Callable | None = None
+        self.cuda_expr: Callable | None = None
+        self.transpose: Callable | None = None
+        # the numpy executor's form of the primitive on 0-d numpy scalars (a format string over the
+        # operands, or ``form(ctx, attrs) -> format string``); None: no scalar form
+        self.scalar_emit: str | Callable | None = None
+        self.linearity: str | None = None  # "first", "joint" or "bilinear" (see primitives.base.LINEARITY)
         self.multiple_results = False  # True: abstract_eval/impl/bind/rules give a list, one entry per output
         self.differentiable = True  # False: outputs carry no gradient (comparisons, argmax, ...)
         self.traits: frozenset = frozenset()  # see TRAITS
@@ -68,6 +90,8 @@ TRAITS = {
     "in_place": "the output may take over the buffer of any operand of its size and dtype (one ufunc pass)",
     "fusible": "the fusion pass may put it in a fused elementwise body",
     "view": "the executor may return a view of the first operand instead of a copy",
+    "typed_scalars": "emitted as one ufunc call on its operands, to which the numpy executor passes a Python-scalar "
+    "literal operand as a 0-d constant of the operation's type",
 }
 """The traits a primitive may carry; every op set of the compiler and backend is derived from them."""
 

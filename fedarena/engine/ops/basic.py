@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import primitives as P
+from ..primitives.conv import _pair
+from ..primitives.reductions import _norm_axes
 from ..core import buckets as _buckets
 from ..core.ir import ShapeError, TracerControlFlowError, check_dtype, is_float
 from ..core.tracing import Tracer, aval_of, bind
@@ -48,7 +50,7 @@ def _axes(axis: Any, nd: int) -> tuple:
         return tuple(range(nd))
     if isinstance(axis, (int, np.integer)):
         axis = (int(axis),)
-    return P._norm_axes(tuple(axis), nd)
+    return _norm_axes(tuple(axis), nd)
 
 
 # ============================================================================ elementwise
@@ -480,7 +482,7 @@ def expand_dims(x: Array, axis: Any) -> Array:
     x = _arr(x)
     axis = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     n = ndim(x) + len(axis)
-    return bind(P.expand_dims_p, x, axes=P._norm_axes(axis, n))
+    return bind(P.expand_dims_p, x, axes=_norm_axes(axis, n))
 
 
 def concatenate(arrays: Sequence[Array], axis: int = 0) -> Array:
@@ -582,7 +584,7 @@ def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any 
     ``lowered=False`` binds the single ``conv2d`` primitive (and adds the bias after).
     """
     x, w = _arr(x), _arr(w)
-    attrs = dict(stride=P._pair(stride), padding=P._pair(padding), dilation=P._pair(dilation))
+    attrs = dict(stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation))
     if not lowered:
         y = bind(P.conv2d_p, x, w, **attrs)
         return y if bias is None else add(y, reshape(_arr(bias), (1, -1, 1, 1)))
@@ -614,14 +616,14 @@ def conv2d(x: Array, w: Array, stride: Any = 1, padding: Any = 0, dilation: Any 
 
 
 def max_pool2d(x: Array, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Array:
-    k = P._pair(kernel_size)
-    return bind(P.max_pool2d_p, _arr(x), kernel=k, stride=P._pair(stride) if stride is not None else k, padding=P._pair(padding))
+    k = _pair(kernel_size)
+    return bind(P.max_pool2d_p, _arr(x), kernel=k, stride=_pair(stride) if stride is not None else k, padding=_pair(padding))
 
 
 def avg_pool2d(x: Array, kernel_size: Any, stride: Any = None, padding: Any = 0) -> Array:
     """Average pooling; padded zeros count in the average (PyTorch's count_include_pad=True)."""
-    k = P._pair(kernel_size)
-    return bind(P.avg_pool2d_p, _arr(x), kernel=k, stride=P._pair(stride) if stride is not None else k, padding=P._pair(padding))
+    k = _pair(kernel_size)
+    return bind(P.avg_pool2d_p, _arr(x), kernel=k, stride=_pair(stride) if stride is not None else k, padding=_pair(padding))
 
 
 # ============================================================================ composites
@@ -799,7 +801,7 @@ def cumsum(x: Array, axis: int | None = None) -> Array:
 def argsort(x: Array, axis: int = -1) -> Array:
     """numpy.argsort with ``kind="stable"`` (ties keep their order)."""
     x = _arr(x)
-    ax = P._norm_axes((axis,), ndim(x))[0]
+    ax = _norm_axes((axis,), ndim(x))[0]
     if ax == 0 and _buckets.leading(shape(x)) is not None:
         _buckets.refuse("sorting along the padded batch axis")
     return bind(P.reductions.argsort_p, x, axis=ax)

@@ -54,7 +54,24 @@ def _define(
     jvp: Callable | None = None,
     differentiable: bool = True,
     traits: Sequence[str] = (),
+    batch: Callable | None = None,
+    cuda: Callable | None = None,
+    cuda_expr: Callable | None = None,
+    transpose: Callable | None = None,
+    linearity: str | None = None,
+    scalar_emit: str | Callable | None = None,
 ) -> Primitive:
+    """Register primitive ``name`` with its rules (see :class:`~fedarena.engine.core.tracing.Primitive`):
+    shape/dtype ``rule``, numpy ``impl``, ``emit`` rule, ``vjp``/``jvp``, ``batch`` rule of vmap,
+    ``cuda`` step rule and ``cuda_expr`` element expression of the cupy backend, ``scalar_emit`` form
+    on 0-d numpy scalars for the numpy executor.
+
+    A linear primitive gives its ``transpose`` rule and its ``linearity`` (see :data:`LINEARITY`)
+    instead of a VJP: its VJP is the transpose and, unless ``jvp`` is given (to avoid materialising
+    zero tangents), its JVP is derived from the linearity."""
+    if transpose is not None:
+        if vjp is not None or linearity not in LINEARITY:
+            raise ValueError(f"{name}: a linear primitive gives a transpose rule and its linearity {sorted(LINEARITY)}, not a VJP")
     p = register(name)
     p.traits = frozenset(traits)
     p.abstract_eval = rule
@@ -63,7 +80,131 @@ def _define(
     p.vjp = vjp
     p.jvp = jvp
     p.differentiable = differentiable
+    p.batch = batch
+    p.cuda = cuda
+    p.cuda_expr = cuda_expr
+    p.transpose = transpose
+    p.linearity = linearity
+    p.scalar_emit = scalar_emit
+    if transpose is not None:
+        p.vjp = transpose  # reverse mode of a linear map: its transpose
+        if jvp is None:
+            p.jvp = LINEARITY[linearity](p)
     return p
+
+
+# ============================================================================ linear primitives
+# The JVP of a linear map is the map applied to the tangents; only its transpose is written by hand.
+
+
+def sum_tangents(out, *terms):
+    """The sum of the tangent terms that are not ``None``, each broadcast to ``out``'s shape."""
+    acc = None
+    for t in terms:
+        if t is None:
+            continue
+        t = _bcast_tangent(t, shape_of(out))
+        acc = t if acc is None else add(acc, t)
+    return acc
+
+
+def _first_linear_jvp(prim: Primitive) -> Callable:
+    """Linear in the first operand; the others (indices) carry no tangent."""
+
+    def jvp(ts, out, x, *rest, **attrs):
+        return None if ts[0] is None else bind(prim, ts[0], *rest, **attrs)
+
+    return jvp
+
+
+def _joint_linear_jvp(prim: Primitive) -> Callable:
+    """Linear in all operands together: the primitive of the tangents (zeros where none flows)."""
+
+    def jvp(ts, out, *xs, **attrs):
+        return bind(prim, *[zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)], **attrs)
+
+    return jvp
+
+
+def _bilinear_jvp(prim: Primitive) -> Callable:
+    """Linear in each of its two operands: ``f(tx, y) + f(x, ty)``."""
+
+    def jvp(ts, out, x, y, **attrs):
+        a = None if ts[0] is None else bind(prim, ts[0], y, **attrs)
+        b = None if ts[1] is None else bind(prim, x, ts[1], **attrs)
+        return sum_tangents(out, a, b)
+
+    return jvp
+
+
+LINEARITY = {"first": _first_linear_jvp, "joint": _joint_linear_jvp, "bilinear": _bilinear_jvp}
+"""How a linear primitive is linear, and the JVP that follows from it."""
+
+
+# ============================================================================ batching (vmap) helpers
+# A batching rule ``rule(prim, vals, batched, size, **attrs)`` gets ``vals[i]`` with its batch axis in
+# front when ``batched[i]`` and returns the result batched on axis 0 (JAX's batching interpreter;
+# Bradbury et al., "JAX: composable transformations of Python+NumPy programs", 2018).
+
+
+def _ndim(x: Any) -> int:
+    return len(aval_of(x).shape)
+
+
+def materialize(x: Any, size: int) -> Any:
+    """An unbatched value broadcast to carry a batch axis of ``size`` in front."""
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        x = np.asarray(x)
+    return broadcast_to(x, (size,) + shape_of(x))
+
+
+def all_batched(vals: Sequence[Any], batched: Sequence[bool], size: int) -> list:
+    """Every operand with a batch axis in front (unbatched ones broadcast)."""
+    return [v if b else materialize(v, size) for v, b in zip(vals, batched)]
+
+
+def move_to_front(x: Any, axis: int) -> Any:
+    """``x`` with its axis ``axis`` moved to the front."""
+    nd = _ndim(x)
+    axis = axis % nd
+    if axis == 0:
+        return x
+    return transpose(x, (axis,) + tuple(i for i in range(nd) if i != axis))
+
+
+def shift_axes(axes: Sequence[int], nd_unbatched: int) -> tuple:
+    """Axes of an unbatched operand of rank ``nd_unbatched`` as axes of its batched version."""
+    return tuple((int(a) % nd_unbatched) + 1 for a in axes)
+
+
+def fold_batch(x: Any) -> tuple[Any, tuple]:
+    """The batch axis folded into the next one: ``(B, N, ...) -> (B*N, ...)``, and the old shape."""
+    s = shape_of(x)
+    return reshape(x, (s[0] * s[1],) + s[2:]), s
+
+
+def loop_batching(prim: Primitive, vals, batched, size, **attrs):
+    """The batching rule of a primitive declared without a specialised one: unstack the batch,
+    apply the primitive per example, stack the results (correct for every primitive, fast for none)."""
+    outs = []
+    for i in range(size):
+        args = []
+        for v, b in zip(vals, batched):
+            if b:
+                nd = _ndim(v)
+                s = bind(PRIMITIVES["slice"], v, starts=(i,) + (0,) * (nd - 1), limits=(i + 1,) + shape_of(v)[1:], strides=(1,) * nd)
+                args.append(reshape(s, shape_of(v)[1:]))
+            else:
+                args.append(v)
+        outs.append(bind(prim, *args, **attrs))
+    if prim.multiple_results:  # one stack per output
+        return [bind(PRIMITIVES["stack"], *col, axis=0) for col in zip(*outs)]
+    return bind(PRIMITIVES["stack"], *outs, axis=0)
+
+
+def host_only(eqn: Any, lib: Any) -> None:
+    """The cupy rule of a primitive declared to run its numpy kernel on host copies on that backend."""
+    return None
 
 
 # Internal binders used by the rules (public, numpy-named versions live in ops.py).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.ir import EngineError, ShapeError
-from ..core.tracing import bind
+from ..core.tracing import PRIMITIVES, bind
 from .base import _define
 from .emit import expr
 
@@ -54,8 +54,19 @@ def _check_batch(prim, vals, batched, size, **attrs):
     return bind(prim, vals[0], **attrs)
 
 
-check_range_p = _define("check_range", _check_rule, _check_impl, _check_emit, differentiable=False)
-check_range_p.batch = _check_batch
+def _check_xp(xp, ins, attrs, out):
+    """Pass the indices through; one flag read back from the device says whether one is out of
+    range, and only then the host kernel runs to raise its error."""
+    x = ins[0]
+    out[...] = x
+    if x.size and bool(xp.any((x < attrs["lo"]) | (x >= attrs["hi"]))):
+        PRIMITIVES["check_range"].impl(np.asarray(x.get() if hasattr(x, "get") else x), **attrs)
+
+
+check_range_p = _define(
+    "check_range", _check_rule, _check_impl, _check_emit, differentiable=False,
+    batch=_check_batch, cuda=lambda e, lib: lib.xp(_check_xp, e),
+)
 
 
 def check_range(idx, lo: int, hi: int, message: str):

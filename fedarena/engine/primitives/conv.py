@@ -13,7 +13,7 @@ from ..core import cext
 from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
 from ..core.tracing import bind, user_source
 from .emit import expr, stmt
-from .base import _define, broadcast_to, cast, div, dtype_of, eq, matmul, mul, promote, reduce_sum, reshape, shape_of, transpose
+from .base import _define, fold_batch, host_only, loop_batching, broadcast_to, cast, div, dtype_of, eq, matmul, mul, promote, reduce_sum, reshape, shape_of, transpose
 from .elementwise import _sum_tangents
 from .linalg import _low_precision_matmul, _matmul_impl
 from .shapes import slice_p, stack_p
@@ -386,7 +386,23 @@ def _im2col_jvp(ts, out, x, **attrs):
     return bind(im2col_p, ts[0], **attrs)
 
 
-im2col_p = _define("im2col", _im2col_rule, _im2col_impl, _im2col_emit, _im2col_vjp)
+def fold_batching(prim, vals, batched, size, **attrs):
+    """Batching rule of the image primitives of one NCHW operand (im2col, pooling): the batch axis
+    folded into the images, ``(B, N, ...) -> (B*N, ...)``, and unfolded from the result."""
+    xf, s = fold_batch(vals[0])
+    out = bind(prim, xf, **attrs)
+    return reshape(out, (s[0], s[1]) + shape_of(out)[1:])
+
+
+def _im2col_cuda(e, lib):
+    if e.inputs[0].aval.dtype not in (np.float32, np.float64):
+        return None
+    return lib.kernel(lib.im2col_kernel(e.inputs[0].aval, e.attrs), [e.inputs[0]])
+
+
+im2col_p = _define(
+    "im2col", _im2col_rule, _im2col_impl, _im2col_emit, _im2col_vjp, batch=fold_batching, cuda=_im2col_cuda
+)
 # im2col(x; kernel, stride, padding, dilation, pad_value, phased=False, bias_row=None): the
 # convolution windows of an NCHW image as columns (N, KH*KW*C, L), rows in (kh, kw, c) order, plus
 # a last row of constant ``bias_row`` if given (see BiasRow).  Plain: L = OH*OW.
@@ -420,13 +436,30 @@ def _col2im_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {{o}})")
 
 
-def _col2im_vjp(need, ct, out, cols, x_shape, **attrs):
+def _col2im_transpose(need, ct, out, cols, x_shape, **attrs):
     return (bind(im2col_p, ct, pad_value=0.0, **attrs),)
 
 
-col2im_p = _define("col2im", _col2im_rule, _col2im_impl, _col2im_emit, _col2im_vjp)
+def _col2im_batch(prim, vals, batched, size, **attrs):
+    xf, s = fold_batch(vals[0])
+    xs = tuple(attrs["x_shape"])
+    out = bind(prim, xf, **dict(attrs, x_shape=(size * xs[0],) + xs[1:]))
+    return reshape(out, (size,) + xs)
+
+
+def _col2im_cuda(e, lib):
+    cols = e.inputs[0]
+    if cols.aval.dtype not in (np.float32, np.float64):
+        return None
+    make = lib.phase_col2im_kernel if e.attrs.get("phased") else lib.plain_col2im_kernel
+    return lib.kernel(make(cols.aval.shape[1], tuple(e.attrs["x_shape"]), cols.aval.dtype, e.attrs), [cols])
+
+
+col2im_p = _define(
+    "col2im", _col2im_rule, _col2im_impl, _col2im_emit, transpose=_col2im_transpose, linearity="first",
+    batch=_col2im_batch, cuda=_col2im_cuda,
+)
 im2col_p.jvp = _im2col_jvp
-col2im_p.jvp = lambda ts, out, c, **a: bind(col2im_p, ts[0], **a)
 
 
 # conv_gemm(w2, cols, x; geometry) = w2 @ cols, where cols must be im2col(x, phased=True, ...) with
@@ -481,8 +514,11 @@ def _conv_gemm_batch(prim, vals, batched, size, **attrs):
     return matmul(w, c)
 
 
-conv_gemm_p = _define("conv_gemm", _conv_gemm_rule, lambda w2, cols, x, **a: _matmul_impl(w2, cols), _conv_gemm_emit, _conv_gemm_vjp, _conv_gemm_jvp)
-conv_gemm_p.batch = _conv_gemm_batch
+conv_gemm_p = _define(
+    "conv_gemm", _conv_gemm_rule, lambda w2, cols, x, **a: _matmul_impl(w2, cols), _conv_gemm_emit, _conv_gemm_vjp, _conv_gemm_jvp,
+    batch=_conv_gemm_batch,
+    cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: xp.matmul(ins[0], ins[1], out=out), e),
+)
 
 
 def _conv_input_grad_rule(avals, attrs, weak):
@@ -508,19 +544,13 @@ def _conv_input_grad_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {ins[1]}, {{o}})")
 
 
-def _conv_input_grad_vjp(need, g, out, ct, w2, x_shape, **geo):
+def _conv_input_grad_transpose(need, g, out, ct, w2, x_shape, **geo):
     # conv_input_grad(ct, w2) = col2im(w2[:, :K]^T @ ct): transpose through im2col of g
     extra = {"bias_row": 0.0} if shape_of(w2)[1] != geo["kernel"][0] * geo["kernel"][1] * x_shape[1] else {}
     cols = bind(im2col_p, g, pad_value=0.0, phased=True, **geo, **extra)
     g_ct = matmul(w2, cols) if need[0] else None
     g_w2 = reduce_sum(matmul(ct, transpose(cols, (0, 2, 1))), (0,)) if need[1] else None
     return (g_ct, g_w2)
-
-
-def _conv_input_grad_jvp(ts, out, ct, w2, **attrs):
-    a = None if ts[0] is None else bind(conv_input_grad_p, ts[0], w2, **attrs)
-    b = None if ts[1] is None else bind(conv_input_grad_p, ct, ts[1], **attrs)
-    return _sum_tangents(out, a, b)
 
 
 def _conv_input_grad_batch(prim, vals, batched, size, **attrs):
@@ -538,10 +568,21 @@ def _conv_input_grad_batch(prim, vals, batched, size, **attrs):
     return bind(stack_p, *outs, axis=0)
 
 
+def _conv_input_grad_cuda(e, lib):
+    """A GEMM ``w2^T @ ct`` into columns, then the phase-plane col2im kernel."""
+    odt = e.outputs[0].aval.dtype
+    if odt not in (np.float32, np.float64) or any(a.aval.dtype != odt for a in e.inputs):
+        return None
+    ct, w2 = e.inputs
+    return lib.col2im(lib.phase_col2im_kernel(w2.aval.shape[1], tuple(e.attrs["x_shape"]), odt, e.attrs), [ct, w2])
+
+
 conv_input_grad_p = _define(
-    "conv_input_grad", _conv_input_grad_rule, _conv_input_grad_impl, _conv_input_grad_emit, _conv_input_grad_vjp, _conv_input_grad_jvp
+    "conv_input_grad", _conv_input_grad_rule, _conv_input_grad_impl, _conv_input_grad_emit,
+    transpose=_conv_input_grad_transpose, linearity="bilinear",
+    batch=_conv_input_grad_batch,
+    cuda=_conv_input_grad_cuda,
 )
-conv_input_grad_p.batch = _conv_input_grad_batch
 
 
 def _conv_rule(avals, attrs, weak):
@@ -593,7 +634,7 @@ def _conv_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{k}({ins[0]}, {ins[1]}, {{o}})")
 
 
-def _conv_vjp(need, ct, out, x, w, stride, padding, dilation):
+def _conv_transpose(need, ct, out, x, w, stride, padding, dilation):
     n = shape_of(x)[0]
     o, c, kh, kw = shape_of(w)
     cs = shape_of(ct)
@@ -610,10 +651,17 @@ def _conv_vjp(need, ct, out, x, w, stride, padding, dilation):
     return (gx, gw)
 
 
-def _conv_jvp(ts, out, x, w, stride, padding, dilation):
-    a = None if ts[0] is None else bind(conv2d_p, ts[0], w, stride=stride, padding=padding, dilation=dilation)
-    b = None if ts[1] is None else bind(conv2d_p, x, ts[1], stride=stride, padding=padding, dilation=dilation)
-    return _sum_tangents(out, a, b)
+def _conv2d_batch(prim, vals, batched, size, **attrs):
+    x, w = vals
+    if batched[1]:  # per-example filters: one convolution per example
+        return loop_batching(prim, vals, batched, size, **attrs)
+    xf, s = fold_batch(x)
+    out = bind(prim, xf, w, **attrs)
+    return reshape(out, (s[0], s[1]) + shape_of(out)[1:])
 
 
-conv2d_p = _define("conv2d", _conv_rule, _conv_impl, _conv_emit, _conv_vjp, _conv_jvp)
+conv2d_p = _define(
+    "conv2d", _conv_rule, _conv_impl, _conv_emit, transpose=_conv_transpose, linearity="bilinear",
+    batch=_conv2d_batch,
+    cuda=host_only,  # the cupy backend's graphs carry im2col + conv_gemm (ops.conv2d), not conv2d
+)

@@ -18,10 +18,26 @@ import numpy as np
 
 from ..core.ir import ShapeError, ShapedArray, is_float
 from ..core.tracing import aval_of, bind
+from . import cuda as C
 from .emit import Code, expr, stmt
-from .base import _bcast_tangent, _define, _floatify, add, broadcast_shapes, cast, div, dtype_of, eq, exp, full, ge, gt, le, log, logical_and, mul, neg, promote, reshape, select, shape_of, sign, sub, unbroadcast
+from .base import sum_tangents as _sum_tangents  # noqa: F401  (the families' JVPs import it from here)
+from .base import _bcast_tangent, _define, loop_batching, _floatify, add, broadcast_shapes, cast, div, dtype_of, eq, exp, full, ge, gt, le, log, logical_and, mul, neg, promote, reshape, select, shape_of, sign, sub, unbroadcast
 
 # ============================================================================ elementwise
+
+
+def batch_elementwise(prim, vals, batched, size, **attrs):
+    """Batching rule of any broadcasting elementwise primitive: batched operands get their batch
+    axis in front of as many unit axes as the unbatched rank needs, numpy broadcasting does the rest."""
+    rank = max((len(aval_of(v).shape) - (1 if b else 0) for v, b in zip(vals, batched)), default=0)
+    out = []
+    for v, b in zip(vals, batched):
+        s = aval_of(v).shape
+        if b and len(s) - 1 < rank:
+            v = reshape(v, (s[0],) + (1,) * (rank - (len(s) - 1)) + s[1:])
+        out.append(v)
+    return bind(prim, *out, **attrs)
+
 
 
 def _ew_rule(kind: str):
@@ -82,7 +98,7 @@ def _ufunc_emit(uf_name: str):
 UFUNC = ("elementwise", "in_place", "fusible")  # traits of a plain numpy ufunc
 
 
-def _unary(name, uf, uf_name, kind, vjp_from_out=None, vjp_from_x=None):
+def _unary(name, uf, uf_name, kind, cuda_expr, vjp_from_out=None, vjp_from_x=None, scalar_emit=None):
     """A unary elementwise primitive whose derivative is ``d(x, out)``; its JVP is the same
     diagonal scaling as its VJP."""
     d = vjp_from_out or vjp_from_x
@@ -94,22 +110,36 @@ def _unary(name, uf, uf_name, kind, vjp_from_out=None, vjp_from_x=None):
         t = tangents[0]
         return d(t, x, out)
 
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC)
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC, batch=batch_elementwise, cuda_expr=cuda_expr,
+                   scalar_emit=scalar_emit)
 
 
-neg_p = _unary("neg", np.negative, "np.negative", "promote", vjp_from_x=lambda ct, x, out: neg(ct))
-exp_p = _unary("exp", np.exp, "np.exp", "float", vjp_from_out=lambda ct, x, out: mul(ct, out))
-log_p = _unary("log", np.log, "np.log", "float", vjp_from_x=lambda ct, x, out: div(ct, x))
-log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)))
-tanh_p = _unary("tanh", np.tanh, "np.tanh", "float", vjp_from_out=lambda ct, x, out: mul(ct, sub(1.0, mul(out, out))))
-logistic_p = _unary(
-    "logistic", expit, "_expit", "float", vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out)))
+neg_p = _define(
+    "neg", _ew_rule("promote"), _ufunc_impl(np.negative), _ufunc_emit("np.negative"),
+    transpose=lambda need, ct, out, x: (neg(ct),), linearity="first",
+    traits=UFUNC, batch=batch_elementwise, cuda_expr=C.unary(lambda x, o: f"(-{x})"), scalar_emit="(-{0})",
 )
-sqrt_p = _unary("sqrt", np.sqrt, "np.sqrt", "float", vjp_from_out=lambda ct, x, out: div(ct, mul(out, 2.0)))
-sin_p = _unary("sin", np.sin, "np.sin", "float", vjp_from_x=lambda ct, x, out: mul(ct, bind(cos_p, x)))
-cos_p = _unary("cos", np.cos, "np.cos", "float", vjp_from_x=lambda ct, x, out: neg(mul(ct, bind(sin_p, x))))
-abs_p = _unary("abs", np.abs, "np.absolute", "promote", vjp_from_x=lambda ct, x, out: mul(ct, sign(x)))
-sign_p = _define("sign", _ew_rule("promote"), _ufunc_impl(np.sign), _ufunc_emit("np.sign"), differentiable=False)
+exp_p = _unary("exp", np.exp, "np.exp", "float", C.math_fn("exp"), vjp_from_out=lambda ct, x, out: mul(ct, out), scalar_emit="np.exp({0})")
+log_p = _unary("log", np.log, "np.log", "float", C.math_fn("log"), vjp_from_x=lambda ct, x, out: div(ct, x), scalar_emit="np.log({0})")
+log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", C.math_fn("log1p"), vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)), scalar_emit="np.log1p({0})")
+tanh_p = _unary("tanh", np.tanh, "np.tanh", "float", C.math_fn("tanh"), vjp_from_out=lambda ct, x, out: mul(ct, sub(1.0, mul(out, out))), scalar_emit="np.tanh({0})")
+logistic_p = _unary(
+    "logistic", expit, "_expit", "float",
+    C.float_only(lambda x, o: f"({C.c_literal(1, o)} / ({C.c_literal(1, o)} + {C.c_fn('exp', o)}(-{x[0]})))", "logistic"),
+    vjp_from_out=lambda ct, x, out: mul(ct, mul(out, sub(1.0, out))),
+    scalar_emit="_expit({0})",
+)
+sqrt_p = _unary("sqrt", np.sqrt, "np.sqrt", "float", C.math_fn("sqrt"), vjp_from_out=lambda ct, x, out: div(ct, mul(out, 2.0)), scalar_emit="np.sqrt({0})")
+sin_p = _unary("sin", np.sin, "np.sin", "float", C.math_fn("sin"), vjp_from_x=lambda ct, x, out: mul(ct, bind(cos_p, x)), scalar_emit="np.sin({0})")
+cos_p = _unary("cos", np.cos, "np.cos", "float", C.math_fn("cos"), vjp_from_x=lambda ct, x, out: neg(mul(ct, bind(sin_p, x))), scalar_emit="np.cos({0})")
+abs_p = _unary(
+    "abs", np.abs, "np.absolute", "promote",
+    C.unary(lambda x, o: f"{C.c_fn('fabs', o)}({x})" if o.kind == "f" else f"({x} < 0 ? ({C.CTYPE[o]})(-{x}) : {x})"),
+    vjp_from_x=lambda ct, x, out: mul(ct, sign(x)),
+    scalar_emit="np.absolute({0})",
+)
+sign_p = _define("sign", _ew_rule("promote"), _ufunc_impl(np.sign), _ufunc_emit("np.sign"), differentiable=False,
+                 batch=batch_elementwise, cuda_expr=C.helper("fe_sign"), scalar_emit="np.sign({0})")
 
 
 def _rsqrt_impl(x, **attrs):
@@ -127,6 +157,8 @@ rsqrt_p = _define(
     _rsqrt_emit,
     vjp=lambda need, ct, out, x: (mul(ct, div(mul(out, -0.5), x)),),
     jvp=lambda ts, out, x: mul(ts[0], div(mul(out, -0.5), x)),
+    batch=batch_elementwise,
+    cuda_expr=C.float_only(lambda x, o: f"({C.c_literal(1, o)} / {C.c_fn('sqrt', o)}({x[0]}))", "rsqrt"),
 )
 
 
@@ -145,24 +177,27 @@ relu_p = _define(
     _relu_emit,
     vjp=lambda need, ct, out, x: (mul(ct, gt(out, 0)),),
     jvp=lambda ts, out, x: mul(ts[0], gt(out, 0)),
+    batch=batch_elementwise,
+    cuda_expr=C.unary(lambda x, o: f"fe_max<{C.CTYPE[o]}>({x}, ({C.CTYPE[o]})0)"),
 )
 
 # ---------------------------------------------------------------------------- binary
 
 
-def _binary(name, uf, uf_name, kind, vjp=None, jvp=None, differentiable=True):
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC)
+def _binary(name, uf, uf_name, kind, cuda_expr, vjp=None, jvp=None, differentiable=True, transpose=None, linearity=None, scalar_emit=None):
+    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC + ("typed_scalars",),
+                   batch=batch_elementwise, cuda_expr=cuda_expr, transpose=transpose, linearity=linearity, scalar_emit=scalar_emit)
 
 
-def _add_vjp(need, ct, out, x, y):
+def _add_transpose(need, ct, out, x, y):
     return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(ct, shape_of(y)) if need[1] else None)
 
 
-def _sub_vjp(need, ct, out, x, y):
+def _sub_transpose(need, ct, out, x, y):
     return (unbroadcast(ct, shape_of(x)) if need[0] else None, unbroadcast(neg(ct), shape_of(y)) if need[1] else None)
 
 
-def _mul_vjp(need, ct, out, x, y):
+def _mul_transpose(need, ct, out, x, y):
     return (
         unbroadcast(mul(ct, y), shape_of(x)) if need[0] else None,
         unbroadcast(mul(ct, x), shape_of(y)) if need[1] else None,
@@ -194,26 +229,14 @@ def _pow_vjp(need, ct, out, x, y):
     return (gx, gy)
 
 
-def _sum_tangents(out, *terms):
-    acc = None
-    for t in terms:
-        if t is None:
-            continue
-        t = _bcast_tangent(t, shape_of(out))
-        acc = t if acc is None else add(acc, t)
-    return acc
-
-
+# add and sub are linear (their VJP is their transpose) but keep their own JVP: a missing tangent adds
+# nothing (no zero array is materialised) and each tangent is broadcast to the output's shape.
 def _add_jvp(ts, out, x, y):
     return _sum_tangents(out, ts[0], ts[1])
 
 
 def _sub_jvp(ts, out, x, y):
     return _sum_tangents(out, ts[0], None if ts[1] is None else neg(ts[1]))
-
-
-def _mul_jvp(ts, out, x, y):
-    return _sum_tangents(out, None if ts[0] is None else mul(ts[0], y), None if ts[1] is None else mul(x, ts[1]))
 
 
 def _div_jvp(ts, out, x, y):
@@ -260,22 +283,24 @@ def _pow_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.power({ins[0]}, {ins[1]}, {{o}})")
 
 
-add_p = _binary("add", np.add, "np.add", "promote", _add_vjp, _add_jvp)
-sub_p = _binary("sub", np.subtract, "np.subtract", "promote", _sub_vjp, _sub_jvp)
-mul_p = _binary("mul", np.multiply, "np.multiply", "promote", _mul_vjp, _mul_jvp)
-div_p = _binary("div", np.true_divide, "np.true_divide", "float", _div_vjp, _div_jvp)
-pow_p = _define("pow", _ew_rule("promote"), _ufunc_impl(np.power), _pow_emit, _pow_vjp, _pow_jvp)
-max_p = _binary("maximum", np.maximum, "np.maximum", "promote", _minmax_vjp(True), _minmax_jvp(True))
-min_p = _binary("minimum", np.minimum, "np.minimum", "promote", _minmax_vjp(False), _minmax_jvp(False))
-eq_p = _binary("eq", np.equal, "np.equal", "bool", differentiable=False)
-ne_p = _binary("ne", np.not_equal, "np.not_equal", "bool", differentiable=False)
-lt_p = _binary("lt", np.less, "np.less", "bool", differentiable=False)
-le_p = _binary("le", np.less_equal, "np.less_equal", "bool", differentiable=False)
-gt_p = _binary("gt", np.greater, "np.greater", "bool", differentiable=False)
-ge_p = _binary("ge", np.greater_equal, "np.greater_equal", "bool", differentiable=False)
-and_p = _binary("and", np.logical_and, "np.logical_and", "logical", differentiable=False)
-or_p = _binary("or", np.logical_or, "np.logical_or", "logical", differentiable=False)
-not_p = _define("not", _ew_rule("logical"), _ufunc_impl(np.logical_not), _ufunc_emit("np.logical_not"), differentiable=False)
+add_p = _binary("add", np.add, "np.add", "promote", C.infix("+", "||"), jvp=_add_jvp, transpose=_add_transpose, linearity="joint", scalar_emit="({0} + {1})")
+sub_p = _binary("sub", np.subtract, "np.subtract", "promote", C.infix("-"), jvp=_sub_jvp, transpose=_sub_transpose, linearity="joint", scalar_emit="({0} - {1})")
+mul_p = _binary("mul", np.multiply, "np.multiply", "promote", C.infix("*", "&&"), transpose=_mul_transpose, linearity="bilinear", scalar_emit="({0} * {1})")
+div_p = _binary("div", np.true_divide, "np.true_divide", "float", C.infix("/"), _div_vjp, _div_jvp, scalar_emit="({0} / {1})")
+pow_p = _define("pow", _ew_rule("promote"), _ufunc_impl(np.power), _pow_emit, _pow_vjp, _pow_jvp,
+                batch=batch_elementwise, cuda_expr=C.float_or_int("pow", "fe_ipow"), scalar_emit="({0} ** {1})")
+max_p = _binary("maximum", np.maximum, "np.maximum", "promote", C.helper("fe_max"), _minmax_vjp(True), _minmax_jvp(True), scalar_emit="np.maximum({0}, {1})")
+min_p = _binary("minimum", np.minimum, "np.minimum", "promote", C.helper("fe_min"), _minmax_vjp(False), _minmax_jvp(False), scalar_emit="np.minimum({0}, {1})")
+eq_p = _binary("eq", np.equal, "np.equal", "bool", C.compare("=="), differentiable=False, scalar_emit="({0} == {1})")
+ne_p = _binary("ne", np.not_equal, "np.not_equal", "bool", C.compare("!="), differentiable=False, scalar_emit="({0} != {1})")
+lt_p = _binary("lt", np.less, "np.less", "bool", C.compare("<"), differentiable=False, scalar_emit="({0} < {1})")
+le_p = _binary("le", np.less_equal, "np.less_equal", "bool", C.compare("<="), differentiable=False, scalar_emit="({0} <= {1})")
+gt_p = _binary("gt", np.greater, "np.greater", "bool", C.compare(">"), differentiable=False, scalar_emit="({0} > {1})")
+ge_p = _binary("ge", np.greater_equal, "np.greater_equal", "bool", C.compare(">="), differentiable=False, scalar_emit="({0} >= {1})")
+and_p = _binary("and", np.logical_and, "np.logical_and", "logical", C.logical("&&"), differentiable=False)
+or_p = _binary("or", np.logical_or, "np.logical_or", "logical", C.logical("||"), differentiable=False)
+not_p = _define("not", _ew_rule("logical"), _ufunc_impl(np.logical_not), _ufunc_emit("np.logical_not"), differentiable=False,
+                batch=batch_elementwise, cuda_expr=lambda ins, in_dts, o, attrs, weak: f"(!{ins[0]})")
 
 
 # ---------------------------------------------------------------------------- select, cast, clip, stop_gradient
@@ -311,7 +336,10 @@ def _select_jvp(ts, out, p, a, b):
     return select(p, ta, tb)
 
 
-select_p = _define("select", _select_rule, _select_impl, _select_emit, _select_vjp, _select_jvp)
+select_p = _define(
+    "select", _select_rule, _select_impl, _select_emit, _select_vjp, _select_jvp, batch=batch_elementwise,
+    cuda_expr=lambda ins, in_dts, o, attrs, weak: f"({ins[0]} ? {C.c_cast(ins[1], o)} : {C.c_cast(ins[2], o)})",
+)
 
 
 def _cast_rule(avals, attrs, weak):
@@ -334,7 +362,19 @@ def _cast_jvp(ts, out, x, dtype):
     return cast(ts[0], dtype) if is_float(dtype) else None
 
 
-cast_p = _define("cast", _cast_rule, _cast_impl, _cast_emit, _cast_vjp, _cast_jvp)
+def _cast_cuda(ins, in_dts, o, attrs, weak):
+    return f"({ins[0]} != 0)" if o == np.bool_ else C.c_cast(ins[0], o)
+
+
+def _cast_scalar(ctx, attrs):
+    dt = attrs["dtype"] if isinstance(attrs["dtype"], np.dtype) else np.dtype(attrs["dtype"])
+    return ctx.const(dt.type) + "({0})"
+
+
+cast_p = _define(
+    "cast", _cast_rule, _cast_impl, _cast_emit, _cast_vjp, _cast_jvp, batch=batch_elementwise, cuda_expr=_cast_cuda,
+    scalar_emit=_cast_scalar,
+)
 
 
 def _same_rule(avals, attrs, weak):
@@ -355,6 +395,11 @@ def _clip_mask(x, lo, hi):
     return logical_and(ge(x, lo), le(x, hi))
 
 
+def _clip_cuda(ins, in_dts, o, attrs, weak):
+    ct, x = C.CTYPE[o], C.c_cast(ins[0], o)
+    return f"fe_min<{ct}>(fe_max<{ct}>({x}, {C.c_literal(attrs['lo'], o)}), {C.c_literal(attrs['hi'], o)})"
+
+
 clip_p = _define(
     "clip",
     _same_rule,
@@ -362,6 +407,8 @@ clip_p = _define(
     _clip_emit,
     vjp=lambda need, ct, out, x, lo, hi: (mul(ct, _clip_mask(x, lo, hi)),),
     jvp=lambda ts, out, x, lo, hi: mul(ts[0], _clip_mask(x, lo, hi)),
+    batch=batch_elementwise,
+    cuda_expr=_clip_cuda,
 )
 
 
@@ -370,7 +417,8 @@ def _identity_emit(ctx, ins, attrs, in_avals, out_aval):
 
 
 stop_gradient_p = _define(
-    "stop_gradient", _same_rule, lambda x: np.array(x, copy=True), _identity_emit, differentiable=False
+    "stop_gradient", _same_rule, lambda x: np.array(x, copy=True), _identity_emit, differentiable=False,
+    batch=batch_elementwise, cuda=lambda e, lib: lib.view(lambda xp, x: x, e),
 )
 
 
@@ -386,23 +434,14 @@ def _full_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{{o}}.fill({attrs['value']!r})")
 
 
-full_p = _define("full", _full_rule, _full_impl, _full_emit, differentiable=False)
+full_p = _define(
+    "full", _full_rule, _full_impl, _full_emit, differentiable=False,
+    batch=loop_batching,  # never called: full has no operands, so it is never batched
+    cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: out.fill(attrs["value"]), e),
+)
 
 
 
-
-
-def batch_elementwise(prim, vals, batched, size, **attrs):
-    """Batching rule of any broadcasting elementwise primitive: batched operands get their batch
-    axis in front of as many unit axes as the unbatched rank needs, numpy broadcasting does the rest."""
-    rank = max((len(aval_of(v).shape) - (1 if b else 0) for v, b in zip(vals, batched)), default=0)
-    out = []
-    for v, b in zip(vals, batched):
-        s = aval_of(v).shape
-        if b and len(s) - 1 < rank:
-            v = reshape(v, (s[0],) + (1,) * (rank - (len(s) - 1)) + s[1:])
-        out.append(v)
-    return bind(prim, *out, **attrs)
 
 
 def _float_or_int_rule(kind):
@@ -418,7 +457,8 @@ def _float_or_int_rule(kind):
 
 
 floor_divide_p = _define(
-    "floor_divide", _float_or_int_rule("promote"), _ufunc_impl(np.floor_divide), _ufunc_emit("np.floor_divide"), differentiable=False
+    "floor_divide", _float_or_int_rule("promote"), _ufunc_impl(np.floor_divide), _ufunc_emit("np.floor_divide"), differentiable=False,
+    batch=batch_elementwise, cuda_expr=C.float_or_int("fe_floordiv", "fe_ifloordiv"),
 )
 
 
@@ -432,9 +472,12 @@ def _mod_jvp(ts, out, x, y):
     return _sum_tangents(out, ts[0], None if ts[1] is None else neg(mul(ts[1], bind(floor_divide_p, x, y))))
 
 
-mod_p = _define("mod", _float_or_int_rule("promote"), _ufunc_impl(np.remainder), _ufunc_emit("np.remainder"), _mod_vjp, _mod_jvp)
-isnan_p = _define("isnan", _ew_rule("bool"), _ufunc_impl(np.isnan), _ufunc_emit("np.isnan"), differentiable=False)
-isfinite_p = _define("isfinite", _ew_rule("bool"), _ufunc_impl(np.isfinite), _ufunc_emit("np.isfinite"), differentiable=False)
+mod_p = _define("mod", _float_or_int_rule("promote"), _ufunc_impl(np.remainder), _ufunc_emit("np.remainder"), _mod_vjp, _mod_jvp,
+                batch=batch_elementwise, cuda_expr=C.float_or_int("fe_fmod", "fe_imod"))
+isnan_p = _define("isnan", _ew_rule("bool"), _ufunc_impl(np.isnan), _ufunc_emit("np.isnan"), differentiable=False, batch=batch_elementwise,
+                  cuda_expr=lambda ins, in_dts, o, attrs, weak: f"({ins[0]} != {ins[0]})" if in_dts[0].kind == "f" else "false")
+isfinite_p = _define("isfinite", _ew_rule("bool"), _ufunc_impl(np.isfinite), _ufunc_emit("np.isfinite"), differentiable=False, batch=batch_elementwise,
+                     cuda_expr=lambda ins, in_dts, o, attrs, weak: f"fe_isfinite({ins[0]})" if in_dts[0].kind == "f" else "true")
 
 
 
@@ -449,10 +492,10 @@ erf_p = _define(
     lambda ctx, ins, attrs, in_avals, out_aval: Code(f"{ctx.const(erf)}({ins[0]}, {{o}})", "stmt", f"{ctx.const(erf)}({ins[0]})"),
     vjp=lambda need, ct, out, x: (mul(ct, _erf_scale(x)),),
     jvp=lambda ts, out, x: mul(ts[0], _erf_scale(x)),
+    batch=batch_elementwise,
+    cuda_expr=C.math_fn("erf"),
 )
 
-for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
-    _p.batch = batch_elementwise
 
 
 # traits of the primitives not made by _unary/_binary (rsqrt is sqrt(x, out) then reciprocal(out, out):
@@ -461,10 +504,9 @@ for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
 # the fusion pass and the native VM do not know)
 for _p in (sign_p, rsqrt_p, relu_p, pow_p, not_p, clip_p):
     _p.traits = frozenset(UFUNC)
-select_p.traits = frozenset({"elementwise", "fusible"})
+select_p.traits = frozenset({"elementwise", "fusible", "typed_scalars"})
 select_p.in_place_operands = (2,)
 cast_p.traits = frozenset({"elementwise", "in_place"})
 for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
     _p.traits = frozenset({"elementwise", "in_place"})
 stop_gradient_p.traits = frozenset({"view"})
-stop_gradient_p.batch = batch_elementwise

@@ -9,7 +9,9 @@ import numpy as np
 from ..core.ir import ShapeError, ShapedArray
 from ..core.tracing import bind
 from .emit import expr, stmt
-from .base import _define, shape_of
+from ..core.tracing import aval_of
+from .base import _define, all_batched, move_to_front, reshape, shape_of, transpose
+from .base import add as _add
 from .reductions import _norm_axes
 
 # ============================================================================ gather / scatter / take / one_hot
@@ -123,15 +125,25 @@ def _gather_emit(ctx, ins, attrs, in_avals, out_aval):
     return expr(f"{ins[0]}[{', '.join(names)},]")
 
 
-def _gather_vjp(need, ct, out, x, idx, axis):
+def _gather_transpose(need, ct, out, x, idx, axis):
     return (bind(scatter_add_p, ct, idx, axis=axis, shape=shape_of(x)), None)
 
 
-def _gather_jvp(ts, out, x, idx, axis):
-    return bind(gather_p, ts[0], idx, axis=axis)
+def _gather_batch(prim, vals, batched, size, axis):
+    x, idx = all_batched(vals, batched, size)
+    return bind(prim, x, idx, axis=(int(axis) % (len(shape_of(x)) - 1)) + 1)
 
 
-gather_p = _define("gather", _gather_rule, _gather_impl, _gather_emit, _gather_vjp, _gather_jvp)
+def _gather_cuda(e, lib):
+    if e.inputs[0].aval.dtype not in lib.CTYPE:
+        return None
+    return lib.kernel(lib.gather_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"]), e.inputs)
+
+
+gather_p = _define(
+    "gather", _gather_rule, _gather_impl, _gather_emit, transpose=_gather_transpose, linearity="first",
+    batch=_gather_batch, cuda=_gather_cuda,
+)
 
 
 def _scatter_rule(avals, attrs, weak):
@@ -164,12 +176,25 @@ def _scatter_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{{o}}.fill(0); np.add.at({{o}}, ({names},), {ins[0]})")
 
 
-def _scatter_vjp(need, ct, out, upd, idx, axis, shape):
+def _scatter_transpose(need, ct, out, upd, idx, axis, shape):
     return (bind(gather_p, ct, idx, axis=axis), None)
 
 
-scatter_add_p = _define("scatter_add", _scatter_rule, _scatter_impl, _scatter_emit, _scatter_vjp)
-scatter_add_p.jvp = lambda ts, out, upd, idx, axis, shape: bind(scatter_add_p, ts[0], idx, axis=axis, shape=shape)
+def _scatter_batch(prim, vals, batched, size, axis, shape):
+    upd, idx = all_batched(vals, batched, size)
+    return bind(prim, upd, idx, axis=(int(axis) % len(shape)) + 1, shape=(size,) + tuple(shape))
+
+
+def _scatter_cuda(e, lib):
+    if e.inputs[0].aval.dtype not in lib.ATOMIC_ADD:
+        return None
+    return lib.scatter(lib.scatter_add_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"], tuple(e.attrs["shape"])), e.inputs)
+
+
+scatter_add_p = _define(
+    "scatter_add", _scatter_rule, _scatter_impl, _scatter_emit, transpose=_scatter_transpose, linearity="first",
+    batch=_scatter_batch, cuda=_scatter_cuda,
+)
 
 
 def _take_rule(avals, attrs, weak):
@@ -183,12 +208,51 @@ def _take_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.take({ins[0]}, {ins[1]}, axis={attrs['axis']}, out={{o}})")
 
 
-def _take_vjp(need, ct, out, x, idx, axis):
+def _take_transpose(need, ct, out, x, idx, axis):
     return (bind(index_add_p, ct, idx, axis=axis % len(shape_of(x)), size=shape_of(x)[axis]), None)
 
 
-take_p = _define("take", _take_rule, lambda x, idx, axis: np.take(x, idx, axis=axis), _take_emit, _take_vjp)
-take_p.jvp = lambda ts, out, x, idx, axis: bind(take_p, ts[0], idx, axis=axis)
+def _batch_offsets(idx, size: int, n: int):
+    """``idx[b] + b * n``: indices into the batch-flattened axis."""
+    off = np.arange(size, dtype=aval_of(idx).dtype) * n
+    return _add(idx, np.reshape(off, (size,) + (1,) * (len(shape_of(idx)) - 1)))
+
+
+def _take_batch(prim, vals, batched, size, axis):
+    x, idx = vals
+    bx, bi = batched
+    if bx and not bi:
+        return bind(prim, x, idx, axis=(int(axis) % (len(shape_of(x)) - 1)) + 1)
+    if bi and not bx:
+        ax = int(axis) % len(shape_of(x))
+        return move_to_front(bind(prim, x, idx, axis=ax), ax)
+    # both batched: move the taken axis next to the batch axis, flatten the two, offset the indices
+    ax = (int(axis) % (len(shape_of(x)) - 1)) + 1
+    if ax != 1:
+        x = transpose(x, (0, ax) + tuple(i for i in range(1, len(shape_of(x))) if i != ax))
+    s = shape_of(x)
+    flat = reshape(x, (s[0] * s[1],) + s[2:])
+    out = bind(prim, flat, _batch_offsets(idx, size, s[1]), axis=0)  # (B, *idx, *rest)
+    if ax != 1:
+        k = len(shape_of(idx)) - 1  # index dims after the batch
+        rest = list(range(1 + k, len(shape_of(out))))
+        # rest dims of x in original order were [1..ax-1] then [ax+1..]; those before ax go first
+        before, after = rest[: ax - 1], rest[ax - 1 :]
+        out = transpose(out, tuple([0] + before + list(range(1, 1 + k)) + after))
+    return out
+
+
+def _take_cuda(e, lib):
+    if lib.has_literal(e):
+        return None
+    x, idx = e.inputs
+    return lib.kernel(lib.take_kernel(x.aval, idx.aval, e.attrs["axis"]), [x, idx])
+
+
+take_p = _define(
+    "take", _take_rule, lambda x, idx, axis: np.take(x, idx, axis=axis), _take_emit, transpose=_take_transpose, linearity="first",
+    batch=_take_batch, cuda=_take_cuda,
+)
 
 
 def _index_add_rule(avals, attrs, weak):
@@ -212,14 +276,48 @@ def _index_add_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{{o}}.fill(0); np.add.at({{o}}, {pre} + ({ins[1]},), {ins[0]})")
 
 
+def _index_add_batch(prim, vals, batched, bsize, **attrs):
+    axis, n = int(attrs["axis"]), int(attrs["size"])  # ``size`` is the primitive's attribute, ``bsize`` the batch's
+    upd, idx = vals
+    bu, bi = batched
+    if bu and not bi:
+        return bind(prim, upd, idx, axis=axis + 1, size=n)
+    upd, idx = all_batched(vals, batched, bsize)
+    k = len(shape_of(idx)) - 1
+    if axis != 0:
+        # bring the index dims right after the batch axis
+        idx_dims = list(range(1 + axis, 1 + axis + k))
+        others = [i for i in range(1, len(shape_of(upd))) if i not in idx_dims]
+        upd = transpose(upd, tuple([0] + idx_dims + others))
+    s = shape_of(upd)
+    rows = s[0] * int(np.prod(s[1 : 1 + k], dtype=np.int64))
+    upd2 = reshape(upd, (rows,) + s[1 + k :])
+    idx2 = reshape(_batch_offsets(idx, bsize, n), (rows,))
+    out = bind(prim, upd2, idx2, axis=0, size=bsize * n)  # (B*n, *rest)
+    out = reshape(out, (bsize, n) + s[1 + k :])
+    if axis != 0:
+        nd = len(shape_of(out))
+        out = transpose(out, tuple([0] + list(range(2, 2 + axis)) + [1] + list(range(2 + axis, nd))))
+    return out
+
+
+def _index_add_cuda(e, lib):
+    upd, idx = e.inputs
+    if lib.has_literal(e) or upd.aval.dtype not in lib.ATOMIC_ADD:
+        return None
+    return lib.scatter(lib.index_add_kernel(upd.aval, idx.aval, e.attrs["axis"], e.attrs["size"]), [upd, idx])
+
+
 index_add_p = _define(
     "index_add",
     _index_add_rule,
     _index_add_impl,
     _index_add_emit,
-    lambda need, ct, out, upd, idx, axis, size: (bind(take_p, ct, idx, axis=axis), None),
+    transpose=lambda need, ct, out, upd, idx, axis, size: (bind(take_p, ct, idx, axis=axis), None),
+    linearity="first",
+    batch=_index_add_batch,
+    cuda=_index_add_cuda,
 )
-index_add_p.jvp = lambda ts, out, upd, idx, axis, size: bind(index_add_p, ts[0], idx, axis=axis, size=size)
 
 
 def _one_hot_rule(avals, attrs, weak):
@@ -236,4 +334,12 @@ def _one_hot_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.equal({ins[0]}[..., None], {ar}, {{o}})")
 
 
-one_hot_p = _define("one_hot", _one_hot_rule, _one_hot_impl, _one_hot_emit, differentiable=False)
+def _one_hot_xp(xp, ins, attrs, out):
+    out[...] = ins[0][..., None] == xp.arange(attrs["num_classes"])
+
+
+one_hot_p = _define(
+    "one_hot", _one_hot_rule, _one_hot_impl, _one_hot_emit, differentiable=False,
+    batch=lambda prim, vals, batched, size, **attrs: bind(prim, *vals, **attrs),  # classes go last: the batch axis stays in front
+    cuda=lambda e, lib: lib.xp(_one_hot_xp, e),
+)

@@ -9,8 +9,8 @@ import numpy as np
 from ..core import cext
 from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
 from .emit import expr, stmt
-from .base import _define, _swap_last, broadcast_shapes, matmul, promote, shape_of, unbroadcast
-from .elementwise import _sum_tangents
+from ..core.tracing import bind
+from .base import _define, _swap_last, broadcast_shapes, matmul, mul, promote, reshape, shape_of, transpose, unbroadcast
 
 # ============================================================================ matmul
 
@@ -31,16 +31,10 @@ def _matmul_rule(avals, attrs, weak):
     return ShapedArray(batch + (a.shape[-2], b.shape[-1]), promote(avals, weak))
 
 
-def _matmul_vjp(need, ct, out, x, y):
+def _matmul_transpose(need, ct, out, x, y):
     gx = unbroadcast(matmul(ct, _swap_last(y)), shape_of(x)) if need[0] else None
     gy = unbroadcast(matmul(_swap_last(x), ct), shape_of(y)) if need[1] else None
     return (gx, gy)
-
-
-def _matmul_jvp(ts, out, x, y):
-    a = None if ts[0] is None else matmul(ts[0], y)
-    b = None if ts[1] is None else matmul(x, ts[1])
-    return _sum_tangents(out, a, b)
 
 
 def _low_precision_matmul(x, y):
@@ -68,4 +62,31 @@ def _matmul_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.matmul({ins[0]}, {ins[1]}, {{o}})")
 
 
-matmul_p = _define("matmul", _matmul_rule, _matmul_impl, _matmul_emit, _matmul_vjp, _matmul_jvp)
+def _matmul_batch(prim, vals, batched, size, **attrs):
+    x, y = vals
+    bx, by = batched
+    if bx and not by and len(shape_of(y)) == 2:
+        # (B, ..., m, k) @ (k, n): one GEMM over all rows instead of B small ones
+        s = shape_of(x)
+        out = bind(prim, reshape(x, (int(np.prod(s[:-1], dtype=np.int64)), s[-1])), y, **attrs)
+        return reshape(out, s[:-1] + (shape_of(y)[1],))
+    if by and not bx and len(shape_of(x)) == 2 and len(shape_of(y)) == 3:
+        # (m, k) @ (B, k, n): fold the batch into the columns
+        b, k, n = shape_of(y)
+        yc = reshape(transpose(y, (1, 0, 2)), (k, b * n))
+        out = reshape(bind(prim, x, yc, **attrs), (shape_of(x)[0], b, n))
+        return transpose(out, (1, 0, 2))
+    rank = max((len(shape_of(v)) - (1 if b else 0) for v, b in zip(vals, batched)), default=0)
+    x, y = [reshape(v, (shape_of(v)[0],) + (1,) * (rank - (len(shape_of(v)) - 1)) + shape_of(v)[1:])
+            if b and len(shape_of(v)) - 1 < rank else v for v, b in zip(vals, batched)]
+    if shape_of(x)[-1] == 1 and len(shape_of(x)) >= 2 and len(shape_of(y)) >= 2:
+        # contraction over one element (per-example outer products in backward passes): a
+        # broadcast multiply is an order of magnitude cheaper than B tiny GEMMs
+        return mul(x, y)
+    return bind(prim, x, y, **attrs)
+
+
+matmul_p = _define(
+    "matmul", _matmul_rule, _matmul_impl, _matmul_emit, transpose=_matmul_transpose, linearity="bilinear",
+    batch=_matmul_batch, cuda=lambda e, lib: lib.matmul(e),  # cuBLAS under cupy
+)

@@ -11,7 +11,7 @@ import numpy as np
 from ..core.ir import ShapeError, ShapedArray
 from ..core.tracing import PRIMITIVES, bind
 from .base import _define, broadcast_to, cast, div, dtype_of, eq, mul, reduce_sum, reshape, shape_of
-from .conv import Col2Im, Im2Col, _NativeWindows, _conv_geometry, col2im_p, im2col_p
+from .conv import fold_batching, Col2Im, Im2Col, _NativeWindows, _conv_geometry, col2im_p, im2col_p
 from .emit import stmt
 
 
@@ -90,7 +90,11 @@ def _pool_def(mode):
     return impl, emit, vjp
 
 
-max_pool2d_p = _define("max_pool2d", _pool_rule, *_pool_def("max"))
+def _pool_cuda(mode: str):
+    return lambda e, lib: lib.kernel(lib.pool_kernel(mode, e.inputs[0].aval, e.attrs), [e.inputs[0]])
+
+
+max_pool2d_p = _define("max_pool2d", _pool_rule, *_pool_def("max"), batch=fold_batching, cuda=_pool_cuda("max"))
 
 
 def _patches(x, pooled, kernel, stride, padding):
@@ -113,7 +117,7 @@ def _max_pool_jvp(ts, out, x, kernel, stride, padding):
 
 
 max_pool2d_p.jvp = _max_pool_jvp
-avg_pool2d_p = _define("avg_pool2d", _pool_rule, *_pool_def("avg"))
+avg_pool2d_p = _define("avg_pool2d", _pool_rule, *_pool_def("avg"), batch=fold_batching, cuda=_pool_cuda("avg"))
 avg_pool2d_p.jvp = lambda ts, out, x, **a: bind(avg_pool2d_p, ts[0], **a)
 
 
@@ -167,7 +171,15 @@ def _max_pool_grad_batch(prim, vals, batched, size, **attrs):
     return reshape(out, (size,) + shape_of(vals[0])[1:])
 
 
-max_pool2d_grad_p = _define("max_pool2d_grad", _max_pool_grad_rule, _max_pool_grad_impl, _max_pool_grad_emit, _max_pool_grad_vjp, _max_pool_grad_jvp)
-max_pool2d_grad_p.batch = _max_pool_grad_batch
+def _max_pool_grad_cuda(e, lib):
+    if e.inputs[0].aval.dtype not in (np.float32, np.float64):
+        return None
+    return lib.kernel(lib.max_pool_grad_kernel(e.inputs[0].aval, e.attrs), e.inputs)
+
+
+max_pool2d_grad_p = _define(
+    "max_pool2d_grad", _max_pool_grad_rule, _max_pool_grad_impl, _max_pool_grad_emit, _max_pool_grad_vjp, _max_pool_grad_jvp,
+    batch=_max_pool_grad_batch, cuda=_max_pool_grad_cuda,
+)
 
 __all__ = ["MaxPoolGrad", "PoolKernel", "avg_pool2d_p", "max_pool2d_grad_p", "max_pool2d_p"]

@@ -185,12 +185,19 @@ def _batch(prim, vals, batched, size, **attrs):
     return bind(prim, vals[0], **attrs)
 
 
+def _random_cuda(e, lib):
+    """The cupy backend's Philox kernels (the same streams as the numpy kernels)."""
+    return lib.kernel(lib.random_kernel(e), [e.inputs[0]])
+
+
 random_normal_p = _define(
     "random_normal",
     _sample_rule("normal"),
     lambda key, shape, dtype: Sampler("normal", shape, dtype)(key),
     _sample_emit("normal"),
     differentiable=False,
+    batch=_batch,
+    cuda=_random_cuda,
 )
 random_uniform_p = _define(
     "random_uniform",
@@ -198,6 +205,8 @@ random_uniform_p = _define(
     lambda key, shape, dtype: Sampler("uniform", shape, dtype)(key),
     _sample_emit("uniform"),
     differentiable=False,
+    batch=_batch,
+    cuda=_random_cuda,
 )
 
 
@@ -227,7 +236,6 @@ random_split_p = _define(
     lambda key, num: Splitter(num)(key),
     lambda ctx, ins, attrs, in_avals, out_aval: expr(f"{ctx.const(Splitter(attrs['num']))}({ins[0]})"),
     differentiable=False,
+    batch=_batch,
+    cuda=_random_cuda,
 )
-
-for _p in (random_normal_p, random_uniform_p, random_split_p):
-    _p.batch = _batch

@@ -18,7 +18,7 @@ from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray, is_float
 from ..core.tracing import bind
 from ..core import cext
 from .emit import expr, stmt
-from .base import _define, broadcast_to, cast, div, dtype_of, eq, logical_and, mul, reduce_sum, reshape, select, shape_of
+from .base import _define, shift_axes, broadcast_to, cast, div, dtype_of, eq, logical_and, mul, reduce_sum, reshape, select, shape_of
 
 # ============================================================================ reductions
 
@@ -108,12 +108,8 @@ def _expand_reduced(ct, x_shape, axes, keepdims):
     return ct
 
 
-def _sum_vjp(need, ct, out, x, axes, keepdims):
+def _sum_transpose(need, ct, out, x, axes, keepdims):
     return (broadcast_to(_expand_reduced(ct, shape_of(x), axes, keepdims), shape_of(x)),)
-
-
-def _sum_jvp(ts, out, x, axes, keepdims):
-    return reduce_sum(ts[0], axes, keepdims)
 
 
 def _chooser_vjp(need, ct, out, x, axes, keepdims):
@@ -134,12 +130,34 @@ def _chooser_jvp(ts, out, x, axes, keepdims):
     return div(reduce_sum(mul(ts[0], loc), axes, keepdims), cnt)
 
 
-reduce_sum_p = _define("reduce_sum", _reduce_rule("sum"), _reduce_impl(np.add), _reduce_emit("np.add"), _sum_vjp, _sum_jvp)
+def _reduce_batch(prim, vals, batched, size, axes, keepdims):
+    (x,) = vals
+    return bind(prim, x, axes=shift_axes(axes, len(shape_of(x)) - 1), keepdims=keepdims)
+
+
+def _reduce_cuda(kind: str):
+    """The cupy backend's row/column reduction kernel (host for dtypes it has no C type for)."""
+
+    def rule(e, lib):
+        x, o = e.inputs[0], e.outputs[0]
+        if x.aval.dtype not in lib.CTYPE or o.aval.dtype not in lib.CTYPE:
+            return None
+        return lib.kernel(lib.reduction_kernel(kind, x.aval, e.attrs["axes"], o.aval.dtype), [x])
+
+    return rule
+
+
+reduce_sum_p = _define(
+    "reduce_sum", _reduce_rule("sum"), _reduce_impl(np.add), _reduce_emit("np.add"),
+    transpose=_sum_transpose, linearity="first", batch=_reduce_batch, cuda=_reduce_cuda("sum"),
+)
 reduce_max_p = _define(
-    "reduce_max", _reduce_rule("max"), _reduce_impl(np.maximum), _reduce_emit("np.maximum"), _chooser_vjp, _chooser_jvp
+    "reduce_max", _reduce_rule("max"), _reduce_impl(np.maximum), _reduce_emit("np.maximum"), _chooser_vjp, _chooser_jvp,
+    batch=_reduce_batch, cuda=_reduce_cuda("max"),
 )
 reduce_min_p = _define(
-    "reduce_min", _reduce_rule("min"), _reduce_impl(np.minimum), _reduce_emit("np.minimum"), _chooser_vjp, _chooser_jvp
+    "reduce_min", _reduce_rule("min"), _reduce_impl(np.minimum), _reduce_emit("np.minimum"), _chooser_vjp, _chooser_jvp,
+    batch=_reduce_batch, cuda=_reduce_cuda("min"),
 )
 
 
@@ -163,7 +181,19 @@ def _argmax_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.argmax({ins[0]}, axis={attrs['axis']}, keepdims={attrs['keepdims']}, out={{o}})")
 
 
-argmax_p = _define("argmax", _argmax_rule, _argmax_impl, _argmax_emit, differentiable=False)
+def _argmax_batch(prim, vals, batched, size, axis, keepdims):
+    (x,) = vals
+    return bind(prim, x, axis=(int(axis) % (len(shape_of(x)) - 1)) + 1, keepdims=keepdims)
+
+
+def _argmax_xp(xp, ins, attrs, out):
+    out[...] = xp.argmax(ins[0], axis=attrs["axis"]).reshape(out.shape)
+
+
+argmax_p = _define(
+    "argmax", _argmax_rule, _argmax_impl, _argmax_emit, differentiable=False,
+    batch=_argmax_batch, cuda=lambda e, lib: lib.xp(_argmax_xp, e),
+)
 
 
 
@@ -212,8 +242,14 @@ def _shift_axes_batch(prim, vals, batched, size, **attrs):
     return bind(prim, vals[0], **{**attrs, "axes": tuple(a + 1 for a in attrs["axes"])})
 
 
-reduce_prod_p = _define("reduce_prod", _prod_rule, _prod_impl, _prod_emit, _prod_vjp, _prod_jvp)
-reduce_prod_p.batch = _shift_axes_batch
+def _prod_xp(xp, ins, attrs, out):
+    out[...] = xp.prod(ins[0], axis=tuple(attrs["axes"]), dtype=out.dtype).reshape(out.shape)
+
+
+reduce_prod_p = _define(
+    "reduce_prod", _prod_rule, _prod_impl, _prod_emit, _prod_vjp, _prod_jvp,
+    batch=_shift_axes_batch, cuda=lambda e, lib: lib.xp(_prod_xp, e),
+)
 
 # ---------------------------------------------------------------------------- cumsum
 
@@ -243,20 +279,26 @@ def cumsum(x, axis, reverse=False):
     return bind(cumsum_p, x, axis=axis, reverse=bool(reverse))
 
 
-def _cumsum_vjp(need, ct, out, x, axis, reverse):
+def _cumsum_transpose(need, ct, out, x, axis, reverse):
     return (cumsum(ct, axis, not reverse),)
-
-
-def _cumsum_jvp(ts, out, x, axis, reverse):
-    return cumsum(ts[0], axis, reverse)
 
 
 def _axis_batch(prim, vals, batched, size, **attrs):
     return bind(prim, vals[0], **{**attrs, "axis": attrs["axis"] + 1})
 
 
-cumsum_p = _define("cumsum", _cumsum_rule, _cumsum_impl, _cumsum_emit, _cumsum_vjp, _cumsum_jvp)
-cumsum_p.batch = _axis_batch
+def _cumsum_xp(xp, ins, attrs, out):
+    x, axis = ins[0], attrs["axis"]
+    if attrs["reverse"]:
+        out[...] = xp.flip(xp.cumsum(xp.flip(x, axis), axis, dtype=out.dtype), axis)
+    else:
+        xp.cumsum(x, axis, dtype=out.dtype, out=out)
+
+
+cumsum_p = _define(
+    "cumsum", _cumsum_rule, _cumsum_impl, _cumsum_emit, transpose=_cumsum_transpose, linearity="first",
+    batch=_axis_batch, cuda=lambda e, lib: lib.xp(_cumsum_xp, e),
+)
 
 # ---------------------------------------------------------------------------- argsort
 
@@ -277,5 +319,21 @@ def _argsort_emit(ctx, ins, attrs, in_avals, out_aval):
     return expr(f"np.argsort({ins[0]}, {attrs['axis']}, 'stable')")
 
 
-argsort_p = _define("argsort", _argsort_rule, _argsort_impl, _argsort_emit, differentiable=False)
-argsort_p.batch = _axis_batch
+def _argsort_xp(xp, ins, attrs, out):
+    out[...] = xp.argsort(ins[0], axis=attrs["axis"], kind="stable")  # cupy: a stable sort (its only kind)
+
+
+def _argsort_cuda(e, lib):
+    """A rank-sort kernel along axes up to ``lib.indexing.RANK_SORT_MAX`` long, the array module's stable
+    sort beyond; bool keys and literal operands run on the host."""
+    (x,) = e.inputs
+    if lib.has_literal(e) or x.aval.dtype not in lib.CTYPE or x.aval.dtype == np.bool_:
+        return None
+    if x.aval.shape[e.attrs["axis"]] > lib.indexing.RANK_SORT_MAX:
+        return lib.xp(_argsort_xp, e)
+    return lib.kernel(lib.argsort_kernel(x.aval, e.attrs["axis"]), [x])
+
+
+argsort_p = _define(
+    "argsort", _argsort_rule, _argsort_impl, _argsort_emit, differentiable=False, batch=_axis_batch, cuda=_argsort_cuda
+)

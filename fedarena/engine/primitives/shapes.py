@@ -7,21 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.ir import ShapeError, ShapedArray
-from ..core.tracing import aval_of, bind
+from ..core.tracing import bind
 from .emit import expr, stmt
-from .base import _define, _stand_in, promote, reshape, shape_of, transpose, unbroadcast, zeros_like_aval
+from .base import _define, _stand_in, all_batched, shift_axes, promote, reshape, shape_of, transpose, unbroadcast
 from .reductions import _norm_axes
 
 # ============================================================================ shapes (views)
-
-
-def _linear_jvp(prim):
-    """JVP of a primitive linear in its single array input: apply it to the tangent."""
-
-    def jvp(ts, out, x, **attrs):
-        return bind(prim, ts[0], **attrs)
-
-    return jvp
 
 
 def _transpose_rule(avals, attrs, weak):
@@ -32,9 +23,22 @@ def _transpose_rule(avals, attrs, weak):
     return ShapedArray(tuple(av.shape[p] for p in perm), av.dtype)
 
 
-def _transpose_vjp(need, ct, out, x, perm):
+def _perm_transpose(need, ct, out, x, perm):
     inv = tuple(int(i) for i in np.argsort(perm))
     return (transpose(ct, inv),)
+
+
+def _reshape_view(e, lib):
+    """The cupy rule of the reshaping views (reshape, squeeze, expand_dims): a reshaped device array."""
+    return lib.view(lambda xp, x, shape=e.outputs[0].aval.shape: xp.reshape(x, shape), e)
+
+
+def _broadcast_batch(prim, vals, batched, size, shape):
+    x = vals[0]
+    s = shape_of(x)
+    if len(s) - 1 < len(shape):  # the batch axis in front of the unit axes broadcasting adds
+        x = reshape(x, (s[0],) + (1,) * (len(shape) - (len(s) - 1)) + s[1:])
+    return bind(prim, x, shape=(size,) + tuple(shape))
 
 
 transpose_p = _define(
@@ -42,9 +46,11 @@ transpose_p = _define(
     _transpose_rule,
     lambda x, perm: np.transpose(x, perm),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.transpose({attrs['perm']!r})"),
-    _transpose_vjp,
+    transpose=_perm_transpose,
+    linearity="first",
+    batch=lambda prim, vals, batched, size, perm: bind(prim, vals[0], perm=(0,) + tuple(int(p) + 1 for p in perm)),
+    cuda=lambda e, lib: lib.view(lambda xp, x, perm=tuple(e.attrs["perm"]): xp.transpose(x, perm), e),
 )
-transpose_p.jvp = _linear_jvp(transpose_p)
 
 
 def _reshape_rule(avals, attrs, weak):
@@ -60,9 +66,11 @@ reshape_p = _define(
     _reshape_rule,
     lambda x, shape: np.reshape(x, shape),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({attrs['shape']!r})"),
-    lambda need, ct, out, x, shape: (reshape(ct, shape_of(x)),),
+    transpose=lambda need, ct, out, x, shape: (reshape(ct, shape_of(x)),),
+    linearity="first",
+    batch=lambda prim, vals, batched, size, shape: bind(prim, vals[0], shape=(size,) + tuple(shape)),
+    cuda=lambda e, lib: _reshape_view(e, lib),
 )
-reshape_p.jvp = _linear_jvp(reshape_p)
 
 
 def _broadcast_rule(avals, attrs, weak):
@@ -82,9 +90,11 @@ broadcast_to_p = _define(
     _broadcast_rule,
     lambda x, shape: np.broadcast_to(x, shape),
     lambda ctx, ins, attrs, ia, oa: expr(f"np.broadcast_to({ins[0]}, {attrs['shape']!r})"),
-    lambda need, ct, out, x, shape: (unbroadcast(ct, shape_of(x)),),
+    transpose=lambda need, ct, out, x, shape: (unbroadcast(ct, shape_of(x)),),
+    linearity="first",
+    batch=_broadcast_batch,
+    cuda=lambda e, lib: lib.view(lambda xp, x, shape=e.outputs[0].aval.shape: xp.broadcast_to(x, shape), e),
 )
-broadcast_to_p.jvp = _linear_jvp(broadcast_to_p)
 
 
 def _squeeze_rule(avals, attrs, weak):
@@ -101,9 +111,11 @@ squeeze_p = _define(
     _squeeze_rule,
     lambda x, axes: np.squeeze(x, axis=tuple(axes)),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
-    lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+    transpose=lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+    linearity="first",
+    batch=lambda prim, vals, batched, size, axes: bind(prim, vals[0], axes=shift_axes(axes, len(shape_of(vals[0])) - 1)),
+    cuda=lambda e, lib: _reshape_view(e, lib),
 )
-squeeze_p.jvp = _linear_jvp(squeeze_p)
 
 
 def _expand_dims_rule(avals, attrs, weak):
@@ -119,9 +131,11 @@ expand_dims_p = _define(
     _expand_dims_rule,
     lambda x, axes: np.expand_dims(x, tuple(axes)),
     lambda ctx, ins, attrs, ia, oa: expr(f"{ins[0]}.reshape({oa.shape!r})"),
-    lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+    transpose=lambda need, ct, out, x, axes: (reshape(ct, shape_of(x)),),
+    linearity="first",
+    batch=lambda prim, vals, batched, size, axes: bind(prim, vals[0], axes=shift_axes(axes, len(shape_of(vals[0])) - 1 + len(axes))),
+    cuda=lambda e, lib: _reshape_view(e, lib),
 )
-expand_dims_p.jvp = _linear_jvp(expand_dims_p)
 
 
 # ---------------------------------------------------------------------------- slice / pad
@@ -153,7 +167,7 @@ def _slice_emit(ctx, ins, attrs, in_avals, out_aval):
     return expr(f"{ins[0]}[{name}]")
 
 
-def _slice_vjp(need, ct, out, x, starts, limits, strides):
+def _slice_transpose(need, ct, out, x, starts, limits, strides):
     shape = shape_of(x)
     lows = tuple(starts)
     interior = tuple(s - 1 for s in strides)
@@ -162,8 +176,18 @@ def _slice_vjp(need, ct, out, x, starts, limits, strides):
     return (bind(pad_p, ct, low=lows, high=highs, interior=interior),)
 
 
-slice_p = _define("slice", _slice_rule, _slice_impl, _slice_emit, _slice_vjp)
-slice_p.jvp = _linear_jvp(slice_p)
+def _slice_cuda(e, lib):
+    sl = tuple(slice(s, l, st) for s, l, st in zip(e.attrs["starts"], e.attrs["limits"], e.attrs["strides"]))
+    return lib.view(lambda xp, x: x[sl], e)
+
+
+slice_p = _define(
+    "slice", _slice_rule, _slice_impl, _slice_emit, transpose=_slice_transpose, linearity="first",
+    batch=lambda prim, vals, batched, size, starts, limits, strides: bind(
+        prim, vals[0], starts=(0,) + tuple(starts), limits=(size,) + tuple(limits), strides=(1,) + tuple(strides)
+    ),
+    cuda=_slice_cuda,
+)
 
 
 def _pad_rule(avals, attrs, weak):
@@ -193,7 +217,7 @@ def _pad_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"{{o}}.fill(0); {{o}}[{name}] = {ins[0]}")
 
 
-def _pad_vjp(need, ct, out, x, low, high, interior):
+def _pad_transpose(need, ct, out, x, low, high, interior):
     shape = shape_of(x)
     starts = tuple(low)
     strides = tuple(i + 1 for i in interior)
@@ -201,8 +225,18 @@ def _pad_vjp(need, ct, out, x, low, high, interior):
     return (bind(slice_p, ct, starts=starts, limits=limits, strides=strides),)
 
 
-pad_p = _define("pad", _pad_rule, _pad_impl, _pad_emit, _pad_vjp)
-pad_p.jvp = _linear_jvp(pad_p)
+def _pad_xp(xp, ins, attrs, out):
+    out.fill(0)
+    out[tuple(slice(lo, lo + max(0, s - 1) * (it + 1) + 1, it + 1) for s, lo, it in zip(ins[0].shape, attrs["low"], attrs["interior"]))] = ins[0]
+
+
+pad_p = _define(
+    "pad", _pad_rule, _pad_impl, _pad_emit, transpose=_pad_transpose, linearity="first",
+    batch=lambda prim, vals, batched, size, low, high, interior: bind(
+        prim, vals[0], low=(0,) + tuple(low), high=(0,) + tuple(high), interior=(0,) + tuple(interior)
+    ),
+    cuda=lambda e, lib: lib.xp(_pad_xp, e),
+)
 
 
 # ---------------------------------------------------------------------------- concatenate / stack
@@ -225,7 +259,7 @@ def _concat_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.concatenate(({', '.join(ins)},), axis={attrs['axis']}, out={{o}})")
 
 
-def _concat_vjp(need, ct, out, *xs, axis):
+def _concat_transpose(need, ct, out, *xs, axis):
     nd = len(shape_of(ct))
     axis = axis % nd
     res = []
@@ -243,13 +277,18 @@ def _concat_vjp(need, ct, out, *xs, axis):
     return tuple(res)
 
 
-def _concat_jvp(ts, out, *xs, axis):
-    ts = [zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)]
-    return bind(concatenate_p, *ts, axis=axis)
+def _join_batch(prim, vals, batched, size, axis):
+    """concatenate/stack: every operand batched, the joined axis shifted past the batch axis."""
+    vals = all_batched(vals, batched, size)
+    nd = len(shape_of(vals[0])) - 1 + (1 if prim.name == "stack" else 0)
+    return bind(prim, *vals, axis=(int(axis) % nd) + 1)
 
 
 concatenate_p = _define(
-    "concatenate", _concat_rule, lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_emit, _concat_vjp, _concat_jvp
+    "concatenate", _concat_rule, lambda *xs, axis: np.concatenate(xs, axis=axis), _concat_emit,
+    transpose=_concat_transpose, linearity="joint",
+    batch=_join_batch,
+    cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: xp.concatenate(ins, axis=attrs["axis"], out=out), e),
 )
 
 
@@ -270,7 +309,7 @@ def _stack_emit(ctx, ins, attrs, in_avals, out_aval):
     return stmt(f"np.stack(({', '.join(ins)},), axis={attrs['axis']}, out={{o}})")
 
 
-def _stack_vjp(need, ct, out, *xs, axis):
+def _stack_transpose(need, ct, out, *xs, axis):
     cshape = shape_of(ct)
     nd = len(cshape)
     axis = axis % nd
@@ -286,12 +325,11 @@ def _stack_vjp(need, ct, out, *xs, axis):
     return tuple(res)
 
 
-def _stack_jvp(ts, out, *xs, axis):
-    ts = [zeros_like_aval(aval_of(x)) if t is None else t for t, x in zip(ts, xs)]
-    return bind(stack_p, *ts, axis=axis)
-
-
-stack_p = _define("stack", _stack_rule, lambda *xs, axis: np.stack(xs, axis=axis), _stack_emit, _stack_vjp, _stack_jvp)
+stack_p = _define(
+    "stack", _stack_rule, lambda *xs, axis: np.stack(xs, axis=axis), _stack_emit, transpose=_stack_transpose, linearity="joint",
+    batch=_join_batch,
+    cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: xp.stack(ins, axis=attrs["axis"], out=out), e),
+)
 
 
 for _p in (transpose_p, reshape_p, squeeze_p, expand_dims_p, slice_p):

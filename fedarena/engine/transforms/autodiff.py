@@ -1,6 +1,6 @@
 """Automatic differentiation as a graph transformation.
 
-``grad``/``value_and_grad``/``vjp`` trace the function into a :class:`~fedarena.engine.ir.Graph`,
+``grad``/``value_and_grad``/``vjp`` trace the function into a :class:`~fedarena.engine.core.ir.Graph`,
 replay its equations, then walk them in reverse applying each primitive's VJP rule and summing
 cotangents of variables used more than once (reverse-mode accumulation; Griewank & Walther,
 "Evaluating Derivatives", 2nd ed., sec. 3.2).  ``jvp`` walks forward with JVP rules (sec. 3.1).

@@ -30,7 +30,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...core.ir import Eqn, Graph, Literal, Var
-from .executor import SPEC_RULES, Executable
+from ...core.tracing import PRIMITIVES
+from .executor import Executable
 from .pipeline import PIPELINE
 
 
@@ -146,13 +147,15 @@ class WhileStep:
         return while_step
 
 
-def _rule(step_cls: type) -> Callable[[Executable, Eqn], tuple]:
-    def rule(exe: Executable, e: Eqn) -> tuple:
-        return ("step", step_cls(exe, e), [a for a in e.inputs if isinstance(a, Var)])
+def _rule(step_cls: type) -> Callable[[Eqn, Any], tuple]:
+    def rule(e: Eqn, lib: Any) -> tuple:
+        return lib.step(step_cls, [a for a in e.inputs if isinstance(a, Var)])
 
     return rule
 
 
-SPEC_RULES["scan"] = _rule(ScanStep)
-SPEC_RULES["cond"] = _rule(CondStep)
-SPEC_RULES["while"] = _rule(WhileStep)
+# The control-flow primitives' cupy rules: their steps run sub-executables of this backend, so they
+# are defined here (the primitives themselves live in engine/control_flow/, above the backends).
+PRIMITIVES["scan"].cuda = _rule(ScanStep)
+PRIMITIVES["cond"].cuda = _rule(CondStep)
+PRIMITIVES["while"].cuda = _rule(WhileStep)

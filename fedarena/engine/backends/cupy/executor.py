@@ -2,12 +2,15 @@
 
 Each equation of the schedule becomes one step: a fused elementwise group (or a lone elementwise
 equation) launches its generated kernel (:mod:`.kernels`), a reduction its row or column kernel,
-the softmax and logsumexp chains their row kernels, ``matmul`` goes to ``xp.matmul`` (cuBLAS under
-cupy), convolutions to generated im2col/col2im kernels around ``xp.matmul`` GEMMs, gathers and
-scatters to generated kernels, views (reshape, transpose, slices, broadcasts) are views of device
-arrays.  The memory plan of the engine (:func:`memory_plan.plan_memory`)
+the softmax and logsumexp chains their row kernels; every other equation's step comes from its
+primitive's cupy rule, defined beside the primitive in its family file (``prim.cuda``, see
+:mod:`.lowering`): ``matmul`` goes to ``xp.matmul`` (cuBLAS under cupy), convolutions to generated
+im2col/col2im kernels around GEMMs, gathers and scatters to generated kernels, views (reshape,
+transpose, slices, broadcasts) are views of device arrays; an elementwise primitive gives its C
+expression (``prim.cuda_expr``) to the generated kernel.  The memory plan of the engine (:func:`memory_plan.plan_memory`)
 places every intermediate value at an offset of one device arena, allocated once per executable.
-Primitives with no device rule run their numpy kernel on host copies; those steps are listed in
+Primitives declared ``host_only`` (and equations a rule leaves to the host: dtypes without a C
+type, literal operands) run their numpy kernel on host copies; those steps are listed in
 ``Executable.host_steps`` (empty for the PPO and CNN steps measured in benchmarks/gpu_check.sh; the
 CNN step's label check reads back one flag).
 """
@@ -19,62 +22,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...compiler.memory_plan import VIEW_PRIMITIVES, nbytes, plan_memory
+from ...compiler.fusion import fused_p
+from ...compiler.memory_plan import nbytes, plan_memory
 from ...compiler.passes import dead_code_elimination
-from ...core.ir import Eqn, Graph, Literal, Var
+from ...core.ir import EngineError, Eqn, Graph, Literal, Var
 from ...core.tracing import PRIMITIVES
+from ...primitives.base import host_only
 from . import kernels as K
-from . import random_kernels as RK
-from .patterns import RowKernelOp
-
-REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min"}
-
-
-def _pad(xp: Any, ins: list, attrs: dict, out: Any) -> None:
-    out.fill(0)
-    out[tuple(slice(lo, lo + max(0, s - 1) * (it + 1) + 1, it + 1) for s, lo, it in zip(ins[0].shape, attrs["low"], attrs["interior"]))] = ins[0]
-
-
-def _check_range(xp: Any, ins: list, attrs: dict, out: Any) -> None:
-    """Pass the indices through; one flag read back from the device says whether one is out of
-    range, and only then the host kernel runs to raise its error."""
-    x = ins[0]
-    out[...] = x
-    if x.size and bool(xp.any((x < attrs["lo"]) | (x >= attrs["hi"]))):
-        PRIMITIVES["check_range"].impl(np.asarray(x.get() if hasattr(x, "get") else x), **attrs)
-
-
-def _cumsum(xp: Any, ins: list, attrs: dict, out: Any) -> None:
-    x, axis = ins[0], attrs["axis"]
-    if attrs["reverse"]:
-        out[...] = xp.flip(xp.cumsum(xp.flip(x, axis), axis, dtype=out.dtype), axis)
-    else:
-        xp.cumsum(x, axis, dtype=out.dtype, out=out)
-
-
-DEVICE_RULES: dict = {
-    "argmax": lambda xp, ins, attrs, out: out.__setitem__(Ellipsis, xp.argmax(ins[0], axis=attrs["axis"]).reshape(out.shape)),
-    "cumsum": _cumsum,
-    "reduce_prod": lambda xp, ins, attrs, out: out.__setitem__(Ellipsis, xp.prod(ins[0], axis=tuple(attrs["axes"]), dtype=out.dtype).reshape(out.shape)),
-    "one_hot": lambda xp, ins, attrs, out: out.__setitem__(Ellipsis, ins[0][..., None] == xp.arange(attrs["num_classes"])),
-    "conv_gemm": lambda xp, ins, attrs, out: xp.matmul(ins[0], ins[1], out=out),
-    "check_range": _check_range,
-    "concatenate": lambda xp, ins, attrs, out: xp.concatenate(ins, axis=attrs["axis"], out=out),
-    "stack": lambda xp, ins, attrs, out: xp.stack(ins, axis=attrs["axis"], out=out),
-    "full": lambda xp, ins, attrs, out: out.fill(attrs["value"]),
-    "pad": _pad,
-}
-"""Primitives run by the array module's own device functions (cupy's kernels on a GPU), writing
-into their arena buffer: ``rule(xp, operands, attrs, out)``."""
-
-SPEC_RULES: dict = {}
-"""Device rules registered by other modules (:mod:`.indexing`, :mod:`.control`):
-``rule(executable, eqn) -> spec or None`` (``None``: no device rule for this equation).  A spec is
-``("kernel" | "scatter", Kernel, operands)`` (a generated kernel; ``scatter`` zeroes the output
-first) or ``("step", builder, operands)`` where ``builder(executable, eqn, buffers)`` returns the
-step ``step(env)`` (``buffers``: the arena buffer of each output, ``None`` for a fresh array) and
-``builder.host_steps`` lists host steps nested inside it."""
-
+from . import lowering
 
 def _single_body(e: Eqn) -> tuple[Graph, list]:
     """One elementwise equation as a body of its own (its variable operands become inputs)."""
@@ -88,11 +43,21 @@ def _single_body(e: Eqn) -> tuple[Graph, list]:
     return Graph(inner, [], [], [eq], [e.outputs[0]]), outer
 
 
+# The primitives the compiler's passes create (their family files are in compiler/, above the
+# primitives): the fused elementwise group is the backend's own kernel; the native-kernel selections
+# and multi-output fusion groups of the numpy backend run on the host if a graph brings them.
+fused_p.cuda = lambda e, lib: lib.kernel(K.elementwise_kernel(e.attrs["body"]), e.inputs)
+for _name in ("fused_elementwise_multi", "dense", "softmax"):
+    if _name in PRIMITIVES:
+        PRIMITIVES[_name].cuda = host_only
+
+
 class Executable:
     """``exe(*flat_inputs) -> list of device arrays`` on ``device`` (see :mod:`.device`).
 
     ``kernels``: every generated kernel, ``source``: the CUDA module they form, ``memory``: the
-    plan the arena follows, ``host_steps``: primitives run on host copies (no device rule)."""
+    plan the arena follows, ``host_steps``: primitives run on host copies (declared ``host_only``, or left to
+    the host by their rule for this equation)."""
 
     def __init__(self, graph: Graph, device: Any, validate: bool = True):
         if validate:
@@ -127,51 +92,26 @@ class Executable:
             self._specs.append(spec)
 
     def _spec(self, e: Eqn) -> tuple:
-        """``(kind, kernel or None, operands)`` of one equation's step."""
-        name = e.prim.name
-        rule = SPEC_RULES.get(name)
-        spec = rule(self, e) if rule is not None else None
-        if spec is not None:
+        """``(kind, kernel or builder or function, operands)`` of one equation's step: the primitive's
+        own cupy rule (``prim.cuda``, beside it in its family file; ``None``: the host kernel), else
+        one generated kernel from its element expression (``prim.cuda_expr``)."""
+        prim = e.prim
+        if prim.cuda is not None:
+            spec = prim.cuda(e, lowering)
+            if spec is None:
+                return ("host", None, list(e.inputs))
+            if spec[0] == "step":  # the step's builder is made for this executable
+                return ("step", spec[1](self, e), spec[2])
             return spec
-        if name == "fused_elementwise":
-            spec = ("kernel", K.elementwise_kernel(e.attrs["body"]), list(e.inputs))
-        elif isinstance(e.prim, RowKernelOp):
-            x = e.inputs[0]
-            rows = math.prod(x.aval.shape[:-1])
-            spec = ("kernel", K.row_softmax_kernel(rows, x.aval.shape[-1], x.aval.dtype, log=e.prim.name == "row_logsumexp"), [x])
-        elif name in K.ELEMENTWISE_OPS and name != "broadcast_to" and all(a.aval.dtype in K.CTYPE for a in e.inputs) and e.outputs[0].aval.dtype in K.CTYPE:
-            body, outer = _single_body(e)
-            spec = ("kernel", K.elementwise_kernel(body), outer)
-        elif name in REDUCTIONS and e.inputs[0].aval.dtype in K.CTYPE and e.outputs[0].aval.dtype in K.CTYPE:
-            x = e.inputs[0]
-            spec = ("kernel", K.reduction_kernel(REDUCTIONS[name], x.aval, e.attrs["axes"], e.outputs[0].aval.dtype), [x])
-        elif name == "gather" and e.inputs[0].aval.dtype in K.CTYPE:
-            spec = ("kernel", K.gather_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"]), list(e.inputs))
-        elif name == "scatter_add" and e.inputs[0].aval.dtype in (np.float32, np.float64, np.int32):
-            spec = ("scatter", K.scatter_add_kernel(e.inputs[0].aval, e.inputs[1].aval, e.attrs["axis"], tuple(e.attrs["shape"])), list(e.inputs))
-        elif name == "im2col" and e.inputs[0].aval.dtype in (np.float32, np.float64):
-            spec = ("kernel", K.im2col_kernel(e.inputs[0].aval, e.attrs), [e.inputs[0]])
-        elif name in ("max_pool2d", "avg_pool2d"):
-            spec = ("kernel", K.pool_kernel(name[:3], e.inputs[0].aval, e.attrs), [e.inputs[0]])
-        elif name == "max_pool2d_grad" and e.inputs[0].aval.dtype in (np.float32, np.float64):
-            spec = ("kernel", K.max_pool_grad_kernel(e.inputs[0].aval, e.attrs), list(e.inputs))
-        elif name == "col2im" and e.inputs[0].aval.dtype in (np.float32, np.float64):
-            make = K.phase_col2im_kernel if e.attrs.get("phased") else K.plain_col2im_kernel
-            spec = ("kernel", make(e.inputs[0].aval.shape[1], tuple(e.attrs["x_shape"]), e.inputs[0].aval.dtype, e.attrs), [e.inputs[0]])
-        elif name == "conv_input_grad" and e.outputs[0].aval.dtype in (np.float32, np.float64) and all(a.aval.dtype == e.outputs[0].aval.dtype for a in e.inputs):
-            ct, w2 = e.inputs
-            spec = ("col2im", K.phase_col2im_kernel(w2.aval.shape[1], tuple(e.attrs["x_shape"]), e.outputs[0].aval.dtype, e.attrs), [ct, w2])
-        elif name in RK.RANDOM_PRIMITIVES:
-            spec = ("kernel", RK.random_kernel(e), [e.inputs[0]])
-        elif name in DEVICE_RULES:
-            spec = ("xp", None, list(e.inputs))
-        elif name in VIEW_PRIMITIVES:
-            spec = ("view", None, list(e.inputs))
-        elif name == "matmul":
-            spec = ("matmul", None, list(e.inputs))
-        else:
-            spec = ("host", None, list(e.inputs))
-        return spec
+        if prim.cuda_expr is not None:
+            if all(a.aval.dtype in K.CTYPE for a in e.inputs) and e.outputs[0].aval.dtype in K.CTYPE:
+                body, outer = _single_body(e)
+                return ("kernel", K.elementwise_kernel(body), outer)
+            return ("host", None, list(e.inputs))
+        raise EngineError(
+            f"cupy backend: primitive {prim.name!r} has no cupy rule (define its cuda rule beside the primitive, "
+            "or declare primitives.base.host_only to run it on the host)"
+        )
 
     def _build(self) -> Callable:
         xp, dev = self.xp, self.device
@@ -264,7 +204,7 @@ class Executable:
 
             return conv_input_grad_step
         if kind == "xp":
-            rule, attrs = DEVICE_RULES[e.prim.name], e.attrs
+            rule, attrs = kern, e.attrs
 
             def xp_step(env: dict) -> None:
                 o = buf if buf is not None else xp.empty(out.aval.shape, out.aval.dtype)
@@ -273,18 +213,8 @@ class Executable:
 
             return xp_step
         if kind == "view":
-            pname, attrs, shape = e.prim.name, e.attrs, out.aval.shape
-            if pname == "transpose":
-                perm = tuple(attrs["perm"])
-                return lambda env: env.__setitem__(out, xp.transpose(env[e.inputs[0]], perm))
-            if pname == "broadcast_to":
-                return lambda env: env.__setitem__(out, xp.broadcast_to(read(env, e.inputs[0]), shape))
-            if pname == "slice":
-                sl = tuple(slice(s, l, st) for s, l, st in zip(attrs["starts"], attrs["limits"], attrs["strides"]))
-                return lambda env: env.__setitem__(out, env[e.inputs[0]][sl])
-            if pname == "stop_gradient":
-                return lambda env: env.__setitem__(out, env[e.inputs[0]])
-            return lambda env: env.__setitem__(out, xp.reshape(env[e.inputs[0]], shape))
+            view, x = kern, e.inputs[0]
+            return lambda env: env.__setitem__(out, view(xp, read(env, x)))
         if kind == "matmul":
             a, b = e.inputs
 

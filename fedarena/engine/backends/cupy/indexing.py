@@ -1,6 +1,6 @@
-"""Device rules of the cupy backend for ``take``, ``index_add`` and ``argsort`` (``sort`` is
-``argsort`` followed by the existing ``gather`` kernel): generated CUDA kernels, registered in
-:data:`.executor.SPEC_RULES`.
+"""Kernel generators of the cupy backend for ``take``, ``index_add`` and ``argsort`` (``sort`` is
+``argsort`` followed by the existing ``gather`` kernel); the primitives' cupy rules (beside them in
+``primitives/indexing.py`` and ``primitives/reductions.py``) choose them.
 
 - ``take(x, idx, axis)``: one thread per output element ``(p, j, q)`` reading
   ``x[p, idx[j], q]`` (``x`` seen as ``(pre, A, post)``); negative indices wrap as in numpy.
@@ -19,18 +19,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
-from ...core.ir import Eqn, Literal, ShapedArray
+from ...core.ir import ShapedArray
 from . import kernels as K
-from .executor import DEVICE_RULES, SPEC_RULES
 
 RANK_SORT_MAX = 4096
 """Longest row sorted by the generated rank kernel (O(n^2) comparisons per row)."""
 
-_ATOMIC = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32))
+ATOMIC_ADD = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32))
+"""Dtypes with a CUDA ``atomicAdd`` (scatter_add and index_add on the device)."""
 
 
 def _split(shape: tuple, axis: int) -> tuple[int, int, int]:
@@ -68,7 +67,7 @@ def take_kernel(x_aval: ShapedArray, idx_aval: ShapedArray, axis: int) -> K.Kern
 def index_add_kernel(upd_aval: ShapedArray, idx_aval: ShapedArray, axis: int, size: int) -> K.Kernel:
     """``out[p, idx[j], q] += upd[p, j, q]`` into a zeroed ``out`` (atomic adds)."""
     dt = upd_aval.dtype
-    if dt not in _ATOMIC:
+    if dt not in ATOMIC_ADD:
         raise K.KernelGenerationError(f"index_add: no atomic add for {dt} here (float32, float64, int32)")
     if idx_aval.dtype.kind not in "iu":
         raise K.KernelGenerationError(f"index_add: indices must be integers, got {idx_aval.dtype}")
@@ -110,45 +109,3 @@ def argsort_kernel(x_aval: ShapedArray, axis: int) -> K.Kernel:
     ]
     params = [(f"const {t}* __restrict__", "x"), ("long long* __restrict__", "out")]
     return K._finish("argsort", "\n".join(lines) + "\n", params, False, K.THREADS, K._grid(total, K.THREADS))
-
-
-def _argsort_xp(xp: Any, ins: list, attrs: dict, out: Any) -> None:
-    out[...] = xp.argsort(ins[0], axis=attrs["axis"], kind="stable")  # cupy: a stable sort (its only kind)
-
-
-def _take_rule(exe: Any, e: Eqn) -> tuple | None:
-    x, idx = e.inputs
-    return ("kernel", take_kernel(x.aval, idx.aval, e.attrs["axis"]), [x, idx])
-
-
-def _index_add_rule(exe: Any, e: Eqn) -> tuple | None:
-    upd, idx = e.inputs
-    if upd.aval.dtype not in _ATOMIC:
-        return None
-    return ("scatter", index_add_kernel(upd.aval, idx.aval, e.attrs["axis"], e.attrs["size"]), [upd, idx])
-
-
-def _argsort_rule(exe: Any, e: Eqn) -> tuple | None:
-    (x,) = e.inputs
-    if x.aval.dtype not in K.CTYPE or x.aval.dtype == np.bool_:
-        return None
-    if x.aval.shape[e.attrs["axis"]] > RANK_SORT_MAX:
-        return ("xp", None, [x])  # DEVICE_RULES["argsort"]
-    return ("kernel", argsort_kernel(x.aval, e.attrs["axis"]), [x])
-
-
-def _guard(rule):
-    def guarded(exe: Any, e: Eqn) -> tuple | None:
-        if any(isinstance(a, Literal) for a in e.inputs):
-            return None  # a literal operand: left to the host step
-        try:
-            return rule(exe, e)
-        except K.KernelGenerationError:
-            return None
-    return guarded
-
-
-DEVICE_RULES["argsort"] = _argsort_xp
-SPEC_RULES["take"] = _guard(_take_rule)
-SPEC_RULES["index_add"] = _guard(_index_add_rule)
-SPEC_RULES["argsort"] = _guard(_argsort_rule)

@@ -13,7 +13,7 @@ from ...compiler import passes as _passes
 from ...core.ir import EngineError, ShapedArray, check_dtype
 from ...core.pytree import tree_flatten, tree_unflatten
 from ...core.tracing import _TRACE_STACK, trace_flat
-from . import control, indexing  # noqa: F401 - they register their device rules with the executor
+from . import control  # noqa: F401 - it defines the control-flow primitives' cupy rules
 from .device import CupyDevice
 from .executor import Executable
 from .pipeline import PIPELINE

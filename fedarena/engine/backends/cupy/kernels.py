@@ -1,6 +1,7 @@
 """CUDA C source of the cupy backend's generated kernels: one ``__global__`` function per fused
 elementwise group (a grid-stride loop; broadcasting by index arithmetic on shapes fixed when the
-kernel is generated), row and column reductions (sum, mean, max, min), and the row softmax and
+kernel is generated; each equation's C expression is its primitive's ``cuda_expr`` rule, written
+beside the primitive with the vocabulary of ``primitives/cuda.py``), row and column reductions (sum, mean, max, min), and the row softmax and
 logsumexp with the maximum subtracted first.
 
 A kernel is plain CUDA C++ over raw pointers, so the same text is compiled by NVRTC (cupy's
@@ -22,26 +23,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ...core.ir import EngineError, Graph, Literal, ShapedArray, Var
+from ...core.ir import Graph, Literal, ShapedArray, Var
+from ...core.tracing import names_with
 from ...primitives.base import promote
+from ...primitives.cuda import CTYPE, KernelGenerationError, c_cast, c_fn, c_literal, ctype  # noqa: F401  (the kernels' C vocabulary)
 
 THREADS = 256
 """Threads per block of the generated kernels."""
-
-CTYPE = {
-    np.dtype(np.bool_): "bool",
-    np.dtype(np.int8): "signed char",
-    np.dtype(np.uint8): "unsigned char",
-    np.dtype(np.int16): "short",
-    np.dtype(np.int32): "int",
-    np.dtype(np.int64): "long long",
-    np.dtype(np.float32): "float",
-    np.dtype(np.float64): "double",
-}
-
-
-class KernelGenerationError(EngineError):
-    """An equation the CUDA generator cannot write (its message names the primitive and the dtype)."""
 
 
 @dataclass(frozen=True)
@@ -119,31 +107,6 @@ __device__ __forceinline__ double fe_floordiv(double a, double b) {
 """
 
 
-def ctype(dt: np.dtype, what: str) -> str:
-    t = CTYPE.get(np.dtype(dt))
-    if t is None:
-        raise KernelGenerationError(f"{what}: dtype {np.dtype(dt)} has no CUDA kernel here (supported: {', '.join(str(d) for d in CTYPE)})")
-    return t
-
-
-def c_literal(value, dt: np.dtype) -> str:
-    """``value`` as an exact C literal of dtype ``dt``."""
-    dt = np.dtype(dt)
-    if dt == np.bool_:
-        return "true" if value else "false"
-    if dt.kind in "iu":
-        v = int(value)
-        return f"(({CTYPE[dt]}){v}LL)" if v >= 0 else f"(({CTYPE[dt]})({v}LL))"
-    v = float(dt.type(value))
-    suffix = "_F" if dt == np.float32 else "_D"
-    if math.isnan(v):
-        return f"FE_NAN{suffix}"
-    if math.isinf(v):
-        return f"FE_INF{suffix}" if v > 0 else f"(-FE_INF{suffix})"
-    text = v.hex()
-    return f"{text}f" if dt == np.float32 else text
-
-
 def _finish(kind: str, body: str, params: list, barriers: bool, threads: int, blocks: int) -> Kernel:
     """Name the kernel by a hash of its text (equal kernels share one compiled function)."""
     sig = ", ".join(f"{t} {n}" for t, n in params)
@@ -182,91 +145,9 @@ def _broadcast_offset(in_shape: tuple, out_shape: tuple, coord: list) -> str:
 
 # ----------------------------------------------------------------------------- elementwise ops
 
-_FLOAT_FN = {
-    "exp": "exp", "log": "log", "log1p": "log1p", "tanh": "tanh", "sqrt": "sqrt", "sin": "sin",
-    "cos": "cos", "erf": "erf",
-}
-
-
-def _fn(name: str, dt: np.dtype) -> str:
-    return f"{name}f" if dt == np.float32 else name
-
-
-def _cast(x: str, dt: np.dtype) -> str:
-    return f"(({CTYPE[dt]})({x}))"
-
-
-def _op_expr(prim: str, ins: list, in_dts: list, out_dt: np.dtype, attrs: dict, weak: list) -> str:
-    """C expression of one elementwise equation over operand expressions ``ins``."""
-    o = out_dt
-    ct = CTYPE[o]
-    if prim in ("eq", "ne", "lt", "le", "gt", "ge"):
-        cdt = promote([ShapedArray((), d) for d in in_dts], weak)
-        a, b = (_cast(x, cdt) for x in ins)
-        op = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}[prim]
-        return f"({a} {op} {b})"
-    if prim in ("and", "or"):
-        return f"({ins[0]} {'&&' if prim == 'and' else '||'} {ins[1]})"
-    if prim == "not":
-        return f"(!{ins[0]})"
-    if prim == "select":
-        return f"({ins[0]} ? {_cast(ins[1], o)} : {_cast(ins[2], o)})"
-    if prim == "cast":
-        if o == np.bool_:
-            return f"({ins[0]} != 0)"
-        return _cast(ins[0], o)
-    if prim == "isnan":
-        return f"({ins[0]} != {ins[0]})" if in_dts[0].kind == "f" else "false"
-    if prim == "isfinite":
-        return f"fe_isfinite({ins[0]})" if in_dts[0].kind == "f" else "true"
-    x = [_cast(v, o) for v in ins]
-    fl = o.kind == "f"
-    if prim == "add":
-        return f"({x[0]} + {x[1]})" if o != np.bool_ else f"({x[0]} || {x[1]})"
-    if prim == "sub":
-        return f"({x[0]} - {x[1]})"
-    if prim == "mul":
-        return f"({x[0]} * {x[1]})" if o != np.bool_ else f"({x[0]} && {x[1]})"
-    if prim == "div":
-        return f"({x[0]} / {x[1]})"
-    if prim == "neg":
-        return f"(-{x[0]})"
-    if prim == "maximum":
-        return f"fe_max<{ct}>({x[0]}, {x[1]})"
-    if prim == "minimum":
-        return f"fe_min<{ct}>({x[0]}, {x[1]})"
-    if prim == "relu":
-        return f"fe_max<{ct}>({x[0]}, ({ct})0)"
-    if prim == "clip":
-        lo, hi = c_literal(attrs["lo"], o), c_literal(attrs["hi"], o)
-        return f"fe_min<{ct}>(fe_max<{ct}>({x[0]}, {lo}), {hi})"
-    if prim == "abs":
-        return f"{_fn('fabs', o)}({x[0]})" if fl else f"({x[0]} < 0 ? ({ct})(-{x[0]}) : {x[0]})"
-    if prim == "sign":
-        return f"fe_sign<{ct}>({x[0]})"
-    if prim == "pow":
-        return f"{_fn('pow', o)}({x[0]}, {x[1]})" if fl else f"fe_ipow<{ct}>({x[0]}, {x[1]})"
-    if prim == "floor_divide":
-        return f"{_fn('fe_floordiv', o)}({x[0]}, {x[1]})" if fl else f"fe_ifloordiv<{ct}>({x[0]}, {x[1]})"
-    if prim == "mod":
-        return f"{_fn('fe_fmod', o)}({x[0]}, {x[1]})" if fl else f"fe_imod<{ct}>({x[0]}, {x[1]})"
-    if fl:
-        one = c_literal(1, o)
-        if prim in _FLOAT_FN:
-            return f"{_fn(_FLOAT_FN[prim], o)}({x[0]})"
-        if prim == "logistic":
-            return f"({one} / ({one} + {_fn('exp', o)}(-{x[0]})))"
-        if prim == "rsqrt":
-            return f"({one} / {_fn('sqrt', o)}({x[0]}))"
-    raise KernelGenerationError(f"no CUDA rule for primitive {prim!r} with result dtype {o}")
-
-
-ELEMENTWISE_OPS = frozenset(
-    {"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "select", "cast", "isnan", "isfinite", "add", "sub",
-     "mul", "div", "neg", "maximum", "minimum", "relu", "clip", "abs", "sign", "pow", "floor_divide", "mod",
-     "logistic", "rsqrt", "broadcast_to"} | set(_FLOAT_FN)
-)
-"""Primitives the elementwise generator writes (the engine's elementwise and fusible sets)."""
+ELEMENTWISE_OPS = names_with("elementwise") | names_with("fusible")
+"""Primitives the elementwise generator writes: the engine's elementwise and fusible sets (derived from
+the primitives' traits); each gives the C expression of one element as its ``cuda_expr`` rule."""
 
 
 def elementwise_kernel(body: Graph) -> Kernel:
@@ -303,7 +184,9 @@ def elementwise_kernel(body: Graph) -> Kernel:
         if pname not in ELEMENTWISE_OPS:
             raise KernelGenerationError(f"fused kernel: no CUDA rule for primitive {pname!r}")
         ctype(o.aval.dtype, f"fused kernel ({pname})")
-        if pname == "broadcast_to":
+        if "view" in e.prim.traits:
+            # a broadcast: its operand read at the output's coordinates (the kernel's broadcasting
+            # by index arithmetic), no value of its own
             a = e.inputs[0]
             if isinstance(a, Literal):
                 names[o] = c_literal(a.value, o.aval.dtype)
@@ -316,8 +199,10 @@ def elementwise_kernel(body: Graph) -> Kernel:
         ins, dts, weak = [], [], []
         for a in e.inputs:
             if isinstance(a, Literal):
-                ldt = o.aval.dtype if (a.weak and pname not in ("eq", "ne", "lt", "le", "gt", "ge")) else a.aval.dtype
-                if a.weak and pname in ("eq", "ne", "lt", "le", "gt", "ge"):
+                # a weak Python scalar takes the result's type, or, under a bool result of numeric
+                # operands (a comparison), the type it is compared in
+                ldt = o.aval.dtype if a.weak else a.aval.dtype
+                if a.weak and o.aval.dtype == np.bool_:
                     others = [b.aval.dtype for b in e.inputs if isinstance(b, Var)]
                     ldt = promote([ShapedArray((), d) for d in others] + [a.aval], [False] * len(others) + [True])
                 ins.append(c_literal(a.value, ldt))
@@ -328,9 +213,9 @@ def elementwise_kernel(body: Graph) -> Kernel:
                 dts.append(a.aval.dtype)
                 weak.append(False)
         ct = CTYPE[o.aval.dtype]
-        lines.append(f"    const {ct} v{j} = {_op_expr(pname, ins, dts, o.aval.dtype, e.attrs, weak)};")
+        lines.append(f"    const {ct} v{j} = {e.prim.cuda_expr(ins, dts, o.aval.dtype, e.attrs, weak)};")
         names[o] = f"v{j}"
-    lines.append(f"    out[i] = {_cast(names[out], odt)};")
+    lines.append(f"    out[i] = {c_cast(names[out], odt)};")
     lines.append("  }")
     return _finish("ew", "\n".join(lines) + "\n", params, False, THREADS, _grid(n, THREADS))
 
@@ -428,7 +313,7 @@ def row_softmax_kernel(rows: int, cols: int, dtype: np.dtype, log: bool = False)
     if dt.kind != "f":
         raise KernelGenerationError(f"softmax/logsumexp need floats, got {dt}")
     t = ctype(dt, "softmax")
-    ex, lg = _fn("exp", dt), _fn("log", dt)
+    ex, lg = c_fn("exp", dt), c_fn("log", dt)
     params = [(f"const {t}* __restrict__", "x"), (f"{t}* __restrict__", "out")]
     lines = [
         f"  __shared__ {t} pmax[{THREADS}];",

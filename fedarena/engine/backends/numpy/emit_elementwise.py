@@ -11,24 +11,22 @@ import numpy as np
 
 from ...compiler.memory_plan import nbytes, size_of
 from ...core.ir import Literal, Var
-from ...core.tracing import names_with
+from ...core.tracing import PRIMITIVES, names_with
 from ...primitives.emit import Code
 from .emit_state import EmitState, Step, safe_view
 
 ELEMENTWISE = names_with("elementwise")  # derived from the primitives' traits
-SCALAR_CONST_PRIMS = frozenset(
-    {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "select"}
-)
-"""Primitives emitted as one ufunc call on their operands, whose scalar literals become 0-d constants."""
-SCALAR_EXPR = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})",
-    "neg": "(-{0})", "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
-    "gt": "({0} > {1})", "ge": "({0} >= {1})", "maximum": "np.maximum({0}, {1})", "minimum": "np.minimum({0}, {1})",
-    "exp": "np.exp({0})", "log": "np.log({0})", "log1p": "np.log1p({0})", "tanh": "np.tanh({0})", "sqrt": "np.sqrt({0})",
-    "sin": "np.sin({0})", "cos": "np.cos({0})", "abs": "np.absolute({0})", "sign": "np.sign({0})",
-    "logistic": "_expit({0})", "cast": None,
-}
-"""0-d equations computed on numpy scalars (Python operators follow numpy's rules for them)."""
+SCALAR_CONST_PRIMS = names_with("typed_scalars")
+"""Primitives emitted as one ufunc call on their operands, whose scalar literals become 0-d constants
+(derived from the primitives' traits)."""
+SCALAR_EXPR = {n: p.scalar_emit for n, p in PRIMITIVES.items() if p.scalar_emit is not None}
+"""0-d equations computed on numpy scalars (Python operators follow numpy's rules for them): each
+primitive's ``scalar_emit`` form, given beside it in its family file."""
+
+
+def _scalar_form(st: EmitState, e: Any) -> str:
+    form = e.prim.scalar_emit
+    return form(st.ctx, e.attrs) if callable(form) else form
 
 
 def scalar_expr(st: EmitState, e: Any, out: Var) -> str | None:
@@ -46,10 +44,7 @@ def scalar_expr(st: EmitState, e: Any, out: Var) -> str | None:
             args.append(f"{st.names[a]}[()]")  # a 0-d array the code made (buffer, output): its scalar
         if isinstance(a, Var):
             trial.append(st.ctx.const(a.aval.dtype.type(1)))
-    form = SCALAR_EXPR[e.prim.name]
-    if e.prim.name == "cast":
-        dt = e.attrs["dtype"] if isinstance(e.attrs["dtype"], np.dtype) else np.dtype(e.attrs["dtype"])
-        form = st.ctx.const(dt.type) + "({0})"
+    form = _scalar_form(st, e)
     try:
         with np.errstate(all="ignore"):
             got = eval(form.format(*trial), st.ns)  # noqa: S307 - our own generated code
@@ -68,12 +63,12 @@ def scalar_expression(st: EmitState, step: Step) -> bool:
     # Python scalars there.
     e, out = step.e, step.out
     if not (
-        e.prim.name in SCALAR_EXPR
+        e.prim.scalar_emit is not None
         and out.aval.ndim == 0
         and not st.all_static(e)
         and all(isinstance(a, Literal) or a.aval.ndim == 0 and st.storage.get(a) != "input" for a in e.inputs)
         and (out in st.outs or (out not in st.escapes and st.consumers.get(out)))
-        and all(c.prim.name in SCALAR_EXPR and c.outputs[0].aval.ndim == 0 for c in st.consumers.get(out, ()))
+        and all(c.prim.scalar_emit is not None and c.outputs[0].aval.ndim == 0 for c in st.consumers.get(out, ()))
     ):
         return False
     expr = scalar_expr(st, e, out)

@@ -58,7 +58,7 @@ class Executable:
     """A compiled graph: ``exe(*flat_inputs) -> list of outputs`` (numpy arrays).
 
     Each concurrently running thread gets its own buffer set, built on demand.  ``memory`` is the
-    :class:`~fedarena.engine.memory_plan.MemoryPlan` the generated code follows (bytes per buffer
+    :class:`~fedarena.engine.compiler.memory_plan.MemoryPlan` the generated code follows (bytes per buffer
     set), ``source`` the generated code.
     """
 

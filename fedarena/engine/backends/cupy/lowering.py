@@ -1,0 +1,67 @@
+"""What a primitive's cupy rule (``prim.cuda(eqn, lib)``, defined beside the primitive in its family
+file) is given as ``lib``: the backend's kernel generators (:mod:`.kernels`, :mod:`.indexing`,
+:mod:`.random_kernels`), the C types they handle, and the constructors of the step specs the
+executor (:mod:`.executor`) runs.  A rule returns one spec, or ``None`` when this equation (its
+dtypes, a literal operand) has no device step and runs its numpy kernel on host copies.
+
+Specs: ``kernel`` (a generated kernel over the operands), ``scatter`` (the same, into a zeroed
+output), ``col2im`` (a GEMM then a generated col2im kernel), ``xp`` (``fn(xp, operands, attrs, out)``:
+the array module's own device functions writing into the output's arena buffer), ``view``
+(``fn(xp, operand)``: a view of a device array), ``matmul`` (``xp.matmul``: cuBLAS under cupy) and
+``step`` (``make(executable, eqn)`` builds the step object for the executable being planned, e.g. a
+control-flow loop over sub-executables).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from ...core.ir import Eqn, Literal
+from . import indexing  # noqa: F401  (indexing.RANK_SORT_MAX: read at each use, tests lower it)
+from .indexing import ATOMIC_ADD, argsort_kernel, index_add_kernel, take_kernel  # noqa: F401
+from .kernels import (  # noqa: F401  (the generators a rule may call)
+    CTYPE,
+    gather_kernel,
+    im2col_kernel,
+    max_pool_grad_kernel,
+    phase_col2im_kernel,
+    plain_col2im_kernel,
+    pool_kernel,
+    reduction_kernel,
+    row_softmax_kernel,
+    scatter_add_kernel,
+)
+from .random_kernels import random_kernel  # noqa: F401
+
+
+def has_literal(e: Eqn) -> bool:
+    """Whether an operand of ``e`` is a literal (rules over raw device buffers leave those to the host)."""
+    return any(isinstance(a, Literal) for a in e.inputs)
+
+
+def kernel(k: Any, operands: Sequence[Any]) -> tuple:
+    return ("kernel", k, list(operands))
+
+
+def scatter(k: Any, operands: Sequence[Any]) -> tuple:
+    return ("scatter", k, list(operands))
+
+
+def col2im(k: Any, operands: Sequence[Any]) -> tuple:
+    return ("col2im", k, list(operands))
+
+
+def xp(fn: Callable, e: Eqn) -> tuple:
+    return ("xp", fn, list(e.inputs))
+
+
+def view(fn: Callable, e: Eqn) -> tuple:
+    return ("view", fn, list(e.inputs))
+
+
+def matmul(e: Eqn) -> tuple:
+    return ("matmul", None, list(e.inputs))
+
+
+def step(make: Callable, operands: Sequence[Any]) -> tuple:
+    return ("step", make, list(operands))
