@@ -510,9 +510,16 @@ class Scheduler:
         mean = CoordinateMean(self.params)
         for c, d in zip(sorted(clients), deltas):
             mean.add(d, self._submodel_index(self.current.levels[c]))
-        row["device_costs"] = {c: {"level": self.current.levels[c], "memory_bytes": k.memory_bytes,
-                                   "seconds": k.seconds, "flops": k.flops, "bytes_down": k.bytes_down,
-                                   "bytes_up": k.bytes_up} for c, k in sorted(self.current.costs.items())}
+        fleet = self.policy.devices
+        pos = {c: i for i, c in enumerate(self.policy.device_clients)}
+        row["device_costs"] = {c: {"tier": fleet.profiles[pos[c]].tier, "level": self.current.levels[c],
+                                   "width": self.policy.widths.rates[self.current.levels[c]],
+                                   "memory_bytes": k.memory_bytes,
+                                   "memory_budget": fleet.profiles[pos[c]].memory_bytes, "seconds": k.seconds,
+                                   "time_budget": fleet.time_budget(pos[c], self.round), "flops": k.flops,
+                                   "bytes_down": k.bytes_down, "bytes_up": k.bytes_up,
+                                   "reported": int(c in clients)}
+                               for c, k in sorted(self.current.costs.items())}
         return self.policy.server_optimizer.step(self.params, mean.mean(), self.opt_state)
 
     def _finish_round(self) -> None:

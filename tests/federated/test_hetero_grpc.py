@@ -62,3 +62,23 @@ def test_one_round_with_two_widths_over_grpc_equals_the_simulation(make_cluster)
     i = np.concatenate([np.asarray(init[k], np.float64).ravel() for k in sorted(init)])
     assert np.linalg.norm(a - b) / np.linalg.norm(b - i) < 1e-5, np.linalg.norm(a - b) / np.linalg.norm(b - i)
     assert np.abs(a - b).max() < 1e-5
+
+
+def test_grpc_devices_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    from pathlib import Path
+
+    from fedarena.platform.cli import main
+
+    cfg = Path(__file__).resolve().parents[2] / "experiments" / "heterofl_grpc.yaml"
+    for sets, message in [(["strategy.aggregation=median"], "strategy.aggregation: devices.enabled averages sub-model "
+                                                            "updates per coordinate; use mean"),
+                          (["devices.int8_download=true"], "devices.int8_download: int8 downloads run in the fedsim "
+                                                           "kind only"),
+                          (["devices.tier_memory_mb=[0.1,0,0.025,0.012,0.008]"],
+                           "devices.tier_memory_mb: every tier needs a value > 0")]:
+        args = ["run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"]
+        for s in sets:
+            args += ["--set", s]
+        assert main(args) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and message in err[0], err
