@@ -4,7 +4,9 @@ Launches the processes of :mod:`fedarena.federated.deployment` inside the run fo
 (``<run>/deployment``), follows the scheduler's round history and logs, per round: test accuracy
 and loss of the global model, mean client training loss, clients selected / reporting, bytes up
 and down, the round's duration and how it closed. FedAvg (McMahan et al. 2017) by default; FedProx
-(``clients.prox_mu``), FedAdam/FedYogi (``strategy.server_optimizer``), compression, local DP and SecAgg by config.
+(``clients.prox_mu``), FedAdam/FedYogi (``strategy.server_optimizer``), compression, local DP and SecAgg by config;
+device budgets and HeteroFL / FedRolex sub-models by the ``devices`` section (each client's cost per round in the
+run folder's ``device_costs.csv``; docs/devices.md).
 The driver runs under the platform's loop (:func:`fedarena.platform.loop.run_loop`), one step per round.
 Resuming (``fedarena run --resume RUN``) restarts every process; the scheduler continues from its
 state file (last completed round, identical model bytes), and rounds it closed after the run's checkpoint
