@@ -25,6 +25,12 @@ strategy's ``configure``. The current round's state is one
 :class:`RoundProgress` whose :class:`Phase` moves idle -> open -> closing -> idle (or done). After every round the
 global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
 wire format, and a restarted scheduler continues from that file with identical model bytes.
+
+Device budgets (``RoundPolicy.devices``, docs/devices.md): when a round opens, each selected client gets the widest
+width level its device profile holds (:meth:`~fedarena.federated.devices.DeviceFleet.assign`; one no level fits is
+not selected), the plan tells the servers each client's sub-model (kept units, scaler), and the round's update is
+the per-coordinate mean of the clients' sub-model deltas (HeteroFL / FedRolex, :mod:`fedarena.federated.hetero`)
+through the server optimizer; the history row records every client's level, cost and budgets.
 """
 
 from __future__ import annotations

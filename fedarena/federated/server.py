@@ -22,6 +22,10 @@ needs individual deltas (its plan says ``collect_updates``: the default bounded 
 delta to a multiple of the round's median norm and caps each weight, or a robust rule), the server also
 sends every accepted client's delta and weight, since neither can be formed from sums.
 
+Under device budgets the plan names each selected client's sub-model: the server sends that client its
+sub-model of the global model with HeteroFL's scaler (``submodel`` in the task), checks its upload against the
+sub-model's shapes, and forwards the delta individually (sub-models of different widths have no common sum).
+
 A client's example count is fixed by its ``register``: registering again here may keep or lower it but
 not raise it, and an upload may not claim more than the registered count.
 """
