@@ -260,8 +260,8 @@ class _RoundSteps:
 
         recs = [{"round": row["round"], "client": c, "int8": 0, **d} for c, d in sorted(row["device_costs"].items())]
         write_device_records(self.run.dir / DEVICE_RECORDS, recs)
-        out: dict[str, float] = {f"level{k}_clients": sum(r["level"] == k for r in recs)
-                                 for k in range(1 if self.cfg.devices.submodel == "none" else len(self.cfg.devices.width_levels))}
+        levels = 1 if self.cfg.devices.submodel == "none" else len(self.cfg.devices.width_levels)
+        out: dict[str, float] = {f"level{k}_clients": sum(r["level"] == k for r in recs) for k in range(levels)}
         if recs:
             out["device_seconds_max"] = max(r["seconds"] for r in recs)
             out["device_memory_max_mb"] = max(r["memory_bytes"] for r in recs) / 1e6

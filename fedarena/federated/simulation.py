@@ -1045,8 +1045,8 @@ class Simulation:
         prof = self.devices.profiles[i]
         return {"round": rnd, "client": cid, "tier": prof.tier, "level": level, "width": self.widths.rates[level],
                 "int8": int(self.devices.receives_int8(i)), "memory_bytes": cost.memory_bytes,
-                "memory_budget": prof.memory_bytes, "seconds": cost.seconds, "time_budget": self.devices.time_budget(i, rnd),
-                "flops": cost.flops, "bytes_down": cost.bytes_down, "bytes_up": 0, "reported": 0}
+                "memory_budget": prof.memory_bytes, "seconds": cost.seconds,
+                "time_budget": self.devices.time_budget(i, rnd), "flops": cost.flops, "bytes_down": cost.bytes_down, "bytes_up": 0, "reported": 0}
 
     def _int8_files(self, params: Params, rnd: int) -> list[bytes]:
         """Every level's sub-model of ``params`` in round ``rnd`` as the int8 file an int8 client downloads."""

@@ -42,8 +42,8 @@ def test_published_profiles_drive_a_run(tmp_path):
     """The digits MLP fits every published tier's memory, so every client trains the full width."""
     args = ["run", str(_config(tmp_path)), "--out", str(tmp_path / "r"), "--quiet", "--no-report",
             "--set", "devices.profiles=published",
-            "--set", "devices.tier_fraction=[]", "--set", "devices.tier_memory_mb=[]", "--set", "devices.tier_gflops=[]",
-            "--set", "devices.tier_up_mbps=[]", "--set", "devices.tier_down_mbps=[]"]
+            "--set", "devices.tier_fraction=[]", "--set", "devices.tier_memory_mb=[]",
+            "--set", "devices.tier_gflops=[]", "--set", "devices.tier_up_mbps=[]", "--set", "devices.tier_down_mbps=[]"]
     assert main(args) == 0
     import csv
 
@@ -55,7 +55,8 @@ def test_published_profiles_drive_a_run(tmp_path):
 
 
 def test_named_profiles_and_tier_lists_together_is_one_line_exit_2(tmp_path, capsys):
-    args = ["run", str(_config(tmp_path)), "--out", str(tmp_path / "r"), "--quiet", "--set", "devices.profiles=published"]
+    args = ["run", str(_config(tmp_path)), "--out", str(tmp_path / "r"), "--quiet",
+            "--set", "devices.profiles=published"]
     assert main(args) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and "devices.profiles: published names a tier distribution, and the tier lists give another" \
