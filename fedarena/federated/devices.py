@@ -105,9 +105,9 @@ PUBLISHED_TIERS = (
         # in the 1 GB xhdpi and the 4 GB configs)
         MOBILENET_V1_FLOPS / 123.3e-3,  # 9.23 GFLOP/s: TFLite MobileNet_1.0_224 (float), 1 thread, Pixel 2: 123.3 ms
         # (tensorflow.org/lite/performance/benchmarks)
-        12.61e6 / 8,  # global mobile upload, Speedtest Global Index, July 2021: 12.61 Mbit/s (Ookla, via livemint.com,
-        # 2021-09-24)
-        56.74e6 / 8,  # global mobile download, same index and month: 56.74 Mbit/s (same)
+        12.61e6 / 8,  # global mobile upload from Ookla's Speedtest Global Index as livemint.com reported it on
+        # 2021-09-24: 12.61 Mbit/s (the article's "average"; it does not say which month)
+        56.74e6 / 8,  # global mobile download, same report: 56.74 Mbit/s
     ),
     # entry-level phone
     DeviceTier(
@@ -116,8 +116,8 @@ PUBLISHED_TIERS = (
         # (phone-hdpi-512-dalvik-heap.mk)
         MOBILENET_V2_FLOPS / 1.25,  # 0.48 GFLOP/s: MobileNetV2 (fp32) on one Cortex-A55 little core of a Galaxy S20
         # (SM-G980F), IREE's benchmark: 1225-1252 ms; assumed to stand for an entry-level phone's cores
-        5.09e6 / 8,  # India's mobile upload, Speedtest Global Index, July 2021: 5.09 Mbit/s (Ookla, via livemint.com)
-        17.77e6 / 8,  # India's mobile download, same: 17.77 Mbit/s
+        5.09e6 / 8,  # India's mobile upload in the same report: 5.09 Mbit/s
+        17.77e6 / 8,  # India's mobile download, same report: 17.77 Mbit/s
     ),
 )
 """Tiers from published measurements (each number's source beside it; docs/devices.md, "Published profiles").
