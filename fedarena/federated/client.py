@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import secrets
 import time
@@ -123,6 +124,7 @@ class FLClient:
         self.stats = ClientStats()
         self._delay = options.backoff_s
         self._sat_out = -1  # a secure round this client refused to take part in (its update was not finite)
+        self._submodels: dict[tuple, Any] = {}  # (layer sizes, scale) -> the compiled sub-model (device budgets)
 
     # -------------------------------------------------------------- connection
 
@@ -223,8 +225,12 @@ class FLClient:
             self.version = -1  # we lack the model: ask again and get it sent
             return
         rng = np.random.default_rng([self.options.seed, rnd, int.from_bytes(self.client_id.encode()[:8], "little")])
-        local, loss = self.trainer.train(self.params, self.x, self.y, epochs=cfg.epochs, batch_size=cfg.batch_size,
-                                         lr=cfg.lr, prox_mu=cfg.prox_mu, rng=rng)
+        if "submodel" in body:  # device budgets: the width-scaled sub-model this client's device holds
+            sub = wire.field(body, "submodel", dict)
+            local, loss = self._train_submodel(wire.field(sub, "scale", float), cfg, rng)
+        else:
+            local, loss = self.trainer.train(self.params, self.x, self.y, epochs=cfg.epochs,
+                                             batch_size=cfg.batch_size, lr=cfg.lr, prox_mu=cfg.prox_mu, rng=rng)
         self.stats.rounds_trained += 1
         delta = {k: (local[k].astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
                  for k in self.params}
@@ -261,6 +267,28 @@ class FLClient:
                 self.stats.uploads_refused[e.code] = self.stats.uploads_refused.get(e.code, 0) + 1
                 log.info("%s: upload for round %d refused: %s", self.client_id, rnd, e)
                 return
+
+    def _train_submodel(self, scale: float, cfg: RoundConfig, rng: np.random.Generator) -> tuple[dict, float]:
+        """Local SGD of the sub-model ``self.params`` whose hidden outputs are multiplied by ``scale`` (HeteroFL's
+        scaler): the simulation's :class:`~fedarena.federated.hetero.ScaledMLP` on the minibatches of
+        :func:`~fedarena.federated.simulation.batch_plan` (the permutation per epoch the MLP trainers draw)."""
+        from fedarena.federated.hetero import ScaledMLP
+        from fedarena.federated.simulation import batch_plan, make_group_plan
+        from fedarena.federated.strategy import FitConfig
+
+        if not (math.isfinite(scale) and scale >= 1):
+            raise wire.WireError("body.submodel.scale", f"must be a finite number >= 1, got {scale}")
+        depth = len(self.params) // 2
+        sizes = (self.params["l0.w"].shape[0], *(self.params[f"l{i}.w"].shape[1] for i in range(depth)))
+        key = (sizes, scale)
+        if key not in self._submodels:
+            self._submodels[key] = ScaledMLP(sizes, 1.0 / scale, scaler=True)
+        fit = FitConfig(cfg.epochs, cfg.batch_size, cfg.lr, cfg.prox_mu)
+        mat, epochs = batch_plan(len(self.x), fit, rng)
+        plan = make_group_plan([(np.arange(len(self.x)), mat, epochs)], [len(mat)], cfg.batch_size)
+        onehot = np.eye(sizes[-1], dtype=np.float32)[np.asarray(self.y, np.int64)]
+        stack, losses = self._submodels[key].train_group(self.params, plan, np.asarray(self.x, np.float32), onehot, fit)
+        return {k: v[0] for k, v in stack.items()}, float(losses[0])
 
     def _run_secure(self, body: dict[str, Any], cfg: RoundConfig, rnd: int, delta: dict[str, np.ndarray]) -> None:
         from fedarena.federated.secure_round import client_input, run_client, secagg_params, threshold

@@ -755,7 +755,8 @@ class HeterogeneityConfig:
 class DevicesConfig:
     """Device profiles of the simulated clients and the width-scaled sub-models they train
     (:mod:`fedarena.federated.devices`, :mod:`fedarena.federated.hetero`; docs/devices.md). Tier lists give one
-    value per tier; empty lists take :data:`fedarena.federated.devices.DEFAULT_TIERS` (assumed figures)."""
+    value per tier; empty lists take the tiers ``profiles`` names (:data:`fedarena.federated.devices.DEFAULT_TIERS`,
+    assumed figures, or :data:`~fedarena.federated.devices.PUBLISHED_TIERS`, published measurements)."""
 
     enabled: bool = param(False, "give every client a device profile and train under its budget")
     submodel: Literal["none", "heterofl", "fedrolex"] = param(
@@ -766,8 +767,11 @@ class DevicesConfig:
                                       factory=lambda: [1.0, 0.5, 0.25, 0.125, 0.0625])
     scaler: bool = param(True, "divide a sub-model's hidden outputs by its width relative to the global model's "
                          "(HeteroFL's scaler)")
-    tier_fraction: list[float] = param(doc="share of the clients in each tier ([] = the assumed default tiers of "
-                                       "docs/devices.md)",
+    profiles: Literal["assumed", "published"] = param(
+        "assumed", "the tiers when the tier lists are empty: assumed (five tiers, this project's assumptions) or "
+        "published (three tiers whose memory, throughput and bandwidth come from published measurements, "
+        "docs/devices.md)")
+    tier_fraction: list[float] = param(doc="share of the clients in each tier ([] = the tiers of devices.profiles)",
                                        factory=list)
     tier_memory_mb: list[float] = param(doc="memory granted to training per tier, MB", factory=list)
     tier_gflops: list[float] = param(doc="sustained training throughput per tier, GFLOP/s", factory=list)
@@ -778,6 +782,13 @@ class DevicesConfig:
     window_hours: float = param(24.0, "daily availability window of a device, hours (24 = always available)")
     round_interval_s: float = param(600.0, "simulated seconds between the starts of two rounds")
     deadline_s: float = param(0.0, "round deadline, simulated seconds (0 = none; the window's end still binds)")
+    int8_download: bool = param(False, "clients receive their (sub-)model quantized to int8, start from its "
+                                "dequantized parameters and train with fake quantization (QAT); the download is "
+                                "priced at the int8 file's bytes")
+    int8_tiers: list[int] = param(doc="with int8_download: only the clients of these tiers (0-based, in the tier "
+                                  "lists' order) receive int8 models ([] = every tier)", factory=list)
+    int8_calibration: int = param(100, "examples in the server's calibration sample (drawn from the training pool) "
+                                  "for the int8 models' activation ranges")
 
     TIER_FIELDS: ClassVar[tuple[str, ...]] = ("tier_fraction", "tier_memory_mb", "tier_gflops", "tier_up_mbps",
                                               "tier_down_mbps")
@@ -794,6 +805,9 @@ class DevicesConfig:
         for f, v in lists.items():
             if any(not x > 0 for x in v):
                 raise ValueError(f"{f}: every tier needs a value > 0, got {v}")
+        if given and self.profiles != "assumed":
+            raise ValueError(f"profiles: {self.profiles} names a tier distribution, and the tier lists give another; "
+                             f"set one of them")
         if given and abs(sum(self.tier_fraction) - 1) > 1e-6:
             raise ValueError(f"tier_fraction: must sum to 1, got {sum(self.tier_fraction):g}")
         if not self.width_levels or any(not 0 < r <= 1 for r in self.width_levels):
@@ -805,12 +819,18 @@ class DevicesConfig:
             raise ValueError(f"window_hours: must lie in (0, 24], got {self.window_hours}")
         _positive("round_interval_s", self.round_interval_s)
         _at_least("deadline_s", self.deadline_s, 0)
+        if self.int8_tiers and not self.int8_download:
+            raise ValueError("int8_tiers: names the tiers that receive int8 models; set int8_download: true too")
+        n = len(self.tiers())
+        if any(not 0 <= t < n for t in self.int8_tiers) or len(set(self.int8_tiers)) != len(self.int8_tiers):
+            raise ValueError(f"int8_tiers: distinct tier indices in [0, {n - 1}] ({n} tiers), got {self.int8_tiers}")
+        _at_least("int8_calibration", self.int8_calibration, 1)
 
     def tiers(self):
-        from fedarena.federated.devices import DEFAULT_TIERS, DeviceTier
+        from fedarena.federated.devices import DEFAULT_TIERS, PUBLISHED_TIERS, DeviceTier
 
         if not self.tier_fraction:
-            return DEFAULT_TIERS
+            return PUBLISHED_TIERS if self.profiles == "published" else DEFAULT_TIERS
         return tuple(DeviceTier(f, m * 1e6, g * 1e9, u * 1e6 / 8, d * 1e6 / 8) for f, m, g, u, d in
                      zip(self.tier_fraction, self.tier_memory_mb, self.tier_gflops, self.tier_up_mbps,
                          self.tier_down_mbps))
@@ -825,7 +845,9 @@ class DevicesConfig:
         widths = WidthLevels(rates, "heterofl" if self.submodel == "none" else self.submodel, self.scaler)
         sizes_k = [level_sizes(sizes, r) for r in rates]
         profiles = draw_profiles(self.tiers(), num_clients, seed, self.spread, min(self.window_hours * 3600, DAY_S))
-        return DeviceFleet(profiles, sizes_k, self.round_interval_s, self.deadline_s), widths
+        int8 = (tuple(self.int8_tiers) or tuple(range(len(self.tiers())))) if self.int8_download else None
+        return DeviceFleet(profiles, sizes_k, self.round_interval_s, self.deadline_s, int8_tiers=int8,
+                           int8_calibration=self.int8_calibration), widths
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,17 @@ def spec_from_json(d: dict[str, Any]) -> DeploymentSpec:
     pol = dict(d["policy"])
     pol["round_config"] = RoundConfig(**pol["round_config"])
     pol["server_optimizer"] = ServerOptimizer(**pol["server_optimizer"])
+    if pol.get("devices") is not None:  # device budgets (docs/devices.md): the fleet and the width levels
+        from fedarena.federated.devices import DeviceFleet, DeviceProfile
+        from fedarena.federated.hetero import WidthLevels
+
+        dev = dict(pol["devices"])
+        dev["profiles"] = [DeviceProfile(**q) for q in dev["profiles"]]
+        dev["level_sizes"] = [tuple(z) for z in dev["level_sizes"]]
+        dev["int8_tiers"] = None if dev.get("int8_tiers") is None else tuple(dev["int8_tiers"])
+        pol["devices"] = DeviceFleet(**dev)
+        pol["widths"] = WidthLevels(**{**pol["widths"], "rates": tuple(pol["widths"]["rates"])})
+        pol["device_clients"] = tuple(pol["device_clients"])
     task = dict(d["task"])
     task["hidden"] = tuple(task["hidden"])
     return DeploymentSpec(

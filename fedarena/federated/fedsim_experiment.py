@@ -100,6 +100,9 @@ def _check_devices(cfg: FedSimConfig) -> None:
     if cfg.evaluation.personalize_epochs:
         raise ValueError("evaluation.personalize_epochs: personalization fine-tunes the global model, not the "
                          "clients' sub-models; set it to 0 with devices.enabled")
+    if cfg.devices.int8_download and cfg.clients.prox_mu > 0:
+        raise ValueError("clients.prox_mu: clients that receive int8 models (devices.int8_download) train plain SGD "
+                         "through fake quantization; set prox_mu to 0")
 
 
 def _round_only(cfg: FedSimConfig) -> dict[str, tuple[Any, Any]]:
@@ -279,7 +282,7 @@ def run(cfg: FedSimConfig, run) -> dict[str, Any]:
 DEVICE_RECORDS = "device_costs.csv"
 """the run folder's per-client, per-round device costs and budgets (``devices.enabled``)"""
 
-DEVICE_COLUMNS = ("round", "client", "tier", "level", "width", "memory_bytes", "memory_budget", "seconds",
+DEVICE_COLUMNS = ("round", "client", "tier", "level", "width", "int8", "memory_bytes", "memory_budget", "seconds",
                   "time_budget", "flops", "bytes_down", "bytes_up", "reported")
 
 
@@ -301,7 +304,7 @@ def read_device_records(path: Path) -> dict[str, np.ndarray]:
 
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    return {k: np.array([r[k] for r in rows]) if k == "client" else np.array([float(r[k]) for r in rows])
+    return {k: np.array([r[k] for r in rows]) if k == "client" else np.array([float(r.get(k) or 0) for r in rows])
             for k in DEVICE_COLUMNS}
 
 

@@ -4,7 +4,9 @@ Launches the processes of :mod:`fedarena.federated.deployment` inside the run fo
 (``<run>/deployment``), follows the scheduler's round history and logs, per round: test accuracy
 and loss of the global model, mean client training loss, clients selected / reporting, bytes up
 and down, the round's duration and how it closed. FedAvg (McMahan et al. 2017) by default; FedProx
-(``clients.prox_mu``), FedAdam/FedYogi (``strategy.server_optimizer``), compression, local DP and SecAgg by config.
+(``clients.prox_mu``), FedAdam/FedYogi (``strategy.server_optimizer``), compression, local DP and SecAgg by config;
+device budgets and HeteroFL / FedRolex sub-models by the ``devices`` section (each client's cost per round in the
+run folder's ``device_costs.csv``; docs/devices.md).
 The driver runs under the platform's loop (:func:`fedarena.platform.loop.run_loop`), one step per round.
 Resuming (``fedarena run --resume RUN``) restarts every process; the scheduler continues from its
 state file (last completed round, identical model bytes), and rounds it closed after the run's checkpoint
@@ -17,10 +19,11 @@ file).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from fedarena.federated.config import (GRPC_MOVED, AttackConfig, FLExperimentConfig, GrpcClientsConfig, GrpcExecutionConfig,
+from fedarena.federated.config import (GRPC_MOVED, AttackConfig, DevicesConfig, FLExperimentConfig, GrpcClientsConfig,
+                                       GrpcExecutionConfig,
                                        GrpcPrivacyConfig, GrpcStrategyConfig, GrpcUploadConfig, TaskDataConfig,
                                        TaskModelConfig, TLSConfig)
 from fedarena.platform.experiment import Experiment, param
@@ -36,7 +39,7 @@ class FedAvgGrpcConfig(FLExperimentConfig):
 
     SECTIONS = {"data": TaskDataConfig, "model": TaskModelConfig, "clients": GrpcClientsConfig,
                 "strategy": GrpcStrategyConfig, "upload": GrpcUploadConfig, "privacy": GrpcPrivacyConfig,
-                "execution": GrpcExecutionConfig, "tls": TLSConfig, "attack": AttackConfig}
+                "execution": GrpcExecutionConfig, "tls": TLSConfig, "attack": AttackConfig, "devices": DevicesConfig}
     rounds: int = param(30, "number of rounds")
 
     def check_sections(self) -> None:
@@ -55,7 +58,27 @@ class FedAvgGrpcConfig(FLExperimentConfig):
         if self.attack.count(self.data.num_clients) > self.data.num_clients:
             raise ValueError(f"attack.num_attackers: {self.attack.count(self.data.num_clients)} attackers exceed the "
                              f"{self.data.num_clients} clients (data.num_clients)")
+        if self.devices.enabled:
+            _check_devices(self)
         _policy(self)  # the runtime's own limits across fields (e.g. the SecAgg fixed-point capacity); no data read
+
+
+def _check_devices(cfg: FedAvgGrpcConfig) -> None:
+    """What device budgets support in the runtime: the MLP, the plain per-coordinate mean of dense sub-model
+    updates, no SecAgg, SignDS, local DP, attack or int8 download."""
+    if not cfg.model.hidden and cfg.devices.submodel != "none":
+        raise ValueError("model.hidden: width-scaled sub-models need at least one hidden layer")
+    if cfg.strategy.aggregation != "mean":
+        raise ValueError("strategy.aggregation: devices.enabled averages sub-model updates per coordinate; use mean")
+    if cfg.upload.encoding != "dense" or cfg.upload.clip_norm > 0:
+        raise ValueError("upload.encoding: devices.enabled sends dense float32 sub-model updates (the cost model "
+                         "prices them); set upload.encoding to dense and upload.clip_norm to 0")
+    p = cfg.privacy
+    if p.secagg.enabled or p.signds.on or p.ldp.epsilon > 0 or cfg.attack.kind != "none":
+        raise ValueError("devices.enabled: SecAgg, SignDS, local DP and attacks need whole-model updates; turn them "
+                         "off")
+    if cfg.devices.int8_download:
+        raise ValueError("devices.int8_download: int8 downloads run in the fedsim kind only")
 
 
 def _policy(cfg: FedAvgGrpcConfig):
@@ -79,6 +102,19 @@ def _policy(cfg: FedAvgGrpcConfig):
         norm_bound_multiple=s.norm_bound_multiple)
 
 
+def _devices(cfg: FedAvgGrpcConfig, task: Any) -> dict[str, Any]:
+    """The policy's device fleet, width levels and client ids (``devices.enabled``; {} otherwise): the task's
+    layer sizes need its data, so this runs when the deployment is built, not when the config is checked."""
+    if not cfg.devices.enabled:
+        return {}
+    from fedarena.federated.deployment import client_name
+    from fedarena.federated.task import build_task
+
+    fleet, widths = cfg.devices.build(build_task(task).sizes, cfg.data.num_clients, cfg.seed)
+    return {"devices": fleet, "widths": widths,
+            "device_clients": tuple(client_name(i) for i in range(cfg.data.num_clients))}
+
+
 def _spec(cfg: FedAvgGrpcConfig):
     """The deployment of ``cfg``: the sections built into the runtime's objects."""
     from fedarena.federated.client import ClientOptions
@@ -92,7 +128,7 @@ def _spec(cfg: FedAvgGrpcConfig):
                     hidden=tuple(cfg.model.hidden), seed=cfg.seed, trainer=cfg.model.trainer)
     return DeploymentSpec(
         task=task,
-        policy=_policy(cfg),
+        policy=replace(_policy(cfg), **_devices(cfg, task)),
         server=ServerOptions(max_update_norm=u.max_update_norm, max_examples=_max_examples(cfg, task)),
         client=ClientOptions(encoding=u.encoding, topk_fraction=u.topk_fraction, clip_norm=u.clip_norm,
                              ldp_epsilon=p.ldp.epsilon, ldp_delta=p.ldp.delta, ldp_clip_norm=p.ldp.clip_norm,
@@ -213,7 +249,25 @@ class _RoundSteps:
         metrics["aggregated"] = int(row["outcome"] == "aggregated")
         metrics["bytes_total"] = row["bytes_up"] + row["bytes_down"]
         metrics["closed_by_deadline"] = int(row["close_reason"] == "deadline")
+        if "device_costs" in row:
+            metrics.update(self._device_costs(row))
         return metrics
+
+    def _device_costs(self, row: dict[str, Any]) -> dict[str, float]:
+        """Device budgets: append the round's per-client costs to the run folder's ``device_costs.csv`` (the
+        fedsim kind's columns) and return the round's clients per level and largest time and memory."""
+        from fedarena.federated.fedsim_experiment import DEVICE_RECORDS, write_device_records
+
+        recs = [{"round": row["round"], "client": c, "int8": 0, **d} for c, d in sorted(row["device_costs"].items())]
+        write_device_records(self.run.dir / DEVICE_RECORDS, recs)
+        levels = 1 if self.cfg.devices.submodel == "none" else len(self.cfg.devices.width_levels)
+        out: dict[str, float] = {f"level{k}_clients": sum(r["level"] == k for r in recs) for k in range(levels)}
+        if recs:
+            out["device_seconds_max"] = max(r["seconds"] for r in recs)
+            out["device_memory_max_mb"] = max(r["memory_bytes"] for r in recs) / 1e6
+            out["over_budget"] = sum(r["memory_bytes"] > r["memory_budget"] or r["seconds"] > r["time_budget"]
+                                     for r in recs)
+        return out
 
     def _wait(self, step: int) -> list[dict[str, Any]]:
         """The scheduler's closed rounds from ``step`` on, once it has closed round ``step``."""

@@ -25,6 +25,12 @@ strategy's ``configure``. The current round's state is one
 :class:`RoundProgress` whose :class:`Phase` moves idle -> open -> closing -> idle (or done). After every round the
 global model, optimizer state and round history are written atomically (temp file + fsync + rename) in the
 wire format, and a restarted scheduler continues from that file with identical model bytes.
+
+Device budgets (``RoundPolicy.devices``, docs/devices.md): when a round opens, each selected client gets the widest
+width level its device profile holds (:meth:`~fedarena.federated.devices.DeviceFleet.assign`; one no level fits is
+not selected), the plan tells the servers each client's sub-model (kept units, scaler), and the round's update is
+the per-coordinate mean of the clients' sub-model deltas (HeteroFL / FedRolex, :mod:`fedarena.federated.hetero`)
+through the server optimizer; the history row records every client's level, cost and budgets.
 """
 
 from __future__ import annotations
@@ -91,6 +97,14 @@ class RoundPolicy:
     norm_bound_multiple: float = 3.0
     """'mean': every delta is clipped to this multiple of the round's median update norm (0 = off; the servers'
     fixed ``max_update_norm`` still refuses larger uploads)"""
+    devices: Any = None
+    """a :class:`fedarena.federated.devices.DeviceFleet`: each client (``device_clients[i]`` has profile ``i``) trains
+    the widest sub-model of ``widths`` its device's budget holds, and the scheduler averages the sub-model updates
+    per coordinate (HeteroFL / FedRolex, :mod:`fedarena.federated.hetero`; docs/devices.md)"""
+    widths: Any = None
+    """with ``devices``: the :class:`fedarena.federated.hetero.WidthLevels`"""
+    device_clients: tuple[str, ...] = ()
+    """with ``devices``: the client ids in the order of the fleet's profiles"""
 
     def rule(self) -> Aggregator | None:
         """The round's rule over individual deltas; None for the plain 'mean' (partial sums or bounded)."""
@@ -111,6 +125,14 @@ class RoundPolicy:
             if self.round_config.secagg:
                 raise ValueError(f"aggregation: '{self.aggregation}' needs every client's delta, which secure "
                                  "aggregation hides; use 'mean' with secagg")
+        if self.devices is not None:
+            if self.widths is None or len(self.device_clients) != len(self.devices.profiles):
+                raise ValueError("devices: needs widths and one client id per device profile (device_clients)")
+            if self.aggregation != "mean" or self.rule_params or self.round_config.secagg or self.round_config.signds_k:
+                raise ValueError("devices: sub-model updates are averaged per coordinate; use aggregation 'mean' "
+                                 "without secure aggregation or SignDS")
+            if self.devices.int8_tiers is not None:
+                raise ValueError("devices.int8_download: int8 downloads run in fedsim only")
         if self.rounds < 1:
             raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
         if not 0 < self.min_fraction <= 1:
@@ -150,6 +172,10 @@ class RoundProgress:
     """server -> (its partial aggregate, bytes up, bytes down)"""
     updates: dict[str, tuple[Params, float]] = field(default_factory=dict)
     """client -> (delta, weight), when the rule needs individual deltas"""
+    levels: dict[str, int] = field(default_factory=dict)
+    """with device budgets: client -> the width level it trains this round"""
+    costs: dict[str, Any] = field(default_factory=dict)
+    """with device budgets: client -> its :class:`~fedarena.federated.devices.TrainingCost` this round"""
     config: RoundConfig | None = None
     """what the selected clients run (the strategy's ``configure`` of this round, or the policy's round config)"""
     secure: SecureRound | None = None
@@ -237,10 +263,11 @@ class Scheduler:
             aggregator = policy.rule()
         self.aggregator = aggregator
         # the default mean is bounded (norm clipping, weight cap): it needs every delta, as a robust rule does
-        self.bounded = aggregator is None and strategy is None and (policy.max_client_weight < 1
-                                                                    or policy.norm_bound_multiple > 0)
+        self.bounded = aggregator is None and strategy is None and policy.devices is None and (
+            policy.max_client_weight < 1 or policy.norm_bound_multiple > 0)
         # every individual delta goes to the scheduler when the rule needs them; never in a secure round
-        self.collect = self.secure is None and (aggregator is not None or self.bounded or strategy is not None)
+        self.collect = self.secure is None and (aggregator is not None or self.bounded or strategy is not None
+                                                or policy.devices is not None)
         self.secret = secret
         self.state_path = Path(state_path)
         self.evaluate = evaluate
@@ -450,11 +477,56 @@ class Scheduler:
                 log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
                 self._abandon_unopened(now, selected, str(e))
                 return True
-        self.current = RoundProgress(Phase.OPEN, selected, opened_at=now, deadline=now + p.window_seconds,
-                                     config=config, secure=secure)
+        levels, costs = self._assign_levels(selected, config) if p.devices is not None else ({}, {})
+        self.current = RoundProgress(Phase.OPEN, [c for c in selected if c in levels or p.devices is None],
+                                     opened_at=now, deadline=now + p.window_seconds, config=config, secure=secure,
+                                     levels=levels, costs=costs)
         log.info("scheduler: round %d open, %d clients selected", self.round, k)
         self.cond.notify_all()
         return True
+
+    def _assign_levels(self, selected: Sequence[str], config: RoundConfig) -> tuple[dict[str, int], dict[str, Any]]:
+        """Each selected client's width level and cost (:meth:`DeviceFleet.assign`, as the simulation's
+        ``device_round``); a client no level fits, or with no device profile, sits the round out."""
+        p = self.policy
+        pos = {c: i for i, c in enumerate(p.device_clients)}
+        levels, costs = {}, {}
+        for c in selected:
+            n = self.clients.get(c, {}).get("num_examples", 0)
+            if c not in pos or n <= 0:
+                continue
+            steps = config.epochs * math.ceil(n / config.batch_size)
+            got = p.devices.assign(pos[c], self.round, config.batch_size, steps, config.prox_mu > 0)
+            if got is not None:
+                levels[c], costs[c] = got
+        return levels, costs
+
+    def _submodel_index(self, level: int) -> list[np.ndarray]:
+        from fedarena.federated.hetero import submodel_index
+
+        sizes = [self._shapes["l0.w"][0]] + [self._shapes[f"l{i}.w"][1] for i in range(len(self._shapes) // 2)]
+        return submodel_index(sizes, self.policy.widths.rates[level], self.policy.widths.kind, self.round)
+
+    def _device_step(self, clients: Sequence[str], row: dict[str, Any]) -> tuple[Params, Any]:
+        """The per-coordinate mean of the clients' sub-model updates (:class:`~fedarena.federated.hetero.
+        CoordinateMean`) through the server optimizer; each client's device cost goes into ``row``."""
+        from fedarena.federated.hetero import CoordinateMean
+
+        deltas, _ = self._individual(clients)
+        mean = CoordinateMean(self.params)
+        for c, d in zip(sorted(clients), deltas):
+            mean.add(d, self._submodel_index(self.current.levels[c]))
+        fleet = self.policy.devices
+        pos = {c: i for i, c in enumerate(self.policy.device_clients)}
+        row["device_costs"] = {c: {"tier": fleet.profiles[pos[c]].tier, "level": self.current.levels[c],
+                                   "width": self.policy.widths.rates[self.current.levels[c]],
+                                   "memory_bytes": k.memory_bytes,
+                                   "memory_budget": fleet.profiles[pos[c]].memory_bytes, "seconds": k.seconds,
+                                   "time_budget": fleet.time_budget(pos[c], self.round), "flops": k.flops,
+                                   "bytes_down": k.bytes_down, "bytes_up": k.bytes_up,
+                                   "reported": int(c in clients)}
+                               for c, k in sorted(self.current.costs.items())}
+        return self.policy.server_optimizer.step(self.params, mean.mean(), self.opt_state)
 
     def _finish_round(self) -> None:
         p = self.policy
@@ -478,7 +550,9 @@ class Scheduler:
         applied = None
         if len(total.clients) >= need and total.weight > 0:
             try:
-                if self.strategy is not None:
+                if p.devices is not None:
+                    applied = self._device_step(total.clients, row)
+                elif self.strategy is not None:
                     applied = self._strategy_step(total.clients)
                 elif self.bounded:
                     delta, info = bounded_mean(*self._individual(total.clients), p.max_client_weight,
@@ -684,7 +758,20 @@ class Scheduler:
             "config": (self.current.config or self.policy.round_config).to_body(),
             "deadline_s": max(0.0, self.current.deadline - now) if self.current.phase == Phase.OPEN else 0.0,
             "rounds": self.policy.rounds, "collect_updates": self.collect,
+            **({"submodels": self._submodel_plan()} if self.policy.devices is not None
+               and self.current.phase == Phase.OPEN else {}),
         }
+
+    def _submodel_plan(self) -> dict[str, Any]:
+        """Each selected client's sub-model: its width level, the kept units of every layer and HeteroFL's scaler
+        (what an FL-Server extracts and sends it)."""
+        w = self.policy.widths
+        out = {}
+        for c, k in self.current.levels.items():
+            scale = (w.rates[0] / w.rates[k]) if w.scaler else 1.0
+            out[c] = {"level": k, "scale": scale,
+                      "units": [np.asarray(u, np.int64) for u in self._submodel_index(k)]}
+        return out
 
     def _sync(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         known_round = wire.field(b, "known_round", int)
@@ -745,7 +832,8 @@ class Scheduler:
                 if self.current.admitted.get(cid) != server_id:
                     raise ProtocolError("body.clients", f"client {cid!r} was not admitted through {server_id}",
                                         "rejected")
-            if clients and set(sums_body) != set(self._shapes):
+            if clients and set(sums_body) != set(self._shapes) and not (self.policy.devices is not None
+                                                                        and not sums_body):
                 raise ProtocolError("body.sums", "tensor names differ from the model", "malformed")
             sums = {k: wire.check_array(v, f"body.sums.{k}", dtype="float64", shape=self._shapes[k], finite=True)
                     for k, v in sums_body.items()}
@@ -762,16 +850,25 @@ class Scheduler:
                 for cid, d in ups.items():
                     if not isinstance(d, dict) or set(d) != set(self._shapes):
                         raise ProtocolError(f"body.updates.{cid}", "tensor names differ from the model", "malformed")
+                    shapes = self._shapes if self.policy.devices is None else self._sub_shapes(cid)
                     w = ws[cid]
                     if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
                         raise ProtocolError(f"body.update_weights.{cid}", "must be a finite number > 0", "malformed")
                     updates[cid] = ({k: wire.check_array(v, f"body.updates.{cid}.{k}", dtype="float64",
-                                                         shape=self._shapes[k], finite=True) for k, v in d.items()},
+                                                         shape=shapes[k], finite=True) for k, v in d.items()},
                                     float(w))
             self.current.partials[server_id] = (part, *traffic)
             self.current.updates.update(updates)
             self.cond.notify_all()
             return "ack", {}
+
+    def _sub_shapes(self, cid: str) -> dict[str, tuple[int, ...]]:
+        """The parameter shapes of client ``cid``'s sub-model this round (ProtocolError if it has none)."""
+        if cid not in self.current.levels:
+            raise ProtocolError(f"body.updates.{cid}", "the client has no sub-model this round", "malformed")
+        index = self._submodel_index(self.current.levels[cid])
+        return {k: ((len(index[int(k[1:k.index(".")])]), len(index[int(k[1:k.index(".")]) + 1])) if k.endswith(".w")
+                    else (len(index[int(k[1:k.index(".")]) + 1]),)) for k in self._shapes}
 
     def _ping_server(self, sid: str) -> bool:
         addr = self.servers[sid].address

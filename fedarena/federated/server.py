@@ -22,6 +22,10 @@ needs individual deltas (its plan says ``collect_updates``: the default bounded 
 delta to a multiple of the round's median norm and caps each weight, or a robust rule), the server also
 sends every accepted client's delta and weight, since neither can be formed from sums.
 
+Under device budgets the plan names each selected client's sub-model: the server sends that client its
+sub-model of the global model with HeteroFL's scaler (``submodel`` in the task), checks its upload against the
+sub-model's shapes, and forwards the delta individually (sub-models of different widths have no common sum).
+
 A client's example count is fixed by its ``register``: registering again here may keep or lower it but
 not raise it, and an upload may not claim more than the registered count.
 """
@@ -103,6 +107,8 @@ class FLServer:
         self.partial_sent = -1
         self.uploaded: set[str] = set()
         self.collect = False  # the plan asks for individual updates (robust aggregation at the scheduler)
+        self.submodels: dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]] = {}
+        """device budgets: client -> (its sub-model this round, its task's ``submodel`` entry)"""
         self.updates: dict[str, tuple[dict[str, np.ndarray], float]] = {}
         self.nonces: OrderedDict[bytes, None] = OrderedDict()
         self.bytes_up = 0
@@ -209,7 +215,9 @@ class FLServer:
             if phase == Phase.OPEN and plan.get("config"):
                 self.round_config = RoundConfig.from_body(plan["config"])
                 self.signds = signds_config(self.round_config, self.shapes)
-            self.plan = {k: v for k, v in plan.items() if k != "params"}
+            self.plan = {k: v for k, v in plan.items() if k not in ("params", "submodels")}
+            if phase == Phase.OPEN:
+                self.submodels = self._check_submodels(plan.get("submodels"))
             self.plan["received_at"] = time.monotonic()
             self.selected = frozenset(plan.get("selected", []))
             if phase == Phase.OPEN:
@@ -217,6 +225,24 @@ class FLServer:
             self.cond.notify_all()
         if phase == Phase.CLOSING and self.partial_sent != rnd:
             self._send_partial(rnd)
+
+    def _check_submodels(self, plan_sub: Any) -> dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]]:
+        """Each client's sub-model of this round (device budgets): its parameters (the kept units of every layer of
+        the global model, :func:`fedarena.federated.hetero.extract`) and what its task says of it."""
+        if plan_sub is None:
+            return {}
+        from fedarena.federated.hetero import extract
+
+        out = {}
+        depth = len(self.shapes) // 2
+        for cid, sub in wire.field({"submodels": plan_sub}, "submodels", dict).items():
+            units = wire.field(sub, "units", list)
+            if len(units) != depth + 1:
+                raise wire.WireError(f"plan.submodels.{cid}.units", f"expected {depth + 1} index arrays")
+            index = [wire.check_array(u, f"plan.submodels.{cid}.units", dtype="int64") for u in units]
+            task = {"level": wire.field(sub, "level", int), "scale": wire.field(sub, "scale", float)}
+            out[cid] = (extract(self.params, index), task)
+        return out
 
     def _send_partial(self, rnd: int) -> None:
         with self.upload_lock:  # no upload can slip in between the snapshot and the send
@@ -320,7 +346,11 @@ class FLServer:
                         body["secagg_party"] = sorted(self.selected).index(cid) + 1
                         body["secagg_selected"] = len(self.selected)
                         body["secagg_members"] = sorted(self.selected)  # party i is members[i - 1]
-                    if have != plan["model_version"]:
+                    if cid in self.submodels:  # device budgets: this client's sub-model, every time
+                        sub, body["submodel"] = self.submodels[cid]
+                        body["params"] = sub
+                        self.bytes_down += len(wire.encode("params", {"params": sub}, self.limits))
+                    elif have != plan["model_version"]:
                         body["params"] = self.params
                         self.bytes_down += self.model_size
                     return "task", body
@@ -408,7 +438,8 @@ class FLServer:
                 delta = decode_signds(payload, self.shapes, self.signds, self.round_config.signds_lr)
                 weight = 1  # SignDS averages the reports with equal weight (Jiang et al. 2022)
             else:
-                delta = decode_update(encoding, payload, self.shapes)
+                sub = self.submodels.get(cid)
+                delta = decode_update(encoding, payload, self.shapes if sub is None else params_shapes(sub[0]))
                 weight = n
             norm = global_norm(delta)
             if not norm <= self.options.max_update_norm:
@@ -429,7 +460,8 @@ class FLServer:
             except TransportError as e:
                 self.nonces.pop(nonce, None)  # not counted anywhere: the client may retry this very message
                 raise self._refuse("server", f"scheduler unreachable ({e.code}); retry later", "unavailable") from None
-            self.partial.add(cid, delta, weight, loss)
+            # sub-models differ in shape: the scheduler averages their individual updates per coordinate
+            self.partial.add(cid, delta if cid not in self.submodels else {}, weight, loss)
             if self.collect:
                 self.updates[cid] = (delta, float(weight))
             self.uploaded.add(cid)

@@ -911,6 +911,14 @@ class Simulation:
             if self.engine_backend != "numpy":
                 model.use_engine_backend(self.engine_backend)
             self._level_models.append(model)
+        self._int8 = None
+        if self.devices.int8_tiers is not None:
+            from fedarena.federated.int8_clients import Int8Download
+
+            pool = np.sort(np.concatenate([np.asarray(t, np.int64) for t in self.train]))
+            rng = np.random.default_rng([self.seed, 35])
+            take = np.sort(rng.choice(pool, size=min(self.devices.int8_calibration, len(pool)), replace=False))
+            self._int8 = Int8Download(np.asarray(self.x[take], np.float32))
 
     def device_round(self, state: RoundState) -> tuple[RoundState, RoundRecord]:
         """A round under device budgets (:mod:`fedarena.federated.devices`, :mod:`fedarena.federated.hetero`):
@@ -919,6 +927,8 @@ class Simulation:
         fits: it sits the round out, counted in ``unfit``), each level's clients as their own stacks from the
         level's sub-model of the global model; the updates go through the upload stages and the upload, and the
         server hands their per-coordinate mean to the strategy's server step (``aggregate_partial`` with weight 1).
+        A client of ``devices.int8_tiers`` receives its level as an int8 file instead and trains it
+        quantization-aware, alone (:mod:`fedarena.federated.int8_clients`; priced by ``qat_training_cost``).
         Each trained client's cost and budget are appended to ``device_records``."""
         from fedarena.federated.hetero import CoordinateMean, extract, submodel_index
 
@@ -936,54 +946,73 @@ class Simulation:
         by_level: dict[int, list[str]] = {}
         costs: dict[str, Any] = {}
         unfit = 0
+        int8 = self._int8_files(state.params, rnd) if any(fleet.receives_int8(self._pos[c]) for c in selected) else None
         for c in selected:
             if het.drop_before_training and frng.random() < het.drop_before_training:
                 continue
-            got = fleet.assign(self._pos[c], rnd, cfg.batch_size, self._full_steps(c, rnd, cfg), cfg.prox_mu > 0)
+            down = [len(b) for b in int8] if int8 is not None and fleet.receives_int8(self._pos[c]) else None
+            got = fleet.assign(self._pos[c], rnd, cfg.batch_size, self._full_steps(c, rnd, cfg), cfg.prox_mu > 0, down)
             if got is None:
                 unfit += 1
                 continue
             by_level.setdefault(got[0], []).append(c)
             costs[c] = got[1]
-        prng = (SecureRandom() if self.privacy_seed < 0 else np.random.default_rng([self.privacy_seed, rnd]))
+        prng = (SecureRandom() if self.privacy_seed < 0 else np.random.default_rng([self.seed, rnd]))
         mean = CoordinateMean(state.params)
         bytes_up = bytes_down = 0
         reporting: list[str] = []
         losses_kept: list[float] = []
         rows: list[dict[str, Any]] = []
         self.upload.begin_round(rnd, state.params)
+
+        def report(c: str, k: int, delta: Params, loss: float, index: Any) -> None:
+            nonlocal bytes_up, bytes_down
+            bytes_down += int(costs[c].bytes_down)
+            row = self._device_row(c, rnd, k, costs[c])
+            rows.append(row)
+            if het.drop_after_training and frng.random() < het.drop_after_training:
+                return
+            for stage in self.upload_stages:
+                delta = stage(delta, prng)
+            if het.drop_upload and frng.random() < het.drop_upload:
+                return
+            crng = np.random.default_rng([self.seed, rnd, client_key(c), 13])
+            decoded, nbytes = self.upload(c, delta, prng if self.upload.private else crng)
+            row["reported"], row["bytes_up"] = 1, nbytes
+            bytes_up += nbytes
+            mean.add(decoded, index)
+            reporting.append(c)
+            losses_kept.append(loss)
+
         with self.math_threads():
             for k in sorted(by_level):
-                clients = by_level[k]
                 index = submodel_index(self.model.sizes, widths.rates[k], widths.kind, rnd)
                 sub = extract(state.params, index)
-                sub_bytes = sum(4 * v.size for v in sub.values())
+                level = self._level_models[k]
+                clients = [c for c in by_level[k] if not fleet.receives_int8(self._pos[c])]
                 plans, allowed = self._plans(clients, rnd, cfg, stragglers=False)
                 steps = [min(len(p[1]), a) for p, a in zip(plans, allowed)]
                 for g in stacked_groups(steps, self.max_stacked_clients):
                     plan = make_group_plan([plans[j] for j in g], [allowed[j] for j in g], cfg.batch_size,
                                            self.max_stacked_clients)
-                    stack, ls = self._level_models[k].train_group(sub, plan, self.x, self._onehot, cfg)
+                    stack, ls = level.train_group(sub, plan, self.x, self._onehot, cfg)
                     for r, j in enumerate(g):
-                        c = clients[j]
-                        bytes_down += sub_bytes
-                        row = self._device_row(c, rnd, k, costs[c])
-                        rows.append(row)
-                        if het.drop_after_training and frng.random() < het.drop_after_training:
-                            continue
                         delta = {n: (stack[n][r].astype(np.float64) - sub[n].astype(np.float64)).astype(np.float32)
                                  for n in sub}
-                        for stage in self.upload_stages:
-                            delta = stage(delta, prng)
-                        if het.drop_upload and frng.random() < het.drop_upload:
-                            continue
-                        crng = np.random.default_rng([self.seed, rnd, client_key(c), 13])
-                        decoded, nbytes = self.upload(c, delta, prng if self.upload.private else crng)
-                        row["reported"], row["bytes_up"] = 1, nbytes
-                        bytes_up += nbytes
-                        mean.add(decoded, index)
-                        reporting.append(c)
-                        losses_kept.append(float(ls[r]))
+                        report(clients[j], k, delta, float(ls[r]), index)
+                q_clients = [c for c in by_level[k] if fleet.receives_int8(self._pos[c])]
+                q_plans, q_allowed = self._plans(q_clients, rnd, cfg, stragglers=False)
+                for c, (glob, mat, epochs), a in zip(q_clients, q_plans, q_allowed):
+                    n_steps = min(len(mat), a)
+                    if n_steps == 0:
+                        continue
+                    batches = [glob[row[row >= 0]] for row in mat[:n_steps]]
+                    last = epochs[:n_steps] == epochs[n_steps - 1]
+                    start, trained, loss = self._int8.train(int8[k], level.sizes, level.scale, batches, last,
+                                                            self.x, self.y, cfg.lr)
+                    delta = {n: (trained[n].astype(np.float64) - start[n].astype(np.float64)).astype(np.float32)
+                             for n in sub}
+                    report(c, k, delta, loss, index)
         if reporting:
             total = PartialAggregate(mean.mean(), 1.0, list(reporting), float(np.mean(losses_kept)))
             new_state = self.strategy.aggregate_partial(state, total)
@@ -994,6 +1023,8 @@ class Simulation:
                  train_loss=float(np.mean(losses_kept)) if losses_kept else float("nan"))
         for k in range(len(widths.rates)):
             m[f"level{k}_clients"] = len(by_level.get(k, ()))
+        if fleet.int8_tiers is not None:
+            m["int8_clients"] = sum(r["int8"] for r in rows)
         if rows:
             m["device_seconds_max"] = max(r["seconds"] for r in rows)
             m["device_seconds_mean"] = float(np.mean([r["seconds"] for r in rows]))
@@ -1013,9 +1044,17 @@ class Simulation:
         i = self._pos[cid]
         prof = self.devices.profiles[i]
         return {"round": rnd, "client": cid, "tier": prof.tier, "level": level, "width": self.widths.rates[level],
-                "memory_bytes": cost.memory_bytes, "memory_budget": prof.memory_bytes, "seconds": cost.seconds,
-                "time_budget": self.devices.time_budget(i, rnd), "flops": cost.flops, "bytes_down": cost.bytes_down,
-                "bytes_up": 0, "reported": 0}
+                "int8": int(self.devices.receives_int8(i)), "memory_bytes": cost.memory_bytes,
+                "memory_budget": prof.memory_bytes, "seconds": cost.seconds,
+                "time_budget": self.devices.time_budget(i, rnd), "flops": cost.flops, "bytes_down": cost.bytes_down, "bytes_up": 0, "reported": 0}
+
+    def _int8_files(self, params: Params, rnd: int) -> list[bytes]:
+        """Every level's sub-model of ``params`` in round ``rnd`` as the int8 file an int8 client downloads."""
+        from fedarena.federated.hetero import extract, submodel_index
+
+        return [self._int8.quantize(extract(params, submodel_index(self.model.sizes, rate, self.widths.kind, rnd)),
+                                    level.sizes, level.scale)
+                for rate, level in zip(self.widths.rates, self._level_models)]
 
     def pop_device_records(self) -> list[dict[str, Any]]:
         """The device records since the last call."""
@@ -1024,7 +1063,8 @@ class Simulation:
 
     def _evaluate_levels(self, state: RoundState, rnd: int) -> dict[str, float]:
         """The global model is the widest level (its leading units): ``test_loss``/``test_acc`` and the per-client
-        accuracies are its; ``test_acc_level{k}`` is level ``k``'s leading-unit sub-model (with its scaler)."""
+        accuracies are its; ``test_acc_level{k}`` is level ``k``'s leading-unit sub-model (with its scaler); with int8
+        clients, ``test_acc_int8`` is the global model's int8 model (as the server would send it) run in int8."""
         from fedarena.federated.hetero import extract, submodel_index
 
         out: dict[str, float] = {}
@@ -1037,6 +1077,8 @@ class Simulation:
                     out[f"test_acc_level{k}"] = acc
                     if k == 0:
                         out["test_loss"], out["test_acc"] = loss, acc
+                        if self._int8 is not None:
+                            out["test_acc_int8"] = self._int8.accuracy(sub, model.sizes, model.scale, *self.test)
                 if k == 0 and self.eval_clients and self.held_out is not None:
                     accs = per_client_accuracy(model, sub, self.x, self.y, self.held_out)
                     out.update(self.strategy.evaluate(rnd, accs[~np.isnan(accs)]))
