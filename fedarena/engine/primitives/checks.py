@@ -14,6 +14,7 @@ from ..core.ir import EngineError, ShapeError
 from ..core.tracing import bind
 from .base import _define
 from .emit import expr
+from . import sharding as _sharding
 
 
 class IndexRangeError(EngineError, IndexError):
@@ -56,6 +57,7 @@ def _check_batch(prim, vals, batched, size, **attrs):
 
 check_range_p = _define("check_range", _check_rule, _check_impl, _check_emit, differentiable=False)
 check_range_p.batch = _check_batch
+check_range_p.shard = lambda in_avals, attrs, out_aval, n: _sharding.elementwise(in_avals, out_aval, n)
 
 
 def check_range(idx, lo: int, hi: int, message: str):

@@ -19,6 +19,7 @@ import numpy as np
 from ..core.ir import ShapeError, ShapedArray, is_float
 from ..core.tracing import aval_of, bind
 from .emit import Code, expr, stmt
+from . import sharding as _sharding
 from .base import _bcast_tangent, _define, _floatify, add, broadcast_shapes, cast, div, dtype_of, eq, exp, full, ge, gt, le, log, logical_and, mul, neg, promote, reshape, select, shape_of, sign, sub, unbroadcast
 
 # ============================================================================ elementwise
@@ -46,6 +47,16 @@ def _ew_rule(kind: str):
         return ShapedArray(shape, dt)
 
     return rule
+
+
+def _ew_shard(partial: str = ""):
+    """Sharding rule of a broadcasting elementwise primitive (``partial``: how it is linear, see
+    ``sharding.elementwise``)."""
+
+    def shard(in_avals, attrs, out_aval, n):
+        return _sharding.elementwise(in_avals, out_aval, n, partial)
+
+    return shard
 
 
 def expit(x, out=None):
@@ -94,7 +105,9 @@ def _unary(name, uf, uf_name, kind, vjp_from_out=None, vjp_from_x=None):
         t = tangents[0]
         return d(t, x, out)
 
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC)
+    p = _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC)
+    p.shard = _ew_shard("unary" if name == "neg" else "")
+    return p
 
 
 neg_p = _unary("neg", np.negative, "np.negative", "promote", vjp_from_x=lambda ct, x, out: neg(ct))
@@ -110,6 +123,7 @@ sin_p = _unary("sin", np.sin, "np.sin", "float", vjp_from_x=lambda ct, x, out: m
 cos_p = _unary("cos", np.cos, "np.cos", "float", vjp_from_x=lambda ct, x, out: neg(mul(ct, bind(sin_p, x))))
 abs_p = _unary("abs", np.abs, "np.absolute", "promote", vjp_from_x=lambda ct, x, out: mul(ct, sign(x)))
 sign_p = _define("sign", _ew_rule("promote"), _ufunc_impl(np.sign), _ufunc_emit("np.sign"), differentiable=False)
+sign_p.shard = _ew_shard()
 
 
 def _rsqrt_impl(x, **attrs):
@@ -128,6 +142,7 @@ rsqrt_p = _define(
     vjp=lambda need, ct, out, x: (mul(ct, div(mul(out, -0.5), x)),),
     jvp=lambda ts, out, x: mul(ts[0], div(mul(out, -0.5), x)),
 )
+rsqrt_p.shard = _ew_shard()
 
 
 def _relu_impl(x):
@@ -146,12 +161,18 @@ relu_p = _define(
     vjp=lambda need, ct, out, x: (mul(ct, gt(out, 0)),),
     jvp=lambda ts, out, x: mul(ts[0], gt(out, 0)),
 )
+relu_p.shard = _ew_shard()
 
 # ---------------------------------------------------------------------------- binary
 
 
+_BINARY_LINEAR = {"add": "all", "sub": "all", "mul": "one", "div": "first"}  # partial-sum strategies (sharding)
+
+
 def _binary(name, uf, uf_name, kind, vjp=None, jvp=None, differentiable=True):
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC)
+    p = _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC)
+    p.shard = _ew_shard(_BINARY_LINEAR.get(name, ""))
+    return p
 
 
 def _add_vjp(need, ct, out, x, y):
@@ -265,6 +286,7 @@ sub_p = _binary("sub", np.subtract, "np.subtract", "promote", _sub_vjp, _sub_jvp
 mul_p = _binary("mul", np.multiply, "np.multiply", "promote", _mul_vjp, _mul_jvp)
 div_p = _binary("div", np.true_divide, "np.true_divide", "float", _div_vjp, _div_jvp)
 pow_p = _define("pow", _ew_rule("promote"), _ufunc_impl(np.power), _pow_emit, _pow_vjp, _pow_jvp)
+pow_p.shard = _ew_shard()
 max_p = _binary("maximum", np.maximum, "np.maximum", "promote", _minmax_vjp(True), _minmax_jvp(True))
 min_p = _binary("minimum", np.minimum, "np.minimum", "promote", _minmax_vjp(False), _minmax_jvp(False))
 eq_p = _binary("eq", np.equal, "np.equal", "bool", differentiable=False)
@@ -276,6 +298,7 @@ ge_p = _binary("ge", np.greater_equal, "np.greater_equal", "bool", differentiabl
 and_p = _binary("and", np.logical_and, "np.logical_and", "logical", differentiable=False)
 or_p = _binary("or", np.logical_or, "np.logical_or", "logical", differentiable=False)
 not_p = _define("not", _ew_rule("logical"), _ufunc_impl(np.logical_not), _ufunc_emit("np.logical_not"), differentiable=False)
+not_p.shard = _ew_shard()
 
 
 # ---------------------------------------------------------------------------- select, cast, clip, stop_gradient
@@ -312,6 +335,7 @@ def _select_jvp(ts, out, p, a, b):
 
 
 select_p = _define("select", _select_rule, _select_impl, _select_emit, _select_vjp, _select_jvp)
+select_p.shard = _ew_shard()
 
 
 def _cast_rule(avals, attrs, weak):
@@ -335,6 +359,15 @@ def _cast_jvp(ts, out, x, dtype):
 
 
 cast_p = _define("cast", _cast_rule, _cast_impl, _cast_emit, _cast_vjp, _cast_jvp)
+
+
+def _cast_shard(in_avals, attrs, out_aval, n):
+    # a float -> float cast of a partial sum is the partial sum of the casts (up to rounding)
+    linear = is_float(in_avals[0].dtype) and is_float(attrs["dtype"])
+    return _sharding.elementwise(in_avals, out_aval, n, "unary" if linear else "")
+
+
+cast_p.shard = _cast_shard
 
 
 def _same_rule(avals, attrs, weak):
@@ -363,6 +396,7 @@ clip_p = _define(
     vjp=lambda need, ct, out, x, lo, hi: (mul(ct, _clip_mask(x, lo, hi)),),
     jvp=lambda ts, out, x, lo, hi: mul(ts[0], _clip_mask(x, lo, hi)),
 )
+clip_p.shard = _ew_shard()
 
 
 def _identity_emit(ctx, ins, attrs, in_avals, out_aval):
@@ -372,6 +406,8 @@ def _identity_emit(ctx, ins, attrs, in_avals, out_aval):
 stop_gradient_p = _define(
     "stop_gradient", _same_rule, lambda x: np.array(x, copy=True), _identity_emit, differentiable=False
 )
+stop_gradient_p.shard = lambda in_avals, attrs, out_aval, n: _sharding.elementwise(in_avals, out_aval, n, "unary") + [
+    _sharding.Strategy((_sharding.Layout(partial=p),), _sharding.Layout(partial=p)) for p in ("max", "min")]
 
 
 def _full_rule(avals, attrs, weak):
@@ -387,6 +423,17 @@ def _full_emit(ctx, ins, attrs, in_avals, out_aval):
 
 
 full_p = _define("full", _full_rule, _full_impl, _full_emit, differentiable=False)
+
+
+def _full_shard(in_avals, attrs, out_aval, n):
+    out = [_sharding.Strategy((), _sharding.R)]
+    shape = attrs["shape"]
+    out += [_sharding.Strategy((), _sharding.S(ax), {**attrs, "shape": _sharding.with_axis(shape, ax, n)})
+            for ax in range(len(shape)) if _sharding.splittable(shape[ax], n)]
+    return out
+
+
+full_p.shard = _full_shard
 
 
 
@@ -453,6 +500,7 @@ erf_p = _define(
 
 for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
     _p.batch = batch_elementwise
+    _p.shard = _ew_shard()
 
 
 # traits of the primitives not made by _unary/_binary (rsqrt is sqrt(x, out) then reciprocal(out, out):

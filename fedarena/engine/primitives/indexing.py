@@ -9,6 +9,7 @@ import numpy as np
 from ..core.ir import ShapeError, ShapedArray
 from ..core.tracing import bind
 from .emit import expr, stmt
+from . import sharding as _sharding
 from .base import _define, shape_of
 from .reductions import _norm_axes
 
@@ -134,6 +135,41 @@ def _gather_jvp(ts, out, x, idx, axis):
 gather_p = _define("gather", _gather_rule, _gather_impl, _gather_emit, _gather_vjp, _gather_jvp)
 
 
+def _in_block(idx, rank, size):
+    """Indices relative to rank ``rank``'s block of ``size`` entries and the mask of those inside it (the
+    sharded kernels take non-negative indices, as cross-entropy labels and embedding ids are)."""
+    rel = np.asarray(idx) - rank * size
+    inside = (rel >= 0) & (rel < size)
+    return np.where(inside, rel, 0), inside
+
+
+def _gather_block(rank, n, x, idx, axis):
+    """Gather from this rank's block of ``x`` along ``axis``; entries other ranks hold are 0 (a partial sum)."""
+    rel, inside = _in_block(idx, rank, x.shape[axis])
+    out = np.take_along_axis(x, rel, axis=axis)
+    return np.where(inside, out, np.zeros((), x.dtype))
+
+
+def _gather_shard(in_avals, attrs, out_aval, n):
+    """Split along another axis: both operands split alike; the gathered axis split on the table: each rank
+    gathers what its block holds and the results sum (a class-sharded cross-entropy picks its label logit so);
+    split indices along the gathered axis split the output."""
+    x, idx = in_avals
+    (axis,) = _norm_axes((attrs["axis"],), x.ndim)
+    R, S = _sharding.R, _sharding.S
+    out = [_sharding.Strategy((R, R), R)]
+    out += [_sharding.Strategy((S(k), S(k)), S(k)) for k in range(x.ndim) if k != axis and _sharding.splittable(x.shape[k], n)]
+    if _sharding.splittable(x.shape[axis], n):
+        out.append(_sharding.Strategy((S(axis), R), _sharding.PSUM, None, _gather_block))
+    if _sharding.splittable(idx.shape[axis], n):
+        out.append(_sharding.Strategy((R, S(axis)), S(axis)))
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+gather_p.shard = _gather_shard
+
+
 def _scatter_rule(avals, attrs, weak):
     upd, idx = avals
     _check_index(idx, "scatter_add")
@@ -172,6 +208,34 @@ scatter_add_p = _define("scatter_add", _scatter_rule, _scatter_impl, _scatter_em
 scatter_add_p.jvp = lambda ts, out, upd, idx, axis, shape: bind(scatter_add_p, ts[0], idx, axis=axis, shape=shape)
 
 
+def _scatter_block(rank, n, upd, idx, axis, shape):
+    """Scatter-add the updates whose indices fall in this rank's block of the output's ``axis``."""
+    rel, inside = _in_block(idx, rank, shape[axis])
+    out = np.zeros(shape, upd.dtype)
+    np.add.at(out, _full_index(rel, axis), np.where(inside, upd, np.zeros((), upd.dtype)))
+    return out
+
+
+def _scatter_shard(in_avals, attrs, out_aval, n):
+    upd, idx = in_avals
+    shape = attrs["shape"]
+    (axis,) = _norm_axes((attrs["axis"],), len(shape))
+    R, S = _sharding.R, _sharding.S
+    local = lambda k: {**attrs, "shape": _sharding.with_axis(shape, k, n)}  # noqa: E731
+    out = [_sharding.Strategy((R, R), R)]
+    out += [_sharding.Strategy((S(k), S(k)), S(k), local(k)) for k in range(len(shape))
+            if k != axis and _sharding.splittable(shape[k], n)]
+    if _sharding.splittable(shape[axis], n):
+        out.append(_sharding.Strategy((R, R), S(axis), local(axis), _scatter_block))
+    if _sharding.splittable(idx.shape[axis], n):
+        out.append(_sharding.Strategy((S(axis), S(axis)), _sharding.PSUM))
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+scatter_add_p.shard = _scatter_shard
+
+
 def _take_rule(avals, attrs, weak):
     x, idx = avals
     _check_index(idx, "take")
@@ -189,6 +253,33 @@ def _take_vjp(need, ct, out, x, idx, axis):
 
 take_p = _define("take", _take_rule, lambda x, idx, axis: np.take(x, idx, axis=axis), _take_emit, _take_vjp)
 take_p.jvp = lambda ts, out, x, idx, axis: bind(take_p, ts[0], idx, axis=axis)
+
+
+def _take_block(rank, n, x, idx, axis):
+    """Look up the rows of this rank's block of the table (vocabulary-parallel embedding); other rows give 0."""
+    rel, inside = _in_block(idx, rank, x.shape[axis])
+    out = np.take(x, rel, axis=axis)
+    mask = inside.reshape((1,) * axis + inside.shape + (1,) * (x.ndim - axis - 1))
+    return np.where(mask, out, np.zeros((), x.dtype))
+
+
+def _take_shard(in_avals, attrs, out_aval, n):
+    """An embedding lookup: a table split by rows (the looked-up axis) gives partial sums; split along another
+    axis of the table or of the indices, the output is split along the matching axis."""
+    x, idx = in_avals
+    (axis,) = _norm_axes((attrs["axis"],), x.ndim)
+    R, S = _sharding.R, _sharding.S
+    out = [_sharding.Strategy((R, R), R)]
+    if _sharding.splittable(x.shape[axis], n):
+        out.append(_sharding.Strategy((S(axis), R), _sharding.PSUM, None, _take_block))
+    out += [_sharding.Strategy((S(k), R), S(k if k < axis else k + idx.ndim - 1)) for k in range(x.ndim)
+            if k != axis and _sharding.splittable(x.shape[k], n)]
+    out += [_sharding.Strategy((R, S(j)), S(axis + j)) for j in range(idx.ndim) if _sharding.splittable(idx.shape[j], n)]
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+take_p.shard = _take_shard
 
 
 def _index_add_rule(avals, attrs, weak):
@@ -220,6 +311,31 @@ index_add_p = _define(
     lambda need, ct, out, upd, idx, axis, size: (bind(take_p, ct, idx, axis=axis), None),
 )
 index_add_p.jvp = lambda ts, out, upd, idx, axis, size: bind(index_add_p, ts[0], idx, axis=axis, size=size)
+
+
+def _index_add_block(rank, n, upd, idx, axis, size):
+    """Add the updates whose indices fall in this rank's block of ``size`` rows (an embedding gradient)."""
+    rel, inside = _in_block(idx, rank, size)
+    out = np.zeros(upd.shape[:axis] + (size,) + upd.shape[axis + idx.ndim:], upd.dtype)
+    mask = inside.reshape((1,) * axis + inside.shape + (1,) * (upd.ndim - axis - idx.ndim))
+    np.add.at(out, (slice(None),) * axis + (rel,), np.where(mask, upd, np.zeros((), upd.dtype)))
+    return out
+
+
+def _index_add_shard(in_avals, attrs, out_aval, n):
+    upd, idx = in_avals
+    axis, size = attrs["axis"], attrs["size"]
+    R, S = _sharding.R, _sharding.S
+    out = [_sharding.Strategy((R, R), R)]
+    if _sharding.splittable(size, n):
+        out.append(_sharding.Strategy((R, R), S(axis), {**attrs, "size": size // n}, _index_add_block))
+    out += [_sharding.Strategy((S(axis + j), S(j)), _sharding.PSUM) for j in range(idx.ndim)
+            if _sharding.splittable(idx.shape[j], n)]
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+index_add_p.shard = _index_add_shard
 
 
 def _one_hot_rule(avals, attrs, weak):
