@@ -6,9 +6,11 @@ The program is sharded after differentiation: the training step's graph, forward
 update, is one graph, and its backward equations get strategies like any other (MindSpore shards the whole
 training graph the same way; Su et al. 2021). Equations are taken in order and each gets the strategy of least
 cost (:class:`~fedarena.engine.sharding.cost.CostModel`): first the predicted time of the redistributions its
-inputs need plus that of the all-reduce a partial output will need, then the fewest replicated inputs sliced
-(propagation follows the layouts it is given, as GSPMD's does, rather than splitting replicated values on its
-own), then local compute time. A primitive without a rule runs replicated: its inputs are gathered, and the
+inputs need, plus that of the all-reduce a partial output will need, plus an all-gather for every partial input
+it splits and half of one for every replicated input it slices (the greedy order cannot see whether a later
+consumer needs the value whole again, so a split is only made where it pays for that), then the fewest such inputs
+turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
+values on its own), then local compute time. A primitive without a rule runs replicated: its inputs are gathered, and the
 program's text says so on its line. A value redistributed once is kept in each layout made, so its other
 consumers reuse it.
 """
@@ -305,8 +307,12 @@ def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any) -
     for a, lay in zip(e.inputs, s.ins):
         t, src = cheapest(a, lay)
         comm += t
-        if src.replicated and lay.axis is not None:
+        if src.axis is None and lay.axis is not None:  # a split made from a whole (replicated or partial) value
             sliced += 1
+            # charged the all-gather a later consumer may need to make it whole again: in full for a partial
+            # sum (a reduce-scatter and that all-gather cost what the all-reduce to replicated does), half for
+            # a replicated value (slicing it is free, and the alternative usually gathers another operand)
+            comm += cost.collective_time("all_gather", nbytes(a.aval), n) * (1.0 if src.partial else 0.5)
     out = e.outputs[0]
     if s.out.partial is not None:  # the all-reduce this partial value will need
         comm += cost.collective_time("all_reduce", nbytes(out.aval), n)
