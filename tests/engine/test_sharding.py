@@ -1,0 +1,126 @@
+"""engine.sharding: a sharded training step equals the single-process step (10 Adam steps, rtol 1e-5) for the
+replicated, data-parallel, column-, row- and class-sharded layouts, over threads, TCP and shared memory; every
+redistribution against numpy; a primitive without a rule runs replicated and the program says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedarena.engine import ops
+from fedarena.engine.collectives import run_threads
+from fedarena.engine.collectives.launch import spawn
+from fedarena.engine.primitives.sharding import Layout
+from fedarena.engine.sharding import NO_RULE, CostModel, Mesh, R, S, ShardingError, block, shard_jit
+from fedarena.engine.sharding.conformance import STRATEGIES, check_strategies
+from fedarena.engine.sharding.redistribute import plan
+
+
+def _assert_matches(per_rank: list) -> None:
+    for name in STRATEGIES:
+        for rank, res in enumerate(per_rank):
+            got, want = res[name]["params"], res[name]["reference"]
+            for k in want:
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} rank {rank} {k}")
+        losses = per_rank[0][name]["losses"]
+        assert losses[-1] < losses[0], (name, losses)
+
+
+def test_sharded_step_equals_single_process_on_threads():
+    # messages free (alpha = 0): the bandwidth-optimal strategies, whose structure is asserted below
+    per_rank = run_threads(2, lambda comm: check_strategies(comm, cost=CostModel(alpha=0.0)), timeout=120)
+    _assert_matches(per_rank)
+    text = {name: per_rank[0][name]["program"] for name in STRATEGIES}
+    # the class-sharded head keeps its logits split: the label logit is a masked local gather, the softmax's
+    # max and normaliser all-reduces of one number per example; nothing of the logits' size is gathered
+    assert "gather[axis=1]" in text["class"] and "# local kernel" in text["class"]
+    assert "all_reduce[op='max']" in text["class"]
+    assert not any("all_gather" in ln and "f32[8,12]" in ln for ln in text["class"].splitlines())
+    # the row-sharded layer leaves a partial sum that is all-reduced
+    assert "{Psum} = matmul" in text["row"] and "all_reduce[op='sum']" in text["row"]
+    # data parallelism all-reduces weight gradients; the replicated step communicates nothing
+    assert "all_reduce[op='sum']" in text["data_parallel"]
+    assert "all_gather" not in text["replicated"] and "all_reduce" not in text["replicated"]
+    # with the transport's own latency (tiny tensors: fewer messages win) the step is just as exact on 4 ranks
+    _assert_matches(run_threads(4, check_strategies, timeout=120))
+
+
+@pytest.mark.parametrize("kind,n", [("tcp", 2), ("shm", 4)])
+def test_sharded_step_equals_single_process_on_processes(kind, n):
+    _assert_matches(spawn(n, kind, check_strategies, (), timeout=120))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,n", [("tcp", 4), ("shm", 2)])
+def test_sharded_step_equals_single_process_on_processes_more(kind, n):
+    _assert_matches(spawn(n, kind, check_strategies, (), timeout=120))
+
+
+LAYOUTS = [R, S(0), S(1), Layout(partial="sum"), Layout(partial="max")]
+
+
+def _redistribute_all(comm):
+    n, rank = comm.world_size, comm.rank
+    rng = np.random.default_rng(7)
+    terms = rng.standard_normal((n, 6, 6))  # rank r's term of a partial value
+    full_sum, full_max = terms.sum(0), terms.max(0)
+    checked = 0
+    for src in LAYOUTS:
+        for dst in LAYOUTS:
+            if src.partial == "sum":
+                x, value = terms[rank], full_sum
+            elif src.partial == "max":
+                x, value = terms[rank], full_max
+            else:
+                x, value = block(full_sum, src, rank, n), full_sum
+            for c in plan(src, dst):
+                x = c.run(comm, x)
+            if dst.partial == "sum":
+                got = comm.all_reduce(x)
+            elif dst.partial == "max":
+                got = comm.all_reduce(x, op="max")
+            else:
+                got = np.concatenate(list(comm.all_gather(x)), axis=dst.axis) if dst.axis is not None else x
+            np.testing.assert_allclose(got, value, rtol=1e-12, err_msg=f"{src} -> {dst}")
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_redistribution_gives_the_same_tensor(n):
+    assert run_threads(n, _redistribute_all) == [len(LAYOUTS) ** 2] * n
+
+
+def _no_rule(comm):
+    n, rank = comm.world_size, comm.rank
+    x = np.arange(24.0).reshape(4, 6)
+
+    def fn(a):
+        return ops.cumsum(ops.tanh(a), axis=1) * 2.0
+
+    f = shard_jit(fn, Mesh(comm), in_shardings=S(0), out_shardings=S(0))
+    out = f(block(x, S(0), rank, n))
+    return out, str(f.lower(block(x, S(0), rank, n))[0])
+
+
+def test_a_primitive_without_a_rule_runs_replicated_and_says_so():
+    per_rank = run_threads(2, _no_rule)
+    want = np.cumsum(np.tanh(np.arange(24.0).reshape(4, 6)), axis=1) * 2.0
+    np.testing.assert_allclose(np.concatenate([o for o, _ in per_rank]), want, rtol=1e-12)
+    text = per_rank[0][1]
+    line = next(ln for ln in text.splitlines() if "cumsum" in ln)
+    assert NO_RULE in line and "{R}" in line
+    assert "all_gather[axis=0]" in text  # its sharded input was gathered
+
+
+def test_a_layout_that_does_not_fit_is_refused_in_one_line():
+    def body(comm):
+        f = shard_jit(lambda a: a * 2.0, Mesh(comm), in_shardings=S(2))
+        with pytest.raises(ShardingError, match=r"layout S\(2\) is out of range for a block of shape \(4, 3\)"):
+            f(np.zeros((4, 3)))
+        g = shard_jit(lambda a: a * 2.0, Mesh(comm), out_shardings=S(1))
+        with pytest.raises(ShardingError, match=r"out_shardings\[0\]: axis 1 of shape \(4, 3\) does not split into 2"):
+            g(np.zeros((4, 3)))
+        return True
+
+    assert run_threads(2, body) == [True, True]
