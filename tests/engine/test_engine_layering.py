@@ -26,7 +26,7 @@ LAYERS = [
     ("compiler", ["compiler", "passes", "fusion", "memory_plan", "native"]),
     ("backends", ["backends", "executor"]),
     ("api", ["jit", "backend_selection", "control_flow", "custom", "nn", "models", "optim", "serialization", "inspection", "profiler", "interop", "__init__"]),
-    ("above", ["collectives", "distributed"]),
+    ("above", ["collectives", "distributed", "sharding"]),
 ]
 LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
 

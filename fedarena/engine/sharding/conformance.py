@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import ops, optim
+from ..jit import jit
 from ..core.pytree import tree_flatten, tree_unflatten
 from ..transforms.autodiff import value_and_grad
 from ..primitives.sharding import Layout, R, S
@@ -82,8 +83,6 @@ def check_strategies(comm: Any, strategies: Sequence[str] = STRATEGIES, steps: i
     """Train ``steps`` Adam steps sharded by each strategy on ``comm``'s ranks and once in this process with
     ``engine.jit``; returns per strategy this rank's final parameter blocks, the matching blocks of the
     single-process parameters and the sharded program's text."""
-    from ..jit import jit
-
     n, rank = comm.world_size, comm.rank
     rng = np.random.default_rng(seed + 1)
     x = rng.standard_normal((batch, features)).astype(np.float32)
