@@ -1,5 +1,6 @@
 """Conformance of sharded training: an MLP classifier's Adam step sharded by each of the classic layouts
-(replicated, data parallel, column- and row-sharded dense layers, a class-sharded softmax cross-entropy head:
+(replicated, data parallel, column- and row-sharded dense layers, a class-sharded softmax cross-entropy head,
+and the hybrid of a data-parallel body with a class-sharded head:
 the partitions of Megatron-LM, Shoeybi et al. 2019, and MindSpore's hybrid parallelism, Su et al. 2021) against
 the same step run in one process by ``engine.jit``. Each rank runs :func:`check_strategies` with its
 communicator (threads, or one process per rank through ``collectives.launch.spawn``).
@@ -19,7 +20,7 @@ from ..primitives.sharding import Layout, R, S
 from .api import Mesh, block, layouts_for, shard_jit
 from .cost import CostModel
 
-STRATEGIES = ("replicated", "data_parallel", "column", "row", "class")
+STRATEGIES = ("replicated", "data_parallel", "column", "row", "class", "hybrid")
 
 
 def init_mlp(features: int, hidden: int, classes: int, seed: int = 0, dtype: Any = np.float32) -> dict:
@@ -57,6 +58,7 @@ def layouts(strategy: str) -> tuple[dict | Layout, Layout]:
         "column": ({"w1": S(1), "b1": S(0), "w2": R, "b2": R}, R),
         "row": ({"w1": S(1), "b1": S(0), "w2": S(0), "b2": R}, R),
         "class": ({"w1": R, "b1": R, "w2": S(1), "b2": S(0)}, R),
+        "hybrid": ({"w1": R, "b1": R, "w2": S(1), "b2": S(0)}, S(0)),  # MindSpore's: body data parallel, head split
     }
     if strategy not in table:
         raise ValueError(f"strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -110,4 +112,9 @@ def check_strategies(comm: Any, strategies: Sequence[str] = STRATEGIES, steps: i
     return out
 
 
-__all__ = ["STRATEGIES", "check_strategies", "global_tree", "init_mlp", "layouts", "local_tree", "loss_fn", "make_step"]
+__all__ = ["STRATEGIES", "check_strategies", "global_tree", "init_mlp", "layouts", "local_tree", "loss_fn", "make_step", "state_layouts"]
+
+
+def state_layouts(pspec: Any) -> dict:
+    """Layouts of the Adam state of parameters laid out as ``pspec``."""
+    return {"count": R, "mu": pspec, "nu": pspec}

@@ -6,10 +6,11 @@ The program is sharded after differentiation: the training step's graph, forward
 update, is one graph, and its backward equations get strategies like any other (MindSpore shards the whole
 training graph the same way; Su et al. 2021). Equations are taken in order and each gets the strategy of least
 cost (:class:`~fedarena.engine.sharding.cost.CostModel`): first the predicted time of the redistributions its
-inputs need, plus that of the all-reduce a partial output will need, plus an all-gather for every partial input
-it splits and half of one for every replicated input it slices (the greedy order cannot see whether a later
-consumer needs the value whole again, so a split is only made where it pays for that), then the fewest such inputs
-turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
+inputs need, plus that of the all-reduce a partial output will need, with a partial input it splits charged a whole
+all-reduce and a replicated input it slices half an all-gather (the greedy order cannot see whether a later
+consumer needs the value whole again, so a split is only made where it pays for that), plus, for a value the outputs want in
+another layout through a chain of elementwise equations (a gradient whose parameter is returned replicated),
+the redistribution to that layout; then the fewest whole inputs turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
 values on its own), then local compute time. A primitive without a rule runs replicated: its inputs are gathered, and the
 program's text says so on its line. A value redistributed once is kept in each layout made, so its other
 consumers reuse it.
@@ -265,6 +266,7 @@ def shard_graph(graph: Graph, n: int, in_layouts: Sequence[Layout], out_layouts:
             have[dst] = cur
         return cur
 
+    wanted = _wanted_layouts(graph, out_layouts)
     for e in graph.eqns:
         in_avals = [a.aval for a in e.inputs]
         rule = getattr(e.prim, "shard", None)
@@ -275,7 +277,7 @@ def shard_graph(graph: Graph, n: int, in_layouts: Sequence[Layout], out_layouts:
         if not strategies:
             note = NO_RULE if rule is None or e.prim.multiple_results else ""
             strategies = [Strategy((R,) * len(e.inputs), R)]
-        best = min(strategies, key=lambda s: _decision_key(s, e, n, cost, cheapest))
+        best = min(strategies, key=lambda s: _decision_key(s, e, n, cost, cheapest, wanted.get(e.outputs[0])))
         ins = tuple(relayout(a, lay) for a, lay in zip(e.inputs, best.ins))
         outs = tuple(e.outputs)
         for v in outs:
@@ -301,20 +303,44 @@ def _fits(s: Strategy, e: Eqn, n: int) -> bool:
     return True
 
 
-def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any) -> tuple:
+def _wanted_layouts(graph: Graph, out_layouts: Sequence[Layout]) -> dict:
+    """The layout each value is wanted in by the graph's outputs through chains of elementwise equations of
+    the same shape (an optimizer update carries a parameter's output layout back to its gradient), found by
+    one pass in reverse order."""
+    wanted: dict = {}
+    for a, lay in zip(graph.outvars, out_layouts):
+        if isinstance(a, Var):
+            wanted.setdefault(a, lay)
+    for e in reversed(graph.eqns):
+        lay = wanted.get(e.outputs[0]) if len(e.outputs) == 1 else None
+        if lay is None or "elementwise" not in e.prim.traits and e.prim.name != "stop_gradient":
+            continue
+        for a in e.inputs:
+            if isinstance(a, Var) and a.aval.shape == e.outputs[0].aval.shape:
+                wanted.setdefault(a, lay)
+    return wanted
+
+
+def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any, wanted: Layout | None) -> tuple:
     comm = 0.0
     sliced = 0
     for a, lay in zip(e.inputs, s.ins):
         t, src = cheapest(a, lay)
-        comm += t
         if src.axis is None and lay.axis is not None:  # a split made from a whole (replicated or partial) value
             sliced += 1
-            # charged the all-gather a later consumer may need to make it whole again: in full for a partial
-            # sum (a reduce-scatter and that all-gather cost what the all-reduce to replicated does), half for
-            # a replicated value (slicing it is free, and the alternative usually gathers another operand)
-            comm += cost.collective_time("all_gather", nbytes(a.aval), n) * (1.0 if src.partial else 0.5)
+            if src.partial:
+                # a reduce-scatter and the all-gather a later consumer will likely need cost what the all-reduce
+                # to replicated does: charged that, a hair more, so that the split is taken only where it pays
+                t = cost.collective_time("all_reduce", nbytes(a.aval), n) * (1.0 + 1e-6)
+            else:
+                # slicing is free, but the value may have to be gathered again: half an all-gather (the
+                # alternative, gathering another operand, usually costs a whole one)
+                t += 0.5 * cost.collective_time("all_gather", nbytes(a.aval), n)
+        comm += t
     out = e.outputs[0]
-    if s.out.partial is not None:  # the all-reduce this partial value will need
+    if wanted is not None:  # the redistribution to the layout the outputs want it in
+        comm += sum(c.time(nbytes(out.aval), n, cost.alpha, cost.beta, cost.chunk_bytes) for c in plan(s.out, wanted))
+    elif s.out.partial is not None:  # the all-reduce this partial value will need
         comm += cost.collective_time("all_reduce", nbytes(out.aval), n)
     if s.out.axis is not None and all(lay.axis is None for lay in s.ins):
         sliced += 1  # a split made from no split input
