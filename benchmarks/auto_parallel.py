@@ -32,6 +32,7 @@ import resource
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,7 @@ def _count_bytes(comm: Any) -> list:
 
 def _data(cfg: dict, classes: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((cfg["batch"], cfg["features"])).astype(np.float32)
+    x = rng.standard_normal((cfg.get("batch", 8), cfg.get("features", 8))).astype(np.float32)
     y = rng.integers(0, classes, cfg["batch"])
     return x, y
 
@@ -79,11 +80,13 @@ def _params(cfg: dict, classes: int) -> dict:
 
 
 def _avals(cfg: dict, classes: int) -> tuple:
-    f, h, b = cfg["features"], cfg["hidden"], cfg["batch"]
-    p = {"w1": ShapedArray((f, h), np.float32), "b1": ShapedArray((h,), np.float32),
-         "w2": ShapedArray((h, classes), np.float32), "b2": ShapedArray((classes,), np.float32)}
+    sizes = [cfg["features"]] + list(cfg["hidden"]) + [classes]
+    p = {}
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+        p[f"w{i}"], p[f"b{i}"] = ShapedArray((a, b), np.float32), ShapedArray((b,), np.float32)
     state = {"count": ShapedArray((), np.int64), "mu": p, "nu": p}
-    return (p, state, ShapedArray((b, f), np.float32), ShapedArray((b,), np.int64))
+    batch = cfg["batch"]
+    return (p, state, ShapedArray((batch, cfg["features"]), np.float32), ShapedArray((batch,), np.int64))
 
 
 def plan_for(cfg: dict, classes: int, n: int, cost: CostModel) -> Any:
@@ -178,8 +181,12 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
     return out
 
 
-def measure_transport(comm: Any, sizes: list[int], repeats: int) -> list[float]:
-    """Median seconds of a ring all-reduce of each size (float32), slowest rank's view after a barrier."""
+def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tuple[list[float], Any, float]:
+    """On every rank at once (the load the benchmark's ranks run under): the median seconds of a ring
+    all-reduce of each size (float32) after a barrier, and the compute constants, measured by
+    ``sharding.calibrate`` and then scaled so that the model's compute time of the benchmark's own step, run
+    replicated on one rank by the sharded executor at the smallest two head sizes, matches its measured median
+    (the executor allocates its results and runs transposed products, which the bare kernels do not time)."""
     times = []
     for size in sizes:
         buf = np.ones(size // 4, np.float32)
@@ -191,14 +198,35 @@ def measure_transport(comm: Any, sizes: list[int], repeats: int) -> list[float]:
             comm.all_reduce(buf, algorithm="ring")
             ts.append(time.perf_counter() - t0)
         times.append(statistics.median(ts))
-    return times
+    comm.barrier()
+    base = replace(calibrate(), op_time=_interpreter_op_time())
+    ratios = run_threads(1, _executor_ratio, cfg, base)[0]
+    k = float(np.mean(ratios))
+    comm.barrier()
+    return times, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k), k
 
 
-def _interpreter_op_time(cfg: dict) -> float:
+def _executor_ratio(comm: Any, cfg: dict, base: CostModel) -> list[float]:
+    ratios = []
+    for classes in sorted(cfg["classes"])[:2]:
+        opt, step = make_step()
+        params = _params(cfg, classes)
+        st = opt.init(params)
+        x, y = _data(cfg, classes)
+        fn = shard_jit(step, Mesh(comm), cost=base)
+        fn(params, st, x, y)
+        program = fn.lower(params, st, x, y)[0]
+        measured = statistics.median(_time_steps(lambda: fn(params, st, x, y), 5))
+        ops = program.predicted_compute() - 0  # op_time is measured on the executor already
+        ratios.append(max(measured - base.op_time * len(program.steps), 1e-9) / max(ops - base.op_time * len(program.steps), 1e-9))
+    return ratios
+
+
+def _interpreter_op_time() -> float:
     """Seconds per equation of a sharded program on tiny arrays (one rank): the executor's per-call cost."""
 
     def body(comm: Any) -> float:
-        small = dict(cfg, batch=8, features=8, hidden=8)
+        small = {"batch": 8, "features": 8}
         opt, step = make_step()
         params = init_mlp(8, 8, 8)
         fn = shard_jit(step, Mesh(comm))
@@ -212,15 +240,16 @@ def _interpreter_op_time(cfg: dict) -> float:
     return run_threads(1, body)[0]
 
 
-def calibrated_cost(n: int, transport: str, chunk_bytes: int = 1 << 20) -> CostModel:
-    base = calibrate(CostModel(chunk_bytes=chunk_bytes))
-    op = _interpreter_op_time({})
+def calibrated_cost(n: int, transport: str, cfg: dict, chunk_bytes: int = 1 << 20) -> tuple[CostModel, float]:
     sizes = [1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23]
-    per_rank = spawn(n, transport, measure_transport, (sizes, 7), timeout=120)
-    times = [max(r[i] for r in per_rank) for i in range(len(sizes))]
+    per_rank = spawn(n, transport, measure_machine, (sizes, 7, cfg), timeout=300, join_timeout=1800)
+    # the rank that leaves the barrier last waits least: its time is the collective's own
+    times = [min(r[0][i] for r in per_rank) for i in range(len(sizes))]
     alpha, beta = cost_model.fit("all_reduce", "ring", n, sizes, times, chunk_bytes)
-    return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=op, flop_time=base.flop_time,
-                     byte_time=base.byte_time)
+    mean = lambda xs: float(np.mean(xs))  # noqa: E731
+    return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[1].op_time for r in per_rank]),
+                     flop_time=mean([r[1].flop_time for r in per_rank]),
+                     byte_time=mean([r[1].byte_time for r in per_rank])), mean([r[2] for r in per_rank])
 
 
 def _idle_rss(comm: Any) -> int:
@@ -238,8 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--transport", default="tcp", choices=("tcp", "shm"))
     ap.add_argument("--classes", default="1024,4096,16384,65536,262144,1048576")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--features", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--features", type=int, default=512)
+    ap.add_argument("--hidden", default="1024,32", help="hidden layer sizes: the body, then the width the head reads")
     ap.add_argument("--budget-mib", type=float, default=1024.0, help="per-rank peak RSS budget")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per size")
     ap.add_argument("--train-steps", type=int, default=50, help="steps trained by the searched strategy at the largest size")
@@ -249,19 +278,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     classes = sorted(int(c) for c in args.classes.split(","))
-    cfg = {"classes": classes, "batch": args.batch, "features": args.features, "hidden": args.hidden,
+    hidden = [int(h) for h in args.hidden.split(",")]
+    body = {str(i): ["R"] for i in range(1, len(hidden) + 1)}
+    head = str(len(hidden) + 1)
+    cfg = {"classes": classes, "batch": args.batch, "features": args.features, "hidden": hidden,
            "budget": args.budget_mib * MIB, "steps": args.steps, "train_steps": args.train_steps,
-           "layers": {"1": ["R"], "2": ["R", "col", "row"]}, "dp_name": "batch:S0 l1:R l2:R",
+           "layers": {**body, head: ["R", "col", "row"]},
+           "dp_name": "batch:S0 " + " ".join(f"l{i}:R" for i in list(body) + [head]),
            "dp_max_classes": dict(p.split(":") for p in args.dp_max_classes.split(",") if p)}
     cfg["dp_max_classes"] = {k: int(v) for k, v in cfg["dp_max_classes"].items()}
     cfg["baseline"] = baseline_rss(args.transport)
     print(f"baseline RSS of a rank process: {cfg['baseline'] / MIB:.0f} MiB; budget {args.budget_mib:.0f} MiB per rank; "
-          f"MLP {args.features}-{args.hidden}-C, batch {args.batch}, transport {args.transport} (shared 2-core host, loaded)")
+          f"MLP {args.features}-{'-'.join(map(str, hidden))}-C, batch {args.batch}, transport {args.transport} (shared 2-core host, loaded)")
     report: dict = {"config": {k: v for k, v in cfg.items() if k != "layers"}, "runs": {}}
     for n in (int(r) for r in args.ranks.split(",")):
-        cost = calibrated_cost(n, args.transport)
+        cost, scale = calibrated_cost(n, args.transport, cfg)
         print(f"\n{n} ranks: cost model alpha {cost.alpha * 1e6:.1f} us, 1/beta {1 / max(cost.beta, 1e-30) / 1e9:.2f} GB/s, "
-              f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory")
+              f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory "
+              f"(kernel constants scaled by {scale:.2f} to the executor)")
         searched = spawn(n, args.transport, searched_rank, (cfg, cost), timeout=600, join_timeout=7200)
         dp = spawn(n, args.transport, dp_rank, (cfg,), timeout=600, join_timeout=7200)
         rows = []

@@ -27,8 +27,10 @@ def _assert_matches(per_rank: list) -> None:
 
 
 def test_sharded_step_equals_single_process_on_threads():
-    # messages free (alpha = 0): the bandwidth-optimal strategies, whose structure is asserted below
-    per_rank = run_threads(2, lambda comm: check_strategies(comm, cost=CostModel(alpha=0.0)), timeout=120)
+    # a model of bandwidth alone (no latency, free compute): the strategies that move the fewest bytes, whose
+    # structure is asserted below
+    bandwidth = CostModel(alpha=0.0, op_time=0.0, flop_time=0.0, byte_time=0.0)
+    per_rank = run_threads(2, lambda comm: check_strategies(comm, cost=bandwidth), timeout=120)
     _assert_matches(per_rank)
     text = {name: per_rank[0][name]["program"] for name in STRATEGIES}
     # the class-sharded head keeps its logits split: the label logit is a masked local gather, the softmax's

@@ -23,18 +23,25 @@ from .cost import CostModel
 STRATEGIES = ("replicated", "data_parallel", "column", "row", "class", "hybrid")
 
 
-def init_mlp(features: int, hidden: int, classes: int, seed: int = 0, dtype: Any = np.float32) -> dict:
-    """A two-layer classifier ``tanh(x W1 + b1) W2 + b2`` (Glorot-scaled normal weights)."""
+def init_mlp(features: int, hidden: int | Sequence[int], classes: int, seed: int = 0, dtype: Any = np.float32) -> dict:
+    """An MLP classifier: ``tanh`` hidden layers of the sizes in ``hidden`` then the head; layer ``i`` (from 1)
+    has weight ``w<i>`` and bias ``b<i>`` (Glorot-scaled normal weights), the head is the last."""
+    sizes = [features] + ([hidden] if isinstance(hidden, int) else list(hidden)) + [classes]
     rng = np.random.default_rng(seed)
-    return {"w1": (rng.standard_normal((features, hidden)) / np.sqrt(features)).astype(dtype),
-            "b1": (0.1 * rng.standard_normal(hidden)).astype(dtype),
-            "w2": (rng.standard_normal((hidden, classes)) / np.sqrt(hidden)).astype(dtype),
-            "b2": (0.1 * rng.standard_normal(classes)).astype(dtype)}
+    params = {}
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+        params[f"w{i}"] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype)
+        params[f"b{i}"] = (0.1 * rng.standard_normal(b)).astype(dtype)
+    return params
 
 
 def loss_fn(params: dict, x: Any, y: Any) -> Any:
-    h = ops.tanh(ops.matmul(x, params["w1"]) + params["b1"])
-    return ops.cross_entropy(ops.matmul(h, params["w2"]) + params["b2"], y)
+    """Mean softmax cross-entropy of the MLP's logits."""
+    layers = len(params) // 2
+    h = x
+    for i in range(1, layers):
+        h = ops.tanh(ops.matmul(h, params[f"w{i}"]) + params[f"b{i}"])
+    return ops.cross_entropy(ops.matmul(h, params[f"w{layers}"]) + params[f"b{layers}"], y)
 
 
 def make_step(lr: float = 1e-2) -> tuple[Any, Any]:

@@ -51,27 +51,29 @@ class CostModel:
         return replace(self, alpha=float(alpha), beta=float(beta))
 
 
-def _best_of(fn, repeats: int) -> float:
-    best = float("inf")
+def _timed(fn, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls: on a shared machine the median carries the load the program will
+    run under, where the best time would describe an idle machine."""
+    times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
-def calibrate(base: CostModel | None = None, repeats: int = 5) -> CostModel:
+def calibrate(base: CostModel | None = None, repeats: int = 7) -> CostModel:
     """Measure ``op_time`` (a tiny ufunc call), ``flop_time`` (a 512^3 float32 product) and ``byte_time``
-    (an add over 32 MiB) on this machine and return ``base`` with them; the transport's ``alpha``/``beta``
-    come from ``collectives.cost_model.fit`` on measured collectives (``benchmarks/auto_parallel.py``)."""
+    (an add over 32 MiB) on this machine and return ``base`` with them (the transport's ``alpha``/``beta`` are
+    fitted to timed collectives by ``collectives.cost_model.fit``)."""
     base = base or CostModel()
     tiny = np.ones(8, np.float32)
-    op = _best_of(lambda: np.add(tiny, tiny), repeats * 20)
+    op = _timed(lambda: np.add(tiny, tiny), repeats * 20)
     a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
-    mm = _best_of(lambda: a @ a, repeats)
+    mm = _timed(lambda: a @ a, repeats)
     big = np.ones(1 << 23, np.float32)
     out = np.empty_like(big)
-    ew = _best_of(lambda: np.add(big, big, out), repeats)
+    ew = _timed(lambda: np.add(big, big, out), repeats)
     return replace(base, op_time=op, flop_time=max(mm - op, 1e-9) / (2.0 * 512 ** 3),
                    byte_time=max(ew - op, 1e-9) / (3.0 * big.nbytes))
 

@@ -5,13 +5,13 @@ value has differs from the one its consumer needs, giving a :class:`ShardedProgr
 The program is sharded after differentiation: the training step's graph, forward, backward and optimizer
 update, is one graph, and its backward equations get strategies like any other (MindSpore shards the whole
 training graph the same way; Su et al. 2021). Equations are taken in order and each gets the strategy of least
-cost (:class:`~fedarena.engine.sharding.cost.CostModel`): first the predicted time of the redistributions its
-inputs need, plus that of the all-reduce a partial output will need, with a partial input it splits charged a whole
+cost (:class:`~fedarena.engine.sharding.cost.CostModel`): first the predicted time of its local compute and of
+the redistributions its inputs need, plus that of the all-reduce a partial output will need, with a partial input it splits charged a whole
 all-reduce and a replicated input it slices half an all-gather (the greedy order cannot see whether a later
 consumer needs the value whole again, so a split is only made where it pays for that), plus, for a value the outputs want in
 another layout through a chain of elementwise equations (a gradient whose parameter is returned replicated),
 the redistribution to that layout; then the fewest whole inputs turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
-values on its own), then local compute time. A primitive without a rule runs replicated: its inputs are gathered, and the
+values on its own). A primitive without a rule runs replicated: its inputs are gathered, and the
 program's text says so on its line. A value redistributed once is kept in each layout made, so its other
 consumers reuse it.
 """
@@ -347,7 +347,7 @@ def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any, w
     ins = [local_shape(a.aval.shape, lay, n) for a, lay in zip(e.inputs, s.ins)]
     compute = cost.compute_time(e.prim.name, ins, local_shape(out.aval.shape, s.out, n), out.aval.dtype.itemsize,
                                 [a.aval.dtype.itemsize for a in e.inputs])
-    return (comm, sliced, compute)
+    return (comm + compute, sliced)
 
 
 __all__ = ["NO_RULE", "ShardedProgram", "ShardingError", "Step", "check_layout", "shard_graph"]
