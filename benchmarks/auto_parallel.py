@@ -274,6 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--train-steps", type=int, default=50, help="steps trained by the searched strategy at the largest size")
     ap.add_argument("--dp-max-classes", default="4:262144", help="n:classes pairs above which data parallelism is not run "
                     "(its predicted peak already exceeds the budget; keeps the host's memory safe)")
+    ap.add_argument("--scaling", default="", help="print only the predicted scaling at these rank counts (e.g. 8,16,32,64)")
+    ap.add_argument("--scaling-classes", default="1024,262144")
     ap.add_argument("--figure", default="")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
@@ -287,6 +289,21 @@ def main(argv: list[str] | None = None) -> dict:
            "dp_name": "batch:S0 " + " ".join(f"l{i}:R" for i in list(body) + [head]),
            "dp_max_classes": dict(p.split(":") for p in args.dp_max_classes.split(",") if p)}
     cfg["dp_max_classes"] = {k: int(v) for k, v in cfg["dp_max_classes"].items()}
+    if args.scaling:
+        compute = calibrate()
+        ranks = [int(r) for r in args.scaling.split(",")]
+        cls = [int(c) for c in args.scaling_classes.split(",")]
+        pred = scaling(cfg, compute, cls, ranks, args.batch)
+        print(f"predicted weak scaling, {args.batch} examples per rank, MLP {args.features}-{args.hidden}-C; this host's compute "
+              f"constants ({1 / compute.flop_time / 1e9:.1f} GFLOP/s, {1 / compute.byte_time / 1e9:.1f} GB/s), networks: "
+              + ", ".join(f"{k} alpha {a * 1e6:.0f} us, {1 / b / 1e9:.2f} GB/s" for k, (a, b) in cost_model.NETWORKS.items()))
+        print(f"{'classes':>8} {'network':>7} " + " ".join(f"{'n=' + str(n):>20}" for n in ranks) + "   (speed-up: data parallel (its efficiency) / hybrid)")
+        for c in cls:
+            for net in cost_model.NETWORKS:
+                cells = [pred[(c, net, n)] for n in ranks]
+                print(f"{c:>8} {net:>7} " + " ".join(f"{p['dp_speedup']:5.1f} ({100 * p['dp_speedup'] / n:3.0f}%) /{p['hybrid_speedup']:6.1f}"
+                                                    for p, n in zip(cells, ranks)))
+        return {"scaling": {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in pred.items()}}
     cfg["baseline"] = baseline_rss(args.transport)
     print(f"baseline RSS of a rank process: {cfg['baseline'] / MIB:.0f} MiB; budget {args.budget_mib:.0f} MiB per rank; "
           f"MLP {args.features}-{'-'.join(map(str, hidden))}-C, batch {args.batch}, transport {args.transport} (shared 2-core host, loaded)")
@@ -334,6 +351,41 @@ def main(argv: list[str] | None = None) -> dict:
     if args.figure:
         draw(report, args.figure, cfg["budget"])
     return report
+
+
+def scaling(cfg: dict, compute: CostModel, classes: list[int], ranks: list[int], per_rank_batch: int) -> dict:
+    """Predicted weak scaling on paper: ``per_rank_batch`` examples per rank, throughput of ``n`` ranks over one
+    rank's, for data parallelism (local step, then a ring all-reduce of every gradient) and for the hybrid
+    strategy (body data parallel, head split by classes, sharded by ``shard_graph``), with ``compute``'s
+    constants and each network of ``cost_model.NETWORKS``."""
+    from fedarena.engine.sharding import R, S, shard_graph
+    from fedarena.engine.sharding.api import layouts_for
+    from fedarena.engine.sharding.search import LAYER_LAYOUTS, trace_global
+
+    _, step = make_step()
+    out: dict = {}
+    for c in classes:
+        one_cfg = dict(cfg, batch=per_rank_batch)
+        graph, outv, _ = trace_global(step, _avals(one_cfg, c))
+        args = _avals(one_cfg, c)
+        single = shard_graph(graph, 1, layouts_for(R, args, "in"), layouts_for(R, outv, "out"), compute)
+        t1 = single.predicted_compute()
+        grad_bytes = sum(a.size * 4 for a in args[0].values())
+        for net, (alpha, beta) in cost_model.NETWORKS.items():
+            cm = compute.with_transport(alpha, beta)
+            for n in ranks:
+                dp = t1 + cm.collective_time("all_reduce", grad_bytes, n)
+                big = dict(cfg, batch=per_rank_batch * n)
+                args_n = _avals(big, c)
+                head = str(len(cfg["hidden"]) + 1)
+                pspec = {k: R for k in args_n[0]}
+                pspec[f"w{head}"], pspec[f"b{head}"] = LAYER_LAYOUTS["col"]
+                ins = (pspec, state_layouts(pspec), S(0), S(0))
+                g, ov, _ = trace_global(step, args_n)
+                prog = shard_graph(g, n, layouts_for(ins, args_n, "in"), layouts_for((pspec, state_layouts(pspec), R), ov, "out"), cm)
+                hy = prog.predicted_time()
+                out[(c, net, n)] = {"dp_speedup": n * t1 / dp, "hybrid_speedup": n * t1 / hy}
+    return out
 
 
 def draw(report: dict, path: str, budget: float) -> None:

@@ -157,6 +157,7 @@ class ShardedProgram:
             return literal_value(a) if isinstance(a, Literal) else env[a]
 
         last = self._last_use
+        inputs = set(self.graph.invars)
         for i, s in enumerate(self.steps):
             vals = [read(a) for a in s.inputs]
             if s.collective is not None:
@@ -170,7 +171,7 @@ class ShardedProgram:
             else:
                 env[s.outputs[0]] = np.asarray(out)
             for a in s.inputs:
-                if isinstance(a, Var) and last.get(a) == i and a not in self.graph.invars:
+                if isinstance(a, Var) and last.get(a) == i and a not in inputs:
                     env.pop(a, None)
         return [np.asarray(read(a)) for a in self.outputs]
 
