@@ -10,7 +10,7 @@ the redistributions its inputs need, plus that of the all-reduce a partial outpu
 all-reduce and a replicated input it slices half an all-gather (the greedy order cannot see whether a later
 consumer needs the value whole again, so a split is only made where it pays for that), plus, for a value the outputs want in
 another layout through a chain of elementwise equations (a gradient whose parameter is returned replicated),
-the redistribution to that layout; then the fewest whole inputs turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
+the redistribution to that layout, once per output the chain reaches; then the fewest whole inputs turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
 values on its own). A primitive without a rule runs replicated: its inputs are gathered, and the
 program's text says so on its line. A value redistributed once is kept in each layout made, so its other
 consumers reuse it.
@@ -305,24 +305,30 @@ def _fits(s: Strategy, e: Eqn, n: int) -> bool:
 
 
 def _wanted_layouts(graph: Graph, out_layouts: Sequence[Layout]) -> dict:
-    """The layout each value is wanted in by the graph's outputs through chains of elementwise equations of
-    the same shape (an optimizer update carries a parameter's output layout back to its gradient), found by
-    one pass in reverse order."""
-    wanted: dict = {}
+    """``var -> (layout, k)``: the layout a value is wanted in by ``k`` of the graph's outputs it reaches
+    through chains of elementwise equations of the same shape (an optimizer update carries a parameter's
+    output layout back to its gradient, which reaches the new parameter and both moments), found by one pass
+    in reverse order."""
+    reach: dict = {}
     for a, lay in zip(graph.outvars, out_layouts):
         if isinstance(a, Var):
-            wanted.setdefault(a, lay)
+            reach.setdefault(a, (lay, {a}))
     for e in reversed(graph.eqns):
-        lay = wanted.get(e.outputs[0]) if len(e.outputs) == 1 else None
-        if lay is None or "elementwise" not in e.prim.traits and e.prim.name != "stop_gradient":
+        hit = reach.get(e.outputs[0]) if len(e.outputs) == 1 else None
+        if hit is None or "elementwise" not in e.prim.traits and e.prim.name != "stop_gradient":
             continue
+        lay, outs = hit
         for a in e.inputs:
             if isinstance(a, Var) and a.aval.shape == e.outputs[0].aval.shape:
-                wanted.setdefault(a, lay)
-    return wanted
+                prev = reach.get(a)
+                if prev is None:
+                    reach[a] = (lay, set(outs))
+                elif prev[0] == lay:
+                    prev[1].update(outs)
+    return {v: (lay, len(outs)) for v, (lay, outs) in reach.items()}
 
 
-def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any, wanted: Layout | None) -> tuple:
+def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any, wanted: tuple | None) -> tuple:
     comm = 0.0
     sliced = 0
     for a, lay in zip(e.inputs, s.ins):
@@ -339,8 +345,10 @@ def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any, w
                 t += 0.5 * cost.collective_time("all_gather", nbytes(a.aval), n)
         comm += t
     out = e.outputs[0]
-    if wanted is not None:  # the redistribution to the layout the outputs want it in
-        comm += sum(c.time(nbytes(out.aval), n, cost.alpha, cost.beta, cost.chunk_bytes) for c in plan(s.out, wanted))
+    if wanted is not None:  # the redistribution to the layout the outputs want it in: once for a partial value
+        lay, k = wanted     # (resolved before the chain), once per output the chain reaches for a split one
+        times = 1 if s.out.partial is not None else k
+        comm += times * sum(c.time(nbytes(out.aval), n, cost.alpha, cost.beta, cost.chunk_bytes) for c in plan(s.out, lay))
     elif s.out.partial is not None:  # the all-reduce this partial value will need
         comm += cost.collective_time("all_reduce", nbytes(out.aval), n)
     if s.out.axis is not None and all(lay.axis is None for lay in s.ins):
