@@ -21,7 +21,7 @@ transport's alpha/beta fitted to timed ring all-reduces. ``--figure`` draws step
 the number of classes, data parallelism beside the searched strategy, sizes that do not fit marked.
 
 Run:  python benchmarks/auto_parallel.py [--ranks 2,4] [--transport tcp] [--classes 1024,...,1048576]
-          [--budget-mib 1024] [--figure docs/figures/auto_parallel.png] [--json out.json]
+          [--budget-mib 1024] [--figure docs/images/auto_parallel.png] [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """engine.sharding: a sharded training step equals the single-process step (10 Adam steps, rtol 1e-5) for the
-replicated, data-parallel, column-, row- and class-sharded layouts, over threads, TCP and shared memory; every
+replicated, data-parallel, column-, row-, class-sharded and hybrid layouts, over threads, TCP and shared memory; every
 redistribution against numpy; a primitive without a rule runs replicated and the program says so."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ update, is one graph, and its backward equations get strategies like any other (
 training graph the same way; Su et al. 2021). Equations are taken in order and each gets the strategy of least
 cost (:class:`~fedarena.engine.sharding.cost.CostModel`): first the predicted time of its local compute and of
 the redistributions its inputs need, plus that of the all-reduce a partial output will need, with a partial input it splits charged a whole
-all-reduce and a replicated input it slices half an all-gather (the greedy order cannot see whether a later
+all-reduce and one message more and a replicated input it slices half an all-gather (the greedy order cannot see whether a later
 consumer needs the value whole again, so a split is only made where it pays for that), plus, for a value the outputs want in
 another layout through a chain of elementwise equations (a gradient whose parameter is returned replicated),
 the redistribution to that layout, once per output the chain reaches; then the fewest whole inputs turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
@@ -337,8 +337,9 @@ def _decision_key(s: Strategy, e: Eqn, n: int, cost: CostModel, cheapest: Any, w
             sliced += 1
             if src.partial:
                 # a reduce-scatter and the all-gather a later consumer will likely need cost what the all-reduce
-                # to replicated does: charged that, a hair more, so that the split is taken only where it pays
-                t = cost.collective_time("all_reduce", nbytes(a.aval), n) * (1.0 + 1e-6)
+                # to replicated does, and one message more: charged that, so that the split is taken only where
+                # the compute it saves pays for a message
+                t = cost.collective_time("all_reduce", nbytes(a.aval), n) + cost.alpha
             else:
                 # slicing is free, but the value may have to be gathered again: half an all-gather (the
                 # alternative, gathering another operand, usually costs a whole one)
