@@ -278,7 +278,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--scaling-classes", default="1024,262144")
     ap.add_argument("--figure", default="")
     ap.add_argument("--json", default="")
+    ap.add_argument("--redraw", default="", help="draw --figure from a --json file of an earlier run and exit")
     args = ap.parse_args(argv)
+    if args.redraw:
+        with open(args.redraw) as f:
+            report = json.load(f)
+        draw(report, args.figure, report["config"]["budget"])
+        return report
     classes = sorted(int(c) for c in args.classes.split(","))
     hidden = [int(h) for h in args.hidden.split(",")]
     body = {str(i): ["R"] for i in range(1, len(hidden) + 1)}
@@ -409,7 +415,7 @@ def draw(report: dict, path: str, budget: float) -> None:
             axes[1, j].bar(pos + (k - 0.5) * w, m, w, label=label)
         for i, r in enumerate(run["rows"]):
             if not r["dp"]["fits"]:
-                axes[1, j].annotate("DP over\nbudget" if not r["dp"].get("skipped") else "DP not\nrunnable", (pos[i] - w / 2, 0),
+                axes[1, j].annotate("DP over\nbudget" if not r["dp"].get("skipped") else "DP not\nrun", (pos[i] - w / 2, 0),
                                     ha="center", va="bottom", fontsize=7, color="firebrick")
         axes[1, j].axhline(budget / MIB, color="k", ls="--", lw=1, label="per-rank budget")
         for ax in axes[:, j]:
