@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from fedarena.engine import optim
 from fedarena.engine.collectives import cost_model, run_threads
 from fedarena.engine.collectives.launch import spawn
 from fedarena.engine.core.ir import ShapedArray
