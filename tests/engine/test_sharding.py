@@ -126,3 +126,37 @@ def test_a_layout_that_does_not_fit_is_refused_in_one_line():
         return True
 
     assert run_threads(2, body) == [True, True]
+
+
+def _mlp_avals(classes: int, batch: int = 32, sizes=(512, 1024, 32)) -> tuple:
+    from fedarena.engine.core.ir import ShapedArray
+
+    dims = list(sizes) + [classes]
+    p = {}
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:]), start=1):
+        p[f"w{i}"], p[f"b{i}"] = ShapedArray((a, b), np.float32), ShapedArray((b,), np.float32)
+    state = {"count": ShapedArray((), np.int64), "mu": p, "nu": p}
+    return p, state, ShapedArray((batch, sizes[0]), np.float32), ShapedArray((batch,), np.int64)
+
+
+def test_search_keeps_a_small_head_whole_splits_a_large_one_and_respects_the_budget():
+    from fedarena.engine.sharding.conformance import make_step, state_layouts
+    from fedarena.engine.sharding.search import layer_candidates, search
+
+    # the constants the benchmark measured on 2 ranks of this host (docs/reproductions.md)
+    cost = CostModel(alpha=296e-6, beta=1 / 1.85e9, op_time=6.2e-6, flop_time=1 / 16.68e9, byte_time=1 / 4.06e9)
+    _, step = make_step()
+    space = layer_candidates({"1": ["R"], "2": ["R"], "3": ["R", "col", "row"]}, state_layouts)
+    small, _ = search(step, _mlp_avals(1024), 2, space, cost)
+    assert small.name == "batch:S0 l1:R l2:R l3:R"  # data parallel
+    large, plans = search(step, _mlp_avals(262144), 2, space, cost)
+    assert large.name.endswith("l3:col")  # the head split by classes
+    assert large.time == min(p.time for p in plans)
+    # a budget the whole head does not fit: only split heads remain, and the pick is the fastest of those
+    whole = min(p.memory for p in plans if p.name.endswith("l3:R"))
+    budget = (whole + max(p.memory for p in plans if not p.name.endswith("l3:R"))) / 2
+    fit, plans = search(step, _mlp_avals(262144), 2, space, cost, memory_budget=budget)
+    assert all(not p.fits for p in plans if p.name.endswith("l3:R")) and fit.memory <= budget
+    assert fit.time == min(p.time for p in plans if p.fits)
+    with pytest.raises(ShardingError, match="memory_budget: no strategy fits"):
+        search(step, _mlp_avals(262144), 2, space, cost, memory_budget=1.0)
