@@ -24,7 +24,7 @@ LAYERS = [
     ("compiler", ["compiler"]),
     ("backends", ["backends"]),
     ("api", ["jit", "backend_selection", "control_flow", "custom", "nn", "models", "optim", "serialization", "inspection", "profiler", "interop", "quantization", "__init__"]),
-    ("above", ["collectives", "distributed"]),
+    ("above", ["collectives", "distributed", "sharding"]),
 ]
 LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
 

@@ -6,13 +6,17 @@ path (chunked transfers count one message per chunk, as the schedules in :mod:`.
 ``b`` the bytes on it; for the pipelined tree and chain schedules the counts are the usual
 ``(depth + chunks - 1)`` pipeline approximation, with the fan-out of a binary-tree node. ``nbytes`` is the NCCL-tests "size": the all-reduce / broadcast / reduce buffer, the
 full all-gather output, the full reduce-scatter input, the full gather output / scatter input. The
-communicator picks the algorithm with the smallest prediction (``choose``); ``benchmarks/collectives.py`` fits
-``alpha`` and ``beta`` to measurements by least squares on these coefficients.
+communicator picks the algorithm with the smallest prediction (``choose``); :func:`fit` finds ``alpha`` and
+``beta`` from measured times by non-negative least squares on these coefficients (relative error, so small and
+large messages weigh alike), as ``benchmarks/collectives.py`` and ``benchmarks/auto_parallel.py`` do, and
+:data:`NETWORKS` holds the constants of interconnects this machine does not have, for predictions on paper.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "tree", "halving_doubling"),
@@ -95,3 +99,25 @@ def choose(collective: str, nbytes: float, n: int, alpha: float, beta: float, ch
     """The algorithm with the smallest predicted time (ties go to the first listed in ``ALGORITHMS``)."""
     options = ALGORITHMS[collective]
     return min(options, key=lambda alg: predict(collective, alg, nbytes, n, alpha, beta, chunk_bytes))
+
+
+NETWORKS: dict[str, tuple[float, float]] = {
+    "nvlink": (5e-6, 1.0 / 25e9),  # NVLink 2 between a pair of GPUs: ~25 GB/s a direction, a few us per message
+    "10gbe": (30e-6, 1.0 / 1.25e9),  # 10 Gigabit Ethernet with TCP: 1.25 GB/s, tens of us per message
+}
+"""``(alpha, beta)`` of named interconnects: nominal link bandwidths and typical per-message latencies, stated
+here rather than measured (this machine has neither)."""
+
+
+def fit(collective: str, algorithm: str, n: int, sizes: list[float], times: list[float],
+        chunk_bytes: int) -> tuple[float, float]:
+    """``(alpha, beta) >= 0`` minimising the relative error of ``a * alpha + b * beta`` against ``times``
+    measured for messages of ``sizes`` bytes with ``algorithm`` on ``n`` ranks."""
+    from scipy.optimize import nnls
+
+    rows = np.array([coefficients(collective, algorithm, s, n, chunk_bytes) for s in sizes], dtype=np.float64)
+    t = np.asarray(times, dtype=np.float64)
+    if rows.shape[0] < 2 or np.any(t <= 0):
+        raise ValueError("times: need at least two positive measurements to fit alpha and beta")
+    solution, _ = nnls(rows / t[:, None], np.ones_like(t))
+    return float(solution[0]), float(solution[1])

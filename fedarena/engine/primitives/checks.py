@@ -14,6 +14,7 @@ from ..core.ir import EngineError, ShapeError
 from ..core.tracing import PRIMITIVES, bind
 from .base import _define
 from .emit import expr
+from . import sharding as _sharding
 
 
 class IndexRangeError(EngineError, IndexError):
@@ -67,6 +68,7 @@ check_range_p = _define(
     "check_range", _check_rule, _check_impl, _check_emit, differentiable=False,
     batch=_check_batch, cuda=lambda e, lib: lib.xp(_check_xp, e),
 )
+check_range_p.shard = lambda in_avals, attrs, out_aval, n: _sharding.elementwise(in_avals, out_aval, n)
 
 
 def check_range(idx, lo: int, hi: int, message: str):

@@ -22,6 +22,7 @@ from . import cuda as C
 from .emit import Code, expr, stmt
 from .base import sum_tangents as _sum_tangents  # noqa: F401  (the families' JVPs import it from here)
 from .base import _bcast_tangent, _define, loop_batching, _floatify, add, broadcast_shapes, cast, div, dtype_of, eq, exp, full, ge, gt, le, log, logical_and, mul, neg, promote, reshape, select, shape_of, sign, sub, unbroadcast
+from . import sharding as _sharding
 
 # ============================================================================ elementwise
 
@@ -62,6 +63,16 @@ def _ew_rule(kind: str):
         return ShapedArray(shape, dt)
 
     return rule
+
+
+def _ew_shard(partial: str = ""):
+    """Sharding rule of a broadcasting elementwise primitive (``partial``: how it is linear, see
+    ``sharding.elementwise``)."""
+
+    def shard(in_avals, attrs, out_aval, n):
+        return _sharding.elementwise(in_avals, out_aval, n, partial)
+
+    return shard
 
 
 def expit(x, out=None):
@@ -110,8 +121,10 @@ def _unary(name, uf, uf_name, kind, cuda_expr, vjp_from_out=None, vjp_from_x=Non
         t = tangents[0]
         return d(t, x, out)
 
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC, batch=batch_elementwise, cuda_expr=cuda_expr,
+    p = _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC, batch=batch_elementwise, cuda_expr=cuda_expr,
                    scalar_emit=scalar_emit)
+    p.shard = _ew_shard("unary" if name == "neg" else "")
+    return p
 
 
 neg_p = _define(
@@ -140,6 +153,7 @@ abs_p = _unary(
 )
 sign_p = _define("sign", _ew_rule("promote"), _ufunc_impl(np.sign), _ufunc_emit("np.sign"), differentiable=False,
                  batch=batch_elementwise, cuda_expr=C.helper("fe_sign"), scalar_emit="np.sign({0})")
+sign_p.shard = _ew_shard()
 
 
 def _rsqrt_impl(x, **attrs):
@@ -160,6 +174,7 @@ rsqrt_p = _define(
     batch=batch_elementwise,
     cuda_expr=C.float_only(lambda x, o: f"({C.c_literal(1, o)} / {C.c_fn('sqrt', o)}({x[0]}))", "rsqrt"),
 )
+rsqrt_p.shard = _ew_shard()
 
 
 def _relu_impl(x):
@@ -180,13 +195,19 @@ relu_p = _define(
     batch=batch_elementwise,
     cuda_expr=C.unary(lambda x, o: f"fe_max<{C.CTYPE[o]}>({x}, ({C.CTYPE[o]})0)"),
 )
+relu_p.shard = _ew_shard()
 
 # ---------------------------------------------------------------------------- binary
 
 
+_BINARY_LINEAR = {"add": "all", "sub": "all", "mul": "one", "div": "first"}  # partial-sum strategies (sharding)
+
+
 def _binary(name, uf, uf_name, kind, cuda_expr, vjp=None, jvp=None, differentiable=True, transpose=None, linearity=None, scalar_emit=None):
-    return _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC + ("typed_scalars",),
+    p = _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp, jvp, differentiable, traits=UFUNC + ("typed_scalars",),
                    batch=batch_elementwise, cuda_expr=cuda_expr, transpose=transpose, linearity=linearity, scalar_emit=scalar_emit)
+    p.shard = _ew_shard(_BINARY_LINEAR.get(name, ""))
+    return p
 
 
 def _add_transpose(need, ct, out, x, y):
@@ -301,6 +322,8 @@ and_p = _binary("and", np.logical_and, "np.logical_and", "logical", C.logical("&
 or_p = _binary("or", np.logical_or, "np.logical_or", "logical", C.logical("||"), differentiable=False)
 not_p = _define("not", _ew_rule("logical"), _ufunc_impl(np.logical_not), _ufunc_emit("np.logical_not"), differentiable=False,
                 batch=batch_elementwise, cuda_expr=lambda ins, in_dts, o, attrs, weak: f"(!{ins[0]})")
+pow_p.shard = _ew_shard()
+not_p.shard = _ew_shard()
 
 
 # ---------------------------------------------------------------------------- select, cast, clip, stop_gradient
@@ -340,6 +363,7 @@ select_p = _define(
     "select", _select_rule, _select_impl, _select_emit, _select_vjp, _select_jvp, batch=batch_elementwise,
     cuda_expr=lambda ins, in_dts, o, attrs, weak: f"({ins[0]} ? {C.c_cast(ins[1], o)} : {C.c_cast(ins[2], o)})",
 )
+select_p.shard = _ew_shard()
 
 
 def _cast_rule(avals, attrs, weak):
@@ -377,6 +401,15 @@ cast_p = _define(
 )
 
 
+def _cast_shard(in_avals, attrs, out_aval, n):
+    # a float -> float cast of a partial sum is the partial sum of the casts (up to rounding)
+    linear = is_float(in_avals[0].dtype) and is_float(attrs["dtype"])
+    return _sharding.elementwise(in_avals, out_aval, n, "unary" if linear else "")
+
+
+cast_p.shard = _cast_shard
+
+
 def _same_rule(avals, attrs, weak):
     return avals[0]
 
@@ -410,6 +443,7 @@ clip_p = _define(
     batch=batch_elementwise,
     cuda_expr=_clip_cuda,
 )
+clip_p.shard = _ew_shard()
 
 
 def _identity_emit(ctx, ins, attrs, in_avals, out_aval):
@@ -420,6 +454,8 @@ stop_gradient_p = _define(
     "stop_gradient", _same_rule, lambda x: np.array(x, copy=True), _identity_emit, differentiable=False,
     batch=batch_elementwise, cuda=lambda e, lib: lib.view(lambda xp, x: x, e),
 )
+stop_gradient_p.shard = lambda in_avals, attrs, out_aval, n: _sharding.elementwise(in_avals, out_aval, n, "unary") + [
+    _sharding.Strategy((_sharding.Layout(partial=p),), _sharding.Layout(partial=p)) for p in ("max", "min")]
 
 
 def _full_rule(avals, attrs, weak):
@@ -439,6 +475,17 @@ full_p = _define(
     batch=loop_batching,  # never called: full has no operands, so it is never batched
     cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: out.fill(attrs["value"]), e),
 )
+
+
+def _full_shard(in_avals, attrs, out_aval, n):
+    out = [_sharding.Strategy((), _sharding.R)]
+    shape = attrs["shape"]
+    out += [_sharding.Strategy((), _sharding.S(ax), {**attrs, "shape": _sharding.with_axis(shape, ax, n)})
+            for ax in range(len(shape)) if _sharding.splittable(shape[ax], n)]
+    return out
+
+
+full_p.shard = _full_shard
 
 
 
@@ -496,6 +543,8 @@ erf_p = _define(
     cuda_expr=C.math_fn("erf"),
 )
 
+for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
+    _p.shard = _ew_shard()
 
 
 # traits of the primitives not made by _unary/_binary (rsqrt is sqrt(x, out) then reciprocal(out, out):

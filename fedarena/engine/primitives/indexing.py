@@ -12,6 +12,7 @@ from .emit import expr, stmt
 from ..core.tracing import aval_of
 from .base import _define, all_batched, move_to_front, reshape, shape_of, transpose
 from .base import add as _add
+from . import sharding as _sharding
 from .reductions import _norm_axes
 
 # ============================================================================ gather / scatter / take / one_hot
@@ -146,6 +147,41 @@ gather_p = _define(
 )
 
 
+def _in_block(idx, rank, size):
+    """Indices relative to rank ``rank``'s block of ``size`` entries and the mask of those inside it (the
+    sharded kernels take non-negative indices, as cross-entropy labels and embedding ids are)."""
+    rel = np.asarray(idx) - rank * size
+    inside = (rel >= 0) & (rel < size)
+    return np.where(inside, rel, 0), inside
+
+
+def _gather_block(rank, n, x, idx, axis):
+    """Gather from this rank's block of ``x`` along ``axis``; entries other ranks hold are 0 (a partial sum)."""
+    rel, inside = _in_block(idx, rank, x.shape[axis])
+    out = np.take_along_axis(x, rel, axis=axis)
+    return np.where(inside, out, np.zeros((), x.dtype))
+
+
+def _gather_shard(in_avals, attrs, out_aval, n):
+    """Split along another axis: both operands split alike; the gathered axis split on the table: each rank
+    gathers what its block holds and the results sum (a class-sharded cross-entropy picks its label logit so);
+    split indices along the gathered axis split the output."""
+    x, idx = in_avals
+    (axis,) = _norm_axes((attrs["axis"],), x.ndim)
+    R, S = _sharding.R, _sharding.S
+    out = [_sharding.Strategy((R, R), R)]
+    out += [_sharding.Strategy((S(k), S(k)), S(k)) for k in range(x.ndim) if k != axis and _sharding.splittable(x.shape[k], n)]
+    if _sharding.splittable(x.shape[axis], n):
+        out.append(_sharding.Strategy((S(axis), R), _sharding.PSUM, None, _gather_block))
+    if _sharding.splittable(idx.shape[axis], n):
+        out.append(_sharding.Strategy((R, S(axis)), S(axis)))
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+gather_p.shard = _gather_shard
+
+
 def _scatter_rule(avals, attrs, weak):
     upd, idx = avals
     _check_index(idx, "scatter_add")
@@ -195,6 +231,34 @@ scatter_add_p = _define(
     "scatter_add", _scatter_rule, _scatter_impl, _scatter_emit, transpose=_scatter_transpose, linearity="first",
     batch=_scatter_batch, cuda=_scatter_cuda,
 )
+
+
+def _scatter_block(rank, n, upd, idx, axis, shape):
+    """Scatter-add the updates whose indices fall in this rank's block of the output's ``axis``."""
+    rel, inside = _in_block(idx, rank, shape[axis])
+    out = np.zeros(shape, upd.dtype)
+    np.add.at(out, _full_index(rel, axis), np.where(inside, upd, np.zeros((), upd.dtype)))
+    return out
+
+
+def _scatter_shard(in_avals, attrs, out_aval, n):
+    upd, idx = in_avals
+    shape = attrs["shape"]
+    (axis,) = _norm_axes((attrs["axis"],), len(shape))
+    R, S = _sharding.R, _sharding.S
+    local = lambda k: {**attrs, "shape": _sharding.with_axis(shape, k, n)}  # noqa: E731
+    out = [_sharding.Strategy((R, R), R)]
+    out += [_sharding.Strategy((S(k), S(k)), S(k), local(k)) for k in range(len(shape))
+            if k != axis and _sharding.splittable(shape[k], n)]
+    if _sharding.splittable(shape[axis], n):
+        out.append(_sharding.Strategy((R, R), S(axis), local(axis), _scatter_block))
+    if _sharding.splittable(idx.shape[axis], n):
+        out.append(_sharding.Strategy((S(axis), S(axis)), _sharding.PSUM))
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+scatter_add_p.shard = _scatter_shard
 
 
 def _take_rule(avals, attrs, weak):
@@ -253,6 +317,33 @@ take_p = _define(
     "take", _take_rule, lambda x, idx, axis: np.take(x, idx, axis=axis), _take_emit, transpose=_take_transpose, linearity="first",
     batch=_take_batch, cuda=_take_cuda,
 )
+
+
+def _take_block(rank, n, x, idx, axis):
+    """Look up the rows of this rank's block of the table (vocabulary-parallel embedding); other rows give 0."""
+    rel, inside = _in_block(idx, rank, x.shape[axis])
+    out = np.take(x, rel, axis=axis)
+    mask = inside.reshape((1,) * axis + inside.shape + (1,) * (x.ndim - axis - 1))
+    return np.where(mask, out, np.zeros((), x.dtype))
+
+
+def _take_shard(in_avals, attrs, out_aval, n):
+    """An embedding lookup: a table split by rows (the looked-up axis) gives partial sums; split along another
+    axis of the table or of the indices, the output is split along the matching axis."""
+    x, idx = in_avals
+    (axis,) = _norm_axes((attrs["axis"],), x.ndim)
+    R, S = _sharding.R, _sharding.S
+    out = [_sharding.Strategy((R, R), R)]
+    if _sharding.splittable(x.shape[axis], n):
+        out.append(_sharding.Strategy((S(axis), R), _sharding.PSUM, None, _take_block))
+    out += [_sharding.Strategy((S(k), R), S(k if k < axis else k + idx.ndim - 1)) for k in range(x.ndim)
+            if k != axis and _sharding.splittable(x.shape[k], n)]
+    out += [_sharding.Strategy((R, S(j)), S(axis + j)) for j in range(idx.ndim) if _sharding.splittable(idx.shape[j], n)]
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+take_p.shard = _take_shard
 
 
 def _index_add_rule(avals, attrs, weak):
@@ -318,6 +409,31 @@ index_add_p = _define(
     batch=_index_add_batch,
     cuda=_index_add_cuda,
 )
+
+
+def _index_add_block(rank, n, upd, idx, axis, size):
+    """Add the updates whose indices fall in this rank's block of ``size`` rows (an embedding gradient)."""
+    rel, inside = _in_block(idx, rank, size)
+    out = np.zeros(upd.shape[:axis] + (size,) + upd.shape[axis + idx.ndim:], upd.dtype)
+    mask = inside.reshape((1,) * axis + inside.shape + (1,) * (upd.ndim - axis - idx.ndim))
+    np.add.at(out, (slice(None),) * axis + (rel,), np.where(mask, upd, np.zeros((), upd.dtype)))
+    return out
+
+
+def _index_add_shard(in_avals, attrs, out_aval, n):
+    upd, idx = in_avals
+    axis, size = attrs["axis"], attrs["size"]
+    R, S = _sharding.R, _sharding.S
+    out = [_sharding.Strategy((R, R), R)]
+    if _sharding.splittable(size, n):
+        out.append(_sharding.Strategy((R, R), S(axis), {**attrs, "size": size // n}, _index_add_block))
+    out += [_sharding.Strategy((S(axis + j), S(j)), _sharding.PSUM) for j in range(idx.ndim)
+            if _sharding.splittable(idx.shape[j], n)]
+    out.append(_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM))
+    return out
+
+
+index_add_p.shard = _index_add_shard
 
 
 def _one_hot_rule(avals, attrs, weak):

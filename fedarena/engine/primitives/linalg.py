@@ -11,6 +11,7 @@ from ..core.ir import LOW_PRECISION, ShapeError, ShapedArray
 from .emit import expr, stmt
 from ..core.tracing import bind
 from .base import _define, _swap_last, broadcast_shapes, matmul, mul, promote, reshape, shape_of, transpose, unbroadcast
+from . import sharding as _sharding
 
 # ============================================================================ matmul
 
@@ -90,3 +91,32 @@ matmul_p = _define(
     "matmul", _matmul_rule, _matmul_impl, _matmul_emit, transpose=_matmul_transpose, linearity="bilinear",
     batch=_matmul_batch, cuda=lambda e, lib: lib.matmul(e),  # cuBLAS under cupy
 )
+
+
+def _matmul_shard(in_avals, attrs, out_aval, n):
+    """Megatron's and MindSpore's matmul partitions of ``[..., M, K] @ [..., K, N]``: rows of the left operand
+    (data parallelism) split the output's rows; columns of the right operand split its columns; the
+    contracting axis split on both leaves a partial sum; a batch axis both operands have splits the output's;
+    a partial operand times a replicated one is a partial product."""
+    a, b = in_avals
+    S, R = _sharding.S, _sharding.R
+    r = len(out_aval.shape)
+    out = [_sharding.Strategy((R, R), R)]
+    if _sharding.splittable(a.shape[-2], n):
+        out.append(_sharding.Strategy((S(a.ndim - 2), R), S(r - 2)))
+    if _sharding.splittable(b.shape[-1], n):
+        out.append(_sharding.Strategy((R, S(b.ndim - 1)), S(r - 1)))
+    if _sharding.splittable(a.shape[-1], n):
+        out.append(_sharding.Strategy((S(a.ndim - 1), S(b.ndim - 2)), _sharding.PSUM))
+    for ax in range(r - 2):  # batch axes
+        ia, ib = ax - (r - a.ndim), ax - (r - b.ndim)
+        if not _sharding.splittable(out_aval.shape[ax], n):
+            continue
+        la = S(ia) if ia >= 0 and a.shape[ia] == out_aval.shape[ax] else R
+        lb = S(ib) if ib >= 0 and b.shape[ib] == out_aval.shape[ax] else R
+        out.append(_sharding.Strategy((la, lb), S(ax)))
+    out += [_sharding.Strategy((_sharding.PSUM, R), _sharding.PSUM), _sharding.Strategy((R, _sharding.PSUM), _sharding.PSUM)]
+    return out
+
+
+matmul_p.shard = _matmul_shard

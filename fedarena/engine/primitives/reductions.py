@@ -19,6 +19,7 @@ from ..core.tracing import bind
 from ..core import cext
 from .emit import expr, stmt
 from .base import _define, shift_axes, broadcast_to, cast, div, dtype_of, eq, logical_and, mul, reduce_sum, reshape, select, shape_of
+from . import sharding as _sharding
 
 # ============================================================================ reductions
 
@@ -159,6 +160,35 @@ reduce_min_p = _define(
     "reduce_min", _reduce_rule("min"), _reduce_impl(np.minimum), _reduce_emit("np.minimum"), _chooser_vjp, _chooser_jvp,
     batch=_reduce_batch, cuda=_reduce_cuda("min"),
 )
+
+
+def _reduce_shard(kind):
+    """Sharding rule of a reduction: an axis split and kept stays split (renumbered without ``keepdims``); an
+    axis split and reduced leaves each rank a partial result of the same reduction; a partial operand of the
+    same reduction stays partial."""
+
+    def shard(in_avals, attrs, out_aval, n):
+        av = in_avals[0]
+        axes = _norm_axes(attrs["axes"], av.ndim)
+        out = [_sharding.Strategy((_sharding.R,), _sharding.R)]
+        for ax in range(av.ndim):
+            if not _sharding.splittable(av.shape[ax], n):
+                continue
+            if ax in axes:
+                out.append(_sharding.Strategy((_sharding.S(ax),), _sharding.Layout(partial=kind)))
+            else:
+                j = ax if attrs["keepdims"] else ax - sum(1 for a in axes if a < ax)
+                out.append(_sharding.Strategy((_sharding.S(ax),), _sharding.S(j)))
+        if is_float(av.dtype) or kind != "sum":
+            out.append(_sharding.Strategy((_sharding.Layout(partial=kind),), _sharding.Layout(partial=kind)))
+        return out
+
+    return shard
+
+
+reduce_sum_p.shard = _reduce_shard("sum")
+reduce_max_p.shard = _reduce_shard("max")
+reduce_min_p.shard = _reduce_shard("min")
 
 
 def _argmax_rule(avals, attrs, weak):

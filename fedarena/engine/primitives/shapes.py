@@ -10,6 +10,7 @@ from ..core.ir import ShapeError, ShapedArray
 from ..core.tracing import bind
 from .emit import expr, stmt
 from .base import _define, _stand_in, all_batched, shift_axes, promote, reshape, shape_of, transpose, unbroadcast
+from . import sharding as _sharding
 from .reductions import _norm_axes
 
 # ============================================================================ shapes (views)
@@ -51,6 +52,8 @@ transpose_p = _define(
     batch=lambda prim, vals, batched, size, perm: bind(prim, vals[0], perm=(0,) + tuple(int(p) + 1 for p in perm)),
     cuda=lambda e, lib: lib.view(lambda xp, x, perm=tuple(e.attrs["perm"]): xp.transpose(x, perm), e),
 )
+transpose_p.shard = lambda in_avals, attrs, out_aval, n: _sharding.axis_map(
+    in_avals[0], out_aval, n, [(p, j) for j, p in enumerate(attrs["perm"])])
 
 
 def _reshape_rule(avals, attrs, weak):
@@ -71,6 +74,19 @@ reshape_p = _define(
     batch=lambda prim, vals, batched, size, shape: bind(prim, vals[0], shape=(size,) + tuple(shape)),
     cuda=lambda e, lib: _reshape_view(e, lib),
 )
+
+
+def _reshape_shard(in_avals, attrs, out_aval, n):
+    # input axis i and output axis j hold the same contiguous blocks when the axes before them have the same
+    # number of elements: rank r's block of i is then elements [r, r+1) * size / n of both
+    ins, outs = in_avals[0].shape, out_aval.shape
+    pairs = [(i, j) for i in range(len(ins)) for j in range(len(outs))
+             if int(np.prod(ins[:i], dtype=np.int64)) == int(np.prod(outs[:j], dtype=np.int64))]
+    return _sharding.axis_map(in_avals[0], out_aval, n, pairs,
+                              lambda j: {"shape": _sharding.with_axis(attrs["shape"], j, n)})
+
+
+reshape_p.shard = _reshape_shard
 
 
 def _broadcast_rule(avals, attrs, weak):
@@ -97,6 +113,21 @@ broadcast_to_p = _define(
 )
 
 
+def _broadcast_shard(in_avals, attrs, out_aval, n):
+    av, shape = in_avals[0], attrs["shape"]
+    lead = len(shape) - av.ndim
+    local = lambda j: {"shape": _sharding.with_axis(shape, j, n)}  # noqa: E731
+    out = _sharding.axis_map(av, out_aval, n, [(i, i + lead) for i in range(av.ndim) if av.shape[i] == shape[i + lead]],
+                             local)
+    # a replicated operand broadcast along an axis the output splits: each rank broadcasts to its block
+    out += [_sharding.Strategy((_sharding.R,), _sharding.S(j), local(j)) for j in range(len(shape))
+            if _sharding.splittable(shape[j], n) and (j < lead or av.shape[j - lead] == 1)]
+    return out
+
+
+broadcast_to_p.shard = _broadcast_shard
+
+
 def _squeeze_rule(avals, attrs, weak):
     av = avals[0]
     axes = _norm_axes(attrs["axes"], av.ndim)
@@ -118,6 +149,15 @@ squeeze_p = _define(
 )
 
 
+def _squeeze_shard(in_avals, attrs, out_aval, n):
+    axes = _norm_axes(attrs["axes"], in_avals[0].ndim)
+    kept = [i for i in range(in_avals[0].ndim) if i not in axes]
+    return _sharding.axis_map(in_avals[0], out_aval, n, [(i, j) for j, i in enumerate(kept)])
+
+
+squeeze_p.shard = _squeeze_shard
+
+
 def _expand_dims_rule(avals, attrs, weak):
     av = avals[0]
     n = av.ndim + len(attrs["axes"])
@@ -136,6 +176,15 @@ expand_dims_p = _define(
     batch=lambda prim, vals, batched, size, axes: bind(prim, vals[0], axes=shift_axes(axes, len(shape_of(vals[0])) - 1 + len(axes))),
     cuda=lambda e, lib: _reshape_view(e, lib),
 )
+
+
+def _expand_dims_shard(in_avals, attrs, out_aval, n):
+    axes = _norm_axes(attrs["axes"], out_aval.ndim)
+    kept = [j for j in range(out_aval.ndim) if j not in axes]
+    return _sharding.axis_map(in_avals[0], out_aval, n, list(enumerate(kept)))
+
+
+expand_dims_p.shard = _expand_dims_shard
 
 
 # ---------------------------------------------------------------------------- slice / pad
@@ -188,6 +237,18 @@ slice_p = _define(
     ),
     cuda=_slice_cuda,
 )
+
+
+def _slice_shard(in_avals, attrs, out_aval, n):
+    # an axis taken whole (start 0, stride 1, to the end) can stay split; its local limit is the block size
+    shape = in_avals[0].shape
+    whole = [i for i in range(len(shape))
+             if attrs["starts"][i] == 0 and attrs["limits"][i] == shape[i] and attrs["strides"][i] == 1]
+    return _sharding.axis_map(in_avals[0], out_aval, n, [(i, i) for i in whole],
+                              lambda j: {**attrs, "limits": _sharding.with_axis(attrs["limits"], j, n)})
+
+
+slice_p.shard = _slice_shard
 
 
 def _pad_rule(avals, attrs, weak):
@@ -290,6 +351,18 @@ concatenate_p = _define(
     batch=_join_batch,
     cuda=lambda e, lib: lib.xp(lambda xp, ins, attrs, out: xp.concatenate(ins, axis=attrs["axis"], out=out), e),
 )
+
+
+def _concat_shard(in_avals, attrs, out_aval, n):
+    k, nd = len(in_avals), out_aval.ndim
+    (axis,) = _norm_axes((attrs["axis"],), nd)
+    R, S = _sharding.R, _sharding.S
+    return [_sharding.Strategy((R,) * k, R)] + [
+        _sharding.Strategy((S(j),) * k, S(j)) for j in range(nd) if j != axis and _sharding.splittable(out_aval.shape[j], n)
+    ] + [_sharding.Strategy((_sharding.PSUM,) * k, _sharding.PSUM)]
+
+
+concatenate_p.shard = _concat_shard
 
 
 def _stack_rule(avals, attrs, weak):

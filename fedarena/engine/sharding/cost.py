@@ -1,0 +1,85 @@
+"""The cost of a sharded program on one rank: compute time of each equation on its local blocks, the
+alpha-beta time of the redistributions between them (``collectives.cost_model``), and the peak memory a rank
+holds (the cost model of MindSpore's auto-parallel strategy search: computation, communication and memory per
+device; Su et al. 2021, and the operator cost model of Wang et al., EuroSys 2019).
+
+Compute time is ``op_time + flops * flop_time + bytes * byte_time`` (a matmul's multiply-adds, every other
+primitive's bytes read and written): a roofline with a fixed per-call overhead, its three constants measured
+on the machine by :func:`calibrate`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from ..collectives import cost_model
+from ..core.ir import ShapedArray
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Machine constants: ``alpha`` (s per message), ``beta`` (s per byte), ``chunk_bytes`` of the transport;
+    ``op_time`` (s per primitive call), ``flop_time`` (s per multiply-add pair, i.e. per 2 flops counted as
+    2), ``byte_time`` (s per byte an elementwise/shape primitive touches)."""
+
+    alpha: float = 60e-6
+    beta: float = 1.0 / 1.5e9
+    chunk_bytes: int = 1 << 20
+    op_time: float = 5e-6
+    flop_time: float = 1.0 / 20e9
+    byte_time: float = 1.0 / 4e9
+
+    def compute_time(self, prim_name: str, in_shapes: Sequence[tuple], out_shape: tuple, itemsize: int,
+                     in_itemsizes: Sequence[int] = ()) -> float:
+        out_size = int(np.prod(out_shape, dtype=np.int64))
+        if prim_name == "matmul" and len(in_shapes) == 2:
+            k = in_shapes[0][-1]
+            return self.op_time + 2.0 * out_size * k * self.flop_time
+        sizes = in_itemsizes or [itemsize] * len(in_shapes)
+        nbytes = out_size * itemsize + sum(int(np.prod(s, dtype=np.int64)) * b for s, b in zip(in_shapes, sizes))
+        return self.op_time + nbytes * self.byte_time
+
+    def collective_time(self, collective: str, nbytes: float, n: int) -> float:
+        alg = cost_model.choose(collective, nbytes, n, self.alpha, self.beta, self.chunk_bytes)
+        return cost_model.predict(collective, alg, nbytes, n, self.alpha, self.beta, self.chunk_bytes)
+
+    def with_transport(self, alpha: float, beta: float) -> "CostModel":
+        return replace(self, alpha=float(alpha), beta=float(beta))
+
+
+def _timed(fn, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls: on a shared machine the median carries the load the program will
+    run under, where the best time would describe an idle machine."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def calibrate(base: CostModel | None = None, repeats: int = 7) -> CostModel:
+    """Measure ``op_time`` (a tiny ufunc call), ``flop_time`` (a 512^3 float32 product) and ``byte_time``
+    (an add over 32 MiB) on this machine and return ``base`` with them (the transport's ``alpha``/``beta`` are
+    fitted to timed collectives by ``collectives.cost_model.fit``)."""
+    base = base or CostModel()
+    tiny = np.ones(8, np.float32)
+    op = _timed(lambda: np.add(tiny, tiny), repeats * 20)
+    a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+    mm = _timed(lambda: a @ a, repeats)
+    big = np.ones(1 << 23, np.float32)
+    out = np.empty_like(big)
+    ew = _timed(lambda: np.add(big, big, out), repeats)
+    return replace(base, op_time=op, flop_time=max(mm - op, 1e-9) / (2.0 * 512 ** 3),
+                   byte_time=max(ew - op, 1e-9) / (3.0 * big.nbytes))
+
+
+def nbytes(aval: ShapedArray) -> int:
+    return aval.size * aval.dtype.itemsize
+
+
+__all__ = ["CostModel", "calibrate", "nbytes"]
