@@ -23,7 +23,7 @@ LAYERS = [
     ("transforms", ["transforms"]),
     ("compiler", ["compiler"]),
     ("backends", ["backends"]),
-    ("api", ["jit", "backend_selection", "control_flow", "custom", "nn", "models", "optim", "serialization", "inspection", "profiler", "interop", "quantization", "__init__"]),
+    ("api", ["jit", "backend_selection", "control_flow", "custom", "nn", "models", "optim", "serialization", "inspection", "profiler", "interop", "quantization", "precision", "__init__"]),
     ("above", ["collectives", "distributed", "sharding"]),
 ]
 LEVEL = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}

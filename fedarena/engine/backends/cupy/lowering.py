@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ...core.ir import Eqn, Literal
+from ...core.ir import LOW_PRECISION, Eqn, Literal
 from . import indexing  # noqa: F401  (indexing.RANK_SORT_MAX: read at each use, tests lower it)
 from .indexing import ATOMIC_ADD, argsort_kernel, index_add_kernel, take_kernel  # noqa: F401
 from .kernels import (  # noqa: F401  (the generators a rule may call)
@@ -41,8 +41,6 @@ def low_precision_spec(e: Eqn) -> tuple | None:
     """The backend's own step for an equation over float16/bfloat16 values that its primitive's rule
     (written for :data:`CTYPE`) would leave to the host: the reductions (float32 accumulation).
     ``None`` for every other equation."""
-    from ...core.ir import LOW_PRECISION
-
     kind = _REDUCTIONS.get(e.prim.name)
     if kind is None:
         return None
