@@ -244,6 +244,9 @@ class BatchedMLP(BatchedModel):
     """A ReLU MLP ``sizes`` (McMahan et al. 2017's 2NN is ``(784, 200, 200, 10)``), parameters
     ``{"l{i}.w": (in, out), "l{i}.b": (out,)}``."""
 
+    hidden_scale: float = 1.0
+    """every hidden layer's ReLU output is multiplied by this in :meth:`logits` (1: the plain MLP)"""
+
     def __init__(self, sizes: Sequence[int]) -> None:
         self.sizes = tuple(int(s) for s in sizes)
         self.depth = len(self.sizes) - 1
@@ -263,9 +266,6 @@ class BatchedMLP(BatchedModel):
 
     def _flat(self, tree) -> Params:
         return {f"l{i}.{k}": tree[i][k] for i in range(self.depth) for k in ("w", "b")}
-
-    hidden_scale: float = 1.0
-    """every hidden layer's ReLU output is multiplied by this in :meth:`logits` (1: the plain MLP)"""
 
     def logits(self, params: Params, x: np.ndarray, chunk: int = 4096) -> np.ndarray:
         """Forward pass for evaluation (float32 matmuls, float64 logits)."""
