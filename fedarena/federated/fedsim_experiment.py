@@ -298,6 +298,15 @@ def write_device_records(path: Path, rows: list[dict[str, Any]]) -> None:
         w.writerows(rows)
 
 
+def drop_device_records_after(path: Path, rnd: int) -> None:
+    """Resume: remove the rows of rounds after ``rnd`` (the checkpoint's) from the device-cost CSV ``path`` (if
+    any), since those rounds are run or logged again."""
+    if path.exists():
+        keep = [ln for i, ln in enumerate(path.read_text(encoding="utf-8").splitlines(keepends=True))
+                if i == 0 or int(ln.split(",", 1)[0]) <= rnd]
+        path.write_text("".join(keep), encoding="utf-8")
+
+
 def read_device_records(path: Path) -> dict[str, np.ndarray]:
     """The columns of a device-cost CSV as arrays (``client`` as strings, the rest as floats)."""
     import csv
@@ -348,11 +357,7 @@ class _RoundSteps:
 
     def load(self, step: int, saved: dict[str, Any]) -> None:
         self.r = step
-        records = self.run.dir / DEVICE_RECORDS
-        if records.exists():  # rounds after the checkpoint are run again: their rows go
-            keep = [ln for i, ln in enumerate(records.read_text(encoding="utf-8").splitlines(keepends=True))
-                    if i == 0 or int(ln.split(",", 1)[0]) <= step]
-            records.write_text("".join(keep), encoding="utf-8")
+        drop_device_records_after(self.run.dir / DEVICE_RECORDS, step)
         self.round_state, self.last_div, self.schedule.current = _restore(self.sim, saved)
         self.participation = {c: int(n) for c, n in saved.get("participation", {}).items()}
 
@@ -578,11 +583,7 @@ def plots(rows, cfg, report_dir) -> list[str]:
             a.set_xlabel("round")
             _integer_ticks(a, y=a is ax[1, 0])
             a.grid(alpha=0.3)
-        fig.suptitle(f"{name}: {_setup(cfg)}", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(report_dir / "fedsim.png", dpi=110)
-        plt.close(fig)
-        out.append(str(report_dir / "fedsim.png"))
+        out.append(_finish(fig, f"{name}: {_setup(cfg)}", report_dir / "fedsim.png"))
     hist_path = report_dir.parent / "label_histogram.npy"
     if hist_path.exists():
         hist = np.load(hist_path)
@@ -630,13 +631,8 @@ def _personalization_plot(before: np.ndarray, after: np.ndarray, cfg, name: str,
             f"{shown} of {n} clients; {excluded} have no held-out example and are not shown"
             + (f" (fewer than {_min_examples(cfg)} examples at held_out_fraction {cfg.data.held_out_fraction:g})"
                if cfg.data.held_out_fraction > 0 else " (held_out_fraction is 0)"))
-    fig.suptitle(f"{name}: personalization, {cfg.evaluation.personalize_epochs} local epoch(s) of fine-tuning of the final "
-                 f"model\n{note}", fontsize=10)
-    fig.tight_layout()
-    path = report_dir / "personalization.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return _finish(fig, f"{name}: personalization, {cfg.evaluation.personalize_epochs} local epoch(s) of fine-tuning "
+                   f"of the final model\n{note}", report_dir / "personalization.png")
 
 
 def _devices_plot(rec: dict[str, np.ndarray], rows, cfg, name: str, report_dir: Path) -> str:
@@ -692,10 +688,16 @@ def _devices_plot(rec: dict[str, np.ndarray], rows, cfg, name: str, report_dir: 
         _integer_ticks(a)
     for a in ax.flat:
         a.grid(alpha=0.3)
-    fig.suptitle(f"{name}: device budgets, {cfg.devices.submodel} sub-models; {int(rec['reported'].sum())} "
-                 f"uploads, {len(rec['round'])} client trainings", fontsize=10)
+    return _finish(fig, f"{name}: device budgets, {cfg.devices.submodel} sub-models; {int(rec['reported'].sum())} "
+                        f"uploads, {len(rec['round'])} client trainings", report_dir / "devices.png")
+
+
+def _finish(fig, title: str, path: Path) -> str:
+    """Give ``fig`` its ``title``, lay it out, save it to ``path`` (110 dpi) and close it; the path written."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = report_dir / "devices.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
@@ -730,11 +732,7 @@ def _async_plot(rows, cfg, report_dir: Path) -> str:
         a.set_xlabel("server step")
         _integer_ticks(a)
         a.grid(alpha=0.3)
-    fig.suptitle(f"{report_dir.parent.name}: {_setup(cfg)}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(report_dir / "fedsim.png", dpi=110)
-    plt.close(fig)
-    return str(report_dir / "fedsim.png")
+    return _finish(fig, f"{report_dir.parent.name}: {_setup(cfg)}", report_dir / "fedsim.png")
 
 
 EXPERIMENT = Experiment(config=FedSimConfig, run=run, plots=plots,

@@ -223,7 +223,10 @@ class _RoundSteps:
         return None
 
     def load(self, step: int, state: dict[str, Any]) -> None:
+        from fedarena.federated.fedsim_experiment import DEVICE_RECORDS, drop_device_records_after
+
         self.logged, self.model_version = int(state["round"]), int(state["model_version"])
+        drop_device_records_after(self.run.dir / DEVICE_RECORDS, self.logged)  # later rounds are logged again
 
     def state(self) -> dict[str, Any]:
         return {"round": self.logged, "model_version": self.model_version}

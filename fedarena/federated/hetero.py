@@ -102,7 +102,7 @@ class ScaledMLP(BatchedMLP):
     :class:`BatchedMLP`."""
 
     def __init__(self, sizes: Sequence[int], rate: float, scaler: bool = True) -> None:
-        self.scale = 1.0 / rate if scaler else 1.0
+        self.scale = self.hidden_scale = 1.0 / rate if scaler else 1.0  # logits: BatchedMLP's, scaled
         super().__init__(sizes)
         self.spec = ("scaled_mlp", self.sizes, float(rate), bool(scaler))
 
@@ -115,16 +115,6 @@ class ScaledMLP(BatchedMLP):
                 if self.scale != 1.0:
                     h = h * np.float32(self.scale)
         return h
-
-    def logits(self, params: Params, x: np.ndarray, chunk: int = 4096) -> np.ndarray:
-        h = np.asarray(x, np.float32)
-        for i in range(self.depth):
-            h = h @ np.asarray(params[f"l{i}.w"], np.float32) + np.asarray(params[f"l{i}.b"], np.float32)
-            if i < self.depth - 1:
-                h = np.maximum(h, 0.0)
-                if self.scale != 1.0:
-                    h = h * np.float32(self.scale)
-        return h.astype(np.float64)
 
 
 @dataclass(frozen=True)

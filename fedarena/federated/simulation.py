@@ -244,6 +244,9 @@ class BatchedMLP(BatchedModel):
     """A ReLU MLP ``sizes`` (McMahan et al. 2017's 2NN is ``(784, 200, 200, 10)``), parameters
     ``{"l{i}.w": (in, out), "l{i}.b": (out,)}``."""
 
+    hidden_scale: float = 1.0
+    """every hidden layer's ReLU output is multiplied by this in :meth:`logits` (1: the plain MLP)"""
+
     def __init__(self, sizes: Sequence[int]) -> None:
         self.sizes = tuple(int(s) for s in sizes)
         self.depth = len(self.sizes) - 1
@@ -271,6 +274,8 @@ class BatchedMLP(BatchedModel):
             h = h @ np.asarray(params[f"l{i}.w"], np.float32) + np.asarray(params[f"l{i}.b"], np.float32)
             if i < self.depth - 1:
                 h = np.maximum(h, 0.0)
+                if self.hidden_scale != 1.0:
+                    h = h * np.float32(self.hidden_scale)
         return h.astype(np.float64)
 
 
@@ -793,8 +798,7 @@ class Simulation:
         running = PartialAggregate() if self._sums_suffice() else None
         divergence = UpdateDivergence()
         updates, bytes_up, reporting, losses_kept = [], 0, [], []
-        prng = (SecureRandom() if self.privacy_seed < 0  # LDP/SignDS noise: the OS CSPRNG
-                else np.random.default_rng([self.privacy_seed, rnd]))
+        prng = self._privacy_rng(rnd)
         for c in training:
             if c not in local:
                 continue  # a straggler dropped at the deadline (no finished step)
@@ -806,15 +810,10 @@ class Simulation:
             if c in self.adversaries:
                 s = -het.adversary_scale if het.adversary == "sign_flip" else het.adversary_scale
                 delta = {k: (v * s).astype(np.float32) for k, v in delta.items()}
-            for stage in self.upload_stages:
-                delta = stage(delta, prng)
-            if het.drop_upload and frng.random() < het.drop_upload:
+            sent = self._upload_client(c, rnd, delta, prng, frng)
+            if sent is None:
                 continue
-            # compression's stochastic rounding needs no secrecy (and 2M draws from os.urandom cost ~0.5 s): it is
-            # drawn from (seed, round, client key), as the runtime's client and Flower's UploadMod draw it; a private
-            # upload (SignDS) gets the privacy randomness
-            crng = np.random.default_rng([self.seed, rnd, client_key(c), 13])
-            decoded, nbytes = self.upload(c, delta, prng if self.upload.private else crng)
+            decoded, nbytes = sent
             bytes_up += nbytes
             control_delta = None
             kept = self.strategy.client_control_update(state, self.client_control.get(c), local[c], client_params,
@@ -845,6 +844,25 @@ class Simulation:
         if rnd % self.eval_every == 0 or rnd == self.final_round:
             m.update(self.evaluate(new_state, rnd))
         return new_state, RoundRecord(rnd, m, list(selected), reporting)
+
+    def _privacy_rng(self, rnd: int) -> Any:
+        """Round ``rnd``'s privacy randomness (upload stages, SignDS): the OS CSPRNG, or ``(privacy_seed, rnd)``."""
+        return SecureRandom() if self.privacy_seed < 0 else np.random.default_rng([self.privacy_seed, rnd])
+
+    def _upload_client(self, c: str, rnd: int, delta: Params, prng: Any,
+                       frng: np.random.Generator) -> tuple[Params, int] | None:
+        """Client ``c``'s trained ``delta`` through the upload stages (``prng``), the ``drop_upload`` draw
+        (``frng``; None: the upload was lost) and the upload codec: the decoded update and its bytes."""
+        for stage in self.upload_stages:
+            delta = stage(delta, prng)
+        het = self.heterogeneity
+        if het.drop_upload and frng.random() < het.drop_upload:
+            return None
+        # compression's stochastic rounding needs no secrecy (and 2M draws from os.urandom cost ~0.5 s): it is
+        # drawn from (seed, round, client key), as the runtime's client and Flower's UploadMod draw it; a private
+        # upload (SignDS) gets the privacy randomness
+        crng = np.random.default_rng([self.seed, rnd, client_key(c), 13])
+        return self.upload(c, delta, prng if self.upload.private else crng)
 
     def _sums_suffice(self) -> bool:
         """Whether the strategy's aggregate is its ``aggregate_partial`` of the weighted sum: a linear strategy that
@@ -957,7 +975,7 @@ class Simulation:
                 continue
             by_level.setdefault(got[0], []).append(c)
             costs[c] = got[1]
-        prng = (SecureRandom() if self.privacy_seed < 0 else np.random.default_rng([self.seed, rnd]))
+        prng = self._privacy_rng(rnd)
         mean = CoordinateMean(state.params)
         bytes_up = bytes_down = 0
         reporting: list[str] = []
@@ -972,12 +990,10 @@ class Simulation:
             rows.append(row)
             if het.drop_after_training and frng.random() < het.drop_after_training:
                 return
-            for stage in self.upload_stages:
-                delta = stage(delta, prng)
-            if het.drop_upload and frng.random() < het.drop_upload:
+            sent = self._upload_client(c, rnd, delta, prng, frng)
+            if sent is None:
                 return
-            crng = np.random.default_rng([self.seed, rnd, client_key(c), 13])
-            decoded, nbytes = self.upload(c, delta, prng if self.upload.private else crng)
+            decoded, nbytes = sent
             row["reported"], row["bytes_up"] = 1, nbytes
             bytes_up += nbytes
             mean.add(decoded, index)

@@ -1,4 +1,5 @@
-"""In-process FL clusters for the federated tests: a real scheduler and FL-Servers on loopback gRPC."""
+"""In-process FL clusters for the federated tests (a real scheduler and FL-Servers on loopback gRPC) and the
+hand-computed oracles the width-scaled and int8 client tests share."""
 
 from __future__ import annotations
 
@@ -161,3 +162,44 @@ def flower_task_identity():
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 0, 0, 0
     yield
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+@pytest.fixture
+def cli_error_line(capsys):
+    """``check(config, out, sets, message)``: ``fedarena run config --out out --set s...`` exits 2 with one
+    stderr line that contains ``message``."""
+    from fedarena.platform.cli import main
+
+    def check(config, out, sets, message):
+        args = ["run", str(config), "--out", str(out), "--quiet"]
+        for s in sets:
+            args += ["--set", s]
+        assert main(args) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1 and message in err[0], err
+
+    return check
+
+
+def _sgd_step_by_hand(sub, x, y, lr, scale):
+    """One full-batch SGD step of relu(x W0 + b0) * scale -> W1, b1 with mean cross-entropy, in float64."""
+    import numpy as np
+
+    w0, b0, w1, b1 = (np.asarray(sub[k], np.float64) for k in ("l0.w", "l0.b", "l1.w", "l1.b"))
+    x = np.asarray(x, np.float64)
+    pre = x @ w0 + b0
+    h = np.maximum(pre, 0) * scale
+    z = h @ w1 + b1
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    dz = (p - np.eye(z.shape[1])[y]) / len(y)
+    dpre = (dz @ w1.T) * scale * (pre > 0)
+    grads = {"l0.w": x.T @ dpre, "l0.b": dpre.sum(0), "l1.w": h.T @ dz, "l1.b": dz.sum(0)}
+    return {k: np.asarray(sub[k], np.float64) - lr * g for k, g in grads.items()}
+
+
+@pytest.fixture
+def sgd_step_by_hand():
+    """``step(sub, x, y, lr, scale)``: one float64 full-batch SGD step of the two-layer MLP ``sub`` whose hidden
+    ReLU outputs are multiplied by ``scale`` (the oracle of the width-scaled and int8 client tests)."""
+    return _sgd_step_by_hand

@@ -18,7 +18,6 @@ from fedarena.federated.hetero import WidthLevels, extract, level_sizes, submode
 from fedarena.federated.int8_clients import folded_tree, layer_sgd, unfolded
 from fedarena.federated.simulation import BatchedMLP, Simulation, batch_plan, client_key
 from fedarena.federated.strategy import FedAvg, FitConfig
-from fedarena.platform.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES = (3, 4, 2)
@@ -34,7 +33,7 @@ def _tree(p: dict[str, np.ndarray], depth: int = 2) -> list[dict[str, np.ndarray
     return [{"w": p[f"l{i}.w"].copy(), "b": p[f"l{i}.b"].copy()} for i in range(depth)]
 
 
-def test_folded_scaler_sgd_equals_the_scaled_model_by_hand():
+def test_folded_scaler_sgd_equals_the_scaled_model_by_hand(sgd_step_by_hand):
     """SGD with ``layer_sgd`` on the folded model (``W1' = s W1``, step ``lr s^2``), unfolded, equals one float64
     SGD step of ``relu(x W0 + b0) * s -> W1, b1`` computed by hand."""
     from fedarena.engine import ops
@@ -49,17 +48,7 @@ def test_folded_scaler_sgd_equals_the_scaled_model_by_hand():
     _, g = value_and_grad(lambda t: ops.cross_entropy(mlp.apply(t, x), y))(tree)
     new, _ = layer_sgd(lr, s).update(g, {}, tree)
     got = unfolded([{k: np.asarray(v) for k, v in layer.items()} for layer in new], s)
-    # by hand, float64
-    w0, b0, w1, b1 = (np.asarray(p[k], np.float64) for k in ("l0.w", "l0.b", "l1.w", "l1.b"))
-    pre = x.astype(np.float64) @ w0 + b0
-    h = np.maximum(pre, 0) * s
-    z = h @ w1 + b1
-    q = np.exp(z - z.max(1, keepdims=True))
-    q /= q.sum(1, keepdims=True)
-    dz = (q - np.eye(2)[y]) / len(y)
-    dpre = (dz @ w1.T) * s * (pre > 0)
-    want = {"l0.w": w0 - lr * x.T.astype(np.float64) @ dpre, "l0.b": b0 - lr * dpre.sum(0),
-            "l1.w": w1 - lr * h.T @ dz, "l1.b": b1 - lr * dz.sum(0)}
+    want = sgd_step_by_hand(p, x, y, lr, s)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
 
@@ -144,10 +133,5 @@ def _config(tmp_path: Path) -> Path:
     (["clients.prox_mu=0.1"], "clients.prox_mu: clients that receive int8 models (devices.int8_download) train"),
     (["devices.int8_calibration=0"], "devices.int8_calibration: must be >= 1, got 0"),
 ])
-def test_bad_int8_input_is_one_line_exit_2(tmp_path, capsys, sets, message):
-    args = ["run", str(_config(tmp_path)), "--out", str(tmp_path / "r"), "--quiet"]
-    for s in sets:
-        args += ["--set", s]
-    assert main(args) == 2
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and message in err[0], err
+def test_bad_int8_input_is_one_line_exit_2(tmp_path, cli_error_line, sets, message):
+    cli_error_line(_config(tmp_path), tmp_path / "r", sets, message)

@@ -81,26 +81,12 @@ def test_coordinate_mean_by_hand():
     assert np.all(only_half.mean()["l0.w"][:, [1, 2]] == 0)
 
 
-def _sgd_step_by_hand(sub, x, y, lr, scale):
-    """One full-batch SGD step of relu(x W0 + b0) * scale -> W1, b1 with mean cross-entropy, in float64."""
-    w0, b0, w1, b1 = (np.asarray(sub[k], np.float64) for k in ("l0.w", "l0.b", "l1.w", "l1.b"))
-    pre = x @ w0 + b0
-    h = np.maximum(pre, 0) * scale
-    z = h @ w1 + b1
-    p = np.exp(z - z.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    dz = (p - np.eye(2)[y]) / len(y)
-    dpre = (dz @ w1.T) * scale * (pre > 0)
-    grads = {"l0.w": x.T @ dpre, "l0.b": dpre.sum(0), "l1.w": h.T @ dz, "l1.b": dz.sum(0)}
-    return {k: np.asarray(sub[k], np.float64) - lr * g for k, g in grads.items()}
-
-
 def _profile(tier: int, memory: float) -> DeviceProfile:
     return DeviceProfile(tier, memory, 1e9, 1e6, 1e6, 0.0, 86_400.0)
 
 
 @pytest.mark.parametrize("kind, rnd", [("heterofl", 1), ("fedrolex", 3)])
-def test_one_round_equals_hand_computation(kind, rnd):
+def test_one_round_equals_hand_computation(kind, rnd, sgd_step_by_hand):
     """Two clients, one of width 1 and one of width 1/2 (its memory budget holds only that), one full-batch SGD
     step each: the new global model is the per-coordinate mean of the two sub-model updates, computed by hand."""
     rng = np.random.default_rng(5)
@@ -126,8 +112,8 @@ def test_one_round_equals_hand_computation(kind, rnd):
     sub_a, sub_b = extract(p0, idx_a), extract(p0, idx_b)
     xa, ya = x[train[0]].astype(np.float64), y[train[0]]
     xb, yb = x[train[1]].astype(np.float64), y[train[1]]
-    da = {k: v - sub_a[k] for k, v in _sgd_step_by_hand(sub_a, xa, ya, 0.5, 1.0).items()}
-    db = {k: v - sub_b[k] for k, v in _sgd_step_by_hand(sub_b, xb, yb, 0.5, 2.0).items()}
+    da = {k: v - sub_a[k] for k, v in sgd_step_by_hand(sub_a, xa, ya, 0.5, 1.0).items()}
+    db = {k: v - sub_b[k] for k, v in sgd_step_by_hand(sub_b, xb, yb, 0.5, 2.0).items()}
     want = {k: np.asarray(v, np.float64).copy() for k, v in p0.items()}
     count = {k: np.zeros(v.shape) for k, v in p0.items()}
     total = {k: np.zeros(v.shape) for k, v in p0.items()}
@@ -250,13 +236,8 @@ def test_window_closed_clients_are_not_selected():
     (["devices.width_levels=[0.5,1.0]"], "devices.width_levels: distinct widths, widest first, got [0.5, 1.0]"),
     (["model.arch=cnn"], "model.arch: width-scaled sub-models (devices.enabled) are defined for the MLP"),
 ])
-def test_bad_input_is_one_line_exit_2(tmp_path, capsys, sets, message):
-    args = ["run", str(_config(tmp_path)), "--out", str(tmp_path / "r"), "--quiet"]
-    for s in sets:
-        args += ["--set", s]
-    assert main(args) == 2
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and message in err[0], err
+def test_bad_input_is_one_line_exit_2(tmp_path, cli_error_line, sets, message):
+    cli_error_line(_config(tmp_path), tmp_path / "r", sets, message)
 
 
 def test_resumed_run_has_the_same_device_records(tmp_path):

@@ -64,10 +64,8 @@ def test_one_round_with_two_widths_over_grpc_equals_the_simulation(make_cluster)
     assert np.abs(a - b).max() < 1e-5
 
 
-def test_grpc_devices_bad_input_is_one_line_exit_2(tmp_path, capsys):
+def test_grpc_devices_bad_input_is_one_line_exit_2(tmp_path, cli_error_line):
     from pathlib import Path
-
-    from fedarena.platform.cli import main
 
     cfg = Path(__file__).resolve().parents[2] / "experiments" / "heterofl_grpc.yaml"
     for sets, message in [(["strategy.aggregation=median"], "strategy.aggregation: devices.enabled averages sub-model "
@@ -76,9 +74,37 @@ def test_grpc_devices_bad_input_is_one_line_exit_2(tmp_path, capsys):
                                                            "kind only"),
                           (["devices.tier_memory_mb=[0.1,0,0.025,0.012,0.008]"],
                            "devices.tier_memory_mb: every tier needs a value > 0")]:
-        args = ["run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"]
-        for s in sets:
-            args += ["--set", s]
-        assert main(args) == 2
-        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-        assert len(err) == 1 and message in err[0], err
+        cli_error_line(cfg, tmp_path / "r", sets, message)
+
+
+def test_resumed_grpc_run_logs_each_device_row_once(tmp_path):
+    """A fedavg_grpc run resumed from an older checkpoint than its scheduler's state logs the later rounds again
+    from the scheduler's history: their device-cost rows replace the ones written before, once per (round,
+    client), so ``device_costs.csv`` keeps its rows up to the resumed round's and adds the next round's."""
+    from pathlib import Path
+
+    import yaml
+
+    from fedarena.platform.runs import execute, read_metrics
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[2] / "experiments" / "heterofl_grpc.yaml").read_text())
+    cfg.update(rounds=3, checkpoint={"every": 1, "keep": 3})
+    cfg["data"].update(dataset="synthetic", num_clients=4)
+    cfg["model"].update(hidden=[16], trainer="numpy")
+    cfg["execution"]["num_servers"] = 1
+    cfg["devices"].update(width_levels=[1.0, 0.5], tier_fraction=[0.5, 0.5], tier_memory_mb=[1.0, 0.01],
+                          tier_gflops=[2.0, 1.0], tier_up_mbps=[2.0, 1.0], tier_down_mbps=[8.0, 4.0], deadline_s=0)
+    run = tmp_path / "run"
+    execute(cfg, out=run, quiet=True, report=False)
+    records = run / "device_costs.csv"
+    before = records.read_text()
+    assert {ln.split(",")[0] for ln in before.splitlines()[1:]} == {"1", "2", "3"}
+    # the run stopped after logging round 3 but before its checkpoint: the newest checkpoint is round 2's
+    newest = max((run / "checkpoints").glob("ckpt-*"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+    newest.unlink()
+    execute(None, overrides=["rounds=4"], resume=run, quiet=True, report=False)
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    after = records.read_text()
+    keys = [tuple(ln.split(",")[:2]) for ln in after.splitlines()[1:]]
+    assert len(keys) == len(set(keys)) and {k[1] for k in keys} == {f"client{i:03d}" for i in range(4)}
+    assert after.startswith(before) and {r for r, _ in keys} == {"1", "2", "3", "4"}
