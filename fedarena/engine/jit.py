@@ -30,6 +30,7 @@ import numpy as np
 
 from .compiler import passes as _passes
 from .backends.numpy.executor import Executable
+from .backends.numpy import native_executor as _native_graph
 from .backends.cupy import jit as _cupy_jit
 from . import ops
 from .core import buckets as _buckets
@@ -452,11 +453,20 @@ class Jitted:
             graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args), static_kw)
             # the NaN debugger checks the equations as traced (no fusion), unless passes are given
             pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
-            if pipeline is not None:
-                graph = pipeline(graph)
+            exe = None
+            if not check and self.passes is None and _native_graph.enabled():
+                # whole-graph native code (the default pipeline without operator selection)
+                native_graph = _passes.NATIVE_PIPELINE(graph)
+                exe = _native_graph.native_executable(native_graph, self._donated(args, leaves))
+                if exe is not None:
+                    graph = exe.graph
+            if exe is None:
+                if pipeline is not None:
+                    graph = pipeline(graph)
+                exe = Executable(graph, check_finite=check, donated=self._donated(args, leaves))
             record = _record(self._arg_names(len(args)), treedef, leaves, static, self.static_argnums, len(args), static_kw)
             self._explain_miss(record, check)
-            entry = _Entry(Executable(graph, check_finite=check, donated=self._donated(args, leaves)), out_tree, graph, record)
+            entry = _Entry(exe, out_tree, graph, record)
             self._cache[key] = entry
             self._evict()
             self._count_variant(key, args, leaves)
