@@ -29,7 +29,7 @@ import numpy as np
 
 from .codegen_c import BLAS_FUNCTIONS, Lowered
 
-FLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing", "-w")
+FLAGS = ("-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing", "-w")
 """No fused multiply-add contraction and no fast-math: every operation rounds as numpy's does."""
 _LOADED: dict = {}
 _BLAS: list | None = None

@@ -61,7 +61,7 @@ _NPY = {
     np.dtype(np.int64): "NPY_INT64", np.dtype(np.bool_): "NPY_BOOL",
 }
 SHAPE_PRIMS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
-COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select"})
+COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select", "pad"})
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 FUSED = frozenset({"fused_elementwise", "fused_elementwise_multi"})
 
@@ -120,8 +120,10 @@ class Lowered:
 
 
 class _Gen:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, results: frozenset | None = None):
         self.g = graph
+        # the values the per-equation executor treats as results (its emit rules depend on it)
+        self.results = frozenset(v for v in graph.outvars if isinstance(v, Var)) if results is None else results
         self.lines: list = []
         self.arena = 0
         self.vals: dict = {}
@@ -243,6 +245,8 @@ class _Gen:
             self.scatter(e)
         elif name == "cast":
             self.cast(e)
+        elif name == "pad":
+            self.pad(e)
         elif name == "select":
             self.select(e)
         elif name in UFUNC and name in names_with("elementwise"):
@@ -304,8 +308,9 @@ class _Gen:
             vals.append(self.const(np.zeros((), dt)))
         elif name == "clip":
             vals += [self.const(np.asarray(e.attrs["lo"], dt)), self.const(np.asarray(e.attrs["hi"], dt))]
-        if any(v.dtype != dt for v in vals):
-            raise Unsupported(f"{name}: operands of mixed dtypes")
+        # an operand of another dtype (a boolean mask times a float) is cast first, as numpy's
+        # buffered casting does (exact: the cast is elementwise)
+        vals = [v if v.dtype == dt else self.cast_copy(v, dt) for v in vals]
         self.ufunc_call(UFUNC[name], vals, self.out_buffer(o))
 
     def operand_dtype(self, e) -> np.dtype:
@@ -327,6 +332,24 @@ class _Gen:
         else:
             expr = f"({_CTYPE[o.dtype]}){src}"
         self.nested(o.shape, [o.strides, self.bstrides(x, o.shape)], f"{o.ptr}[o0] = {expr};")
+
+    def cast_copy(self, x: _Val, dt: np.dtype, keep_order: bool = False) -> _Val:
+        if dt not in _CTYPE:
+            raise Unsupported(f"a cast to {dt}")
+        o = self.alloc(x.shape, dt)
+        if keep_order and len(x.shape) == 2 and not x.contiguous and x.strides == (1, x.shape[0]):
+            o = _Val(o.ptr, x.shape, (1, x.shape[0]), o.dtype)  # Fortran order stays
+        expr = f"({x.ptr}[o1] != 0)" if o.dtype == np.bool_ else f"({_CTYPE[o.dtype]}){x.ptr}[o1]"
+        self.nested(o.shape, [o.strides, x.strides], f"{o.ptr}[o0] = {expr};")
+        return o
+
+    def pad(self, e) -> None:
+        x, o = self.val(e.inputs[0]), self.out_buffer(e.outputs[0])
+        low, interior = e.attrs["low"], e.attrs["interior"]
+        self.lines.append(f"    memset({o.ptr}, 0, {max(1, math.prod(o.shape)) * o.dtype.itemsize});")
+        base = sum(lo * st for lo, st in zip(low, o.strides))
+        ost = tuple(st * (k + 1) for st, k in zip(o.strides, interior))
+        self.nested(x.shape, [ost, x.strides], f"{o.at(base)}[o0] = {x.ptr}[o1];")
 
     def select(self, e) -> None:
         c, a, b = (self.val(v) for v in e.inputs)
@@ -482,7 +505,7 @@ class _Gen:
         graph output), then a row/column sum of a matrix as ``np.dot`` with a ones vector."""
         shape, ax = x.shape, sorted(axes)
         kd = e.attrs["keepdims"]
-        out_is_result = e.outputs[0] in set(v for v in self.g.outvars if isinstance(v, Var))
+        out_is_result = e.outputs[0] in self.results
         if 1 in shape and not (len(shape) == 2 and len(ax) == 1) and not out_is_result:
             keep = [d for d, n in enumerate(shape) if n != 1]
             new_axes = [k for k, d in enumerate(keep) if d in axes]
@@ -511,8 +534,10 @@ class _Gen:
 
     def product(self, a: _Val, b: _Val, o: _Val) -> None:
         """``np.dot(a, b, out=o)`` for 1-D/2-D float operands, as numpy's ``cblas_matrixproduct``."""
-        if a.dtype != b.dtype or a.dtype.kind != "f" or o.dtype != a.dtype:
-            raise Unsupported("matmul: operands other than floats of one dtype")
+        if o.dtype.kind != "f":
+            raise Unsupported("matmul: a non-float product")
+        # operands of another dtype: numpy converts them first (a copy in the operand's own order)
+        a, b = (v if v.dtype == o.dtype else self.cast_copy(v, o.dtype, keep_order=True) for v in (a, b))
         p = "s" if a.dtype == np.float32 else "d"
         T = _CTYPE[a.dtype]
         if len(a.shape) == 1:
@@ -595,10 +620,11 @@ class _Gen:
             x = self.val(a)
             if e.prim.name == "stack":
                 x = _Val(x.ptr, x.shape[:axis] + (1,) + x.shape[axis:], x.strides[:axis] + (0,) + x.strides[axis:], x.dtype)
-            if x.dtype != o.dtype:
-                raise Unsupported(f"{e.prim.name} of mixed dtypes")
             off = pos * o.strides[axis]
-            self.nested(x.shape, [o.strides, x.strides], f"{o.at(off)}[o0] = {x.ptr}[o1];")
+            src = f"{x.ptr}[o1]" if x.dtype == o.dtype else f"({_CTYPE[o.dtype]}){x.ptr}[o1]"
+            if x.dtype != o.dtype and o.dtype == np.bool_:
+                src = f"({x.ptr}[o1] != 0)"
+            self.nested(x.shape, [o.strides, x.strides], f"{o.at(off)}[o0] = {src};")
             pos += x.shape[axis]
 
     def index_expr(self, idx: _Val, n: int) -> str:
@@ -707,9 +733,27 @@ def _trans(v: _Val) -> tuple:
     return 112, max(s1, 1)
 
 
-def lower(graph: Graph) -> Lowered:
-    """The C module of ``graph`` (raises :class:`Unsupported`)."""
-    return _Gen(graph).lower()
+def lower(graph: Graph, results: frozenset | None = None) -> Lowered:
+    """The C module of ``graph`` (raises :class:`Unsupported`).  ``results``: the values the
+    per-equation executor of the enclosing graph returns (default: ``graph``'s outputs)."""
+    return _Gen(graph, results).lower()
+
+
+def lowers(e) -> bool:
+    """Whether equation ``e`` lowers to C on its own (operands as contiguous inputs)."""
+    ins = [a for a in e.inputs if isinstance(a, Var)]
+    g = _Gen(Graph(ins, [], [], [e], list(e.outputs)))
+    try:
+        for k, v in enumerate(ins):
+            if v.aval.dtype not in _CTYPE:
+                return False
+            g.vals[v] = _Val(f"X[{k}]", v.aval.shape, _c_strides(v.aval.shape), v.aval.dtype)
+        if any(o.aval.dtype not in _CTYPE for o in e.outputs):
+            return False
+        g.equation(e)
+    except Unsupported:
+        return False
+    return True
 
 
 _PRELUDE = r"""
@@ -846,4 +890,4 @@ PyMODINIT_FUNC INITFUNC(void)
 BLAS_FUNCTIONS = ("sgemm", "dgemm", "sgemv", "dgemv", "sdot", "ddot", "saxpy", "daxpy", "ssyrk", "dsyrk")
 """The order of the ``BLAS`` struct's slots in the generated module."""
 
-__all__ = ["BLAS_FUNCTIONS", "Lowered", "Unsupported", "lower", "supported_primitives"]
+__all__ = ["BLAS_FUNCTIONS", "Lowered", "Unsupported", "lower", "lowers", "supported_primitives"]

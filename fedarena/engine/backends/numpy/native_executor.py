@@ -13,12 +13,15 @@ refusing the buffer) runs the per-equation executor of the same graph, built on 
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Any
 
+import numpy as np
+
 from ...compiler import cbuild, codegen_c
-from ...core.ir import Graph
+from ...core.ir import Graph, Var
 from .executor import Executable
 
 _WARNED = False
@@ -77,26 +80,150 @@ class NativeExecutable:
             pool.append(run)
 
 
+MIN_SEGMENT = 3
+"""Fewest equations a native segment of a partly lowered graph takes (a shorter run stays in the
+per-equation executor: the hop into C and the copies out cost about what it saves)."""
+
+
+class SegmentedExecutable(NativeExecutable):
+    """A graph with equations that have no C lowering (control flow, convolutions, random
+    numbers...): runs of lowered equations are native segments, the rest run in per-equation
+    executors, in graph order; values cross between segments as arrays."""
+
+    def __init__(self, graph: Graph, segments: list, donated: frozenset = frozenset()):
+        # segments: [(kind, subgraph, module or None, lowered or None)]
+        self.graph = graph
+        self.segments = segments
+        self.source = "\n".join(lo.source for _, _, _, lo in segments if lo is not None)
+        self.memory = None
+        self._fallback = None
+        self._donated = donated
+        ids = {v: k for k, v in enumerate(graph.invars)}
+        self._plan = []
+        slot = dict(ids)
+        for kind, sub, module, lowered in segments:
+            ins = [slot[v] for v in sub.invars]
+            outs = []
+            for v in sub.outvars:
+                slot[v] = len(slot)
+                outs.append(slot[v])
+            self._plan.append((kind, sub, module, lowered, ins, outs))
+        self._slots = len(slot)
+        consts = dict(zip(graph.constvars, graph.consts))
+        self._results = [
+            ("v", slot[a]) if a in slot else ("c", np.asarray(consts[a] if a in consts else a.value, a.aval.dtype)) for a in graph.outvars
+        ]
+        self._pool = [self._build()]
+
+    def _build(self):
+        steps = []
+        for kind, sub, module, lowered, ins, outs in self._plan:
+            if kind == "native":
+                run, arena = module.run, bytearray(lowered.arena_bytes)
+                steps.append((functools.partial(run, arena), ins, outs))
+            else:
+                steps.append((Executable(sub), ins, outs))
+        n_slots, results = self._slots, self._results
+
+        def call(*args):
+            env = list(args) + [None] * (n_slots - len(args))
+            try:
+                for fn, ins, outs in steps:
+                    got = fn(*[env[k] for k in ins])
+                    for k, v in zip(outs, got):
+                        env[k] = v
+            except TypeError:
+                return self._slow(*args)
+            return [env[k] if tag == "v" else np.array(k) for tag, k in results]
+
+        return call
+
+
+def _partition(graph: Graph) -> list:
+    """Consecutive runs of equations: ``[(native?, [eqns])]``, short native runs merged into the
+    per-equation ones around them."""
+    runs: list = []
+    for e in graph.eqns:
+        ok = codegen_c.lowers(e)
+        if runs and runs[-1][0] == ok:
+            runs[-1][1].append(e)
+        else:
+            runs.append((ok, [e]))
+    merged: list = []
+    for ok, eqns in runs:
+        ok = ok and (len(eqns) >= MIN_SEGMENT or len(runs) == 1)
+        if merged and merged[-1][0] == ok:
+            merged[-1][1].extend(eqns)
+        else:
+            merged.append((ok, list(eqns)))
+    return merged
+
+
+def _subgraphs(graph: Graph, runs: list) -> list:
+    """Each run as a graph: its inputs are the values it reads from before it (graph inputs and
+    earlier runs' outputs), its outputs those read after it or returned."""
+    consts = dict(zip(graph.constvars, graph.consts))
+    later: list = []
+    need = {v for v in graph.outvars if isinstance(v, Var)}
+    for _, eqns in reversed(runs):
+        later.append(set(need))
+        for e in eqns:
+            need.update(a for a in e.inputs if isinstance(a, Var))
+    later.reverse()
+    out = []
+    for (ok, eqns), after in zip(runs, later):
+        made = {o for e in eqns for o in e.outputs}
+        ins, cvars, seen = [], [], set()
+        for e in eqns:
+            for a in e.inputs:
+                if isinstance(a, Var) and a not in made and a not in seen:
+                    seen.add(a)
+                    (cvars if a in consts else ins).append(a)
+        outs = [v for e in eqns for v in e.outputs if v in after]
+        out.append((ok, Graph(ins, cvars, [consts[v] for v in cvars], eqns, outs)))
+    return out
+
+
 def native_executable(graph: Graph, donated: frozenset = frozenset()) -> NativeExecutable | None:
-    """The whole-graph native executable of ``graph`` (validated, dead code removed), or ``None``
-    when an equation has no C lowering or no compiler is available (warned once per process)."""
+    """The whole-graph native executable of ``graph`` (validated, dead code removed): one C
+    function, or native segments with per-equation executors between them; ``None`` when no
+    equation run lowers or no compiler is available (warned once per process)."""
     global _WARNED
     from ...compiler.passes import dead_code_elimination
 
     graph.validate()
     graph = dead_code_elimination(graph)
     try:
-        lowered = codegen_c.lower(graph)
-    except codegen_c.Unsupported:
-        return None
-    try:
-        module = cbuild.build(lowered)
+        cbuild.compiler()
+        cbuild.blas_addresses()
     except cbuild.BuildError as err:
         if not _WARNED:
             _WARNED = True
             warnings.warn(f"fedarena.engine: whole-graph native code is off ({err}); using the per-equation executor", RuntimeWarning, stacklevel=3)
         return None
-    return NativeExecutable(graph, lowered, module, donated)
+    runs = _partition(graph)
+    if not any(ok for ok, _ in runs):
+        return None
+    try:
+        if len(runs) == 1:
+            lowered = codegen_c.lower(graph)
+            return NativeExecutable(graph, lowered, cbuild.build(lowered), donated)
+        results = frozenset(v for v in graph.outvars if isinstance(v, Var))
+        segments = []
+        for ok, sub in _subgraphs(graph, runs):
+            if ok:
+                lowered = codegen_c.lower(sub, results)
+                segments.append(("native", sub, cbuild.build(lowered), lowered))
+            else:
+                segments.append(("python", sub, None, None))
+    except codegen_c.Unsupported:
+        return None
+    except cbuild.BuildError as err:
+        if not _WARNED:
+            _WARNED = True
+            warnings.warn(f"fedarena.engine: whole-graph native code is off ({err}); using the per-equation executor", RuntimeWarning, stacklevel=3)
+        return None
+    return SegmentedExecutable(graph, segments, donated)
 
 
-__all__ = ["NativeExecutable", "enabled", "native_executable"]
+__all__ = ["MIN_SEGMENT", "NativeExecutable", "SegmentedExecutable", "enabled", "native_executable"]
