@@ -3,8 +3,9 @@ signature (:mod:`fedarena.engine.compiler.codegen_c`), built with the system C c
 on disk (:mod:`fedarena.engine.compiler.cbuild`).
 
 :func:`native_executable` returns a :class:`NativeExecutable` when every equation of the graph
-lowers to C and a compiler is there, else ``None`` (the caller keeps the per-equation
-:class:`~.executor.Executable`).  It is the default for the numpy backend; ``FEDARENA_NATIVE_GRAPH=0``
+lowers to C, a :class:`SegmentedExecutable` (native segments, per-equation executors for the
+equations between them: control flow, convolutions, random numbers...) when some do, and ``None``
+when none does (the caller keeps the per-equation :class:`~.executor.Executable`).  It is the default for the numpy backend; ``FEDARENA_NATIVE_GRAPH=0``
 turns it off.  Without a working C compiler the engine warns once and uses the per-equation
 executor.  The native function takes only C-contiguous arrays of the compiled dtypes (numpy
 scalars and Python numbers for 0-d inputs); any other call (a non-contiguous view, a subclass
@@ -184,22 +185,25 @@ def _subgraphs(graph: Graph, runs: list) -> list:
     return out
 
 
+def _warn_once(err: Exception) -> None:
+    global _WARNED
+    if not _WARNED:
+        _WARNED = True
+        warnings.warn(f"fedarena.engine: whole-graph native code is off ({err}); using the per-equation executor", RuntimeWarning, stacklevel=4)
+
+
 def native_executable(graph: Graph, donated: frozenset = frozenset()) -> NativeExecutable | None:
     """The whole-graph native executable of ``graph`` (validated, dead code removed): one C
     function, or native segments with per-equation executors between them; ``None`` when no
     equation run lowers or no compiler is available (warned once per process)."""
-    global _WARNED
     from ...compiler.passes import dead_code_elimination
 
     graph.validate()
     graph = dead_code_elimination(graph)
     try:
-        cbuild.compiler()
         cbuild.blas_addresses()
     except cbuild.BuildError as err:
-        if not _WARNED:
-            _WARNED = True
-            warnings.warn(f"fedarena.engine: whole-graph native code is off ({err}); using the per-equation executor", RuntimeWarning, stacklevel=3)
+        _warn_once(err)
         return None
     runs = _partition(graph)
     if not any(ok for ok, _ in runs):
@@ -219,9 +223,7 @@ def native_executable(graph: Graph, donated: frozenset = frozenset()) -> NativeE
     except codegen_c.Unsupported:
         return None
     except cbuild.BuildError as err:
-        if not _WARNED:
-            _WARNED = True
-            warnings.warn(f"fedarena.engine: whole-graph native code is off ({err}); using the per-equation executor", RuntimeWarning, stacklevel=3)
+        _warn_once(err)
         return None
     return SegmentedExecutable(graph, segments, donated)
 
