@@ -126,14 +126,16 @@ def _compile(cc: list, flags: list, source: str, modname: str, path: str) -> Non
 
 
 def _loops(keys: list) -> list:
-    import scipy.special
-
     from ..primitives.emit import CLIP
 
-    special = {"expit": scipy.special.expit, "clip": CLIP}
     out = []
     for name, ins, res in keys:
-        u = special[name] if name in special else getattr(np, name)
+        if name == "expit":  # scipy.special's ufunc (imported only here: the import takes ~0.3-0.9 s)
+            import scipy.special
+
+            u = scipy.special.expit
+        else:
+            u = CLIP if name == "clip" else getattr(np, name)
         out.append((u, ("".join(ins) + res).encode()))
     return out
 
