@@ -28,10 +28,11 @@ import numpy as np
 
 from .codegen_c import BLAS_FUNCTIONS, Lowered
 
-FLAGS = ("-O1", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing", "-w")
+FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-strict-aliasing", "-w")
 """No fused multiply-add contraction and no fast-math: every operation rounds as numpy's does.
-``-O1``: the code is calls into numpy's loops and BLAS and short loops; ``-O2`` measured no faster
-on the PPO step and compiles ~1.6x slower."""
+``-O3`` vectorises the fused loops (with the restrict pointers of the generated code): on the PPO
+step 82 us a call against 108 us at ``-O2`` and 118 us at ``-O1``, for 0.66 s of compiler CPU time
+against 0.49 s and 0.37 s (measured on the shared 2-core machine, load 12-17)."""
 _LOADED: dict = {}
 _BLAS: list | None = None
 

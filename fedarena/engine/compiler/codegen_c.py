@@ -157,7 +157,7 @@ class _Gen:
             raise Unsupported(f"a constant of dtype {arr.dtype}")
         k = len(self.consts)
         self.consts.append(arr)
-        return _Val(f"(({_CTYPE[arr.dtype]} *)K[{k}])", arr.shape, _c_strides(arr.shape), arr.dtype)
+        return _Val(f"k{k}", arr.shape, _c_strides(arr.shape), arr.dtype)
 
     def val(self, a: Any) -> _Val:
         if isinstance(a, Literal):
@@ -169,6 +169,7 @@ class _Gen:
         ``operands`` (each a strides tuple aligned to ``shape``)."""
         if math.prod(shape) == 0:
             return
+        shape, operands = _coalesce(shape, operands)
         nd = len(shape)
         lines = [f"{indent}{{"]
         for k in range(len(operands)):
@@ -214,13 +215,15 @@ class _Gen:
         for k, v in enumerate(g.invars):
             if v.aval.dtype not in _CTYPE:
                 raise Unsupported(f"an input of dtype {v.aval.dtype}")
-            self.vals[v] = _Val(f"(({_CTYPE[v.aval.dtype]} *)X[{k}])", v.aval.shape, _c_strides(v.aval.shape), v.aval.dtype)
+            self.vals[v] = _Val(f"x{k}", v.aval.shape, _c_strides(v.aval.shape), v.aval.dtype)
         for v, c in zip(g.constvars, g.consts):
             self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
-        for e in g.eqns:
+        for n, e in enumerate(g.eqns):
             for o in e.outputs:
                 if o.aval.dtype not in _CTYPE:
                     raise Unsupported(f"{e.prim.name}: an output of dtype {o.aval.dtype}")
+            ins = ", ".join(str(a.aval) for a in e.inputs)
+            self.lines.append(f"    /* [{n}] {e.prim.name}({ins}) */")
             self.equation(e)
         outs = []
         for a in g.outvars:
@@ -288,6 +291,7 @@ class _Gen:
         sts = [self.bstrides(v, shape) for v in vs]
         if math.prod(shape) == 0:
             return
+        shape, sts = _coalesce(shape, sts)  # one call over contiguous operands, as numpy makes
         nd = len(shape)
         inner = shape[-1] if nd else 1
         outer = shape[:-1] if nd else ()
@@ -651,7 +655,7 @@ class _Gen:
         shape = idx.shape
         os_ = tuple(0 if d == axis else s for d, s in enumerate(o.strides))
         body = self.index_expr(idx, o.shape[axis]) + f" {o.ptr}[o2 + q_ * {o.strides[axis]}] += {upd.ptr}[o3]; }}"
-        self.nested(shape, [(), self.bstrides(idx, shape), os_, self.bstrides(upd, shape)], body)
+        self.nested(shape, [(0,) * len(shape), self.bstrides(idx, shape), os_, self.bstrides(upd, shape)], body)
 
     # ------------------------------------------------------------------ the module
 
@@ -664,6 +668,12 @@ class _Gen:
         shapes = "\n".join(
             f"static const npy_intp SHAPE{k}[] = {{{', '.join(str(d) for d in v.aval.shape) or '0'}}};" for k, v in enumerate(g.invars)
         )
+        # inputs and constants are only read, arena ranges never overlap: restrict pointers let
+        # the compiler vectorise the loops without alias checks
+        for k, v in enumerate(g.invars):
+            checks.append(f"    const {_CTYPE[v.aval.dtype]} *restrict x{k} = (const {_CTYPE[v.aval.dtype]} *)X[{k}]; (void)x{k};")
+        for k, c in enumerate(self.consts):
+            checks.append(f"    const {_CTYPE[c.dtype]} *restrict k{k} = (const {_CTYPE[c.dtype]} *)K[{k}]; (void)k{k};")
         rets = []
         for j, (a, v) in enumerate(zip(g.outvars, outs)):
             dims = ", ".join(str(d) for d in v.shape) or "0"
@@ -682,7 +692,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *res = NULL;
     if (nargs != {ni + 1}) {{ PyErr_SetString(PyExc_TypeError, "run(arena, {ni} inputs)"); return NULL; }}
     if (!PyByteArray_Check(args[0]) || PyByteArray_GET_SIZE(args[0]) < {self.arena + ALIGN}) {{ PyErr_SetString(PyExc_TypeError, "run: arena"); return NULL; }}
-    char *A = (char *)(((uintptr_t)PyByteArray_AS_STRING(args[0]) + {ALIGN - 1}) & ~(uintptr_t){ALIGN - 1}); (void)A;
+    char *restrict A = (char *)(((uintptr_t)PyByteArray_AS_STRING(args[0]) + {ALIGN - 1}) & ~(uintptr_t){ALIGN - 1}); (void)A;
     #define take(obj, k, typ, nd, shape, X) take_(obj, k, typ, nd, shape, X, views, &held)
 {chr(10).join(checks)}
     #define BAD_INDEX(q, n) do {{ PyErr_Format(PyExc_IndexError, "index %lld is out of bounds for size %lld", (long long)(q), (long long)(n)); goto fail; }} while (0)
@@ -699,6 +709,21 @@ fail:
 }}
 """ + _EPILOGUE
         return Lowered(src, self.loops, self.consts, self.arena + ALIGN, ni, no)
+
+
+def _coalesce(shape: tuple, strides: list) -> tuple:
+    """``shape`` and each operand's ``strides`` with unit axes dropped and neighbouring axes merged
+    where every operand steps through them as one (the loops visit the same elements in the same
+    order)."""
+    keep = [d for d, n in enumerate(shape) if n != 1]
+    dims = [[shape[d], [st[d] for st in strides]] for d in keep]
+    out: list = []
+    for n, st in dims:
+        if out and all(a == b * n for a, b in zip(out[-1][1], st)):
+            out[-1] = [out[-1][0] * n, st]
+        else:
+            out.append([n, st])
+    return tuple(n for n, _ in out), [tuple(d[1][k] for d in out) for k in range(len(strides))]
 
 
 def _copy_line(v: _Val, dst: str) -> str:
