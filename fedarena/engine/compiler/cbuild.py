@@ -102,7 +102,9 @@ def build(lowered: Lowered):
         mod = importlib.util.module_from_spec(spec)
         loader.exec_module(mod)
         _LOADED[modname] = mod
-    mod.init(_loops(lowered.loops), list(lowered.consts), list(addrs))
+    from ..primitives.checks import IndexRangeError
+
+    mod.init(_loops(lowered.loops), list(lowered.consts), list(addrs), IndexRangeError)
     return mod
 
 

@@ -61,7 +61,7 @@ _NPY = {
     np.dtype(np.int64): "NPY_INT64", np.dtype(np.bool_): "NPY_BOOL",
 }
 SHAPE_PRIMS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
-COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select", "pad"})
+COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select", "pad", "check_range"})
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 FUSED = frozenset({"fused_elementwise", "fused_elementwise_multi"})
 
@@ -250,6 +250,8 @@ class _Gen:
             self.cast(e)
         elif name == "pad":
             self.pad(e)
+        elif name == "check_range":
+            self.check_range(e)
         elif name == "select":
             self.select(e)
         elif name in UFUNC and name in names_with("elementwise"):
@@ -346,6 +348,24 @@ class _Gen:
         expr = f"({x.ptr}[o1] != 0)" if o.dtype == np.bool_ else f"({_CTYPE[o.dtype]}){x.ptr}[o1]"
         self.nested(o.shape, [o.strides, x.strides], f"{o.ptr}[o0] = {expr};")
         return o
+
+    def check_range(self, e) -> None:
+        """``primitives/checks.py``: the operand passes through; an entry outside [lo, hi) raises
+        IndexRangeError with the caller's message naming the smallest (or largest) bad value."""
+        x = self.val(e.inputs[0])
+        lo, hi = int(e.attrs["lo"]), int(e.attrs["hi"])
+        self.vals[e.outputs[0]] = x
+        if math.prod(x.shape) == 0:
+            return
+        msg = e.attrs["message"].replace("%", "%%").format(value="%lld", lo=lo, hi=hi)
+        cmsg = msg.encode("unicode_escape").decode("ascii").replace('"', '\\"')
+        v = self.name()
+        self.lines.append(f"    int64_t {v}_lo = INT64_MAX, {v}_hi = INT64_MIN;")
+        self.nested(x.shape, [x.strides], f"{{ int64_t q_ = (int64_t){x.ptr}[o0]; if (q_ < {v}_lo) {v}_lo = q_; if (q_ > {v}_hi) {v}_hi = q_; }}")
+        bad = ", ".join([f"(long long)({v}_lo < {lo}LL ? {v}_lo : {v}_hi)"] * msg.count("%lld"))
+        self.lines.append(
+            f"    if ({v}_lo < {lo}LL || {v}_hi >= {hi}LL) {{ PyErr_Format(RANGE_ERROR, \"{cmsg}\"{', ' if bad else ''}{bad}); goto fail; }}"
+        )
 
     def pad(self, e) -> None:
         x, o = self.val(e.inputs[0]), self.out_buffer(e.outputs[0])
@@ -793,6 +813,7 @@ _PRELUDE = r"""
 
 typedef struct { PyUFuncGenericFunction f; void *d; } loop_t;
 static loop_t LOOP[64];
+static PyObject *RANGE_ERROR; /* primitives.checks.IndexRangeError */
 static char *K[4096];
 typedef BLASINT blasint;
 static struct {
@@ -865,9 +886,13 @@ bad:
 _EPILOGUE = r"""
 static PyObject *init(PyObject *self, PyObject *args)
 {
-    /* init(loops, consts, blas): loops = [(ufunc, typechars)], consts = [ndarray], blas = [address] */
-    PyObject *loops, *consts, *blas;
-    if (!PyArg_ParseTuple(args, "OOO", &loops, &consts, &blas)) return NULL;
+    /* init(loops, consts, blas, range_error): loops = [(ufunc, typechars)], consts = [ndarray],
+       blas = [address], range_error: the exception class of check_range */
+    PyObject *loops, *consts, *blas, *range_error;
+    if (!PyArg_ParseTuple(args, "OOOO", &loops, &consts, &blas, &range_error)) return NULL;
+    Py_XDECREF(RANGE_ERROR);
+    Py_INCREF(range_error);
+    RANGE_ERROR = range_error;
     Py_ssize_t nl = PyList_Size(loops), nc = PyList_Size(consts), nb = PyList_Size(blas);
     if (nl > 64 || nc > 4096 || nb != 10) { PyErr_SetString(PyExc_ValueError, "init: too many loops or constants"); return NULL; }
     for (Py_ssize_t i = 0; i < nl; i++) {
@@ -901,7 +926,7 @@ static PyObject *init(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "run(arena, *inputs) -> list of outputs"},
-    {"init", init, METH_VARARGS, "init(loops, consts, blas)"},
+    {"init", init, METH_VARARGS, "init(loops, consts, blas, range_error)"},
     {NULL, NULL, 0, NULL}};
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, MODNAME, NULL, -1, methods};
 PyMODINIT_FUNC INITFUNC(void)

@@ -81,6 +81,14 @@ class NativeExecutable:
             pool.append(run)
 
 
+MAX_ARENA_BYTES = 2 << 20
+"""Largest graph (bytes of all its values) taken natively: above it the arithmetic dominates the
+per-equation dispatch, and the per-equation executor's memory plan (shared buffers, in-place
+updates) wins -- measured on MLP 784-512-512-10 B=128 (12 MB of values): native 0.47x the executor."""
+MAX_PYTHON_RUNS = 2
+"""Most per-equation runs a segmented graph may have (a label check, a loop); a graph whose
+unlowered equations are spread through it (a CNN: convolutions and pooling in every layer) pays a
+hop into C and copies out at each and keeps the per-equation executor (digits CNN: 0.95x)."""
 MIN_SEGMENT = 3
 """Fewest equations a native segment of a partly lowered graph takes (a shorter run stays in the
 per-equation executor: the hop into C and the copies out cost about what it saves)."""
@@ -206,20 +214,19 @@ def native_executable(graph: Graph, donated: frozenset = frozenset()) -> NativeE
         _warn_once(err)
         return None
     runs = _partition(graph)
-    if not any(ok for ok, _ in runs):
+    if not any(ok for ok, _ in runs) or sum(not ok for ok, _ in runs) > MAX_PYTHON_RUNS:
         return None
     try:
         if len(runs) == 1:
             lowered = codegen_c.lower(graph)
+            if lowered.arena_bytes > MAX_ARENA_BYTES:
+                return None
             return NativeExecutable(graph, lowered, cbuild.build(lowered), donated)
         results = frozenset(v for v in graph.outvars if isinstance(v, Var))
-        segments = []
-        for ok, sub in _subgraphs(graph, runs):
-            if ok:
-                lowered = codegen_c.lower(sub, results)
-                segments.append(("native", sub, cbuild.build(lowered), lowered))
-            else:
-                segments.append(("python", sub, None, None))
+        parts = [(ok, sub, codegen_c.lower(sub, results) if ok else None) for ok, sub in _subgraphs(graph, runs)]
+        if sum(lo.arena_bytes for _, _, lo in parts if lo is not None) > MAX_ARENA_BYTES:
+            return None
+        segments = [("native", sub, cbuild.build(lo), lo) if ok else ("python", sub, None, None) for ok, sub, lo in parts]
     except codegen_c.Unsupported:
         return None
     except cbuild.BuildError as err:
@@ -228,4 +235,4 @@ def native_executable(graph: Graph, donated: frozenset = frozenset()) -> NativeE
     return SegmentedExecutable(graph, segments, donated)
 
 
-__all__ = ["MIN_SEGMENT", "NativeExecutable", "SegmentedExecutable", "enabled", "native_executable"]
+__all__ = ["MAX_ARENA_BYTES", "MAX_PYTHON_RUNS", "MIN_SEGMENT", "NativeExecutable", "SegmentedExecutable", "enabled", "native_executable"]
