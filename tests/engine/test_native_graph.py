@@ -167,3 +167,23 @@ def test_a_second_process_loads_the_cached_module_without_a_compiler(tmp_path):
     assert second.stdout == first.stdout
     a = np.arange(12.0).reshape(3, 4) / 10
     np.testing.assert_allclose(eval(first.stdout), np.sum(np.tanh(a @ a.T) * 0.5, axis=0), rtol=1e-14)
+
+
+def test_label_check_raises_from_native_code():
+    from fedarena.engine.primitives.checks import IndexRangeError
+
+    def loss(logits, labels):
+        return ops.cross_entropy(logits * 2.0 + 1.0, labels)
+
+    f = engine.jit(loss)
+    z = np.random.default_rng(5).standard_normal((6, 3))
+    good = np.array([0, 2, 1, 1, 0, 2])
+    got = f(z, good)
+    assert isinstance(f._fast[0][1], native_executor.NativeExecutable)
+    zz = z * 2.0 + 1.0
+    want = -np.mean((zz - np.log(np.exp(zz).sum(1, keepdims=True)))[np.arange(6), good])
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    with pytest.raises(IndexRangeError, match="7"):
+        f(z, np.array([0, 2, 7, 1, 0, 2]))
+    with pytest.raises(IndexRangeError, match="-1"):
+        f(z, np.array([0, -1, 1, 1, 0, 2]))
