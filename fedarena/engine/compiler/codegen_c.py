@@ -50,8 +50,9 @@ UFUNC = {
     "maximum": "maximum", "minimum": "minimum", "pow": "power", "eq": "equal", "ne": "not_equal", "lt": "less",
     "le": "less_equal", "gt": "greater", "ge": "greater_equal", "and": "logical_and", "or": "logical_or",
     "not": "logical_not", "sin": "sin", "cos": "cos", "logistic": "expit", "relu": "maximum", "clip": "clip",
+    "floor_divide": "floor_divide", "mod": "remainder", "isnan": "isnan", "isfinite": "isfinite",
 }
-_PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
+_PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "isnan", "isfinite"})
 _CTYPE = {
     np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.int32): "int32_t",
     np.dtype(np.int64): "int64_t", np.dtype(np.bool_): "npy_bool",
@@ -60,16 +61,19 @@ _NPY = {
     np.dtype(np.float32): "NPY_FLOAT", np.dtype(np.float64): "NPY_DOUBLE", np.dtype(np.int32): "NPY_INT32",
     np.dtype(np.int64): "NPY_INT64", np.dtype(np.bool_): "NPY_BOOL",
 }
-SHAPE_PRIMS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
 COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select", "pad", "check_range"})
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
+_VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
+"""The view primitives :meth:`_Gen.view` computes strides for (equations are matched by the
+``view`` trait; one with the trait but not here is refused)."""
 FUSED = frozenset({"fused_elementwise", "fused_elementwise_multi"})
 
 
 def supported_primitives() -> frozenset:
     """The primitives :func:`lower` takes: the elementwise ones (by trait) that have a numpy ufunc,
-    and the shape, copy, reduction, product and fused families above."""
-    return (names_with("elementwise") & frozenset(UFUNC)) | SHAPE_PRIMS | COPY_PRIMS | REDUCE_PRIMS | FUSED | {"matmul"}
+    the views (by trait: strides computed here), and the copy, reduction, product and fused
+    families above."""
+    return (names_with("elementwise") & frozenset(UFUNC)) | _VIEWS | COPY_PRIMS | REDUCE_PRIMS | FUSED | {"matmul"}
 
 
 class _Val:
@@ -232,7 +236,7 @@ class _Gen:
 
     def equation(self, e) -> None:
         name = e.prim.name
-        if name in SHAPE_PRIMS:
+        if name in names_with("view"):
             self.vals[e.outputs[0]] = self.view(e)
         elif name == "matmul":
             self.matmul(e)
@@ -273,7 +277,8 @@ class _Gen:
         if name == "broadcast_to":
             st = self.bstrides(x, out.shape)
             return _Val(x.ptr, out.shape, st, x.dtype)
-        # slice
+        if name != "slice":
+            raise Unsupported(f"view primitive {name!r}")
         starts, strides = e.attrs["starts"], e.attrs["strides"] or (1,) * len(out.shape)
         off = sum(s * st for s, st in zip(starts, x.strides))
         return _Val(x.at(off), out.shape, tuple(st * k for st, k in zip(x.strides, strides)), x.dtype)
