@@ -187,3 +187,15 @@ def test_label_check_raises_from_native_code():
         f(z, np.array([0, 2, 7, 1, 0, 2]))
     with pytest.raises(IndexRangeError, match="-1"):
         f(z, np.array([0, -1, 1, 1, 0, 2]))
+
+
+def test_programs_sharing_one_c_source_keep_their_own_constants_and_loops():
+    # x * 2 and x * 3 lower to the same C text (constants live in each arena), exp and log differ
+    # only in the numpy loop they call: the module is shared, the results are not
+    x = np.linspace(0.5, 2.0, 6)
+    fs = [engine.jit(lambda a, c=c: a * c) for c in (2.0, 3.0)] + [engine.jit(ops.exp), engine.jit(ops.log)]
+    for _ in range(2):
+        got = [f(x) for f in fs]
+        assert all(isinstance(f._fast[0][1], native_executor.NativeExecutable) for f in fs)
+        for g, w in zip(got, (x * 2.0, x * 3.0, np.exp(x), np.log(x))):
+            np.testing.assert_array_equal(g, w)

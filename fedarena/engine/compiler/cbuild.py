@@ -101,10 +101,11 @@ def build(lowered: Lowered):
         spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
         mod = importlib.util.module_from_spec(spec)
         loader.exec_module(mod)
-        _LOADED[modname] = mod
-    from ..primitives.checks import IndexRangeError
+        from ..primitives.checks import IndexRangeError
 
-    mod.init(_loops(lowered.loops), list(lowered.consts), list(addrs), IndexRangeError)
+        # the same source names the same loops, so a module is initialised once
+        mod.init(_loops(lowered.loops), list(addrs), IndexRangeError)
+        _LOADED[modname] = mod
     return mod
 
 

@@ -116,7 +116,8 @@ def _c_literal(value: Any, dtype: np.dtype) -> str:
 
 class Lowered:
     """The C source of one graph and what its module needs at load time: the numpy ufunc loops
-    (name, input dtype chars, output dtype char), the constant arrays, the arena size."""
+    (name, input dtype chars, output dtype char), the constant arrays (their addresses go at the
+    start of each arena: :func:`new_arena`), the arena size."""
 
     def __init__(self, source: str, loops: list, consts: list, arena_bytes: int, n_inputs: int, n_outputs: int):
         self.source, self.loops, self.consts = source, loops, consts
@@ -149,6 +150,8 @@ class _Gen:
         return f"t{self.tmp}"
 
     def loop(self, ufunc: str, ins: list, out: np.dtype) -> int:
+        if len(self.loops) >= 64 and (ufunc, tuple(np.dtype(d).char for d in ins), np.dtype(out).char) not in self.loop_index:
+            raise Unsupported("more than 64 distinct ufunc loops")
         key = (ufunc, tuple(np.dtype(d).char for d in ins), np.dtype(out).char)
         if key not in self.loop_index:
             self.loop_index[key] = len(self.loops)
@@ -707,7 +710,10 @@ class _Gen:
             rets.append("    " + _copy_line(v, "p_"))
             rets.append("    }")
         body = "\n".join(self.lines)
-        src = _PRELUDE + f"""
+        kbytes = -(-max(1, len(self.consts)) * 8 // ALIGN) * ALIGN
+        # the loops a LOOP[k] index stands for are part of the source (and of its cache key)
+        loops = "\n".join(f"   LOOP[{k}]: {u} {''.join(i)}->{o}" for k, (u, i, o) in enumerate(self.loops))
+        src = f"/* numpy ufunc loops:\n{loops}\n*/\n" + _PRELUDE + f"""
 {shapes}
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {{
@@ -716,8 +722,11 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int held = 0;
     PyObject *res = NULL;
     if (nargs != {ni + 1}) {{ PyErr_SetString(PyExc_TypeError, "run(arena, {ni} inputs)"); return NULL; }}
-    if (!PyByteArray_Check(args[0]) || PyByteArray_GET_SIZE(args[0]) < {self.arena + ALIGN}) {{ PyErr_SetString(PyExc_TypeError, "run: arena"); return NULL; }}
-    char *restrict A = (char *)(((uintptr_t)PyByteArray_AS_STRING(args[0]) + {ALIGN - 1}) & ~(uintptr_t){ALIGN - 1}); (void)A;
+    if (!PyByteArray_Check(args[0]) || PyByteArray_GET_SIZE(args[0]) < {self.arena + kbytes + ALIGN}) {{ PyErr_SetString(PyExc_TypeError, "run: arena"); return NULL; }}
+    /* the arena: aligned, the constants' addresses first (written by the executable), then the values */
+    char *A0 = (char *)(((uintptr_t)PyByteArray_AS_STRING(args[0]) + {ALIGN - 1}) & ~(uintptr_t){ALIGN - 1});
+    char *const *K = (char *const *)A0; (void)K;
+    char *restrict A = A0 + {kbytes}; (void)A;
     #define take(obj, k, typ, nd, shape, X) take_(obj, k, typ, nd, shape, X, views, &held)
 {chr(10).join(checks)}
     #define BAD_INDEX(q, n) do {{ PyErr_Format(PyExc_IndexError, "index %lld is out of bounds for size %lld", (long long)(q), (long long)(n)); goto fail; }} while (0)
@@ -733,7 +742,20 @@ fail:
     return NULL;
 }}
 """ + _EPILOGUE
-        return Lowered(src, self.loops, self.consts, self.arena + ALIGN, ni, no)
+        return Lowered(src, self.loops, self.consts, self.arena + kbytes + ALIGN, ni, no)
+
+
+def new_arena(lowered: "Lowered") -> bytearray:
+    """A buffer set for ``lowered``'s function: a bytearray whose first aligned words hold the
+    addresses of the constants (which the caller keeps alive), the values after them."""
+    arena = bytearray(lowered.arena_bytes)
+    view = np.frombuffer(arena, np.uint8)
+    off = (-view.ctypes.data) % ALIGN
+    if lowered.consts:
+        ptrs = np.frombuffer(arena, np.uintp, count=len(lowered.consts), offset=off)
+        ptrs[:] = [c.ctypes.data for c in lowered.consts]
+    del view
+    return arena
 
 
 def _coalesce(shape: tuple, strides: list) -> tuple:
@@ -819,7 +841,6 @@ _PRELUDE = r"""
 typedef struct { PyUFuncGenericFunction f; void *d; } loop_t;
 static loop_t LOOP[64];
 static PyObject *RANGE_ERROR; /* primitives.checks.IndexRangeError */
-static char *K[4096];
 typedef BLASINT blasint;
 static struct {
     void (*sgemm)(int, int, int, blasint, blasint, blasint, float, const float *, blasint, const float *, blasint, float, float *, blasint);
@@ -891,15 +912,15 @@ bad:
 _EPILOGUE = r"""
 static PyObject *init(PyObject *self, PyObject *args)
 {
-    /* init(loops, consts, blas, range_error): loops = [(ufunc, typechars)], consts = [ndarray],
-       blas = [address], range_error: the exception class of check_range */
-    PyObject *loops, *consts, *blas, *range_error;
-    if (!PyArg_ParseTuple(args, "OOOO", &loops, &consts, &blas, &range_error)) return NULL;
+    /* init(loops, blas, range_error): loops = [(ufunc, typechars)], blas = [address],
+       range_error: the exception class of check_range */
+    PyObject *loops, *blas, *range_error;
+    if (!PyArg_ParseTuple(args, "OOO", &loops, &blas, &range_error)) return NULL;
     Py_XDECREF(RANGE_ERROR);
     Py_INCREF(range_error);
     RANGE_ERROR = range_error;
-    Py_ssize_t nl = PyList_Size(loops), nc = PyList_Size(consts), nb = PyList_Size(blas);
-    if (nl > 64 || nc > 4096 || nb != 10) { PyErr_SetString(PyExc_ValueError, "init: too many loops or constants"); return NULL; }
+    Py_ssize_t nl = PyList_Size(loops), nb = PyList_Size(blas);
+    if (nl > 64 || nb != 10) { PyErr_SetString(PyExc_ValueError, "init: too many loops"); return NULL; }
     for (Py_ssize_t i = 0; i < nl; i++) {
         PyObject *t = PyList_GET_ITEM(loops, i);
         PyUFuncObject *u = (PyUFuncObject *)PyTuple_GET_ITEM(t, 0);
@@ -922,7 +943,6 @@ static PyObject *init(PyObject *self, PyObject *args)
         }
         if (!found) { PyErr_Format(PyExc_TypeError, "init: ufunc %s has no loop %s", u->name, want); return NULL; }
     }
-    for (Py_ssize_t i = 0; i < nc; i++) K[i] = PyArray_DATA((PyArrayObject *)PyList_GET_ITEM(consts, i));
     void **slots = (void **)&BLAS;
     for (Py_ssize_t i = 0; i < nb; i++) slots[i] = PyLong_AsVoidPtr(PyList_GET_ITEM(blas, i));
     if (PyErr_Occurred()) return NULL;
@@ -931,7 +951,7 @@ static PyObject *init(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "run(arena, *inputs) -> list of outputs"},
-    {"init", init, METH_VARARGS, "init(loops, consts, blas, range_error)"},
+    {"init", init, METH_VARARGS, "init(loops, blas, range_error)"},
     {NULL, NULL, 0, NULL}};
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, MODNAME, NULL, -1, methods};
 PyMODINIT_FUNC INITFUNC(void)
@@ -945,4 +965,4 @@ PyMODINIT_FUNC INITFUNC(void)
 BLAS_FUNCTIONS = ("sgemm", "dgemm", "sgemv", "dgemv", "sdot", "ddot", "saxpy", "daxpy", "ssyrk", "dsyrk")
 """The order of the ``BLAS`` struct's slots in the generated module."""
 
-__all__ = ["BLAS_FUNCTIONS", "Lowered", "Unsupported", "lower", "lowers", "supported_primitives"]
+__all__ = ["BLAS_FUNCTIONS", "Lowered", "Unsupported", "lower", "lowers", "new_arena", "supported_primitives"]

@@ -41,6 +41,7 @@ class NativeExecutable:
     ``source`` is the generated C.  ``memory`` is ``None`` (the arena is ``arena_bytes``)."""
 
     native = True
+    check_finite = False  # the NaN debugger's programs are per-equation executors
 
     def __init__(self, graph: Graph, lowered: codegen_c.Lowered, module: Any, donated: frozenset = frozenset()):
         self.graph = graph
@@ -48,13 +49,13 @@ class NativeExecutable:
         self.arena_bytes = lowered.arena_bytes
         self.memory = None
         self._module = module
-        self._consts = lowered.consts  # the module reads their memory
+        self._lowered = lowered  # its constants: the arena holds their addresses
         self._fallback: Executable | None = None
         self._donated = donated
         self._pool: list = [self._build()]
 
     def _build(self):
-        run, arena = self._module.run, bytearray(self.arena_bytes)
+        run, arena = self._module.run, codegen_c.new_arena(self._lowered)
 
         def call(*args):
             try:
@@ -128,7 +129,7 @@ class SegmentedExecutable(NativeExecutable):
         steps = []
         for kind, sub, module, lowered, ins, outs in self._plan:
             if kind == "native":
-                run, arena = module.run, bytearray(lowered.arena_bytes)
+                run, arena = module.run, codegen_c.new_arena(lowered)
                 steps.append((functools.partial(run, arena), ins, outs))
             else:
                 steps.append((Executable(sub), ins, outs))
