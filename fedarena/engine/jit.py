@@ -453,18 +453,15 @@ class Jitted:
             graph, out_tree = _trace(self.fn, treedef, leaves, static, self.static_argnums, len(args), static_kw)
             # the NaN debugger checks the equations as traced (no fusion), unless passes are given
             pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
-            exe = None
+            if pipeline is not None:
+                graph = pipeline(graph)
             donated = self._donated(args, leaves)
-            if not check and self.passes is None and not donated and _native_graph.enabled():
-                # whole-graph native code (the default pipeline without operator selection); not with
-                # donated arguments, whose buffers only the per-equation executor writes in place
-                exe = _native_graph.native_executable(_passes.NATIVE_PIPELINE(graph))
-                if exe is not None:
-                    graph = exe.graph
+            # whole-graph native code, else (no compiler, a large graph, equations without a C
+            # lowering spread through it, the NaN debugger) the per-equation executor
+            exe = None if check or not _native_graph.enabled() else _native_graph.native_executable(graph, donated)
             if exe is None:
-                if pipeline is not None:
-                    graph = pipeline(graph)
                 exe = Executable(graph, check_finite=check, donated=donated)
+            graph = exe.graph
             record = _record(self._arg_names(len(args)), treedef, leaves, static, self.static_argnums, len(args), static_kw)
             self._explain_miss(record, check)
             entry = _Entry(exe, out_tree, graph, record)

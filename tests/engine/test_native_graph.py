@@ -19,7 +19,7 @@ from fedarena.engine import ops
 from fedarena.engine.backends.numpy import native_executor
 from fedarena.engine.backends.numpy.executor import Executable
 from fedarena.engine.compiler import cbuild, codegen_c
-from fedarena.engine.compiler.passes import NATIVE_PIPELINE
+from fedarena.engine.compiler.passes import DEFAULT_PIPELINE
 
 from .test_memory_plan_exec import _loss_of
 from .test_passes import _random_program
@@ -48,7 +48,7 @@ def test_random_programs_and_gradients_equal_the_executor_bit_for_bit(dtype, see
         fn = _random_program(rng, n_ops=10)
         x, y = rng.standard_normal((3, 4)).astype(dtype), rng.standard_normal((3, 4)).astype(dtype)
         for f in (fn, engine.value_and_grad(_loss_of(fn), argnums=(0, 1))):
-            g = NATIVE_PIPELINE(engine.make_graph(f)(x, y))
+            g = DEFAULT_PIPELINE(engine.make_graph(f)(x, y))
             exe = native_executor.native_executable(g)
             if exe is None:
                 with pytest.raises(codegen_c.Unsupported):
@@ -114,7 +114,7 @@ def test_unlowered_equations_split_the_graph_into_native_segments():
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((6, 5)), rng.standard_normal((5, 7))
     for fn in (f, engine.value_and_grad(lambda x, w: f(x, w)[0], argnums=(0, 1))):
-        exe = native_executor.native_executable(NATIVE_PIPELINE(engine.make_graph(fn)(x, w)))
+        exe = native_executor.native_executable(DEFAULT_PIPELINE(engine.make_graph(fn)(x, w)))
         assert isinstance(exe, native_executor.SegmentedExecutable)
         kinds = [k for k, *_ in exe.segments]
         assert "native" in kinds and "python" in kinds

@@ -26,6 +26,8 @@ import tempfile
 
 import numpy as np
 
+from ..primitives.checks import IndexRangeError
+from ..primitives.emit import CLIP
 from .codegen_c import BLAS_FUNCTIONS, Lowered
 
 FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fno-strict-aliasing", "-w")
@@ -101,8 +103,6 @@ def build(lowered: Lowered):
         spec = importlib.util.spec_from_file_location(modname, path, loader=loader)
         mod = importlib.util.module_from_spec(spec)
         loader.exec_module(mod)
-        from ..primitives.checks import IndexRangeError
-
         # the same source names the same loops, so a module is initialised once
         mod.init(_loops(lowered.loops), list(addrs), IndexRangeError)
         _LOADED[modname] = mod
@@ -130,8 +130,6 @@ def _compile(cc: list, flags: list, source: str, modname: str, path: str) -> Non
 
 
 def _loops(keys: list) -> list:
-    from ..primitives.emit import CLIP
-
     out = []
     for name, ins, res in keys:
         if name == "expit":  # scipy.special's ufunc (imported only here: the import takes ~0.3-0.9 s)

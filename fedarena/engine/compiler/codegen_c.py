@@ -63,17 +63,24 @@ _NPY = {
 }
 COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select", "pad", "check_range"})
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
+SELECTED = frozenset({"dense", "softmax"})
+"""The operator-selection nodes of ``native.py``, computed with the loops of ``_native.c``'s kernels."""
 _VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
 """The view primitives :meth:`_Gen.view` computes strides for (equations are matched by the
 ``view`` trait; one with the trait but not here is refused)."""
 FUSED = frozenset({"fused_elementwise", "fused_elementwise_multi"})
 
 
+def has_ctype(dtype) -> bool:
+    """Whether values of ``dtype`` have a C type here (float32/64, int32/64, bool)."""
+    return np.dtype(dtype) in _CTYPE
+
+
 def supported_primitives() -> frozenset:
     """The primitives :func:`lower` takes: the elementwise ones (by trait) that have a numpy ufunc,
     the views (by trait: strides computed here), and the copy, reduction, product and fused
     families above."""
-    return (names_with("elementwise") & frozenset(UFUNC)) | _VIEWS | COPY_PRIMS | REDUCE_PRIMS | FUSED | {"matmul"}
+    return (names_with("elementwise") & frozenset(UFUNC)) | _VIEWS | COPY_PRIMS | REDUCE_PRIMS | FUSED | SELECTED | {"matmul"}
 
 
 class _Val:
@@ -259,6 +266,10 @@ class _Gen:
             self.pad(e)
         elif name == "check_range":
             self.check_range(e)
+        elif name == "dense":
+            self.dense(e)
+        elif name == "softmax":
+            self.softmax(e)
         elif name == "select":
             self.select(e)
         elif name in UFUNC and name in names_with("elementwise"):
@@ -356,6 +367,46 @@ class _Gen:
         expr = f"({x.ptr}[o1] != 0)" if o.dtype == np.bool_ else f"({_CTYPE[o.dtype]}){x.ptr}[o1]"
         self.nested(o.shape, [o.strides, x.strides], f"{o.ptr}[o0] = {expr};")
         return o
+
+    def dense(self, e) -> None:
+        """``dense_p``: ``_native.c``'s dense kernel, the same order of operations (16 output
+        columns accumulated from the bias over k, then relu)."""
+        x, w = (self.materialize(self.val(a)) for a in e.inputs[:2])
+        b = self.materialize(self.val(e.inputs[2])) if e.attrs["bias"] else None
+        o = self.out_buffer(e.outputs[0])
+        if x.dtype.kind != "f" or w.dtype != x.dtype or o.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
+            raise Unsupported("dense: operands of mixed dtypes")
+        T = _CTYPE[x.dtype]
+        (m, k), n = x.shape, w.shape[1]
+        init = f"{b.ptr}[n0 + j]" if b is not None else "0"
+        relu = (
+            f"for (npy_intp c = 0; c < {n}; c++) row[c] = row[c] > 0 ? row[c] : (row[c] == row[c] ? 0 : row[c]);"
+            if e.attrs["relu"] else ""
+        )
+        self.lines.append(
+            f"    for (npy_intp m = 0; m < {m}; m++) {{ {T} *row = {o.ptr} + m * {n}; const {T} *xr = {x.ptr} + m * {k}; "
+            f"for (npy_intp n0 = 0; n0 < {n}; n0 += 16) {{ npy_intp nb = {n} - n0 < 16 ? {n} - n0 : 16; {T} acc[16]; "
+            f"for (npy_intp j = 0; j < nb; j++) acc[j] = {init}; "
+            f"for (npy_intp q = 0; q < {k}; q++) {{ const {T} xv = xr[q]; const {T} *wr = {w.ptr} + q * {n} + n0; "
+            f"for (npy_intp j = 0; j < nb; j++) acc[j] += xv * wr[j]; }} "
+            f"for (npy_intp j = 0; j < nb; j++) row[n0 + j] = acc[j]; }} {relu} }}"
+        )
+
+    def softmax(self, e) -> None:
+        """``softmax_p``: ``_native.c``'s row softmax (max, exp and a running sum, division)."""
+        x = self.materialize(self.val(e.inputs[0]))
+        o = self.out_buffer(e.outputs[0])
+        if x.dtype.kind != "f":
+            raise Unsupported("softmax of a non-float")
+        T = _CTYPE[x.dtype]
+        f = "f" if x.dtype == np.float32 else ""
+        r, c = x.shape
+        self.lines.append(
+            f"    for (npy_intp r = 0; r < {r}; r++) {{ const {T} *xr = {x.ptr} + r * {c}; {T} *orow = {o.ptr} + r * {c}; "
+            f"{T} mx = xr[0]; for (npy_intp c = 1; c < {c}; c++) if (xr[c] > mx || xr[c] != xr[c]) mx = xr[c]; "
+            f"{T} s = 0; for (npy_intp c = 0; c < {c}; c++) {{ orow[c] = exp{f}(xr[c] - mx); s += orow[c]; }} "
+            f"for (npy_intp c = 0; c < {c}; c++) orow[c] /= s; }}"
+        )
 
     def check_range(self, e) -> None:
         """``primitives/checks.py``: the operand passes through; an entry outside [lo, hi) raises
@@ -965,4 +1016,4 @@ PyMODINIT_FUNC INITFUNC(void)
 BLAS_FUNCTIONS = ("sgemm", "dgemm", "sgemv", "dgemv", "sdot", "ddot", "saxpy", "daxpy", "ssyrk", "dsyrk")
 """The order of the ``BLAS`` struct's slots in the generated module."""
 
-__all__ = ["BLAS_FUNCTIONS", "Lowered", "Unsupported", "lower", "lowers", "new_arena", "supported_primitives"]
+__all__ = ["BLAS_FUNCTIONS", "Lowered", "Unsupported", "has_ctype", "lower", "lowers", "new_arena", "supported_primitives"]

@@ -531,11 +531,6 @@ DEFAULT_PASSES: tuple = (
 )
 DEFAULT_PIPELINE = Pipeline(DEFAULT_PASSES)
 
-NATIVE_PIPELINE = Pipeline(tuple(p for p in DEFAULT_PASSES if p is not select_native_kernels))
-"""The default passes without operator selection into ``dense``/``softmax`` nodes: the pipeline of
-whole-graph native code (``backends/numpy/native_executor.py``), where products call BLAS and the
-bias, activation and softmax are inline loops anyway."""
-
 FUSION_PIPELINE = Pipeline(tuple(p for p in DEFAULT_PASSES if p is not fuse_elementwise) + (elementwise_fusion,))
 """The default passes with elementwise fusion of every fusible tree (not only what the native VM
 runs): ``jit(fn, passes=passes.FUSION_PIPELINE)``."""
@@ -558,7 +553,6 @@ def resolve(passes: Any) -> Pipeline | None:
 __all__ = [
     "DEFAULT_PASSES",
     "DEFAULT_PIPELINE",
-    "NATIVE_PIPELINE",
     "Pipeline",
     "Simplify",
     "SumsAsMatmul",

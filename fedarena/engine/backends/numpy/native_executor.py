@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ...compiler import cbuild, codegen_c
+from ...compiler.passes import dead_code_elimination
 from ...core.ir import Graph, Var
 from .executor import Executable
 
@@ -205,8 +206,6 @@ def native_executable(graph: Graph, donated: frozenset = frozenset()) -> NativeE
     """The whole-graph native executable of ``graph`` (validated, dead code removed): one C
     function, or native segments with per-equation executors between them; ``None`` when no
     equation run lowers or no compiler is available (warned once per process)."""
-    from ...compiler.passes import dead_code_elimination
-
     graph.validate()
     graph = dead_code_elimination(graph)
     try:
@@ -214,6 +213,9 @@ def native_executable(graph: Graph, donated: frozenset = frozenset()) -> NativeE
     except cbuild.BuildError as err:
         _warn_once(err)
         return None
+    values = list(graph.invars) + [o for e in graph.eqns for o in e.outputs]
+    if not all(codegen_c.has_ctype(v.aval.dtype) for v in values):
+        return None  # low-precision or complex values: the per-equation executor
     runs = _partition(graph)
     if not any(ok for ok, _ in runs) or sum(not ok for ok, _ in runs) > MAX_PYTHON_RUNS:
         return None
