@@ -457,8 +457,9 @@ class Jitted:
                 graph = pipeline(graph)
             donated = self._donated(args, leaves)
             # whole-graph native code, else (no compiler, a large graph, equations without a C
-            # lowering spread through it, the NaN debugger) the per-equation executor
-            exe = None if check or not _native_graph.enabled() else _native_graph.native_executable(graph, donated)
+            # lowering spread through it, the NaN debugger, donated arguments: only the executor
+            # writes their buffers in place) the per-equation executor
+            exe = None if check or donated or not _native_graph.enabled() else _native_graph.native_executable(graph)
             if exe is None:
                 exe = Executable(graph, check_finite=check, donated=donated)
             graph = exe.graph
