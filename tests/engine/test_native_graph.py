@@ -199,3 +199,41 @@ def test_programs_sharing_one_c_source_keep_their_own_constants_and_loops():
         assert all(isinstance(f._fast[0][1], native_executor.NativeExecutable) for f in fs)
         for g, w in zip(got, (x * 2.0, x * 3.0, np.exp(x), np.log(x))):
             np.testing.assert_array_equal(g, w)
+
+
+def _rnn(h0, xs, w):
+    def body(h, x):
+        h = ops.tanh(h @ w + x) * 0.5 + h
+        return h, ops.sum(h * h)
+
+    h, ys = engine.scan(body, h0, xs)
+    return ops.sum(h), ys
+
+
+def test_scan_is_a_c_loop_and_equals_the_executor_and_a_numpy_loop():
+    rng = np.random.default_rng(7)
+    h0, xs, w = rng.standard_normal((3, 4)), rng.standard_normal((7, 3, 4)), rng.standard_normal((4, 4)) * 0.3
+    grad = engine.value_and_grad(lambda h0, xs, w: _rnn(h0, xs, w)[0], argnums=(0, 2))
+    for fn in (_rnn, grad):
+        g = DEFAULT_PIPELINE(engine.make_graph(fn)(h0, xs, w))
+        assert "scan" in [e.prim.name for e in g.eqns]
+        exe = native_executor.native_executable(g)
+        assert type(exe) is native_executor.NativeExecutable  # the loops are in C, no Python segment
+        _bitwise(exe(h0, xs, w), Executable(exe.graph)(h0, xs, w))
+    h, ys = h0, []
+    for x in xs:
+        h = np.tanh(h @ w + x) * 0.5 + h
+        ys.append(np.sum(h * h))
+    s, got_ys = engine.jit(_rnn)(h0, xs, w)
+    np.testing.assert_allclose(s, h.sum(), rtol=1e-12)
+    np.testing.assert_allclose(got_ys, ys, rtol=1e-12)
+    eps, e = 1e-6, np.zeros_like(w)
+    e[1, 2] = eps
+    fd = (_rnn_np(h0, xs, w + e) - _rnn_np(h0, xs, w - e)) / (2 * eps)
+    np.testing.assert_allclose(engine.jit(grad)(h0, xs, w)[1][1][1, 2], fd, rtol=1e-6)
+
+
+def _rnn_np(h, xs, w):
+    for x in xs:
+        h = np.tanh(h @ w + x) * 0.5 + h
+    return h.sum()

@@ -63,7 +63,7 @@ _NPY = {
 }
 COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select", "pad", "check_range"})
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
-SELECTED = frozenset({"dense", "softmax"})
+SELECTED = frozenset({"dense", "softmax", "scan"})
 """The operator-selection nodes of ``native.py``, computed with the loops of ``_native.c``'s kernels."""
 _VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
 """The view primitives :meth:`_Gen.view` computes strides for (equations are matched by the
@@ -266,6 +266,8 @@ class _Gen:
             self.pad(e)
         elif name == "check_range":
             self.check_range(e)
+        elif name == "scan":
+            self.scan(e)
         elif name == "dense":
             self.dense(e)
         elif name == "softmax":
@@ -367,6 +369,60 @@ class _Gen:
         expr = f"({x.ptr}[o1] != 0)" if o.dtype == np.bool_ else f"({_CTYPE[o.dtype]}){x.ptr}[o1]"
         self.nested(o.shape, [o.strides, x.strides], f"{o.ptr}[o0] = {expr};")
         return o
+
+    def scan(self, e) -> None:
+        """``scan``: a C loop over the body lowered inline (its values keep arena ranges reused
+        every iteration); carries in buffers of their own, each step's new carries copied in after
+        the body ran, stacked outputs written row by row.  The executor runs the body as a graph
+        of its own, so the body's results are its outputs (as they are for the executor's emit
+        rules)."""
+        a = e.attrs
+        body, nc, nx, T, reverse = a["body"], a["n_carry"], a["n_x"], a["length"], a["reverse"]
+        if body.consts and any(not has_ctype(np.asarray(c).dtype) for c in body.consts):
+            raise Unsupported("scan: a body constant without a C type")
+        ins = [self.val(v) for v in e.inputs]
+        carry = [self.alloc(v.aval.shape, v.aval.dtype) for v in body.invars[:nc]]
+        fresh = [self.alloc(v.aval.shape, v.aval.dtype) for v in body.invars[:nc]]
+        for c, x in zip(carry, ins[:nc]):
+            self.copy(x, c)
+        ys = [self.alloc((T,) + v.aval.shape, v.aval.dtype) for v in body.outvars[nc:]]
+        t = self.name()
+        saved_lines, saved_vals, saved_results = self.lines, dict(self.vals), self.results
+        self.lines = []
+        self.results = frozenset(v for v in body.outvars if isinstance(v, Var))
+        for v, c in zip(body.invars[:nc], carry):
+            self.vals[v] = c
+        for v, x in zip(body.invars[nc : nc + nx], ins[nc : nc + nx]):
+            self.vals[v] = _Val(f"({x.ptr} + {t} * {x.strides[0]})", x.shape[1:], x.strides[1:], x.dtype)
+        for v, x in zip(body.invars[nc + nx :], ins[nc + nx :]):
+            self.vals[v] = x
+        for v, c in zip(body.constvars, body.consts):
+            self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
+        for q in body.eqns:
+            self.equation(q)
+        outs = [self.val(v) for v in body.outvars]
+        # the stacked outputs and the new carries are read before any carry is overwritten (an
+        # output may be a carry input or a view of one)
+        for o, f in zip(outs[:nc], fresh):
+            self.copy(o, f)
+        for o, y in zip(outs[nc:], ys):
+            size = math.prod(y.shape[1:])
+            self.copy(o, _Val(f"({y.ptr} + {t} * {size})", y.shape[1:], y.strides[1:], y.dtype))
+        for f, c in zip(fresh, carry):
+            self.copy(f, c)
+        inner = self.lines
+        self.lines, self.vals, self.results = saved_lines, saved_vals, saved_results
+        step = f"npy_intp {t} = {T - 1} - {t}_" if reverse else f"npy_intp {t} = {t}_"
+        self.lines.append(f"    for (npy_intp {t}_ = 0; {t}_ < {T}; {t}_++) {{ {step};")
+        self.lines += ["  " + line for line in inner]
+        self.lines.append("    }")
+        for o, v in zip(e.outputs, carry + ys):
+            self.vals[o] = v
+
+    def copy(self, src: _Val, dst: _Val) -> None:
+        if math.prod(dst.shape) == 0:
+            return
+        self.nested(dst.shape, [dst.strides, self.bstrides(src, dst.shape)], f"{dst.ptr}[o0] = {src.ptr}[o1];")
 
     def dense(self, e) -> None:
         """``dense_p``: ``_native.c``'s dense kernel, the same order of operations (16 output
