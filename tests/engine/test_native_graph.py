@@ -237,3 +237,20 @@ def _rnn_np(h, xs, w):
     for x in xs:
         h = np.tanh(h @ w + x) * 0.5 + h
     return h.sum()
+
+
+def test_cond_is_a_c_branch_and_equals_the_executor():
+    def f(x, w, flag):
+        y = engine.cond(flag > 0, lambda a: ops.tanh(a @ w), lambda a: a * 2.0 - 1.0, x)
+        return ops.sum(y * y)
+
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal((4, 4))
+    for flag in (np.asarray(1.0), np.asarray(-1.0)):
+        for fn in (f, engine.value_and_grad(f, argnums=(0, 1))):
+            exe = native_executor.native_executable(DEFAULT_PIPELINE(engine.make_graph(fn)(x, w, flag)))
+            assert type(exe) is native_executor.NativeExecutable
+            _bitwise(exe(x, w, flag), Executable(exe.graph)(x, w, flag))
+    j = engine.jit(f)
+    np.testing.assert_allclose(j(x, w, np.asarray(1.0)), np.sum(np.tanh(x @ w) ** 2), rtol=1e-12)
+    np.testing.assert_allclose(j(x, w, np.asarray(-1.0)), np.sum((x * 2.0 - 1.0) ** 2), rtol=1e-12)

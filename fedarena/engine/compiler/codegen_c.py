@@ -63,8 +63,10 @@ _NPY = {
 }
 COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast", "select", "pad", "check_range"})
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
-SELECTED = frozenset({"dense", "softmax", "scan"})
+SELECTED = frozenset({"dense", "softmax"})
 """The operator-selection nodes of ``native.py``, computed with the loops of ``_native.c``'s kernels."""
+CONTROL = frozenset({"scan", "cond"})
+"""Control flow lowered to C loops and branches over inline bodies."""
 _VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
 """The view primitives :meth:`_Gen.view` computes strides for (equations are matched by the
 ``view`` trait; one with the trait but not here is refused)."""
@@ -80,7 +82,7 @@ def supported_primitives() -> frozenset:
     """The primitives :func:`lower` takes: the elementwise ones (by trait) that have a numpy ufunc,
     the views (by trait: strides computed here), and the copy, reduction, product and fused
     families above."""
-    return (names_with("elementwise") & frozenset(UFUNC)) | _VIEWS | COPY_PRIMS | REDUCE_PRIMS | FUSED | SELECTED | {"matmul"}
+    return (names_with("elementwise") & frozenset(UFUNC)) | _VIEWS | COPY_PRIMS | REDUCE_PRIMS | FUSED | SELECTED | CONTROL | {"matmul"}
 
 
 class _Val:
@@ -268,6 +270,8 @@ class _Gen:
             self.check_range(e)
         elif name == "scan":
             self.scan(e)
+        elif name == "cond":
+            self.cond(e)
         elif name == "dense":
             self.dense(e)
         elif name == "softmax":
@@ -418,6 +422,38 @@ class _Gen:
         self.lines.append("    }")
         for o, v in zip(e.outputs, carry + ys):
             self.vals[o] = v
+
+    def inline(self, body: Graph, ins: list) -> tuple[list, list]:
+        """Lower ``body`` on the values ``ins`` into separate lines; returns (lines, output values).
+        The body's results are its outputs (the executor runs it as a graph of its own)."""
+        saved_lines, saved_vals, saved_results = self.lines, dict(self.vals), self.results
+        self.lines = []
+        self.results = frozenset(v for v in body.outvars if isinstance(v, Var))
+        for v, x in zip(body.invars, ins):
+            self.vals[v] = x
+        for v, c in zip(body.constvars, body.consts):
+            self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
+        for q in body.eqns:
+            self.equation(q)
+        outs = [self.val(v) for v in body.outvars]
+        lines = self.lines
+        self.lines, self.vals, self.results = saved_lines, saved_vals, saved_results
+        return lines, outs
+
+    def cond(self, e) -> None:
+        """``cond``: an if/else over the two branches lowered inline, each copying its results
+        into the equation's output buffers."""
+        pred, *ins = (self.val(v) for v in e.inputs)
+        outs = [self.out_buffer(o) for o in e.outputs]
+        self.lines.append(f"    if ({pred.ptr}[0]) {{")
+        for k, br in enumerate(e.attrs["branches"]):
+            lines, res = self.inline(br, ins)
+            saved, self.lines = self.lines, []
+            for r, o in zip(res, outs):
+                self.copy(r, o)
+            copies, self.lines = self.lines, saved
+            self.lines += ["  " + line for line in lines + copies]
+            self.lines.append("    } else {" if k == 0 else "    }")
 
     def copy(self, src: _Val, dst: _Val) -> None:
         if math.prod(dst.shape) == 0:
