@@ -17,8 +17,10 @@ kernels the per-equation executor calls, so results are equal bit for bit:
   addresses resolved at load time) with the case analysis of numpy's ``cblas_matrixproduct``;
 - sums follow numpy's reduction order (identity, then pairwise summation along an innermost
   reduced axis, sequential accumulation otherwise); max/min are order-independent;
-- shape equations are strided views computed at generation time; concatenate, stack, gather and
-  scatter_add are copy loops.
+- shape equations are strided views computed at generation time; concatenate, stack, pad,
+  gather, scatter_add and the label check are loops; ``dense``/``softmax`` (operator selection)
+  are the loops of ``_native.c``'s kernels, in their order of operations;
+- ``scan`` is a C loop over its body lowered inline, ``cond`` an if/else over its branches.
 
 Every value has its own range of a per-buffer-set arena (no sharing: the graphs this targets are
 small).  Equations of any other kind make :func:`lower` raise :class:`Unsupported`; the caller then
