@@ -1,30 +1,32 @@
 """Whole-graph native code: lower a compiled graph to one C function.
 
 The numpy backend's generated Python enters the interpreter once per equation (~1-3 us each), which
-dominates small RL graphs.  This module lowers a graph (after the default passes, without operator
-selection into ``dense``/``softmax`` nodes) to the C source of a CPython extension whose ``run(arena,
-*inputs)`` computes every equation and returns the graph outputs as fresh arrays: the interpreter is
+dominates small RL graphs.  This module lowers a graph (after the passes, as the executor gets it)
+to the C source of a CPython extension whose ``run(arena, *inputs)`` computes every equation and returns the graph outputs as fresh arrays: the interpreter is
 entered once per call (the "whole-program compilation" design of XLA's CPU backend and of TVM's
 graph runtime; Chen et al., "TVM", OSDI 2018, sec. 4).  The generated code calls exactly the
 kernels the per-equation executor calls, so results are equal bit for bit:
 
 - a standalone elementwise equation calls numpy's own ufunc inner loop for its dtypes (looked up
-  in the ufunc object when the module loads; row by row where operands broadcast);
+  in the ufunc object when the module loads; one call over operands contiguous together, row by
+  row where they broadcast; numpy casts operands of another dtype first, and so does this);
 - a fused elementwise body (``fusion.py``) that the executor runs on the native elementwise VM
   (``_native.c``) is one C loop with the VM's per-element semantics (libm for transcendental
   functions); one the VM declines is run op by op through numpy's loops, as the executor does;
 - ``matmul`` of 2-D operands calls numpy's OpenBLAS (``cblas_?gemm``/``gemv``/``dot``/``syrk``,
   addresses resolved at load time) with the case analysis of numpy's ``cblas_matrixproduct``;
-- sums follow numpy's reduction order (identity, then pairwise summation along an innermost
-  reduced axis, sequential accumulation otherwise); max/min are order-independent;
+- sums follow the executor: a row/column sum of a matrix is a product with a ones vector (its
+  emit rule), other sums numpy's reduction order (identity, then pairwise summation along an
+  innermost reduced axis, sequential accumulation otherwise); max/min are order-independent;
 - shape equations are strided views computed at generation time; concatenate, stack, pad,
   gather, scatter_add and the label check are loops; ``dense``/``softmax`` (operator selection)
   are the loops of ``_native.c``'s kernels, in their order of operations;
 - ``scan`` is a C loop over its body lowered inline, ``cond`` an if/else over its branches.
 
 Every value has its own range of a per-buffer-set arena (no sharing: the graphs this targets are
-small).  Equations of any other kind make :func:`lower` raise :class:`Unsupported`; the caller then
-keeps the per-equation executor for the graph.
+small); the arena starts with the addresses of the graph's constants, so programs whose C text is
+the same share one compiled module.  Equations of any other kind make :func:`lower` raise
+:class:`Unsupported` (:func:`lowers` asks for one equation; the caller splits the graph there).
 """
 
 from __future__ import annotations
