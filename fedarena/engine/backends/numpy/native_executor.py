@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 import warnings
 from typing import Any
 
@@ -38,15 +39,17 @@ class NativeExecutable:
     """A compiled graph run by one C function: ``exe(*flat_inputs) -> list of outputs``.
 
     The interface of :class:`~.executor.Executable` that jit's fast path uses: ``_pool`` holds the
-    callables of free buffer sets (each with an arena of its own), ``_build()`` makes another,
-    ``source`` is the generated C.  ``memory`` is ``None`` (the arena is ``arena_bytes``)."""
+    callables of free buffer sets (each with an arena of its own), ``_build()`` makes another.
+    ``c_source`` is the generated C; ``source`` and the callables' globals are those of the
+    per-equation executor of the same graph (built with the first buffer set), so
+    ``engine.profile``'s per-line table times that schedule.  ``memory`` is ``None``."""
 
     native = True
     check_finite = False  # the NaN debugger's programs are per-equation executors
 
     def __init__(self, graph: Graph, lowered: codegen_c.Lowered, module: Any, donated: frozenset = frozenset()):
         self.graph = graph
-        self.source = lowered.source
+        self.c_source = lowered.source
         self.arena_bytes = lowered.arena_bytes
         self.memory = None
         self._module = module
@@ -64,12 +67,24 @@ class NativeExecutable:
             except TypeError:
                 return self._slow(*args)
 
-        return call
+        return self._with_executor_globals(call)
 
-    def _slow(self, *args):
+    def _executor(self) -> Executable:
         if self._fallback is None:
             self._fallback = Executable(self.graph, donated=self._donated)
-        return self._fallback(*args)
+        return self._fallback
+
+    def _with_executor_globals(self, fn):
+        """``fn`` with the per-equation executor's namespace as its globals (see the class)."""
+        exe = self._executor()
+        return types.FunctionType(fn.__code__, exe._pool[-1].__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+    @property
+    def source(self) -> str:
+        return self._executor().source
+
+    def _slow(self, *args):
+        return self._executor()(*args)
 
     def __call__(self, *args: Any) -> list:
         pool = self._pool
@@ -105,7 +120,7 @@ class SegmentedExecutable(NativeExecutable):
         # segments: [(kind, subgraph, module or None, lowered or None)]
         self.graph = graph
         self.segments = segments
-        self.source = "\n".join(lo.source for _, _, _, lo in segments if lo is not None)
+        self.c_source = "\n".join(lo.source for _, _, _, lo in segments if lo is not None)
         self.memory = None
         self._fallback = None
         self._donated = donated
@@ -134,7 +149,7 @@ class SegmentedExecutable(NativeExecutable):
                 steps.append((functools.partial(run, arena), ins, outs))
             else:
                 steps.append((Executable(sub), ins, outs))
-        n_slots, results = self._slots, self._results
+        n_slots, results, array = self._slots, self._results, np.array  # (the globals are the executor's)
 
         def call(*args):
             env = list(args) + [None] * (n_slots - len(args))
@@ -145,9 +160,9 @@ class SegmentedExecutable(NativeExecutable):
                         env[k] = v
             except TypeError:
                 return self._slow(*args)
-            return [env[k] if tag == "v" else np.array(k) for tag, k in results]
+            return [env[k] if tag == "v" else array(k) for tag, k in results]
 
-        return call
+        return self._with_executor_globals(call)
 
 
 def _partition(graph: Graph) -> list:
