@@ -27,8 +27,7 @@ import tempfile
 import numpy as np
 
 from ..primitives.checks import IndexRangeError
-from ..primitives.emit import CLIP
-from .codegen_c import BLAS_FUNCTIONS, Lowered
+from .codegen_c import BLAS_FUNCTIONS, Lowered, ufunc_object
 
 FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fno-strict-aliasing", "-w")
 """No fused multiply-add contraction and no fast-math: every operation rounds as numpy's does.
@@ -130,16 +129,7 @@ def _compile(cc: list, flags: list, source: str, modname: str, path: str) -> Non
 
 
 def _loops(keys: list) -> list:
-    out = []
-    for name, ins, res in keys:
-        if name == "expit":  # scipy.special's ufunc (imported only here: the import takes ~0.3-0.9 s)
-            import scipy.special
-
-            u = scipy.special.expit
-        else:
-            u = CLIP if name == "clip" else getattr(np, name)
-        out.append((u, ("".join(ins) + res).encode()))
-    return out
+    return [(ufunc_object(name), ("".join(ins) + res).encode()) for name, ins, res in keys]
 
 
 __all__ = ["BuildError", "FLAGS", "blas_addresses", "build", "cache_dir", "compiler"]

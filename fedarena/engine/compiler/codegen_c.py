@@ -38,6 +38,7 @@ import numpy as np
 
 from ..core.ir import Graph, Literal, Var
 from ..core.tracing import names_with
+from ..primitives.emit import CLIP
 from . import native
 
 ALIGN = 64  # bytes; every arena range starts on a cache line
@@ -75,6 +76,16 @@ _VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "
 """The view primitives :meth:`_Gen.view` computes strides for (equations are matched by the
 ``view`` trait; one with the trait but not here is refused)."""
 FUSED = frozenset({"fused_elementwise", "fused_elementwise_multi"})
+
+
+def ufunc_object(name: str):
+    """The numpy ufunc of a ``UFUNC`` entry (``expit``: scipy.special's, imported here only, as the
+    import takes ~0.3-0.9 s; ``clip``: numpy's clip ufunc, as the executor calls)."""
+    if name == "expit":
+        import scipy.special
+
+        return scipy.special.expit
+    return CLIP if name == "clip" else getattr(np, name)
 
 
 def has_ctype(dtype) -> bool:
@@ -343,9 +354,17 @@ class _Gen:
             vals.append(self.const(np.zeros((), dt)))
         elif name == "clip":
             vals += [self.const(np.asarray(e.attrs["lo"], dt)), self.const(np.asarray(e.attrs["hi"], dt))]
-        # an operand of another dtype (a boolean mask times a float) is cast first, as numpy's
-        # buffered casting does (exact: the cast is elementwise)
-        vals = [v if v.dtype == dt else self.cast_copy(v, dt) for v in vals]
+        # numpy's own loop choice for these dtypes (ints divided in float64, a boolean mask times a
+        # float...): operands of another dtype are cast first, as numpy's buffered casting does
+        uf = ufunc_object(UFUNC[name])
+        try:
+            loop = uf.resolve_dtypes(tuple(v.dtype for v in vals) + (o.aval.dtype,))
+        except (TypeError, ValueError):
+            raise Unsupported(f"{name}: no numpy loop for {[str(v.dtype) for v in vals]} -> {o.aval.dtype}") from None
+        sig = "".join(np.dtype(d).char for d in loop[: uf.nin]) + "->" + np.dtype(loop[-1]).char
+        if sig not in uf.types or np.dtype(loop[-1]) != o.aval.dtype or not all(has_ctype(d) for d in loop):
+            raise Unsupported(f"{name}: numpy loop {sig} for an output of {o.aval.dtype}")
+        vals = [v if v.dtype == d else self.cast_copy(v, np.dtype(d)) for v, d in zip(vals, loop)]
         self.ufunc_call(UFUNC[name], vals, self.out_buffer(o))
 
     def operand_dtype(self, e) -> np.dtype:
