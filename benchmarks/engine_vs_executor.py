@@ -5,11 +5,13 @@ and once with ``FEDARENA_NATIVE_GRAPH=0`` at compile time (today's per-equation 
 are interleaved round by round and timed with this thread's CPU time (robust on a shared, loaded
 machine; everything here is single-threaded).  Workloads, from ``engine_vs_torch.py``:
   (a) the PPO step (MLP 8-64-64, batch 64, Adam);  (b) the actor's B=1 forward pass;
-  (d) MLP 784-512-512-10, batch 128, Adam (no donation: with ``donate_argnums`` jit keeps the
-      per-equation executor, which writes the donated buffers in place);
-  (e) the digits CNN epoch (28 steps of batch 64; convolutions and pooling have no C lowering, so
-      the graph runs as native segments with per-equation executors between them).
-Prints the median per-call time of each and the ratio (executor / native; > 1: native faster).
+  (d) MLP 784-512-512-10, batch 128, Adam (no donation);
+  (e) the digits CNN epoch (28 steps of batch 64).
+(d) and (e) show that jit's choice keeps today's speed there: the MLP's graph holds more than
+``native_executor.MAX_ARENA_BYTES`` of values and the CNN's convolutions and pooling (no C
+lowering) split it into more than ``MAX_PYTHON_RUNS`` runs, so both keep the per-equation executor
+(the last column names the executables).  Prints the median per-call time of each and the ratio
+(executor / native; > 1: native faster).
 
 Run:  python benchmarks/engine_vs_executor.py [--rounds 5] [--quick]
 """
