@@ -8,8 +8,12 @@ equations (Adam written out, as optax is not a dependency) under ``jax.jit`` wit
 (``--xla_cpu_multi_thread_eigen=false``), matching the engine's one BLAS thread.  Rounds are
 interleaved (ours, then JAX, per round) and the median per-call time of each side is reported
 with the ratio's range over rounds.  Checks that both sides compute the same loss first.
+``--clock process`` (the default) counts the CPU time of every thread of the process (XLA's
+helper threads against JAX), ``thread`` only the calling thread's, ``wall`` elapsed time.
+``--first-call`` instead times the first call of the PPO step (trace, passes, native build) in
+fresh processes: twice with an empty native-code cache, then once more reusing it.
 
-Run:  python benchmarks/engine_vs_jax.py [--rounds 7] [--quick]
+Run:  python benchmarks/engine_vs_jax.py [--rounds 7] [--quick] [--clock process|thread|wall] [--first-call]
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
@@ -70,11 +76,58 @@ def jax_fns(jax, params):
     return step, forward
 
 
+CLOCKS = {"process": time.process_time, "thread": time.thread_time, "wall": time.perf_counter}
+
+_FIRST_CALL = """
+import os, resource, sys, time
+sys.path.insert(0, {here!r})
+t0 = time.perf_counter()
+import numpy as np
+import engine_vs_torch as B
+from fedarena import engine
+rng = np.random.default_rng(0)
+obs = rng.standard_normal((B.BATCH, B.OBS)).astype(np.float32)
+act = rng.integers(0, B.ACT, B.BATCH).astype(np.int32)
+adv = rng.standard_normal(B.BATCH).astype(np.float32)
+p = B.ppo_init(0)
+s = B.ppo_opt.init(p)
+j = engine.jit(B.ppo_step)
+def cpu():
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+t1, c1 = time.perf_counter(), cpu()
+j(p, s, obs, act, adv, adv, adv)
+t2, c2 = time.perf_counter(), cpu()
+print(t2 - t1, c2 - c1, type(j._fast[0][1]).__name__)
+"""
+
+
+def first_call() -> None:
+    """The PPO step's first call in fresh processes, without and then with the native-code cache:
+    wall time and CPU time of the process and its children (the C compiler)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, FEDARENA_NATIVE_CACHE=cache)
+        for label in ("no cache", "no cache", "cached"):
+            if label == "no cache":
+                for f in os.listdir(cache):
+                    os.remove(os.path.join(cache, f))
+            out = subprocess.run([sys.executable, "-c", _FIRST_CALL.format(here=here)], env=env, capture_output=True, text=True, check=True)
+            secs, cpu, kind = out.stdout.split()
+            print(f"first call of the PPO step ({label:8s}): {float(secs) * 1e3:8.1f} ms wall, {float(cpu) * 1e3:8.1f} ms CPU (compiler included)  [{kind}]")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="process")
+    ap.add_argument("--first-call", action="store_true", help="time the PPO step's first call in fresh processes")
     args = ap.parse_args()
+    if args.first_call:
+        first_call()
+        return
+    clock = CLOCKS[args.clock]
     import jax
 
     jax.config.update("jax_platforms", "cpu")
@@ -127,14 +180,15 @@ def main() -> None:
     for _ in range(args.rounds):
         for k, (ours, theirs) in fns.items():
             for fn, out in ((ours, samples[k][0]), (theirs, samples[k][1])):
-                t0 = time.perf_counter()
+                t0 = clock()
                 for _ in range(reps[k]):
                     fn()
-                out.append((time.perf_counter() - t0) / reps[k])
+                out.append((clock() - t0) / reps[k])
     print(f"fedarena.engine (numpy {np.__version__}, 1 BLAS thread) vs JAX {jax.__version__} jit (CPU, 1 intra-op thread)")
-    print(f"same loss: ours {float(our_loss):.6f} vs JAX {jax_loss:.6f}; median over {args.rounds} interleaved rounds")
+    print(f"same loss: ours {float(our_loss):.6f} vs JAX {jax_loss:.6f}; median over {args.rounds} interleaved rounds, clock {args.clock}")
+    print(f"fedarena executables: PPO step {type(j_ppo._fast[0][1]).__name__}, actor forward {type(j_fwd._fast[0][1]).__name__}")
     names = {"ppo": "(a) PPO train step  B=64", "fwd": "(b) actor forward   B=1 "}
-    targets = {"ppo": 1.5, "fwd": 5.0}
+    targets = {"ppo": 3.0, "fwd": 20.0}
     print(f"{'':26s}{'ours':>12s}{'JAX jit':>12s}{'ratio':>8s}{'range':>16s}")
     for k in fns:
         o, t = samples[k]

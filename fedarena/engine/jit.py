@@ -30,6 +30,7 @@ import numpy as np
 
 from .compiler import passes as _passes
 from .backends.numpy.executor import Executable
+from .backends.numpy import native_executor as _native_graph
 from .backends.cupy import jit as _cupy_jit
 from . import ops
 from .core import buckets as _buckets
@@ -454,9 +455,17 @@ class Jitted:
             pipeline = _passes.resolve(() if check and self.passes is None else self.passes)
             if pipeline is not None:
                 graph = pipeline(graph)
+            donated = self._donated(args, leaves)
+            # whole-graph native code, else (no compiler, a large graph, equations without a C
+            # lowering spread through it, the NaN debugger, donated arguments: only the executor
+            # writes their buffers in place) the per-equation executor
+            exe = None if check or donated or not _native_graph.enabled() else _native_graph.native_executable(graph)
+            if exe is None:
+                exe = Executable(graph, check_finite=check, donated=donated)
+            graph = exe.graph
             record = _record(self._arg_names(len(args)), treedef, leaves, static, self.static_argnums, len(args), static_kw)
             self._explain_miss(record, check)
-            entry = _Entry(Executable(graph, check_finite=check, donated=self._donated(args, leaves)), out_tree, graph, record)
+            entry = _Entry(exe, out_tree, graph, record)
             self._cache[key] = entry
             self._evict()
             self._count_variant(key, args, leaves)

@@ -332,7 +332,8 @@ def test_make_graph_of_train_step_validates_and_dce_keeps_outputs():
     assert len(g.outvars) == len(engine.tree_leaves(step(*args)))
 
 
-def test_executor_reuses_buffers_and_stays_correct():
+def test_executor_reuses_buffers_and_stays_correct(monkeypatch):
+    monkeypatch.setenv("FEDARENA_NATIVE_GRAPH", "0")  # the per-equation executor's buffers, not native code
     def chain(x, w):
         h = x
         for i in range(12):

@@ -21,6 +21,12 @@ from fedarena.engine.core.tracing import eval_graph
 from .test_passes import _random_program
 
 
+@pytest.fixture(autouse=True)
+def _per_equation_executor(monkeypatch):
+    # these tests read the per-equation executor's memory plan: jit must not take whole-graph native code
+    monkeypatch.setenv("FEDARENA_NATIVE_GRAPH", "0")
+
+
 def _compile(fn, *args, reuse=True, passes=None):
     g = engine.make_graph(fn)(*args)
     pipeline = engine.passes.resolve(passes)
