@@ -766,6 +766,7 @@ def jit(
     shape_buckets: Sequence[int] | None = None,
     bucket_argnums: int | Sequence[int] | None = None,
     shape_varies: bool = False,
+    cuda_graph: bool = False,
 ) -> Any:
     """Trace ``fn`` into a graph, compile it for numpy and cache per input signature.
 
@@ -778,6 +779,8 @@ def jit(
     ``()``: none; a list of ``Graph -> Graph`` functions or a ``passes.Pipeline``).
     ``backend="cupy"``: compile for a CUDA GPU (``backends.cupy``; raises
     ``backends.cupy.GpuUnavailableError`` when cupy or a device is missing).
+    ``cuda_graph`` (cupy only): each signature's second call captures its kernels as one CUDA graph that
+    later calls replay (see ``backends.cupy.jit``).
     ``debug_nans``: ``True`` compiles a program that raises :class:`~fedarena.engine.NonFiniteError` at
     the first equation producing NaN/Inf (see ``engine.debug_nans``), ``False`` never checks, ``None``
     (default) follows ``engine.debug_nans``.
@@ -810,7 +813,9 @@ def jit(
             raise EngineError("jit(backend='cupy'): static_argnames is not supported, use static_argnums")
         if debug_nans:
             raise EngineError("jit(backend='cupy'): debug_nans runs on the numpy backend only")
-        return _cupy_jit(fn, static_argnums, passes)
+        return _cupy_jit(fn, static_argnums, passes, cuda_graph=cuda_graph)
+    if cuda_graph:
+        raise EngineError("jit: cuda_graph needs backend='cupy' (CUDA graphs replay GPU kernels)")
     if backend != "numpy":
         raise EngineError(f"jit: backend must be 'numpy' or 'cupy', got {backend!r}")
     if isinstance(static_argnums, int):

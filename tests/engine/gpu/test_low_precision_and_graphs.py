@@ -221,3 +221,18 @@ def test_mixed_precision_ppo_step_runs_on_the_device_as_one_graph(emulated_devic
         for a, r in zip(engine.tree_leaves(out), engine.tree_leaves(ref)):
             np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(r, np.float64), rtol=1e-5, atol=1e-6)
     assert exe.graph_status == "captured" and emulated_device.graph_launches == g0 + 2
+
+
+def test_engine_jit_passes_cuda_graph_to_the_cupy_backend(monkeypatch):
+    """``engine.jit(..., backend="cupy", cuda_graph=True)`` reaches the cupy backend's jit; on numpy it is refused."""
+    import importlib
+
+    ej = importlib.import_module("fedarena.engine.jit")  # the module (fedarena.engine.jit the attribute is the function)
+
+    seen = {}
+    monkeypatch.setattr(ej, "_cupy_jit", lambda fn, static_argnums, passes, cuda_graph=False: seen.update(
+        cuda_graph=cuda_graph) or fn)
+    ej.jit(lambda x: x + 1, backend="cupy", cuda_graph=True)
+    assert seen == {"cuda_graph": True}
+    with pytest.raises(ej.EngineError, match="cuda_graph needs backend='cupy'"):
+        ej.jit(lambda x: x + 1, cuda_graph=True)
