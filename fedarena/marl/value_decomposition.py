@@ -53,7 +53,9 @@ class ValueDecompositionConfig:
     batch_size: int = param(32, "transitions per update")
     buffer_size: int = param(5000, "replay capacity, in transitions")
     learning_starts: int = param(100, "transitions collected before the first update")
-    updates_per_step: int = param(1, "updates per batched environment step (once learning started)")
+    updates_per_step: int = param(1, "updates per update round (once learning started)")
+    update_every: int = param(1, "batched environment steps between update rounds (EPyMARL's episode runner: one "
+                              "update per episode collected)")
     target_update_every: int = param(200, "copy the online networks to the target every this many updates")
     epsilon_start: float = param(1.0, "epsilon-greedy exploration at the start")
     epsilon_finish: float = param(0.05, "epsilon after annealing")
@@ -70,6 +72,7 @@ class ValueDecompositionConfig:
         checks = {"gamma": 0.0 <= self.gamma <= 1.0, "learning_rate": self.learning_rate > 0,
                   "batch_size": self.batch_size >= 1, "buffer_size": self.buffer_size >= self.batch_size,
                   "learning_starts": self.learning_starts >= 0, "updates_per_step": self.updates_per_step >= 0,
+                  "update_every": self.update_every >= 1,
                   "target_update_every": self.target_update_every >= 1, "mixing_embed": self.mixing_embed >= 1,
                   "hypernet_hidden": self.hypernet_hidden >= 1, "hypernet_layers": self.hypernet_layers in (1, 2),
                   "epsilon_start": 0.0 <= self.epsilon_start <= 1.0, "epsilon_finish": 0.0 <= self.epsilon_finish <= 1.0,
@@ -278,8 +281,8 @@ class ValueDecompositionTrainer:
         self.last_metrics = {k: float(v) for k, v in state["last_metrics"].items()}
 
     def step(self) -> np.ndarray:
-        """One batched step of every copy plus ``updates_per_step`` updates; returns the team returns of
-        the episodes that ended."""
+        """One batched step of every copy plus, every ``update_every`` batched steps, ``updates_per_step``
+        updates; returns the team returns of the episodes that ended."""
         c, env = self.config, self.env
         actions = self.learner.act(self.obs, self.mask, c.epsilon(self.env_steps))
         st = env.step(actions)
@@ -296,7 +299,8 @@ class ValueDecompositionTrainer:
         self.obs, self.mask, self.state = st.obs, st.action_mask, st.state
         self.env_steps += env.num_envs
         self.reward_stats.update(team_reward)
-        if len(self.buffer) >= max(c.learning_starts, c.batch_size):
+        if len(self.buffer) >= max(c.learning_starts, c.batch_size) \
+                and (self.env_steps // env.num_envs) % c.update_every == 0:
             if c.updates_per_step:  # every update's batch drawn at once, the updates in one compiled call
                 B = c.batch_size
                 batch = self.buffer.sample(B * c.updates_per_step)
