@@ -22,9 +22,9 @@ papers use GRU agents over the observation history; the tasks here are fully obs
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
 ``engine.jit`` graph, and the ``updates_per_step`` updates of one update round (their batches drawn at
 once) run as one compiled call that updates the parameters and Adam moments in place (donated buffers). An
-update round follows every ``update_every``-th batched environment step: with ``num_envs`` copies of a
-25-step task, ``update_every = 3``, one update of ``batch_size = 800`` transitions and ``num_envs = 8`` is
-EPyMARL's cadence (one update of 32 episodes per episode collected; Papoudakis et al., 2021) in transitions.
+update round follows every ``update_every``-th batched environment step: with 8 copies of a 25-step task,
+``update_every = 3`` (24 transitions) and one update of ``batch_size = 800`` transitions is, counted in
+transitions, EPyMARL's cadence (one update on 32 episodes per episode collected; Papoudakis et al., 2021).
 """
 
 from __future__ import annotations
