@@ -8,7 +8,8 @@ observation plus a one-hot agent id, as in Rashid et al.). The joint value mixes
   produce the weights, made non-negative by an absolute value, so ``dQ_tot/dQ_a >= 0`` (monotonic mixing,
   Rashid et al., fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU. ``W1`` and ``w2`` come from
   linear hypernetworks (Rashid et al.) or, with ``hypernet_layers=2``, from two-layer ReLU ones (PyMARL's and
-  EPyMARL's ``hypernet_layers: 2``).
+  EPyMARL's ``hypernet_layers: 2``). ``mixer_state=False`` feeds the hypernetworks zeros instead of ``s``: the
+  weights no longer depend on the state (Rashid et al.'s QMIX-NS ablation).
 
 Training minimizes the TD error ``(r + gamma (1 - terminal) Q_tot^-(s', argmax_u Q_a(o'_a, u)) - Q_tot(s, u))^2``
 on transitions drawn uniformly from a replay buffer, with a target network (``^-``) copied every
@@ -51,6 +52,9 @@ class ValueDecompositionConfig:
     hypernet_layers: int = param(1, "QMIX: layers of the hypernetworks producing W1 and w2: 1 (linear in the "
                                  "state, Rashid et al.) or 2 (a ReLU layer of hypernet_hidden units first, as "
                                  "EPyMARL's hypernet_layers: 2)")
+    mixer_state: bool = param(True, "QMIX: the hypernetworks see the global state; false feeds them zeros, so the "
+                              "mixing weights depend on nothing (Rashid et al.'s QMIX-NS ablation, state-independent "
+                              "monotonic mixing)")
     gamma: float = param(0.99, "discount factor")
     learning_rate: float = param(5e-4, "Adam learning rate")
     batch_size: int = param(32, "transitions per update")
@@ -145,6 +149,8 @@ class ValueDecomposition:
             return ops.sum(q, axis=1)
         m, E = params["mixer"], self.config.mixing_embed
         B = q.shape[0]
+        if not self.config.mixer_state:  # QMIX-NS: the weights are the hypernetworks' outputs at a zero state
+            state = state * 0.0
         w1 = ops.abs(ops.reshape(self.hyper_w1.apply(m["w1"], state), (B, self.num_agents, E)))
         b1 = self.hyper_b1.apply(m["b1"], state)
         hidden = elu(ops.sum(ops.expand_dims(q, 2) * w1, axis=1) + b1)  # (B, E)
