@@ -24,8 +24,8 @@ scans per update) written here on JaxMARL's own environment, jax, flax and optax
 ``fedarena.marl.independent.IndependentPPO`` on ``fedarena.envs.mpe``, treating the 25-step limit as terminal
 as JaxMARL's baseline does (``bootstrap_truncated=False``; ``--bootstrap-truncated`` bootstraps it from the
 value of the last observation instead, fedarena's default). Known difference: fedarena's shared network also
-sees a one-hot agent id and the (all-ones) action mask. Logged per update: the mean team return (mean over agents of the summed rewards) of the training episodes that ended in
-the rollout. Reported per side: the return over the last ``--window`` updates at the same environment steps,
+sees a one-hot agent id and the (all-ones) action mask. Logged per update: the mean team return (mean over
+agents of the summed rewards) of the training episodes that ended in the rollout. Reported per side: the return over the last ``--window`` updates at the same environment steps,
 mean and seed range, the wall and CPU time (JaxMARL: after compiling, which is reported apart) until the
 return over ``--window`` updates first reaches ``--threshold`` (mean over the seeds that reach it), and the
 wall and CPU time of the whole budget, per seed. Seeds run one after the other in one process
