@@ -21,11 +21,11 @@ the actor and for the critic, orthogonal init), on both sides, with ``--train-st
 seed instead of the config's 1e7. JaxMARL's baseline scripts are not part of its pip package, so the JaxMARL
 side is that algorithm (PureJaxRL-style: one ``jit`` of rollout scan, GAE scan and the epoch/minibatch
 scans per update) written here on JaxMARL's own environment, jax, flax and optax; fedarena's side is
-``fedarena.marl.independent.IndependentPPO`` on ``fedarena.envs.mpe``. Known differences: fedarena's shared
-network also sees a one-hot agent id and the (all-ones) action mask, and bootstraps truncated episodes from
-the value of their last observation, where JaxMARL's baseline treats the 25-step limit as terminal. Logged per
-update: the mean team return (mean over agents of the summed rewards) of the training episodes that ended in
-the rollout. Reported per side: the return over the last ``--window`` updates at the same environment steps,
+``fedarena.marl.independent.IndependentPPO`` on ``fedarena.envs.mpe``, treating the 25-step limit as terminal
+as JaxMARL's baseline does (``bootstrap_truncated=False``; ``--bootstrap-truncated`` bootstraps it from the
+value of the last observation instead, fedarena's default). Known difference: fedarena's shared network also
+sees a one-hot agent id and the (all-ones) action mask. Logged per update: the mean team return (mean over
+agents of the summed rewards) of the training episodes that ended in the rollout. Reported per side: the return over the last ``--window`` updates at the same environment steps,
 mean and seed range, the wall and CPU time (JaxMARL: after compiling, which is reported apart) until the
 return over ``--window`` updates first reaches ``--threshold`` (mean over the seeds that reach it), and the
 wall and CPU time of the whole budget, per seed. Seeds run one after the other in one process
@@ -212,7 +212,7 @@ IPPO_HP = {"num_envs": 16, "num_steps": 128, "lr": 2.5e-4, "update_epochs": 4, "
 """JaxMARL's baselines/IPPO/config/ippo_ff_mpe.yaml (MPE_simple_spread_v3), less its TOTAL_TIMESTEPS 1e7."""
 
 
-def fedarena_ippo(seeds: list[int], total_steps: int) -> dict:
+def fedarena_ippo(seeds: list[int], total_steps: int, bootstrap_truncated: bool = False) -> dict:
     from fedarena import engine
     from fedarena.envs.mpe.batch import MPEBatch
     from fedarena.marl.independent import IndependentPPO
@@ -227,7 +227,8 @@ def fedarena_ippo(seeds: list[int], total_steps: int) -> dict:
     out: dict = {"seeds": {}}
     for seed in seeds:
         env = MPEBatch("mpe2.simple_spread_v3", hp["num_envs"], seed=seed, max_cycles=25)
-        ippo = IndependentPPO(env, cfg, shared=True, seed=seed, total_steps=total_steps)
+        ippo = IndependentPPO(env, cfg, shared=True, seed=seed, total_steps=total_steps,
+                              bootstrap_truncated=bootstrap_truncated)
         rows = []
         c0, w0 = time.process_time(), time.perf_counter()
         while ippo.env_steps < total_steps:
@@ -350,9 +351,12 @@ def main() -> None:
     p.add_argument("--window", type=int, default=10, help="updates averaged for a return")
     p.add_argument("--threshold", type=float, default=-24.0, help="return for the time-to-threshold column")
     p.add_argument("--json", help="also write every logged row of both sides to this file")
+    p.add_argument("--bootstrap-truncated", action="store_true",
+                   help="fedarena side: bootstrap the 25-step time limit from V(final observation) (fedarena's "
+                        "default elsewhere) instead of treating it as terminal as JaxMARL's baseline does")
     a = p.parse_args()
     if a.train:
-        sides = {"fedarena": fedarena_ippo(a.seeds, a.train_steps)}
+        sides = {"fedarena": fedarena_ippo(a.seeds, a.train_steps, a.bootstrap_truncated)}
         jm = jaxmarl_ippo(a.jaxmarl_python, a.seeds, a.train_steps)
         if isinstance(jm, str):
             print(f"JaxMARL skipped: {jm}")

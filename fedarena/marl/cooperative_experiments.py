@@ -12,7 +12,8 @@ an uninterrupted one (episodes still running at a round's end are cut there and 
 Checkpoints (metric step = environment steps per learner) hold every learner's networks, optimizer state,
 RNGs, counters, wall time and, with ``checkpoint_replay``, its replay buffer; ``fedarena run --resume RUN_DIR``
 continues from the newest. Logged per learner: the mean team return
-(mean over agents, undiscounted) of the episodes finished in the chunk, episodes so far, learner wall time,
+(mean over agents, undiscounted) of the episodes finished in the chunk, episodes so far, learner wall time
+and CPU time (training and evaluation, ``time.process_time`` of its process),
 and every ``eval_every`` rounds the greedy team return over ``eval_episodes`` episodes. The report plots
 training and greedy returns against episodes and against learner wall time (mean over seeds, min-max
 band) and, for the two-step game, counts the seeds whose greedy policy reaches the optimal return 8.
@@ -175,6 +176,7 @@ class _Learner:
         else:
             self.impl = ValueDecompositionTrainer(self.env, replace(cfg.value_decomposition, mixer=algorithm), seed)
         self.wall = 0.0
+        self.cpu = 0.0  # CPU seconds of this learner's process spent training and evaluating it
         self.returns: list[float] = []
         self.greedy = float("nan")
 
@@ -190,7 +192,7 @@ class _Learner:
         state = self.impl.state_dict()
         if not replay:
             state.pop("buffer", None)
-        return {"impl": state, "wall": self.wall, "greedy": self.greedy}
+        return {"impl": state, "wall": self.wall, "cpu": self.cpu, "greedy": self.greedy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         impl = state["impl"]
@@ -198,6 +200,7 @@ class _Learner:
             impl = dict(impl, buffer=self.impl.buffer.state_dict())
         self.impl.load_state_dict(impl)
         self.wall, self.greedy = float(state["wall"]), float(state["greedy"])
+        self.cpu = float(state.get("cpu", 0.0))  # absent in checkpoints written before it was logged
 
     @property
     def env_steps(self) -> int:
@@ -208,7 +211,7 @@ class _Learner:
         return self.impl.episodes
 
     def advance(self, until: int) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         while self.env_steps < until:
             if self.algorithm in ("ippo", "mappo"):
                 r, _ = self.impl.iteration()
@@ -216,6 +219,7 @@ class _Learner:
                 r = self.impl.step()
             self.returns.extend(float(x) for x in r)
         self.wall += time.perf_counter() - t0
+        self.cpu += time.process_time() - c0
 
     def greedy_return(self, episodes: int, random_agents: tuple[str, ...] = ()) -> float:
         """Mean team return of ``episodes`` greedy episodes; agents in ``random_agents`` act uniformly at random."""
@@ -260,10 +264,13 @@ class _Group:
             row[f"{tag}/episodes"] = L.episodes
             row[f"{tag}/wall_time"] = L.wall
             if evaluate:
+                c0 = time.process_time()
                 L.greedy = row[f"{tag}/greedy_return"] = L.greedy_return(self.cfg.eval_episodes)
+                L.cpu += time.process_time() - c0
                 if L.algorithm == "mappo" and len(L.impl.greedy_by_type) > 1:  # mixed games: each side's return
                     for t, v in L.impl.greedy_by_type.items():
                         row[f"{tag}/greedy_return_{t}"] = v
+            row[f"{tag}/cpu_time"] = L.cpu
         return row
 
     def state(self, replay: bool) -> list[dict[str, Any]]:
@@ -273,11 +280,12 @@ class _Group:
         for L, s in zip(self.learners, states):
             L.load_state_dict(s)
 
-    def results(self, random_agents: list[str]) -> list[tuple[str, int, int, float, float, float]]:
-        """Per learner: algorithm, seed, episodes, wall time, greedy return, and the greedy return with
-        ``random_agents`` acting at random (nan without any)."""
+    def results(self, random_agents: list[str]) -> list[tuple[str, int, int, float, float, float, float]]:
+        """Per learner: algorithm, seed, episodes, wall time, greedy return, the greedy return with
+        ``random_agents`` acting at random (nan without any) and CPU time."""
         return [(L.algorithm, L.seed, L.episodes, L.wall, L.greedy,
-                 L.greedy_return(self.cfg.eval_episodes, tuple(random_agents)) if random_agents else float("nan"))
+                 L.greedy_return(self.cfg.eval_episodes, tuple(random_agents)) if random_agents else float("nan"),
+                 L.cpu)
                 for L in self.learners]
 
 
@@ -405,7 +413,7 @@ class _CooperativeSteps:
     steps per learner a step, all groups at once; the greedy evaluation (every ``eval_every`` rounds and on the
     last) runs inside the round, in the learners' processes."""
 
-    KNOWN = ("return", "episodes", "wall_time", "greedy_return")
+    KNOWN = ("return", "episodes", "wall_time", "cpu_time", "greedy_return")
 
     def __init__(self, cfg: CooperativeConfig, specs: list[tuple[str, int]], groups: list[Any]) -> None:
         self.cfg, self.specs, self.groups, self.n = cfg, specs, groups, len(groups)
@@ -443,12 +451,16 @@ class _CooperativeSteps:
 
     def summary(self) -> dict[str, Any]:
         cfg = self.cfg
-        results = {(a, s): (e, w, g, b) for part in _call(self.groups, "results", cfg.random_agents)
-                   for a, s, e, w, g, b in part}
+        parts = _call(self.groups, "results", cfg.random_agents)
+        results = {(a, s): (e, w, g, b) for part in parts for a, s, e, w, g, b, _ in part}
         greedy = {key: r[2] for key, r in results.items()}
         episodes = {key: r[0] for key, r in results.items()}
         walls = {key: r[1] for key, r in results.items()}
-        summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": self.rounds * cfg.steps_per_round}
+        summary: dict[str, Any] = {"env_id": cfg.env_id, "env_steps_per_learner": self.rounds * cfg.steps_per_round,
+                                   # each worker's learners run one after the other: on idle cores the run's
+                                   # wall time is about the largest of these
+                                   "learner_cpu_seconds_per_worker": [round(sum(r[6] for r in part), 1)
+                                                                      for part in parts]}
         for a in cfg.algorithms:
             finals = [greedy[(a, cfg.seed + s)] for s in cfg.learner_seeds]
             summary[f"{a}/greedy_return_per_seed"] = finals

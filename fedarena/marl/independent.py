@@ -67,11 +67,14 @@ class IndependentPPO:
     ``total_steps``: the environment-step budget over which ``anneal_lr`` takes the learning rate to 0; a
     shared network's rollout holds ``agents`` rows per environment step, so its PPO learner counts
     ``total_steps x agents`` rows (counting environment steps as rows annealed the rate to 0 after a third of
-    the budget on 3-agent simple_spread)."""
+    the budget on 3-agent simple_spread). ``bootstrap_truncated``: a truncated episode's last reward gets
+    ``gamma V(final observation)`` added (the infinite-horizon return, Pardo et al., 2018); ``False`` treats the
+    time limit as terminal, the return of the episode as played (as JaxMARL's IPPO baseline)."""
 
     def __init__(self, env: Any, ppo: PPOConfig, shared: bool = True, seed: int = 0,
-                 total_steps: int | None = None) -> None:
+                 total_steps: int | None = None, bootstrap_truncated: bool = True) -> None:
         self.env, self.shared = env, shared
+        self.bootstrap_truncated = bootstrap_truncated
         n, M = env.num_envs, env.num_agents
         rows = n * M if shared else n
         cfg = replace(ppo, num_envs=rows)
@@ -147,7 +150,7 @@ class IndependentPPO:
                                  "alive until the episode's end")
             reward = st.reward.copy()
             # truncated episodes: bootstrap with gamma V(final observation) added to the last reward
-            if st.truncated.any():
+            if self.bootstrap_truncated and st.truncated.any():
                 fin = self._inputs(st.final_obs, np.ones_like(st.action_mask))
                 for k, (p, x) in enumerate(zip(self.learners, fin)):
                     _, _, v = sample_actions(p, x, self.rng)

@@ -8,7 +8,8 @@ observation plus a one-hot agent id, as in Rashid et al.). The joint value mixes
   produce the weights, made non-negative by an absolute value, so ``dQ_tot/dQ_a >= 0`` (monotonic mixing,
   Rashid et al., fig. 2); ``b2`` is a two-layer network of ``s`` with a ReLU. ``W1`` and ``w2`` come from
   linear hypernetworks (Rashid et al.) or, with ``hypernet_layers=2``, from two-layer ReLU ones (PyMARL's and
-  EPyMARL's ``hypernet_layers: 2``).
+  EPyMARL's ``hypernet_layers: 2``). ``mixer_state=False`` feeds the hypernetworks zeros instead of ``s``: the
+  weights no longer depend on the state (Rashid et al.'s QMIX-NS ablation).
 
 Training minimizes the TD error ``(r + gamma (1 - terminal) Q_tot^-(s', argmax_u Q_a(o'_a, u)) - Q_tot(s, u))^2``
 on transitions drawn uniformly from a replay buffer, with a target network (``^-``) copied every
@@ -20,8 +21,11 @@ whatever the task's reward scale. Agents act epsilon-greedily on their own utili
 (decentralized execution). The agents here are feed-forward networks of the current observation (the
 papers use GRU agents over the observation history; the tasks here are fully observed per agent).
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
-``engine.jit`` graph, and the ``updates_per_step`` updates of one environment step (their batches drawn at
-once) run as one compiled call that updates the parameters and Adam moments in place (donated buffers).
+``engine.jit`` graph, and the ``updates_per_step`` updates of one update round (their batches drawn at
+once) run as one compiled call that updates the parameters and Adam moments in place (donated buffers). An
+update round follows every ``update_every``-th batched environment step: with 8 copies of a 25-step task,
+``update_every = 3`` (24 transitions) and one update of ``batch_size = 800`` transitions is, counted in
+transitions, EPyMARL's cadence (one update on 32 episodes per episode collected; Papoudakis et al., 2021).
 """
 
 from __future__ import annotations
@@ -48,12 +52,17 @@ class ValueDecompositionConfig:
     hypernet_layers: int = param(1, "QMIX: layers of the hypernetworks producing W1 and w2: 1 (linear in the "
                                  "state, Rashid et al.) or 2 (a ReLU layer of hypernet_hidden units first, as "
                                  "EPyMARL's hypernet_layers: 2)")
+    mixer_state: bool = param(True, "QMIX: the hypernetworks see the global state; false feeds them zeros, so the "
+                              "mixing weights depend on nothing (Rashid et al.'s QMIX-NS ablation, state-independent "
+                              "monotonic mixing)")
     gamma: float = param(0.99, "discount factor")
     learning_rate: float = param(5e-4, "Adam learning rate")
     batch_size: int = param(32, "transitions per update")
     buffer_size: int = param(5000, "replay capacity, in transitions")
     learning_starts: int = param(100, "transitions collected before the first update")
-    updates_per_step: int = param(1, "updates per batched environment step (once learning started)")
+    updates_per_step: int = param(1, "updates per update round (once learning started)")
+    update_every: int = param(1, "batched environment steps between update rounds (EPyMARL's episode runner: one "
+                              "update per episode collected)")
     target_update_every: int = param(200, "copy the online networks to the target every this many updates")
     epsilon_start: float = param(1.0, "epsilon-greedy exploration at the start")
     epsilon_finish: float = param(0.05, "epsilon after annealing")
@@ -70,6 +79,7 @@ class ValueDecompositionConfig:
         checks = {"gamma": 0.0 <= self.gamma <= 1.0, "learning_rate": self.learning_rate > 0,
                   "batch_size": self.batch_size >= 1, "buffer_size": self.buffer_size >= self.batch_size,
                   "learning_starts": self.learning_starts >= 0, "updates_per_step": self.updates_per_step >= 0,
+                  "update_every": self.update_every >= 1,
                   "target_update_every": self.target_update_every >= 1, "mixing_embed": self.mixing_embed >= 1,
                   "hypernet_hidden": self.hypernet_hidden >= 1, "hypernet_layers": self.hypernet_layers in (1, 2),
                   "epsilon_start": 0.0 <= self.epsilon_start <= 1.0, "epsilon_finish": 0.0 <= self.epsilon_finish <= 1.0,
@@ -139,6 +149,8 @@ class ValueDecomposition:
             return ops.sum(q, axis=1)
         m, E = params["mixer"], self.config.mixing_embed
         B = q.shape[0]
+        if not self.config.mixer_state:  # QMIX-NS: the weights are the hypernetworks' outputs at a zero state
+            state = state * 0.0
         w1 = ops.abs(ops.reshape(self.hyper_w1.apply(m["w1"], state), (B, self.num_agents, E)))
         b1 = self.hyper_b1.apply(m["b1"], state)
         hidden = elu(ops.sum(ops.expand_dims(q, 2) * w1, axis=1) + b1)  # (B, E)
@@ -278,8 +290,8 @@ class ValueDecompositionTrainer:
         self.last_metrics = {k: float(v) for k, v in state["last_metrics"].items()}
 
     def step(self) -> np.ndarray:
-        """One batched step of every copy plus ``updates_per_step`` updates; returns the team returns of
-        the episodes that ended."""
+        """One batched step of every copy plus, every ``update_every`` batched steps, ``updates_per_step``
+        updates; returns the team returns of the episodes that ended."""
         c, env = self.config, self.env
         actions = self.learner.act(self.obs, self.mask, c.epsilon(self.env_steps))
         st = env.step(actions)
@@ -296,7 +308,8 @@ class ValueDecompositionTrainer:
         self.obs, self.mask, self.state = st.obs, st.action_mask, st.state
         self.env_steps += env.num_envs
         self.reward_stats.update(team_reward)
-        if len(self.buffer) >= max(c.learning_starts, c.batch_size):
+        if len(self.buffer) >= max(c.learning_starts, c.batch_size) \
+                and (self.env_steps // env.num_envs) % c.update_every == 0:
             if c.updates_per_step:  # every update's batch drawn at once, the updates in one compiled call
                 B = c.batch_size
                 batch = self.buffer.sample(B * c.updates_per_step)

@@ -95,6 +95,32 @@ def test_independent_ppo_anneals_the_learning_rate_over_the_environment_step_bud
         assert p.learning_rate(10) == pytest.approx(5e-4)
 
 
+@pytest.mark.parametrize("bootstrap", [True, False])
+def test_independent_ppo_truncation_bootstraps_from_the_final_value_or_ends_the_return(bootstrap):
+    # oracle: the env's own rewards, plus gamma V(final observation) on the truncated last step when bootstrapping
+    env = ParallelEnvBatch(lambda: make_env("simple_spread_v3", api="parallel", max_cycles=5), 2, seed=0)
+    ip = IndependentPPO(env, PPOConfig(num_steps=5, num_minibatches=1, update_epochs=1, gamma=0.9), shared=True,
+                        seed=0, bootstrap_truncated=bootstrap)
+    seen, rewards = {}, []
+    real_step = env.step
+
+    def step(actions):
+        st = real_step(actions)
+        rewards.append(st.reward.reshape(-1).copy())
+        if st.truncated.any():
+            x = ip._inputs(st.final_obs, np.ones_like(st.action_mask))[0]
+            seen["final_value"] = np.asarray(ip.learners[0].forward(ip.learners[0].learner.params, x)[1], np.float64)
+        return st
+    env.step = step
+    ip.learners[0].update = lambda rollout: seen.setdefault("rollout", rollout) and {}
+    ip.iteration()
+    got, raw = seen["rollout"]["reward"], np.stack(rewards)
+    np.testing.assert_allclose(got[:4], raw[:4])
+    expected = raw[4] + (0.9 * seen["final_value"] if bootstrap else 0.0)
+    np.testing.assert_allclose(got[4], expected, rtol=1e-5, atol=1e-6)
+    assert np.all(seen["rollout"]["discount"][4] == 0.0)
+
+
 def test_snapshot_pool_keeps_the_newest_frozen_copies():
     pool = SnapshotPool(2)
     params = {"w": np.zeros(3, np.float32)}

@@ -25,14 +25,14 @@ CFG = {"kind": "cooperative_marl", "env_id": "mpe2.simple_spread_v3", "max_cycle
 
 def _rows(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.endswith("wall_time") and k not in ("time", "elapsed")}
+    return [{k: v for k, v in r.items() if not k.endswith(("wall_time", "cpu_time")) and k not in ("time", "elapsed")}
             for r in rows]
 
 
 def _leaves(tree, path=""):
     if isinstance(tree, dict):
         for k in sorted(tree):
-            if k != "wall":
+            if k not in ("wall", "cpu"):
                 yield from _leaves(tree[k], f"{path}/{k}")
     elif isinstance(tree, (list, tuple)):
         for i, v in enumerate(tree):

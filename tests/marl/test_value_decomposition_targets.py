@@ -103,3 +103,37 @@ def test_update_many_equals_one_update_at_a_time_across_target_copies():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     # the target was copied after update 4, so it differs from the online parameters after update 5
     assert not np.allclose(engine.tree_leaves(many.params)[0], engine.tree_leaves(many.target_params)[0])
+
+
+def test_update_every_runs_the_update_rounds_every_k_batched_steps():
+    # oracle: counting by hand -- 4 copies, learning from 8 transitions on, one update every 3 batched steps
+    env = ParallelEnvBatch(lambda: make_env("simple_spread_v3", api="parallel", max_cycles=5), 4, seed=0)
+    cfg = ValueDecompositionConfig(mixer="vdn", hidden=(8,), batch_size=8, buffer_size=64, learning_starts=8,
+                                   updates_per_step=2, update_every=3)
+    tr = ValueDecompositionTrainer(env, cfg, seed=0)
+    counts = []
+    for _ in range(9):
+        tr.step()
+        counts.append(tr.learner.updates)
+    # batched steps 3, 6, 9 update (the buffer holds >= 8 transitions from step 2 on), 2 updates each
+    assert counts == [0, 0, 2, 2, 2, 4, 4, 4, 6]
+    with pytest.raises(ValueError, match="update_every"):
+        ValueDecompositionConfig(update_every=0)
+
+
+def test_qmix_without_mixer_state_mixes_the_same_way_in_every_state():
+    # QMIX-NS (mixer_state=False): Q_tot depends on the utilities only; with the state it depends on the state too
+    rng = np.random.default_rng(5)
+    q = rng.normal(size=(8, 3)).astype(np.float32)
+    s1, s2 = (rng.normal(size=(8, 6)).astype(np.float32) for _ in range(2))
+    for use_state in (True, False):
+        cfg = ValueDecompositionConfig(mixer="qmix", hidden=(8,), mixing_embed=4, hypernet_hidden=8,
+                                       hypernet_layers=2, mixer_state=use_state)
+        vd = ValueDecomposition(4, 6, 3, 5, cfg, seed=2)
+        a, b = (np.asarray(vd.mix(vd.params, q, s)) for s in (s1, s2))
+        zero = np.asarray(vd.mix(vd.params, q, np.zeros_like(s1)))
+        if use_state:
+            assert not np.allclose(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-6)
+            np.testing.assert_allclose(a, zero, rtol=1e-6)
