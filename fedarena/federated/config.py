@@ -170,7 +170,8 @@ class DataConfig:
     """The data set and its split over the simulated clients (:mod:`fedarena.federated.data`)."""
 
     dataset: Literal["digits", "breast_cancer", "synthetic", "leaf", "mnist", "leaf_femnist", "leaf_shakespeare",
-                     "tff_emnist", "tff_shakespeare", "tff_cifar100", "cifar10", "cifar100"] = param(
+                     "tff_emnist", "tff_shakespeare", "tff_cifar100", "tff_stackoverflow_nwp", "tff_stackoverflow_tag",
+                     "cifar10", "cifar100"] = param(
         "digits", "data set; leaf_* / tff_* / cifar10 / cifar100 are read per client from data.path "
         "(fedarena.federated.datasets), leaf and mnist whole into memory")
     path: str = param("", "local file or folder of a data set read from disk (no download)")
@@ -194,6 +195,8 @@ class DataConfig:
     augment: bool = param(True, "CIFAR: random crop (padding 4) and horizontal flip of training examples")
     test_clients: int = param(200, "global test set of a per-user data set without one: the held-out examples "
                               "of this many users")
+    vocab_path: str = param("", "tff_stackoverflow_*: TFF's word-count file ('' = stackoverflow.word_count beside "
+                            "the data; its folder also holds stackoverflow.tag_count)")
 
     def __post_init__(self) -> None:
         if self.dataset not in ("digits", "breast_cancer", "synthetic") and not self.path:
@@ -225,10 +228,10 @@ class DataConfig:
             synthetic_size_mean=self.synthetic_size_mean, synthetic_size_sigma=self.synthetic_size_sigma,
             synthetic_size_min=self.synthetic_size_min, synthetic_size_max=self.synthetic_size_max, label=self.label,
             cache_dir=self.cache_dir, prefetch_threads=self.prefetch_threads, augment=self.augment,
-            test_clients=self.test_clients)
+            test_clients=self.test_clients, vocab_path=self.vocab_path)
 
 
-ZOO_ARCHS = ("resnet18_gn", "resnet8_gn", "cnn_emnist", "char_lstm", "word_lstm", "transformer")
+ZOO_ARCHS = ("resnet18_gn", "resnet8_gn", "cnn_emnist", "char_lstm", "word_lstm", "transformer", "tag_lr")
 """``model.arch`` names of :mod:`fedarena.federated.models` (kept here so that loading a config imports no engine)"""
 
 
@@ -241,7 +244,7 @@ class ModelConfig:
                       "'torch:module.path:factory' (factory(num_features, num_classes) -> nn.Module, converted by "
                       "engine.from_torch; the run imports that module and calls the factory: a config is code, "
                       "run only configs you trust); Reddi et al. 2021's models (fedarena.federated.models): "
-                      "resnet18_gn, resnet8_gn, cnn_emnist, char_lstm, word_lstm, transformer")
+                      "resnet18_gn, resnet8_gn, cnn_emnist, char_lstm, word_lstm, transformer, tag_lr")
     hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
     cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions", factory=lambda: [32, 64])
     cnn_hidden: int = param(512, "cnn: units of the fully connected ReLU layer")
