@@ -241,7 +241,7 @@ def test_cli_exit_status_2_on_a_truncated_file(tmp_path):
     f = tmp_path / "stackoverflow_train.h5"
     f.write_bytes(f.read_bytes()[:2000])
     p = subprocess.run([sys.executable, "-m", "fedarena.platform.cli", "run", "experiments/reddi_stackoverflow_nwp.yaml",
-                        "--set", f"data.path={tmp_path}", "--set", "rounds=1", "--out", str(tmp_path / "run")],
+                        "--set", f"base.data.path={tmp_path}", "--set", "base.rounds=1", "--out", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
