@@ -25,7 +25,7 @@ file (:func:`fedarena.platform.config.migrate`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -809,15 +809,24 @@ class TaskDataConfig:
 
 
 @dataclass(frozen=True)
-class TaskModelConfig:
-    """The MLP the FL-Clients train and its trainer."""
+class TaskModelConfig(ModelConfig):
+    """The model the FL-Clients train: fedsim's ``model`` section (:class:`ModelConfig`: the MLP, the CNN,
+    Reddi et al.'s models, a torch model), with the runtime's MLP default and the MLP's trainer."""
 
     hidden: list[int] = param(doc="hidden layer sizes of the MLP", factory=lambda: [64])
-    trainer: Literal["engine", "numpy"] = param("engine", "local trainer: fedarena.engine MLP or numpy reference")
+    trainer: Literal["engine", "numpy"] = param("engine", "local trainer: fedarena.engine MLP or numpy reference "
+                                                "(the MLP only; every other arch trains on the engine)")
 
     def __post_init__(self) -> None:
-        if any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden: every layer needs >= 1 unit, got {self.hidden}")
+        super().__post_init__()
+        if self.arch != "mlp" and self.trainer != "engine":
+            raise ValueError(f"trainer: {self.arch} trains on the engine, not {self.trainer}")
+
+    def task_model(self) -> dict[str, Any]:
+        """The fields :class:`fedarena.federated.task.TaskSpec` carries to every client ({} for the MLP)."""
+        if self.arch == "mlp":
+            return {}
+        return {f.name: getattr(self, f.name) for f in fields(ModelConfig)}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ class FedAvgGrpcConfig(FLExperimentConfig):
 
     rounds: int = param(30, "number of rounds")
     data: TaskDataConfig = param(doc="the data set and its split over the client processes", factory=TaskDataConfig)
-    model: TaskModelConfig = param(doc="the MLP and its trainer", factory=TaskModelConfig)
+    model: TaskModelConfig = param(doc="the model the clients train (fedsim's model section) and the MLP's trainer",
+                                   factory=TaskModelConfig)
     clients: GrpcClientsConfig = param(doc="selection, round window and local training", factory=GrpcClientsConfig)
     strategy: GrpcStrategyConfig = param(doc="the scheduler's rule and server update", factory=GrpcStrategyConfig)
     upload: GrpcUploadConfig = param(doc="the clients' upload encoding and the servers' limits",
@@ -97,7 +98,8 @@ def _spec(cfg: FedAvgGrpcConfig):
     u, p = cfg.upload, cfg.privacy
     sa = p.secagg
     task = TaskSpec(dataset=cfg.data.dataset, num_clients=cfg.data.num_clients, alpha=cfg.data.alpha,
-                    hidden=tuple(cfg.model.hidden), seed=cfg.seed, trainer=cfg.model.trainer)
+                    hidden=tuple(cfg.model.hidden), seed=cfg.seed, trainer=cfg.model.trainer,
+                    model=cfg.model.task_model())
     return DeploymentSpec(
         task=task,
         policy=_policy(cfg),
