@@ -109,7 +109,9 @@ def _write_sqlite(folder):
             if ex:
                 con.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (cid, split, len(ex)))
     rows.append(("heldout", "00000010", _serialize(Example, "a a", "b", "css")))  # another split: not read
-    rows = [r for r in rows if r[1] != "00000001"] + [r for r in rows if r[1] == "00000001"]  # not grouped by id
+    # rows: client 1's two train examples, its test example, client 2's, the held-out user's; written with client
+    # 2's between client 1's train examples (a client's rows need not be contiguous)
+    rows = [rows[0], rows[3], rows[1], rows[4], rows[2]]
     con.executemany("INSERT INTO examples VALUES (?, ?, ?)", rows)
     con.commit()
     con.close()

@@ -36,7 +36,8 @@ Tasks, as Reddi et al. (ICLR 2021, "Adaptive Federated Optimization", Appendix C
   frequent tag in the vocabulary, or tag 0 when it has none.
 
 Every client's example counts and labels go into the index once (:mod:`fedarena.federated.datasets.index`);
-indexing tokenizes every sentence once. A round reads only its clients (one HDF5 group, or one SQL query).
+indexing tokenizes every sentence once. A round reads only its clients (one HDF5 group, or one SQL query over
+the client's rowid range recorded at indexing, so the database needs no index on ``client_id``).
 """
 
 from __future__ import annotations
@@ -348,13 +349,17 @@ class StackOverflowReader:
             self._open.append(con)
         return self._open[0]
 
-    def _sql_rows(self, cid: str | None, split: str):
-        q = "SELECT client_id, serialized_example_proto FROM examples WHERE split_name = ?"
-        args: tuple = (split,)
-        if cid is not None:
-            q += " AND client_id = ?"
-            args = (split, cid)
-        return self._db().execute(q + " ORDER BY client_id, rowid", args)
+    def _sql_rows(self, split: str):
+        """(client id, rowid, blob) of every example of ``split``, grouped by client in row order."""
+        return self._db().execute("SELECT client_id, rowid, serialized_example_proto FROM examples "
+                                  "WHERE split_name = ? ORDER BY client_id, rowid", (split,))
+
+    def _sql_client(self, cid: str, split: str, first: int, last: int) -> list[bytes]:
+        """The blobs of one client's split, in row order: the rowid range recorded at indexing bounds the
+        search, so no index on client_id is needed."""
+        return [r[0] for r in self._db().execute(
+            "SELECT serialized_example_proto FROM examples WHERE rowid BETWEEN ? AND ? AND client_id = ? "
+            "AND split_name = ? ORDER BY rowid", (first, last, cid, split))]
 
     def _sql_features(self, rows, cid: str) -> dict[str, list[bytes]]:
         feats: dict[str, list[bytes]] = {k: [] for k in FEATURES}
@@ -395,15 +400,19 @@ class StackOverflowReader:
                     b.add(str(cid), fid, fid, 0, 0, y)
         else:
             for part, split in enumerate(SQL_SPLITS):
-                cur, rows = None, []
-                for cid, blob in self._sql_rows(None, split):
+                cur, rows, ids = None, [], []
+                for cid, rowid, blob in self._sql_rows(split):
                     if cid != cur and cur is not None:
-                        b.add(str(cur), part, 0, 0, 0, self._examples(self._sql_features(rows, cur), cur)[1])
-                        rows = []
+                        # offset / length: the client's first rowid and the span to its last
+                        b.add(str(cur), part, 0, ids[0], ids[-1] - ids[0],
+                              self._examples(self._sql_features(rows, cur), cur)[1])
+                        rows, ids = [], []
                     cur = cid
                     rows.append(blob)
+                    ids.append(rowid)
                 if cur is not None:
-                    b.add(str(cur), part, 0, 0, 0, self._examples(self._sql_features(rows, cur), cur)[1])
+                    b.add(str(cur), part, 0, ids[0], ids[-1] - ids[0],
+                          self._examples(self._sql_features(rows, cur), cur)[1])
         ix = b.build(held_part=1)
         if len(ix.users) == 0:
             raise DataError("data.path", f"{self.files[0]}: no clients")
@@ -425,7 +434,9 @@ class StackOverflowReader:
                 if self.layout == "hdf5":
                     feats = self._h5_client(fid, cid)
                 else:
-                    feats = self._sql_features([r[1] for r in self._sql_rows(cid, SQL_SPLITS[p])], cid)
+                    first = int(ix.offset[u, p])
+                    feats = self._sql_features(self._sql_client(cid, SQL_SPLITS[p], first,
+                                                                first + int(ix.length[u, p])), cid)
             x, y = self._examples(feats, f"{self.files[fid]}: client {cid!r}")
             xs.append(x)
             ys.append(y)
