@@ -1,7 +1,7 @@
 """The gRPC runtime trains the models of fedsim's ``model`` section, not only its MLP: a real scheduler, two
-FL-Servers and FLClient threads on loopback, whose clients build Reddi et al.'s EMNIST CNN (``cnn_emnist``) and
-a ResNet with group norm (``resnet8_gn``) from the task's model fields, reach the same global model after a round
-as the in-process simulation of the same clients (rtol 1e-5); and the fedavg_grpc config carries the section."""
+FL-Servers and FLClient threads on loopback, whose clients build Reddi et al.'s EMNIST CNN (``cnn_emnist``) from
+the task's model fields, reach the same global model after a round as the in-process simulation of the same
+clients (rtol 1e-5); and the fedavg_grpc config carries the section."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from fedarena.federated.task import TaskSpec
 SEED, CLIENTS = 5, 3
 MODELS = {
     "cnn_emnist": {"arch": "cnn_emnist", "widths": [2, 3], "units": 5},
-    "resnet8_gn": {"arch": "resnet8_gn", "widths": [2, 4], "image_shape": [1, 8, 8]},
 }
 
 
