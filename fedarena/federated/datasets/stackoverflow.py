@@ -435,8 +435,11 @@ class StackOverflowReader:
                     feats = self._h5_client(fid, cid)
                 else:
                     first = int(ix.offset[u, p])
-                    feats = self._sql_features(self._sql_client(cid, SQL_SPLITS[p], first,
-                                                                first + int(ix.length[u, p])), cid)
+                    try:
+                        blobs = self._sql_client(cid, SQL_SPLITS[p], first, first + int(ix.length[u, p]))
+                    except sqlite3.DatabaseError as e:
+                        raise DataError("data.path", f"{self.files[0]}: client {cid!r}: unreadable ({e})") from None
+                    feats = self._sql_features(blobs, cid)
             x, y = self._examples(feats, f"{self.files[fid]}: client {cid!r}")
             xs.append(x)
             ys.append(y)
