@@ -57,7 +57,8 @@ def next_token_examples(seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class TagLR:
     """Multi-label logistic regression over a bag of words (``init``/``apply`` as the engine models):
-    ``apply(params, bag)`` -> tag logits ``bag @ w + b``; parameters start at zero, as TFF's baseline."""
+    ``apply(params, bag)`` -> tag logits ``bag @ w + b``; parameters start at zero (the objective is convex, so
+no random start is needed)."""
 
     def __init__(self, num_words: int, num_tags: int) -> None:
         self.num_words, self.num_tags = num_words, num_tags
