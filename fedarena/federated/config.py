@@ -25,8 +25,7 @@ file (:func:`fedarena.platform.config.migrate`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 from fedarena.platform.experiment import ExperimentConfig, param
@@ -170,7 +169,8 @@ class DataConfig:
     """The data set and its split over the simulated clients (:mod:`fedarena.federated.data`)."""
 
     dataset: Literal["digits", "breast_cancer", "synthetic", "leaf", "mnist", "leaf_femnist", "leaf_shakespeare",
-                     "tff_emnist", "tff_shakespeare", "tff_cifar100", "cifar10", "cifar100"] = param(
+                     "tff_emnist", "tff_shakespeare", "tff_cifar100", "tff_stackoverflow_nwp", "tff_stackoverflow_tag",
+                     "cifar10", "cifar100"] = param(
         "digits", "data set; leaf_* / tff_* / cifar10 / cifar100 are read per client from data.path "
         "(fedarena.federated.datasets), leaf and mnist whole into memory")
     path: str = param("", "local file or folder of a data set read from disk (no download)")
@@ -194,12 +194,14 @@ class DataConfig:
     augment: bool = param(True, "CIFAR: random crop (padding 4) and horizontal flip of training examples")
     test_clients: int = param(200, "global test set of a per-user data set without one: the held-out examples "
                               "of this many users")
+    vocab_path: str = param("", "tff_stackoverflow_*: TFF's word-count file ('' = stackoverflow.word_count beside "
+                            "the data; its folder also holds stackoverflow.tag_count)")
 
     def __post_init__(self) -> None:
         if self.dataset not in ("digits", "breast_cancer", "synthetic") and not self.path:
             raise ValueError(f"path: dataset '{self.dataset}' is read from a local path; set path")
-        if self.path and not Path(self.path).exists():
-            raise ValueError(f"path: {self.path}: no such file or directory")
+        # a missing path is reported when the data are loaded (one line naming data.path, exit 2), not here: a
+        # shipped config names the files of the machine it runs on (experiments/reddi_*.yaml)
         _at_least("num_clients", self.num_clients, 1)
         _positive("alpha", self.alpha)
         _at_least("shards_per_client", self.shards_per_client, 1)
@@ -225,10 +227,10 @@ class DataConfig:
             synthetic_size_mean=self.synthetic_size_mean, synthetic_size_sigma=self.synthetic_size_sigma,
             synthetic_size_min=self.synthetic_size_min, synthetic_size_max=self.synthetic_size_max, label=self.label,
             cache_dir=self.cache_dir, prefetch_threads=self.prefetch_threads, augment=self.augment,
-            test_clients=self.test_clients)
+            test_clients=self.test_clients, vocab_path=self.vocab_path)
 
 
-ZOO_ARCHS = ("resnet18_gn", "resnet8_gn", "cnn_emnist", "char_lstm", "word_lstm", "transformer")
+ZOO_ARCHS = ("resnet18_gn", "resnet8_gn", "cnn_emnist", "char_lstm", "word_lstm", "transformer", "tag_lr")
 """``model.arch`` names of :mod:`fedarena.federated.models` (kept here so that loading a config imports no engine)"""
 
 
@@ -241,7 +243,7 @@ class ModelConfig:
                       "'torch:module.path:factory' (factory(num_features, num_classes) -> nn.Module, converted by "
                       "engine.from_torch; the run imports that module and calls the factory: a config is code, "
                       "run only configs you trust); Reddi et al. 2021's models (fedarena.federated.models): "
-                      "resnet18_gn, resnet8_gn, cnn_emnist, char_lstm, word_lstm, transformer")
+                      "resnet18_gn, resnet8_gn, cnn_emnist, char_lstm, word_lstm, transformer, tag_lr")
     hidden: list[int] = param(doc="hidden layer sizes of the MLP ([] = softmax regression)", factory=lambda: [32])
     cnn_channels: list[int] = param(doc="cnn: channels of the two 5x5 convolutions", factory=lambda: [32, 64])
     cnn_hidden: int = param(512, "cnn: units of the fully connected ReLU layer")
@@ -908,15 +910,24 @@ class TaskDataConfig:
 
 
 @dataclass(frozen=True)
-class TaskModelConfig:
-    """The MLP the FL-Clients train and its trainer."""
+class TaskModelConfig(ModelConfig):
+    """The model the FL-Clients train: fedsim's ``model`` section (:class:`ModelConfig`: the MLP, the CNN,
+    Reddi et al.'s models, a torch model), with the runtime's MLP default and the MLP's trainer."""
 
     hidden: list[int] = param(doc="hidden layer sizes of the MLP", factory=lambda: [64])
-    trainer: Literal["engine", "numpy"] = param("engine", "local trainer: fedarena.engine MLP or numpy reference")
+    trainer: Literal["engine", "numpy"] = param("engine", "local trainer: fedarena.engine MLP or numpy reference "
+                                                "(the MLP only; every other arch trains on the engine)")
 
     def __post_init__(self) -> None:
-        if any(h < 1 for h in self.hidden):
-            raise ValueError(f"hidden: every layer needs >= 1 unit, got {self.hidden}")
+        super().__post_init__()
+        if self.arch != "mlp" and self.trainer != "engine":
+            raise ValueError(f"trainer: {self.arch} trains on the engine, not {self.trainer}")
+
+    def task_model(self) -> dict[str, Any]:
+        """The fields :class:`fedarena.federated.task.TaskSpec` carries to every client ({} for the MLP)."""
+        if self.arch == "mlp":
+            return {}
+        return {f.name: getattr(self, f.name) for f in fields(ModelConfig)}
 
 
 @dataclass(frozen=True)

@@ -536,6 +536,8 @@ class DataSpec:
     augment: bool = True
     """CIFAR: random crop (padding 4) and horizontal flip of the training examples"""
     test_clients: int = 200
+    vocab_path: str = ""
+    """Stack Overflow: the word-count file ("" = stackoverflow.word_count beside the data)"""
 
     def __post_init__(self) -> None:
         from fedarena.federated.datasets.pipeline import PIPELINE_DATASETS

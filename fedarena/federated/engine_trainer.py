@@ -7,11 +7,18 @@ update -- is traced once per batch shape into one engine graph (``engine.jit`` o
 :class:`fedarena.federated.trainer.NumpyMLPTrainer` (same permutation, same order), and the same
 initialisation is used, so the two trainers agree to float32 rounding (checked in the tests).
 Parameters on the wire stay the flat ``{"l{i}.w", "l{i}.b"}`` dict.
+
+:class:`BatchedModelTrainer` trains any model of the simulation's ``model`` section (the CNN, Reddi et al.'s
+ResNet-GN, CNN, LSTMs and transformer of :mod:`fedarena.federated.models`, a converted torch model) for one
+FL-Client: the client's minibatches are :func:`~fedarena.federated.simulation.batch_plan` of the client's
+generator and the step is the model's own compiled batched step, so a client of the gRPC runtime trains exactly
+as that client does in the simulation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -92,3 +99,32 @@ class EngineMLPTrainer:
         z = logits - logits.max(axis=1, keepdims=True)
         logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
         return float(-logp[np.arange(len(y)), y].mean()), float((logp.argmax(1) == y).mean())
+
+
+@dataclass(frozen=True)
+class BatchedModelTrainer:
+    """The :class:`~fedarena.federated.trainer.LocalTrainer` of a simulation model
+    (:class:`~fedarena.federated.simulation.BatchedModel`, built by ``ModelConfig.build``) for one client."""
+
+    model: Any
+    num_classes: int
+
+    def init_params(self, seed: int) -> Params:
+        return self.model.init_params(seed)
+
+    def train(self, params: Params, x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int, lr: float,
+              prox_mu: float, rng: np.random.Generator) -> tuple[Params, float]:
+        from fedarena.federated.simulation import batch_plan, make_group_plan
+        from fedarena.federated.strategy import FitConfig
+
+        cfg = FitConfig(epochs, batch_size, lr, prox_mu)
+        mat, ep = batch_plan(len(x), cfg, rng)
+        plan = make_group_plan([(np.arange(len(x)), mat, ep)], [len(mat)], batch_size)
+        onehot = np.eye(self.num_classes, dtype=np.float32)[np.asarray(y, np.int64)]
+        out, losses = self.model.train_group(params, plan, np.asarray(x, np.float32), onehot, cfg)
+        return {k: np.asarray(v[0], np.float32) for k, v in out.items()}, float(losses[0])
+
+    def evaluate(self, params: Params, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        from fedarena.federated.simulation import evaluate_params
+
+        return evaluate_params(self.model, params, np.asarray(x, np.float32), np.asarray(y, np.int64))

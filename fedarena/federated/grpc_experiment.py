@@ -125,7 +125,8 @@ def _spec(cfg: FedAvgGrpcConfig):
     u, p = cfg.upload, cfg.privacy
     sa = p.secagg
     task = TaskSpec(dataset=cfg.data.dataset, num_clients=cfg.data.num_clients, alpha=cfg.data.alpha,
-                    hidden=tuple(cfg.model.hidden), seed=cfg.seed, trainer=cfg.model.trainer)
+                    hidden=tuple(cfg.model.hidden), seed=cfg.seed, trainer=cfg.model.trainer,
+                    model=cfg.model.task_model())
     return DeploymentSpec(
         task=task,
         policy=replace(_policy(cfg), **_devices(cfg, task)),

@@ -5,15 +5,25 @@
 
 Architectures (``ARCHS``): ``resnet18_gn`` (ResNet-18 with 2-group group norm, CIFAR-100), ``resnet8_gn`` (its
 small CPU counterpart), ``cnn_emnist`` (the EMNIST CNN), ``char_lstm`` (Shakespeare), ``word_lstm``
-(StackOverflow next-word prediction) and ``transformer`` (a small causal transformer encoder).
+(StackOverflow next-word prediction), ``transformer`` (a small causal transformer encoder) and ``tag_lr``
+(Stack Overflow tag prediction: multi-label logistic regression, Reddi et al.'s "Stack Overflow LR").
 
 Data layout. Image models read an example as its flattened ``image`` = (channels, height, width) pixels. The
 language models read an example as ``T + 1`` token ids (stored as float32, exact below 2^24): the model reads
 the first ``T`` and predicts every next token; the local objective is each sequence's mean cross-entropy over
 its target tokens that are not the pad id 0 (TFF's pad id), averaged over the batch's sequences as the image
 models average their examples. The simulation holds one label per example, so for the language models ``y``
-is the sequence's last token and ``num_classes`` the vocabulary size: evaluation (``logits``) scores the
-prediction of the last position.
+is the sequence's last non-pad token and ``num_classes`` the vocabulary size: evaluation (``logits``) scores
+the prediction of that token (the position before it; a sequence is left-aligned, pads only at its end). Every
+sequence reader of :mod:`fedarena.federated.datasets` emits this layout (Shakespeare: 81 character ids; Stack
+Overflow: 21 word ids); :func:`next_token_examples` derives the (context, next id) pairs of a model that
+predicts one token from a window.
+
+``tag_lr`` reads an example as the bag of words followed by the multi-hot tag vector
+(:mod:`fedarena.federated.datasets.stackoverflow`): logits = bag @ W + b over the ``num_classes`` tags, the
+local objective each example's mean sigmoid cross-entropy over the tags (Keras' binary cross-entropy, as TFF's
+baseline); evaluation scores the softmax of the same logits against the example's label (its most frequent
+tag).
 
 Parameters travel as the flat ``{dotted name: float32 array}`` dict of the runtime's wire format
 (``layer1.0.conv1.w``, ``lstm.1.w_hh``, ...). The simulation's local step carries no random keys, so the
@@ -35,6 +45,29 @@ from fedarena.federated.strategy import Params
 SEQUENCE_ARCHS = ("char_lstm", "word_lstm", "transformer")
 PAD = 0
 """the pad token id, left out of the language models' loss"""
+
+
+def next_token_examples(seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (context, next id) form of ``T + 1``-id sequences: every sequence's first ``T`` ids and its last
+    non-pad id (the language models' label), for a model that predicts one token from a window."""
+    seqs = np.asarray(seqs)
+    last = np.maximum((seqs != PAD).sum(1) - 1, 0)
+    return seqs[:, :-1], seqs[np.arange(len(seqs)), last]
+
+
+class TagLR:
+    """Multi-label logistic regression over a bag of words (``init``/``apply`` as the engine models):
+    ``apply(params, bag)`` -> tag logits ``bag @ w + b``; parameters start at zero (the objective is convex, so
+no random start is needed)."""
+
+    def __init__(self, num_words: int, num_tags: int) -> None:
+        self.num_words, self.num_tags = num_words, num_tags
+
+    def init(self, seed: Any = 0, dtype: Any = np.float32) -> dict:
+        return {"w": np.zeros((self.num_words, self.num_tags), dtype), "b": np.zeros(self.num_tags, dtype)}
+
+    def apply(self, params: dict, bag: Any) -> Any:
+        return ops.add(ops.matmul(bag, params["w"]), params["b"])
 
 
 def _named_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -66,6 +99,11 @@ def build_module(arch: str, num_features: int, num_classes: int, image: tuple = 
     :mod:`fedarena.engine.models`). Errors name the ``model.`` field."""
     if arch not in ARCHS:
         raise ValueError(f"model.arch: unknown {arch!r}; known: {', '.join(ARCHS)}")
+    if arch == "tag_lr":
+        if num_features <= num_classes:
+            raise ValueError(f"model.arch: tag_lr reads a bag of words followed by {num_classes} tag targets, the "
+                             f"data has {num_features} features")
+        return TagLR(num_features - num_classes, num_classes)
     if arch in SEQUENCE_ARCHS:
         if num_features < 2:
             raise ValueError(f"model.arch: {arch} reads sequences of T + 1 >= 2 token ids, the data has {num_features} "
@@ -105,8 +143,9 @@ class BatchedZooModel(BatchedModel):
         self.spec = ("zoo", arch, self.num_features, self.num_classes, tuple(sorted(self.options.items())))
         self.module = build_module(arch, self.num_features, self.num_classes, **self.options)
         self.sequence = arch in SEQUENCE_ARCHS
+        self.tags = arch == "tag_lr"
         image = self.options.get("image") or (1, *([int(round(self.num_features ** 0.5))] * 2))
-        self.image = None if self.sequence else tuple(int(v) for v in image)
+        self.image = None if self.sequence or self.tags else tuple(int(v) for v in image)
         self.template = self.module.init(0, np.float32)
         self._compile()
 
@@ -136,12 +175,24 @@ class BatchedZooModel(BatchedModel):
         return self.module.apply(tree, self._tokens(x)[:, :-1])
 
     def forward(self, tree: Any, x: Any) -> Any:
-        """Class logits of an image model; a language model's logits at its last position."""
+        """Class logits of an image model; a language model's logits at the position predicting its last non-pad
+        token; tag_lr's tag logits."""
+        if self.tags:
+            return self.module.apply(tree, x[:, : self.num_features - self.num_classes])
         if self.sequence:
-            return self.sequence_logits(tree, x)[:, -1, :]
+            logits = self.sequence_logits(tree, x)
+            T = self.num_features - 1
+            at = ops.sum(ops.astype(ops.not_equal(self._tokens(x), PAD), np.int32), axis=1) - 2
+            pick = ops.one_hot(ops.maximum(at, 0), T)
+            return ops.sum(logits * ops.reshape(pick, (ops.shape(pick)[0], T, 1)), axis=1)
         return self.module.apply(tree, ops.reshape(x, (ops.shape(x)[0], *self.image)))
 
     def example_losses(self, tree: Any, x: Any, y_onehot: Any) -> Any:
+        if self.tags:
+            z = self.forward(tree, x)
+            t = x[:, self.num_features - self.num_classes:]
+            # sigmoid cross-entropy from logits: softplus(z) - t z, averaged over the tags
+            return ops.mean(ops.softplus(z) - t * z, axis=1)
         if not self.sequence:
             return super().example_losses(tree, x, y_onehot)
         logits = self.sequence_logits(tree, x)

@@ -9,7 +9,8 @@ the same split from the same :class:`TaskSpec`, so no data ever crosses the wire
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,11 @@ class TaskSpec:
     synthetic_classes: int = 10
     synthetic_examples: int = 4000
     min_examples: int = 5
+    model: dict[str, Any] = field(default_factory=dict)
+    """a model other than the MLP: the fields of fedsim's ``model`` section
+    (:class:`fedarena.federated.config.ModelConfig`, e.g. ``{"arch": "cnn_emnist", "widths": [4, 8]}``), trained
+    by :class:`~fedarena.federated.engine_trainer.BatchedModelTrainer`; empty or ``arch: mlp`` = the MLP of
+    ``hidden`` with ``trainer``"""
 
     def __post_init__(self) -> None:
         if self.dataset not in ("digits", "synthetic"):
@@ -44,6 +50,8 @@ class TaskSpec:
             raise ValueError(f"task.test_fraction: must lie in (0, 1), got {self.test_fraction}")
         if self.trainer not in ("engine", "numpy"):
             raise ValueError(f"task.trainer: unknown '{self.trainer}' (engine or numpy)")
+        if self.model.get("arch", "mlp") != "mlp" and self.trainer != "engine":
+            raise ValueError(f"task.trainer: model {self.model['arch']} trains on the engine, not '{self.trainer}'")
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,12 @@ def _dataset(spec: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_trainer(spec: TaskSpec, sizes: tuple[int, ...]) -> LocalTrainer:
+    if spec.model.get("arch", "mlp") != "mlp":
+        from fedarena.federated.config import ModelConfig
+        from fedarena.federated.engine_trainer import BatchedModelTrainer
+
+        cfg = ModelConfig(**spec.model)
+        return BatchedModelTrainer(cfg.build(sizes[0], sizes[-1]), sizes[-1])
     if spec.trainer == "numpy":
         return NumpyMLPTrainer(sizes)
     from fedarena.federated.engine_trainer import EngineMLPTrainer

@@ -159,7 +159,10 @@ def test_every_old_flat_key_has_exactly_one_new_path(schema, moved, count):
                             "execution.ray_chunk", "privacy.dp.accountant", "privacy.dp.adaptive_clip",
                             "privacy.dp.target_quantile", "privacy.dp.clip_learning_rate",
                             "privacy.dp.clip_count_stddev", "data.label", "data.cache_dir",
-                            "data.prefetch_threads", "data.augment", "data.test_clients"} | zoo}.get(schema, set())
+                            "data.prefetch_threads", "data.augment", "data.test_clients", "data.vocab_path"} | zoo,
+             # the runtime's model section became fedsim's (issue 31)
+             FedAvgGrpcConfig: {"model.arch", "model.cnn_channels", "model.cnn_hidden", "model.image_shape",
+                                "model.zero_init"}}.get(schema, set())
     added |= zoo & kind_fields
     # the attack section (both kinds) and strategy.defence (fedsim), issue 36; three old fedsim keys moved into it
     added |= {p for p in kind_fields if p.startswith(("attack.", "strategy.defence."))} - set(moved.values())

@@ -141,3 +141,65 @@ def test_paper_sizes_from_the_config():
 def test_bad_model_config_names_the_field(cfg, features, msg):
     with pytest.raises(ValueError, match=msg):
         ModelConfig(**cfg).build(features, 5)
+
+
+def test_language_model_scores_the_last_non_pad_token():
+    """Evaluation logits of a sequence are the model's prediction of its last non-pad id (sequences padded at the
+    end, as the readers emit them), checked against the full (batch, T, vocab) logits."""
+    model = BatchedZooModel("char_lstm", 9, 7, embed_dim=3, hidden=4)
+    rng = np.random.default_rng(5)
+    x = rng.integers(1, 7, (4, 9))
+    lengths = [9, 5, 2, 7]  # non-pad ids per sequence
+    for i, n in enumerate(lengths):
+        x[i, n:] = 0
+    p = model.init_params(1)
+    full = np.asarray(model.module.apply(model._tree(p), x[:, :-1].astype(np.int32)), np.float64)
+    got = model.logits(p, x.astype(np.float32))
+    for i, n in enumerate(lengths):
+        np.testing.assert_allclose(got[i], full[i, n - 2], rtol=1e-5, atol=1e-6)
+    from fedarena.federated.models import next_token_examples
+
+    ctx, nxt = next_token_examples(x)
+    np.testing.assert_array_equal(ctx, x[:, :-1])
+    np.testing.assert_array_equal(nxt, [x[i, n - 1] for i, n in enumerate(lengths)])
+
+
+def test_tag_lr_round_matches_pytorch():
+    """Stack Overflow tag prediction (tag_lr): one FedAvg round equals PyTorch's linear layer with
+    BCE-with-logits averaged over the tags, on the same minibatches."""
+    words, tags = 12, 5
+    model = ModelConfig(arch="tag_lr").build(words + tags, tags)
+    rng = np.random.default_rng(2)
+    n = 14
+    bag = rng.random((n, words)) / words
+    multi = (rng.random((n, tags)) < 0.3).astype(np.float64)
+    x = np.concatenate([bag, multi], 1).astype(np.float32)
+    y = multi.argmax(1)
+    parts = np.split(rng.permutation(n), [5, 9])
+    fit = st.FitConfig(epochs=2, batch_size=3, lr=0.5)
+    s = sim.Simulation(model, st.FedAvg(fit, clients_per_round=3), x, y, parts, ["c0", "c1", "c2"], tags, seed=4,
+                       eval_clients=False)
+    p0 = {k: rng.normal(0, 0.1, v.shape).astype(np.float32) for k, v in model.init_params(0).items()}
+    state, rec = s.round(s.init_state(p0))
+    w0, b0 = torch.tensor(p0["w"], dtype=torch.float64), torch.tensor(p0["b"], dtype=torch.float64)
+    acc_w, acc_b, total = torch.zeros_like(w0), torch.zeros_like(b0), 0
+    for cid in rec.selected:
+        i = int(cid[1:])
+        w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+        batches, _ = sim.batch_plan(len(parts[i]), fit, np.random.default_rng([4, 1, sim.client_key(cid)]))
+        for row in batches:
+            idx = parts[i][row[row >= 0]]
+            xb = torch.tensor(x[idx], dtype=torch.float64)
+            z = xb[:, :words] @ w + b
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z, xb[:, words:], reduction="none")
+            loss = loss.mean(1).mean()
+            gw, gb = torch.autograd.grad(loss, (w, b))
+            with torch.no_grad():
+                w -= fit.lr * gw
+                b -= fit.lr * gb
+        total += len(parts[i])
+        acc_w += len(parts[i]) * (w.detach() - w0)
+        acc_b += len(parts[i]) * (b.detach() - b0)
+    np.testing.assert_allclose(state.params["w"], (w0 + acc_w / total).numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(state.params["b"], (b0 + acc_b / total).numpy(), rtol=1e-4, atol=1e-6)
+    assert float((acc_b / total).abs().max()) > 1e-3  # the round moved the model

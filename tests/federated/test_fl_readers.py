@@ -69,10 +69,12 @@ def test_leaf_shakespeare_next_character_vocabulary(tmp_path):
         ys.append(text[j])
     _write_leaf(tmp_path / "s.json", {"THE_KING": {"x": xs[:4], "y": ys[:4]}, "HAMLET": {"x": xs[4:], "y": ys[4:]}})
     d = load(_spec("leaf_shakespeare", tmp_path / "s.json", 2, held_out_fraction=0.0), seed=0)
-    assert len(LEAF_LETTERS) == 80 and d.num_classes == 80 and d.num_features == 80
+    # the language models' layout: 81 ids (the 80 characters, then the next one), id 0 the pad
+    assert len(LEAF_LETTERS) == 80 and d.num_classes == 81 and d.num_features == 81
     x, y = d.client(1)
-    assert "".join(LEAF_LETTERS[int(c)] for c in x[0]) == xs[4]
-    assert [LEAF_LETTERS[int(c)] for c in y] == ys[4:]
+    assert "".join(LEAF_LETTERS[int(c) - 1] for c in x[0]) == xs[4] + ys[4]
+    assert [LEAF_LETTERS[int(c) - 1] for c in y] == ys[4:]
+    np.testing.assert_array_equal(x[:, -1], y)
 
 
 def _leaf_error(tmp_path, content, dataset="leaf_femnist"):
@@ -151,16 +153,28 @@ def test_tff_shakespeare_snippets(tmp_path):
         for c, s in sn.items():
             f.create_dataset(f"examples/{c}/snippets", data=s, dtype=h5py.string_dtype())
     d = load(_spec("tff_shakespeare", tmp_path, 2, held_out_fraction=0.0), seed=0)
-    assert d.num_classes == 81  # LEAF's 80 characters and one out-of-vocabulary index
-    text = "I have years on my back forty-eight.$"
+    # TFF's vocabulary (as typed in TFF's preprocessing): pad 0, 86 characters, oov 87, bos 88, eos 89
+    vocab = "dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\naeimquyAEIMQUY]!%)-159\r"
+    assert len(vocab) == 86 and d.num_classes == 90 and d.num_features == 81
     with h5py.File(tmp_path / "shakespeare_train.h5", "r") as f:
         order = list(f["examples"])  # the file's client order
     x, y = d.client(order.index("THE_TRAGEDY_OF_KING_LEAR_KENT"))
-    assert len(y) == len(text)
-    oov = 80
-    assert [LEAF_LETTERS[int(c)] if c < oov else "?" for c in y] == [c if c in LEAF_LETTERS else "?" for c in text]
-    ctx = (" " * 80 + text)[10: 90]  # the 80 characters before text[10]
-    assert "".join(LEAF_LETTERS[int(c)] for c in x[10]) == ctx
+
+    def ids(s):  # each snippet: bos, characters, eos, padded to a multiple of 81
+        out = [88] + [vocab.index(c) + 1 if c in vocab else 87 for c in s] + [89]
+        return out + [0] * (-len(out) % 81)
+
+    want = np.array(ids("I have years on my back") + ids(" forty-eight.$")).reshape(-1, 81)
+    assert x.shape == (2, 81)
+    np.testing.assert_array_equal(x, want)
+    np.testing.assert_array_equal(y, [89, 89])  # the last non-pad id of each example
+    long = "a" * 170  # 172 ids: three examples, the last holding 10 ids
+    (tmp_path / "long").mkdir()
+    with h5py.File(tmp_path / "long" / "shakespeare_train.h5", "w") as f:
+        f.create_dataset("examples/LONG/snippets", data=np.array([long.encode()], dtype=object),
+                         dtype=h5py.string_dtype())
+    x3, y3 = load(_spec("tff_shakespeare", tmp_path / "long", 1, held_out_fraction=0.0), seed=0).client(0)
+    assert x3.shape == (3, 81) and (x3[2, 10:] == 0).all() and list(y3) == [vocab.index("a") + 1] * 2 + [89]
 
 
 def test_tff_corrupt_and_malformed_files(tmp_path):

@@ -9,7 +9,10 @@ A LEAF file is one JSON object ``{"users": [...], "num_samples": [...], "user_da
 
 Tasks: FEMNIST (``x`` rows of 784 floats, a 28x28 image, 62 classes) and Shakespeare next-character
 prediction (``x`` strings of 80 characters, ``y`` the next character, both over LEAF's 80-character
-vocabulary ``LEAF_LETTERS``; an example becomes the 80 character indices and the label the next one's index).
+vocabulary ``LEAF_LETTERS``). A Shakespeare example becomes the ``T + 1 = 81`` ids of ``x`` followed by
+``y`` -- character ``LEAF_LETTERS[i]`` is id ``i + 1``, id 0 is the pad (81 classes) -- the layout the
+language models of :mod:`fedarena.federated.models` read (the model reads the first 80 ids and predicts each
+next one; TFF's Shakespeare reader emits the same layout); its label is the id of ``y``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from fedarena.federated.datasets.index import ClientIndex, IndexBuilder
 SEQ_LEN = 80
 """LEAF Shakespeare's context length"""
 FEMNIST_PIXELS = 28 * 28
-_LUT = {c: i for i, c in enumerate(LEAF_LETTERS)}
+_LUT = {c: i + 1 for i, c in enumerate(LEAF_LETTERS)}  # id 0 is the pad
 
 
 def _skip_ws(s: str, i: int) -> int:
@@ -174,8 +177,8 @@ class LeafReader:
             found = _kind_of(f)
             if found != task:
                 raise DataError("data.path", f"{f}: holds LEAF {found} data, data.dataset asks for {task}")
-        self.num_classes = len(LEAF_LETTERS) if task == "shakespeare" else 62
-        self.example_shape = (SEQ_LEN,) if task == "shakespeare" else (1, 28, 28)
+        self.num_classes = len(LEAF_LETTERS) + 1 if task == "shakespeare" else 62
+        self.example_shape = (SEQ_LEN + 1,) if task == "shakespeare" else (1, 28, 28)
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()  # the pipeline's threads open the files once between them
 
@@ -203,7 +206,7 @@ class LeafReader:
         return fd
 
     def read(self, ix: ClientIndex, u: int) -> tuple[np.ndarray, np.ndarray]:
-        """User ``u``'s examples (float32 pixels in [0, 1] as given, or int64 character indices) and labels."""
+        """User ``u``'s examples (float32 pixels in [0, 1] as given, or int64 (n, 81) character ids) and labels."""
         xs, ys = [], []
         for p in range(ix.file.shape[1]):
             fid = int(ix.file[u, p])
@@ -221,7 +224,7 @@ class LeafReader:
                 if any(not isinstance(s, str) or len(s) != SEQ_LEN for s in rec["x"]):
                     raise DataError("data.path", f"{f}: user {user!r}: Shakespeare x must be {SEQ_LEN}-character "
                                     "strings")
-                x = _char_ids(rec["x"], f, user).reshape(len(y), SEQ_LEN)
+                x = np.concatenate([_char_ids(rec["x"], f, user).reshape(len(y), SEQ_LEN), y[:, None]], 1)
             else:
                 try:
                     x = np.asarray(rec["x"], np.float32)

@@ -44,8 +44,8 @@ CIFAR_STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
-PIPELINE_DATASETS = ("leaf_femnist", "leaf_shakespeare", "tff_emnist", "tff_shakespeare", "tff_cifar100", "cifar10",
-                     "cifar100")
+PIPELINE_DATASETS = ("leaf_femnist", "leaf_shakespeare", "tff_emnist", "tff_shakespeare", "tff_cifar100",
+                     "tff_stackoverflow_nwp", "tff_stackoverflow_tag", "cifar10", "cifar100")
 
 
 class Examples(Sequence):
@@ -214,12 +214,15 @@ def open_reader(spec: Any, seed: int):
     """The reader of ``spec.dataset`` on ``spec.path``."""
     from pathlib import Path
 
-    from fedarena.federated.datasets import cifar, leaf, tff
+    from fedarena.federated.datasets import cifar, leaf, stackoverflow, tff
 
     name = spec.dataset
     path = Path(spec.path)
     if not spec.path or not path.exists():
         raise DataError("data.path", f"{spec.path}: no such file or directory")
+    if name.startswith("tff_stackoverflow_"):
+        return stackoverflow.StackOverflowReader(path, name.removeprefix("tff_stackoverflow_"),
+                                                 getattr(spec, "vocab_path", ""))
     if name.startswith("leaf_"):
         return leaf.LeafReader(path, name.removeprefix("leaf_"))
     if name.startswith("tff_"):
@@ -235,7 +238,8 @@ def index_of(reader: Any, spec: Any) -> Any:
     if isinstance(reader, cifar.CifarReader):
         return reader.scan()
     kind = "-".join([type(reader).__name__, getattr(reader, "task", ""), getattr(reader, "label", "")])
-    path, stats = index.cache_path(list(reader.files), kind, "", spec.cache_dir)
+    path, stats = index.cache_path(list(reader.files) + list(getattr(reader, "vocab_files", [])), kind, "",
+                                   spec.cache_dir)
     ix = index.load_cached(path, stats)
     if ix is None:
         ix = reader.scan()
@@ -286,4 +290,5 @@ def load(spec: Any, seed: int) -> StreamedData:
         tx, ty = (source[idx], ix.labels[idx]) if len(idx) else (np.zeros((0, source.num_features), np.float32),
                                                                  np.zeros(0, np.int64))
     return StreamedData(source, ix.labels, train, held_out, np.zeros(0, np.int64), int(reader.num_classes),
-                        spec.dataset, test_arrays=(tx, np.asarray(ty, np.int64)), files=tuple(reader.files))
+                        spec.dataset, test_arrays=(tx, np.asarray(ty, np.int64)),
+                        files=tuple(reader.files) + tuple(getattr(reader, "vocab_files", ())))

@@ -7,9 +7,11 @@ all of the same length (the client's examples). The tasks read here:
   ``pixels`` (n, 28, 28) float32 and ``label`` (n,) integers (62 classes; 10 for digits only); EMNIST's
   writers (Cohen et al. 2017) as clients, as in Reddi et al. (ICLR 2021, "Adaptive Federated Optimization").
 * Shakespeare (``shakespeare_train.h5``, ``shakespeare_test.h5``): ``snippets`` (n,) byte strings, a speaking
-  role's lines. A client's text (its snippets joined) gives one next-character example per character: the 80
-  characters before it (left-padded with spaces) over LEAF's 80-character vocabulary plus one
-  out-of-vocabulary index 80, as in LEAF's preprocessing (so both Shakespeare readers feed the same model).
+  role's lines. As TFF's preprocessing that Reddi et al. use: the vocabulary is TFF's 86 characters plus four
+  special ids -- pad 0, characters 1..86, out-of-vocabulary 87, beginning 88 and end 89 (90 classes); each
+  snippet becomes ``[beginning] + its characters + [end]``, padded with 0 to a multiple of 81 and cut into
+  examples of ``T + 1 = 81`` ids (the language models of :mod:`fedarena.federated.models` read the first 80
+  and predict each next id); an example's label is its last non-pad id.
 * CIFAR-100 (``fed_cifar100_train.h5``, ``fed_cifar100_test.h5``): ``image`` (n, 32, 32, 3) uint8 with
   ``label`` (fine, 100 classes) and ``coarse_label`` (20 classes) -- the Pachinko-allocation partition of
   Reddi et al. (500 train clients of 100 images).
@@ -26,18 +28,21 @@ from pathlib import Path
 
 import numpy as np
 
-from fedarena.federated.data import LEAF_LETTERS, DataError
+from fedarena.federated.data import DataError
 from fedarena.federated.datasets.index import ClientIndex, IndexBuilder
 
 SEQ_LEN = 80
-OOV = len(LEAF_LETTERS)
+"""characters a Shakespeare example's model reads (an example holds ``SEQ_LEN + 1`` ids)"""
+CHAR_VOCAB = "dhlptx@DHLPTX $(,048cgkoswCGKOSW[_#'/37;?bfjnrvzBFJNRVZ\"&*.26:\naeimquyAEIMQUY]!%)-159\r"
+"""TFF's Shakespeare characters, in TFF's order (id = position + 1)"""
+PAD, OOV, BOS, EOS = 0, len(CHAR_VOCAB) + 1, len(CHAR_VOCAB) + 2, len(CHAR_VOCAB) + 3
 _LUT = np.full(256, OOV, np.int64)
-_LUT[np.frombuffer(LEAF_LETTERS.encode("ascii"), np.uint8)] = np.arange(len(LEAF_LETTERS))
+_LUT[np.frombuffer(CHAR_VOCAB.encode("ascii"), np.uint8)] = np.arange(1, len(CHAR_VOCAB) + 1)
 
 TASKS = {
     # task: (file stem, feature dataset, example shape, classes)
     "emnist": ("fed_emnist", "pixels", (1, 28, 28), 62),
-    "shakespeare": ("shakespeare", "snippets", (SEQ_LEN,), OOV + 1),
+    "shakespeare": ("shakespeare", "snippets", (SEQ_LEN + 1,), EOS + 1),
     "cifar100": ("fed_cifar100", "image", (3, 32, 32), 100),
 }
 
@@ -62,12 +67,15 @@ def _find(path: Path, stem: str) -> tuple[Path, Path | None]:
     raise DataError("data.path", f"{path}: no {stem}_train.h5 (TFF HDF5 layout)")
 
 
-def text_examples(text: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """One example per character of ``text``: (n, 80) indices of the characters before it, and its index."""
-    ids = _LUT[np.frombuffer(text, np.uint8)]
-    pad = np.concatenate([np.full(SEQ_LEN, _LUT[ord(" ")]), ids])
-    win = np.lib.stride_tricks.sliding_window_view(pad, SEQ_LEN)[: len(ids)]
-    return np.ascontiguousarray(win), ids
+def snippet_examples(snippets) -> tuple[np.ndarray, np.ndarray]:
+    """The (n, 81) id examples of a client's snippets (see the module doc) and their labels (last non-pad ids)."""
+    rows = []
+    for s in snippets:
+        ids = np.concatenate([[BOS], _LUT[np.frombuffer(bytes(s), np.uint8)], [EOS]])
+        ids = np.concatenate([ids, np.zeros(-len(ids) % (SEQ_LEN + 1), np.int64)])
+        rows.append(ids.reshape(-1, SEQ_LEN + 1))
+    x = np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, SEQ_LEN + 1), np.int64)
+    return x, x[np.arange(len(x)), (x != PAD).sum(1) - 1]
 
 
 class TFFReader:
@@ -129,10 +137,7 @@ class TFFReader:
                 g = h["examples"][cid]
                 try:
                     if self.task == "shakespeare":
-                        snippets = g["snippets"][()]
-                        n = sum(len(s) for s in snippets)
-                        labels = text_examples(b"".join(bytes(s) for s in snippets))[1]
-                        assert len(labels) == n
+                        labels = snippet_examples(np.asarray(g["snippets"][()]).reshape(-1))[1]
                     else:
                         feats, lab = g[self.feature], g[self._label_key()]
                         labels = np.asarray(lab[()], np.int64).reshape(-1)
@@ -158,8 +163,8 @@ class TFFReader:
         return ix
 
     def read(self, ix: ClientIndex, u: int) -> tuple[np.ndarray, np.ndarray]:
-        """Client ``u``'s examples: float32 (n, 1, 28, 28) pixels, uint8 (n, 3, 32, 32) images, or int64 (n, 80)
-        character indices; and labels."""
+        """Client ``u``'s examples: float32 (n, 1, 28, 28) pixels, uint8 (n, 3, 32, 32) images, or int64 (n, 81)
+        character ids; and labels."""
         xs, ys = [], []
         cid = str(ix.users[u])
         for p in range(ix.file.shape[1]):
@@ -170,7 +175,7 @@ class TFFReader:
                 with self._lock:
                     g = self._client(fid, cid)
                     if self.task == "shakespeare":
-                        x, y = text_examples(b"".join(bytes(s) for s in g["snippets"][()]))
+                        x, y = snippet_examples(np.asarray(g["snippets"][()]).reshape(-1))
                     else:
                         x, y = g[self.feature][()], np.asarray(g[self._label_key()][()], np.int64).reshape(-1)
             except OSError as e:
