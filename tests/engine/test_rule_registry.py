@@ -24,10 +24,6 @@ FAMILIES = "fedarena.engine.primitives."
 
 # Rules that cannot sit in the primitive's module, each with its reason:
 CUPY_RULE_IN_BACKEND = {
-    # their device steps run sub-executables of the cupy backend, and control_flow/ sits above backends/
-    "scan": "fedarena.engine.backends.cupy.control",
-    "cond": "fedarena.engine.backends.cupy.control",
-    "while": "fedarena.engine.backends.cupy.control",
     # the compiler's own primitives (compiler/ sits below backends/): the fused group is the backend's kernel
     "fused_elementwise": "fedarena.engine.backends.cupy.executor",
     "fused_elementwise_multi": "fedarena.engine.primitives.base",

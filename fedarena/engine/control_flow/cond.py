@@ -113,6 +113,7 @@ def _cond_batch(prim, vals, batched, size, *, branches):
 cond_p.vjp = _cond_vjp
 cond_p.jvp = _cond_jvp
 cond_p.batch = _cond_batch
+cond_p.cuda = lambda e, lib: lib.control_step("cond", e)  # its step runs the cupy backend's sub-executables
 
 
 def cond(pred: Any, true_fn: Callable, false_fn: Callable, *operands: Any) -> Any:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...core.ir import Eqn, Graph, Literal, Var
-from ...core.tracing import PRIMITIVES
+from . import lowering
 from .executor import Executable
 from .pipeline import PIPELINE
 
@@ -147,15 +147,6 @@ class WhileStep:
         return while_step
 
 
-def _rule(step_cls: type) -> Callable[[Eqn, Any], tuple]:
-    def rule(e: Eqn, lib: Any) -> tuple:
-        return lib.step(step_cls, [a for a in e.inputs if isinstance(a, Var)])
-
-    return rule
-
-
-# The control-flow primitives' cupy rules: their steps run sub-executables of this backend, so they
-# are defined here (the primitives themselves live in engine/control_flow/, above the backends).
-PRIMITIVES["scan"].cuda = _rule(ScanStep)
-PRIMITIVES["cond"].cuda = _rule(CondStep)
-PRIMITIVES["while"].cuda = _rule(WhileStep)
+# The control-flow primitives' cupy rules sit beside them in engine/control_flow/ and ask for these step
+# classes through ``lowering.control_step``.
+lowering.CONTROL_STEPS.update(scan=ScanStep, cond=CondStep, **{"while": WhileStep})

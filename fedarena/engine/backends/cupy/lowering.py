@@ -9,14 +9,15 @@ output), ``col2im`` (a GEMM then a generated col2im kernel), ``xp`` (``fn(xp, op
 the array module's own device functions writing into the output's arena buffer), ``view``
 (``fn(xp, operand)``: a view of a device array), ``matmul`` (the device's ``matmul``: cuBLAS, tensor cores for float16/bfloat16) and
 ``step`` (``make(executable, eqn)`` builds the step object for the executable being planned, e.g. a
-control-flow loop over sub-executables).
+control-flow loop over sub-executables; ``control_step(kind, e)`` is that spec for the control-flow
+primitives, whose step classes :mod:`.control` registers in :data:`CONTROL_STEPS`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ...core.ir import LOW_PRECISION, Eqn, Literal
+from ...core.ir import LOW_PRECISION, Eqn, Literal, Var
 from . import indexing  # noqa: F401  (indexing.RANK_SORT_MAX: read at each use, tests lower it)
 from .indexing import ATOMIC_ADD, argsort_kernel, index_add_kernel, take_kernel  # noqa: F401
 from .kernels import (  # noqa: F401  (the generators a rule may call)
@@ -83,3 +84,14 @@ def matmul(e: Eqn) -> tuple:
 
 def step(make: Callable, operands: Sequence[Any]) -> tuple:
     return ("step", make, list(operands))
+
+
+CONTROL_STEPS: dict[str, Callable] = {}
+"""The step classes of the control-flow primitives (``"scan"``, ``"cond"``, ``"while"``), registered by
+:mod:`.control`: their steps run sub-executables of this backend, so the classes live here while the
+rules that ask for them stay beside the primitives in ``engine/control_flow/``."""
+
+
+def control_step(kind: str, e: Eqn) -> tuple:
+    """The ``step`` spec of control-flow equation ``e`` (``kind``: its primitive's name)."""
+    return step(CONTROL_STEPS[kind], [a for a in e.inputs if isinstance(a, Var)])
