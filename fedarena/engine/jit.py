@@ -613,8 +613,10 @@ class Jitted:
         return self._entry(args, kwargs).executable.source
 
     def memory(self, *args: Any, **kwargs: Any):
-        """The memory plan the compiled code for these arguments follows (``MemoryPlan``: planned
-        vs unplanned bytes, equations run in place; ``.report()`` for one line)."""
+        """The memory plan of the per-equation program for these arguments (``MemoryPlan``: planned
+        vs unplanned bytes, equations run in place; ``.report()`` for one line).  Whole-graph native
+        code (the default where a C compiler exists) runs that program's schedule in C with an arena of
+        its own that does not share buffers; ``FEDARENA_NATIVE_GRAPH=0`` runs the planned program."""
         return self._entry(args, kwargs).executable.memory
 
     @property

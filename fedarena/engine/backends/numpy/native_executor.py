@@ -42,7 +42,9 @@ class NativeExecutable:
     callables of free buffer sets (each with an arena of its own), ``_build()`` makes another.
     ``c_source`` is the generated C; ``source`` and the callables' globals are those of the
     per-equation executor of the same graph (built with the first buffer set), so
-    ``engine.profile``'s per-line table times that schedule.  ``memory`` is ``None``."""
+    ``engine.profile``'s per-line table times that schedule.  ``memory`` is that executor's
+    :class:`~fedarena.engine.compiler.memory_plan.MemoryPlan` (the program ``FEDARENA_NATIVE_GRAPH=0``
+    runs); the C function does not follow it: its arena holds each value apart (``arena_bytes``)."""
 
     native = True
     check_finite = False  # the NaN debugger's programs are per-equation executors
@@ -51,7 +53,6 @@ class NativeExecutable:
         self.graph = graph
         self.c_source = lowered.source
         self.arena_bytes = lowered.arena_bytes
-        self.memory = None
         self._module = module
         self._lowered = lowered  # its constants: the arena holds their addresses
         self._fallback: Executable | None = None
@@ -68,6 +69,11 @@ class NativeExecutable:
                 return self._slow(*args)
 
         return self._with_executor_globals(call)
+
+    @property
+    def memory(self):
+        """The per-equation executor's memory plan of this graph (see the class)."""
+        return self._executor().memory
 
     def _executor(self) -> Executable:
         if self._fallback is None:
@@ -121,7 +127,6 @@ class SegmentedExecutable(NativeExecutable):
         self.graph = graph
         self.segments = segments
         self.c_source = "\n".join(lo.source for _, _, _, lo in segments if lo is not None)
-        self.memory = None
         self._fallback = None
         self._donated = donated
         ids = {v: k for k, v in enumerate(graph.invars)}
