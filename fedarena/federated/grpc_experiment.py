@@ -271,13 +271,15 @@ class _RoundSteps:
 
     def _device_costs(self, row: dict[str, Any]) -> dict[str, float]:
         """Device budgets: append the round's per-client costs to the run folder's ``device_costs.csv`` (the
-        fedsim kind's columns) and return the round's clients per level and largest time and memory."""
+        fedsim kind's columns) and return the round's clients per level (and int8 clients) and largest time and memory."""
         from fedarena.federated.fedsim_experiment import DEVICE_RECORDS, write_device_records
 
         recs = [{"round": row["round"], "client": c, "int8": 0, **d} for c, d in sorted(row["device_costs"].items())]
         write_device_records(self.run.dir / DEVICE_RECORDS, recs)
         levels = 1 if self.cfg.devices.submodel == "none" else len(self.cfg.devices.width_levels)
         out: dict[str, float] = {f"level{k}_clients": sum(r["level"] == k for r in recs) for k in range(levels)}
+        if self.cfg.devices.int8_download:
+            out["int8_clients"] = sum(r["int8"] for r in recs)
         if recs:
             out["device_seconds_max"] = max(r["seconds"] for r in recs)
             out["device_memory_max_mb"] = max(r["memory_bytes"] for r in recs) / 1e6

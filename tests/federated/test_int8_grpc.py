@@ -90,6 +90,16 @@ def test_one_round_with_int8_clients_at_two_widths_over_grpc_equals_the_simulati
     i = np.concatenate([np.asarray(init[k], np.float64).ravel() for k in sorted(init)])
     assert np.linalg.norm(a - b) / np.linalg.norm(b - i) < 1e-5, np.linalg.norm(a - b) / np.linalg.norm(b - i)
     assert np.abs(a - b).max() < 1e-5
+    # the int8 clients matter: the same round with every client in float32 lands elsewhere
+    from dataclasses import replace
+
+    flt = Simulation(BatchedMLP(task.sizes), FedAvg(FitConfig(CFG.epochs, CFG.batch_size, CFG.lr),
+                                                    clients_per_round=CLIENTS),
+                     x, y, train, list(ids), task.sizes[-1], seed=SEED,
+                     devices=replace(_fleet(task.sizes), int8_tiers=None), widths=widths, eval_clients=False)
+    f_state, _ = flt.round(flt.init_state(init))
+    f = np.concatenate([np.asarray(f_state.params[k], np.float64).ravel() for k in sorted(init)])
+    assert np.abs(f - b).max() > 1e-3
 
 
 def _file(sizes=(10, 8, 3), seed=0):
