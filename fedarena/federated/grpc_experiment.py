@@ -271,7 +271,8 @@ class _RoundSteps:
 
     def _device_costs(self, row: dict[str, Any]) -> dict[str, float]:
         """Device budgets: append the round's per-client costs to the run folder's ``device_costs.csv`` (the
-        fedsim kind's columns) and return the round's clients per level (and int8 clients) and largest time and memory."""
+        fedsim kind's columns) and return the round's clients per level (and int8 clients) and largest time and
+        memory."""
         from fedarena.federated.fedsim_experiment import DEVICE_RECORDS, write_device_records
 
         recs = [{"round": row["round"], "client": c, "int8": 0, **d} for c, d in sorted(row["device_costs"].items())]

@@ -136,8 +136,8 @@ class Int8Download:
         q = blob if isinstance(blob, QuantizedModel) else QuantizedModel.from_bytes(blob, "int8 download")
         return dequantize_params(nn.MLP(list(sizes), activation="relu"), q), q.ranges()
 
-    def train(self, blob: bytes | QuantizedModel, sizes: Sequence[int], scale: float, batches: Sequence[np.ndarray], last_epoch:
-              Sequence[bool], x: Any, y: np.ndarray, lr: float) -> tuple[Params, Params, float]:
+    def train(self, blob: bytes | QuantizedModel, sizes: Sequence[int], scale: float, batches: Sequence[np.ndarray],
+              last_epoch: Sequence[bool], x: Any, y: np.ndarray, lr: float) -> tuple[Params, Params, float]:
         """One client's quantization-aware local training from the int8 file ``blob``: SGD steps on the
         minibatches ``batches`` (global example indices) of ``x``/``y`` (integer labels). Returns the unfolded
         start and trained parameters and the mean loss of the steps flagged ``last_epoch``."""
