@@ -174,3 +174,20 @@ def test_the_server_refuses_a_plan_int8_file_that_is_not_the_submodel():
         with pytest.raises(wire.WireError, match=r"plan\.int8_files\[0\]") as e:
             FLServer._check_int8(files, 0, params)
         assert reason in str(e.value), str(e.value)
+
+
+def test_a_deployment_carries_the_calibration_sample_exactly():
+    """The node config (JSON) holds the scheduler's calibration sample; the scheduler node reads back the same
+    float32 values, so its int8 files are the ones the in-process scheduler would make."""
+    from fedarena.federated.deployment import DeploymentSpec, spec_from_json
+
+    task = build_task(TASK)
+    x, _, train = _pool(task)
+    cal = calibration_sample(x, train, SEED, 50)
+    policy = RoundPolicy(rounds=1, start_clients=CLIENTS, round_config=CFG, devices=_fleet(task.sizes),
+                         widths=WidthLevels((1.0, 0.5), "heterofl"), device_clients=tuple(f"c{i}" for i in range(4)),
+                         int8_calibration=cal)
+    back = spec_from_json(json.loads(json.dumps(DeploymentSpec(task=TASK, policy=policy).to_json())))
+    got = back.policy.int8_calibration
+    assert got.dtype == np.float32 and got.shape == (50, 10) and np.array_equal(got, cal)
+    assert back.policy.devices.int8_tiers == (1, 3)
