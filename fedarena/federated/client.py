@@ -125,6 +125,7 @@ class FLClient:
         self._delay = options.backoff_s
         self._sat_out = -1  # a secure round this client refused to take part in (its update was not finite)
         self._submodels: dict[tuple, Any] = {}  # (layer sizes, scale) -> the compiled sub-model (device budgets)
+        self._int8: Any = None  # the quantization-aware trainer (int8 downloads), made on the first int8 task
 
     # -------------------------------------------------------------- connection
 
@@ -221,19 +222,23 @@ class FLClient:
             self.params = {k: wire.check_array(v, f"body.params.{k}", dtype="float32", finite=True)
                            for k, v in params.items()}
             self.version = version
-        if self.params is None or self.version != version:
+        sub = wire.field(body, "submodel", dict) if "submodel" in body else None
+        int8 = sub is not None and wire.field(sub, "int8", bool, where="body.submodel", default=False)
+        if not int8 and (self.params is None or self.version != version):
             self.version = -1  # we lack the model: ask again and get it sent
             return
         rng = np.random.default_rng([self.options.seed, rnd, int.from_bytes(self.client_id.encode()[:8], "little")])
-        if "submodel" in body:  # device budgets: the width-scaled sub-model this client's device holds
-            sub = wire.field(body, "submodel", dict)
+        base = self.params
+        if int8:  # int8 download: start from the int8 file's dequantized sub-model and train it quantization-aware
+            base, local, loss = self._train_int8(wire.field(body, "int8", bytes),
+                                                 wire.field(sub, "scale", float, where="body.submodel"), cfg, rng)
+        elif sub is not None:  # device budgets: the width-scaled sub-model this client's device holds
             local, loss = self._train_submodel(wire.field(sub, "scale", float), cfg, rng)
         else:
             local, loss = self.trainer.train(self.params, self.x, self.y, epochs=cfg.epochs,
                                              batch_size=cfg.batch_size, lr=cfg.lr, prox_mu=cfg.prox_mu, rng=rng)
         self.stats.rounds_trained += 1
-        delta = {k: (local[k].astype(np.float64) - self.params[k].astype(np.float64)).astype(np.float32)
-                 for k in self.params}
+        delta = {k: (local[k].astype(np.float64) - base[k].astype(np.float64)).astype(np.float32) for k in base}
         if self.attack is not None:
             delta = self.attack.upload(rnd, delta)
         cid_key = int.from_bytes(self.client_id.encode()[:8], "little")
@@ -244,7 +249,7 @@ class FLClient:
         if cfg.secagg:
             self._run_secure(body, cfg, rnd, delta)
             return
-        sds = signds_config(cfg, params_shapes(self.params))
+        sds = signds_config(cfg, params_shapes(base))
         if sds is not None:
             encoding, payload = "signds", encode_signds(delta, sds, prng)
         else:
@@ -289,6 +294,29 @@ class FLClient:
         onehot = np.eye(sizes[-1], dtype=np.float32)[np.asarray(self.y, np.int64)]
         stack, losses = self._submodels[key].train_group(self.params, plan, np.asarray(self.x, np.float32), onehot, fit)
         return {k: v[0] for k, v in stack.items()}, float(losses[0])
+
+    def _train_int8(self, blob: bytes, scale: float, cfg: RoundConfig, rng: np.random.Generator
+                    ) -> tuple[dict, dict, float]:
+        """Quantization-aware local SGD from the int8 file ``blob`` (bytes from the network: parsed and checked by
+        :func:`~fedarena.federated.int8_clients.parse_int8_mlp`, never unpickled) whose hidden outputs are scaled
+        by ``scale``, on the minibatches :meth:`_train_submodel` runs (the simulation's ``device_round``). Returns
+        the dequantized start, the trained parameters (unfolded) and the loss."""
+        from fedarena.federated.int8_clients import Int8Download, parse_int8_mlp
+        from fedarena.federated.simulation import batch_plan
+        from fedarena.federated.strategy import FitConfig
+
+        if not (math.isfinite(scale) and scale >= 1):
+            raise wire.WireError("body.submodel.scale", f"must be a finite number >= 1, got {scale}")
+        if cfg.prox_mu > 0:
+            raise wire.WireError("body.config.prox_mu", "an int8 client trains plain SGD; the task asks for FedProx")
+        y = np.asarray(self.y, np.int64)
+        q, sizes = parse_int8_mlp(blob, "body.int8", int(np.shape(self.x)[1]), int(y.max(initial=-1)) + 1)
+        mat, epochs = batch_plan(len(self.x), FitConfig(cfg.epochs, cfg.batch_size, cfg.lr), rng)
+        batches = [row[row >= 0] for row in mat]
+        last = epochs == epochs[-1] if len(mat) else np.zeros(0, bool)
+        if self._int8 is None:
+            self._int8 = Int8Download()  # a client only trains: no calibration sample
+        return self._int8.train(q, sizes, scale, batches, last, self.x, y, cfg.lr)
 
     def _run_secure(self, body: dict[str, Any], cfg: RoundConfig, rnd: int, delta: dict[str, np.ndarray]) -> None:
         from fedarena.federated.secure_round import client_input, run_client, secagg_params, threshold

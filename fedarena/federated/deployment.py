@@ -50,7 +50,11 @@ class DeploymentSpec:
     indices, and the public round facts the attack uses; empty = every client honest"""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        cal = d["policy"].get("int8_calibration")
+        if cal is not None:  # the int8 calibration sample: float32 values, exact as JSON numbers
+            d["policy"]["int8_calibration"] = {"shape": list(cal.shape), "values": cal.ravel().tolist()}
+        return d
 
 
 def spec_from_json(d: dict[str, Any]) -> DeploymentSpec:
@@ -71,6 +75,11 @@ def spec_from_json(d: dict[str, Any]) -> DeploymentSpec:
         pol["devices"] = DeviceFleet(**dev)
         pol["widths"] = WidthLevels(**{**pol["widths"], "rates": tuple(pol["widths"]["rates"])})
         pol["device_clients"] = tuple(pol["device_clients"])
+        cal = pol.get("int8_calibration")
+        if cal is not None:
+            import numpy as np
+
+            pol["int8_calibration"] = np.asarray(cal["values"], np.float32).reshape(cal["shape"])
     task = dict(d["task"])
     task["hidden"] = tuple(task["hidden"])
     return DeploymentSpec(

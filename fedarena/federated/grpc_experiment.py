@@ -5,8 +5,8 @@ Launches the processes of :mod:`fedarena.federated.deployment` inside the run fo
 and loss of the global model, mean client training loss, clients selected / reporting, bytes up
 and down, the round's duration and how it closed. FedAvg (McMahan et al. 2017) by default; FedProx
 (``clients.prox_mu``), FedAdam/FedYogi (``strategy.server_optimizer``), compression, local DP and SecAgg by config;
-device budgets and HeteroFL / FedRolex sub-models by the ``devices`` section (each client's cost per round in the
-run folder's ``device_costs.csv``; docs/devices.md).
+device budgets, HeteroFL / FedRolex sub-models and int8 downloads trained quantization-aware by the ``devices``
+section (each client's cost per round in the run folder's ``device_costs.csv``; docs/devices.md).
 The driver runs under the platform's loop (:func:`fedarena.platform.loop.run_loop`), one step per round.
 Resuming (``fedarena run --resume RUN``) restarts every process; the scheduler continues from its
 state file (last completed round, identical model bytes), and rounds it closed after the run's checkpoint
@@ -65,7 +65,7 @@ class FedAvgGrpcConfig(FLExperimentConfig):
 
 def _check_devices(cfg: FedAvgGrpcConfig) -> None:
     """What device budgets support in the runtime: the MLP, the plain per-coordinate mean of dense sub-model
-    updates, no SecAgg, SignDS, local DP, attack or int8 download."""
+    updates, no SecAgg, SignDS, local DP or attack; int8 clients train plain SGD (no FedProx), as in fedsim."""
     if not cfg.model.hidden and cfg.devices.submodel != "none":
         raise ValueError("model.hidden: width-scaled sub-models need at least one hidden layer")
     if cfg.strategy.aggregation != "mean":
@@ -77,8 +77,9 @@ def _check_devices(cfg: FedAvgGrpcConfig) -> None:
     if p.secagg.enabled or p.signds.on or p.ldp.epsilon > 0 or cfg.attack.kind != "none":
         raise ValueError("devices.enabled: SecAgg, SignDS, local DP and attacks need whole-model updates; turn them "
                          "off")
-    if cfg.devices.int8_download:
-        raise ValueError("devices.int8_download: int8 downloads run in the fedsim kind only")
+    if cfg.devices.int8_download and cfg.clients.prox_mu > 0:
+        raise ValueError("clients.prox_mu: clients that receive int8 models (devices.int8_download) train plain SGD "
+                         "quantization-aware; set clients.prox_mu to 0")
 
 
 def _policy(cfg: FedAvgGrpcConfig):
@@ -103,16 +104,28 @@ def _policy(cfg: FedAvgGrpcConfig):
 
 
 def _devices(cfg: FedAvgGrpcConfig, task: Any) -> dict[str, Any]:
-    """The policy's device fleet, width levels and client ids (``devices.enabled``; {} otherwise): the task's
-    layer sizes need its data, so this runs when the deployment is built, not when the config is checked."""
+    """The policy's device fleet, width levels and client ids (``devices.enabled``; {} otherwise), and with int8
+    downloads the scheduler's calibration sample (fedsim's draw from the clients' training pool): the task's layer
+    sizes need its data, so this runs when the deployment is built, not when the config is checked."""
     if not cfg.devices.enabled:
         return {}
     from fedarena.federated.deployment import client_name
     from fedarena.federated.task import build_task
 
-    fleet, widths = cfg.devices.build(build_task(task).sizes, cfg.data.num_clients, cfg.seed)
-    return {"devices": fleet, "widths": widths,
-            "device_clients": tuple(client_name(i) for i in range(cfg.data.num_clients))}
+    built = build_task(task)
+    fleet, widths = cfg.devices.build(built.sizes, cfg.data.num_clients, cfg.seed)
+    out = {"devices": fleet, "widths": widths,
+           "device_clients": tuple(client_name(i) for i in range(cfg.data.num_clients))}
+    if fleet.int8_tiers is not None:
+        import numpy as np
+
+        from fedarena.federated.int8_clients import calibration_sample
+
+        off = np.cumsum([0] + [len(y) for _, y in built.clients])
+        out["int8_calibration"] = calibration_sample(np.concatenate([x for x, _ in built.clients]),
+                                                     [np.arange(a, b) for a, b in zip(off[:-1], off[1:])],
+                                                     cfg.seed, fleet.int8_calibration)
+    return out
 
 
 def _spec(cfg: FedAvgGrpcConfig):
@@ -259,13 +272,16 @@ class _RoundSteps:
 
     def _device_costs(self, row: dict[str, Any]) -> dict[str, float]:
         """Device budgets: append the round's per-client costs to the run folder's ``device_costs.csv`` (the
-        fedsim kind's columns) and return the round's clients per level and largest time and memory."""
+        fedsim kind's columns) and return the round's clients per level (and int8 clients) and largest time and
+        memory."""
         from fedarena.federated.fedsim_experiment import DEVICE_RECORDS, write_device_records
 
         recs = [{"round": row["round"], "client": c, "int8": 0, **d} for c, d in sorted(row["device_costs"].items())]
         write_device_records(self.run.dir / DEVICE_RECORDS, recs)
         levels = 1 if self.cfg.devices.submodel == "none" else len(self.cfg.devices.width_levels)
         out: dict[str, float] = {f"level{k}_clients": sum(r["level"] == k for r in recs) for k in range(levels)}
+        if self.cfg.devices.int8_download:
+            out["int8_clients"] = sum(r["int8"] for r in recs)
         if recs:
             out["device_seconds_max"] = max(r["seconds"] for r in recs)
             out["device_memory_max_mb"] = max(r["memory_bytes"] for r in recs) / 1e6

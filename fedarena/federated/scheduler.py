@@ -30,7 +30,10 @@ Device budgets (``RoundPolicy.devices``, docs/devices.md): when a round opens, e
 width level its device profile holds (:meth:`~fedarena.federated.devices.DeviceFleet.assign`; one no level fits is
 not selected), the plan tells the servers each client's sub-model (kept units, scaler), and the round's update is
 the per-coordinate mean of the clients' sub-model deltas (HeteroFL / FedRolex, :mod:`fedarena.federated.hetero`)
-through the server optimizer; the history row records every client's level, cost and budgets.
+through the server optimizer; the history row records every client's level, cost and budgets. With int8 downloads
+(``devices.int8_tiers``) the scheduler quantizes every level's sub-model once per round
+(:mod:`fedarena.federated.int8_clients`, the simulation's code) and the plan carries the int8 files
+(``int8_files``) that the servers send the int8 clients instead of the float32 sub-model.
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ class RoundPolicy:
     """with ``devices``: the :class:`fedarena.federated.hetero.WidthLevels`"""
     device_clients: tuple[str, ...] = ()
     """with ``devices``: the client ids in the order of the fleet's profiles"""
+    int8_calibration: Any = None
+    """with ``devices.int8_tiers``: the scheduler's calibration sample (float32 inputs,
+    :func:`fedarena.federated.int8_clients.calibration_sample`) for the int8 models' activation ranges"""
 
     def rule(self) -> Aggregator | None:
         """The round's rule over individual deltas; None for the plain 'mean' (partial sums or bounded)."""
@@ -131,8 +137,9 @@ class RoundPolicy:
             if self.aggregation != "mean" or self.rule_params or self.round_config.secagg or self.round_config.signds_k:
                 raise ValueError("devices: sub-model updates are averaged per coordinate; use aggregation 'mean' "
                                  "without secure aggregation or SignDS")
-            if self.devices.int8_tiers is not None:
-                raise ValueError("devices.int8_download: int8 downloads run in fedsim only")
+            if self.devices.int8_tiers is not None and (self.int8_calibration is None
+                                                        or len(self.int8_calibration) == 0):
+                raise ValueError("devices.int8_download: needs the scheduler's calibration sample (int8_calibration)")
         if self.rounds < 1:
             raise ValueError(f"rounds: must be >= 1, got {self.rounds}")
         if not 0 < self.min_fraction <= 1:
@@ -176,6 +183,9 @@ class RoundProgress:
     """with device budgets: client -> the width level it trains this round"""
     costs: dict[str, Any] = field(default_factory=dict)
     """with device budgets: client -> its :class:`~fedarena.federated.devices.TrainingCost` this round"""
+    int8_files: list[bytes] = field(default_factory=list)
+    """with int8 downloads: every width level's sub-model of the round's global model as the int8 file its int8
+    clients download (empty when no selected client receives int8)"""
     config: RoundConfig | None = None
     """what the selected clients run (the strategy's ``configure`` of this round, or the policy's round config)"""
     secure: SecureRound | None = None
@@ -477,29 +487,49 @@ class Scheduler:
                 log.error("scheduler: cannot open secure round %d with %d clients: %s", self.round, k, e)
                 self._abandon_unopened(now, selected, str(e))
                 return True
-        levels, costs = self._assign_levels(selected, config) if p.devices is not None else ({}, {})
+        levels, costs, files = self._assign_levels(selected, config) if p.devices is not None else ({}, {}, [])
         self.current = RoundProgress(Phase.OPEN, [c for c in selected if c in levels or p.devices is None],
                                      opened_at=now, deadline=now + p.window_seconds, config=config, secure=secure,
-                                     levels=levels, costs=costs)
+                                     levels=levels, costs=costs, int8_files=files)
         log.info("scheduler: round %d open, %d clients selected", self.round, k)
         self.cond.notify_all()
         return True
 
-    def _assign_levels(self, selected: Sequence[str], config: RoundConfig) -> tuple[dict[str, int], dict[str, Any]]:
+    def _assign_levels(self, selected: Sequence[str], config: RoundConfig
+                       ) -> tuple[dict[str, int], dict[str, Any], list[bytes]]:
         """Each selected client's width level and cost (:meth:`DeviceFleet.assign`, as the simulation's
-        ``device_round``); a client no level fits, or with no device profile, sits the round out."""
+        ``device_round``), and the levels' int8 files when a selected client receives int8 (priced at their
+        lengths); a client no level fits, or with no device profile, sits the round out."""
         p = self.policy
         pos = {c: i for i, c in enumerate(p.device_clients)}
         levels, costs = {}, {}
+        files = (self._int8_files() if any(c in pos and p.devices.receives_int8(pos[c]) for c in selected)
+                 else [])
         for c in selected:
             n = self.clients.get(c, {}).get("num_examples", 0)
             if c not in pos or n <= 0:
                 continue
             steps = config.epochs * math.ceil(n / config.batch_size)
-            got = p.devices.assign(pos[c], self.round, config.batch_size, steps, config.prox_mu > 0)
+            down = [len(b) for b in files] if files and p.devices.receives_int8(pos[c]) else None
+            got = p.devices.assign(pos[c], self.round, config.batch_size, steps, config.prox_mu > 0, down)
             if got is not None:
                 levels[c], costs[c] = got
-        return levels, costs
+        return levels, costs, files
+
+    def _level_scale(self, level: int) -> float:
+        """HeteroFL's scaler of width level ``level``: its hidden outputs are multiplied by this (1: no scaler)."""
+        w = self.policy.widths
+        return (w.rates[0] / w.rates[level]) if w.scaler else 1.0
+
+    def _int8_files(self) -> list[bytes]:
+        """Every width level's sub-model of the global model in this round as the int8 file an int8 client
+        downloads (:meth:`~fedarena.federated.int8_clients.Int8Download.quantize`, the simulation's)."""
+        from fedarena.federated.hetero import extract
+        from fedarena.federated.int8_clients import Int8Download
+
+        q = Int8Download(np.asarray(self.policy.int8_calibration, np.float32))
+        return [q.quantize(extract(self.params, self._submodel_index(k)), sizes, self._level_scale(k))
+                for k, sizes in enumerate(self.policy.devices.level_sizes)]
 
     def _submodel_index(self, level: int) -> list[np.ndarray]:
         from fedarena.federated.hetero import submodel_index
@@ -520,6 +550,7 @@ class Scheduler:
         pos = {c: i for i, c in enumerate(self.policy.device_clients)}
         row["device_costs"] = {c: {"tier": fleet.profiles[pos[c]].tier, "level": self.current.levels[c],
                                    "width": self.policy.widths.rates[self.current.levels[c]],
+                                   "int8": int(fleet.receives_int8(pos[c])),
                                    "memory_bytes": k.memory_bytes,
                                    "memory_budget": fleet.profiles[pos[c]].memory_bytes, "seconds": k.seconds,
                                    "time_budget": fleet.time_budget(pos[c], self.round), "flops": k.flops,
@@ -760,17 +791,21 @@ class Scheduler:
             "rounds": self.policy.rounds, "collect_updates": self.collect,
             **({"submodels": self._submodel_plan()} if self.policy.devices is not None
                and self.current.phase == Phase.OPEN else {}),
+            **({"int8_files": list(self.current.int8_files)} if self.current.int8_files
+               and self.current.phase == Phase.OPEN else {}),
         }
 
     def _submodel_plan(self) -> dict[str, Any]:
         """Each selected client's sub-model: its width level, the kept units of every layer and HeteroFL's scaler
         (what an FL-Server extracts and sends it)."""
-        w = self.policy.widths
+        p = self.policy
+        pos = {c: i for i, c in enumerate(p.device_clients)}
         out = {}
         for c, k in self.current.levels.items():
-            scale = (w.rates[0] / w.rates[k]) if w.scaler else 1.0
-            out[c] = {"level": k, "scale": scale,
+            out[c] = {"level": k, "scale": self._level_scale(k),
                       "units": [np.asarray(u, np.int64) for u in self._submodel_index(k)]}
+            if self.current.int8_files and p.devices.receives_int8(pos[c]):
+                out[c]["int8"] = True  # the server sends the level's int8 file (the plan's int8_files) instead
         return out
 
     def _sync(self, server_id: str, b: dict[str, Any]) -> tuple[str, dict[str, Any]]:

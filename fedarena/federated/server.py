@@ -24,7 +24,9 @@ sends every accepted client's delta and weight, since neither can be formed from
 
 Under device budgets the plan names each selected client's sub-model: the server sends that client its
 sub-model of the global model with HeteroFL's scaler (``submodel`` in the task), checks its upload against the
-sub-model's shapes, and forwards the delta individually (sub-models of different widths have no common sum).
+sub-model's shapes, and forwards the delta individually (sub-models of different widths have no common sum). An
+int8 client (``submodel.int8`` in the plan) gets its level's int8 file from the plan (``int8``, checked to parse
+as that sub-model's MLP) instead of the float32 sub-model.
 
 A client's example count is fixed by its ``register``: registering again here may keep or lower it but
 not raise it, and an upload may not claim more than the registered count.
@@ -215,9 +217,9 @@ class FLServer:
             if phase == Phase.OPEN and plan.get("config"):
                 self.round_config = RoundConfig.from_body(plan["config"])
                 self.signds = signds_config(self.round_config, self.shapes)
-            self.plan = {k: v for k, v in plan.items() if k not in ("params", "submodels")}
+            self.plan = {k: v for k, v in plan.items() if k not in ("params", "submodels", "int8_files")}
             if phase == Phase.OPEN:
-                self.submodels = self._check_submodels(plan.get("submodels"))
+                self.submodels = self._check_submodels(plan.get("submodels"), plan.get("int8_files"))
             self.plan["received_at"] = time.monotonic()
             self.selected = frozenset(plan.get("selected", []))
             if phase == Phase.OPEN:
@@ -226,23 +228,51 @@ class FLServer:
         if phase == Phase.CLOSING and self.partial_sent != rnd:
             self._send_partial(rnd)
 
-    def _check_submodels(self, plan_sub: Any) -> dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]]:
+    def _check_submodels(self, plan_sub: Any, plan_int8: Any = None
+                         ) -> dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]]:
         """Each client's sub-model of this round (device budgets): its parameters (the kept units of every layer of
-        the global model, :func:`fedarena.federated.hetero.extract`) and what its task says of it."""
+        the global model, :func:`fedarena.federated.hetero.extract`) and what its task says of it; an int8 client's
+        task carries its level's int8 file (``int8``), checked here to parse as that sub-model's MLP."""
         if plan_sub is None:
             return {}
         from fedarena.federated.hetero import extract
 
         out = {}
         depth = len(self.shapes) // 2
+        files = [] if plan_int8 is None else wire.field({"int8_files": plan_int8}, "int8_files", list, where="plan")
+        checked: dict[int, bytes] = {}
         for cid, sub in wire.field({"submodels": plan_sub}, "submodels", dict).items():
             units = wire.field(sub, "units", list)
             if len(units) != depth + 1:
                 raise wire.WireError(f"plan.submodels.{cid}.units", f"expected {depth + 1} index arrays")
             index = [wire.check_array(u, f"plan.submodels.{cid}.units", dtype="int64") for u in units]
-            task = {"level": wire.field(sub, "level", int), "scale": wire.field(sub, "scale", float)}
-            out[cid] = (extract(self.params, index), task)
+            level = wire.field(sub, "level", int)
+            task: dict[str, Any] = {"level": level, "scale": wire.field(sub, "scale", float)}
+            params = extract(self.params, index)
+            if wire.field(sub, "int8", bool, default=False):
+                if level not in checked:
+                    checked[level] = self._check_int8(files, level, params)
+                task["int8"] = checked[level]
+            out[cid] = (params, task)
         return out
+
+    @staticmethod
+    def _check_int8(files: list, level: int, params: dict[str, np.ndarray]) -> bytes:
+        """Width level ``level``'s int8 file of the plan, checked to be the ReLU MLP of the sub-model ``params``."""
+        from fedarena.federated.int8_clients import parse_int8_mlp
+
+        where = f"plan.int8_files[{level}]"
+        if not 0 <= level < len(files):
+            raise wire.WireError(where, f"missing ({len(files)} files)")
+        depth = len(params) // 2
+        try:
+            _, sizes = parse_int8_mlp(files[level], where, params["l0.w"].shape[0], params[f"l{depth - 1}.w"].shape[1])
+        except ValueError as e:
+            raise wire.WireError(where, str(e).removeprefix(f"{where}: ")) from None
+        want = (params["l0.w"].shape[0], *(params[f"l{i}.w"].shape[1] for i in range(depth)))
+        if sizes != want:
+            raise wire.WireError(where, f"layer sizes {sizes} are not the sub-model's {want}")
+        return bytes(files[level])
 
     def _send_partial(self, rnd: int) -> None:
         with self.upload_lock:  # no upload can slip in between the snapshot and the send
@@ -347,9 +377,15 @@ class FLServer:
                         body["secagg_selected"] = len(self.selected)
                         body["secagg_members"] = sorted(self.selected)  # party i is members[i - 1]
                     if cid in self.submodels:  # device budgets: this client's sub-model, every time
-                        sub, body["submodel"] = self.submodels[cid]
-                        body["params"] = sub
-                        self.bytes_down += len(wire.encode("params", {"params": sub}, self.limits))
+                        sub, task = self.submodels[cid]
+                        body["submodel"] = {k: v for k, v in task.items() if k != "int8"}
+                        if "int8" in task:  # int8 download: the int8 file instead of the float32 sub-model
+                            body["submodel"]["int8"] = True
+                            body["int8"] = task["int8"]
+                            self.bytes_down += len(wire.encode("int8", {"int8": task["int8"]}, self.limits))
+                        else:
+                            body["params"] = sub
+                            self.bytes_down += len(wire.encode("params", {"params": sub}, self.limits))
                     elif have != plan["model_version"]:
                         body["params"] = self.params
                         self.bytes_down += self.model_size

@@ -931,12 +931,9 @@ class Simulation:
             self._level_models.append(model)
         self._int8 = None
         if self.devices.int8_tiers is not None:
-            from fedarena.federated.int8_clients import Int8Download
+            from fedarena.federated.int8_clients import Int8Download, calibration_sample
 
-            pool = np.sort(np.concatenate([np.asarray(t, np.int64) for t in self.train]))
-            rng = np.random.default_rng([self.seed, 35])
-            take = np.sort(rng.choice(pool, size=min(self.devices.int8_calibration, len(pool)), replace=False))
-            self._int8 = Int8Download(np.asarray(self.x[take], np.float32))
+            self._int8 = Int8Download(calibration_sample(self.x, self.train, self.seed, self.devices.int8_calibration))
 
     def device_round(self, state: RoundState) -> tuple[RoundState, RoundRecord]:
         """A round under device budgets (:mod:`fedarena.federated.devices`, :mod:`fedarena.federated.hetero`):

@@ -70,8 +70,9 @@ def test_grpc_devices_bad_input_is_one_line_exit_2(tmp_path, cli_error_line):
     cfg = Path(__file__).resolve().parents[2] / "experiments" / "heterofl_grpc.yaml"
     for sets, message in [(["strategy.aggregation=median"], "strategy.aggregation: devices.enabled averages sub-model "
                                                             "updates per coordinate; use mean"),
-                          (["devices.int8_download=true"], "devices.int8_download: int8 downloads run in the fedsim "
-                                                           "kind only"),
+                          (["devices.int8_download=true", "clients.prox_mu=0.01"],
+                           "clients.prox_mu: clients that receive int8 models (devices.int8_download) train plain SGD "
+                           "quantization-aware; set clients.prox_mu to 0"),
                           (["devices.tier_memory_mb=[0.1,0,0.025,0.012,0.008]"],
                            "devices.tier_memory_mb: every tier needs a value > 0")]:
         cli_error_line(cfg, tmp_path / "r", sets, message)
