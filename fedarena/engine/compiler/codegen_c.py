@@ -57,7 +57,7 @@ UFUNC = {
     "not": "logical_not", "sin": "sin", "cos": "cos", "logistic": "expit", "relu": "maximum", "clip": "clip",
     "floor_divide": "floor_divide", "mod": "remainder", "isnan": "isnan", "isfinite": "isfinite",
 }
-_PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "isnan", "isfinite"})
+_PREDICATES = names_with("predicate")  # boolean results: their operands' dtype is the loop's type
 _CTYPE = {
     np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.int32): "int32_t",
     np.dtype(np.int64): "int64_t", np.dtype(np.bool_): "npy_bool",
