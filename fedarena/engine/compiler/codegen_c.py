@@ -21,7 +21,8 @@ kernels the per-equation executor calls, so results are equal bit for bit:
 - shape equations are strided views computed at generation time; concatenate, stack, pad,
   gather, scatter_add and the label check are loops; ``dense``/``softmax`` (operator selection)
   are the loops of ``_native.c``'s kernels, in their order of operations;
-- ``scan`` is a C loop over its body lowered inline, ``cond`` an if/else over its branches.
+- ``scan`` is a C loop over its body lowered inline, ``cond`` an if/else over its branches,
+  ``while`` (and ``fori_loop`` with traced bounds) a loop that tests its predicate graph inline.
 
 Every value has its own range of a per-buffer-set arena (no sharing: the graphs this targets are
 small); the arena starts with the addresses of the graph's constants, so programs whose C text is
@@ -70,7 +71,7 @@ COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast",
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 SELECTED = frozenset({"dense", "softmax"})
 """The operator-selection nodes of ``native.py``, computed with the loops of ``_native.c``'s kernels."""
-CONTROL = frozenset({"scan", "cond"})
+CONTROL = frozenset({"scan", "cond", "while"})
 """Control flow lowered to C loops and branches over inline bodies."""
 _VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
 """The view primitives :meth:`_Gen.view` computes strides for (equations are matched by the
@@ -287,6 +288,8 @@ class _Gen:
             self.scan(e)
         elif name == "cond":
             self.cond(e)
+        elif name == "while":
+            self.while_loop(e)
         elif name == "dense":
             self.dense(e)
         elif name == "softmax":
@@ -462,6 +465,37 @@ class _Gen:
         lines = self.lines
         self.lines, self.vals, self.results = saved_lines, saved_vals, saved_results
         return lines, outs
+
+    def while_loop(self, e) -> None:
+        """``while``: a C loop that runs the predicate graph inline on the carries, leaves when it
+        is false, else runs the body inline and copies its results into the carries (through
+        buffers of their own, as ``scan`` does: a result may be a view of a carry).  ``fori_loop``
+        with traced bounds is this loop."""
+        a = e.attrs
+        cg, bg, nc = a["cond"], a["body"], a["n_carry"]
+        for g in (cg, bg):
+            if g.consts and any(not has_ctype(np.asarray(c).dtype) for c in g.consts):
+                raise Unsupported("while: a predicate or body constant without a C type")
+        ins = [self.val(v) for v in e.inputs]
+        carry = [self.alloc(v.aval.shape, v.aval.dtype) for v in bg.invars[:nc]]
+        fresh = [self.alloc(v.aval.shape, v.aval.dtype) for v in bg.invars[:nc]]
+        for c, x in zip(carry, ins[:nc]):
+            self.copy(x, c)
+        test, (p,) = self.inline(cg, carry + ins[nc:])
+        step, outs = self.inline(bg, carry + ins[nc:])
+        saved, self.lines = self.lines, []
+        for o, f in zip(outs, fresh):
+            self.copy(o, f)
+        for f, c in zip(fresh, carry):
+            self.copy(f, c)
+        copies, self.lines = self.lines, saved
+        self.lines.append("    for (;;) {")
+        self.lines += ["  " + line for line in test]
+        self.lines.append(f"      if (!{p.ptr}[0]) break;")
+        self.lines += ["  " + line for line in step + copies]
+        self.lines.append("    }")
+        for o, c in zip(e.outputs, carry):
+            self.vals[o] = c
 
     def cond(self, e) -> None:
         """``cond``: an if/else over the two branches lowered inline, each copying its results
