@@ -291,3 +291,33 @@ def test_while_and_fori_loop_are_c_loops_and_equal_the_executor_and_a_numpy_loop
     exe = native_executor.native_executable(DEFAULT_PIPELINE(engine.make_graph(jv)(x, t)))
     assert type(exe) is native_executor.NativeExecutable
     _bitwise(exe(x, t), Executable(exe.graph)(x, t))
+
+
+def test_fast_path_leaves_shape_and_dtype_checks_to_the_c_function():
+    """jit's guard for a native graph checks only the argument structure; the C function answers
+    NotImplemented for another shape or dtype (a cache lookup follows) and refuses strided or
+    byte-swapped arrays (the executor runs them): every call equals numpy."""
+    def f(x, w):
+        return ops.tanh(x @ w) * 2.0
+
+    rng = np.random.default_rng(10)
+    w = rng.standard_normal((4, 3))
+    j = engine.jit(f)
+    x = rng.standard_normal((2, 4))
+    np.testing.assert_allclose(j(x, w), np.tanh(x @ w) * 2.0, rtol=1e-12)
+    fast, exe = j._fast[0]
+    assert exe.checks_signature and type(exe) is native_executor.NativeExecutable
+    assert "shape" not in fast.__code__.co_names  # no per-array shape check in Python
+    x5 = rng.standard_normal((5, 4))
+    for a, b in [(x5, w), (x, w), (x.astype(np.float32), w.astype(np.float32)), (x5, w), (x, w)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", engine.RecompileWarning)
+            got = j(a, b)
+        assert got.shape == (a.shape[0], 3) and got.dtype == a.dtype
+        np.testing.assert_allclose(got, np.tanh(a @ b) * 2.0, rtol=1e-6 if a.dtype == np.float32 else 1e-12)
+    assert j.cache_size == 3
+    wide = rng.standard_normal((2, 8))[:, ::2]  # strided
+    swapped = x.astype(">f8")
+    for a in (wide, swapped):
+        np.testing.assert_allclose(j(a, w), np.tanh(np.asarray(a, np.float64) @ w) * 2.0, rtol=1e-12)
+    assert j.cache_size == 3

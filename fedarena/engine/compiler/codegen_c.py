@@ -892,7 +892,7 @@ class _Gen:
         ni, no = len(g.invars), len(outs)
         checks = []
         for k, v in enumerate(g.invars):
-            checks.append(f"    if (!take(args[{k + 1}], {k}, {_NPY[v.aval.dtype]}, {v.aval.ndim}, SHAPE{k}, X)) goto fail;")
+            checks.append(f"    if ((got = take(args[{k + 1}], {k}, {_NPY[v.aval.dtype]}, {v.aval.ndim}, SHAPE{k}, X)) <= 0) {{ if (got < 0) goto miss; goto fail; }}")
         shapes = "\n".join(
             f"static const npy_intp SHAPE{k}[] = {{{', '.join(str(d) for d in v.aval.shape) or '0'}}};" for k, v in enumerate(g.invars)
         )
@@ -919,7 +919,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {{
     void *X[{max(ni, 1)}];
     Py_buffer views[{max(ni, 1)}];
-    int held = 0;
+    int held = 0, got = 1; (void)got;
     PyObject *res = NULL;
     if (nargs != {ni + 1}) {{ PyErr_SetString(PyExc_TypeError, "run(arena, {ni} inputs)"); return NULL; }}
     if (!PyByteArray_Check(args[0]) || PyByteArray_GET_SIZE(args[0]) < {self.arena + kbytes + ALIGN}) {{ PyErr_SetString(PyExc_TypeError, "run: arena"); return NULL; }}
@@ -936,6 +936,10 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {chr(10).join(rets)}
     for (int h = 0; h < held; h++) PyBuffer_Release(&views[h]);
     return res;
+miss: /* an array of another dtype or shape: NotImplemented (jit's fast path looks the signature up) */
+    for (int h = 0; h < held; h++) PyBuffer_Release(&views[h]);
+    Py_INCREF(Py_NotImplemented);
+    return Py_NotImplemented;
 fail:
     Py_XDECREF(res);
     for (int h = 0; h < held; h++) PyBuffer_Release(&views[h]);
@@ -1083,14 +1087,17 @@ PAIRWISE(double)
 
 static int take_(PyObject *obj, int k, int typ, int nd, const npy_intp *shape, void **X, Py_buffer *views, int *held)
 {
-    /* an input: an ndarray of the signature's dtype and shape, C-contiguous (else TypeError: the
-       caller runs the per-equation executor) */
+    /* an input: an ndarray of the signature's dtype and shape (else -1: not this signature),
+       C-contiguous, aligned, in native byte order (else TypeError: the caller runs the
+       per-equation executor) */
     if (PyArray_Check(obj)) {
         PyArrayObject *a = (PyArrayObject *)obj;
-        if (PyArray_TYPE(a) != typ || PyArray_NDIM(a) != nd || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a))
-            goto bad;
+        if (PyArray_TYPE(a) != typ || PyArray_NDIM(a) != nd)
+            return -1;
         for (int d = 0; d < nd; d++)
-            if (PyArray_DIMS(a)[d] != shape[d]) goto bad;
+            if (PyArray_DIMS(a)[d] != shape[d]) return -1;
+        if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a))
+            goto bad;
         X[k] = PyArray_DATA(a);
         return 1;
     }
