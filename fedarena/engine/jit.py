@@ -247,9 +247,11 @@ def _trace(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_arg
     return graph, out_tree[0]
 
 
-def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int) -> tuple[str, dict]:
+def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int, callee_checks: bool = False) -> tuple[str, dict]:
     """Python source of ``guard(args, kwargs) -> list of arrays | None`` that re-checks the tree
-    structure, shapes, dtypes and static values of a cached signature without building keys."""
+    structure, shapes, dtypes and static values of a cached signature without building keys.
+    ``callee_checks``: the executable checks the shape and dtype of each ndarray leaf itself (a
+    native graph's C function), so the guard checks only that it is exactly an ndarray."""
     ns: dict[str, Any] = {"ndarray": np.ndarray}
     lines = ["def guard(args, kwargs):", "  try:"]
     out: list[str] = []
@@ -285,6 +287,10 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
                     lines.append(f"    {var} = np.asarray({var})")
                     ns["np"] = np
                 # exact type only: an ndarray subclass misses here and takes the slow path (np.asarray)
+                if callee_checks and isinstance(x, np.ndarray):
+                    lines.append(f"    if type({var}) is not ndarray: return None")
+                    out.append(var)
+                    return
                 lines.append(
                     f"    if type({var}) is not ndarray or {var}.shape != {arr.shape!r} or {var}.dtype is not {const(arr.dtype)}: return None"
                 )
@@ -348,8 +354,10 @@ def _fast_call_source(guard_src: str, exe: Executable, out_tree: tuple) -> tuple
         f"    o = run({arrays})",
         "  finally:",
         "    _pool.append(run)",
-        f"  return {build_expr}",
     ]
+    if getattr(exe, "checks_signature", False):  # another dtype or shape: the C function's answer
+        body.append("  if o is NotImplemented: return _MISS")
+    body.append(f"  return {build_expr}")
     ns.update({"_MISS": _MISS, "_pool": exe._pool, "_exe": exe})
     return "\n".join(["def fast(args, kwargs):"] + body), ns
 
@@ -470,7 +478,8 @@ class Jitted:
             self._evict()
             self._count_variant(key, args, leaves)
             if not static_kw and not self.static_argnames:
-                gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args))
+                callee = getattr(entry.executable, "checks_signature", False)
+                gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args), callee)
                 fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
                 fns.update(gns)
                 fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)

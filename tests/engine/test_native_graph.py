@@ -254,3 +254,70 @@ def test_cond_is_a_c_branch_and_equals_the_executor():
     j = engine.jit(f)
     np.testing.assert_allclose(j(x, w, np.asarray(1.0)), np.sum(np.tanh(x @ w) ** 2), rtol=1e-12)
     np.testing.assert_allclose(j(x, w, np.asarray(-1.0)), np.sum((x * 2.0 - 1.0) ** 2), rtol=1e-12)
+
+
+def _collatz_like(x, w, n):
+    """A data-dependent trip count (``while``) and a ``fori_loop`` with traced bounds."""
+    def body(s):
+        k, h = s
+        return k + 1, ops.tanh(h @ w) + h * 0.5
+
+    k, h = engine.while_loop(lambda s: (s[0] < 40) & (ops.sum(s[1] * s[1]) < 50.0), body, (np.int64(0), x))
+    g = engine.fori_loop(0, n, lambda i, a: a * 0.9 + ops.sum(a) * 0.01 + i.astype(np.float64), h)
+    return k, g
+
+
+def test_while_and_fori_loop_are_c_loops_and_equal_the_executor_and_a_numpy_loop():
+    rng = np.random.default_rng(9)
+    x, w = rng.standard_normal((3, 4)) * 0.5, rng.standard_normal((4, 4))
+    for n in (np.int64(0), np.int64(5)):
+        g = DEFAULT_PIPELINE(engine.make_graph(_collatz_like)(x, w, n))
+        assert [e.prim.name for e in g.eqns].count("while") == 2
+        exe = native_executor.native_executable(g)
+        assert type(exe) is native_executor.NativeExecutable  # both loops are in C, no Python segment
+        _bitwise(exe(x, w, n), Executable(exe.graph)(x, w, n))
+        k, h = 0, x
+        while k < 40 and np.sum(h * h) < 50.0:
+            k, h = k + 1, np.tanh(h @ w) + h * 0.5
+        for i in range(int(n)):
+            h = h * 0.9 + np.sum(h) * 0.01 + float(i)
+        got_k, got_h = engine.jit(_collatz_like)(x, w, n)
+        assert int(got_k) == k and k > 0
+        np.testing.assert_allclose(got_h, h, rtol=1e-12)
+    # forward mode runs through the loop (one while carrying primals and tangents)
+    t = rng.standard_normal((3, 4))
+    f = lambda x: _collatz_like(x, w, np.int64(3))[1]  # noqa: E731
+    jv = lambda x, t: engine.jvp(f, (x,), (t,))  # noqa: E731
+    exe = native_executor.native_executable(DEFAULT_PIPELINE(engine.make_graph(jv)(x, t)))
+    assert type(exe) is native_executor.NativeExecutable
+    _bitwise(exe(x, t), Executable(exe.graph)(x, t))
+
+
+def test_fast_path_leaves_shape_and_dtype_checks_to_the_c_function():
+    """jit's guard for a native graph checks only the argument structure; the C function answers
+    NotImplemented for another shape or dtype (a cache lookup follows) and refuses strided or
+    byte-swapped arrays (the executor runs them): every call equals numpy."""
+    def f(x, w):
+        return ops.tanh(x @ w) * 2.0
+
+    rng = np.random.default_rng(10)
+    w = rng.standard_normal((4, 3))
+    j = engine.jit(f)
+    x = rng.standard_normal((2, 4))
+    np.testing.assert_allclose(j(x, w), np.tanh(x @ w) * 2.0, rtol=1e-12)
+    fast, exe = j._fast[0]
+    assert exe.checks_signature and type(exe) is native_executor.NativeExecutable
+    assert "shape" not in fast.__code__.co_names  # no per-array shape check in Python
+    x5 = rng.standard_normal((5, 4))
+    for a, b in [(x5, w), (x, w), (x.astype(np.float32), w.astype(np.float32)), (x5, w), (x, w)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", engine.RecompileWarning)
+            got = j(a, b)
+        assert got.shape == (a.shape[0], 3) and got.dtype == a.dtype
+        np.testing.assert_allclose(got, np.tanh(a @ b) * 2.0, rtol=1e-6 if a.dtype == np.float32 else 1e-12)
+    assert j.cache_size == 3
+    wide = rng.standard_normal((2, 8))[:, ::2]  # strided
+    swapped = x.astype(">f8")
+    for a in (wide, swapped):
+        np.testing.assert_allclose(j(a, w), np.tanh(np.asarray(a, np.float64) @ w) * 2.0, rtol=1e-12)
+    assert j.cache_size == 3

@@ -109,3 +109,32 @@ elementwise batching are the primitives' traits."""
     assert ip("mul", 2) == (0, 1) and ip("select", 3) == (2,) and ip("fused_elementwise", 2) == () and ip("matmul", 2) == ()
     # a new elementwise primitive joins every set through its traits alone
     assert {"floor_divide", "mod", "isnan", "isfinite", "erf"} <= names_with("elementwise")
+
+
+def test_compiler_value_categories_are_traits():
+    """The native VM's and the C generator's predicate and transcendental sets are the ``predicate``
+    and ``transcendental`` traits; the predicate trait agrees with numpy (a float operand gives a
+    boolean result exactly for the primitives that carry it, among the elementwise ones and the VM's
+    opcodes)."""
+    from fedarena.engine.compiler import codegen_c, native
+    from fedarena.engine.core.tracing import names_with
+
+    assert native._PREDICATES == codegen_c._PREDICATES == names_with("predicate")
+    assert native._TRANSCENDENTAL == names_with("transcendental")
+    x = np.array([0.5, -1.5, 2.0])
+    checked = set()
+    for name in names_with("elementwise") | (set(native.OPCODE) & set(engine.PRIMITIVES)):
+        p = engine.PRIMITIVES[name]
+        for arity in (1, 2):
+            try:
+                with np.errstate(all="ignore"):
+                    out = np.asarray(p.impl(*[x] * arity))
+            except TypeError:
+                continue
+            assert (out.dtype == np.bool_) == (name in names_with("predicate")), name
+            checked.add(name)
+            break
+    assert names_with("predicate") <= checked and {"exp", "add", "maximum", "neg"} <= checked
+    # every transcendental primitive is differentiable float math (no predicate among them)
+    assert not names_with("transcendental") & names_with("predicate")
+    assert {"exp", "log", "tanh", "logistic", "pow"} <= names_with("transcendental")

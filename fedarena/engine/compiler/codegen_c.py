@@ -21,7 +21,8 @@ kernels the per-equation executor calls, so results are equal bit for bit:
 - shape equations are strided views computed at generation time; concatenate, stack, pad,
   gather, scatter_add and the label check are loops; ``dense``/``softmax`` (operator selection)
   are the loops of ``_native.c``'s kernels, in their order of operations;
-- ``scan`` is a C loop over its body lowered inline, ``cond`` an if/else over its branches.
+- ``scan`` is a C loop over its body lowered inline, ``cond`` an if/else over its branches,
+  ``while`` (and ``fori_loop`` with traced bounds) a loop that tests its predicate graph inline.
 
 Every value has its own range of a per-buffer-set arena (no sharing: the graphs this targets are
 small); the arena starts with the addresses of the graph's constants, so programs whose C text is
@@ -57,7 +58,7 @@ UFUNC = {
     "not": "logical_not", "sin": "sin", "cos": "cos", "logistic": "expit", "relu": "maximum", "clip": "clip",
     "floor_divide": "floor_divide", "mod": "remainder", "isnan": "isnan", "isfinite": "isfinite",
 }
-_PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "isnan", "isfinite"})
+_PREDICATES = names_with("predicate")  # boolean results: their operands' dtype is the loop's type
 _CTYPE = {
     np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.int32): "int32_t",
     np.dtype(np.int64): "int64_t", np.dtype(np.bool_): "npy_bool",
@@ -70,7 +71,7 @@ COPY_PRIMS = frozenset({"concatenate", "stack", "gather", "scatter_add", "cast",
 REDUCE_PRIMS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 SELECTED = frozenset({"dense", "softmax"})
 """The operator-selection nodes of ``native.py``, computed with the loops of ``_native.c``'s kernels."""
-CONTROL = frozenset({"scan", "cond"})
+CONTROL = frozenset({"scan", "cond", "while"})
 """Control flow lowered to C loops and branches over inline bodies."""
 _VIEWS = frozenset({"reshape", "squeeze", "expand_dims", "transpose", "slice", "broadcast_to", "stop_gradient"})
 """The view primitives :meth:`_Gen.view` computes strides for (equations are matched by the
@@ -287,6 +288,8 @@ class _Gen:
             self.scan(e)
         elif name == "cond":
             self.cond(e)
+        elif name == "while":
+            self.while_loop(e)
         elif name == "dense":
             self.dense(e)
         elif name == "softmax":
@@ -462,6 +465,37 @@ class _Gen:
         lines = self.lines
         self.lines, self.vals, self.results = saved_lines, saved_vals, saved_results
         return lines, outs
+
+    def while_loop(self, e) -> None:
+        """``while``: a C loop that runs the predicate graph inline on the carries, leaves when it
+        is false, else runs the body inline and copies its results into the carries (through
+        buffers of their own, as ``scan`` does: a result may be a view of a carry).  ``fori_loop``
+        with traced bounds is this loop."""
+        a = e.attrs
+        cg, bg, nc = a["cond"], a["body"], a["n_carry"]
+        for g in (cg, bg):
+            if g.consts and any(not has_ctype(np.asarray(c).dtype) for c in g.consts):
+                raise Unsupported("while: a predicate or body constant without a C type")
+        ins = [self.val(v) for v in e.inputs]
+        carry = [self.alloc(v.aval.shape, v.aval.dtype) for v in bg.invars[:nc]]
+        fresh = [self.alloc(v.aval.shape, v.aval.dtype) for v in bg.invars[:nc]]
+        for c, x in zip(carry, ins[:nc]):
+            self.copy(x, c)
+        test, (p,) = self.inline(cg, carry + ins[nc:])
+        step, outs = self.inline(bg, carry + ins[nc:])
+        saved, self.lines = self.lines, []
+        for o, f in zip(outs, fresh):
+            self.copy(o, f)
+        for f, c in zip(fresh, carry):
+            self.copy(f, c)
+        copies, self.lines = self.lines, saved
+        self.lines.append("    for (;;) {")
+        self.lines += ["  " + line for line in test]
+        self.lines.append(f"      if (!{p.ptr}[0]) break;")
+        self.lines += ["  " + line for line in step + copies]
+        self.lines.append("    }")
+        for o, c in zip(e.outputs, carry):
+            self.vals[o] = c
 
     def cond(self, e) -> None:
         """``cond``: an if/else over the two branches lowered inline, each copying its results
@@ -858,7 +892,7 @@ class _Gen:
         ni, no = len(g.invars), len(outs)
         checks = []
         for k, v in enumerate(g.invars):
-            checks.append(f"    if (!take(args[{k + 1}], {k}, {_NPY[v.aval.dtype]}, {v.aval.ndim}, SHAPE{k}, X)) goto fail;")
+            checks.append(f"    if ((got = take(args[{k + 1}], {k}, {_NPY[v.aval.dtype]}, {v.aval.ndim}, SHAPE{k}, X)) <= 0) {{ if (got < 0) goto miss; goto fail; }}")
         shapes = "\n".join(
             f"static const npy_intp SHAPE{k}[] = {{{', '.join(str(d) for d in v.aval.shape) or '0'}}};" for k, v in enumerate(g.invars)
         )
@@ -885,7 +919,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {{
     void *X[{max(ni, 1)}];
     Py_buffer views[{max(ni, 1)}];
-    int held = 0;
+    int held = 0, got = 1; (void)got;
     PyObject *res = NULL;
     if (nargs != {ni + 1}) {{ PyErr_SetString(PyExc_TypeError, "run(arena, {ni} inputs)"); return NULL; }}
     if (!PyByteArray_Check(args[0]) || PyByteArray_GET_SIZE(args[0]) < {self.arena + kbytes + ALIGN}) {{ PyErr_SetString(PyExc_TypeError, "run: arena"); return NULL; }}
@@ -902,6 +936,10 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {chr(10).join(rets)}
     for (int h = 0; h < held; h++) PyBuffer_Release(&views[h]);
     return res;
+miss: /* an array of another dtype or shape: NotImplemented (jit's fast path looks the signature up) */
+    for (int h = 0; h < held; h++) PyBuffer_Release(&views[h]);
+    Py_INCREF(Py_NotImplemented);
+    return Py_NotImplemented;
 fail:
     Py_XDECREF(res);
     for (int h = 0; h < held; h++) PyBuffer_Release(&views[h]);
@@ -1049,14 +1087,17 @@ PAIRWISE(double)
 
 static int take_(PyObject *obj, int k, int typ, int nd, const npy_intp *shape, void **X, Py_buffer *views, int *held)
 {
-    /* an input: an ndarray of the signature's dtype and shape, C-contiguous (else TypeError: the
-       caller runs the per-equation executor) */
+    /* an input: an ndarray of the signature's dtype and shape (else -1: not this signature),
+       C-contiguous, aligned, in native byte order (else TypeError: the caller runs the
+       per-equation executor) */
     if (PyArray_Check(obj)) {
         PyArrayObject *a = (PyArrayObject *)obj;
-        if (PyArray_TYPE(a) != typ || PyArray_NDIM(a) != nd || !PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a))
-            goto bad;
+        if (PyArray_TYPE(a) != typ || PyArray_NDIM(a) != nd)
+            return -1;
         for (int d = 0; d < nd; d++)
-            if (PyArray_DIMS(a)[d] != shape[d]) goto bad;
+            if (PyArray_DIMS(a)[d] != shape[d]) return -1;
+        if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISNOTSWAPPED(a))
+            goto bad;
         X[k] = PyArray_DATA(a);
         return 1;
     }

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import primitives as P
 from ..core.ir import Eqn, Graph, ShapedArray, ShapeError, Var
+from ..core.tracing import names_with
 from ..primitives.base import _define
 from ..primitives.emit import stmt
 
@@ -286,8 +287,8 @@ _OPS = (
     "eq ne lt le gt ge and or not select clip relu sin cos copy nonzero"
 ).split()
 OPCODE = {name: k for k, name in enumerate(_OPS)}
-_TRANSCENDENTAL = frozenset({"exp", "log", "log1p", "tanh", "logistic", "pow", "sin", "cos"})
-_PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not"})
+_TRANSCENDENTAL = names_with("transcendental")  # op categories derived from the primitives' traits
+_PREDICATES = names_with("predicate")
 _MODE = {"full": 0, "scalar": 1, "bcast": 2}
 VM_MAX_REGS, VM_MAX_INPUTS, VM_MAX_OUTPUTS = 64, 32, 8
 # numpy's SIMD exp/tanh/log beat the VM's scalar libm calls on long arrays: fused bodies with a

@@ -92,6 +92,9 @@ TRAITS = {
     "view": "the executor may return a view of the first operand instead of a copy",
     "typed_scalars": "emitted as one ufunc call on its operands, to which the numpy executor passes a Python-scalar "
     "literal operand as a 0-d constant of the operation's type",
+    "predicate": "its result is boolean whatever the operands' dtype (a comparison, logical operation or value test)",
+    "transcendental": "computed by a C math-library call per element (exp, log, tanh, pow, ...), slower per element "
+    "than numpy's vectorised loops on long arrays",
 }
 """The traits a primitive may carry; every op set of the compiler and backend is derived from them."""
 

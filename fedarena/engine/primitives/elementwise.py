@@ -559,3 +559,9 @@ cast_p.traits = frozenset({"elementwise", "in_place"})
 for _p in (floor_divide_p, mod_p, isnan_p, isfinite_p, erf_p):
     _p.traits = frozenset({"elementwise", "in_place"})
 stop_gradient_p.traits = frozenset({"view"})
+# value traits the compilers' op sets derive from (native VM's bool outputs and libm cost, C codegen's
+# comparison dtype)
+for _p in (eq_p, ne_p, lt_p, le_p, gt_p, ge_p, and_p, or_p, not_p, isnan_p, isfinite_p):
+    _p.traits = _p.traits | {"predicate"}
+for _p in (exp_p, log_p, log1p_p, tanh_p, logistic_p, pow_p, sin_p, cos_p, erf_p):
+    _p.traits = _p.traits | {"transcendental"}

@@ -47,6 +47,9 @@ class NativeExecutable:
     runs); the C function does not follow it: its arena holds each value apart (``arena_bytes``)."""
 
     native = True
+    checks_signature = True
+    """The C function checks each array's dtype and shape (NotImplemented when they differ), so jit's
+    fast path checks only the argument structure and the exact ndarray type."""
     check_finite = False  # the NaN debugger's programs are per-equation executors
 
     def __init__(self, graph: Graph, lowered: codegen_c.Lowered, module: Any, donated: frozenset = frozenset()):
@@ -62,7 +65,7 @@ class NativeExecutable:
     def _build(self):
         run, arena = self._module.run, codegen_c.new_arena(self._lowered)
 
-        def call(*args):
+        def call(*args):  # NotImplemented: an array of another dtype or shape (see __call__)
             try:
                 return run(arena, *args)
             except TypeError:
@@ -99,9 +102,10 @@ class NativeExecutable:
         except IndexError:
             run = self._build()
         try:
-            return run(*args)
+            out = run(*args)
         finally:
             pool.append(run)
+        return self._slow(*args) if out is NotImplemented else out
 
 
 MAX_ARENA_BYTES = 2 << 20
@@ -121,6 +125,8 @@ class SegmentedExecutable(NativeExecutable):
     """A graph with equations that have no C lowering (control flow, convolutions, random
     numbers...): runs of lowered equations are native segments, the rest run in per-equation
     executors, in graph order; values cross between segments as arrays."""
+
+    checks_signature = False  # the per-equation segments take what they are given
 
     def __init__(self, graph: Graph, segments: list, donated: frozenset = frozenset()):
         # segments: [(kind, subgraph, module or None, lowered or None)]
