@@ -22,17 +22,10 @@ from fedarena.engine.primitives.base import host_only, loop_batching
 FAMILIES = "fedarena.engine.primitives."
 """The family modules (``primitives/<family>.py``) and their shared vocabulary (``base``, ``cuda``)."""
 
-# Rules that cannot sit in the primitive's module, each with its reason:
-CUPY_RULE_IN_BACKEND = {
-    # the compiler's own primitives (compiler/ sits below backends/): the fused group is the backend's kernel
-    "fused_elementwise": "fedarena.engine.backends.cupy.executor",
-    "fused_elementwise_multi": "fedarena.engine.primitives.base",
-    "dense": "fedarena.engine.primitives.base",
-    "softmax": "fedarena.engine.primitives.base",
-}
-NO_BATCH_RULE = {"dense", "softmax"}
-"""The numpy backend's native-kernel selections (compiler/native.py): made by a compiler pass after
-every transformation, never seen by vmap; listed here until their module declares them."""
+CUPY_RULE_IN_BACKEND: dict[str, str] = {}
+"""Primitives whose cupy rule may sit outside their module (none: every rule is beside its primitive)."""
+NO_BATCH_RULE: set[str] = set()
+"""Primitives without a batching rule or ``loop_batching`` declaration (none)."""
 
 
 def _home(p) -> str:

@@ -24,6 +24,7 @@ from numpy.lib.stride_tricks import as_strided
 from . import native
 from .. import primitives as P
 from ..transforms import autodiff as AD
+from ..primitives.base import host_only
 from ..primitives.elementwise import expit
 from ..primitives.emit import CLIP as _CLIP
 from ..primitives.emit import EmitContext as _EmitContext
@@ -241,6 +242,9 @@ for _p in (fused_p, fused_multi_p):
     _p.vjp = _fused_vjp
     _p.jvp = _fused_jvp
     _p.batch = _fused_batch
+# cupy: the fused group is one generated kernel; a multi-output group (the numpy backend's) runs on the host
+fused_p.cuda = lambda e, lib: lib.kernel(lib.elementwise_kernel(e.attrs["body"]), e.inputs)
+fused_multi_p.cuda = host_only
 
 
 def elementwise_fusion(graph: Graph, min_size: int = 2, accept: Callable[[Graph], bool] | None = None, masks: bool = False) -> Graph:

@@ -29,7 +29,7 @@ import numpy as np
 from .. import primitives as P
 from ..core.ir import Eqn, Graph, ShapedArray, ShapeError, Var
 from ..core.tracing import names_with
-from ..primitives.base import _define
+from ..primitives.base import _define, host_only, loop_batching
 from ..primitives.emit import stmt
 
 from ..core import cext
@@ -105,7 +105,10 @@ def _dense_jvp(ts, out, x, w, *b, bias: bool, relu: bool):
     return P.mul(t, P.gt(out, 0)) if relu else t
 
 
-dense_p = _define("dense", _dense_rule, _dense_impl, _dense_emit, _dense_vjp, _dense_jvp)
+# made by a compiler pass after every transformation: vmap never meets it (a per-example loop if it did),
+# the cupy backend runs it on the host if a graph brings it
+dense_p = _define("dense", _dense_rule, _dense_impl, _dense_emit, _dense_vjp, _dense_jvp, batch=loop_batching,
+                  cuda=host_only)
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -146,7 +149,8 @@ def _softmax_jvp(ts, out, x):
     return _softmax_vjp((True,), ts[0], out, x)[0]
 
 
-softmax_p = _define("softmax", _softmax_rule, _softmax_impl, _softmax_emit, _softmax_vjp, _softmax_jvp)
+softmax_p = _define("softmax", _softmax_rule, _softmax_impl, _softmax_emit, _softmax_vjp, _softmax_jvp,
+                    batch=loop_batching, cuda=host_only)  # as dense_p
 
 
 # ----------------------------------------------------------------------------- the pass

@@ -27,12 +27,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...compiler.fusion import fused_p
 from ...compiler.memory_plan import nbytes, plan_memory
 from ...compiler.passes import dead_code_elimination
 from ...core.ir import EngineError, Eqn, Graph, Literal, Var
-from ...core.tracing import PRIMITIVES
-from ...primitives.base import host_only
 from . import kernels as K
 from . import lowering
 
@@ -46,15 +43,6 @@ def _single_body(e: Eqn) -> tuple[Graph, list]:
     ren = dict(zip(outer, inner))
     eq = Eqn(e.prim, [ren.get(a, a) if isinstance(a, Var) else a for a in e.inputs], e.outputs, e.attrs, e.source)
     return Graph(inner, [], [], [eq], [e.outputs[0]]), outer
-
-
-# The primitives the compiler's passes create (their family files are in compiler/, above the
-# primitives): the fused elementwise group is the backend's own kernel; the native-kernel selections
-# and multi-output fusion groups of the numpy backend run on the host if a graph brings them.
-fused_p.cuda = lambda e, lib: lib.kernel(K.elementwise_kernel(e.attrs["body"]), e.inputs)
-for _name in ("fused_elementwise_multi", "dense", "softmax"):
-    if _name in PRIMITIVES:
-        PRIMITIVES[_name].cuda = host_only
 
 
 class Executable:

@@ -22,6 +22,7 @@ from . import indexing  # noqa: F401  (indexing.RANK_SORT_MAX: read at each use,
 from .indexing import ATOMIC_ADD, argsort_kernel, index_add_kernel, take_kernel  # noqa: F401
 from .kernels import (  # noqa: F401  (the generators a rule may call)
     CTYPE,
+    elementwise_kernel,
     gather_kernel,
     im2col_kernel,
     max_pool_grad_kernel,
