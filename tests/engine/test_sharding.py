@@ -198,3 +198,12 @@ def test_search_keeps_a_small_head_whole_splits_a_large_one_and_respects_the_bud
     assert fit.time == min(p.time for p in plans if p.fits)
     with pytest.raises(ShardingError, match="memory_budget: no strategy fits"):
         search(step, _mlp_avals(262144), 2, space, cost, memory_budget=1.0)
+
+
+def test_an_equation_within_the_cache_streams_at_the_cache_rate_a_larger_one_from_memory():
+    cost = CostModel(op_time=1e-6, byte_time=1e-10, cache_bytes=3 * 4 * 1024, cache_byte_time=1e-11)
+    # add of two float32 [1024] vectors: 12 KiB touched, within the cache; of [1025]: just over it
+    assert cost.compute_time("add", [(1024,), (1024,)], (1024,), 4) == pytest.approx(1e-6 + 3 * 4 * 1024 * 1e-11)
+    assert cost.compute_time("add", [(1025,), (1025,)], (1025,), 4) == pytest.approx(1e-6 + 3 * 4 * 1025 * 1e-10)
+    # the default (cache_bytes=0) has one rate for every size
+    assert CostModel(op_time=0.0, byte_time=1e-10).compute_time("add", [(8,), (8,)], (8,), 4) == pytest.approx(96e-10)
