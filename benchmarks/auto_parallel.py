@@ -203,7 +203,7 @@ def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tup
     k = float(np.mean(ratios))
     comm.barrier()
     return times, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k,
-                          cache_byte_time=base.cache_byte_time * k), k
+                          byte_curve=tuple((b, r * k) for b, r in base.byte_curve)), k
 
 
 def _executor_ratio(comm: Any, cfg: dict, base: CostModel) -> list[float]:
@@ -250,8 +250,8 @@ def calibrated_cost(n: int, transport: str, cfg: dict, chunk_bytes: int = 1 << 2
     return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[1].op_time for r in per_rank]),
                      flop_time=mean([r[1].flop_time for r in per_rank]),
                      byte_time=mean([r[1].byte_time for r in per_rank]),
-                     cache_byte_time=mean([r[1].cache_byte_time for r in per_rank]),
-                     cache_bytes=min(r[1].cache_bytes for r in per_rank)), mean([r[2] for r in per_rank])
+                     byte_curve=tuple((b, mean([r[1].byte_curve[i][1] for r in per_rank]))
+                                      for i, (b, _) in enumerate(per_rank[0][1].byte_curve))), mean([r[2] for r in per_rank])
 
 
 def _idle_rss(comm: Any) -> int:
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
         cost, scale = calibrated_cost(n, args.transport, cfg)
         print(f"\n{n} ranks: cost model alpha {cost.alpha * 1e6:.1f} us, 1/beta {1 / max(cost.beta, 1e-30) / 1e9:.2f} GB/s, "
               f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory, "
-              f"{1 / cost.cache_byte_time / 1e9:.2f} GB/s cache up to {cost.cache_bytes / MIB:.0f} MiB an equation "
+              f"streaming by bytes touched " + ", ".join(f"{b / MIB:.2g} MiB {1 / r / 1e9:.1f} GB/s" for b, r in cost.byte_curve) + " "
               f"(kernel constants scaled by {scale:.2f} to the executor)")
         searched = spawn(n, args.transport, searched_rank, (cfg, cost), timeout=600, join_timeout=7200)
         dp = spawn(n, args.transport, dp_rank, (cfg,), timeout=600, join_timeout=7200)

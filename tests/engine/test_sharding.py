@@ -200,10 +200,12 @@ def test_search_keeps_a_small_head_whole_splits_a_large_one_and_respects_the_bud
         search(step, _mlp_avals(262144), 2, space, cost, memory_budget=1.0)
 
 
-def test_an_equation_within_the_cache_streams_at_the_cache_rate_a_larger_one_from_memory():
-    cost = CostModel(op_time=1e-6, byte_time=1e-10, cache_bytes=3 * 4 * 1024, cache_byte_time=1e-11)
-    # add of two float32 [1024] vectors: 12 KiB touched, within the cache; of [1025]: just over it
-    assert cost.compute_time("add", [(1024,), (1024,)], (1024,), 4) == pytest.approx(1e-6 + 3 * 4 * 1024 * 1e-11)
-    assert cost.compute_time("add", [(1025,), (1025,)], (1025,), 4) == pytest.approx(1e-6 + 3 * 4 * 1025 * 1e-10)
-    # the default (cache_bytes=0) has one rate for every size
+def test_the_streaming_rate_follows_the_measured_curve_by_bytes_touched():
+    curve = ((1200, 1e-11), (120000, 1e-10))
+    cost = CostModel(op_time=1e-6, byte_time=5e-10, byte_curve=curve)
+    # add of two float32 [n] vectors touches 12 n bytes: at a point, between points (log-linear), beyond the ends
+    assert cost.compute_time("add", [(100,)] * 2, (100,), 4) == pytest.approx(1e-6 + 1200 * 1e-11)
+    assert cost.byte_rate(12000) == pytest.approx(0.5 * (1e-11 + 1e-10))
+    assert cost.byte_rate(10.0) == 1e-11 and cost.byte_rate(1e9) == 1e-10
+    # without a curve, one rate for every size
     assert CostModel(op_time=0.0, byte_time=1e-10).compute_time("add", [(8,), (8,)], (8,), 4) == pytest.approx(96e-10)
