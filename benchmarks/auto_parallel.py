@@ -202,7 +202,8 @@ def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tup
     ratios = run_threads(1, _executor_ratio, cfg, base)[0]
     k = float(np.mean(ratios))
     comm.barrier()
-    return times, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k), k
+    return times, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k,
+                          byte_curve=tuple((b, r * k) for b, r in base.byte_curve)), k
 
 
 def _executor_ratio(comm: Any, cfg: dict, base: CostModel) -> list[float]:
@@ -248,7 +249,9 @@ def calibrated_cost(n: int, transport: str, cfg: dict, chunk_bytes: int = 1 << 2
     mean = lambda xs: float(np.mean(xs))  # noqa: E731
     return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[1].op_time for r in per_rank]),
                      flop_time=mean([r[1].flop_time for r in per_rank]),
-                     byte_time=mean([r[1].byte_time for r in per_rank])), mean([r[2] for r in per_rank])
+                     byte_time=mean([r[1].byte_time for r in per_rank]),
+                     byte_curve=tuple((b, mean([r[1].byte_curve[i][1] for r in per_rank]))
+                                      for i, (b, _) in enumerate(per_rank[0][1].byte_curve))), mean([r[2] for r in per_rank])
 
 
 def _idle_rss(comm: Any) -> int:
@@ -316,7 +319,8 @@ def main(argv: list[str] | None = None) -> dict:
     for n in (int(r) for r in args.ranks.split(",")):
         cost, scale = calibrated_cost(n, args.transport, cfg)
         print(f"\n{n} ranks: cost model alpha {cost.alpha * 1e6:.1f} us, 1/beta {1 / max(cost.beta, 1e-30) / 1e9:.2f} GB/s, "
-              f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory "
+              f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory, "
+              f"streaming by bytes touched " + ", ".join(f"{b / MIB:.2g} MiB {1 / r / 1e9:.1f} GB/s" for b, r in cost.byte_curve) + " "
               f"(kernel constants scaled by {scale:.2f} to the executor)")
         searched = spawn(n, args.transport, searched_rank, (cfg, cost), timeout=600, join_timeout=7200)
         dp = spawn(n, args.transport, dp_rank, (cfg,), timeout=600, join_timeout=7200)

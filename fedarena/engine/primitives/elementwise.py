@@ -123,7 +123,7 @@ def _unary(name, uf, uf_name, kind, cuda_expr, vjp_from_out=None, vjp_from_x=Non
 
     p = _define(name, _ew_rule(kind), _ufunc_impl(uf), _ufunc_emit(uf_name), vjp if d else None, jvp if d else None, traits=UFUNC, batch=batch_elementwise, cuda_expr=cuda_expr,
                    scalar_emit=scalar_emit)
-    p.shard = _ew_shard("unary" if name == "neg" else "")
+    p.shard = _ew_shard()
     return p
 
 
@@ -132,6 +132,7 @@ neg_p = _define(
     transpose=lambda need, ct, out, x: (neg(ct),), linearity="first",
     traits=UFUNC, batch=batch_elementwise, cuda_expr=C.unary(lambda x, o: f"(-{x})"), scalar_emit="(-{0})",
 )
+neg_p.shard = _ew_shard("unary")
 exp_p = _unary("exp", np.exp, "np.exp", "float", C.math_fn("exp"), vjp_from_out=lambda ct, x, out: mul(ct, out), scalar_emit="np.exp({0})")
 log_p = _unary("log", np.log, "np.log", "float", C.math_fn("log"), vjp_from_x=lambda ct, x, out: div(ct, x), scalar_emit="np.log({0})")
 log1p_p = _unary("log1p", np.log1p, "np.log1p", "float", C.math_fn("log1p"), vjp_from_x=lambda ct, x, out: div(ct, add(x, 1.0)), scalar_emit="np.log1p({0})")

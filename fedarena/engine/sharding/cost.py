@@ -4,8 +4,11 @@ holds (the cost model of MindSpore's auto-parallel strategy search: computation,
 device; Su et al. 2021, and the operator cost model of Wang et al., EuroSys 2019).
 
 Compute time is ``op_time + flops * flop_time + bytes * byte_time`` (a matmul's multiply-adds, every other
-primitive's bytes read and written): a roofline with a fixed per-call overhead, its three constants measured
-on the machine by :func:`calibrate`.
+primitive's bytes read and written): a roofline with a fixed per-call overhead, its constants measured on the
+machine by :func:`calibrate`. The rate a byte streams at depends on how many bytes the equation touches
+(caches): ``byte_curve`` holds measured ``(bytes touched, seconds per byte)`` points, interpolated in log
+bytes and held flat beyond its ends (on this host the rate falls several-fold between arrays that fit in the
+cache and arrays of tens of MiB, which a head of a million classes updates and a small model never does).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from ..core.ir import ShapedArray
 class CostModel:
     """Machine constants: ``alpha`` (s per message), ``beta`` (s per byte), ``chunk_bytes`` of the transport;
     ``op_time`` (s per primitive call), ``flop_time`` (s per multiply-add pair, i.e. per 2 flops counted as
-    2), ``byte_time`` (s per byte an elementwise/shape primitive touches)."""
+    2), ``byte_time`` (s per byte an elementwise/shape primitive touches), ``byte_curve`` (``(bytes
+    touched, s per byte)`` points ascending in bytes: the rate by an equation's size, replacing ``byte_time``
+    when given)."""
 
     alpha: float = 60e-6
     beta: float = 1.0 / 1.5e9
@@ -32,6 +37,7 @@ class CostModel:
     op_time: float = 5e-6
     flop_time: float = 1.0 / 20e9
     byte_time: float = 1.0 / 4e9
+    byte_curve: tuple = ()
 
     def compute_time(self, prim_name: str, in_shapes: Sequence[tuple], out_shape: tuple, itemsize: int,
                      in_itemsizes: Sequence[int] = ()) -> float:
@@ -41,7 +47,14 @@ class CostModel:
             return self.op_time + 2.0 * out_size * k * self.flop_time
         sizes = in_itemsizes or [itemsize] * len(in_shapes)
         nbytes = out_size * itemsize + sum(int(np.prod(s, dtype=np.int64)) * b for s, b in zip(in_shapes, sizes))
-        return self.op_time + nbytes * self.byte_time
+        return self.op_time + nbytes * self.byte_rate(nbytes)
+
+    def byte_rate(self, nbytes: float) -> float:
+        """Seconds per byte of an equation touching ``nbytes``."""
+        if not self.byte_curve:
+            return self.byte_time
+        xs = np.log([max(b, 1.0) for b, _ in self.byte_curve])
+        return float(np.interp(np.log(max(nbytes, 1.0)), xs, [r for _, r in self.byte_curve]))
 
     def collective_time(self, collective: str, nbytes: float, n: int) -> float:
         alg = cost_model.choose(collective, nbytes, n, self.alpha, self.beta, self.chunk_bytes)
@@ -62,20 +75,28 @@ def _timed(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
+def _add_rate(elements: int, op: float, repeats: int) -> float:
+    """Seconds per byte touched by ``np.add(a, a, out)`` over ``elements`` float32 numbers."""
+    a = np.ones(elements, np.float32)
+    out = np.empty_like(a)
+    np.add(a, a, out)
+    return max(_timed(lambda: np.add(a, a, out), repeats) - op, 1e-12) / (3.0 * a.nbytes)
+
+
 def calibrate(base: CostModel | None = None, repeats: int = 7) -> CostModel:
-    """Measure ``op_time`` (a tiny ufunc call), ``flop_time`` (a 512^3 float32 product) and ``byte_time``
-    (an add over 32 MiB) on this machine and return ``base`` with them (the transport's ``alpha``/``beta`` are
-    fitted to timed collectives by ``collectives.cost_model.fit``)."""
+    """Measure ``op_time`` (a tiny ufunc call), ``flop_time`` (a 512^3 float32 product), ``byte_curve`` (adds
+    over float32 operands of 256 KiB to 64 MiB, by the bytes each touches) and ``byte_time`` (its largest
+    point) on this machine and return ``base`` with them (the transport's ``alpha``/``beta`` are fitted to
+    timed collectives by ``collectives.cost_model.fit``)."""
     base = base or CostModel()
     tiny = np.ones(8, np.float32)
     op = _timed(lambda: np.add(tiny, tiny), repeats * 20)
     a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     mm = _timed(lambda: a @ a, repeats)
-    big = np.ones(1 << 23, np.float32)
-    out = np.empty_like(big)
-    ew = _timed(lambda: np.add(big, big, out), repeats)
-    return replace(base, op_time=op, flop_time=max(mm - op, 1e-9) / (2.0 * 512 ** 3),
-                   byte_time=max(ew - op, 1e-9) / (3.0 * big.nbytes))
+    sizes = [1 << k for k in range(16, 25)]  # float32 elements: 256 KiB .. 64 MiB an operand
+    curve = tuple((3 * 4 * m, _add_rate(m, op, repeats)) for m in sizes)
+    return replace(base, op_time=op, flop_time=max(mm - op, 1e-9) / (2.0 * 512 ** 3), byte_time=curve[-1][1],
+                   byte_curve=curve)
 
 
 def nbytes(aval: ShapedArray) -> int:

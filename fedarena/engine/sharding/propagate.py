@@ -10,8 +10,11 @@ the redistributions its inputs need, plus that of the all-reduce a partial outpu
 all-reduce and one message more and a replicated input it slices half an all-gather (the greedy order cannot see whether a later
 consumer needs the value whole again, so a split is only made where it pays for that), plus, for a value the outputs want in
 another layout through a chain of elementwise equations (a gradient whose parameter is returned replicated),
-the redistribution to that layout, once per output the chain reaches; then the fewest whole inputs turned into split ones (propagation follows the splits it is given, as GSPMD's does, rather than splitting
-values on its own). A primitive without a rule runs replicated: its inputs are gathered, and the
+the redistribution to that layout, once per output the chain reaches; then the fewest whole inputs turned into split ones. So
+propagation follows the splits it is given, as GSPMD's does, and splits a whole value on its own only where the compute
+saved pays for the charge above (a replicated batch is sliced by the first matmul when halving the network's products
+saves more than half an all-gather of the batch); a batch given split stays split through matmuls with replicated weights,
+each weight's gradient a partial sum all-reduced once (data parallelism). A primitive without a rule runs replicated: its inputs are gathered, and the
 program's text says so on its line. A value redistributed once is kept in each layout made, so its other
 consumers reuse it.
 """
