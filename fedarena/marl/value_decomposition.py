@@ -17,7 +17,12 @@ on transitions drawn uniformly from a replay buffer, with a target network (``^-
 (double Q-learning, as PyMARL's ``double_q``; ``double_q=False``: by the target's). With
 ``standardise_rewards`` the rewards of each sampled batch are standardised by the running mean and standard
 deviation of every team reward seen so far (as EPyMARL's ``standardise_rewards``): mean 0 and variance 1,
-whatever the task's reward scale. Agents act epsilon-greedily on their own utilities
+whatever the task's reward scale. With ``n_step = n > 1`` the targets are n-step returns
+``sum_{i<k} gamma^i r_{t+i} + gamma^k (1 - terminal) Q_tot^-(s_{t+k}, ...)``, ``k = n`` or fewer steps where the
+episode ends first (or is cut by a reset); a transition enters the replay buffer once its k steps are known (Sutton &
+Barto, 2018, sec. 7.1; the multi-step targets of Hessel et al., 2018, "Rainbow", also uncorrected for the
+exploration policy). Standardised rewards then enter the return as ``(R - mean * sum_{i<k} gamma^i) / std``,
+the same as summing standardised rewards. Agents act epsilon-greedily on their own utilities
 (decentralized execution). The agents here are feed-forward networks of the current observation (the
 papers use GRU agents over the observation history; the tasks here are fully observed per agent).
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
