@@ -336,12 +336,13 @@ class ValueDecompositionTrainer:
             self._open[copies] -= 1
 
     def state_dict(self) -> dict[str, Any]:
-        """Learner (networks, target, Adam, update count, exploration RNG), replay buffer and counters.
-        The environments are not part of it: a resumed run starts fresh episodes (:meth:`reset_episodes`)."""
+        """Learner (networks, target, Adam, update count, exploration RNG), replay buffer, counters and, for
+        n-step targets, the transitions not stored yet. The environments are not part of it: a resumed run starts
+        fresh episodes (:meth:`reset_episodes`), which first stores those transitions."""
+        window = {f: np.stack([w[f] for w in self._window]) for f in self._window[0]} if self._window else {}
         return {"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
-                "reward_stats": self.reward_stats.state(), "env_steps": self.env_steps, "episodes": self.episodes, "last_metrics": dict(self.last_metrics),
-                "n_step_window": {f: np.stack([w[f] for w in self._window]) for f in self._window[0]} if self._window else {},
-                "n_step_open": self._open.copy()}
+                "reward_stats": self.reward_stats.state(), "env_steps": self.env_steps, "episodes": self.episodes,
+                "last_metrics": dict(self.last_metrics), "n_step_window": window, "n_step_open": self._open.copy()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.learner.load_state_dict(state["learner"])
@@ -350,8 +351,8 @@ class ValueDecompositionTrainer:
         self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
         self.last_metrics = {k: float(v) for k, v in state["last_metrics"].items()}
         window = state.get("n_step_window") or {}  # absent in checkpoints written before n-step targets
-        self._window = [{f: np.array(a[i]) for f, a in window.items()} for i in range(len(next(iter(window.values()))))] \
-            if window else []
+        steps = len(next(iter(window.values()))) if window else 0
+        self._window = [{f: np.array(a[i]) for f, a in window.items()} for i in range(steps)]
         self._open = np.array(state.get("n_step_open", np.zeros(self.env.num_envs)), dtype=np.int64)
 
     def step(self) -> np.ndarray:

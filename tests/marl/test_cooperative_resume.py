@@ -124,7 +124,8 @@ def test_resume_across_worker_processes_from_an_older_checkpoint(tmp_path):
 
 def test_resume_with_n_step_targets_equals_the_uninterrupted_run(tmp_path):
     # a run with n-step targets checkpoints (its window and open counts serialise) and resumes to the same
-    # metrics and state (oracle: the uninterrupted run; the mid-episode window is tested in test_value_decomposition_targets)
+    # metrics and state (oracle: the uninterrupted run; its rounds end with the episodes, so the mid-episode
+    # window is tested in test_value_decomposition_targets)
     cfg = dict(CFG, algorithms=["qmix"], value_decomposition=dict(CFG["value_decomposition"], n_step=3))
     full, part = tmp_path / "full", tmp_path / "part"
     execute(cfg, out=full, quiet=True, report=False)

@@ -140,7 +140,8 @@ def test_qmix_without_mixer_state_mixes_the_same_way_in_every_state():
 
 
 def _nstep_trainer(n, num_envs=3, max_cycles=5):
-    env = ParallelEnvBatch(lambda: make_env("simple_spread_v3", api="parallel", max_cycles=max_cycles), num_envs, seed=4)
+    make = lambda: make_env("simple_spread_v3", api="parallel", max_cycles=max_cycles)  # noqa: E731
+    env = ParallelEnvBatch(make, num_envs, seed=4)
     # no updates: the actions depend only on the exploration RNG, so every n sees the same transitions
     cfg = ValueDecompositionConfig(mixer="vdn", hidden=(8,), gamma=0.9, batch_size=8, buffer_size=512,
                                    learning_starts=10_000, n_step=n)
