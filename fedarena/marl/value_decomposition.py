@@ -17,7 +17,12 @@ on transitions drawn uniformly from a replay buffer, with a target network (``^-
 (double Q-learning, as PyMARL's ``double_q``; ``double_q=False``: by the target's). With
 ``standardise_rewards`` the rewards of each sampled batch are standardised by the running mean and standard
 deviation of every team reward seen so far (as EPyMARL's ``standardise_rewards``): mean 0 and variance 1,
-whatever the task's reward scale. Agents act epsilon-greedily on their own utilities
+whatever the task's reward scale. With ``n_step = n > 1`` the targets are n-step returns
+``sum_{i<k} gamma^i r_{t+i} + gamma^k (1 - terminal) Q_tot^-(s_{t+k}, ...)``, ``k = n`` or fewer steps where the
+episode ends first (or is cut by a reset); a transition enters the replay buffer once its k steps are known (Sutton &
+Barto, 2018, sec. 7.1; the multi-step targets of Hessel et al., 2018, "Rainbow", also uncorrected for the
+exploration policy). Standardised rewards then enter the return as ``(R - mean * sum_{i<k} gamma^i) / std``,
+the same as summing standardised rewards. Agents act epsilon-greedily on their own utilities
 (decentralized execution). The agents here are feed-forward networks of the current observation (the
 papers use GRU agents over the observation history; the tasks here are fully observed per agent).
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
@@ -72,6 +77,9 @@ class ValueDecompositionConfig:
                            "else by the target's")
     standardise_rewards: bool = param(False, "train on team rewards standardised by their running mean and std "
                                       "(EPyMARL's standardise_rewards)")
+    n_step: int = param(1, "n-step targets: the discounted team rewards of up to n steps (fewer where the episode "
+                        "ends) plus gamma^n times the target's mixed value there (Sutton & Barto, 2018, sec. 7.1; "
+                        "Hessel et al., 2018); not corrected for the exploration policy; 1 = one-step targets")
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:
@@ -83,7 +91,8 @@ class ValueDecompositionConfig:
                   "target_update_every": self.target_update_every >= 1, "mixing_embed": self.mixing_embed >= 1,
                   "hypernet_hidden": self.hypernet_hidden >= 1, "hypernet_layers": self.hypernet_layers in (1, 2),
                   "epsilon_start": 0.0 <= self.epsilon_start <= 1.0, "epsilon_finish": 0.0 <= self.epsilon_finish <= 1.0,
-                  "epsilon_anneal_steps": self.epsilon_anneal_steps >= 1, "max_grad_norm": self.max_grad_norm > 0}
+                  "epsilon_anneal_steps": self.epsilon_anneal_steps >= 1, "max_grad_norm": self.max_grad_norm > 0,
+                  "n_step": self.n_step >= 1}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
@@ -169,7 +178,9 @@ class ValueDecomposition:
         next_action = ops.argmax(ops.stop_gradient(chooser) + penalty, axis=2)
         next_chosen = ops.sum(next_target * ops.one_hot(next_action, A), axis=2)
         next_tot = self.mix(target_params, next_chosen, batch["next_state"])
-        target = ops.stop_gradient(batch["reward"] + self.config.gamma * (1.0 - batch["terminal"]) * next_tot)
+        # n-step transitions carry their bootstrap discount gamma^k (1 - terminal); one-step ones do not
+        discount = batch["discount"] if "discount" in batch else self.config.gamma * (1.0 - batch["terminal"])
+        target = ops.stop_gradient(batch["reward"] + discount * next_tot)
         td = q_tot - target
         return ops.mean(td * td), {"q_tot": ops.mean(q_tot), "target": ops.mean(target)}
 
@@ -268,19 +279,70 @@ class ValueDecompositionTrainer:
                                           config, seed)
         self.buffer = ReplayBuffer(config.buffer_size, seed=np.random.default_rng([seed, 1]))
         self.reward_stats = RunningMeanStd(())
+        # n-step targets: the last steps' transitions (fields with the copies first) whose n-step return is not
+        # complete yet, and per copy how many of the newest of them are still open (since its episode began)
+        self._window: list[dict[str, np.ndarray]] = []
+        self._open = np.zeros(env.num_envs, dtype=np.int64)
         self.env_steps = 0
         self.episodes = 0
         self.last_metrics: dict[str, float] = {}
 
     def reset_episodes(self) -> None:
-        """Start fresh episodes on every copy (``env.reset()``); the replay buffer keeps its transitions."""
+        """Start fresh episodes on every copy (``env.reset()``); the replay buffer keeps its transitions. With
+        n-step targets the cut episodes' open transitions are stored first, bootstrapping from where they stop."""
+        self._emit_open(np.ones(self.env.num_envs, dtype=bool))
         self.obs, self.mask, self.state = self.env.reset()
 
+    def _add(self, transitions: dict[str, np.ndarray], episode_end: np.ndarray) -> None:
+        """Store one batched step's transitions: as they are (one-step targets) or, with ``n_step > 1``, each
+        once its n-step return is complete (n steps later or when its episode ends)."""
+        n = self.config.n_step
+        if n == 1:
+            self.buffer.add(transitions)
+            return
+        self._window.append(transitions)
+        self._open += 1
+        self._emit_open(episode_end)
+        self._emit_oldest(self._open == n)
+        self._window = self._window[-(n - 1):]
+
+    def _n_step(self, first: int, copies: np.ndarray) -> dict[str, np.ndarray]:
+        """The transitions of ``copies`` that start at window entry ``first`` and run to the newest entry."""
+        g, steps = self.config.gamma, self._window[first:]
+        last, start = steps[-1], steps[0]
+        ret = sum(g ** i * s["reward"][copies] for i, s in enumerate(steps))
+        k = len(steps)
+        out = {f: start[f][copies] for f in ("obs", "state", "action")}
+        out.update({f: last[f][copies] for f in ("next_obs", "next_state", "next_mask", "terminal")})
+        out["reward"] = ret.astype(np.float32)
+        out["discount"] = (g ** k * (1.0 - last["terminal"][copies])).astype(np.float32)
+        out["reward_weight"] = np.full(len(copies), sum(g ** i for i in range(k)), dtype=np.float32)
+        return out
+
+    def _emit_open(self, copies_mask: np.ndarray) -> None:
+        """Store every open transition of the copies in ``copies_mask`` (their episodes ended or were cut)."""
+        L = len(self._window)
+        for count in range(1, self.config.n_step + 1):
+            copies = np.flatnonzero(copies_mask & (self._open == count))
+            for j in range(count) if len(copies) else ():
+                self.buffer.add(self._n_step(L - count + j, copies))
+        self._open[copies_mask] = 0
+
+    def _emit_oldest(self, copies_mask: np.ndarray) -> None:
+        """Store the oldest open transition of the copies in ``copies_mask`` (it has its n steps)."""
+        copies = np.flatnonzero(copies_mask)
+        if len(copies):
+            self.buffer.add(self._n_step(len(self._window) - self.config.n_step, copies))
+            self._open[copies] -= 1
+
     def state_dict(self) -> dict[str, Any]:
-        """Learner (networks, target, Adam, update count, exploration RNG), replay buffer and counters.
-        The environments are not part of it: a resumed run starts fresh episodes (:meth:`reset_episodes`)."""
+        """Learner (networks, target, Adam, update count, exploration RNG), replay buffer, counters and, for
+        n-step targets, the transitions not stored yet. The environments are not part of it: a resumed run starts
+        fresh episodes (:meth:`reset_episodes`), which first stores those transitions."""
+        window = {f: np.stack([w[f] for w in self._window]) for f in self._window[0]} if self._window else {}
         return {"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
-                "reward_stats": self.reward_stats.state(), "env_steps": self.env_steps, "episodes": self.episodes, "last_metrics": dict(self.last_metrics)}
+                "reward_stats": self.reward_stats.state(), "env_steps": self.env_steps, "episodes": self.episodes,
+                "last_metrics": dict(self.last_metrics), "n_step_window": window, "n_step_open": self._open.copy()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.learner.load_state_dict(state["learner"])
@@ -288,6 +350,10 @@ class ValueDecompositionTrainer:
         self.reward_stats.load(state["reward_stats"])
         self.env_steps, self.episodes = int(state["env_steps"]), int(state["episodes"])
         self.last_metrics = {k: float(v) for k, v in state["last_metrics"].items()}
+        window = state.get("n_step_window") or {}  # absent in checkpoints written before n-step targets
+        steps = len(next(iter(window.values()))) if window else 0
+        self._window = [{f: np.array(a[i]) for f, a in window.items()} for i in range(steps)]
+        self._open = np.array(state.get("n_step_open", np.zeros(self.env.num_envs)), dtype=np.int64)
 
     def step(self) -> np.ndarray:
         """One batched step of every copy plus, every ``update_every`` batched steps, ``updates_per_step``
@@ -302,9 +368,9 @@ class ValueDecompositionTrainer:
         next_state = np.where(st.episode_end[:, None], st.final_state, st.state)
         next_mask = np.where(finished, True, st.action_mask)
         terminal = st.episode_end & st.terminated.any(axis=1) & ~st.truncated.any(axis=1)
-        self.buffer.add({"obs": self.obs, "state": self.state, "action": actions, "reward": team_reward,
-                         "next_obs": next_obs, "next_state": next_state, "next_mask": next_mask,
-                         "terminal": terminal.astype(np.float32)})
+        self._add({"obs": self.obs, "state": self.state, "action": actions, "reward": team_reward,
+                   "next_obs": next_obs, "next_state": next_state, "next_mask": next_mask,
+                   "terminal": terminal.astype(np.float32)}, st.episode_end)
         self.obs, self.mask, self.state = st.obs, st.action_mask, st.state
         self.env_steps += env.num_envs
         self.reward_stats.update(team_reward)
@@ -313,9 +379,11 @@ class ValueDecompositionTrainer:
             if c.updates_per_step:  # every update's batch drawn at once, the updates in one compiled call
                 B = c.batch_size
                 batch = self.buffer.sample(B * c.updates_per_step)
+                weight = batch.pop("reward_weight", 1.0)  # n-step returns: sum_i gamma^i over their rewards
                 if c.standardise_rewards:
                     std = np.sqrt(self.reward_stats.var + 1e-8)
-                    batch = dict(batch, reward=(batch["reward"] - self.reward_stats.mean) / std)
+                    # an n-step return of standardised rewards: its mean shifts by the sum of its discounts
+                    batch = dict(batch, reward=(batch["reward"] - self.reward_stats.mean * weight) / std)
                 self.last_metrics = self.learner.update_many(
                     [{k: v[u * B:(u + 1) * B] for k, v in batch.items()} for u in range(c.updates_per_step)])
         finished = st.episode_return[st.episode_end]

@@ -137,3 +137,87 @@ def test_qmix_without_mixer_state_mixes_the_same_way_in_every_state():
         else:
             np.testing.assert_allclose(a, b, rtol=1e-6)
             np.testing.assert_allclose(a, zero, rtol=1e-6)
+
+
+def _nstep_trainer(n, num_envs=3, max_cycles=5):
+    make = lambda: make_env("simple_spread_v3", api="parallel", max_cycles=max_cycles)  # noqa: E731
+    env = ParallelEnvBatch(make, num_envs, seed=4)
+    # no updates: the actions depend only on the exploration RNG, so every n sees the same transitions
+    cfg = ValueDecompositionConfig(mixer="vdn", hidden=(8,), gamma=0.9, batch_size=8, buffer_size=512,
+                                   learning_starts=10_000, n_step=n)
+    return ValueDecompositionTrainer(env, cfg, seed=0)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_n_step_transitions_match_brute_force_returns(n):
+    # oracle: the one-step transitions of the same run, with each copy's episode ends recorded; a transition's
+    # n-step return sums gamma^i r over the next n steps of its copy or up to its episode's end (or the cut by
+    # reset_episodes), and it bootstraps from the last of them with gamma^k (1 - terminal)
+    one, many = _nstep_trainer(1), _nstep_trainer(n)
+    ends, real_step = [], one.env.step
+
+    def step(actions):
+        st = real_step(actions)
+        ends.append(st.episode_end.copy())
+        return st
+
+    one.env.step = step
+    for k in range(13):
+        if k == 8:  # a cut in mid-episode (8 is not a multiple of the episode length 5)
+            one.reset_episodes()
+            many.reset_episodes()
+            ends[-1] = np.ones_like(ends[-1])
+        one.step()
+        many.step()
+    many.reset_episodes()  # stores the open ones
+    ends[-1] = np.ones_like(ends[-1])
+    E, g = one.env.num_envs, 0.9
+    d1, dn = one.buffer.gather(np.arange(len(one.buffer))), many.buffer.gather(np.arange(len(many.buffer)))
+    assert len(many.buffer) == len(one.buffer) == 13 * E
+    key = lambda d, i: d["obs"][i].tobytes() + d["action"][i].tobytes()  # noqa: E731
+    stored = {key(dn, i): i for i in range(len(many.buffer))}
+    for t in range(13):
+        for c in range(E):
+            steps = []
+            for u in range(t, 13):
+                steps.append(u * E + c)
+                if len(steps) == n or ends[u][c]:
+                    break
+            i = stored[key(d1, t * E + c)]
+            want = sum(g ** j * d1["reward"][s] for j, s in enumerate(steps))
+            np.testing.assert_allclose(dn["reward"][i], want, rtol=1e-5)
+            np.testing.assert_allclose(dn["discount"][i], g ** len(steps) * (1 - d1["terminal"][steps[-1]]), rtol=1e-6)
+            np.testing.assert_allclose(dn["reward_weight"][i], sum(g ** j for j in range(len(steps))), rtol=1e-6)
+            np.testing.assert_array_equal(dn["next_obs"][i], d1["next_obs"][steps[-1]])
+            np.testing.assert_array_equal(dn["next_state"][i], d1["next_state"][steps[-1]])
+
+
+def test_n_step_window_survives_a_checkpoint():
+    # oracle: the uninterrupted trainer -- a copy loaded from its state mid-episode stores the same transitions
+    a, b = _nstep_trainer(3), _nstep_trainer(3)
+    for _ in range(7):
+        a.step()
+    b.load_state_dict(a.state_dict())
+    b.obs, b.mask, b.state = a.obs, a.mask, a.state
+    b.env, b.learner.rng = a.env, a.learner.rng  # the same episodes continue (not part of the state)
+    for _ in range(4):
+        b.step()
+    c = _nstep_trainer(3)
+    for _ in range(11):
+        c.step()
+    np.testing.assert_array_equal(b.buffer.gather(np.arange(len(b.buffer)))["reward"],
+                                  c.buffer.gather(np.arange(len(c.buffer)))["reward"])
+
+
+def test_n_step_loss_uses_the_stored_discount():
+    # oracle: numpy TD error with the batch's own bootstrap discount in place of gamma (1 - terminal)
+    rng = np.random.default_rng(5)
+    vd = ValueDecomposition(4, 5, 3, 4, ValueDecompositionConfig(mixer="vdn", hidden=(8,), gamma=0.9), seed=0)
+    b = dict(_batch(rng), discount=rng.random(16).astype(np.float32))
+    q = lambda p, o: np.asarray(vd._q(p, o), dtype=np.float64)  # noqa: E731
+    chosen = np.take_along_axis(q(vd.params, b["obs"]), b["action"][..., None], axis=2)[..., 0].sum(1)
+    nq = q(vd.params, b["next_obs"])
+    nxt = np.argmax(np.where(b["next_mask"] > 0, nq, -np.inf), axis=2)
+    next_tot = np.take_along_axis(nq, nxt[..., None], axis=2)[..., 0].sum(1)
+    loss, _ = vd.loss(vd.params, vd.target_params, b)
+    np.testing.assert_allclose(float(loss), np.mean((chosen - b["reward"] - b["discount"] * next_tot) ** 2), rtol=1e-4)
