@@ -628,8 +628,8 @@ def return_freed_heap() -> None:
     """Collect garbage and hand the C heap's free pages back to the OS (glibc's ``malloc_trim``; nothing where
     the C library has none). A sweep variant's compiled programs and buffers, freed when it ends, otherwise stay
     in the process's RSS as fragments the next variant's buffers do not fill: on the scaled-down Reddi et al.
-    2021 EMNIST sweep (3,400 writers, 4 rounds a variant) the RSS after each variant was 310-358 MB, and 116-122
-    MB after the trim."""
+    2021 EMNIST sweep (3,400 writers, 4 rounds a variant) the RSS after each variant was 310-358 MiB, and 116-122
+    MiB after the trim."""
     gc.collect()
     try:
         trim = ctypes.CDLL(None).malloc_trim

@@ -104,8 +104,8 @@ def stacked_groups(steps: Sequence[int], max_stacked: int = 0) -> list[list[int]
 EVAL_CHUNK = 256
 """examples per call of a model's compiled forward pass in evaluation (:meth:`BatchedModel.logits`): a compiled
 program keeps its buffers, sized by its batch, for its next call, and a convolutional model's activations are
-large (Reddi et al. 2021's EMNIST CNN at 8 and 16 channels keeps about 0.25 MB per 28x28 image: 1.04 GB for one
-call of 4,096 images, 66 MB at 256)"""
+large (Reddi et al. 2021's EMNIST CNN at 8 and 16 channels keeps about 0.25 MiB per 28x28 image: 1,043 MiB for
+one call of 4,096 images, 66 MiB at 256)"""
 EVAL_READ = 8192
 """examples :func:`per_client_accuracy` gathers from ``x`` at a time (a lazily read population reads them then)"""
 
