@@ -79,3 +79,20 @@ def test_table_config_runs_two_rounds_on_files_of_the_real_format(tmp_path, name
         acc = res.summary[f"test_acc[{col}]"]
         assert 0.0 <= acc <= 1.0, (col, acc)
         assert res.summary[f"bytes_up[{col}]"] > 0
+
+
+def test_sweep_closes_each_columns_data_source(tmp_path, monkeypatch):
+    """Each column of a sweep reads its own lazily read population; the sweep closes it (its prefetch threads
+    stop) before the next column starts, so columns do not pile up threads and their buffers."""
+    from fedarena.federated.datasets.pipeline import ClientSource
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shrink = _emnist(data, np.random.default_rng(0))
+    opened, close = [], ClientSource.close
+    monkeypatch.setattr(ClientSource, "close", lambda self: (opened.append(self), close(self))[1])
+    fedarena.run(ROOT / "experiments" / "reddi_emnist_cr.yaml",
+                 {"base.data.path": str(data), "base.data.num_clients": 3, "base.rounds": 1,
+                  "base.clients.per_round": 2, "base.evaluation.every": 1, **shrink}, out=tmp_path / "run")
+    assert len(opened) == len(COLUMNS) and len({id(s) for s in opened}) == len(COLUMNS)
+    assert all(s._pool._shutdown for s in opened)
