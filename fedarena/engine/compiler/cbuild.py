@@ -28,6 +28,7 @@ import tempfile
 
 import numpy as np
 
+from ..core.threads import openblas_libraries
 from ..primitives.checks import IndexRangeError
 from .codegen_c import BLAS_FUNCTIONS, Lowered, ufunc_object
 
@@ -65,16 +66,8 @@ def blas_addresses() -> tuple[list, bool]:
     global _BLAS
     if _BLAS is not None:
         return _BLAS
-    import threadpoolctl
-
     np.dot(np.ones((2, 2)), np.ones((2, 2)))  # numpy's BLAS is loaded
-    libs = [i for i in threadpoolctl.threadpool_info() if i.get("internal_api") == "openblas"]
-    libs.sort(key=lambda i: "numpy" not in os.path.basename(os.path.dirname(i["filepath"])))
-    for info in libs:
-        try:
-            lib = ctypes.CDLL(info["filepath"])
-        except OSError:  # pragma: no cover
-            continue
+    for lib in openblas_libraries():
         for prefix, suffix, ilp64 in (("scipy_cblas_", "64_", True), ("cblas_", "64_", True), ("cblas_", "", False)):
             names = [prefix + f + suffix for f in BLAS_FUNCTIONS]
             if all(hasattr(lib, n) for n in names):
