@@ -445,18 +445,22 @@ class _Gen:
             self.copy(x, c)
         return ins, carry, fresh
 
-    def inline(self, body: Graph, ins: list) -> tuple[list, list]:
-        """Lower ``body`` on the values ``ins`` into separate lines; returns (lines, output values).
-        The body's results are its outputs (the executor runs it as a graph of its own)."""
-        saved_lines, saved_vals, saved_results = self.lines, dict(self.vals), self.results
-        self.lines = []
-        self.results = frozenset(v for v in body.outvars if isinstance(v, Var))
+    def lower_body(self, body: Graph, ins: list) -> None:
+        """Bind ``body``'s inputs to the values ``ins`` and its constants, and lower its equations."""
         for v, x in zip(body.invars, ins):
             self.vals[v] = x
         for v, c in zip(body.constvars, body.consts):
             self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
         for q in body.eqns:
             self.equation(q)
+
+    def inline(self, body: Graph, ins: list) -> tuple[list, list]:
+        """Lower ``body`` on the values ``ins`` into separate lines; returns (lines, output values).
+        The body's results are its outputs (the executor runs it as a graph of its own)."""
+        saved_lines, saved_vals, saved_results = self.lines, dict(self.vals), self.results
+        self.lines = []
+        self.results = frozenset(v for v in body.outvars if isinstance(v, Var))
+        self.lower_body(body, ins)
         outs = [self.val(v) for v in body.outvars]
         lines = self.lines
         self.lines, self.vals, self.results = saved_lines, saved_vals, saved_results
@@ -652,12 +656,7 @@ class _Gen:
         """A body the VM declines: each equation through numpy's loops, as the executor's
         generated numpy function does."""
         saved = dict(self.vals)
-        for v, x in zip(body.invars, ins):
-            self.vals[v] = x
-        for v, c in zip(body.constvars, body.consts):
-            self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
-        for q in body.eqns:
-            self.equation(q)
+        self.lower_body(body, ins)
         for o, v in zip(outs, body.outvars):
             src = self.val(v)
             self.nested(o.shape, [o.strides, self.bstrides(src, o.shape)], f"{o.ptr}[o0] = {src.ptr}[o1];")
