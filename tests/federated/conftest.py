@@ -203,3 +203,39 @@ def sgd_step_by_hand():
     """``step(sub, x, y, lr, scale)``: one float64 full-batch SGD step of the two-layer MLP ``sub`` whose hidden
     ReLU outputs are multiplied by ``scale`` (the oracle of the width-scaled and int8 client tests)."""
     return _sgd_step_by_hand
+
+
+def _pooled_clients(task):
+    """``(x, y, train)``: the clients' examples of a built task stacked in client order, and each client's rows."""
+    import numpy as np
+
+    x = np.concatenate([cl[0] for cl in task.clients])
+    y = np.concatenate([cl[1] for cl in task.clients])
+    off = np.cumsum([0] + [len(cl[1]) for cl in task.clients])
+    return x, y, [np.arange(off[i], off[i + 1]) for i in range(len(task.clients))]
+
+
+@pytest.fixture
+def pooled_clients():
+    """``pool(task)``: ``(x, y, train)``, a built task's clients' examples stacked in client order and each
+    client's rows (the data layout of :class:`fedarena.federated.simulation.Simulation`)."""
+    return _pooled_clients
+
+
+@pytest.fixture
+def device_simulation():
+    """``make(task, cfg, devices, widths, seed)``: the in-process oracle of the gRPC device rounds, a FedAvg
+    ``Simulation`` of the MLP of a built task over its pooled clients (all of them each round, ids ``c0``, ``c1``,
+    ...), with device fleet ``devices`` and width levels ``widths``."""
+    from fedarena.federated.simulation import BatchedMLP, Simulation
+    from fedarena.federated.strategy import FedAvg, FitConfig
+
+    def make(task, cfg, devices, widths, seed):
+        x, y, train = _pooled_clients(task)
+        n = len(task.clients)
+        fedavg = FedAvg(FitConfig(cfg.epochs, cfg.batch_size, cfg.lr), clients_per_round=n)
+        return Simulation(BatchedMLP(task.sizes), fedavg,
+                          x, y, train, [f"c{i}" for i in range(n)], task.sizes[-1], seed=seed, devices=devices,
+                          widths=widths, eval_clients=False)
+
+    return make

@@ -11,8 +11,6 @@ from fedarena.federated.devices import DeviceFleet, DeviceProfile, training_memo
 from fedarena.federated.hetero import WidthLevels, level_sizes
 from fedarena.federated.protocol import RoundConfig
 from fedarena.federated.scheduler import RoundPolicy
-from fedarena.federated.simulation import BatchedMLP, Simulation
-from fedarena.federated.strategy import FedAvg, FitConfig
 from fedarena.federated.task import TaskSpec
 
 SEED, CLIENTS = 3, 4
@@ -29,7 +27,7 @@ def _fleet(sizes):
                        [level_sizes(sizes, r) for r in (1.0, 0.5)])
 
 
-def test_one_round_with_two_widths_over_grpc_equals_the_simulation(make_cluster):
+def test_one_round_with_two_widths_over_grpc_equals_the_simulation(make_cluster, device_simulation):
     from fedarena.federated.task import build_task
 
     task = build_task(TASK)
@@ -46,14 +44,7 @@ def test_one_round_with_two_widths_over_grpc_equals_the_simulation(make_cluster)
     assert all(d["memory_bytes"] <= p.memory_bytes for d, p in zip(row["device_costs"].values(),
                                                                  policy.devices.profiles))
 
-    x = np.concatenate([cl[0] for cl in task.clients])
-    y = np.concatenate([cl[1] for cl in task.clients])
-    off = np.cumsum([0] + [len(cl[1]) for cl in task.clients])
-    train = [np.arange(off[i], off[i + 1]) for i in range(CLIENTS)]
-    sim = Simulation(BatchedMLP(task.sizes), FedAvg(FitConfig(CFG.epochs, CFG.batch_size, CFG.lr),
-                                                    clients_per_round=CLIENTS),
-                     x, y, train, list(ids), task.sizes[-1], seed=SEED, devices=_fleet(task.sizes), widths=widths,
-                     eval_clients=False)
+    sim = device_simulation(task, CFG, _fleet(task.sizes), widths, SEED)
     init = task.trainer.init_params(0)
     state, rec = sim.round(sim.init_state(init))
     assert rec.metrics["level0_clients"] == 2 and rec.metrics["level1_clients"] == 2

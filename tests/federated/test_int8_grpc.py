@@ -17,8 +17,6 @@ from fedarena.federated.hetero import WidthLevels, level_sizes
 from fedarena.federated.int8_clients import Int8Download, calibration_sample, parse_int8_mlp
 from fedarena.federated.protocol import RoundConfig
 from fedarena.federated.scheduler import RoundPolicy
-from fedarena.federated.simulation import BatchedMLP, Simulation
-from fedarena.federated.strategy import FedAvg, FitConfig
 from fedarena.federated.task import TaskSpec, build_task
 
 SEED, CLIENTS = 3, 4
@@ -45,16 +43,10 @@ def _fleet(sizes):
 PROFILE = DeviceProfile(0, 1e12, 1e12, 1e9, 1e9, 0.0, 86_400.0)
 
 
-def _pool(task):
-    x = np.concatenate([cl[0] for cl in task.clients])
-    y = np.concatenate([cl[1] for cl in task.clients])
-    off = np.cumsum([0] + [len(cl[1]) for cl in task.clients])
-    return x, y, [np.arange(off[i], off[i + 1]) for i in range(CLIENTS)]
-
-
-def test_one_round_with_int8_clients_at_two_widths_over_grpc_equals_the_simulation(make_cluster):
+def test_one_round_with_int8_clients_at_two_widths_over_grpc_equals_the_simulation(make_cluster, pooled_clients,
+                                                                                     device_simulation):
     task = build_task(TASK)
-    x, y, train = _pool(task)
+    x, _, train = pooled_clients(task)
     fleet = _fleet(task.sizes)
     widths = WidthLevels((1.0, 0.5), "heterofl", scaler=True)
     ids = tuple(f"c{i}" for i in range(CLIENTS))
@@ -71,10 +63,7 @@ def test_one_round_with_int8_clients_at_two_widths_over_grpc_equals_the_simulati
     assert {cid: (d["level"], d["int8"]) for cid, d in costs.items()} == {"c0": (0, 0), "c1": (0, 1), "c2": (1, 0),
                                                                          "c3": (1, 1)}
 
-    sim = Simulation(BatchedMLP(task.sizes), FedAvg(FitConfig(CFG.epochs, CFG.batch_size, CFG.lr),
-                                                    clients_per_round=CLIENTS),
-                     x, y, train, list(ids), task.sizes[-1], seed=SEED, devices=_fleet(task.sizes), widths=widths,
-                     eval_clients=False)
+    sim = device_simulation(task, CFG, _fleet(task.sizes), widths, SEED)
     init = task.trainer.init_params(0)
     state, rec = sim.round(sim.init_state(init))
     assert rec.metrics["int8_clients"] == 2 and rec.metrics["reporting"] == CLIENTS
@@ -93,10 +82,7 @@ def test_one_round_with_int8_clients_at_two_widths_over_grpc_equals_the_simulati
     # the int8 clients matter: the same round with every client in float32 lands elsewhere
     from dataclasses import replace
 
-    flt = Simulation(BatchedMLP(task.sizes), FedAvg(FitConfig(CFG.epochs, CFG.batch_size, CFG.lr),
-                                                    clients_per_round=CLIENTS),
-                     x, y, train, list(ids), task.sizes[-1], seed=SEED,
-                     devices=replace(_fleet(task.sizes), int8_tiers=None), widths=widths, eval_clients=False)
+    flt = device_simulation(task, CFG, replace(_fleet(task.sizes), int8_tiers=None), widths, SEED)
     f_state, _ = flt.round(flt.init_state(init))
     f = np.concatenate([np.asarray(f_state.params[k], np.float64).ravel() for k in sorted(init)])
     assert np.abs(f - b).max() > 1e-3
@@ -176,13 +162,13 @@ def test_the_server_refuses_a_plan_int8_file_that_is_not_the_submodel():
         assert reason in str(e.value), str(e.value)
 
 
-def test_a_deployment_carries_the_calibration_sample_exactly():
+def test_a_deployment_carries_the_calibration_sample_exactly(pooled_clients):
     """The node config (JSON) holds the scheduler's calibration sample; the scheduler node reads back the same
     float32 values, so its int8 files are the ones the in-process scheduler would make."""
     from fedarena.federated.deployment import DeploymentSpec, spec_from_json
 
     task = build_task(TASK)
-    x, _, train = _pool(task)
+    x, _, train = pooled_clients(task)
     cal = calibration_sample(x, train, SEED, 50)
     policy = RoundPolicy(rounds=1, start_clients=CLIENTS, round_config=CFG, devices=_fleet(task.sizes),
                          widths=WidthLevels((1.0, 0.5), "heterofl"), device_clients=tuple(f"c{i}" for i in range(4)),

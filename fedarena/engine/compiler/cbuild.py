@@ -4,9 +4,11 @@ A module's file name is the SHA-256 of its source, the flags and the Python and 
 cached shared object instead of compiling: the on-disk cache of ccache and of Numba's
 ``cache=True``.  The cache lives in ``$FEDARENA_NATIVE_CACHE`` (default
 ``~/.cache/fedarena/native``); a file is written under a temporary name and renamed, so
-concurrent processes never load a half-written object.  The compiler is ``$CC`` (default ``cc``);
-when it is missing or fails, :func:`build` raises :class:`BuildError` and the caller keeps the
-per-equation executor.  Products call numpy's own OpenBLAS, whose ``cblas`` functions are looked
+concurrent processes never load a half-written object.  The compiler is ``$CC`` (default the first
+of ``cc``, ``gcc``, ``clang`` found); when it is missing or fails, :func:`build` raises
+:class:`BuildError` and the caller keeps the per-equation executor.  :func:`cache_dir`,
+:func:`compiler`, :func:`cache_key` and :func:`compile_shared` also build the int8 kernels of
+:mod:`fedarena.engine.quantization.kernel`, in their own cache.  Products call numpy's own OpenBLAS, whose ``cblas`` functions are looked
 up in the library numpy loaded (:func:`blas_addresses`).
 """
 
@@ -26,6 +28,7 @@ import tempfile
 
 import numpy as np
 
+from ..core.threads import openblas_libraries
 from ..primitives.checks import IndexRangeError
 from .codegen_c import BLAS_FUNCTIONS, Lowered, ufunc_object
 
@@ -42,14 +45,16 @@ class BuildError(Exception):
     """The C compiler is missing or failed, or numpy's BLAS could not be found."""
 
 
-def cache_dir() -> str:
-    return os.environ.get("FEDARENA_NATIVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fedarena", "native")
+def cache_dir(env: str = "FEDARENA_NATIVE_CACHE", folder: str = "native") -> str:
+    """The cache folder: ``$env``, default ``~/.cache/fedarena/<folder>``."""
+    return os.environ.get(env) or os.path.join(os.path.expanduser("~"), ".cache", "fedarena", folder)
 
 
 def compiler(check: bool = True) -> list:
-    """The compiler command (``$CC``, default ``cc``) as an argument list; BuildError if ``check``
-    and it is not found."""
-    cmd = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
+    """The compiler command (``$CC``, default the first of ``cc``, ``gcc``, ``clang`` on the path) as
+    an argument list; BuildError if ``check`` and it is not found."""
+    default = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), "cc")
+    cmd = shlex.split(os.environ.get("CC") or default) or [default]
     if check and shutil.which(cmd[0]) is None:
         raise BuildError(f"C compiler {cmd[0]!r} not found")
     return cmd
@@ -61,16 +66,8 @@ def blas_addresses() -> tuple[list, bool]:
     global _BLAS
     if _BLAS is not None:
         return _BLAS
-    import threadpoolctl
-
     np.dot(np.ones((2, 2)), np.ones((2, 2)))  # numpy's BLAS is loaded
-    libs = [i for i in threadpoolctl.threadpool_info() if i.get("internal_api") == "openblas"]
-    libs.sort(key=lambda i: "numpy" not in os.path.basename(os.path.dirname(i["filepath"])))
-    for info in libs:
-        try:
-            lib = ctypes.CDLL(info["filepath"])
-        except OSError:  # pragma: no cover
-            continue
+    for lib in openblas_libraries():
         for prefix, suffix, ilp64 in (("scipy_cblas_", "64_", True), ("cblas_", "64_", True), ("cblas_", "", False)):
             names = [prefix + f + suffix for f in BLAS_FUNCTIONS]
             if all(hasattr(lib, n) for n in names):
@@ -89,9 +86,7 @@ def build(lowered: Lowered):
     cc = compiler(check=False)  # a cached module loads without a compiler
     addrs, ilp64 = blas_addresses()
     flags = _flags(ilp64)
-    key = hashlib.sha256(
-        "\0".join([lowered.source, *flags, sys.version, np.__version__, sysconfig.get_config_var("EXT_SUFFIX") or ""]).encode()
-    ).hexdigest()[:32]
+    key = cache_key(lowered.source, *flags, sys.version, np.__version__, sysconfig.get_config_var("EXT_SUFFIX") or "")
     modname = f"_fedarena_graph_{key}"
     mod = _LOADED.get(modname)
     if mod is None:
@@ -108,28 +103,42 @@ def build(lowered: Lowered):
     return mod
 
 
-def _compile(cc: list, flags: list, source: str, modname: str, path: str) -> None:
+def cache_key(*parts: str) -> str:
+    """The file-name key of a build: 32 hex digits of the SHA-256 of ``parts`` (everything the
+    shared object depends on)."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def compile_shared(cmd: list, path: str) -> None:
+    """Run the compiler command ``cmd`` with ``-o`` a temporary file beside ``path`` and rename it to
+    ``path``.  BuildError if the compiler cannot run or fails; OSError if ``path``'s folder cannot
+    be created or written."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="fedarena-cc-") as tmp:
-        src = os.path.join(tmp, modname + ".c")
-        with open(src, "w") as f:
-            f.write(source)
-        out = os.path.join(tmp, "out.so")
-        cmd = [*cc, *flags, f"-DMODNAME=\"{modname}\"", f"-DINITFUNC=PyInit_{modname}", src, "-o", out]
+    fd, tmp_path = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    os.close(fd)
+    try:
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            proc = subprocess.run([*cmd, "-o", tmp_path], capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise BuildError(f"C compiler failed: {err}") from None
         if proc.returncode != 0:
             raise BuildError(f"C compiler failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
-        fd, tmp_path = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        os.close(fd)
-        shutil.copyfile(out, tmp_path)
         os.replace(tmp_path, path)
+    finally:
+        if os.path.exists(tmp_path):
+            os.unlink(tmp_path)
+
+
+def _compile(cc: list, flags: list, source: str, modname: str, path: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="fedarena-cc-") as tmp:
+        src = os.path.join(tmp, modname + ".c")
+        with open(src, "w") as f:
+            f.write(source)
+        compile_shared([*cc, *flags, f"-DMODNAME=\"{modname}\"", f"-DINITFUNC=PyInit_{modname}", src], path)
 
 
 def _loops(keys: list) -> list:
     return [(ufunc_object(name), ("".join(ins) + res).encode()) for name, ins, res in keys]
 
 
-__all__ = ["BuildError", "FLAGS", "blas_addresses", "build", "cache_dir", "compiler"]
+__all__ = ["BuildError", "FLAGS", "blas_addresses", "build", "cache_dir", "cache_key", "compile_shared", "compiler"]

@@ -408,29 +408,12 @@ class _Gen:
         rules)."""
         a = e.attrs
         body, nc, nx, T, reverse = a["body"], a["n_carry"], a["n_x"], a["length"], a["reverse"]
-        if body.consts and any(not has_ctype(np.asarray(c).dtype) for c in body.consts):
-            raise Unsupported("scan: a body constant without a C type")
-        ins = [self.val(v) for v in e.inputs]
-        carry = [self.alloc(v.aval.shape, v.aval.dtype) for v in body.invars[:nc]]
-        fresh = [self.alloc(v.aval.shape, v.aval.dtype) for v in body.invars[:nc]]
-        for c, x in zip(carry, ins[:nc]):
-            self.copy(x, c)
+        ins, carry, fresh = self.carries(e, (body,), "scan: a body constant without a C type")
         ys = [self.alloc((T,) + v.aval.shape, v.aval.dtype) for v in body.outvars[nc:]]
         t = self.name()
-        saved_lines, saved_vals, saved_results = self.lines, dict(self.vals), self.results
-        self.lines = []
-        self.results = frozenset(v for v in body.outvars if isinstance(v, Var))
-        for v, c in zip(body.invars[:nc], carry):
-            self.vals[v] = c
-        for v, x in zip(body.invars[nc : nc + nx], ins[nc : nc + nx]):
-            self.vals[v] = _Val(f"({x.ptr} + {t} * {x.strides[0]})", x.shape[1:], x.strides[1:], x.dtype)
-        for v, x in zip(body.invars[nc + nx :], ins[nc + nx :]):
-            self.vals[v] = x
-        for v, c in zip(body.constvars, body.consts):
-            self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
-        for q in body.eqns:
-            self.equation(q)
-        outs = [self.val(v) for v in body.outvars]
+        xs = [_Val(f"({x.ptr} + {t} * {x.strides[0]})", x.shape[1:], x.strides[1:], x.dtype) for x in ins[nc : nc + nx]]
+        inner, outs = self.inline(body, carry + xs + ins[nc + nx :])
+        saved, self.lines = self.lines, inner
         # the stacked outputs and the new carries are read before any carry is overwritten (an
         # output may be a carry input or a view of one)
         for o, f in zip(outs[:nc], fresh):
@@ -440,8 +423,7 @@ class _Gen:
             self.copy(o, _Val(f"({y.ptr} + {t} * {size})", y.shape[1:], y.strides[1:], y.dtype))
         for f, c in zip(fresh, carry):
             self.copy(f, c)
-        inner = self.lines
-        self.lines, self.vals, self.results = saved_lines, saved_vals, saved_results
+        self.lines = saved
         step = f"npy_intp {t} = {T - 1} - {t}_" if reverse else f"npy_intp {t} = {t}_"
         self.lines.append(f"    for (npy_intp {t}_ = 0; {t}_ < {T}; {t}_++) {{ {step};")
         self.lines += ["  " + line for line in inner]
@@ -449,18 +431,36 @@ class _Gen:
         for o, v in zip(e.outputs, carry + ys):
             self.vals[o] = v
 
-    def inline(self, body: Graph, ins: list) -> tuple[list, list]:
-        """Lower ``body`` on the values ``ins`` into separate lines; returns (lines, output values).
-        The body's results are its outputs (the executor runs it as a graph of its own)."""
-        saved_lines, saved_vals, saved_results = self.lines, dict(self.vals), self.results
-        self.lines = []
-        self.results = frozenset(v for v in body.outvars if isinstance(v, Var))
+    def carries(self, e, graphs: tuple, refusal: str) -> tuple[list, list, list]:
+        """The operand values of the loop ``e`` and two buffers per carry of its body (the last of
+        ``graphs``): the carries, holding the initial values, and the new carries, written after
+        each step; Unsupported(``refusal``) if a graph of ``graphs`` has a constant without a C type."""
+        if any(g.consts and any(not has_ctype(np.asarray(c).dtype) for c in g.consts) for g in graphs):
+            raise Unsupported(refusal)
+        nc, body = e.attrs["n_carry"], graphs[-1]
+        ins = [self.val(v) for v in e.inputs]
+        carry = [self.alloc(v.aval.shape, v.aval.dtype) for v in body.invars[:nc]]
+        fresh = [self.alloc(v.aval.shape, v.aval.dtype) for v in body.invars[:nc]]
+        for c, x in zip(carry, ins[:nc]):
+            self.copy(x, c)
+        return ins, carry, fresh
+
+    def lower_body(self, body: Graph, ins: list) -> None:
+        """Bind ``body``'s inputs to the values ``ins`` and its constants, and lower its equations."""
         for v, x in zip(body.invars, ins):
             self.vals[v] = x
         for v, c in zip(body.constvars, body.consts):
             self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
         for q in body.eqns:
             self.equation(q)
+
+    def inline(self, body: Graph, ins: list) -> tuple[list, list]:
+        """Lower ``body`` on the values ``ins`` into separate lines; returns (lines, output values).
+        The body's results are its outputs (the executor runs it as a graph of its own)."""
+        saved_lines, saved_vals, saved_results = self.lines, dict(self.vals), self.results
+        self.lines = []
+        self.results = frozenset(v for v in body.outvars if isinstance(v, Var))
+        self.lower_body(body, ins)
         outs = [self.val(v) for v in body.outvars]
         lines = self.lines
         self.lines, self.vals, self.results = saved_lines, saved_vals, saved_results
@@ -473,14 +473,7 @@ class _Gen:
         with traced bounds is this loop."""
         a = e.attrs
         cg, bg, nc = a["cond"], a["body"], a["n_carry"]
-        for g in (cg, bg):
-            if g.consts and any(not has_ctype(np.asarray(c).dtype) for c in g.consts):
-                raise Unsupported("while: a predicate or body constant without a C type")
-        ins = [self.val(v) for v in e.inputs]
-        carry = [self.alloc(v.aval.shape, v.aval.dtype) for v in bg.invars[:nc]]
-        fresh = [self.alloc(v.aval.shape, v.aval.dtype) for v in bg.invars[:nc]]
-        for c, x in zip(carry, ins[:nc]):
-            self.copy(x, c)
+        ins, carry, fresh = self.carries(e, (cg, bg), "while: a predicate or body constant without a C type")
         test, (p,) = self.inline(cg, carry + ins[nc:])
         step, outs = self.inline(bg, carry + ins[nc:])
         saved, self.lines = self.lines, []
@@ -663,12 +656,7 @@ class _Gen:
         """A body the VM declines: each equation through numpy's loops, as the executor's
         generated numpy function does."""
         saved = dict(self.vals)
-        for v, x in zip(body.invars, ins):
-            self.vals[v] = x
-        for v, c in zip(body.constvars, body.consts):
-            self.vals[v] = self.const(np.asarray(c, v.aval.dtype))
-        for q in body.eqns:
-            self.equation(q)
+        self.lower_body(body, ins)
         for o, v in zip(outs, body.outvars):
             src = self.val(v)
             self.nested(o.shape, [o.strides, self.bstrides(src, o.shape)], f"{o.ptr}[o0] = {src.ptr}[o1];")

@@ -236,6 +236,21 @@ def _name_of(index: int) -> str:
     return s
 
 
+def _namer():
+    """A function naming atoms for a graph's text: a literal as its value, each variable by the order
+    it is first named (``a``, ``b``, ...)."""
+    names: dict[Var, str] = {}
+
+    def nm(a: Atom) -> str:
+        if isinstance(a, Literal):
+            return repr(a)
+        if a not in names:
+            names[a] = _name_of(len(names))
+        return names[a]
+
+    return nm
+
+
 class Graph:
     """A typed SSA graph: ``invars`` and ``constvars`` (with ``consts`` values) feed ``eqns``
     whose variables flow to ``outvars`` (variables or literals)."""
@@ -263,14 +278,7 @@ class Graph:
         return [v.aval for v in self.outvars]
 
     def __str__(self) -> str:
-        names: dict[Var, str] = {}
-
-        def nm(a: Atom) -> str:
-            if isinstance(a, Literal):
-                return repr(a)
-            if a not in names:
-                names[a] = _name_of(len(names))
-            return names[a]
+        nm = _namer()
 
         def decl(v: Var) -> str:
             return f"{nm(v)}:{v.aval.str_short()}"

@@ -82,20 +82,25 @@ def _connect_blas() -> None:
         cext._native.set_blas(*found)
 
 
-def numpy_openblas() -> tuple[int, int, int, bool] | None:
-    """``(sgemm, dgemm, set_num_threads_local, ilp64)`` addresses in numpy's OpenBLAS, or ``None``."""
+def openblas_libraries():
+    """The OpenBLAS libraries loaded in this process, as ``ctypes.CDLL``: numpy's own (in
+    numpy.libs / numpy/.dylibs) before another one (scipy's); none without threadpoolctl."""
     try:
         import threadpoolctl
     except ImportError:  # pragma: no cover
-        return None
+        return
     libs = [i for i in threadpoolctl.threadpool_info() if i.get("internal_api") == "openblas"]
-    # numpy's own OpenBLAS (in numpy.libs / numpy/.dylibs) before another one (scipy's)
     libs.sort(key=lambda i: "numpy" not in os.path.basename(os.path.dirname(i["filepath"])))
     for info in libs:
         try:
-            lib = ctypes.CDLL(info["filepath"])
+            yield ctypes.CDLL(info["filepath"])
         except OSError:  # pragma: no cover
             continue
+
+
+def numpy_openblas() -> tuple[int, int, int, bool] | None:
+    """``(sgemm, dgemm, set_num_threads_local, ilp64)`` addresses in numpy's OpenBLAS, or ``None``."""
+    for lib in openblas_libraries():
         local = getattr(lib, "openblas_set_num_threads_local", None)
         if local is None:
             continue

@@ -9,24 +9,22 @@ round-to-nearest-even).  :func:`backend` gives the operations of ``"native"`` (C
 ``"scalar"`` (C without) or ``"reference"`` (numpy) under one interface.
 
 The shared library is compiled once per (source, flags, compiler, CPU flags) into
-``$FEDARENA_KERNEL_CACHE`` (default ``~/.cache/fedarena/kernels``), written to a temporary name and
-renamed into place, so concurrent first uses do not see a half-written file.  The engine has no
-build-and-cache helper for C compiled at run time (``engine/core/cext.py`` loads the extension
-``pip install`` built), hence this module's own.
+``$FEDARENA_KERNEL_CACHE`` (default ``~/.cache/fedarena/kernels``) by the engine's run-time C
+build helper (:mod:`fedarena.engine.compiler.cbuild`: compiler lookup, cache key, a file written to a
+temporary name and renamed into place, so concurrent first uses do not see a half-written file).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..compiler import cbuild
 
 SOURCE = Path(__file__).with_name("qgemm.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-std=c11", "-shared", "-fPIC")
@@ -39,14 +37,14 @@ class KernelBuildError(RuntimeError):
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("FEDARENA_KERNEL_CACHE") or Path.home() / ".cache" / "fedarena" / "kernels")
+    return Path(cbuild.cache_dir("FEDARENA_KERNEL_CACHE", "kernels"))
 
 
-def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise KernelBuildError("int8 kernel: no C compiler found (set CC or install gcc/clang)")
-    return cc
+def _compiler() -> list:
+    try:
+        return cbuild.compiler()
+    except cbuild.BuildError:
+        raise KernelBuildError("int8 kernel: no C compiler found (set CC or install gcc/clang)") from None
 
 
 def _cpu_flags() -> str:
@@ -62,27 +60,18 @@ def _cpu_flags() -> str:
 def build(flags: tuple[str, ...] = FLAGS) -> Path:
     """The path of the shared library built from ``qgemm.c`` with ``flags`` (compiled on first use)."""
     cc = _compiler()
-    src = SOURCE.read_bytes()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([src, " ".join(flags).encode(), version.encode(), _cpu_flags().encode()]))
-    out = _cache_dir() / f"qgemm-{key.hexdigest()[:20]}.so"
+    version = subprocess.run([*cc, "--version"], capture_output=True, text=True).stdout
+    key = cbuild.cache_key(SOURCE.read_text(), *flags, version, _cpu_flags())
+    out = _cache_dir() / f"qgemm-{key}.so"
     if out.exists():
         return out
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        cbuild.compile_shared([*cc, *flags, str(SOURCE), "-lm"], str(out))
     except OSError as e:
         raise KernelBuildError(f"int8 kernel: cannot write the kernel cache {out.parent} ({e.strerror}); "
                                "set FEDARENA_KERNEL_CACHE to a writable directory") from None
-    os.close(fd)
-    try:
-        res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True)
-        if res.returncode != 0:
-            raise KernelBuildError(f"int8 kernel: {cc} failed on {SOURCE.name}: {res.stderr.strip()[:2000]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    except cbuild.BuildError as e:
+        raise KernelBuildError(f"int8 kernel: {' '.join(cc)} failed on {SOURCE.name}: {e}") from None
     return out
 
 

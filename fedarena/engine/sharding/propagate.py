@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.interpreter import literal_value
-from ..core.ir import Eqn, EngineError, Graph, Literal, ShapedArray, Var, _name_of
+from ..core.ir import Eqn, EngineError, Graph, Literal, ShapedArray, Var, _namer
 from ..primitives.sharding import Layout, R, Strategy, local_shape, splittable
 from .cost import CostModel, nbytes
 from .redistribute import Collective, plan
@@ -180,14 +180,7 @@ class ShardedProgram:
 
     # ------------------------------------------------------------------------------------------------ text
     def __str__(self) -> str:
-        names: dict = {}
-
-        def nm(a: Any) -> str:
-            if isinstance(a, Literal):
-                return repr(a)
-            if a not in names:
-                names[a] = _name_of(len(names))
-            return names[a]
+        nm = _namer()
 
         def decl(v: Var) -> str:
             return f"{nm(v)}:{v.aval.str_short()}{{{self.layouts[v]!r}}}"
