@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedarena.federated.data import DataError
+
 INDEX_VERSION = 1
 
 
@@ -116,3 +118,15 @@ class IndexBuilder:
         labels = np.concatenate([x for parts in self.labels for x in parts]) if U else np.zeros(0, np.int64)
         return ClientIndex(users, a[:, :, 0].astype(np.int32), a[:, :, 1], a[:, :, 2], count, held.astype(np.int64),
                            labels.astype(np.int64))
+
+    def build_checked(self, source: object, held_part: int | None = None, empty: str = "no clients",
+                      who: str = "client") -> ClientIndex:
+        """:meth:`build`, refusing (``DataError`` on ``data.path``, naming ``source``) an index without users and
+        a user without training examples (part 0)."""
+        ix = self.build(held_part)
+        if len(ix.users) == 0:
+            raise DataError("data.path", f"{source}: {empty}")
+        bad = np.flatnonzero(ix.count[:, 0] == 0)
+        if len(bad):
+            raise DataError("data.path", f"{source}: {who} {ix.users[bad[0]]!r} has no training examples")
+        return ix

@@ -188,12 +188,7 @@ class LeafReader:
             _scan_file(f, fid, 0, self.task, b)
         for j, f in enumerate(self.test_files):
             _scan_file(f, len(self.train_files) + j, 1, self.task, b)
-        ix = b.build(held_part=1 if self.test_files else None)
-        if len(ix.users) == 0:
-            raise DataError("data.path", f"{self.path}: no users")
-        bad = np.flatnonzero(ix.count[:, 0] == 0)
-        if len(bad):
-            raise DataError("data.path", f"{self.path}: user {ix.users[bad[0]]!r} has no training examples")
+        ix = b.build_checked(self.path, held_part=1 if self.test_files else None, empty="no users", who="user")
         if self.task == "femnist" and ix.labels.size and ix.labels.max() >= 62:
             raise DataError("data.path", f"{self.path}: FEMNIST label {int(ix.labels.max())} outside 0..61")
         return ix

@@ -413,12 +413,7 @@ class StackOverflowReader:
                 if cur is not None:
                     b.add(str(cur), part, 0, ids[0], ids[-1] - ids[0],
                           self._examples(self._sql_features(rows, cur), cur)[1])
-        ix = b.build(held_part=1)
-        if len(ix.users) == 0:
-            raise DataError("data.path", f"{self.files[0]}: no clients")
-        bad = np.flatnonzero(ix.count[:, 0] == 0)
-        if len(bad):
-            raise DataError("data.path", f"{self.files[0]}: client {ix.users[bad[0]]!r} has no training examples")
+        ix = b.build_checked(self.files[0], held_part=1, empty="no clients", who="client")
         return ix
 
     def read(self, ix: ClientIndex, u: int) -> tuple[np.ndarray, np.ndarray]:

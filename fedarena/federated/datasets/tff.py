@@ -154,12 +154,8 @@ class TFFReader:
                     raise DataError("data.path", f"{f}: client {cid!r}: label {int(labels.max())} outside "
                                     f"0..{self.num_classes - 1}")
                 b.add(str(cid), fid, fid, 0, 0, labels)
-        ix = b.build(held_part=1 if len(self.files) > 1 else None)
-        if len(ix.users) == 0:
-            raise DataError("data.path", f"{self.files[0]}: no clients under 'examples'")
-        bad = np.flatnonzero(ix.count[:, 0] == 0)
-        if len(bad):
-            raise DataError("data.path", f"{self.files[0]}: client {ix.users[bad[0]]!r} has no training examples")
+        ix = b.build_checked(self.files[0], held_part=1 if len(self.files) > 1 else None,
+                             empty="no clients under 'examples'", who="client")
         return ix
 
     def read(self, ix: ClientIndex, u: int) -> tuple[np.ndarray, np.ndarray]:
