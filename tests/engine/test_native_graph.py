@@ -321,3 +321,21 @@ def test_fast_path_leaves_shape_and_dtype_checks_to_the_c_function():
     for a in (wide, swapped):
         np.testing.assert_allclose(j(a, w), np.tanh(np.asarray(a, np.float64) @ w) * 2.0, rtol=1e-12)
     assert j.cache_size == 3
+
+
+def test_a_strided_argument_before_an_argument_of_a_new_shape_compiles_the_new_signature():
+    """The C function checks inputs in order: a strided first argument sends the call to the slow path before the
+    second argument's new batch size is seen; the slow path must not run the old signature's program on it (the
+    league agent's policy hit "cannot reshape array of size 4608 into shape (16,18)")."""
+    from fedarena import engine
+    from fedarena.engine import ops
+
+    f = engine.jit(lambda w, x: ops.sum(ops.tanh(x @ w), axis=1))
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(6, 4)).astype(np.float32)
+    x16 = rng.normal(size=(16, 6)).astype(np.float32)
+    np.testing.assert_allclose(f(w, x16), np.tanh(x16 @ w).sum(axis=1), rtol=1e-5, atol=1e-5)
+    w_strided = np.asfortranarray(w)  # same shape and dtype, not C-contiguous
+    x256 = rng.normal(size=(256, 6)).astype(np.float32)
+    np.testing.assert_allclose(f(w_strided, x256), np.tanh(x256 @ w).sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(f(w, x256), np.tanh(x256 @ w).sum(axis=1), rtol=1e-5, atol=1e-5)

@@ -68,7 +68,7 @@ class NativeExecutable:
         def call(*args):  # NotImplemented: an array of another dtype or shape (see __call__)
             try:
                 return run(arena, *args)
-            except TypeError:
+            except TypeError:  # a strided, unaligned or byte-swapped array (or a later one of another shape)
                 return self._slow(*args)
 
         return self._with_executor_globals(call)
@@ -93,6 +93,12 @@ class NativeExecutable:
         return self._executor().source
 
     def _slow(self, *args):
+        """The per-equation executor, for arguments of this signature in a layout the C function does not take;
+        ``NotImplemented`` when an argument has another shape or dtype (the C function checks the inputs in
+        order and stops at the first layout it refuses, before it has seen a later input's shape)."""
+        for a, v in zip(args, self.graph.invars):
+            if getattr(a, "shape", None) != v.aval.shape or getattr(a, "dtype", None) != v.aval.dtype:
+                return NotImplemented
         return self._executor()(*args)
 
     def __call__(self, *args: Any) -> list:
@@ -105,7 +111,7 @@ class NativeExecutable:
             out = run(*args)
         finally:
             pool.append(run)
-        return self._slow(*args) if out is NotImplemented else out
+        return self._executor()(*args) if out is NotImplemented else out
 
 
 MAX_ARENA_BYTES = 2 << 20
