@@ -97,7 +97,8 @@ class NativeExecutable:
         ``NotImplemented`` when an argument has another shape or dtype (the C function checks the inputs in
         order and stops at the first layout it refuses, before it has seen a later input's shape)."""
         for a, v in zip(args, self.graph.invars):
-            if getattr(a, "shape", None) != v.aval.shape or getattr(a, "dtype", None) != v.aval.dtype:
+            dt = getattr(a, "dtype", None)  # a byte-swapped array of this dtype is this signature's (a layout)
+            if getattr(a, "shape", None) != v.aval.shape or dt is None or dt.newbyteorder("=") != v.aval.dtype:
                 return NotImplemented
         return self._executor()(*args)
 
