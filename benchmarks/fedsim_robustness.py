@@ -85,7 +85,8 @@ class ClientMomentum(StrategyWrapper):
         return self.inner.aggregate(state, out, num_clients)
 
 
-def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int):
+def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int,
+             tau_quantile: float = 0.0, center_momentum: float = 0.0):
     base = dict(fit=fit, clients_per_round=PER_ROUND)
     if name == "fedavg":
         return FedAvg(**base)
@@ -96,8 +97,11 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     if name == "multi_krum":
         return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND, krum_keep=PER_ROUND - F_ROUND)
     if name in ("cc_bucketing", "cc_bucketing_momentum"):
-        return DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket).build(FedAvg(**base),
-                                                                                                   seed=seed)
+        d = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket).build(FedAvg(**base),
+                                                                                                seed=seed)
+        d.params["rule_params"]["tau_quantile"] = tau_quantile
+        d.center_momentum = center_momentum
+        return d
     if name == "norm_bound":
         return DefenceConfig("norm_bound").build(FedAvg(**base), seed=seed)
     if name == "fltrust":
@@ -107,7 +111,7 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
              partition: str = "dirichlet", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
-             **attack_params) -> dict:
+             tau_quantile: float = 0.0, center_momentum: float = 0.0, last: int = 10, **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
@@ -119,16 +123,27 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     root = RootSet(model, d.x[root_idx], d.y[root_idx], d.num_classes, seed)
     plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
-    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket, iterations))
+    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket, iterations, tau_quantile,
+                                      center_momentum))
     if defence == "cc_bucketing_momentum":
         strategy = ClientMomentum(strategy, beta)
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
                      test=(d.x[test_idx], d.y[test_idx]), eval_clients=False, eval_every=rounds)
+    lasts: list[float] = []
+    done = [0]
+
+    def on_round(st, rec):  # the test accuracy after each of the last ``last`` rounds
+        done[0] += 1
+        if done[0] > rounds - last:
+            m = rec.metrics if "test_acc" in rec.metrics else sim.evaluate(st, rec.round)
+            lasts.append(float(m["test_acc"]))
+
     t0 = time.perf_counter()
-    state, records = sim.run(rounds)
+    state, records = sim.run(rounds, on_round=on_round)
     out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
+           "test_acc_last": lasts,
            "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket,
-           "iterations": iterations,
+           "iterations": iterations, "tau_quantile": tau_quantile, "center_momentum": center_momentum,
            "partition": partition if partition == "iid" else f"{partition}({alpha})"}
     if defence == "cc_bucketing_momentum":
         out["beta"] = beta
@@ -150,8 +165,16 @@ def cells(subset: str, attacks: list[str] | None, defences: list[str] | None) ->
     return acc if subset == "acceptance" else [("none", "fedavg")] + [c for c in grid if c not in acc]
 
 
+METRIC = ["last"]  # the accuracy the table reads: "last" (mean of the last rounds' test accuracies) or "final"
+
+
+def score(r: dict) -> float:
+    """A cell's accuracy: the mean test accuracy of its last rounds (``test_acc_last``), or the final one."""
+    return float(np.mean(r["test_acc_last"])) if METRIC[0] == "last" else float(r["test_acc"])
+
+
 def table(results: list[dict]) -> str:
-    clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
+    clean = {r["seed"]: score(r) for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
     attacks = [a for a in ATTACKS if any(r["attack"] == a for r in results)]
     defences = [x for x in DEFENCES + VARIANTS if any(r["defence"] == x for r in results)]
     splits = ", ".join(sorted({r.get("partition", "iid") for r in results}))
@@ -165,7 +188,7 @@ def table(results: list[dict]) -> str:
             if not rs:
                 row.append("")
                 continue
-            drop = np.array([100 * (clean[r["seed"]] - r["test_acc"]) for r in rs])
+            drop = np.array([100 * (clean[r["seed"]] - score(r)) for r in rs])
             cell = f"{drop.mean():.1f} +- {drop.std():.1f}"
             if a == "backdoor":
                 cell += f" / {100 * np.mean([r['backdoor_success'] for r in rs]):.0f}%"
@@ -175,11 +198,11 @@ def table(results: list[dict]) -> str:
 
 
 def acceptance(results: list[dict]) -> list[str]:
-    clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
+    clean = {r["seed"]: score(r) for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
 
     def drop(a, x):
         rs = [r for r in results if r["attack"] == a and r["defence"] == x and r["seed"] in clean]
-        return float(np.mean([100 * (clean[r["seed"]] - r["test_acc"]) for r in rs])) if rs else None
+        return float(np.mean([100 * (clean[r["seed"]] - score(r)) for r in rs])) if rs else None
 
     out = []
     for a in ("alie", "ipm"):
@@ -200,7 +223,7 @@ def acceptance(results: list[dict]) -> list[str]:
 
 def paired(results: list[dict], attack: str) -> str:
     """CC + bucketing's accuracy minus FedAvg's under ``attack``, paired by seed: mean +- standard error, points."""
-    acc = {(r["defence"], r["seed"]): r["test_acc"] for r in results if r["attack"] == attack}
+    acc = {(r["defence"], r["seed"]): score(r) for r in results if r["attack"] == attack}
     diff = np.array([100 * (acc["cc_bucketing", s] - acc["fedavg", s]) for d, s in acc
                      if d == "fedavg" and ("cc_bucketing", s) in acc])
     if len(diff) < 2:
@@ -223,6 +246,11 @@ def main() -> None:
     p.add_argument("--tau", type=float, default=DefenceConfig.tau, help="centered clipping's radius")
     p.add_argument("--iterations", type=int, default=DefenceConfig.iterations,
                    help="centered clipping's iterations per round")
+    p.add_argument("--tau-quantile", type=float, default=0.0,
+                   help="centered clipping's radius as this quantile of the distances from the centre (0 = --tau)")
+    p.add_argument("--center-momentum", type=float, default=0.0,
+                   help="centered clipping's centre: the server's momentum of the aggregates (0 = the previous one)")
+    p.add_argument("--last", type=int, default=10, help="the metric averages the test accuracy of this many last rounds")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
@@ -232,7 +260,10 @@ def main() -> None:
                    help="the clients' split: Dirichlet label skew (alpha: --alpha) or IID")
     p.add_argument("--alpha", type=float, default=0.5, help="the Dirichlet label skew's concentration")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
+    p.add_argument("--metric", choices=["last", "final"], default="last",
+                   help="the table's accuracy: mean test accuracy of the last --last rounds, or the final round's")
     a = p.parse_args()
+    METRIC[0] = a.metric
     if a.results:
         results = [json.loads(line) for f in a.results for line in open(f) if line.strip()]
         results = list({(r["attack"], r["defence"], r["seed"]): r for r in results}.values())
@@ -248,6 +279,7 @@ def main() -> None:
     for seed in a.seeds:
         for atk, dfn in todo:
             r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha, a.iterations,
+                         a.tau_quantile, a.center_momentum, a.last,
                          epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)

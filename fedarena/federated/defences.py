@@ -77,7 +77,9 @@ class Defended(StrategyWrapper):
     """``inner``'s round (selection, fit, server optimizer, evaluation) with the table's rule ``rule`` (a name of
     :data:`fedarena.federated.rules.AGGREGATION_RULES`, with ``params``) in place of its aggregation.
     ``center_previous``: the rule gets ``center=`` the previous round's aggregate (centered clipping's momentum;
-    zeros in the first round), through ``bucketing`` as its inner rule's parameter. ``root``: the rule gets
+    zeros in the first round), through ``bucketing`` as its inner rule's parameter; ``center_momentum = beta >
+    0``: the centre is instead the server's momentum of the aggregates, ``m_t = beta m_{t-1} + (1 - beta) v_t``
+    (``m_1 = v_1``; the server's step is still the round's aggregate ``v_t``). ``root``: the rule gets
     ``reference=`` the round's root-set update (FLTrust). ``bucket_seeded``: bucketing's permutation of round ``r``
     is drawn by ``(seed, r)``."""
 
@@ -88,9 +90,12 @@ class Defended(StrategyWrapper):
     root: RootSet | None = None
     bucket_seeded: bool = False
     seed: int = 0
+    center_momentum: float = 0.0
     previous: np.ndarray | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.center_momentum < 1:
+            raise ValueError(f"center_momentum: must lie in [0, 1), got {self.center_momentum}")
         probe = dict(self.params)
         if self.root is not None:
             probe["reference"] = np.zeros(1)
@@ -128,7 +133,10 @@ class Defended(StrategyWrapper):
         if self.bucket_seeded:
             kw["seed"] = [self.seed, state.round]
         flat = rules.aggregation_rule(self.rule, **kw)(x, w)
-        self.previous = flat
+        if self.previous is None or self.center_momentum == 0:
+            self.previous = flat
+        else:
+            self.previous = self.center_momentum * self.previous + (1 - self.center_momentum) * flat
         delta = rules.unflatten_params(flat, state.params, names)
         params, opt = self.inner.server_optimizer.step(state.params, delta, state.opt_state)
         return RoundState(state.round + 1, params, opt, state.control)

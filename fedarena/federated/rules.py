@@ -26,7 +26,8 @@ here each rule takes them as parameters):
 
 * ``centered_clipping``: from ``center`` ``v`` (zeros when not given), ``v <- v + 1/n sum_i (x_i - v)
   min(1, tau / ||x_i - v||)``, ``iterations`` times (Karimireddy, He & Jaggi, ICML 2021, Eq. 3); an update moves
-  the result by at most ``tau / n``.
+  the result by at most ``tau / n``. ``tau_quantile = q > 0`` sets ``tau`` each call to the ``q``-quantile of the
+  distances ``||x_i - v||`` from the centre.
 * ``bucketing``: a permutation (``seed``) of the updates cut into buckets of ``bucket_size``, each bucket averaged,
   and the table's rule ``rule`` (with ``rule_params``) over the bucket means (Karimireddy, He & Jaggi, ICLR 2022,
   Algorithm 1).
@@ -234,14 +235,21 @@ def _check_geometric_median(smoothing: float, max_iter: int, tol: float) -> None
 
 
 def centered_clipping(updates: np.ndarray, weights: np.ndarray, tau: float = 0.15, iterations: int = 1,
-                      center: np.ndarray | None = None) -> np.ndarray:
+                      center: np.ndarray | None = None, tau_quantile: float = 0.0) -> np.ndarray:
     """Karimireddy et al.'s centered clipping from ``center`` (zeros when None): ``iterations`` times
-    ``v <- v + 1/n sum_i (x_i - v) min(1, tau / ||x_i - v||)``; unweighted, as in the paper."""
+    ``v <- v + 1/n sum_i (x_i - v) min(1, tau / ||x_i - v||)``; unweighted, as in the paper. ``tau_quantile
+    = q > 0``: the radius is the round's ``q``-quantile of the distances ``||x_i - center||`` (numpy's linear
+    interpolation) instead of the fixed ``tau``; at ``q <= 1/2`` it is at most an honest update's distance while
+    fewer than half the updates are Byzantine."""
     x = np.asarray(updates, np.float64)
-    _check_centered_clipping(tau, iterations, center)
+    _check_centered_clipping(tau, iterations, center, tau_quantile)
     v = np.zeros(x.shape[1]) if center is None else np.asarray(center, np.float64).copy()
     if v.shape != (x.shape[1],):
         raise ValueError(f"center: expected a ({x.shape[1]},) vector, got shape {v.shape}")
+    if tau_quantile > 0:
+        tau = float(np.quantile(np.linalg.norm(x - v, axis=1), tau_quantile))
+        if tau <= 0:  # every update is the centre
+            return v
     for _ in range(iterations):
         diff = x - v
         norms = np.linalg.norm(diff, axis=1)
@@ -250,11 +258,13 @@ def centered_clipping(updates: np.ndarray, weights: np.ndarray, tau: float = 0.1
     return v
 
 
-def _check_centered_clipping(tau: float, iterations: int, center: Any) -> None:
+def _check_centered_clipping(tau: float, iterations: int, center: Any, tau_quantile: float = 0.0) -> None:
     if not tau > 0:
         raise ValueError(f"tau: must be > 0, got {tau}")
     if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
         raise ValueError(f"iterations: must be an integer >= 1, got {iterations!r}")
+    if not 0 <= tau_quantile <= 1:
+        raise ValueError(f"tau_quantile: must lie in [0, 1] (0 = the fixed tau), got {tau_quantile}")
 
 
 def bucketing(updates: np.ndarray, weights: np.ndarray, bucket_size: int = 2, rule: str = "centered_clipping",
@@ -319,7 +329,8 @@ register_rule("krum", krum, params={"krum_byzantine": 0, "krum_keep": 1}, check=
 register_rule("multi_krum", krum, params={"krum_byzantine": 0, "krum_keep": 0}, check=_check_krum)
 register_rule("geometric_median", geometric_median, params={"smoothing": 1e-6, "max_iter": 100, "tol": 1e-7},
               check=_check_geometric_median)
-register_rule("centered_clipping", centered_clipping, params={"tau": 0.15, "iterations": 1, "center": None},
+register_rule("centered_clipping", centered_clipping, params={"tau": 0.15, "iterations": 1, "center": None,
+                                                              "tau_quantile": 0.0},
               check=_check_centered_clipping)
 register_rule("bucketing", bucketing, params={"bucket_size": 2, "rule": "centered_clipping", "rule_params": {},
                                               "seed": 0}, check=_check_bucketing)
