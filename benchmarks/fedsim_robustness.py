@@ -86,7 +86,7 @@ class ClientMomentum(StrategyWrapper):
 
 
 def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int,
-             tau_quantile: float = 0.0, center_momentum: float = 0.0):
+             tau_quantile: float = 0.0, center_momentum: float = 0.0, weighted: bool = False):
     base = dict(fit=fit, clients_per_round=PER_ROUND)
     if name == "fedavg":
         return FedAvg(**base)
@@ -99,7 +99,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     if name in ("cc_bucketing", "cc_bucketing_momentum"):
         d = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket).build(FedAvg(**base),
                                                                                                 seed=seed)
-        d.params["rule_params"]["tau_quantile"] = tau_quantile
+        d.params["rule_params"].update(tau_quantile=tau_quantile, weighted=weighted)
+        d.params["weighted"] = weighted
         d.center_momentum = center_momentum
         return d
     if name == "norm_bound":
@@ -111,7 +112,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
              partition: str = "dirichlet", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
-             tau_quantile: float = 0.0, center_momentum: float = 0.0, last: int = 10, **attack_params) -> dict:
+             tau_quantile: float = 0.0, center_momentum: float = 0.0, last: int = 10, weighted: bool = False,
+             **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
@@ -124,7 +126,7 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
     strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket, iterations, tau_quantile,
-                                      center_momentum))
+                                      center_momentum, weighted))
     if defence == "cc_bucketing_momentum":
         strategy = ClientMomentum(strategy, beta)
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
@@ -144,6 +146,7 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
            "test_acc_last": lasts,
            "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket,
            "iterations": iterations, "tau_quantile": tau_quantile, "center_momentum": center_momentum,
+           "weighted": weighted,
            "partition": partition if partition == "iid" else f"{partition}({alpha})"}
     if defence == "cc_bucketing_momentum":
         out["beta"] = beta
@@ -250,6 +253,8 @@ def main() -> None:
                    help="centered clipping's radius as this quantile of the distances from the centre (0 = --tau)")
     p.add_argument("--center-momentum", type=float, default=0.0,
                    help="centered clipping's centre: the server's momentum of the aggregates (0 = the previous one)")
+    p.add_argument("--weighted", action="store_true",
+                   help="CC + bucketing weighs updates by the strategy's client weights (FedAvg's example counts)")
     p.add_argument("--last", type=int, default=10, help="the metric averages the test accuracy of this many last rounds")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
@@ -279,7 +284,7 @@ def main() -> None:
     for seed in a.seeds:
         for atk, dfn in todo:
             r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha, a.iterations,
-                         a.tau_quantile, a.center_momentum, a.last,
+                         a.tau_quantile, a.center_momentum, a.last, a.weighted,
                          epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)
