@@ -97,10 +97,9 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     if name == "multi_krum":
         return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND, krum_keep=PER_ROUND - F_ROUND)
     if name in ("cc_bucketing", "cc_bucketing_momentum"):
-        d = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket).build(FedAvg(**base),
-                                                                                                seed=seed)
-        d.params["rule_params"].update(tau_quantile=tau_quantile, weighted=weighted)
-        d.params["weighted"] = weighted
+        d = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket,
+                          weighted=weighted).build(FedAvg(**base), seed=seed)
+        d.params["rule_params"]["tau_quantile"] = tau_quantile
         d.center_momentum = center_momentum
         return d
     if name == "norm_bound":

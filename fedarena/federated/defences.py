@@ -147,14 +147,15 @@ def build_defence(cfg: DefenceConfig, strategy: Any, *, root: RootSet | None = N
     if cfg.kind == "none":
         return strategy
     if cfg.kind == "centered_clipping":
-        return Defended(strategy, "centered_clipping", {"tau": cfg.tau, "iterations": cfg.iterations},
+        return Defended(strategy, "centered_clipping", {"tau": cfg.tau, "iterations": cfg.iterations,
+                                                        "weighted": cfg.weighted},
                         center_previous=True, seed=seed)
     if cfg.kind == "bucketing":
         inner = {k: v for k, v in {"tau": cfg.tau, "iterations": cfg.iterations, "trim_fraction": cfg.trim_fraction,
-                                   "krum_byzantine": cfg.num_byzantine}.items()
+                                   "krum_byzantine": cfg.num_byzantine, "weighted": cfg.weighted}.items()
                  if k in rules.rule_params(cfg.bucket_rule)}
         return Defended(strategy, "bucketing", {"bucket_size": cfg.bucket_size, "rule": cfg.bucket_rule,
-                                                "rule_params": inner},
+                                                "rule_params": inner, "weighted": cfg.weighted},
                         center_previous=cfg.bucket_rule == "centered_clipping", bucket_seeded=True, seed=seed)
     if cfg.kind == "norm_bound":
         return Defended(strategy, "norm_bound", {"multiple": cfg.norm_multiple}, seed=seed)

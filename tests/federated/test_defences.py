@@ -181,10 +181,9 @@ def test_cc_bucketing_rounds_match_a_brute_force_reimplementation(tau, iteration
     the same written out by hand; an attacker's far update is in every round, the clients' example counts
     differ (``weighted``: bucket means and CC weighted by them, a bucket weighing its members' sum)."""
     rng = np.random.default_rng(11)
-    cfg = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=2)
+    cfg = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=2, weighted=weighted)
     strategy = cfg.build(FedAvg(fit=FitConfig(), clients_per_round=7), seed=5)
-    strategy.params["rule_params"].update(tau_quantile=quantile, weighted=weighted)
-    strategy.params["weighted"] = weighted
+    strategy.params["rule_params"]["tau_quantile"] = quantile
     strategy.center_momentum = beta
     counts = {f"c{i}": 3 + 5 * i for i in range(7)}
     state = strategy.init_state({"a": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)})
