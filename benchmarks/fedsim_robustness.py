@@ -26,7 +26,9 @@ for every cell alike, the mean of the last rounds' accuracies, which averages ou
 FedAvg's example counts). ``--tau-quantile q``: the radius is the round's q-quantile of the bucket means' distances
 from the centre; ``--center-momentum beta``: the centre is the server's momentum of the aggregates (rule and
 wrapper parameters of :mod:`fedarena.federated.rules` / :class:`~fedarena.federated.defences.Defended`, not
-config fields).
+config fields). ``--clip-stats``: each CC + bucketing cell also records, per quarter / quarter / half of the
+rounds, how often honest-only and attacker-holding bucket means lie beyond the radius and the attackers' and the
+median honest update's distances from the centre (:class:`ClipProbe`).
 
 ``cc_bucketing_momentum`` (off the grid): CC + bucketing over per-client momenta kept by the server
 (:class:`ClientMomentum`, ``--beta``), the worker momentum Karimireddy et al. pair centered clipping with.
@@ -96,6 +98,54 @@ class ClientMomentum(StrategyWrapper):
         return self.inner.aggregate(state, out, num_clients)
 
 
+@dataclass
+class ClipProbe(StrategyWrapper):
+    """Measures, around a :class:`~fedarena.federated.defences.Defended` CC + bucketing (``inner``; placed inside
+    the attack, so it sees the coalition's uploads), how often the bucket means holding only honest updates and
+    those holding an attacker lie beyond the radius ``tau`` from the centre, and the distances of the attackers'
+    upload and of the median honest update from the centre, per round (``rows``). It recomputes the buckets from
+    the same permutation ``(seed, round)``; it does not change the aggregate."""
+
+    inner: Any
+    attacker_ids: frozenset = frozenset()
+    rows: list = field(default_factory=list, init=False)
+
+    @property
+    def linear(self) -> bool:
+        return False
+
+    def aggregate(self, state, updates, num_clients):
+        d = self.inner
+        ordered = sorted(updates, key=lambda u: u.client_id)
+        names = sorted(state.params)
+        x = np.stack([np.concatenate([np.asarray(u.delta[k], np.float64).ravel() for k in names]) for u in ordered])
+        w = np.array([d.inner.weight(u.num_examples) for u in ordered], np.float64)
+        bad = np.array([u.client_id in self.attacker_ids for u in ordered])
+        center = d.previous if d.previous is not None else np.zeros(x.shape[1])
+        perm = np.random.default_rng([d.seed, state.round]).permutation(len(x))
+        size = d.params["bucket_size"]
+        groups = [perm[i: i + size] for i in range(0, len(x), size)]
+        if d.params.get("weighted"):
+            means = np.stack([w[g] @ x[g] / w[g].sum() for g in groups])
+        else:
+            means = np.stack([x[g].mean(0) for g in groups])
+        far = np.linalg.norm(means - center, axis=1) > d.params["rule_params"]["tau"]
+        held = np.array([bad[g].any() for g in groups])
+        self.rows.append({"round": state.round,
+                          "honest_clipped": float(far[~held].mean()) if (~held).any() else float("nan"),
+                          "attacked_clipped": float(far[held].mean()) if held.any() else float("nan"),
+                          "attacker_distance": float(np.linalg.norm(x[bad][0] - center)) if bad.any() else float("nan"),
+                          "honest_distance": float(np.median(np.linalg.norm(x[~bad] - center, axis=1)))})
+        return d.aggregate(state, updates, num_clients)
+
+    def summary(self, windows: list[tuple[int, int]]) -> list[dict]:
+        out = []
+        for lo, hi in windows:
+            rs = [r for r in self.rows if lo <= r["round"] <= hi]
+            out.append({"rounds": [lo, hi], **{k: float(np.nanmean([r[k] for r in rs])) for k in rs[0] if k != "round"}})
+        return out
+
+
 def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int,
              tau_quantile: float = 0.0, center_momentum: float = 0.0, weighted: bool = False):
     base = dict(fit=fit, clients_per_round=PER_ROUND)
@@ -123,7 +173,7 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
              partition: str = "dirichlet", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
              tau_quantile: float = 0.0, center_momentum: float = 0.0, last: int = 10, weighted: bool = False,
-             **attack_params) -> dict:
+             clip_stats: bool = False, **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
@@ -135,8 +185,9 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     root = RootSet(model, d.x[root_idx], d.y[root_idx], d.num_classes, seed)
     plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
-    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket, iterations, tau_quantile,
-                                      center_momentum, weighted))
+    inner = defended(defence, fit, root, seed, tau, bucket, iterations, tau_quantile, center_momentum, weighted)
+    probe = ClipProbe(inner, plan.attacker_ids) if clip_stats and defence == "cc_bucketing" else None
+    strategy = plan.strategy(probe or inner)
     if defence == "cc_bucketing_momentum":
         strategy = ClientMomentum(strategy, beta)
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
@@ -160,6 +211,8 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
            "partition": partition if partition == "iid" else f"{partition}({alpha})"}
     if defence == "cc_bucketing_momentum":
         out["beta"] = beta
+    if probe is not None:
+        out["clip_stats"] = probe.summary([(1, rounds // 4), (rounds // 4 + 1, rounds // 2), (rounds // 2 + 1, rounds)])
     if attack == "backdoor" or attack == "none":
         out["backdoor_success"] = attack_success_rate(lambda v: model.logits(state.params, v), d.x[test_idx],
                                                       d.y[test_idx], Backdoor())
@@ -272,6 +325,8 @@ def main() -> None:
                    help="centered clipping's centre: the server's momentum of the aggregates (0 = the previous one)")
     p.add_argument("--weighted", action="store_true",
                    help="CC + bucketing weighs updates by the strategy's client weights (FedAvg's example counts)")
+    p.add_argument("--clip-stats", action="store_true",
+                   help="record how often CC + bucketing clips honest-only and attacker-holding buckets (ClipProbe)")
     p.add_argument("--last", type=int, default=10, help="the metric averages the test accuracy of this many last rounds")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
@@ -304,7 +359,7 @@ def main() -> None:
     for seed in a.seeds:
         for atk, dfn in todo:
             r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha, a.iterations,
-                         a.tau_quantile, a.center_momentum, a.last, a.weighted,
+                         a.tau_quantile, a.center_momentum, a.last, a.weighted, a.clip_stats,
                          epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)
