@@ -7,11 +7,14 @@ root set, and the builder of the ``strategy.defence`` section (:func:`build_defe
 * Centered clipping (Karimireddy, He & Jaggi, "Learning from History for Byzantine Robust Optimization",
   ICML 2021, Eq. 3): from a centre ``v`` (the previous round's aggregate, the paper's momentum),
   ``v <- v + 1/n sum_i (x_i - v) min(1, tau / ||x_i - v||)``, ``iterations`` times; its fixed point is the
-  ``v`` with ``sum_i clip_tau(x_i - v) = 0``. An update moves the result by at most ``tau / n``.
+  ``v`` with ``sum_i clip_tau(x_i - v) = 0``. An update moves the result by at most ``tau / n``. With
+  ``weighted`` (``strategy.defence.weighted``) the ``1/n`` are the updates' weight shares (FedAvg's example
+  counts), so the rule is FedAvg's weighted mean wherever it clips nothing.
 * Bucketing (Karimireddy, He & Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing",
   ICLR 2022, Algorithm 1): a random permutation of the updates is cut into buckets of ``s``, each bucket is
   averaged, and a robust rule aggregates the bucket means (a bucket weighs the sum of its members' weights).
-  Averaging shrinks the honest updates' spread (non-IID data) while a bucket holds few attackers.
+  Averaging shrinks the honest updates' spread (non-IID data) while a bucket holds few attackers. With
+  ``weighted`` a bucket's mean is its members' weighted mean.
 * Norm bounding with an adaptive bound (Sun et al., "Can You Really Backdoor Federated Learning?", 2019; the
   bound a multiple of the round's median norm as in FLAME, Nguyen et al. 2022): every update is clipped to
   ``multiple`` times the median update norm, then the weighted mean.

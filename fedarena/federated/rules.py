@@ -30,7 +30,8 @@ here each rule takes them as parameters):
   distances ``||x_i - v||`` from the centre.
 * ``bucketing``: a permutation (``seed``) of the updates cut into buckets of ``bucket_size``, each bucket averaged,
   and the table's rule ``rule`` (with ``rule_params``) over the bucket means (Karimireddy, He & Jaggi, ICLR 2022,
-  Algorithm 1).
+  Algorithm 1). ``weighted`` (here and in ``centered_clipping``): weighted bucket means and CC steps weighted by
+  the weights' shares instead of the papers' unweighted ones.
 * ``norm_bound``: the weighted mean after clipping every update to ``multiple`` times the round's median norm
   (Sun et al. 2019, FLAME's median bound, Nguyen et al. 2022).
 * ``fltrust``: trust scores ``ReLU(cos(g_i, g_0))`` against the server's root-set update ``reference`` ``g_0``,
