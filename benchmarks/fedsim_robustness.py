@@ -102,9 +102,10 @@ class ClientMomentum(StrategyWrapper):
 class ClipProbe(StrategyWrapper):
     """Measures, around a :class:`~fedarena.federated.defences.Defended` CC + bucketing (``inner``; placed inside
     the attack, so it sees the coalition's uploads), how often the bucket means holding only honest updates and
-    those holding an attacker lie beyond the radius ``tau`` from the centre, and the distances of the attackers'
-    upload and of the median honest update from the centre, per round (``rows``). It recomputes the buckets from
-    the same permutation ``(seed, round)``; it does not change the aggregate."""
+    those holding an attacker lie beyond the fixed radius ``tau`` from the centre, and the distances of the first
+    attacker's upload (the coalition uploads one vector under ALIE, IPM, min-max and min-sum) and of the median
+    honest update from the centre, per round (``rows``). It recomputes the buckets from the same permutation
+    ``(seed, round)``; it does not change the aggregate."""
 
     inner: Any
     attacker_ids: frozenset = frozenset()
@@ -142,7 +143,8 @@ class ClipProbe(StrategyWrapper):
         out = []
         for lo, hi in windows:
             rs = [r for r in self.rows if lo <= r["round"] <= hi]
-            out.append({"rounds": [lo, hi], **{k: float(np.nanmean([r[k] for r in rs])) for k in rs[0] if k != "round"}})
+            keys = [k for k in rs[0] if k != "round"]
+            out.append({"rounds": [lo, hi], **{k: float(np.nanmean([r[k] for r in rs])) for k in keys}})
         return out
 
 
@@ -327,7 +329,8 @@ def main() -> None:
                    help="CC + bucketing weighs updates by the strategy's client weights (FedAvg's example counts)")
     p.add_argument("--clip-stats", action="store_true",
                    help="record how often CC + bucketing clips honest-only and attacker-holding buckets (ClipProbe)")
-    p.add_argument("--last", type=int, default=10, help="the metric averages the test accuracy of this many last rounds")
+    p.add_argument("--last", type=int, default=10,
+                   help="the metric averages the test accuracy of this many last rounds")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
@@ -341,6 +344,9 @@ def main() -> None:
                    help="the table's accuracy: mean test accuracy of the last --last rounds, or the final round's")
     a = p.parse_args()
     METRIC[0] = a.metric
+    if a.clip_stats and a.tau_quantile > 0:
+        print("--clip-stats: measures the fixed radius --tau; not with --tau-quantile", file=sys.stderr)
+        sys.exit(2)
     if not 1 <= a.last <= a.rounds:
         print(f"--last: must lie in [1, --rounds = {a.rounds}], got {a.last}", file=sys.stderr)
         sys.exit(2)
