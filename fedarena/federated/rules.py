@@ -243,7 +243,7 @@ def centered_clipping(updates: np.ndarray, weights: np.ndarray, tau: float = 0.1
     or, ``weighted``, ``p_i = w_i / sum_j w_j`` (then the rule is the weighted mean when nothing is clipped, and an
     update moves the result by at most ``p_i tau``). ``tau_quantile = q > 0``: the radius is the round's
     ``q``-quantile of the distances ``||x_i - center||`` (numpy's linear interpolation) instead of the fixed
-    ``tau``; at ``q <= 1/2`` it is at most an honest update's distance while fewer than half the updates are
+    ``tau``; at ``q <= 1/2`` it is at most the largest honest distance while fewer than half the updates are
     Byzantine."""
     x = np.asarray(updates, np.float64)
     _check_centered_clipping(tau, iterations, center, tau_quantile)
@@ -290,6 +290,8 @@ def bucketing(updates: np.ndarray, weights: np.ndarray, bucket_size: int = 2, ru
     perm = np.random.default_rng(seed).permutation(len(x))
     groups = [perm[i: i + bucket_size] for i in range(0, len(x), bucket_size)]
     if weighted:
+        if not (w > 0).all():
+            raise ValueError(f"weights: must be positive, got {w.tolist()}")
         means = np.stack([w[g] @ x[g] / w[g].sum() for g in groups])
     else:
         means = np.stack([x[g].mean(0) for g in groups])
