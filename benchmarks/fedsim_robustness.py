@@ -5,10 +5,13 @@ split of ``experiments/fedsim_digits.yaml``; ``--partition iid`` for the sign-fl
 20 clients per round, 200 rounds, MLP 64-32-10, FedAvg's local training (E = 1, B = 10, lr 0.1), 20 attackers (20 %) drawn per seed; the robust rules assume f = 4 per round. Attack
 parameters: ALIE's z from Baruch et al.'s z_max formula, IPM's epsilon 0.5 (its small-epsilon regime; ``--epsilon``),
 scaling and sign flip by 4. The server's FLTrust root set is 100 examples of the global test split, removed from the test set
-of every cell so all cells are scored on the same examples. For each attack x defence x seed the final test
-accuracy is measured; the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard
+of every cell so all cells are scored on the same examples. For each attack x defence x seed the test accuracy
+after the final round (``test_acc``) and after each of the last ``--last`` rounds (``test_acc_last``, default 10)
+are recorded; the table prints the accuracy drop against clean FedAvg of the same seed (mean and standard
 deviation over seeds) and, for the backdoor, the attack success rate (triggered non-target test examples
-classified as the target).
+classified as the target). ``--metric final`` (the default) reads the final accuracy; ``--metric last`` reads,
+for every cell alike, the mean of the last rounds' accuracies, which averages out the round-to-round wobble of a
+259-image test set (one image is 0.39 points).
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py                 # the whole grid
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --subset acceptance --out acc.jsonl
@@ -16,6 +19,16 @@ classified as the target).
     python benchmarks/fedsim_robustness.py --results acc.jsonl rest.jsonl     # the table of both
     python benchmarks/fedsim_robustness.py --seeds 100 --attacks alie ipm --defences cc_bucketing --tau 0.5
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --defences fedavg cc_bucketing_momentum
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fedsim_robustness.py --defences fedavg cc_bucketing --weighted \
+        --out w.jsonl && python benchmarks/fedsim_robustness.py --results w.jsonl --metric last
+
+``--weighted``: CC + bucketing with ``strategy.defence.weighted`` (bucket means and the clipped steps weighed by
+FedAvg's example counts). ``--tau-quantile q``: the radius is the round's q-quantile of the bucket means' distances
+from the centre; ``--center-momentum beta``: the centre is the server's momentum of the aggregates (rule and
+wrapper parameters of :mod:`fedarena.federated.rules` / :class:`~fedarena.federated.defences.Defended`, not
+config fields). ``--clip-stats``: each CC + bucketing cell also records, per quarter / quarter / half of the
+rounds, how often honest-only and attacker-holding bucket means lie beyond the radius and the attackers' and the
+median honest update's distances from the centre (:class:`ClipProbe`).
 
 ``cc_bucketing_momentum`` (off the grid): CC + bucketing over per-client momenta kept by the server
 (:class:`ClientMomentum`, ``--beta``), the worker momentum Karimireddy et al. pair centered clipping with.
@@ -85,7 +98,58 @@ class ClientMomentum(StrategyWrapper):
         return self.inner.aggregate(state, out, num_clients)
 
 
-def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int):
+@dataclass
+class ClipProbe(StrategyWrapper):
+    """Measures, around a :class:`~fedarena.federated.defences.Defended` CC + bucketing (``inner``; placed inside
+    the attack, so it sees the coalition's uploads), how often the bucket means holding only honest updates and
+    those holding an attacker lie beyond the fixed radius ``tau`` from the centre, and the distances of the first
+    attacker's upload (the coalition uploads one vector under ALIE, IPM, min-max and min-sum) and of the median
+    honest update from the centre, per round (``rows``). It recomputes the buckets from the same permutation
+    ``(seed, round)``; it does not change the aggregate."""
+
+    inner: Any
+    attacker_ids: frozenset = frozenset()
+    rows: list = field(default_factory=list, init=False)
+
+    @property
+    def linear(self) -> bool:
+        return False
+
+    def aggregate(self, state, updates, num_clients):
+        d = self.inner
+        ordered = sorted(updates, key=lambda u: u.client_id)
+        names = sorted(state.params)
+        x = np.stack([np.concatenate([np.asarray(u.delta[k], np.float64).ravel() for k in names]) for u in ordered])
+        w = np.array([d.inner.weight(u.num_examples) for u in ordered], np.float64)
+        bad = np.array([u.client_id in self.attacker_ids for u in ordered])
+        center = d.previous if d.previous is not None else np.zeros(x.shape[1])
+        perm = np.random.default_rng([d.seed, state.round]).permutation(len(x))
+        size = d.params["bucket_size"]
+        groups = [perm[i: i + size] for i in range(0, len(x), size)]
+        if d.params.get("weighted"):
+            means = np.stack([w[g] @ x[g] / w[g].sum() for g in groups])
+        else:
+            means = np.stack([x[g].mean(0) for g in groups])
+        far = np.linalg.norm(means - center, axis=1) > d.params["rule_params"]["tau"]
+        held = np.array([bad[g].any() for g in groups])
+        self.rows.append({"round": state.round,
+                          "honest_clipped": float(far[~held].mean()) if (~held).any() else float("nan"),
+                          "attacked_clipped": float(far[held].mean()) if held.any() else float("nan"),
+                          "attacker_distance": float(np.linalg.norm(x[bad][0] - center)) if bad.any() else float("nan"),
+                          "honest_distance": float(np.median(np.linalg.norm(x[~bad] - center, axis=1)))})
+        return d.aggregate(state, updates, num_clients)
+
+    def summary(self, windows: list[tuple[int, int]]) -> list[dict]:
+        out = []
+        for lo, hi in windows:
+            rs = [r for r in self.rows if lo <= r["round"] <= hi]
+            keys = [k for k in rs[0] if k != "round"]
+            out.append({"rounds": [lo, hi], **{k: float(np.nanmean([r[k] for r in rs])) for k in keys}})
+        return out
+
+
+def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bucket: int, iterations: int,
+             tau_quantile: float = 0.0, center_momentum: float = 0.0, weighted: bool = False):
     base = dict(fit=fit, clients_per_round=PER_ROUND)
     if name == "fedavg":
         return FedAvg(**base)
@@ -96,8 +160,11 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
     if name == "multi_krum":
         return RobustAggregate(**base, rule="krum", num_byzantine=F_ROUND, krum_keep=PER_ROUND - F_ROUND)
     if name in ("cc_bucketing", "cc_bucketing_momentum"):
-        return DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket).build(FedAvg(**base),
-                                                                                                   seed=seed)
+        d = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=bucket,
+                          weighted=weighted).build(FedAvg(**base), seed=seed)
+        d.params["rule_params"]["tau_quantile"] = tau_quantile
+        d.center_momentum = center_momentum
+        return d
     if name == "norm_bound":
         return DefenceConfig("norm_bound").build(FedAvg(**base), seed=seed)
     if name == "fltrust":
@@ -107,7 +174,8 @@ def defended(name: str, fit: FitConfig, root: RootSet, seed: int, tau: float, bu
 
 def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, bucket: int, beta: float = 0.9,
              partition: str = "dirichlet", alpha: float = 0.5, iterations: int = DefenceConfig.iterations,
-             **attack_params) -> dict:
+             tau_quantile: float = 0.0, center_momentum: float = 0.0, last: int = 10, weighted: bool = False,
+             clip_stats: bool = False, **attack_params) -> dict:
     d = data.load(data.DataSpec("digits", partition=data.PartitionSpec(partition, NUM_CLIENTS, alpha=alpha),
                                 test_fraction=0.2, held_out_fraction=0.0), seed)
     test = np.asarray(d.test)
@@ -119,19 +187,34 @@ def run_cell(attack: str, defence: str, seed: int, rounds: int, tau: float, buck
     root = RootSet(model, d.x[root_idx], d.y[root_idx], d.num_classes, seed)
     plan = AttackConfig(attack, 0 if attack == "none" else ATTACKERS, **attack_params).build(ids, d.num_classes, seed)
     x, y, train = plan.data(d.x, d.y, d.train, ids)
-    strategy = plan.strategy(defended(defence, fit, root, seed, tau, bucket, iterations))
+    inner = defended(defence, fit, root, seed, tau, bucket, iterations, tau_quantile, center_momentum, weighted)
+    probe = ClipProbe(inner, plan.attacker_ids) if clip_stats and defence == "cc_bucketing" else None
+    strategy = plan.strategy(probe or inner)
     if defence == "cc_bucketing_momentum":
         strategy = ClientMomentum(strategy, beta)
     sim = Simulation(model, strategy, x, y, train, ids, d.num_classes, seed=seed,
                      test=(d.x[test_idx], d.y[test_idx]), eval_clients=False, eval_every=rounds)
+    lasts: list[float] = []
+    done = [0]
+
+    def on_round(st, rec):  # the test accuracy after each of the last ``last`` rounds
+        done[0] += 1
+        if done[0] > rounds - last:
+            m = rec.metrics if "test_acc" in rec.metrics else sim.evaluate(st, rec.round)
+            lasts.append(float(m["test_acc"]))
+
     t0 = time.perf_counter()
-    state, records = sim.run(rounds)
+    state, records = sim.run(rounds, on_round=on_round)
     out = {"attack": attack, "defence": defence, "seed": seed, "test_acc": records[-1].metrics["test_acc"],
+           "test_acc_last": lasts,
            "seconds": time.perf_counter() - t0, "attack_params": attack_params, "tau": tau, "bucket": bucket,
-           "iterations": iterations,
+           "iterations": iterations, "tau_quantile": tau_quantile, "center_momentum": center_momentum,
+           "weighted": weighted,
            "partition": partition if partition == "iid" else f"{partition}({alpha})"}
     if defence == "cc_bucketing_momentum":
         out["beta"] = beta
+    if probe is not None:
+        out["clip_stats"] = probe.summary([(1, rounds // 4), (rounds // 4 + 1, rounds // 2), (rounds // 2 + 1, rounds)])
     if attack == "backdoor" or attack == "none":
         out["backdoor_success"] = attack_success_rate(lambda v: model.logits(state.params, v), d.x[test_idx],
                                                       d.y[test_idx], Backdoor())
@@ -150,13 +233,28 @@ def cells(subset: str, attacks: list[str] | None, defences: list[str] | None) ->
     return acc if subset == "acceptance" else [("none", "fedavg")] + [c for c in grid if c not in acc]
 
 
+METRIC = ["final"]  # the accuracy the table reads: "final" or "last" (mean of the last rounds' test accuracies)
+
+
+def score(r: dict) -> float:
+    """A cell's accuracy: the final test accuracy, or the mean test accuracy of its last rounds."""
+    if METRIC[0] == "final":
+        return float(r["test_acc"])
+    if not r.get("test_acc_last"):
+        print(f"--metric: last needs each cell's test_acc_last; cell {r['attack']} x {r['defence']} seed "
+              f"{r['seed']} has none (written by an older version): use --metric final", file=sys.stderr)
+        sys.exit(2)
+    return float(np.mean(r["test_acc_last"]))
+
+
 def table(results: list[dict]) -> str:
-    clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
+    clean = {r["seed"]: score(r) for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
     attacks = [a for a in ATTACKS if any(r["attack"] == a for r in results)]
     defences = [x for x in DEFENCES + VARIANTS if any(r["defence"] == x for r in results)]
     splits = ", ".join(sorted({r.get("partition", "iid") for r in results}))
-    lines = [f"split {splits}; accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: drop / "
-             "success rate %",
+    metric = "final test accuracy" if METRIC[0] == "final" else "mean test accuracy of the last rounds"
+    lines = [f"split {splits}; {metric}; accuracy drop vs clean FedAvg, points (mean +- std over seeds); backdoor: "
+             "drop / success rate %",
              "| attack | " + " | ".join(defences) + " |", "|---" * (len(defences) + 1) + "|"]
     for a in attacks:
         row = []
@@ -165,7 +263,7 @@ def table(results: list[dict]) -> str:
             if not rs:
                 row.append("")
                 continue
-            drop = np.array([100 * (clean[r["seed"]] - r["test_acc"]) for r in rs])
+            drop = np.array([100 * (clean[r["seed"]] - score(r)) for r in rs])
             cell = f"{drop.mean():.1f} +- {drop.std():.1f}"
             if a == "backdoor":
                 cell += f" / {100 * np.mean([r['backdoor_success'] for r in rs]):.0f}%"
@@ -175,11 +273,11 @@ def table(results: list[dict]) -> str:
 
 
 def acceptance(results: list[dict]) -> list[str]:
-    clean = {r["seed"]: r["test_acc"] for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
+    clean = {r["seed"]: score(r) for r in results if r["attack"] == "none" and r["defence"] == "fedavg"}
 
     def drop(a, x):
         rs = [r for r in results if r["attack"] == a and r["defence"] == x and r["seed"] in clean]
-        return float(np.mean([100 * (clean[r["seed"]] - r["test_acc"]) for r in rs])) if rs else None
+        return float(np.mean([100 * (clean[r["seed"]] - score(r)) for r in rs])) if rs else None
 
     out = []
     for a in ("alie", "ipm"):
@@ -200,7 +298,7 @@ def acceptance(results: list[dict]) -> list[str]:
 
 def paired(results: list[dict], attack: str) -> str:
     """CC + bucketing's accuracy minus FedAvg's under ``attack``, paired by seed: mean +- standard error, points."""
-    acc = {(r["defence"], r["seed"]): r["test_acc"] for r in results if r["attack"] == attack}
+    acc = {(r["defence"], r["seed"]): score(r) for r in results if r["attack"] == attack}
     diff = np.array([100 * (acc["cc_bucketing", s] - acc["fedavg", s]) for d, s in acc
                      if d == "fedavg" and ("cc_bucketing", s) in acc])
     if len(diff) < 2:
@@ -223,6 +321,16 @@ def main() -> None:
     p.add_argument("--tau", type=float, default=DefenceConfig.tau, help="centered clipping's radius")
     p.add_argument("--iterations", type=int, default=DefenceConfig.iterations,
                    help="centered clipping's iterations per round")
+    p.add_argument("--tau-quantile", type=float, default=0.0,
+                   help="centered clipping's radius as this quantile of the distances from the centre (0 = --tau)")
+    p.add_argument("--center-momentum", type=float, default=0.0,
+                   help="centered clipping's centre: the server's momentum of the aggregates (0 = the previous one)")
+    p.add_argument("--weighted", action="store_true",
+                   help="CC + bucketing weighs updates by the strategy's client weights (FedAvg's example counts)")
+    p.add_argument("--clip-stats", action="store_true",
+                   help="record how often CC + bucketing clips honest-only and attacker-holding buckets (ClipProbe)")
+    p.add_argument("--last", type=int, default=10,
+                   help="the metric averages the test accuracy of this many last rounds")
     p.add_argument("--bucket", type=int, default=DefenceConfig.bucket_size, help="bucketing's s")
     p.add_argument("--epsilon", type=float, default=AttackConfig.epsilon, help="IPM's epsilon")
     p.add_argument("--z", type=float, default=AttackConfig.z, help="ALIE's z (0 = Baruch et al.'s z_max)")
@@ -232,7 +340,16 @@ def main() -> None:
                    help="the clients' split: Dirichlet label skew (alpha: --alpha) or IID")
     p.add_argument("--alpha", type=float, default=0.5, help="the Dirichlet label skew's concentration")
     p.add_argument("--out", default="", help="also write every cell's result as JSON lines here")
+    p.add_argument("--metric", choices=["final", "last"], default="final",
+                   help="the table's accuracy: mean test accuracy of the last --last rounds, or the final round's")
     a = p.parse_args()
+    METRIC[0] = a.metric
+    if a.clip_stats and a.tau_quantile > 0:
+        print("--clip-stats: measures the fixed radius --tau; not with --tau-quantile", file=sys.stderr)
+        sys.exit(2)
+    if not 1 <= a.last <= a.rounds:
+        print(f"--last: must lie in [1, --rounds = {a.rounds}], got {a.last}", file=sys.stderr)
+        sys.exit(2)
     if a.results:
         results = [json.loads(line) for f in a.results for line in open(f) if line.strip()]
         results = list({(r["attack"], r["defence"], r["seed"]): r for r in results}.values())
@@ -248,6 +365,7 @@ def main() -> None:
     for seed in a.seeds:
         for atk, dfn in todo:
             r = run_cell(atk, dfn, seed, a.rounds, a.tau, a.bucket, a.beta, a.partition, a.alpha, a.iterations,
+                         a.tau_quantile, a.center_momentum, a.last, a.weighted, a.clip_stats,
                          epsilon=a.epsilon, z=a.z, scale=a.scale)
             results.append(r)
             print(json.dumps(r), flush=True)

@@ -670,6 +670,9 @@ class DefenceConfig:
                        "update's distance from the previous aggregate)")
     iterations: int = param(1, "centered clipping's iterations per round (the paper: one suffices with momentum)")
     bucket_size: int = param(2, "bucketing's s")
+    weighted: bool = param(False, "centered clipping and bucketing weigh each update by the strategy's client weight "
+                           "(FedAvg's example count): bucket means are weighted means and CC the weighted mean of the "
+                           "clipped steps; False: unweighted, as in the papers")
     bucket_rule: str = param("centered_clipping", "bucketing's inner rule: a rule of the aggregation table (not "
                              "bucketing or fltrust)")
     trim_fraction: float = param(0.2, "bucketing with trimmed_mean: fraction trimmed at each end")

@@ -7,11 +7,14 @@ root set, and the builder of the ``strategy.defence`` section (:func:`build_defe
 * Centered clipping (Karimireddy, He & Jaggi, "Learning from History for Byzantine Robust Optimization",
   ICML 2021, Eq. 3): from a centre ``v`` (the previous round's aggregate, the paper's momentum),
   ``v <- v + 1/n sum_i (x_i - v) min(1, tau / ||x_i - v||)``, ``iterations`` times; its fixed point is the
-  ``v`` with ``sum_i clip_tau(x_i - v) = 0``. An update moves the result by at most ``tau / n``.
+  ``v`` with ``sum_i clip_tau(x_i - v) = 0``. An update moves the result by at most ``tau / n``. With
+  ``weighted`` (``strategy.defence.weighted``) the ``1/n`` are the updates' weight shares (FedAvg's example
+  counts), so the rule is FedAvg's weighted mean wherever it clips nothing.
 * Bucketing (Karimireddy, He & Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing",
   ICLR 2022, Algorithm 1): a random permutation of the updates is cut into buckets of ``s``, each bucket is
   averaged, and a robust rule aggregates the bucket means (a bucket weighs the sum of its members' weights).
-  Averaging shrinks the honest updates' spread (non-IID data) while a bucket holds few attackers.
+  Averaging shrinks the honest updates' spread (non-IID data) while a bucket holds few attackers. With
+  ``weighted`` a bucket's mean is its members' weighted mean.
 * Norm bounding with an adaptive bound (Sun et al., "Can You Really Backdoor Federated Learning?", 2019; the
   bound a multiple of the round's median norm as in FLAME, Nguyen et al. 2022): every update is clipped to
   ``multiple`` times the median update norm, then the weighted mean.
@@ -77,7 +80,9 @@ class Defended(StrategyWrapper):
     """``inner``'s round (selection, fit, server optimizer, evaluation) with the table's rule ``rule`` (a name of
     :data:`fedarena.federated.rules.AGGREGATION_RULES`, with ``params``) in place of its aggregation.
     ``center_previous``: the rule gets ``center=`` the previous round's aggregate (centered clipping's momentum;
-    zeros in the first round), through ``bucketing`` as its inner rule's parameter. ``root``: the rule gets
+    zeros in the first round), through ``bucketing`` as its inner rule's parameter; ``center_momentum = beta >
+    0``: the centre is instead the server's momentum of the aggregates, ``m_t = beta m_{t-1} + (1 - beta) v_t``
+    (``m_1 = v_1``; the server's step is still the round's aggregate ``v_t``). ``root``: the rule gets
     ``reference=`` the round's root-set update (FLTrust). ``bucket_seeded``: bucketing's permutation of round ``r``
     is drawn by ``(seed, r)``."""
 
@@ -88,9 +93,12 @@ class Defended(StrategyWrapper):
     root: RootSet | None = None
     bucket_seeded: bool = False
     seed: int = 0
+    center_momentum: float = 0.0
     previous: np.ndarray | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.center_momentum < 1:
+            raise ValueError(f"center_momentum: must lie in [0, 1), got {self.center_momentum}")
         probe = dict(self.params)
         if self.root is not None:
             probe["reference"] = np.zeros(1)
@@ -128,7 +136,10 @@ class Defended(StrategyWrapper):
         if self.bucket_seeded:
             kw["seed"] = [self.seed, state.round]
         flat = rules.aggregation_rule(self.rule, **kw)(x, w)
-        self.previous = flat
+        if self.previous is None or self.center_momentum == 0:
+            self.previous = flat
+        else:
+            self.previous = self.center_momentum * self.previous + (1 - self.center_momentum) * flat
         delta = rules.unflatten_params(flat, state.params, names)
         params, opt = self.inner.server_optimizer.step(state.params, delta, state.opt_state)
         return RoundState(state.round + 1, params, opt, state.control)
@@ -139,14 +150,15 @@ def build_defence(cfg: DefenceConfig, strategy: Any, *, root: RootSet | None = N
     if cfg.kind == "none":
         return strategy
     if cfg.kind == "centered_clipping":
-        return Defended(strategy, "centered_clipping", {"tau": cfg.tau, "iterations": cfg.iterations},
+        return Defended(strategy, "centered_clipping", {"tau": cfg.tau, "iterations": cfg.iterations,
+                                                        "weighted": cfg.weighted},
                         center_previous=True, seed=seed)
     if cfg.kind == "bucketing":
         inner = {k: v for k, v in {"tau": cfg.tau, "iterations": cfg.iterations, "trim_fraction": cfg.trim_fraction,
-                                   "krum_byzantine": cfg.num_byzantine}.items()
+                                   "krum_byzantine": cfg.num_byzantine, "weighted": cfg.weighted}.items()
                  if k in rules.rule_params(cfg.bucket_rule)}
         return Defended(strategy, "bucketing", {"bucket_size": cfg.bucket_size, "rule": cfg.bucket_rule,
-                                                "rule_params": inner},
+                                                "rule_params": inner, "weighted": cfg.weighted},
                         center_previous=cfg.bucket_rule == "centered_clipping", bucket_seeded=True, seed=seed)
     if cfg.kind == "norm_bound":
         return Defended(strategy, "norm_bound", {"multiple": cfg.norm_multiple}, seed=seed)

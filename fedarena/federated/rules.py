@@ -26,10 +26,12 @@ here each rule takes them as parameters):
 
 * ``centered_clipping``: from ``center`` ``v`` (zeros when not given), ``v <- v + 1/n sum_i (x_i - v)
   min(1, tau / ||x_i - v||)``, ``iterations`` times (Karimireddy, He & Jaggi, ICML 2021, Eq. 3); an update moves
-  the result by at most ``tau / n``.
+  the result by at most ``tau / n``. ``tau_quantile = q > 0`` sets ``tau`` each call to the ``q``-quantile of the
+  distances ``||x_i - v||`` from the centre.
 * ``bucketing``: a permutation (``seed``) of the updates cut into buckets of ``bucket_size``, each bucket averaged,
   and the table's rule ``rule`` (with ``rule_params``) over the bucket means (Karimireddy, He & Jaggi, ICLR 2022,
-  Algorithm 1).
+  Algorithm 1). ``weighted`` (here and in ``centered_clipping``): weighted bucket means and CC steps weighted by
+  the weights' shares instead of the papers' unweighted ones.
 * ``norm_bound``: the weighted mean after clipping every update to ``multiple`` times the round's median norm
   (Sun et al. 2019, FLAME's median bound, Nguyen et al. 2022).
 * ``fltrust``: trust scores ``ReLU(cos(g_i, g_0))`` against the server's root-set update ``reference`` ``g_0``,
@@ -234,43 +236,70 @@ def _check_geometric_median(smoothing: float, max_iter: int, tol: float) -> None
 
 
 def centered_clipping(updates: np.ndarray, weights: np.ndarray, tau: float = 0.15, iterations: int = 1,
-                      center: np.ndarray | None = None) -> np.ndarray:
+                      center: np.ndarray | None = None, tau_quantile: float = 0.0, weighted: bool = False
+                      ) -> np.ndarray:
     """Karimireddy et al.'s centered clipping from ``center`` (zeros when None): ``iterations`` times
-    ``v <- v + 1/n sum_i (x_i - v) min(1, tau / ||x_i - v||)``; unweighted, as in the paper."""
+    ``v <- v + sum_i p_i (x_i - v) min(1, tau / ||x_i - v||)`` with ``p_i = 1/n`` (the paper's unweighted rule)
+    or, ``weighted``, ``p_i = w_i / sum_j w_j`` (then the rule is the weighted mean when nothing is clipped, and an
+    update moves the result by at most ``p_i tau``). ``tau_quantile = q > 0``: the radius is the round's
+    ``q``-quantile of the distances ``||x_i - center||`` (numpy's linear interpolation) instead of the fixed
+    ``tau``; at ``q <= 1/2`` it is at most the largest honest distance while fewer than half the updates are
+    Byzantine."""
     x = np.asarray(updates, np.float64)
-    _check_centered_clipping(tau, iterations, center)
+    _check_centered_clipping(tau, iterations, center, tau_quantile)
     v = np.zeros(x.shape[1]) if center is None else np.asarray(center, np.float64).copy()
     if v.shape != (x.shape[1],):
         raise ValueError(f"center: expected a ({x.shape[1]},) vector, got shape {v.shape}")
+    if weighted:
+        p = np.asarray(weights, np.float64)
+        if not (p > 0).all():
+            raise ValueError(f"weights: must be positive, got {p.tolist()}")
+        p = p / p.sum()
+    else:
+        p = np.full(len(x), 1.0 / len(x))
+    if tau_quantile > 0:
+        tau = float(np.quantile(np.linalg.norm(x - v, axis=1), tau_quantile))
+        if tau <= 0:  # every update is the centre
+            return v
     for _ in range(iterations):
         diff = x - v
         norms = np.linalg.norm(diff, axis=1)
         scale = np.minimum(1.0, tau / np.maximum(norms, 1e-300))
-        v = v + (diff * scale[:, None]).mean(0)
+        v = v + (p * scale) @ diff
     return v
 
 
-def _check_centered_clipping(tau: float, iterations: int, center: Any) -> None:
+def _check_centered_clipping(tau: float, iterations: int, center: Any, tau_quantile: float = 0.0,
+                             weighted: bool = False) -> None:
     if not tau > 0:
         raise ValueError(f"tau: must be > 0, got {tau}")
     if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
         raise ValueError(f"iterations: must be an integer >= 1, got {iterations!r}")
+    if not 0 <= tau_quantile <= 1:
+        raise ValueError(f"tau_quantile: must lie in [0, 1] (0 = the fixed tau), got {tau_quantile}")
 
 
 def bucketing(updates: np.ndarray, weights: np.ndarray, bucket_size: int = 2, rule: str = "centered_clipping",
-              rule_params: Mapping[str, Any] | None = None, seed: Any = 0) -> np.ndarray:
+              rule_params: Mapping[str, Any] | None = None, seed: Any = 0, weighted: bool = False) -> np.ndarray:
     """The table's rule ``rule`` (with ``rule_params``) over the means of buckets of ``bucket_size`` updates of a
     permutation drawn by ``np.random.default_rng(seed)`` (the last bucket may be smaller); a bucket weighs the sum
-    of its members' weights."""
+    of its members' weights. A bucket's mean is unweighted (the paper's), or, ``weighted``, its members' weighted
+    mean (so a weighted rule over the buckets sees the updates' weighted mean when it clips nothing)."""
     _check_bucketing(bucket_size, rule, rule_params, seed)
     x, w = np.asarray(updates, np.float64), np.asarray(weights, np.float64)
     perm = np.random.default_rng(seed).permutation(len(x))
     groups = [perm[i: i + bucket_size] for i in range(0, len(x), bucket_size)]
-    means = np.stack([x[g].mean(0) for g in groups])
+    if weighted:
+        if not (w > 0).all():
+            raise ValueError(f"weights: must be positive, got {w.tolist()}")
+        means = np.stack([w[g] @ x[g] / w[g].sum() for g in groups])
+    else:
+        means = np.stack([x[g].mean(0) for g in groups])
     return aggregation_rule(rule, **dict(rule_params or {}))(means, np.array([w[g].sum() for g in groups]))
 
 
-def _check_bucketing(bucket_size: int, rule: str, rule_params: Mapping[str, Any] | None, seed: Any) -> None:
+def _check_bucketing(bucket_size: int, rule: str, rule_params: Mapping[str, Any] | None, seed: Any,
+                     weighted: bool = False) -> None:
     if isinstance(bucket_size, bool) or not isinstance(bucket_size, (int, np.integer)) or bucket_size < 1:
         raise ValueError(f"bucket_size: must be an integer >= 1, got {bucket_size!r}")
     if rule == "bucketing":
@@ -319,10 +348,11 @@ register_rule("krum", krum, params={"krum_byzantine": 0, "krum_keep": 1}, check=
 register_rule("multi_krum", krum, params={"krum_byzantine": 0, "krum_keep": 0}, check=_check_krum)
 register_rule("geometric_median", geometric_median, params={"smoothing": 1e-6, "max_iter": 100, "tol": 1e-7},
               check=_check_geometric_median)
-register_rule("centered_clipping", centered_clipping, params={"tau": 0.15, "iterations": 1, "center": None},
+register_rule("centered_clipping", centered_clipping, params={"tau": 0.15, "iterations": 1, "center": None,
+                                                              "tau_quantile": 0.0, "weighted": False},
               check=_check_centered_clipping)
 register_rule("bucketing", bucketing, params={"bucket_size": 2, "rule": "centered_clipping", "rule_params": {},
-                                              "seed": 0}, check=_check_bucketing)
+                                              "seed": 0, "weighted": False}, check=_check_bucketing)
 register_rule("norm_bound", adaptive_norm_bound, params={"multiple": 1.0}, check=_check_norm_bound)
 register_rule("fltrust", fltrust, params={"reference": None}, check=_check_fltrust)
 

@@ -142,3 +142,84 @@ def test_fltrust_without_the_root_set_is_one_line():
         DefenceConfig("fltrust", root_size=40).build(FedAvg())
     assert str(e.value).startswith("root_size:") and "\n" not in str(e.value)
     assert isinstance(DefenceConfig("norm_bound").build(FedAvg()), Defended)
+
+
+# ----------------------------------------------------------------------------- brute force: CC + bucketing over rounds
+
+
+def _brute_cc(points, weights, center, tau, iterations, quantile):
+    """Centered clipping written out element by element (lists, no numpy reductions): the radius is ``tau``, or
+    the ``quantile`` of the distances from ``center`` by linear interpolation between the sorted distances; point
+    ``i`` counts ``weights[i] / sum(weights)``."""
+    d = len(center)
+    v = [float(c) for c in center]
+    dist = [sum((float(p[j]) - v[j]) ** 2 for j in range(d)) ** 0.5 for p in points]
+    if quantile > 0:
+        s = sorted(dist)
+        pos = quantile * (len(s) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(s) - 1)
+        tau = s[lo] + (pos - lo) * (s[hi] - s[lo])
+    for _ in range(iterations):
+        step = [0.0] * d
+        for k, p in enumerate(points):
+            diff = [float(p[j]) - v[j] for j in range(d)]
+            norm = sum(t * t for t in diff) ** 0.5
+            c = 1.0 if norm <= tau else tau / norm
+            for j in range(d):
+                step[j] += c * diff[j] * weights[k] / sum(weights)
+        v = [v[j] + step[j] for j in range(d)]
+    return v
+
+
+@pytest.mark.parametrize("tau, iterations, quantile, beta, weighted", [
+    (0.4, 1, 0.0, 0.0, False), (0.4, 3, 0.0, 0.0, False), (0.15, 1, 0.5, 0.0, False), (0.15, 2, 0.3, 0.9, False),
+    (0.4, 1, 0.0, 0.0, True), (0.15, 2, 0.5, 0.9, True)])
+def test_cc_bucketing_rounds_match_a_brute_force_reimplementation(tau, iterations, quantile, beta, weighted):
+    """Four rounds of the defended strategy (bucketing s = 2 of the client-id-sorted updates by the permutation
+    of ``(seed, round)``, CC of the bucket means around the centre, the server's step, the next centre) against
+    the same written out by hand; an attacker's far update is in every round, the clients' example counts
+    differ (``weighted``: bucket means and CC weighted by them, a bucket weighing its members' sum)."""
+    rng = np.random.default_rng(11)
+    cfg = DefenceConfig("bucketing", tau=tau, iterations=iterations, bucket_size=2, weighted=weighted)
+    strategy = cfg.build(FedAvg(fit=FitConfig(), clients_per_round=7), seed=5)
+    strategy.params["rule_params"]["tau_quantile"] = quantile
+    strategy.center_momentum = beta
+    counts = {f"c{i}": 3 + 5 * i for i in range(7)}
+    state = strategy.init_state({"a": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)})
+    params = [0.0] * 7
+    center = None
+    for rnd in range(1, 5):
+        ids = [f"c{i}" for i in rng.permutation(7)]  # arrival order is not the rule's order
+        vecs = {cid: rng.normal(size=7) * 0.3 + 0.1 for cid in ids}
+        vecs["c3"] = np.full(7, -20.0)
+        ups = [ClientUpdate(c, {"a": vecs[c][:4].reshape(2, 2), "b": vecs[c][4:]}, counts[c]) for c in ids]
+        state = strategy.aggregate(state, ups, 7)
+        # by hand: rows in sorted id order, tensors "a" then "b" (sorted names)
+        rows = [vecs[c] for c in sorted(ids)]
+        perm = np.random.default_rng([5, rnd]).permutation(7)
+        ws = [counts[c] for c in sorted(ids)]
+        buckets = [list(perm[i: i + 2]) for i in range(0, 7, 2)]
+        bw = [sum(ws[k] for k in b) for b in buckets]
+        if weighted:
+            means = [[sum(ws[k] * float(rows[k][j]) for k in b) / sum(ws[k] for k in b) for j in range(7)]
+                     for b in buckets]
+        else:
+            means = [[sum(float(rows[k][j]) for k in b) / len(b) for j in range(7)] for b in buckets]
+        agg = _brute_cc(means, bw if weighted else [1.0] * len(means), [0.0] * 7 if center is None else center,
+                        tau, iterations, quantile)
+        params = [params[j] + agg[j] for j in range(7)]
+        center = agg if center is None or beta == 0 else [beta * center[j] + (1 - beta) * agg[j] for j in range(7)]
+        got = np.concatenate([state.params["a"].ravel(), state.params["b"].ravel()])
+        np.testing.assert_allclose(got, params, rtol=1e-5, atol=1e-6)
+
+
+def test_cc_tau_quantile_bounds_the_radius_by_an_honest_distance():
+    honest = RNG.normal(size=(8, 4)) * 0.1
+    far = np.full((3, 4), 50.0)  # 3 of 11 Byzantine: the median distance is an honest one
+    v = centered_clipping(np.vstack([honest, far]), np.ones(11), tau=1.0, center=np.zeros(4), tau_quantile=0.5)
+    r = np.quantile(np.linalg.norm(np.vstack([honest, far]), axis=1), 0.5)
+    assert r <= np.linalg.norm(honest, axis=1).max()
+    assert np.linalg.norm(v) <= r + 1e-12  # one iteration from 0 moves by at most the radius
+    with pytest.raises(ValueError, match="^tau_quantile: "):
+        centered_clipping(honest, np.ones(8), tau_quantile=1.5)
