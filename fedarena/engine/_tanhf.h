@@ -3,24 +3,27 @@
  * compiler/codegen_c.py (which pastes this file into each generated module), so the two stay
  * equal bit for bit.
  *
- * numpy's float32 tanh is a scalar loop on x86-64 (~3-4 ns an element, about a quarter of the PPO
- * step); this one is written so that a compiler vectorises it (no calls, no branches, no tables)
- * and evaluates in double precision, then rounds once to float32:
+ * numpy 2.4's float32 tanh took about a quarter of the PPO step (~3 ns an element on the AMD EPYC
+ * development machine with AVX2).  This one is written so that a compiler vectorises it (no calls,
+ * no branches, no tables: integer selects on the bits), all in float32:
  *
- *   tanh(x) = sign(x) * e / (e + 2),  e = expm1(2|x|)  (|x| clamped to 20, where tanh is 1 in float)
- *   expm1(z) = 2^k * expm1(r) + (2^k - 1),  z = k ln2 + r, |r| <= ln2 / 2
+ *   |x| < 0.625:  tanh(x) = x + x^3 Q(x^2),  Q of degree 5
+ *   otherwise:    tanh(|x|) = 1 - 2 / (e^(2|x|) + 1),  |x| clamped to 9.5 (tanh is 1 in float32 there)
+ *   e^z = 2^k e^r,  z = k ln2 + r,  |r| <= ln2 / 2,  e^r = 1 + r + r^2 R(r),  R of degree 4
  *
- * with Cody and Waite's two-part ln2 for the reduction (W. J. Cody and W. Waite, "Software Manual
- * for the Elementary Functions", 1980, ch. 6) and expm1(r) as its Taylor polynomial to r^12
- * (truncation below 1e-14 relative on |r| <= ln2 / 2).  expm1 rather than exp keeps the relative
- * error of small results (no cancellation in e - 1), so the double result is within ~1e-14 of
- * tanh(x) relative and the float32 result is the correctly rounded one except within ~1e-14 of a
- * rounding midpoint: at most 0.5 ulp plus that (tests/engine/test_tanhf.py checks every float32 in
- * [-10, 10] against numpy's float64 tanh).  NaN gives NaN, +-inf gives +-1, -0 gives -0.
+ * then the sign of x (tanh(-0) = -0; NaN stays NaN, +-inf gives +-1).  Q and R are near-minimax
+ * (Chebyshev interpolation, coefficients rounded to float32: 0.07 ulp and 0.35 ulp from tanh and exp
+ * before rounding errors); ln2 is split in two parts for the reduction, k * hi exact (W. J. Cody and
+ * W. Waite, "Software Manual for the Elementary Functions", 1980, ch. 6).  Measured over every
+ * float32 in [-10, 10] (2.2e9 values) against numpy's float64 tanh: at most 1.32 ulp (numpy's
+ * float32 tanh: 1.37 ulp); tests/engine/test_tanhf.py checks a sample against a 1.5 ulp bound.
+ * Speed (4096 elements, the shared machine under load, CPU time): 1.3 ns an element in the AVX2
+ * clone against numpy's 2.8 ns; the SSE2 build is as fast as numpy's.
  *
- * Only + - * / and conversions are used, each rounded by IEEE 754, so a scalar and any vector
- * evaluation give the same bits provided the compiler does not contract a * b + c into a fused
- * multiply-add: both builds pass -ffp-contract=off (pyproject.toml, compiler/cbuild.py).
+ * Only + - * / and conversions are used, each rounded by IEEE 754, so the scalar code and any
+ * vector code give the same bits provided the compiler does not contract a * b + c into a fused
+ * multiply-add: both builds pass -ffp-contract=off (pyproject.toml, compiler/cbuild.py); checked
+ * bit for bit over the same 2.2e9 values between -O0, -O3 (SSE2) and -O3 -mavx2 -mfma builds.
  */
 #ifndef FEDARENA_TANHF_H
 #define FEDARENA_TANHF_H
