@@ -325,6 +325,18 @@ def test_fast_path_leaves_shape_and_dtype_checks_to_the_c_function():
     for a in (wide, swapped):
         np.testing.assert_allclose(j(a, w), np.tanh(np.asarray(a, np.float64) @ w) * 2.0, rtol=1e-12)
     assert j.cache_size == 3
+    # nor the exact ndarray type of arrays of rank >= 1: the C function answers NotImplemented for a
+    # subclass, and jit's lookup converts it (same signature, no new compile)
+    assert "ndarray" not in fast.__code__.co_names
+
+    class Tagged(np.ndarray):
+        pass
+
+    for a in (x.view(Tagged), np.asfortranarray(x).view(Tagged)):
+        got = j(a, w)
+        assert type(got) is np.ndarray
+        np.testing.assert_allclose(got, np.tanh(x @ w) * 2.0, rtol=1e-12)
+    assert j.cache_size == 3
 
 
 def test_a_strided_argument_before_an_argument_of_a_new_shape_compiles_the_new_signature():
