@@ -91,7 +91,8 @@ def tanh(x, out=None):
     """``np.tanh``, except in float32 when the C extension is built: the engine's own float32 tanh
     (``_tanhf.h``: vectorised; within 1.32 ulp of the exact value over [-10, 10], numpy's within 1.37),
     which the whole-graph C code (``compiler/codegen_c.py``) and the elementwise VM compute too, so
-    every executor gives the same bits.  ``out`` (positional, as for a ufunc) may be ``x``."""
+    every executor gives the same bits.  It is the engine's definition of tanh rather than a kernel
+    choice, so ``FEDARENA_NATIVE=0`` does not change it.  ``out`` (positional, as for a ufunc) may be ``x``."""
     native = cext._native
     if native is None or (x.dtype if isinstance(x, (np.ndarray, np.generic)) else np.result_type(x)) != _F32:
         return np.tanh(x) if out is None else np.tanh(x, out)
