@@ -62,6 +62,12 @@ def test_every_executor_path_gives_the_same_bits():
     np.testing.assert_array_equal(y, want)
     np.testing.assert_array_equal(tanh(np.asfortranarray(x)), want)
     np.testing.assert_array_equal(tanh(x[:, ::2]), want[:, ::2])
+    np.testing.assert_array_equal(tanh(x.astype(">f4")), want)
+    o64 = np.empty(x.shape)  # an output of another dtype: the float32 results, cast as a ufunc casts
+    assert tanh(x, o64) is o64 and np.array_equal(o64, want.astype(np.float64))
+    ob = np.empty((2,) + x.shape, np.float32)  # an operand broadcast to the output's shape
+    tanh(x, ob)
+    np.testing.assert_array_equal(ob, np.broadcast_to(want, ob.shape))
     s = tanh(np.float32(x[0, 0]))
     assert isinstance(s, np.float32) and s == want[0, 0]
     # float64 stays numpy's

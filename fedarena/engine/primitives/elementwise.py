@@ -94,17 +94,19 @@ def tanh(x, out=None):
     every executor gives the same bits.  It is the engine's definition of tanh rather than a kernel
     choice, so ``FEDARENA_NATIVE=0`` does not change it.  ``out`` (positional, as for a ufunc) may be ``x``."""
     native = cext._native
-    if native is None or (x.dtype if isinstance(x, (np.ndarray, np.generic)) else np.result_type(x)) != _F32:
+    # Python numbers and other arrays (cupy) are numpy's; float32 of either byte order is ours
+    if native is None or not isinstance(x, (np.ndarray, np.generic)) or x.dtype.char != "f":
         return np.tanh(x) if out is None else np.tanh(x, out)
-    scalar = out is None and not isinstance(x, np.ndarray)
     if out is None:
-        out = np.empty(np.shape(x), _F32)
-    if not native.tanh(x, out):  # a strided or misaligned operand: through contiguous copies
-        dst = out if out.flags.c_contiguous and out.flags.aligned and out.dtype.isnative else np.empty(out.shape, _F32)
-        native.tanh(np.ascontiguousarray(np.broadcast_to(x, out.shape), _F32), dst)
-        if dst is not out:
-            out[...] = dst
-    return out[()] if scalar else out
+        res = np.empty(x.shape, _F32)
+        if not native.tanh(x, res):  # a strided, misaligned or byte-swapped operand: a contiguous copy
+            native.tanh(np.ascontiguousarray(x, _F32), res)
+        return res if x.ndim else res[()]  # as a ufunc: a scalar for a 0-d operand
+    if not native.tanh(x, out):  # as above, or an output of another layout or dtype: through a copy
+        res = np.empty(x.shape, _F32)
+        native.tanh(np.ascontiguousarray(x, _F32), res)
+        np.copyto(out, res, casting="same_kind")
+    return out
 
 
 def _tanh_emit(ctx, ins, attrs, in_avals, out_aval):
