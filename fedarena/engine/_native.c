@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "_parallel.h"
+#include "_tanhf.h"
 
 enum { ACT_NONE = 0, ACT_RELU = 1 };
 
@@ -281,7 +282,7 @@ enum { MODE_FULL = 0, MODE_SCALAR = 1, MODE_BCAST = 2 };
         }                                                                                           \
     }
 
-DEFINE_VM(float, f32, expf, logf, log1pf, tanhf, sqrtf, fabsf, powf, sinf, cosf)
+DEFINE_VM(float, f32, expf, logf, log1pf, fa_tanhf, sqrtf, fabsf, powf, sinf, cosf)
 DEFINE_VM(double, f64, exp, log, log1p, tanh, sqrt, fabs, pow, sin, cos)
 
 /* elementwise(program, consts, modes, bparams, n, double, out, *inputs) -> bool
@@ -1047,9 +1048,38 @@ static PyObject *py_random(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_TRUE;
 }
 
+/* tanh(x, out) -> bool: out = fa_tanhf(x) (_tanhf.h), the engine's float32 tanh, for C-contiguous
+ * float32 buffers of one size (out may be x); False without touching anything otherwise. */
+static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "tanh(x, out) takes 2 arguments");
+        return NULL;
+    }
+    Py_buffer vx, vo;
+    if (PyObject_GetBuffer(args[0], &vx, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t nbytes = vx.len;
+    PyBuffer_Release(&vx);
+    if (!borrow(args[0], &vx, 0, nbytes, 'f'))
+        Py_RETURN_FALSE;
+    if (!borrow(args[1], &vo, 1, nbytes, 'f')) {
+        PyBuffer_Release(&vx);
+        Py_RETURN_FALSE;
+    }
+    fa_tanhf_loop((const float *)vx.buf, (float *)vo.buf, (long long)(nbytes / (Py_ssize_t)sizeof(float)));
+    PyBuffer_Release(&vx);
+    PyBuffer_Release(&vo);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"dense", (PyCFunction)(void (*)(void))py_dense, METH_FASTCALL,
      "dense(x, w, b, out, M, K, N, act, double) -> bool: out = x @ w + b (relu if act == 1)"},
+    {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,
+     "tanh(x, out) -> bool: out = tanh(x) for float32 buffers, the engine's float32 tanh (_tanhf.h)"},
     {"softmax", (PyCFunction)(void (*)(void))py_softmax, METH_FASTCALL,
      "softmax(x, out, R, C, double) -> bool: row-wise softmax"},
     {"rowreduce", (PyCFunction)(void (*)(void))py_rowreduce, METH_FASTCALL,

@@ -247,11 +247,15 @@ def _trace(fn: Callable, treedef: tuple, leaves: list, static: tuple, static_arg
     return graph, out_tree[0]
 
 
-def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int, callee_checks: bool = False) -> tuple[str, dict]:
+def _guard_source(
+    treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, n_args: int, callee_checks: bool = False, callee_types: bool = False
+) -> tuple[str, dict]:
     """Python source of ``guard(args, kwargs) -> list of arrays | None`` that re-checks the tree
     structure, shapes, dtypes and static values of a cached signature without building keys.
     ``callee_checks``: the executable checks the shape and dtype of each ndarray leaf itself (a
-    native graph's C function), so the guard checks only that it is exactly an ndarray."""
+    native graph's C function), so the guard checks only that it is exactly an ndarray;
+    ``callee_types``: it checks that too for leaves of rank 1 and more (its answer for anything else
+    is NotImplemented), so the guard passes those on unchecked."""
     ns: dict[str, Any] = {"ndarray": np.ndarray}
     lines = ["def guard(args, kwargs):", "  try:"]
     out: list[str] = []
@@ -288,7 +292,8 @@ def _guard_source(treedef: tuple, leaves: list, static: tuple, static_argnums: t
                     ns["np"] = np
                 # exact type only: an ndarray subclass misses here and takes the slow path (np.asarray)
                 if callee_checks and isinstance(x, np.ndarray):
-                    lines.append(f"    if type({var}) is not ndarray: return None")
+                    if not (callee_types and x.ndim > 0):  # a 0-d leaf: the C function takes scalars too
+                        lines.append(f"    if type({var}) is not ndarray: return None")
                     out.append(var)
                     return
                 lines.append(
@@ -352,6 +357,9 @@ def _fast_call_source(guard_src: str, exe: Executable, out_tree: tuple) -> tuple
         "    run = _exe._build()",
         "  try:",
         f"    o = run({arrays})",
+        # the pool of a native graph holds its C function itself: a layout it refuses (TypeError)
+        # runs the per-equation executor (NotImplemented if an argument has another shape after all)
+        *(["  except TypeError:", f"    o = _exe._slow({arrays})"] if getattr(exe, "checks_types", False) else []),
         "  finally:",
         "    _pool.append(run)",
     ]
@@ -479,7 +487,8 @@ class Jitted:
             self._count_variant(key, args, leaves)
             if not static_kw and not self.static_argnames:
                 callee = getattr(entry.executable, "checks_signature", False)
-                gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args), callee)
+                types = getattr(entry.executable, "checks_types", False)
+                gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args), callee, types)
                 fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
                 fns.update(gns)
                 fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)

@@ -99,9 +99,13 @@ def test_jit_training_step_is_native_and_equals_the_executor(batch):
     np.testing.assert_allclose(val, -np.mean(np.sum((z - np.log(np.exp(z).sum(1, keepdims=True))) * y, 1)), rtol=1e-5)
     gz = (prob - y) / batch
     np.testing.assert_allclose(new["w2"], p["w2"] - 0.1 * h.T @ gz, rtol=1e-4, atol=1e-6)
-    # a non-contiguous input runs the per-equation executor and gives the same values
+    # a non-contiguous input runs the per-equation executor and gives its values bit for bit; they
+    # equal the native ones to rounding only, as the executor's dense kernel takes C-contiguous
+    # operands alone and BLAS computes this product instead
     xt = np.asfortranarray(x)
-    np.testing.assert_array_equal(step(p, xt, y)[1], val)
+    got = step(p, xt, y)[1]
+    np.testing.assert_array_equal(got, Executable(exe.graph)(*leaves[:-2], xt, y)[-1])
+    np.testing.assert_allclose(got, val, rtol=1e-6)
 
 
 def test_unlowered_equations_split_the_graph_into_native_segments():
@@ -321,6 +325,18 @@ def test_fast_path_leaves_shape_and_dtype_checks_to_the_c_function():
     for a in (wide, swapped):
         np.testing.assert_allclose(j(a, w), np.tanh(np.asarray(a, np.float64) @ w) * 2.0, rtol=1e-12)
     assert j.cache_size == 3
+    # nor the exact ndarray type of arrays of rank >= 1: the C function answers NotImplemented for a
+    # subclass, and jit's lookup converts it (same signature, no new compile)
+    assert "ndarray" not in fast.__code__.co_names
+
+    class Tagged(np.ndarray):
+        pass
+
+    for a in (x.view(Tagged), np.asfortranarray(x).view(Tagged)):
+        got = j(a, w)
+        assert type(got) is np.ndarray
+        np.testing.assert_allclose(got, np.tanh(x @ w) * 2.0, rtol=1e-12)
+    assert j.cache_size == 3
 
 
 def test_a_strided_argument_before_an_argument_of_a_new_shape_compiles_the_new_signature():
@@ -339,3 +355,28 @@ def test_a_strided_argument_before_an_argument_of_a_new_shape_compiles_the_new_s
     x256 = rng.normal(size=(256, 6)).astype(np.float32)
     np.testing.assert_allclose(f(w_strided, x256), np.tanh(x256 @ w).sum(axis=1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(f(w, x256), np.tanh(x256 @ w).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_float32_tanh_is_the_engines_own_in_c_and_in_the_executor():
+    # the engine's float32 tanh (_tanhf.h) on each C path: a standalone equation over a contiguous
+    # operand (one vectorised loop), over a transposed view (element by element), and inside a fused
+    # body the VM runs; bit for bit the executor's, which calls the same function (_native.tanh)
+    from fedarena.engine.primitives.elementwise import tanh
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((64, 48)) * 2).astype(np.float32)
+    w = (rng.standard_normal((48, 48)) * 0.3).astype(np.float32)
+
+    def f(x, w):
+        h = ops.tanh(x @ w)
+        return h, ops.tanh(ops.transpose(h @ w)), ops.tanh(x[:8] * 0.5 + 1.0)
+
+    g = DEFAULT_PIPELINE(engine.make_graph(f)(x, w))
+    exe = native_executor.native_executable(g)
+    assert exe is not None and "fa_tanhf_loop(" in exe.c_source and "fa_tanhf(" in exe.c_source
+    got = exe(x, w)
+    _bitwise(got, Executable(exe.graph)(x, w))
+    h = np.asarray(got[0])
+    np.testing.assert_array_equal(h, tanh(x @ w))
+    assert np.count_nonzero(h != np.tanh(x @ w)) > 10  # numpy's tanh gives other bits: the test tells them apart
+    np.testing.assert_allclose(got[1], np.tanh((h @ w).T), rtol=2e-7, atol=1e-7)

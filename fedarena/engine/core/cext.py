@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - depends on the build
 
 # every kernel the code generators call: a build from older sources (an editable install not rebuilt
 # after a pull) lacks some, and is then not used at all rather than failing in a generated program
-KERNELS = ("dense", "softmax", "rowreduce", "elementwise", "windows", "philox", "random", "set_threads", "get_threads", "set_blas", "gemm")
+KERNELS = ("tanh", "dense", "softmax", "rowreduce", "elementwise", "windows", "philox", "random", "set_threads", "get_threads", "set_blas", "gemm")
 STALE = _native is not None and not all(hasattr(_native, k) for k in KERNELS)
 if STALE:  # pragma: no cover - depends on the build
     warnings.warn(

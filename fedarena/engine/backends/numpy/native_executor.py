@@ -50,6 +50,9 @@ class NativeExecutable:
     checks_signature = True
     """The C function checks each array's dtype and shape (NotImplemented when they differ), so jit's
     fast path checks only the argument structure and the exact ndarray type."""
+    checks_types = True
+    """It checks the exact ndarray type of arrays of rank 1 and more as well (NotImplemented), and the
+    pool holds it unwrapped (jit's fast path handles its TypeError)."""
     check_finite = False  # the NaN debugger's programs are per-equation executors
 
     def __init__(self, graph: Graph, lowered: codegen_c.Lowered, module: Any, donated: frozenset = frozenset()):
@@ -63,15 +66,12 @@ class NativeExecutable:
         self._pool: list = [self._build()]
 
     def _build(self):
-        run, arena = self._module.run, codegen_c.new_arena(self._lowered)
-
-        def call(*args):  # NotImplemented: an array of another dtype or shape (see __call__)
-            try:
-                return run(arena, *args)
-            except TypeError:  # a strided, unaligned or byte-swapped array (or a later one of another shape)
-                return self._slow(*args)
-
-        return self._with_executor_globals(call)
+        """The C function bound to an arena of its own: NotImplemented for an array of another dtype
+        or shape or not exactly an ndarray, TypeError for a strided, unaligned or byte-swapped one
+        (the caller runs :meth:`_slow`); its ``__globals__`` are the executor's (see the class)."""
+        run = functools.partial(self._module.run, codegen_c.new_arena(self._lowered))
+        run.__globals__ = self._executor()._pool[-1].__globals__
+        return run
 
     @property
     def memory(self):
@@ -110,6 +110,10 @@ class NativeExecutable:
             run = self._build()
         try:
             out = run(*args)
+        except TypeError:
+            if not self.checks_types:
+                raise
+            out = self._slow(*args)
         finally:
             pool.append(run)
         return self._executor()(*args) if out is NotImplemented else out
@@ -132,6 +136,8 @@ class SegmentedExecutable(NativeExecutable):
     """A graph with equations that have no C lowering (control flow, convolutions, random
     numbers...): runs of lowered equations are native segments, the rest run in per-equation
     executors, in graph order; values cross between segments as arrays."""
+
+    checks_types = False  # its pool holds Python functions that run the steps and handle TypeError
 
     checks_signature = False  # the per-equation segments take what they are given
 
