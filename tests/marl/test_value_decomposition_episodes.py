@@ -181,3 +181,12 @@ def test_episode_options_refuse_bad_combinations():
         ValueDecompositionConfig(buffer="episode", td_lambda=1.5)
     with pytest.raises(ValueError, match="episode_limit"):
         _trainer("episode").__class__(_trainer("transition").env, ValueDecompositionConfig(buffer="episode"))
+
+
+def test_cooperative_config_refuses_the_episode_buffer_without_an_episode_length():
+    from fedarena.marl.cooperative_experiments import CooperativeConfig
+
+    with pytest.raises(ValueError, match="value_decomposition.buffer: episode pads every episode to max_cycles"):
+        CooperativeConfig(env_id="two_step_v0", max_cycles=None, algorithms=["qmix"],
+                          value_decomposition=ValueDecompositionConfig(buffer="episode"))
+    CooperativeConfig(env_id="two_step_v0", max_cycles=None, algorithms=["qmix"])  # transitions need none
