@@ -119,6 +119,10 @@ class CooperativeConfig(ExperimentConfig):
             raise ValueError(f"algorithms: {', '.join(stacked)} share one network over all agents, but '{self.env_id}' "
                              f"has agents of different observation sizes {sizes} or action counts {acts}; use "
                              "mappo, which shares a network per group of like agents")
+        if self.value_decomposition.buffer == "episode" and self.max_cycles is None \
+                and set(self.algorithms) & {"qmix", "vdn"}:
+            raise ValueError("value_decomposition.buffer: episode pads every episode to max_cycles steps, but "
+                             f"max_cycles is null for '{self.env_id}'")
         for a in self.random_agents:
             if a not in agents:
                 raise ValueError(f"random_agents: no agent '{a}' in {self.env_id}; agents: {', '.join(agents)}")
@@ -174,7 +178,8 @@ class _Learner:
             self.impl = IndependentPPO(self.env, cfg.ppo, shared=cfg.ippo_shared, seed=seed,
                                             total_steps=cfg.env_steps)
         else:
-            self.impl = ValueDecompositionTrainer(self.env, replace(cfg.value_decomposition, mixer=algorithm), seed)
+            self.impl = ValueDecompositionTrainer(self.env, replace(cfg.value_decomposition, mixer=algorithm), seed,
+                                                  episode_limit=cfg.max_cycles)
         self.wall = 0.0
         self.cpu = 0.0  # CPU seconds of this learner's process spent training and evaluating it
         self.returns: list[float] = []

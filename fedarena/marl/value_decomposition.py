@@ -22,8 +22,12 @@ whatever the task's reward scale. With ``n_step = n > 1`` the targets are n-step
 episode ends first (or is cut by a reset); a transition enters the replay buffer once its k steps are known (Sutton &
 Barto, 2018, sec. 7.1; the multi-step targets of Hessel et al., 2018, "Rainbow", also uncorrected for the
 exploration policy). Standardised rewards then enter the return as ``(R - mean * sum_{i<k} gamma^i) / std``,
-the same as summing standardised rewards. Agents act epsilon-greedily on their own utilities
-(decentralized execution). The agents here are feed-forward networks of the current observation (the
+the same as summing standardised rewards. With ``buffer="episode"`` the buffer holds whole episodes (padded to
+the task's longest) and each update trains on every step of ``batch_size`` sampled episodes against TD(lambda)
+targets computed backwards over each episode from the target network's mixed values (double Q as above): the
+recipe of Hu et al. (2021), "Rethinking the Implementation Tricks and Monotonicity Constraint in Cooperative
+Multi-Agent Reinforcement Learning" (pymarl2, lambda 0.6); ``td_lambda=0`` gives the one-step targets.
+Agents act epsilon-greedily on their own utilities (decentralized execution). The agents here are feed-forward networks of the current observation (the
 papers use GRU agents over the observation history; the tasks here are fully observed per agent).
 One update step -- both networks' forward passes, the loss, its gradient, clipping and Adam -- is one
 ``engine.jit`` graph, and the ``updates_per_step`` updates of one update round (their batches drawn at
@@ -45,6 +49,7 @@ from fedarena.engine import nn, ops, optim
 from fedarena.platform.experiment import param
 
 MIXERS = ("vdn", "qmix")
+BUFFERS = ("transition", "episode")
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,13 @@ class ValueDecompositionConfig:
     n_step: int = param(1, "n-step targets: the discounted team rewards of up to n steps (fewer where the episode "
                         "ends) plus gamma^n times the target's mixed value there (Sutton & Barto, 2018, sec. 7.1; "
                         "Hessel et al., 2018); not corrected for the exploration policy; 1 = one-step targets")
+    buffer: str = param("transition", "what the replay buffer stores and samples: transition (single transitions, "
+                        "one-step or n-step targets) or episode (whole episodes padded to the episode length, "
+                        "trained on every step with TD(lambda) targets, as pymarl2; Hu et al., 2021). With episode, "
+                        "batch_size, buffer_size and learning_starts count episodes")
+    td_lambda: float = param(0.0, "buffer episode: lambda of the TD(lambda) targets computed backwards over each "
+                             "sampled episode from the target network's mixed values (Sutton & Barto, 2018, "
+                             "sec. 12.1); 0 = one-step targets")
 
     def __post_init__(self) -> None:
         if self.mixer not in MIXERS:
@@ -92,10 +104,15 @@ class ValueDecompositionConfig:
                   "hypernet_hidden": self.hypernet_hidden >= 1, "hypernet_layers": self.hypernet_layers in (1, 2),
                   "epsilon_start": 0.0 <= self.epsilon_start <= 1.0, "epsilon_finish": 0.0 <= self.epsilon_finish <= 1.0,
                   "epsilon_anneal_steps": self.epsilon_anneal_steps >= 1, "max_grad_norm": self.max_grad_norm > 0,
-                  "n_step": self.n_step >= 1}
+                  "n_step": self.n_step >= 1, "buffer": self.buffer in BUFFERS, "td_lambda": 0.0 <= self.td_lambda <= 1.0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+        if self.td_lambda > 0 and self.buffer != "episode":
+            raise ValueError(f"td_lambda: {self.td_lambda} needs buffer: episode (lambda-returns run over whole "
+                             "episodes)")
+        if self.n_step > 1 and self.buffer != "transition":
+            raise ValueError(f"n_step: {self.n_step} needs buffer: transition (with buffer: episode use td_lambda)")
 
     def epsilon(self, steps: int) -> float:
         frac = min(1.0, steps / self.epsilon_anneal_steps)
@@ -167,26 +184,64 @@ class ValueDecomposition:
         b2 = ops.reshape(self.hyper_b2.apply(m["b2"], state), (B,))
         return ops.sum(hidden * w2, axis=1) + b2
 
-    def loss(self, params: Any, target_params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-        A = self.num_actions
-        q = self.utilities(params, batch["obs"])
-        chosen = ops.sum(q * ops.one_hot(batch["action"], A), axis=2)
-        q_tot = self.mix(params, chosen, batch["state"])
-        penalty = (batch["next_mask"] - 1.0) * 1e9  # illegal next actions never win the argmax
-        next_target = self.utilities(target_params, batch["next_obs"])
-        chooser = self.utilities(params, batch["next_obs"]) if self.config.double_q else next_target
+    def _chosen_tot(self, params: Any, obs: Any, action: Any, state: Any) -> Any:
+        """``(B,)`` mixed value of the taken joint actions."""
+        q = self.utilities(params, obs)
+        return self.mix(params, ops.sum(q * ops.one_hot(action, self.num_actions), axis=2), state)
+
+    def _next_tot(self, params: Any, target_params: Any, next_obs: Any, next_state: Any, next_mask: Any) -> Any:
+        """``(B,)`` the target's mixed value at the next states of the greedy legal joint action (chosen by the
+        online utilities with double Q, else by the target's)."""
+        penalty = (next_mask - 1.0) * 1e9  # illegal next actions never win the argmax
+        next_target = self.utilities(target_params, next_obs)
+        chooser = self.utilities(params, next_obs) if self.config.double_q else next_target
         next_action = ops.argmax(ops.stop_gradient(chooser) + penalty, axis=2)
-        next_chosen = ops.sum(next_target * ops.one_hot(next_action, A), axis=2)
-        next_tot = self.mix(target_params, next_chosen, batch["next_state"])
+        next_chosen = ops.sum(next_target * ops.one_hot(next_action, self.num_actions), axis=2)
+        return self.mix(target_params, next_chosen, next_state)
+
+    def loss(self, params: Any, target_params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        q_tot = self._chosen_tot(params, batch["obs"], batch["action"], batch["state"])
+        next_tot = self._next_tot(params, target_params, batch["next_obs"], batch["next_state"], batch["next_mask"])
         # n-step transitions carry their bootstrap discount gamma^k (1 - terminal); one-step ones do not
         discount = batch["discount"] if "discount" in batch else self.config.gamma * (1.0 - batch["terminal"])
         target = ops.stop_gradient(batch["reward"] + discount * next_tot)
         td = q_tot - target
         return ops.mean(td * td), {"q_tot": ops.mean(q_tot), "target": ops.mean(target)}
 
+    def episode_loss(self, params: Any, target_params: Any, batch: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """Mean squared TD(lambda) error over the filled steps of a batch of episodes: fields ``(B, T, ...)``,
+        ``filled (B, T)`` 1 on an episode's steps, 0 on the padding after its end.
+
+        With ``V_t`` the target's mixed value at the state after step ``t`` (double-Q greedy action) and ``d_t =
+        gamma (1 - terminal_t)``, the lambda-return runs backwards from each episode's last step ``L - 1``:
+        ``G_{L-1} = r_{L-1} + d_{L-1} V_{L-1}`` and ``G_t = r_t + d_t ((1 - lambda) V_t + lambda G_{t+1})``, the
+        recursive form of the lambda-weighted average of the n-step returns (Sutton & Barto, 2018, eqs. 12.2-12.3;
+        pymarl2's targets). A truncated episode's last step bootstraps from its last state."""
+        B, T = batch["reward"].shape
+        flat = lambda x: ops.reshape(x, (B * T,) + tuple(x.shape[2:]))  # noqa: E731
+        q_tot = ops.reshape(self._chosen_tot(params, flat(batch["obs"]), flat(batch["action"]), flat(batch["state"])),
+                            (B, T))
+        next_tot = ops.reshape(self._next_tot(params, target_params, flat(batch["next_obs"]),
+                                              flat(batch["next_state"]), flat(batch["next_mask"])), (B, T))
+        filled, lam = batch["filled"], self.config.td_lambda
+        discount = self.config.gamma * (1.0 - batch["terminal"])
+        # lambda where step t + 1 belongs to the same episode, 0 at its last step (the return ends there)
+        follow = lam * ops.concatenate([filled[:, 1:], ops.zeros((B, 1))], axis=1)
+        step = batch["reward"] + discount * (1.0 - follow) * next_tot
+        ret, returns = ops.zeros((B,)), []
+        for t in range(T - 1, -1, -1):
+            ret = step[:, t] + discount[:, t] * follow[:, t] * ret
+            returns.append(ret)
+        target = ops.stop_gradient(ops.stack(returns[::-1], axis=1))
+        td = (q_tot - target) * filled
+        count = ops.maximum(ops.sum(filled), 1.0)
+        return ops.sum(td * td) / count, {"q_tot": ops.sum(q_tot * filled) / count,
+                                          "target": ops.sum(target * filled) / count}
+
     def _train_step(self, params: Any, target_params: Any, opt_state: Any, batch: Mapping[str, Any]
                     ) -> tuple[Any, Any, Any]:
-        (loss, aux), grads = engine.value_and_grad(self.loss, has_aux=True)(params, target_params, batch)
+        loss_fn = self.episode_loss if "filled" in batch else self.loss
+        (loss, aux), grads = engine.value_and_grad(loss_fn, has_aux=True)(params, target_params, batch)
         grads, grad_norm = optim.clip_by_global_norm(grads, self.config.max_grad_norm)
         params, opt_state = self.optimizer.update(grads, opt_state, params)
         return params, opt_state, dict(aux, loss=loss, grad_norm=grad_norm)
@@ -269,11 +324,16 @@ class ValueDecompositionTrainer:
     their last observation (all actions legal there).
     """
 
-    def __init__(self, env: Any, config: ValueDecompositionConfig, seed: int = 0) -> None:
+    def __init__(self, env: Any, config: ValueDecompositionConfig, seed: int = 0, episode_limit: int | None = None
+                 ) -> None:
         from fedarena.rl.normalization import RunningMeanStd
         from fedarena.rl.replay import ReplayBuffer
 
+        if config.buffer == "episode" and (episode_limit is None or episode_limit < 1):
+            raise ValueError(f"episode_limit: buffer: episode needs the task's longest episode (steps), got "
+                             f"{episode_limit!r}")
         self.env, self.config = env, config
+        self.episode_limit = episode_limit
         self.obs, self.mask, self.state = env.reset()
         self.learner = ValueDecomposition(env.obs_size, self.state.shape[1], env.num_agents, env.num_actions,
                                           config, seed)
@@ -283,6 +343,10 @@ class ValueDecompositionTrainer:
         # complete yet, and per copy how many of the newest of them are still open (since its episode began)
         self._window: list[dict[str, np.ndarray]] = []
         self._open = np.zeros(env.num_envs, dtype=np.int64)
+        # episode buffer: per copy, the steps of its running episode (fields (copies, episode_limit, ...)) and
+        # how many there are; a buffer item is one episode padded to episode_limit steps
+        self._episode: dict[str, np.ndarray] = {}
+        self._length = np.zeros(env.num_envs, dtype=np.int64)
         self.env_steps = 0
         self.episodes = 0
         self.last_metrics: dict[str, float] = {}
@@ -291,12 +355,16 @@ class ValueDecompositionTrainer:
         """Start fresh episodes on every copy (``env.reset()``); the replay buffer keeps its transitions. With
         n-step targets the cut episodes' open transitions are stored first, bootstrapping from where they stop."""
         self._emit_open(np.ones(self.env.num_envs, dtype=bool))
+        self._emit_episodes(self._length > 0)
         self.obs, self.mask, self.state = self.env.reset()
 
     def _add(self, transitions: dict[str, np.ndarray], episode_end: np.ndarray) -> None:
         """Store one batched step's transitions: as they are (one-step targets) or, with ``n_step > 1``, each
         once its n-step return is complete (n steps later or when its episode ends)."""
         n = self.config.n_step
+        if self.config.buffer == "episode":
+            self._add_episode_step(transitions, episode_end)
+            return
         if n == 1:
             self.buffer.add(transitions)
             return
@@ -305,6 +373,30 @@ class ValueDecompositionTrainer:
         self._emit_open(episode_end)
         self._emit_oldest(self._open == n)
         self._window = self._window[-(n - 1):]
+
+    def _add_episode_step(self, transitions: dict[str, np.ndarray], episode_end: np.ndarray) -> None:
+        """Append one batched step to every copy's running episode; store the episodes that ended."""
+        T, copies = self.episode_limit, np.arange(self.env.num_envs)
+        if not self._episode:
+            self._episode = {f: np.zeros((len(copies), T) + a.shape[1:], dtype=a.dtype) for f, a in transitions.items()}
+        if np.any(self._length >= T):
+            raise RuntimeError(f"episode_limit: an episode ran past {T} steps; give the task's longest episode")
+        for f, a in transitions.items():
+            self._episode[f][copies, self._length] = a
+        self._length += 1
+        self._emit_episodes(episode_end)
+
+    def _emit_episodes(self, copies_mask: np.ndarray) -> None:
+        """Store the running episodes of the copies in ``copies_mask`` (ended or cut), zero-padded after their
+        last step, with ``filled`` 1 on their steps."""
+        copies = np.flatnonzero(copies_mask & (self._length > 0))
+        if len(copies):
+            filled = np.arange(self.episode_limit)[None, :] < self._length[copies, None]
+            pad = lambda a: a * filled.reshape(filled.shape + (1,) * (a.ndim - 2)).astype(a.dtype)  # noqa: E731
+            episodes = {f: pad(a[copies]) for f, a in self._episode.items()}
+            episodes["filled"] = filled.astype(np.float32)
+            self.buffer.add(episodes)
+        self._length[copies_mask] = 0
 
     def _n_step(self, first: int, copies: np.ndarray) -> dict[str, np.ndarray]:
         """The transitions of ``copies`` that start at window entry ``first`` and run to the newest entry."""
@@ -337,12 +429,13 @@ class ValueDecompositionTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Learner (networks, target, Adam, update count, exploration RNG), replay buffer, counters and, for
-        n-step targets, the transitions not stored yet. The environments are not part of it: a resumed run starts
-        fresh episodes (:meth:`reset_episodes`), which first stores those transitions."""
+        n-step targets or the episode buffer, the transitions not stored yet. The environments are not part of it:
+        a resumed run starts fresh episodes (:meth:`reset_episodes`), which first stores those transitions."""
         window = {f: np.stack([w[f] for w in self._window]) for f in self._window[0]} if self._window else {}
         return {"learner": self.learner.state_dict(), "buffer": self.buffer.state_dict(),
                 "reward_stats": self.reward_stats.state(), "env_steps": self.env_steps, "episodes": self.episodes,
-                "last_metrics": dict(self.last_metrics), "n_step_window": window, "n_step_open": self._open.copy()}
+                "last_metrics": dict(self.last_metrics), "n_step_window": window, "n_step_open": self._open.copy(),
+                "episode_steps": {f: a.copy() for f, a in self._episode.items()}, "episode_length": self._length.copy()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.learner.load_state_dict(state["learner"])
@@ -354,6 +447,9 @@ class ValueDecompositionTrainer:
         steps = len(next(iter(window.values()))) if window else 0
         self._window = [{f: np.array(a[i]) for f, a in window.items()} for i in range(steps)]
         self._open = np.array(state.get("n_step_open", np.zeros(self.env.num_envs)), dtype=np.int64)
+        # absent in checkpoints written before the episode buffer
+        self._episode = {f: np.array(a) for f, a in (state.get("episode_steps") or {}).items()}
+        self._length = np.array(state.get("episode_length", np.zeros(self.env.num_envs)), dtype=np.int64)
 
     def step(self) -> np.ndarray:
         """One batched step of every copy plus, every ``update_every`` batched steps, ``updates_per_step``
