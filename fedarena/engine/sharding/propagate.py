@@ -30,6 +30,7 @@ from ..core.interpreter import literal_value
 from ..core.ir import Eqn, EngineError, Graph, Literal, ShapedArray, Var, _namer
 from ..primitives.sharding import Layout, R, Strategy, local_shape, splittable
 from .cost import CostModel, nbytes
+from .execute import LocalProgram
 from .redistribute import Collective, plan
 
 NO_RULE = "no sharding rule: runs replicated, inputs gathered"
@@ -76,6 +77,7 @@ class ShardedProgram:
         self.in_layouts, self.out_layouts, self.outputs = in_layouts, out_layouts, outputs
         self.layouts, self.cost = layouts, cost
         self._last_use = self._lifetimes()
+        self._local: LocalProgram | None = None
 
     # ------------------------------------------------------------------------------------------- analysis
     def _lifetimes(self) -> dict:
@@ -145,38 +147,28 @@ class ShardedProgram:
     # ------------------------------------------------------------------------------------------ execution
     def run(self, comm: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run on this rank's blocks of the inputs (``args`` in the graph's input order); returns this rank's
-        blocks of the outputs. Every rank of ``comm`` (``world_size == n``) must call it together."""
+        blocks of the outputs. Every rank of ``comm`` (``world_size == n``) must call it together. The local
+        equations run compiled (:class:`~.execute.LocalProgram`: segments compiled by ``engine.jit`` between the
+        host steps), built on the first call."""
         if comm.world_size != self.n:
             raise ShardingError(f"comm: the program is sharded over {self.n} ranks, the communicator has {comm.world_size}")
-        rank = comm.rank
         env: dict = dict(zip(self.graph.constvars, self.graph.consts))
         for i, (v, x) in enumerate(zip(self.graph.invars, args)):
             want = self.local_aval(v).shape
             if tuple(np.shape(x)) != want:
                 raise ShardingError(f"argument {i}: this rank's block must have shape {want}, got {np.shape(x)}")
-            env[v] = x
+            env[v] = np.asarray(x)
+        if self._local is None:
+            self._local = LocalProgram(self)
+        self._local.run(comm, env)
+        return [np.asarray(literal_value(a)) if isinstance(a, Literal) else np.asarray(env[a]) for a in self.outputs]
 
-        def read(a: Any) -> Any:
-            return literal_value(a) if isinstance(a, Literal) else env[a]
-
-        last = self._last_use
-        inputs = set(self.graph.invars)
-        for i, s in enumerate(self.steps):
-            vals = [read(a) for a in s.inputs]
-            if s.collective is not None:
-                out = s.collective.run(comm, np.asarray(vals[0]))
-            elif s.kernel is not None:
-                out = s.kernel(rank, self.n, *vals, **s.attrs)
-            else:
-                out = s.prim.impl(*vals, **s.attrs)
-            if s.prim is not None and s.prim.multiple_results:
-                env.update(zip(s.outputs, out))
-            else:
-                env[s.outputs[0]] = np.asarray(out)
-            for a in s.inputs:
-                if isinstance(a, Var) and last.get(a) == i and a not in inputs:
-                    env.pop(a, None)
-        return [np.asarray(read(a)) for a in self.outputs]
+    @property
+    def local_program(self) -> "LocalProgram":
+        """The compiled schedule this rank runs (built on first use)."""
+        if self._local is None:
+            self._local = LocalProgram(self)
+        return self._local
 
     # ------------------------------------------------------------------------------------------------ text
     def __str__(self) -> str:
