@@ -22,6 +22,7 @@ from ..core.interpreter import literal_value
 from ..core.ir import Eqn, Graph, Literal, ShapedArray, Var
 from ..core.tracing import eval_graph
 from ..jit import jit
+from .cost import timed_median
 
 
 def is_host_step(step: Any) -> bool:
@@ -139,9 +140,11 @@ class LocalProgram:
             reads = it.invars if kind == "segment" else [a for a in it.inputs if isinstance(a, Var)]
             self.frees.append([a for a in dict.fromkeys(reads) if a not in keep and last.get(a, -1) < end])
 
-    def run(self, comm: Any, env: dict) -> None:
+    def run(self, comm: Any, env: dict, profile: list | None = None, repeats: int = 3, seconds: float = 0.05) -> None:
         """Run on ``env`` (program variable -> this rank's array; inputs and constants filled in), adding
-        every value a later item or the program's outputs read."""
+        every value a later item or the program's outputs read. Given a list ``profile``, each segment is
+        also run again on its inputs (at least ``repeats`` times, until ``seconds`` have passed) and its
+        median seconds appended: the measured compute of this step's segments, in order."""
         rank, n = comm.rank, comm.world_size
 
         def read(a: Any) -> Any:
@@ -149,7 +152,11 @@ class LocalProgram:
 
         for (kind, it), free in zip(self.items, self.frees):
             if kind == "segment":
-                got = it(*[env[a] for a in it.invars])
+                xs = [env[a] for a in it.invars]
+                got = it(*xs)
+                if profile is not None:
+                    profile.append(timed_median(lambda: it(*xs), repeats, seconds))
+                del xs
                 for v, x in zip(it.outvars, got):
                     env[v] = np.asarray(x)  # 0-d results as arrays: a numpy scalar would be a static argument
             elif it.collective is not None:

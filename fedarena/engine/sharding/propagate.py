@@ -114,19 +114,32 @@ class ShardedProgram:
             b += s.collective.bytes_sent(size, self.n, c.alpha, c.beta, c.chunk_bytes)
         return t, b
 
-    def predicted_compute(self) -> float:
+    def predicted_compute(self, segment_times: Sequence[float] | None = None) -> float:
+        """Seconds of this rank's compute: each equation's :meth:`CostModel.compute_time`, or, given the
+        measured seconds of each compiled segment (``cost.profile_segments``), their sum plus the model's
+        time of the steps that run between segments (local kernels, slices) and of each host step's call."""
+        c = self.cost
         t = 0.0
+        if segment_times is not None:
+            t = float(sum(segment_times)) + c.segment_time * len(segment_times)
         for s in self.steps:
+            if segment_times is not None and s.collective is None and s.kernel is None:
+                continue  # in a measured segment
+            if segment_times is not None:
+                t += c.host_time
             if s.prim is None:
+                if s.collective.name in ("shard_slice", "to_partial"):  # a local copy of the block
+                    out = self.local_aval(s.outputs[0])
+                    t += c.compute_time("copy", [out.shape], out.shape, out.dtype.itemsize)
                 continue
             ins = [self.local_aval(a) if isinstance(a, Var) else a.aval for a in s.inputs]
             out = self.local_aval(s.outputs[0])
-            t += self.cost.compute_time(s.prim.name, [a.shape for a in ins], out.shape, out.dtype.itemsize,
-                                        [a.dtype.itemsize for a in ins])
+            t += c.compute_time(s.prim.name, [a.shape for a in ins], out.shape, out.dtype.itemsize,
+                                [a.dtype.itemsize for a in ins])
         return t
 
-    def predicted_time(self) -> float:
-        return self.predicted_compute() + self.predicted_comm()[0]
+    def predicted_time(self, segment_times: Sequence[float] | None = None) -> float:
+        return self.predicted_compute(segment_times) + self.predicted_comm()[0]
 
     def predicted_memory(self) -> int:
         """Peak bytes of live local blocks while the program runs (inputs included, freed after last use)."""
@@ -145,11 +158,12 @@ class ShardedProgram:
         return int(peak)
 
     # ------------------------------------------------------------------------------------------ execution
-    def run(self, comm: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run(self, comm: Any, args: Sequence[np.ndarray], profile: list | None = None) -> list[np.ndarray]:
         """Run on this rank's blocks of the inputs (``args`` in the graph's input order); returns this rank's
         blocks of the outputs. Every rank of ``comm`` (``world_size == n``) must call it together. The local
         equations run compiled (:class:`~.execute.LocalProgram`: segments compiled by ``engine.jit`` between the
-        host steps), built on the first call."""
+        host steps), built on the first call; ``profile`` (a list) receives each segment's measured seconds
+        (:meth:`LocalProgram.run`)."""
         if comm.world_size != self.n:
             raise ShardingError(f"comm: the program is sharded over {self.n} ranks, the communicator has {comm.world_size}")
         env: dict = dict(zip(self.graph.constvars, self.graph.consts))
@@ -160,7 +174,7 @@ class ShardedProgram:
             env[v] = np.asarray(x)
         if self._local is None:
             self._local = LocalProgram(self)
-        self._local.run(comm, env)
+        self._local.run(comm, env, profile)
         return [np.asarray(literal_value(a)) if isinstance(a, Literal) else np.asarray(env[a]) for a in self.outputs]
 
     @property
