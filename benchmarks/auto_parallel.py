@@ -14,11 +14,19 @@ head's gradients and keeps training where data parallelism runs out of memory. H
 
 Per size and rank count: median step time, bytes each rank sent per step (counted at the transport), peak RSS
 per rank (``ru_maxrss``; a rank's sizes run in ascending order in one process, so the peak of size k is the
-maximum up to k), the search's pick and its predicted step time; sizes where data parallelism's measured peak RSS
-exceeds the budget are marked as not fitting. At the largest size the searched strategy trains ``--train-steps``
-steps and the loss must fall. The cost model is calibrated first: compute constants on this machine, the
-transport's alpha/beta fitted to timed ring all-reduces. ``--figure`` draws step time and peak memory against
-the number of classes, data parallelism beside the searched strategy, sizes that do not fit marked.
+maximum up to k), the search's pick, and predicted against measured step time for both. The search's cost
+model: the transport's alpha/beta fitted to ring all-reduces timed back to back on the ranks, compute constants
+measured on each rank (``sharding.calibrate``), and the compute of every candidate plan that fits the budget
+measured by profiling its compiled segments on the ranks (``sharding.cost.profile_segments``; Alpa's stage
+profiling). The reported prediction of a searched plan's step: its compiled segments timed on their inputs in
+a profiled step just before and just after the timed steps, in the same processes (so the host's load falls on
+both), plus the model's collectives (alpha-beta), per-segment and per-host-step overheads; of data
+parallelism's: its gradient and update programs timed the same way plus its all-reduces. The analytic
+roofline's prediction (no measured compute) is printed beside it. Sizes where data parallelism's measured peak
+RSS exceeds the budget are marked as not fitting. At the largest size the searched strategy trains
+``--train-steps`` steps and the loss must fall. ``--figure`` draws step time (predictions marked) and peak
+memory against the number of classes, data parallelism beside the searched strategy, sizes that do not fit
+marked.
 
 Run:  python benchmarks/auto_parallel.py [--ranks 2,4] [--transport tcp] [--classes 1024,...,1048576]
           [--budget-mib 1024] [--figure docs/images/auto_parallel.png] [--json out.json]
@@ -218,16 +226,19 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
             return seconds
 
         run()
-        seg_before = profiled()
         k = _steps_for(comm, run, cfg)
         comm.barrier()
         before = sent[0]
         times = _time_steps(run, k)
         sent_per_step = (sent[0] - before) / len(times)
-        segs = [0.5 * (a + b) for a, b in zip(seg_before, profiled())]  # just before and just after the steps
+        if classes == max(cfg["classes"]) and cfg["train_steps"]:
+            while len(losses) < cfg["train_steps"]:
+                run()
+        peak = rss_bytes()  # read before profiling: the profile's extra arrays are the benchmark's, not the plan's
+        segs = [0.5 * (a + b) for a, b in zip(profiled(), profiled())]  # two profiled steps right after the timed ones
         program = fn.lower(box[0], box[1], xb, yb)[0]
         row = {"classes": classes, "plan": best.name, "step_s": statistics.median(times),
-               "bytes_per_step": sent_per_step, "peak_rss": rss_bytes(),
+               "bytes_per_step": sent_per_step, "peak_rss": peak,
                "predicted_s": program.predicted_time(segs), "predicted_compute_s": program.predicted_compute(segs),
                "predicted_comm_s": best.comm_time, "search_predicted_s": best.time,
                "model_s": best.model_time, "segments": len(program.local_program.segments),
@@ -235,10 +246,7 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
                "dp_predicted_memory": next((p.memory + cfg["baseline"] for p in plans if p.name == cfg["dp_name"]), None),
                "loss": box[2]}
         if classes == max(cfg["classes"]) and cfg["train_steps"]:
-            while len(losses) < cfg["train_steps"]:
-                run()
             row["train_losses"] = losses[: cfg["train_steps"]]
-            row["peak_rss"] = rss_bytes()
         out.append(row)
         del box, fn
     return out
@@ -476,8 +484,9 @@ def scaling(cfg: dict, compute: CostModel, classes: list[int], ranks: list[int],
 
 
 def draw(report: dict, path: str, budget: float) -> None:
-    """Step time (top) and peak RSS per rank (bottom) against the number of classes, one column per rank count:
-    data parallelism beside the searched strategy, sizes where data parallelism does not fit marked."""
+    """Step time (top, the cost model's prediction as a black bar over each) and peak RSS per rank (bottom)
+    against the number of classes, one column per rank count: data parallelism beside the searched strategy,
+    sizes where data parallelism does not fit marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -494,6 +503,9 @@ def draw(report: dict, path: str, budget: float) -> None:
             m = [r[key].get("peak_rss", np.nan) / MIB if not r[key].get("skipped") else np.nan for r in run["rows"]]
             axes[0, j].bar(pos + (k - 0.5) * w, t, w, label=label)
             axes[1, j].bar(pos + (k - 0.5) * w, m, w, label=label)
+            pred = [r[key].get("predicted_s", np.nan) * 1e3 if not r[key].get("skipped") else np.nan for r in run["rows"]]
+            axes[0, j].plot(pos + (k - 0.5) * w, pred, "_", ms=18, mew=2.5, color="k",
+                            label="predicted (cost model)" if k == 1 else None)
         for i, r in enumerate(run["rows"]):
             if not r["dp"]["fits"]:
                 axes[1, j].annotate("DP over\nbudget" if not r["dp"].get("skipped") else "DP not\nrun", (pos[i] - w / 2, 0),
