@@ -13,8 +13,8 @@ head's gradients and keeps training where data parallelism runs out of memory. H
   memory (plus the process's baseline) fits the budget, run by ``shard_jit``.
 
 Per size and rank count: median step time, bytes each rank sent per step (counted at the transport), peak RSS
-per rank (``ru_maxrss``; a rank's sizes run in ascending order in one process, so the peak of size k is the
-maximum up to k), the search's pick, and predicted against measured step time for both. The search's cost
+per rank (``ru_maxrss`` of rank processes started for that size and strategy alone, so that memory the
+allocator kept from a smaller size is not counted), the search's pick, and predicted against measured step time for both. The search's cost
 model: the transport's alpha/beta fitted to ring all-reduces timed back to back on the ranks, compute constants
 measured on each rank (``sharding.calibrate``), and the compute of every candidate plan that fits the budget
 measured by profiling its compiled segments on the ranks (``sharding.cost.profile_segments``; Alpa's stage
@@ -231,7 +231,7 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
         before = sent[0]
         times = _time_steps(run, k)
         sent_per_step = (sent[0] - before) / len(times)
-        if classes == max(cfg["classes"]) and cfg["train_steps"]:
+        if classes == cfg["largest"] and cfg["train_steps"]:
             while len(losses) < cfg["train_steps"]:
                 run()
         peak = rss_bytes()  # read before profiling: the profile's extra arrays are the benchmark's, not the plan's
@@ -245,7 +245,7 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
                "predicted_bytes": best.comm_bytes, "predicted_memory": best.memory + cfg["baseline"],
                "dp_predicted_memory": next((p.memory + cfg["baseline"] for p in plans if p.name == cfg["dp_name"]), None),
                "loss": box[2]}
-        if classes == max(cfg["classes"]) and cfg["train_steps"]:
+        if classes == cfg["largest"] and cfg["train_steps"]:
             row["train_losses"] = losses[: cfg["train_steps"]]
         out.append(row)
         del box, fn
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict:
            "layers": {**body, head: ["R", "col", "row"]},
            "dp_name": "batch:S0 " + " ".join(f"l{i}:R" for i in list(body) + [head]),
            "dp_max_classes": dict(p.split(":") for p in args.dp_max_classes.split(",") if p),
-           "profile_repeats": args.profile_repeats, "seconds": args.seconds}
+           "profile_repeats": args.profile_repeats, "seconds": args.seconds, "largest": max(classes)}
     cfg["dp_max_classes"] = {k: int(v) for k, v in cfg["dp_max_classes"].items()}
     if args.scaling:
         compute = calibrate()
@@ -402,8 +402,15 @@ def main(argv: list[str] | None = None) -> dict:
               f"streaming by bytes touched " + ", ".join(f"{b / MIB:.2g} MiB {1 / r / 1e9:.1f} GB/s" for b, r in cost.byte_curve) + " "
               f"(kernel constants scaled by {scale:.2f} to the executor)")
         cfg["measured"] = measured_segments(n, args.transport, cfg, cost)
-        searched = spawn(n, args.transport, searched_rank, (cfg, cost), timeout=600, join_timeout=7200)
-        dp = spawn(n, args.transport, dp_rank, (cfg, cost), timeout=600, join_timeout=7200)
+        # fresh rank processes for each size and strategy: a process's peak RSS is then that run's alone
+        searched = [[] for _ in range(n)]
+        dp = [[] for _ in range(n)]
+        for c in classes:
+            one = dict(cfg, classes=[c])
+            for rank, rows in enumerate(spawn(n, args.transport, searched_rank, (one, cost), timeout=600, join_timeout=7200)):
+                searched[rank] += rows
+            for rank, rows in enumerate(spawn(n, args.transport, dp_rank, (one, cost), timeout=600, join_timeout=7200)):
+                dp[rank] += rows
         rows = []
         print(f"{'classes':>8} | {'DP step':>9} {'pred':>8} {'err':>5} {'MiB/step':>9} {'peak':>6} {'fits':>4} | "
               f"{'searched plan':<22} {'step':>8} {'pred':>8} {'err':>5} {'roofline':>9} {'err':>5} {'MiB/step':>9} {'peak':>6} | speed-up")
