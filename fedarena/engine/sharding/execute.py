@@ -5,10 +5,11 @@ compiled schedule, or whole-graph native code where the segment is small; a segm
 larger than :data:`MAX_HELD_BYTES` runs eagerly, so that the buffers of a large head's activations are not held
 between steps), and the host steps run between the segments as Python calls.
 
-Segments are cut by level, the number of host steps on the longest path into an equation: an equation runs in
-the first segment after every host step it depends on, so a program runs as many segments as its longest chain
-of host steps plus one (a data-parallel step: the forward and backward pass, its gradients' all-reduces, the
-optimizer update: two), not one per collective. GSPMD (Xu et al., 2021) and MindSpore (Su et al., 2021)
+Segments are cut by level, the number of host steps on the longest path into an equation: a host step runs as
+soon as its inputs are made, an equation in the latest segment its readers allow (so values computed from the
+inputs alone for the optimizer's update are not made early and held through the step), and a program runs as
+many segments as its longest chain of host steps plus one, not one per collective (a data-parallel step: the
+forward pass, the loss's all-reduce, the backward pass, the gradients' all-reduces, the update: three). GSPMD (Xu et al., 2021) and MindSpore (Su et al., 2021)
 compile each rank's program whole with the collectives as operators of the device program; here the
 collectives run over the host's transports, so they are the cut points.
 """
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.interpreter import literal_value
-from ..core.ir import Eqn, Graph, Literal, ShapedArray, Var
+from ..core.ir import Eqn, Graph, Literal, Var
 from ..core.tracing import bind, eval_graph
 from ..compiler.passes import DEFAULT_PIPELINE
 from ..jit import jit
