@@ -13,12 +13,20 @@ head's gradients and keeps training where data parallelism runs out of memory. H
   memory (plus the process's baseline) fits the budget, run by ``shard_jit``.
 
 Per size and rank count: median step time, bytes each rank sent per step (counted at the transport), peak RSS
-per rank (``ru_maxrss``; a rank's sizes run in ascending order in one process, so the peak of size k is the
-maximum up to k), the search's pick and its predicted step time; sizes where data parallelism's measured peak RSS
-exceeds the budget are marked as not fitting. At the largest size the searched strategy trains ``--train-steps``
-steps and the loss must fall. The cost model is calibrated first: compute constants on this machine, the
-transport's alpha/beta fitted to timed ring all-reduces. ``--figure`` draws step time and peak memory against
-the number of classes, data parallelism beside the searched strategy, sizes that do not fit marked.
+per rank (``ru_maxrss`` of rank processes started for that size and strategy alone, so that memory the
+allocator kept from a smaller size is not counted), the search's pick, and predicted against measured step time for both. The search's cost
+model: the transport's alpha/beta fitted to ring all-reduces timed back to back on the ranks, compute constants
+measured on each rank (``sharding.calibrate``), and the compute of every candidate plan that fits the budget
+measured by profiling its compiled segments on the ranks (``sharding.cost.profile_segments``; Alpa's stage
+profiling). The reported prediction of a searched plan's step: its compiled segments timed on their inputs in
+a profiled step just before and just after the timed steps, in the same processes (so the host's load falls on
+both), plus the model's collectives (alpha-beta), per-segment and per-host-step overheads; of data
+parallelism's: its gradient and update programs timed the same way plus its all-reduces. The analytic
+roofline's prediction (no measured compute) is printed beside it. Sizes where data parallelism's measured peak
+RSS exceeds the budget are marked as not fitting. At the largest size the searched strategy trains
+``--train-steps`` steps and the loss must fall. ``--figure`` draws step time (predictions marked) and peak
+memory against the number of classes, data parallelism beside the searched strategy, sizes that do not fit
+marked.
 
 Run:  python benchmarks/auto_parallel.py [--ranks 2,4] [--transport tcp] [--classes 1024,...,1048576]
           [--budget-mib 1024] [--figure docs/images/auto_parallel.png] [--json out.json]
@@ -42,6 +50,7 @@ from fedarena.engine.collectives.launch import spawn
 from fedarena.engine.core.ir import ShapedArray
 from fedarena.engine.jit import jit
 from fedarena.engine.sharding import CostModel, Mesh, calibrate, shard_jit
+from fedarena.engine.sharding.cost import profile_segments, timed_median
 from fedarena.engine.sharding.conformance import init_mlp, local_tree, loss_fn, make_step, state_layouts
 from fedarena.engine.sharding.search import layer_candidates, search
 from fedarena.engine.transforms.autodiff import value_and_grad
@@ -88,15 +97,52 @@ def _avals(cfg: dict, classes: int) -> tuple:
     return (p, state, ShapedArray((batch, cfg["features"]), np.float32), ShapedArray((batch,), np.int64))
 
 
-def plan_for(cfg: dict, classes: int, n: int, cost: CostModel) -> Any:
+def plan_for(cfg: dict, classes: int, n: int, cost: CostModel, measured: dict | None = None) -> Any:
     _, step = make_step()
     best, plans = search(step, _avals(cfg, classes), n, layer_candidates(cfg["layers"], state_layouts), cost,
-                         memory_budget=cfg["budget"], baseline_bytes=cfg["baseline"])
+                         memory_budget=cfg["budget"], baseline_bytes=cfg["baseline"], measured=measured)
     return best, plans
 
 
+def profile_rank(comm: Any, cfg: dict, cost: CostModel) -> dict:
+    """On every rank at once (the load the plans will run under): per size, the measured seconds of each
+    compiled segment of every candidate plan whose predicted memory fits the budget
+    (``sharding.cost.profile_segments``)."""
+    out: dict = {}
+    for classes in cfg["classes"]:
+        _, plans = plan_for(cfg, classes, comm.world_size, cost)
+        out[classes] = {}
+        for p in plans:
+            if p.fits:
+                out[classes][p.name] = profile_segments(p.program, repeats=cfg["profile_repeats"])
+                p.program._local = None  # its compiled segments' buffers, released before the next plan
+        del plans
+        comm.barrier()
+    return out
+
+
+def measured_segments(n: int, transport: str, cfg: dict, cost: CostModel) -> dict:
+    """``classes -> plan -> segment seconds``: each segment the slowest rank's time."""
+    per_rank = spawn(n, transport, profile_rank, (cfg, cost), timeout=600, join_timeout=7200)
+    return {c: {name: [max(r[c][name][i] for r in per_rank) for i in range(len(segs))]
+                for name, segs in per_rank[0][c].items()} for c in cfg["classes"]}
+
+
+def _median(run, repeats: int) -> float:
+    return timed_median(run, repeats, 0.25)
+
+
+def _steps_for(comm: Any, run, cfg: dict) -> int:
+    """How many steps to time: at least ``cfg['steps']``, as many as fill ``cfg['seconds']`` at the time of one
+    step (at most 50); the ranks agree on the largest (every step runs collectives)."""
+    t0 = time.perf_counter()
+    run()
+    k = int(min(50, max(cfg["steps"], cfg["seconds"] / max(time.perf_counter() - t0, 1e-6))))
+    return int(comm.all_reduce(np.asarray(k, np.int64), op="max"))
+
+
 def _time_steps(run, steps: int) -> list[float]:
-    times = []
+    times: list[float] = []
     for _ in range(steps):
         t0 = time.perf_counter()
         run()
@@ -104,8 +150,10 @@ def _time_steps(run, steps: int) -> list[float]:
     return times
 
 
-def dp_rank(comm: Any, cfg: dict) -> list[dict]:
-    """Data parallelism: local gradients, all-reduced (mean) leaf by leaf, replicated Adam."""
+def dp_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
+    """Data parallelism: local gradients, all-reduced (mean) leaf by leaf, replicated Adam. Its predicted step:
+    the gradient and update programs timed alone here just before (as the searched plans' segments are), the
+    alpha-beta time of each leaf's all-reduce and the loss's, and a host step's time per call."""
     sent = _count_bytes(comm)
     n, rank = comm.world_size, comm.rank
     out = []
@@ -128,12 +176,23 @@ def dp_rank(comm: Any, cfg: dict) -> list[dict]:
             box[0], box[1] = update(grads, box[1], box[0])
             box[2] = float(comm.all_reduce(np.asarray(loss), op="mean"))
 
+        def programs() -> float:  # the two compiled programs' seconds, timed alone on this step's values
+            loss, grads = grad_fn(box[0], xb, yb)
+            t = _median(lambda: grad_fn(box[0], xb, yb), cfg["profile_repeats"])
+            return t + _median(lambda: update(grads, box[1], box[0]), cfg["profile_repeats"])
+
         run()  # compile
+        t_before = programs()
+        k = _steps_for(comm, run, cfg)
         comm.barrier()
         before = sent[0]
-        times = _time_steps(run, cfg["steps"])
-        out.append({"classes": classes, "step_s": statistics.median(times), "bytes_per_step": (sent[0] - before) / cfg["steps"],
-                    "peak_rss": rss_bytes(), "loss": box[2]})
+        times = _time_steps(run, k)
+        t_compute = 0.5 * (t_before + programs())  # timed just before and just after the steps
+        comm_t = sum(cost.collective_time("all_reduce", v.nbytes, n) for v in box[0].values()) \
+            + cost.collective_time("all_reduce", 4, n)
+        predicted = t_compute + comm_t + (2 * cost.segment_time + (len(box[0]) + 1) * cost.host_time)
+        out.append({"classes": classes, "step_s": statistics.median(times), "bytes_per_step": (sent[0] - before) / len(times),
+                    "peak_rss": rss_bytes(), "loss": box[2], "predicted_s": predicted, "predicted_comm_s": comm_t})
         del params, state, box  # released before the next size
     return out
 
@@ -144,7 +203,7 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
     n, rank = comm.world_size, comm.rank
     out = []
     for classes in cfg["classes"]:
-        best, plans = plan_for(cfg, classes, n, cost)
+        best, plans = plan_for(cfg, classes, n, cost, cfg["measured"][classes])
         ins, outs = best.in_shardings, best.out_shardings
         opt, step = make_step()
         fn = shard_jit(step, Mesh(comm), in_shardings=ins, out_shardings=outs, cost=cost)
@@ -160,29 +219,44 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
             box[2] = float(loss)
             losses.append(box[2])
 
+        def profiled() -> list[float]:  # a step that also times each compiled segment alone on its inputs
+            (box[0], box[1], loss), seconds = fn.profile(box[0], box[1], xb, yb)
+            box[2] = float(loss)
+            losses.append(box[2])
+            return seconds
+
         run()
+        k = _steps_for(comm, run, cfg)
         comm.barrier()
         before = sent[0]
-        times = _time_steps(run, cfg["steps"])
+        times = _time_steps(run, k)
+        sent_per_step = (sent[0] - before) / len(times)
+        if classes == cfg["largest"] and cfg["train_steps"]:
+            while len(losses) < cfg["train_steps"]:
+                run()
+        peak = rss_bytes()  # read before profiling: the profile's extra arrays are the benchmark's, not the plan's
+        segs = [0.5 * (a + b) for a, b in zip(profiled(), profiled())]  # two profiled steps right after the timed ones
+        program = fn.lower(box[0], box[1], xb, yb)[0]
         row = {"classes": classes, "plan": best.name, "step_s": statistics.median(times),
-               "bytes_per_step": (sent[0] - before) / cfg["steps"], "peak_rss": rss_bytes(),
-               "predicted_s": best.time, "predicted_compute_s": best.compute_time, "predicted_comm_s": best.comm_time,
+               "bytes_per_step": sent_per_step, "peak_rss": peak,
+               "predicted_s": program.predicted_time(segs), "predicted_compute_s": program.predicted_compute(segs),
+               "predicted_comm_s": best.comm_time, "search_predicted_s": best.time,
+               "model_s": best.model_time, "segments": len(program.local_program.segments),
                "predicted_bytes": best.comm_bytes, "predicted_memory": best.memory + cfg["baseline"],
                "dp_predicted_memory": next((p.memory + cfg["baseline"] for p in plans if p.name == cfg["dp_name"]), None),
                "loss": box[2]}
-        if classes == max(cfg["classes"]) and cfg["train_steps"]:
-            while len(losses) < cfg["train_steps"]:
-                run()
+        if classes == cfg["largest"] and cfg["train_steps"]:
             row["train_losses"] = losses[: cfg["train_steps"]]
-            row["peak_rss"] = rss_bytes()
         out.append(row)
         del box, fn
     return out
 
 
 def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tuple[list[float], Any, float]:
-    """On every rank at once (the load the benchmark's ranks run under): the median seconds of a ring
-    all-reduce of each size (float32) after a barrier, and the compute constants, measured by
+    """On every rank at once (the load the benchmark's ranks run under): the mean seconds of a ring all-reduce
+    of each size (float32) run back to back (a training step's collectives meet ranks that were descheduled
+    or still computing; the mean of a run of them carries those waits, where the best time after a barrier
+    would describe an idle host), and the compute constants, measured by
     ``sharding.calibrate`` and then scaled so that the model's compute time of the benchmark's own step, run
     replicated on one rank by the sharded executor at the smallest two head sizes, matches its measured median
     (the executor allocates its results and runs transposed products, which the bare kernels do not time)."""
@@ -190,15 +264,14 @@ def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tup
     for size in sizes:
         buf = np.ones(size // 4, np.float32)
         comm.all_reduce(buf, algorithm="ring")
-        ts = []
-        for _ in range(repeats):
-            comm.barrier()
-            t0 = time.perf_counter()
+        count = repeats * max(1, (1 << 20) // size)  # more of the small ones: their mean is steadier
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(count):
             comm.all_reduce(buf, algorithm="ring")
-            ts.append(time.perf_counter() - t0)
-        times.append(statistics.median(ts))
+        times.append((time.perf_counter() - t0) / count)
     comm.barrier()
-    base = replace(calibrate(), op_time=_interpreter_op_time())
+    base = replace(calibrate(), op_time=_executor_op_time())
     ratios = run_threads(1, _executor_ratio, cfg, base)[0]
     k = float(np.mean(ratios))
     comm.barrier()
@@ -222,8 +295,9 @@ def _executor_ratio(comm: Any, cfg: dict, base: CostModel) -> list[float]:
     return ratios
 
 
-def _interpreter_op_time() -> float:
-    """Seconds per equation of a sharded program on tiny arrays (one rank): the executor's per-call cost."""
+def _executor_op_time() -> float:
+    """Seconds per equation of a sharded program on tiny arrays (one rank), run compiled: the roofline's
+    per-equation cost on the executor."""
 
     def body(comm: Any) -> float:
         small = {"batch": 8, "features": 8}
@@ -243,15 +317,16 @@ def _interpreter_op_time() -> float:
 def calibrated_cost(n: int, transport: str, cfg: dict, chunk_bytes: int = 1 << 20) -> tuple[CostModel, float]:
     sizes = [1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23]
     per_rank = spawn(n, transport, measure_machine, (sizes, 7, cfg), timeout=300, join_timeout=1800)
-    # the rank that leaves the barrier last waits least: its time is the collective's own
-    times = [min(r[0][i] for r in per_rank) for i in range(len(sizes))]
+    times = [max(r[0][i] for r in per_rank) for i in range(len(sizes))]
     alpha, beta = cost_model.fit("all_reduce", "ring", n, sizes, times, chunk_bytes)
     mean = lambda xs: float(np.mean(xs))  # noqa: E731
     return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[1].op_time for r in per_rank]),
                      flop_time=mean([r[1].flop_time for r in per_rank]),
                      byte_time=mean([r[1].byte_time for r in per_rank]),
                      byte_curve=tuple((b, mean([r[1].byte_curve[i][1] for r in per_rank]))
-                                      for i, (b, _) in enumerate(per_rank[0][1].byte_curve))), mean([r[2] for r in per_rank])
+                                      for i, (b, _) in enumerate(per_rank[0][1].byte_curve)),
+                     segment_time=mean([r[1].segment_time for r in per_rank]),
+                     host_time=mean([r[1].host_time for r in per_rank])), mean([r[2] for r in per_rank])
 
 
 def _idle_rss(comm: Any) -> int:
@@ -272,7 +347,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--features", type=int, default=512)
     ap.add_argument("--hidden", default="1024,32", help="hidden layer sizes: the body, then the width the head reads")
     ap.add_argument("--budget-mib", type=float, default=1024.0, help="per-rank peak RSS budget")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per size")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per size (at least)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="time steps until this many seconds have passed (at most 50 steps)")
+    ap.add_argument("--profile-repeats", type=int, default=3, help="timed runs of each compiled segment (and of the "
+                    "data-parallel learner's programs) for the predictions")
     ap.add_argument("--train-steps", type=int, default=50, help="steps trained by the searched strategy at the largest size")
     ap.add_argument("--dp-max-classes", default="4:262144", help="n:classes pairs above which data parallelism is not run "
                     "(its predicted peak already exceeds the budget; keeps the host's memory safe)")
@@ -295,7 +373,8 @@ def main(argv: list[str] | None = None) -> dict:
            "budget": args.budget_mib * MIB, "steps": args.steps, "train_steps": args.train_steps,
            "layers": {**body, head: ["R", "col", "row"]},
            "dp_name": "batch:S0 " + " ".join(f"l{i}:R" for i in list(body) + [head]),
-           "dp_max_classes": dict(p.split(":") for p in args.dp_max_classes.split(",") if p)}
+           "dp_max_classes": dict(p.split(":") for p in args.dp_max_classes.split(",") if p),
+           "profile_repeats": args.profile_repeats, "seconds": args.seconds, "largest": max(classes)}
     cfg["dp_max_classes"] = {k: int(v) for k, v in cfg["dp_max_classes"].items()}
     if args.scaling:
         compute = calibrate()
@@ -322,31 +401,45 @@ def main(argv: list[str] | None = None) -> dict:
               f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory, "
               f"streaming by bytes touched " + ", ".join(f"{b / MIB:.2g} MiB {1 / r / 1e9:.1f} GB/s" for b, r in cost.byte_curve) + " "
               f"(kernel constants scaled by {scale:.2f} to the executor)")
-        searched = spawn(n, args.transport, searched_rank, (cfg, cost), timeout=600, join_timeout=7200)
-        dp = spawn(n, args.transport, dp_rank, (cfg,), timeout=600, join_timeout=7200)
+        cfg["measured"] = measured_segments(n, args.transport, cfg, cost)
+        # fresh rank processes for each size and strategy: a process's peak RSS is then that run's alone
+        searched = [[] for _ in range(n)]
+        dp = [[] for _ in range(n)]
+        for c in classes:
+            one = dict(cfg, classes=[c])
+            for rank, rows in enumerate(spawn(n, args.transport, searched_rank, (one, cost), timeout=600, join_timeout=7200)):
+                searched[rank] += rows
+            for rank, rows in enumerate(spawn(n, args.transport, dp_rank, (one, cost), timeout=600, join_timeout=7200)):
+                dp[rank] += rows
         rows = []
-        print(f"{'classes':>8} | {'DP step':>9} {'DP MiB/step':>11} {'DP peak':>8} {'fits':>4} | {'searched plan':<22} "
-              f"{'step':>8} {'pred':>8} {'err':>5} {'MiB/step':>9} {'peak':>7} | speed-up")
+        print(f"{'classes':>8} | {'DP step':>9} {'pred':>8} {'err':>5} {'MiB/step':>9} {'peak':>6} {'fits':>4} | "
+              f"{'searched plan':<22} {'step':>8} {'pred':>8} {'err':>5} {'roofline':>9} {'err':>5} {'MiB/step':>9} {'peak':>6} | speed-up")
         for i, c in enumerate(classes):
             d = [r[i] for r in dp]
             s = [r[i] for r in searched]
             srow = {"classes": c, "plan": s[0]["plan"], "step_s": max(r["step_s"] for r in s),
                     "bytes_per_step": max(r["bytes_per_step"] for r in s), "peak_rss": max(r["peak_rss"] for r in s),
-                    "predicted_s": s[0]["predicted_s"], "predicted_memory": s[0]["predicted_memory"],
+                    "predicted_s": max(r["predicted_s"] for r in s), "search_predicted_s": s[0]["search_predicted_s"],
+                    "model_s": s[0]["model_s"], "segments": s[0]["segments"],
+                    "predicted_comm_s": s[0]["predicted_comm_s"], "predicted_memory": s[0]["predicted_memory"],
                     "dp_predicted_memory": s[0]["dp_predicted_memory"], "train_losses": s[0].get("train_losses")}
             if d[0].get("skipped"):
                 drow = {"classes": c, "skipped": True, "fits": False}
             else:
                 drow = {"classes": c, "step_s": max(r["step_s"] for r in d), "bytes_per_step": max(r["bytes_per_step"] for r in d),
-                        "peak_rss": max(r["peak_rss"] for r in d)}
+                        "peak_rss": max(r["peak_rss"] for r in d), "predicted_s": max(r["predicted_s"] for r in d)}
                 drow["fits"] = drow["peak_rss"] <= cfg["budget"]
+                drow["error"] = (drow["predicted_s"] - drow["step_s"]) / drow["step_s"]
             srow["fits"] = srow["peak_rss"] <= cfg["budget"]
-            err = (srow["predicted_s"] - srow["step_s"]) / srow["step_s"]
-            dp_txt = ("not run (predicted " + f"{(srow['dp_predicted_memory'] or 0) / MIB:.0f} MiB)").rjust(36) if drow.get("skipped") else \
-                f"{drow['step_s'] * 1e3:8.1f}ms {drow['bytes_per_step'] / MIB:11.3f} {drow['peak_rss'] / MIB:7.0f}M {'yes' if drow['fits'] else 'NO':>4}"
+            srow["error"] = (srow["predicted_s"] - srow["step_s"]) / srow["step_s"]
+            srow["model_error"] = (srow["model_s"] - srow["step_s"]) / srow["step_s"]
+            dp_txt = ("not run (predicted " + f"{(srow['dp_predicted_memory'] or 0) / MIB:.0f} MiB)").rjust(54) if drow.get("skipped") else \
+                (f"{drow['step_s'] * 1e3:7.1f}ms {drow['predicted_s'] * 1e3:6.1f}ms {drow['error'] * 100:+4.0f}% "
+                 f"{drow['bytes_per_step'] / MIB:9.3f} {drow['peak_rss'] / MIB:5.0f}M {'yes' if drow['fits'] else 'NO':>4}")
             ratio = "" if drow.get("skipped") else f"{drow['step_s'] / srow['step_s']:.2f}x"
-            print(f"{c:>8} | {dp_txt} | {srow['plan']:<22} {srow['step_s'] * 1e3:7.1f}ms {srow['predicted_s'] * 1e3:7.1f}ms "
-                  f"{err * 100:+4.0f}% {srow['bytes_per_step'] / MIB:9.3f} {srow['peak_rss'] / MIB:6.0f}M | {ratio}")
+            print(f"{c:>8} | {dp_txt} | {srow['plan']:<22} {srow['step_s'] * 1e3:6.1f}ms {srow['predicted_s'] * 1e3:6.1f}ms "
+                  f"{srow['error'] * 100:+4.0f}% {srow['model_s'] * 1e3:7.1f}ms {srow['model_error'] * 100:+4.0f}% "
+                  f"{srow['bytes_per_step'] / MIB:9.3f} {srow['peak_rss'] / MIB:5.0f}M | {ratio}")
             rows.append({"dp": drow, "searched": srow})
         big = rows[-1]["searched"]
         if big["train_losses"]:
@@ -398,8 +491,9 @@ def scaling(cfg: dict, compute: CostModel, classes: list[int], ranks: list[int],
 
 
 def draw(report: dict, path: str, budget: float) -> None:
-    """Step time (top) and peak RSS per rank (bottom) against the number of classes, one column per rank count:
-    data parallelism beside the searched strategy, sizes where data parallelism does not fit marked."""
+    """Step time (top, the cost model's prediction as a black bar over each) and peak RSS per rank (bottom)
+    against the number of classes, one column per rank count: data parallelism beside the searched strategy,
+    sizes where data parallelism does not fit marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -416,6 +510,9 @@ def draw(report: dict, path: str, budget: float) -> None:
             m = [r[key].get("peak_rss", np.nan) / MIB if not r[key].get("skipped") else np.nan for r in run["rows"]]
             axes[0, j].bar(pos + (k - 0.5) * w, t, w, label=label)
             axes[1, j].bar(pos + (k - 0.5) * w, m, w, label=label)
+            pred = [r[key].get("predicted_s", np.nan) * 1e3 if not r[key].get("skipped") else np.nan for r in run["rows"]]
+            axes[0, j].plot(pos + (k - 0.5) * w, pred, "_", ms=18, mew=2.5, color="k",
+                            label="predicted (cost model)" if k == 1 else None)
         for i, r in enumerate(run["rows"]):
             if not r["dp"]["fits"]:
                 axes[1, j].annotate("DP over\nbudget" if not r["dp"].get("skipped") else "DP not\nrun", (pos[i] - w / 2, 0),

@@ -209,3 +209,71 @@ def test_the_streaming_rate_follows_the_measured_curve_by_bytes_touched():
     assert cost.byte_rate(10.0) == 1e-11 and cost.byte_rate(1e9) == 1e-10
     # without a curve, one rate for every size
     assert CostModel(op_time=0.0, byte_time=1e-10).compute_time("add", [(8,), (8,)], (8,), 4) == pytest.approx(96e-10)
+
+
+def test_a_rank_runs_compiled_segments_between_its_collectives():
+    # data parallelism: the forward pass (a segment), the loss's all-reduce and the local slice of its cotangent
+    # (host steps), the backward pass (a segment), each gradient's all-reduce, the Adam update (a segment): cut
+    # by level, three segments for six host steps; the compiled program gives what the single-process step
+    # gives (tests above) and a profiled step the same values as a call
+    from fedarena.engine.sharding.conformance import init_mlp, layouts, local_tree, make_step, state_layouts
+
+    bandwidth = CostModel(alpha=0.0, op_time=0.0, flop_time=0.0, byte_time=0.0, segment_time=0.0, host_time=0.0)
+
+    def body(comm):
+        n, rank = comm.world_size, comm.rank
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((64, 8)).astype(np.float32)
+        y = rng.integers(0, 12, 64)
+        params = init_mlp(8, 16, 12)
+        opt, step = make_step()
+        pspec, xspec = layouts("data_parallel")
+        sspec = state_layouts(pspec)
+        fn = shard_jit(step, Mesh(comm), in_shardings=(pspec, sspec, xspec, xspec), out_shardings=(pspec, sspec, R),
+                       cost=bandwidth)
+        args = (params, opt.init(params), block(x, xspec, rank, n), block(y, xspec, rank, n))
+        called = fn(*args)
+        profiled, seconds = fn.profile(*args)
+        program = fn.lower(*args)[0]
+        local = program.local_program
+        kinds = [kind if kind == "segment" else it.collective.name for kind, it in local.items]
+        eqns = sum(len(seg.graph.eqns) for seg in local.segments)
+        # the Adam moments (inputs 5-12: after the 4 parameters and the step count) are read only by the last
+        # segment: equations run as late as their readers allow, so the update's decay of the moments is not
+        # computed in the first segment and held through the step
+        moments = set(program.graph.invars[5:13])
+        early = [v for seg in local.segments[:-1] for v in seg.invars if v in moments]
+        late = [v for v in local.segments[-1].invars if v in moments]
+        return called, profiled, seconds, kinds, eqns, len(program.steps), program, early, len(late)
+
+    for called, profiled, seconds, kinds, eqns, steps, program, early, late in run_threads(2, body, timeout=120):
+        assert early == [] and late == 8
+        assert kinds == ["segment", "all_reduce", "shard_slice", "segment"] + ["all_reduce"] * 4 + ["segment"], kinds
+        assert eqns + len(kinds) - 3 == steps  # every equation of the program runs once
+        for a, b in zip(called[0].values(), profiled[0].values()):
+            np.testing.assert_array_equal(a, b)
+        assert len(seconds) == 3 and all(t > 0 for t in seconds)
+        # measured compute: the segments' seconds plus the modelled copy of the sliced block (no overheads here)
+        sliced = bandwidth.compute_time("copy", [(32, 1)], (32, 1), 4)
+        assert program.predicted_compute(seconds) == pytest.approx(sum(seconds) + sliced)
+
+
+def test_segments_run_eagerly_above_the_held_bytes_give_the_same_step(monkeypatch):
+    # every segment over the limit: each runs eagerly (numpy kernels, values freed after their last use) and the
+    # class-sharded and hybrid steps still equal the single-process step
+    from fedarena.engine.sharding import execute
+
+    monkeypatch.setattr(execute, "MAX_HELD_BYTES", -1)
+
+    def body(comm):
+        fn = shard_jit(lambda a: ops.tanh(a) * 2.0, Mesh(comm), in_shardings=S(0), out_shardings=R)
+        x = np.ones((4, 3), np.float32)
+        fn(x)
+        return [seg.compiled for seg in fn.lower(x)[0].local_program.segments]
+
+    assert run_threads(2, body, timeout=60)[0] == [False]
+    per_rank = run_threads(2, lambda comm: check_strategies(comm, ("class", "hybrid")), timeout=120)
+    for rank, res in enumerate(per_rank):
+        for name in ("class", "hybrid"):
+            for k, want in res[name]["reference"].items():
+                np.testing.assert_allclose(res[name]["params"][k], want, rtol=1e-5, atol=1e-6, err_msg=f"{name} rank {rank} {k}")

@@ -1,7 +1,8 @@
 """Operator-level sharding of engine graphs over a 1-D mesh of ranks, after MindSpore's auto-parallel (Su et
 al., "MindSpore: an all-scenario deep learning computing framework", 2021): tensor layouts, per-primitive
 sharding rules (in each primitive's family file), propagation with redistribution collectives, execution over
-the engine's collectives, a cost model and a strategy search.
+the engine's collectives (each rank's local equations compiled by ``engine.jit`` in segments between the
+collectives), a cost model and a strategy search.
 
 ``shard_jit(fn, Mesh(comm), in_shardings, out_shardings)`` runs ``fn`` sharded; layouts are ``R`` (replicated)
 and ``S(axis)`` (split along ``axis``).

@@ -117,6 +117,15 @@ class ShardedFunction:
         leaves = [np.asarray(x) for x in tree_flatten(args)[0]]
         return tree_unflatten(td, program.run(self.mesh.comm, leaves))
 
+    def profile(self, *args: Any) -> tuple[Any, list[float]]:
+        """Run like a call and also time each compiled segment of this rank's program again on its inputs:
+        ``(results, seconds per segment)``, what :meth:`ShardedProgram.predicted_time` takes as measured
+        compute."""
+        program, td = self.lower(*args)
+        leaves = [np.asarray(x) for x in tree_flatten(args)[0]]
+        times: list[float] = []
+        return tree_unflatten(td, program.run(self.mesh.comm, leaves, profile=times)), times
+
 
 def shard_jit(fn: Callable, mesh: Mesh, in_shardings: Any = None, out_shardings: Any = None,
               cost: CostModel | None = None) -> ShardedFunction:

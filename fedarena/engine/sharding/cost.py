@@ -21,6 +21,7 @@ import numpy as np
 
 from ..collectives import cost_model
 from ..core.ir import ShapedArray
+from ..jit import jit
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class CostModel:
     ``op_time`` (s per primitive call), ``flop_time`` (s per multiply-add pair, i.e. per 2 flops counted as
     2), ``byte_time`` (s per byte an elementwise/shape primitive touches), ``byte_curve`` (``(bytes
     touched, s per byte)`` points ascending in bytes: the rate by an equation's size, replacing ``byte_time``
-    when given)."""
+    when given), ``segment_time`` (s per call of a compiled segment: ``engine.jit``'s dispatch) and
+    ``host_time`` (s of Python per step run between segments, besides its own work)."""
 
     alpha: float = 60e-6
     beta: float = 1.0 / 1.5e9
@@ -38,6 +40,8 @@ class CostModel:
     flop_time: float = 1.0 / 20e9
     byte_time: float = 1.0 / 4e9
     byte_curve: tuple = ()
+    segment_time: float = 20e-6
+    host_time: float = 5e-6
 
     def compute_time(self, prim_name: str, in_shapes: Sequence[tuple], out_shape: tuple, itemsize: int,
                      in_itemsizes: Sequence[int] = ()) -> float:
@@ -85,22 +89,64 @@ def _add_rate(elements: int, op: float, repeats: int) -> float:
 
 def calibrate(base: CostModel | None = None, repeats: int = 7) -> CostModel:
     """Measure ``op_time`` (a tiny ufunc call), ``flop_time`` (a 512^3 float32 product), ``byte_curve`` (adds
-    over float32 operands of 256 KiB to 64 MiB, by the bytes each touches) and ``byte_time`` (its largest
-    point) on this machine and return ``base`` with them (the transport's ``alpha``/``beta`` are fitted to
+    over float32 operands of 256 KiB to 64 MiB, by the bytes each touches), ``byte_time`` (its largest
+    point), ``segment_time`` (a jitted one-add function's call less the add) and ``host_time`` (a tiny slice
+    made contiguous) on this machine and return ``base`` with them (the transport's ``alpha``/``beta`` are fitted to
     timed collectives by ``collectives.cost_model.fit``)."""
     base = base or CostModel()
     tiny = np.ones(8, np.float32)
     op = _timed(lambda: np.add(tiny, tiny), repeats * 20)
+    one = jit(lambda a: a + 1.0)
+    one(tiny)
+    segment = max(_timed(lambda: one(tiny), repeats * 20) - op, 0.0)
+    host = _timed(lambda: np.asarray(np.ascontiguousarray(np.split(tiny, 2)[0])), repeats * 20)
     a = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     mm = _timed(lambda: a @ a, repeats)
     sizes = [1 << k for k in range(16, 25)]  # float32 elements: 256 KiB .. 64 MiB an operand
     curve = tuple((3 * 4 * m, _add_rate(m, op, repeats)) for m in sizes)
     return replace(base, op_time=op, flop_time=max(mm - op, 1e-9) / (2.0 * 512 ** 3), byte_time=curve[-1][1],
-                   byte_curve=curve)
+                   byte_curve=curve, segment_time=segment, host_time=host)
+
+
+def sample(aval: ShapedArray, rng: np.random.Generator) -> np.ndarray:
+    """An array of ``aval``'s type to time a program on: floats in [0.5, 1.5) (valid under logarithms, square
+    roots and divisions, never denormal), integers and booleans zero (a valid index)."""
+    if aval.dtype.kind == "f":
+        return (0.5 + rng.random(aval.shape)).astype(aval.dtype)
+    return np.zeros(aval.shape, aval.dtype)
+
+
+def profile_segments(program, repeats: int = 3, seconds: float = 0.25, seed: int = 0) -> list[float]:
+    """Median seconds of each compiled segment of ``program``'s local schedule (``program.local_program``),
+    each run alone on arrays of its local types: the measured compute of a plan, as Alpa profiles each
+    compiled stage on its mesh (Zheng et al., OSDI 2022) and FlexFlow's simulator measures each operator
+    (Jia et al., SysML 2019). Compiles the segments (once per program); each is timed at least ``repeats``
+    times and until ``seconds`` have passed (at most 50 runs), so that on a loaded host the median of a short
+    segment is not one descheduled run."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for seg in program.local_program.segments:
+        args = [sample(v.aval, rng) for v in seg.graph.invars]
+        seg(*args)  # compile, first touch of its buffers
+        out.append(timed_median(lambda: seg(*args), repeats, seconds))
+        del args
+    return out
+
+
+def timed_median(fn, repeats: int, seconds: float, most: int = 50) -> float:
+    """Median seconds of at least ``repeats`` calls of ``fn``, more until ``seconds`` have passed (at most
+    ``most``)."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < seconds and len(times) < most):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def nbytes(aval: ShapedArray) -> int:
     return aval.size * aval.dtype.itemsize
 
 
-__all__ = ["CostModel", "calibrate", "nbytes"]
+__all__ = ["CostModel", "calibrate", "nbytes", "profile_segments", "sample", "timed_median"]

@@ -30,6 +30,7 @@ from ..core.interpreter import literal_value
 from ..core.ir import Eqn, EngineError, Graph, Literal, ShapedArray, Var, _namer
 from ..primitives.sharding import Layout, R, Strategy, local_shape, splittable
 from .cost import CostModel, nbytes
+from .execute import LocalProgram
 from .redistribute import Collective, plan
 
 NO_RULE = "no sharding rule: runs replicated, inputs gathered"
@@ -76,6 +77,7 @@ class ShardedProgram:
         self.in_layouts, self.out_layouts, self.outputs = in_layouts, out_layouts, outputs
         self.layouts, self.cost = layouts, cost
         self._last_use = self._lifetimes()
+        self._local: LocalProgram | None = None
 
     # ------------------------------------------------------------------------------------------- analysis
     def _lifetimes(self) -> dict:
@@ -112,19 +114,32 @@ class ShardedProgram:
             b += s.collective.bytes_sent(size, self.n, c.alpha, c.beta, c.chunk_bytes)
         return t, b
 
-    def predicted_compute(self) -> float:
+    def predicted_compute(self, segment_times: Sequence[float] | None = None) -> float:
+        """Seconds of this rank's compute: each equation's :meth:`CostModel.compute_time`, or, given the
+        measured seconds of each compiled segment (``cost.profile_segments``), their sum plus the model's
+        time of the steps that run between segments (local kernels, slices) and of each host step's call."""
+        c = self.cost
         t = 0.0
+        if segment_times is not None:
+            t = float(sum(segment_times)) + c.segment_time * len(segment_times)
         for s in self.steps:
+            if segment_times is not None and s.collective is None and s.kernel is None:
+                continue  # in a measured segment
+            if segment_times is not None:
+                t += c.host_time
             if s.prim is None:
+                if s.collective.name in ("shard_slice", "to_partial"):  # a local copy of the block
+                    out = self.local_aval(s.outputs[0])
+                    t += c.compute_time("copy", [out.shape], out.shape, out.dtype.itemsize)
                 continue
             ins = [self.local_aval(a) if isinstance(a, Var) else a.aval for a in s.inputs]
             out = self.local_aval(s.outputs[0])
-            t += self.cost.compute_time(s.prim.name, [a.shape for a in ins], out.shape, out.dtype.itemsize,
-                                        [a.dtype.itemsize for a in ins])
+            t += c.compute_time(s.prim.name, [a.shape for a in ins], out.shape, out.dtype.itemsize,
+                                [a.dtype.itemsize for a in ins])
         return t
 
-    def predicted_time(self) -> float:
-        return self.predicted_compute() + self.predicted_comm()[0]
+    def predicted_time(self, segment_times: Sequence[float] | None = None) -> float:
+        return self.predicted_compute(segment_times) + self.predicted_comm()[0]
 
     def predicted_memory(self) -> int:
         """Peak bytes of live local blocks while the program runs (inputs included, freed after last use)."""
@@ -143,40 +158,31 @@ class ShardedProgram:
         return int(peak)
 
     # ------------------------------------------------------------------------------------------ execution
-    def run(self, comm: Any, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def run(self, comm: Any, args: Sequence[np.ndarray], profile: list | None = None) -> list[np.ndarray]:
         """Run on this rank's blocks of the inputs (``args`` in the graph's input order); returns this rank's
-        blocks of the outputs. Every rank of ``comm`` (``world_size == n``) must call it together."""
+        blocks of the outputs. Every rank of ``comm`` (``world_size == n``) must call it together. The local
+        equations run compiled (:class:`~.execute.LocalProgram`: segments compiled by ``engine.jit`` between the
+        host steps), built on the first call; ``profile`` (a list) receives each segment's measured seconds
+        (:meth:`LocalProgram.run`)."""
         if comm.world_size != self.n:
             raise ShardingError(f"comm: the program is sharded over {self.n} ranks, the communicator has {comm.world_size}")
-        rank = comm.rank
         env: dict = dict(zip(self.graph.constvars, self.graph.consts))
         for i, (v, x) in enumerate(zip(self.graph.invars, args)):
             want = self.local_aval(v).shape
             if tuple(np.shape(x)) != want:
                 raise ShardingError(f"argument {i}: this rank's block must have shape {want}, got {np.shape(x)}")
-            env[v] = x
+            env[v] = np.asarray(x)
+        if self._local is None:
+            self._local = LocalProgram(self)
+        self._local.run(comm, env, profile)
+        return [np.asarray(literal_value(a)) if isinstance(a, Literal) else np.asarray(env[a]) for a in self.outputs]
 
-        def read(a: Any) -> Any:
-            return literal_value(a) if isinstance(a, Literal) else env[a]
-
-        last = self._last_use
-        inputs = set(self.graph.invars)
-        for i, s in enumerate(self.steps):
-            vals = [read(a) for a in s.inputs]
-            if s.collective is not None:
-                out = s.collective.run(comm, np.asarray(vals[0]))
-            elif s.kernel is not None:
-                out = s.kernel(rank, self.n, *vals, **s.attrs)
-            else:
-                out = s.prim.impl(*vals, **s.attrs)
-            if s.prim is not None and s.prim.multiple_results:
-                env.update(zip(s.outputs, out))
-            else:
-                env[s.outputs[0]] = np.asarray(out)
-            for a in s.inputs:
-                if isinstance(a, Var) and last.get(a) == i and a not in inputs:
-                    env.pop(a, None)
-        return [np.asarray(read(a)) for a in self.outputs]
+    @property
+    def local_program(self) -> "LocalProgram":
+        """The compiled schedule this rank runs (built on first use)."""
+        if self._local is None:
+            self._local = LocalProgram(self)
+        return self._local
 
     # ------------------------------------------------------------------------------------------------ text
     def __str__(self) -> str:

@@ -39,10 +39,17 @@ class Plan:
     comm_bytes: float
     memory: int
     fits: bool
+    model_compute_time: float = 0.0
+
 
     @property
     def time(self) -> float:
         return self.compute_time + self.comm_time
+
+    @property
+    def model_time(self) -> float:
+        """The step time with the model's compute (``model_compute_time``) instead of measured segments."""
+        return self.model_compute_time + self.comm_time
 
 
 def trace_global(fn: Callable, args: Any) -> tuple[Any, Any, Any]:
@@ -64,10 +71,14 @@ def trace_global(fn: Callable, args: Any) -> tuple[Any, Any, Any]:
 
 
 def search(fn: Callable, args: Any, n: int, candidates: Mapping[str, tuple[Any, Any]], cost: CostModel,
-           memory_budget: float | None = None, baseline_bytes: float = 0.0) -> tuple[Plan, list[Plan]]:
+           memory_budget: float | None = None, baseline_bytes: float = 0.0,
+           measured: Mapping[str, Sequence[float]] | None = None) -> tuple[Plan, list[Plan]]:
     """Score every candidate ``name -> (in_shardings, out_shardings)`` of ``fn`` on ``n`` ranks; return the
     fastest plan whose predicted peak memory plus ``baseline_bytes`` (what a rank's process holds besides the
-    program's arrays) is within ``memory_budget`` bytes, and all plans (fastest first). Raises when none fits."""
+    program's arrays) is within ``memory_budget`` bytes, and all plans (fastest first). Raises when none fits.
+    ``measured`` maps a plan's name to the measured seconds of its compiled segments (``cost.profile_segments``,
+    run where the plan will run): that plan's compute is then measured, not modelled (``model_compute_time``
+    keeps the model's figure)."""
     graph, out_value, _ = trace_global(fn, args)
     plans = []
     for name, (ins, outs) in candidates.items():
@@ -79,7 +90,10 @@ def search(fn: Callable, args: Any, n: int, candidates: Mapping[str, tuple[Any, 
         comm_t, comm_b = program.predicted_comm()
         mem = program.predicted_memory()
         fits = memory_budget is None or mem + baseline_bytes <= memory_budget
-        plans.append(Plan(name, ins, outs, program, program.predicted_compute(), comm_t, comm_b, mem, fits))
+        model = program.predicted_compute()
+        seg = (measured or {}).get(name)
+        compute = model if seg is None else program.predicted_compute(seg)
+        plans.append(Plan(name, ins, outs, program, compute, comm_t, comm_b, mem, fits, model))
     plans.sort(key=lambda p: p.time)
     ok = [p for p in plans if p.fits]
     if not ok:
