@@ -13,11 +13,15 @@ language models read an example as ``T + 1`` token ids (stored as float32, exact
 the first ``T`` and predicts every next token; the local objective is each sequence's mean cross-entropy over
 its target tokens that are not the pad id 0 (TFF's pad id), averaged over the batch's sequences as the image
 models average their examples. The simulation holds one label per example, so for the language models ``y``
-is the sequence's last non-pad token and ``num_classes`` the vocabulary size: evaluation (``logits``) scores
-the prediction of that token (the position before it; a sequence is left-aligned, pads only at its end). Every
-sequence reader of :mod:`fedarena.federated.datasets` emits this layout (Shakespeare: 81 character ids; Stack
-Overflow: 21 word ids); :func:`next_token_examples` derives the (context, next id) pairs of a model that
-predicts one token from a window.
+is the sequence's last non-pad token and ``num_classes`` the vocabulary size: evaluation (``logits``, the
+simulation's ``test_acc``) scores the prediction of that token (the position before it; a sequence is
+left-aligned, pads only at its end). The measure of Reddi et al.'s language-model rows is the accuracy over every
+predicted token: :meth:`BatchedZooModel.token_accuracies` counts every position whose target is not one of a
+data set's left-out ids (the simulation's ``test_token_acc``; the rules per data set are
+:func:`fedarena.federated.datasets.token_accuracy_masks`, after TFF's masked accuracy). Every sequence reader of
+:mod:`fedarena.federated.datasets` emits this layout (Shakespeare: 81 character ids; Stack Overflow: 21 word
+ids); :func:`next_token_examples` derives the (context, next id) pairs of a model that predicts one token from a
+window.
 
 ``tag_lr`` reads an example as the bag of words followed by the multi-hot tag vector
 (:mod:`fedarena.federated.datasets.stackoverflow`): logits = bag @ W + b over the ``num_classes`` tags, the
