@@ -15,8 +15,8 @@ its target tokens that are not the pad id 0 (TFF's pad id), averaged over the ba
 models average their examples. The simulation holds one label per example, so for the language models ``y``
 is the sequence's last non-pad token and ``num_classes`` the vocabulary size: evaluation (``logits``, the
 simulation's ``test_acc``) scores the prediction of that token (the position before it; a sequence is
-left-aligned, pads only at its end). The measure of Reddi et al.'s language-model rows is the accuracy over every
-predicted token: :meth:`BatchedZooModel.token_accuracies` counts every position whose target is not one of a
+left-aligned, pads only at its end). The authors' code for Reddi et al.'s language-model rows scores the accuracy
+over every predicted token: :meth:`BatchedZooModel.token_accuracies` counts every position whose target is not one of a
 data set's left-out ids (the simulation's ``test_token_acc``; the rules per data set are
 :func:`fedarena.federated.datasets.token_accuracy_masks`, after TFF's masked accuracy). Every sequence reader of
 :mod:`fedarena.federated.datasets` emits this layout (Shakespeare: 81 character ids; Stack Overflow: 21 word

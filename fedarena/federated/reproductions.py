@@ -588,7 +588,7 @@ class _SweepVariants:
             return_freed_heap()
         self.curves[self.cfg.variants[i]["label"]] = rec
         self.done_variants = step
-        return {k: rec[k][-1] for k in (*self.FINAL, *TOKEN_METRICS) if rec.get(k)}
+        return {**{k: rec[k][-1] for k in self.FINAL}, **{k: rec[k][-1] for k in TOKEN_METRICS if rec.get(k)}}
 
     def _variant(self, fcfg: Any, sim: Any) -> dict[str, Any]:
         from fedarena.federated.fedsim_experiment import ldp_cumulative_epsilon
@@ -623,7 +623,8 @@ class _SweepVariants:
         out: dict[str, Any] = {}
         for v in self.cfg.variants[:self.done_variants]:
             rec = self.curves[v["label"]]
-            _sweep_summary(out, v["label"], {k: rec[k][-1] for k in (*self.FINAL, *TOKEN_METRICS) if rec.get(k)})
+            _sweep_summary(out, v["label"], {**{k: rec[k][-1] for k in self.FINAL},
+                                              **{k: rec[k][-1] for k in TOKEN_METRICS if rec.get(k)}})
         (self.run.dir / "sweep_curves.json").write_text(json.dumps(self.curves, allow_nan=True), encoding="utf-8")
         return out
 

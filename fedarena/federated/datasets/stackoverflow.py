@@ -37,8 +37,9 @@ Tasks, as Reddi et al. (ICLR 2021, "Adaptive Federated Optimization", Appendix C
 
 A user's training split is cut to its first 1,000 examples (``MAX_TRAIN_EXAMPLES``, the authors' per-user cap in
 both tasks); its test split is kept whole. Every client's example counts and labels go into the index once
-(:mod:`fedarena.federated.datasets.index`); indexing tokenizes every sentence once. A round reads only its clients (one HDF5 group, or one SQL query over
-the client's rowid range recorded at indexing, so the database needs no index on ``client_id``).
+(:mod:`fedarena.federated.datasets.index`); indexing tokenizes every sentence once. A round reads only its
+clients (one HDF5 group, or one SQL query over the client's rowid range recorded at indexing, so the database
+needs no index on ``client_id``).
 """
 
 from __future__ import annotations
