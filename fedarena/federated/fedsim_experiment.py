@@ -189,6 +189,10 @@ def build(cfg: FedSimConfig):
     held_out = d.held_out
     if hasattr(held_out, "sizes") and not held_out.sizes().any():
         held_out = None  # streamed clients without held-out examples: no per-client evaluation pass over them all
+    if getattr(model, "sequence", False):  # a language model: its every-token test accuracies too
+        from fedarena.federated.datasets import token_accuracy_masks
+
+        kw["token_masks"] = token_accuracy_masks(d.name, d.num_classes) or None
     if cfg.devices.enabled:
         try:
             kw["devices"], kw["widths"] = cfg.devices.build(model.sizes, d.num_clients, cfg.seed)
@@ -320,8 +324,9 @@ def read_device_records(path: Path) -> dict[str, np.ndarray]:
 HISTOGRAM_CLIENTS = 10_000
 """clients in the saved label histogram"""
 
-SUMMARY_METRICS = ("test_acc", "test_loss", "client_acc_mean", "client_acc_p10", "client_acc_worst", "dp_epsilon",
-                   "dp_epsilon_rdp", "dp_epsilon_pld", "dp_clip_norm", "attack_success")
+SUMMARY_METRICS = ("test_acc", "test_loss", "test_token_acc", "test_token_acc_with_oov_eos", "client_acc_mean",
+                   "client_acc_p10", "client_acc_worst", "dp_epsilon", "dp_epsilon_rdp", "dp_epsilon_pld",
+                   "dp_clip_norm", "attack_success")
 
 
 def _attack_metrics(sim: Any, state: Any, evaluated: bool) -> dict[str, float]:

@@ -13,11 +13,15 @@ language models read an example as ``T + 1`` token ids (stored as float32, exact
 the first ``T`` and predicts every next token; the local objective is each sequence's mean cross-entropy over
 its target tokens that are not the pad id 0 (TFF's pad id), averaged over the batch's sequences as the image
 models average their examples. The simulation holds one label per example, so for the language models ``y``
-is the sequence's last non-pad token and ``num_classes`` the vocabulary size: evaluation (``logits``) scores
-the prediction of that token (the position before it; a sequence is left-aligned, pads only at its end). Every
-sequence reader of :mod:`fedarena.federated.datasets` emits this layout (Shakespeare: 81 character ids; Stack
-Overflow: 21 word ids); :func:`next_token_examples` derives the (context, next id) pairs of a model that
-predicts one token from a window.
+is the sequence's last non-pad token and ``num_classes`` the vocabulary size: evaluation (``logits``, the
+simulation's ``test_acc``) scores the prediction of that token (the position before it; a sequence is
+left-aligned, pads only at its end). The authors' code for Reddi et al.'s language-model rows scores the accuracy
+over every predicted token: :meth:`BatchedZooModel.token_accuracies` counts every position whose target is not one of a
+data set's left-out ids (the simulation's ``test_token_acc``; the rules per data set are
+:func:`fedarena.federated.datasets.token_accuracy_masks`, after TFF's masked accuracy). Every sequence reader of
+:mod:`fedarena.federated.datasets` emits this layout (Shakespeare: 81 character ids; Stack Overflow: 21 word
+ids); :func:`next_token_examples` derives the (context, next id) pairs of a model that predicts one token from a
+window.
 
 ``tag_lr`` reads an example as the bag of words followed by the multi-hot tag vector
 (:mod:`fedarena.federated.datasets.stackoverflow`): logits = bag @ W + b over the ``num_classes`` tags, the
@@ -32,19 +36,23 @@ EMNIST CNN trains there without its dropout layers (the engine model applies the
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Iterator
 
 import numpy as np
 
 from fedarena.engine import models as zoo
 from fedarena.engine import ops
+from fedarena.engine.backend_selection import backend_jit
 from fedarena.federated.config import ZOO_ARCHS as ARCHS
-from fedarena.federated.simulation import BatchedModel
+from fedarena.federated.simulation import EVAL_CHUNK, EVAL_READ, BatchedModel
 from fedarena.federated.strategy import Params
 
 SEQUENCE_ARCHS = ("char_lstm", "word_lstm", "transformer")
 PAD = 0
 """the pad token id, left out of the language models' loss"""
+EVAL_TOKEN_LOGITS = 1 << 22
+"""logits (sequences x positions x vocabulary) of one chunk of :meth:`BatchedZooModel.token_predictions`"""
 
 
 def next_token_examples(seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,3 +208,44 @@ class BatchedZooModel(BatchedModel):
         ce = ops.logsumexp(logits, axis=-1) - ops.sum(logits * ops.one_hot(target, self.num_classes), axis=-1)
         keep = ops.astype(ops.not_equal(target, PAD), np.float32)
         return ops.sum(ce * keep, axis=1) / ops.maximum(ops.sum(keep, axis=1), 1.0)
+
+    # -------------------------------------------------------------- every-token evaluation
+
+    def _compile(self) -> None:
+        super()._compile()
+        if self.sequence:
+            sequence_logits = self.sequence_logits
+            self._predict = backend_jit(lambda tree, x: ops.argmax(sequence_logits(tree, x), axis=-1),
+                                        self.engine_backend, shape_varies=True)
+
+    def token_predictions(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """(n, T) int64: a language model's most likely id at every position of each of the ``n`` sequences of
+        ``x`` (position t predicts id t + 1). The compiled forward runs on chunks of at most
+        ``EVAL_TOKEN_LOGITS / (T * vocabulary)`` sequences (a power of two, at most ``EVAL_CHUNK``), so the
+        logits held at once stay bounded: 16 Stack Overflow sentences (20 x 10,004 logits each) a chunk."""
+        if not self.sequence:
+            raise ValueError(f"model.arch: {self.arch} is not a language model; every-token accuracy needs one")
+        T = self.num_features - 1
+        rows = max(2, min(EVAL_CHUNK, 1 << max(0, (EVAL_TOKEN_LOGITS // (T * self.num_classes)).bit_length() - 1)))
+        if not len(x):
+            return np.zeros((0, T), np.int64)
+        return np.concatenate(list(self.run_chunks(self._predict, params, x, rows, np.int64)))
+
+    def token_accuracies(self, params: Params, x: np.ndarray, masks: Mapping[str, Sequence[int]]
+                         ) -> dict[str, float]:
+        """Every-token accuracy of a language model on the sequences ``x``, one value per ``masks`` entry
+        ``{name: ids left out}``: the fraction of the positions whose target id (the sequence's next id) is not
+        one of the left-out ids at which the most likely id is the target (as TFF's masked accuracy of Reddi et
+        al.'s experiments; the pad id should always be left out). NaN when no position counts. ``x`` is read
+        ``EVAL_READ`` sequences at a time."""
+        hits = {k: 0 for k in masks}
+        counted = {k: 0 for k in masks}
+        for s in range(0, len(x), EVAL_READ):
+            seqs = np.asarray(x[s: s + EVAL_READ], np.float32).astype(np.int64)
+            target = seqs[:, 1:]
+            right = self.token_predictions(params, seqs) == target
+            for k, left_out in masks.items():
+                keep = ~np.isin(target, np.asarray(list(left_out), np.int64))
+                hits[k] += int(np.count_nonzero(right & keep))
+                counted[k] += int(np.count_nonzero(keep))
+        return {k: hits[k] / counted[k] if counted[k] else float("nan") for k in masks}

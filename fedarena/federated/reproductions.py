@@ -588,7 +588,7 @@ class _SweepVariants:
             return_freed_heap()
         self.curves[self.cfg.variants[i]["label"]] = rec
         self.done_variants = step
-        return {k: rec[k][-1] for k in self.FINAL}
+        return {**{k: rec[k][-1] for k in self.FINAL}, **{k: rec[k][-1] for k in TOKEN_METRICS if rec.get(k)}}
 
     def _variant(self, fcfg: Any, sim: Any) -> dict[str, Any]:
         from fedarena.federated.fedsim_experiment import ldp_cumulative_epsilon
@@ -607,6 +607,9 @@ class _SweepVariants:
                 continue
             rec["round"].append(r)
             rec["test_acc"].append(float(rr.metrics["test_acc"]))
+            for k in TOKEN_METRICS:  # a language model's every-token accuracies
+                if k in rr.metrics:
+                    rec.setdefault(k, []).append(float(rr.metrics[k]))
             rec["bytes_up"].append(float(sim.bytes_up_total))
             rec["bytes_total"].append(float(sim.bytes_up_total + sim.bytes_down_total))
             most = max(uploads.values()) if uploads else 0
@@ -619,7 +622,9 @@ class _SweepVariants:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for v in self.cfg.variants[:self.done_variants]:
-            _sweep_summary(out, v["label"], {k: self.curves[v["label"]][k][-1] for k in self.FINAL})
+            rec = self.curves[v["label"]]
+            _sweep_summary(out, v["label"], {**{k: rec[k][-1] for k in self.FINAL},
+                                              **{k: rec[k][-1] for k in TOKEN_METRICS if rec.get(k)}})
         (self.run.dir / "sweep_curves.json").write_text(json.dumps(self.curves, allow_nan=True), encoding="utf-8")
         return out
 
@@ -638,8 +643,16 @@ def return_freed_heap() -> None:
     trim(0)
 
 
+TOKEN_METRICS = ("test_token_acc", "test_token_acc_with_oov_eos")
+"""a language model's every-token test accuracies (:func:`fedarena.federated.datasets.token_accuracy_masks`),
+kept per variant beside ``test_acc`` when its evaluations report them"""
+
+
 def _sweep_summary(out: dict[str, Any], label: str, final: dict[str, float]) -> None:
     out[f"test_acc[{label}]"] = round(final["test_acc"], 4)
+    for k in TOKEN_METRICS:
+        if k in final:
+            out[f"{k}[{label}]"] = round(final[k], 4)
     out[f"bytes_up[{label}]"] = int(final["bytes_up"])
     if np.isfinite(final["epsilon"]):
         out[f"epsilon[{label}]"] = round(final["epsilon"], 4)

@@ -248,16 +248,21 @@ class BatchedModel:
         buffers, sized by its batch, for its next call); float64 logits."""
         if not len(x):
             return np.zeros((0, 0))
+        return np.concatenate(list(self.run_chunks(self._forward, params, x, chunk, np.float64)))
+
+    def run_chunks(self, program: Callable[[Any, Any], Any], params: Params, x: np.ndarray, chunk: int,
+                   dtype: Any) -> Iterator[np.ndarray]:
+        """``program(tree, rows)`` (a compiled forward of this model) over ``x`` in chunks of at most ``chunk``
+        rows, a shorter chunk padded with zero rows up to the next power of two (at least 2); yields each
+        chunk's output for its real rows as ``dtype`` (how :meth:`logits` bounds evaluation memory)."""
         tree = self._tree(params)
-        out = []
         for i in range(0, len(x), chunk):
             xb = np.asarray(x[i: i + chunk], np.float32)
             n = len(xb)
             rows = min(chunk, max(2, 1 << (n - 1).bit_length()))
             if rows > n:
                 xb = np.concatenate([xb, np.zeros((rows - n, *xb.shape[1:]), np.float32)])
-            out.append(np.asarray(to_host(self._forward(tree, xb)), np.float64)[:n])
-        return np.concatenate(out)
+            yield np.asarray(to_host(program(tree, xb)), dtype)[:n]
 
 
 class BatchedMLP(BatchedModel):
@@ -606,6 +611,11 @@ class Simulation:
     :meth:`device_round` (each client trains the widest level of ``widths`` its budget holds)"""
     widths: Any = None
     """with ``devices``: the :class:`fedarena.federated.hetero.WidthLevels` the clients may train (an MLP only)"""
+    token_masks: Mapping[str, Sequence[int]] | None = None
+    """a language model's every-token test accuracies: ``{metric name: target ids left out}``
+    (:func:`fedarena.federated.datasets.token_accuracy_masks`); each evaluation adds the fraction of the test
+    sequences' predicted positions whose target is not left out that the model predicts right
+    (:meth:`fedarena.federated.models.BatchedZooModel.token_accuracies`)"""
 
     def __post_init__(self) -> None:
         if len(self.train) != len(self.client_ids):
@@ -906,6 +916,8 @@ class Simulation:
         with self.math_threads():
             if self.test is not None and len(self.test[1]):
                 out["test_loss"], out["test_acc"] = evaluate_params(self.model, state.params, *self.test)
+                if self.token_masks:
+                    out.update(self.model.token_accuracies(state.params, self.test[0], self.token_masks))
             if self.eval_clients and self.held_out is not None:
                 accs = per_client_accuracy(self.model, state.params, self.x, self.y, self.held_out)
                 out.update(self.strategy.evaluate(rnd, accs[~np.isnan(accs)]))

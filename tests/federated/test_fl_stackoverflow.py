@@ -260,3 +260,26 @@ def test_parse_example_reads_every_value_kind():
     assert got == {"b": [b"x", b"yz"], "i": [3, -2, 1 << 40], "f": [0.5, -1.25]}
     with pytest.raises(so.ProtoError):
         so.parse_example(e.SerializeToString()[:-3])
+
+
+def test_training_split_is_cut_to_the_first_1000_examples(tmp_path):
+    """The authors' max_elements_per_user: a user's first 1,000 training sentences (file order), its test split
+    whole; the cap is part of the index's cache key."""
+    _write_counts(tmp_path)
+    n_train, n_test = so.MAX_TRAIN_EXAMPLES + 3, 1005
+    sentences = [" ".join(WORDS[: 1 + i % len(WORDS)]) for i in range(n_train)]
+    with h5py.File(tmp_path / "stackoverflow_train.h5", "w") as f:
+        f.create_dataset("examples/00000001/tokens", data=np.array([s.encode() for s in sentences], dtype=object),
+                         dtype=h5py.string_dtype())
+    with h5py.File(tmp_path / "stackoverflow_test.h5", "w") as f:
+        f.create_dataset("examples/00000001/tokens", data=np.array([b"how is it"] * n_test, dtype=object),
+                         dtype=h5py.string_dtype())
+    spec = DataSpec(dataset="tff_stackoverflow_nwp", path=str(tmp_path), partition=PartitionSpec(num_clients=1),
+                    cache_dir=str(tmp_path / "cache"))
+    d = load(spec, seed=0)
+    assert len(d.train[0]) == 1000 and len(d.held_out[0]) == n_test
+    x, _ = d.client(0)
+    vocab = so.Vocab(WORDS, None)
+    np.testing.assert_array_equal(x.astype(np.int64), np.stack([vocab.sentence(s.encode()) for s in sentences[:1000]]))
+    assert so.StackOverflowReader.index_version == "train1000"
+    d.x.close()

@@ -1,7 +1,8 @@
 """The Reddi et al. 2021 table configs (experiments/reddi_*.yaml) run: each one for 2 rounds on small files written
 in the data set's real format (h5py: TFF's EMNIST, Shakespeare, CIFAR-100 and Stack Overflow HDF5 layouts), with
 the paper's architecture shrunk by overrides, every algorithm column (FedAvg, FedAdagrad, FedAdam, FedYogi,
-FedProx, SCAFFOLD) trained and evaluated; the scaled-down config and its data generator too."""
+FedProx, SCAFFOLD) trained and evaluated (the language models' every-token accuracies reported too); the
+scaled-down config and its data generator too."""
 
 from __future__ import annotations
 
@@ -75,10 +76,15 @@ def test_table_config_runs_two_rounds_on_files_of_the_real_format(tmp_path, name
     res = fedarena.run(ROOT / "experiments" / f"{name}.yaml",
                        {"base.data.path": str(data), "base.data.num_clients": 3, "base.rounds": 2,
                         "base.clients.per_round": 2, "base.evaluation.every": 1, **shrink}, out=tmp_path / "run")
+    tokens = {"reddi_shakespeare": ["test_token_acc"],
+              "reddi_stackoverflow_nwp": ["test_token_acc", "test_token_acc_with_oov_eos"]}.get(name, [])
     for col in COLUMNS:
         acc = res.summary[f"test_acc[{col}]"]
         assert 0.0 <= acc <= 1.0, (col, acc)
+        for k in tokens:  # the language models' every-token accuracy (the paper's measure) beside it
+            assert 0.0 <= res.summary[f"{k}[{col}]"] <= 1.0, (col, k)
         assert res.summary[f"bytes_up[{col}]"] > 0
+    assert not any(k.startswith("test_token_acc") for k in res.summary) or tokens
 
 
 def test_sweep_closes_each_columns_data_source(tmp_path, monkeypatch):

@@ -237,7 +237,8 @@ def index_of(reader: Any, spec: Any) -> Any:
 
     if isinstance(reader, cifar.CifarReader):
         return reader.scan()
-    kind = "-".join([type(reader).__name__, getattr(reader, "task", ""), getattr(reader, "label", "")])
+    kind = "-".join([type(reader).__name__, getattr(reader, "task", ""), getattr(reader, "label", ""),
+                     getattr(reader, "index_version", "")])  # a reader whose counts changed: not the old index
     path, stats = index.cache_path(list(reader.files) + list(getattr(reader, "vocab_files", [])), kind, "",
                                    spec.cache_dir)
     ix = index.load_cached(path, stats)

@@ -35,9 +35,11 @@ Tasks, as Reddi et al. (ICLR 2021, "Adaptive Federated Optimization", Appendix C
   and is trained on the last 500. The label (the simulation keeps one per example) is the example's most
   frequent tag in the vocabulary, or tag 0 when it has none.
 
-Every client's example counts and labels go into the index once (:mod:`fedarena.federated.datasets.index`);
-indexing tokenizes every sentence once. A round reads only its clients (one HDF5 group, or one SQL query over
-the client's rowid range recorded at indexing, so the database needs no index on ``client_id``).
+A user's training split is cut to its first 1,000 examples (``MAX_TRAIN_EXAMPLES``, the authors' per-user cap in
+both tasks); its test split is kept whole. Every client's example counts and labels go into the index once
+(:mod:`fedarena.federated.datasets.index`); indexing tokenizes every sentence once. A round reads only its
+clients (one HDF5 group, or one SQL query over the client's rowid range recorded at indexing, so the database
+needs no index on ``client_id``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ VOCAB_SIZE = 10_000
 TAG_VOCAB_SIZE = 500
 SEQ_LEN = 20
 """words per next-word example (the model reads ``SEQ_LEN`` ids and predicts the next ``SEQ_LEN``)"""
+MAX_TRAIN_EXAMPLES = 1000
+"""training examples kept per user, its first in file order (the authors' ``max_elements_per_user`` of both
+tasks, google-research/federated ``optimization/docs/hyperparameters.md``); a user's test split is kept whole"""
 PAD = 0
 WORD_COUNT_FILE = "stackoverflow.word_count"
 TAG_COUNT_FILE = "stackoverflow.tag_count"
@@ -245,7 +250,10 @@ def _as_bytes(v) -> bytes:
 
 class StackOverflowReader:
     """TFF's Stack Overflow (HDF5 or SQLite) for ``task`` ``nwp`` or ``tag``; :meth:`read` gives a client's
-    examples (train split, then test split) and labels."""
+    examples (train split, at most ``MAX_TRAIN_EXAMPLES``, then test split) and labels."""
+
+    index_version = f"train{MAX_TRAIN_EXAMPLES}"
+    """part of the index cache's key: indexes built before the training cap are not reused"""
 
     def __init__(self, path: str | Path, task: str, vocab_path: str = "") -> None:
         if task not in ("nwp", "tag"):
@@ -290,7 +298,11 @@ class StackOverflowReader:
 
     # -------------------------------------------------------------- examples of raw features
 
-    def _examples(self, feats: dict[str, list[bytes]], where: str) -> tuple[np.ndarray, np.ndarray]:
+    def _examples(self, feats: dict[str, list[bytes]], where: str, part: int) -> tuple[np.ndarray, np.ndarray]:
+        """The examples and labels of one client's split ``part`` (0 train, capped at ``MAX_TRAIN_EXAMPLES``; 1
+        test)."""
+        if part == 0:
+            feats = {k: v[:MAX_TRAIN_EXAMPLES] for k, v in feats.items()}
         n = len(feats["tokens"])
         if self.task == "nwp":
             x = np.stack([self.vocab.sentence(t) for t in feats["tokens"]]) if n else \
@@ -396,7 +408,7 @@ class StackOverflowReader:
                 if "examples" not in h:
                     raise DataError("data.path", f"{f}: no 'examples' group (not TFF's HDF5 client-data layout)")
                 for cid in h["examples"]:
-                    _, y = self._examples(self._h5_client(fid, cid), f"{f}: client {cid!r}")
+                    _, y = self._examples(self._h5_client(fid, cid), f"{f}: client {cid!r}", fid)
                     b.add(str(cid), fid, fid, 0, 0, y)
         else:
             for part, split in enumerate(SQL_SPLITS):
@@ -405,14 +417,14 @@ class StackOverflowReader:
                     if cid != cur and cur is not None:
                         # offset / length: the client's first rowid and the span to its last
                         b.add(str(cur), part, 0, ids[0], ids[-1] - ids[0],
-                              self._examples(self._sql_features(rows, cur), cur)[1])
+                              self._examples(self._sql_features(rows, cur), cur, part)[1])
                         rows, ids = [], []
                     cur = cid
                     rows.append(blob)
                     ids.append(rowid)
                 if cur is not None:
                     b.add(str(cur), part, 0, ids[0], ids[-1] - ids[0],
-                          self._examples(self._sql_features(rows, cur), cur)[1])
+                          self._examples(self._sql_features(rows, cur), cur, part)[1])
         ix = b.build_checked(self.files[0], held_part=1, empty="no clients", who="client")
         return ix
 
@@ -435,7 +447,7 @@ class StackOverflowReader:
                     except sqlite3.DatabaseError as e:
                         raise DataError("data.path", f"{self.files[0]}: client {cid!r}: unreadable ({e})") from None
                     feats = self._sql_features(blobs, cid)
-            x, y = self._examples(feats, f"{self.files[fid]}: client {cid!r}")
+            x, y = self._examples(feats, f"{self.files[fid]}: client {cid!r}", p)
             xs.append(x)
             ys.append(y)
         return np.concatenate(xs), np.concatenate(ys)
