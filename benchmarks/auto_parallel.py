@@ -50,7 +50,7 @@ from fedarena.engine.collectives.launch import spawn
 from fedarena.engine.core.ir import ShapedArray
 from fedarena.engine.jit import jit
 from fedarena.engine.sharding import CostModel, Mesh, calibrate, shard_jit
-from fedarena.engine.sharding.cost import profile_segments, timed_median
+from fedarena.engine.sharding.cost import profile_segments
 from fedarena.engine.sharding.conformance import init_mlp, local_tree, loss_fn, make_step, state_layouts
 from fedarena.engine.sharding.search import layer_candidates, search
 from fedarena.engine.transforms.autodiff import value_and_grad
@@ -128,10 +128,6 @@ def measured_segments(n: int, transport: str, cfg: dict, cost: CostModel) -> dic
                 for name, segs in per_rank[0][c].items()} for c in cfg["classes"]}
 
 
-def _median(run, repeats: int) -> float:
-    return timed_median(run, repeats, 0.25)
-
-
 def _steps_for(comm: Any, run, cfg: dict) -> int:
     """How many steps to time: at least ``cfg['steps']``, as many as fill ``cfg['seconds']`` at the time of one
     step (at most 50); the ranks agree on the largest (every step runs collectives)."""
@@ -169,28 +165,31 @@ def dp_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
         x, y = _data(cfg, classes)
         xb, yb = np.split(x, n)[rank], np.split(y, n)[rank]
         box = [params, state, 0.0]
+        programs: list[float] = []  # in a profiled step: the seconds of its two compiled programs' calls
 
-        def run() -> None:
+        def run(profile: bool = False) -> None:
+            t0 = time.perf_counter()
             loss, grads = grad_fn(box[0], xb, yb)
+            t1 = time.perf_counter()
             grads = {k: comm.all_reduce(v, op="mean") for k, v in grads.items()}
+            t2 = time.perf_counter()
             box[0], box[1] = update(grads, box[1], box[0])
+            if profile:
+                programs.append(t1 - t0 + time.perf_counter() - t2)
             box[2] = float(comm.all_reduce(np.asarray(loss), op="mean"))
 
-        def programs() -> float:  # the two compiled programs' seconds, timed alone on this step's values
-            loss, grads = grad_fn(box[0], xb, yb)
-            t = _median(lambda: grad_fn(box[0], xb, yb), cfg["profile_repeats"])
-            return t + _median(lambda: update(grads, box[1], box[0]), cfg["profile_repeats"])
-
         run()  # compile
-        t_before = programs()
         k = _steps_for(comm, run, cfg)
         comm.barrier()
         before = sent[0]
         times = _time_steps(run, k)
-        t_compute = 0.5 * (t_before + programs())  # timed just before and just after the steps
+        for _ in range(cfg["profile_steps"]):  # profiled steps right after the timed ones
+            run(profile=True)
+        t_compute = statistics.median(programs)
         comm_t = sum(cost.collective_time("all_reduce", v.nbytes, n) for v in box[0].values()) \
             + cost.collective_time("all_reduce", 4, n)
-        predicted = t_compute + comm_t + (2 * cost.segment_time + (len(box[0]) + 1) * cost.host_time)
+        # the two programs' calls include their dispatch; the host's Python per all-reduce and per program
+        predicted = t_compute + comm_t + (len(box[0]) + 3) * cost.host_time
         out.append({"classes": classes, "step_s": statistics.median(times), "bytes_per_step": (sent[0] - before) / len(times),
                     "peak_rss": rss_bytes(), "loss": box[2], "predicted_s": predicted, "predicted_comm_s": comm_t})
         del params, state, box  # released before the next size
@@ -234,13 +233,14 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
         if classes == cfg["largest"] and cfg["train_steps"]:
             while len(losses) < cfg["train_steps"]:
                 run()
-        peak = rss_bytes()  # read before profiling: the profile's extra arrays are the benchmark's, not the plan's
-        segs = [0.5 * (a + b) for a, b in zip(profiled(), profiled())]  # two profiled steps right after the timed ones
+        peak = rss_bytes()
+        # profiled steps right after the timed ones: each segment's call in the step, median over the steps
+        segs = [statistics.median(ts) for ts in zip(*(profiled() for _ in range(cfg["profile_steps"])))]
         program = fn.lower(box[0], box[1], xb, yb)[0]
         row = {"classes": classes, "plan": best.name, "step_s": statistics.median(times),
                "bytes_per_step": sent_per_step, "peak_rss": peak,
                "predicted_s": program.predicted_time(segs), "predicted_compute_s": program.predicted_compute(segs),
-               "predicted_comm_s": best.comm_time, "search_predicted_s": best.time,
+               "predicted_comm_s": best.comm_time, "search_predicted_s": best.time, "segments_s": sum(segs),
                "model_s": best.model_time, "segments": len(program.local_program.segments),
                "predicted_bytes": best.comm_bytes, "predicted_memory": best.memory + cfg["baseline"],
                "dp_predicted_memory": next((p.memory + cfg["baseline"] for p in plans if p.name == cfg["dp_name"]), None),
@@ -271,7 +271,8 @@ def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tup
             comm.all_reduce(buf, algorithm="ring")
         times.append((time.perf_counter() - t0) / count)
     comm.barrier()
-    base = replace(calibrate(), op_time=_executor_op_time())
+    op, host = _executor_overheads()
+    base = replace(calibrate(), op_time=op, host_time=host)
     ratios = run_threads(1, _executor_ratio, cfg, base)[0]
     k = float(np.mean(ratios))
     comm.barrier()
@@ -295,9 +296,10 @@ def _executor_ratio(comm: Any, cfg: dict, base: CostModel) -> list[float]:
     return ratios
 
 
-def _executor_op_time() -> float:
-    """Seconds per equation of a sharded program on tiny arrays (one rank), run compiled: the roofline's
-    per-equation cost on the executor."""
+def _executor_overheads() -> tuple[float, float]:
+    """On a sharded program on tiny arrays (one rank), run compiled: seconds per equation (the roofline's
+    per-equation cost on the executor) and the executor's Python per item of the schedule and per call (a
+    call's time less its segments' calls, over its items plus one)."""
 
     def body(comm: Any) -> float:
         small = {"batch": 8, "features": 8}
@@ -309,7 +311,12 @@ def _executor_op_time() -> float:
         fn(params, st, x, y)
         program = fn.lower(params, st, x, y)[0]
         times = _time_steps(lambda: fn(params, st, x, y), 50)
-        return statistics.median(times) / len(program.steps)
+        rest = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            _, segs = fn.profile(params, st, x, y)
+            rest.append((time.perf_counter() - t0 - sum(segs)) / (len(program.local_program.items) + 1))
+        return statistics.median(times) / len(program.steps), statistics.median(rest)
 
     return run_threads(1, body)[0]
 
@@ -351,6 +358,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seconds", type=float, default=1.0, help="time steps until this many seconds have passed (at most 50 steps)")
     ap.add_argument("--profile-repeats", type=int, default=3, help="timed runs of each compiled segment (and of the "
                     "data-parallel learner's programs) for the predictions")
+    ap.add_argument("--profile-steps", type=int, default=5, help="profiled steps after the timed ones, whose "
+                    "per-segment (per-program) medians the predictions take")
     ap.add_argument("--train-steps", type=int, default=50, help="steps trained by the searched strategy at the largest size")
     ap.add_argument("--dp-max-classes", default="4:262144", help="n:classes pairs above which data parallelism is not run "
                     "(its predicted peak already exceeds the budget; keeps the host's memory safe)")
@@ -374,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
            "layers": {**body, head: ["R", "col", "row"]},
            "dp_name": "batch:S0 " + " ".join(f"l{i}:R" for i in list(body) + [head]),
            "dp_max_classes": dict(p.split(":") for p in args.dp_max_classes.split(",") if p),
-           "profile_repeats": args.profile_repeats, "seconds": args.seconds, "largest": max(classes)}
+           "profile_repeats": args.profile_repeats, "profile_steps": args.profile_steps, "seconds": args.seconds, "largest": max(classes)}
     cfg["dp_max_classes"] = {k: int(v) for k, v in cfg["dp_max_classes"].items()}
     if args.scaling:
         compute = calibrate()
@@ -398,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
     for n in (int(r) for r in args.ranks.split(",")):
         cost, scale = calibrated_cost(n, args.transport, cfg)
         print(f"\n{n} ranks: cost model alpha {cost.alpha * 1e6:.1f} us, 1/beta {1 / max(cost.beta, 1e-30) / 1e9:.2f} GB/s, "
-              f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory, "
+              f"op {cost.op_time * 1e6:.1f} us, host {cost.host_time * 1e6:.0f} us an item, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory, "
               f"streaming by bytes touched " + ", ".join(f"{b / MIB:.2g} MiB {1 / r / 1e9:.1f} GB/s" for b, r in cost.byte_curve) + " "
               f"(kernel constants scaled by {scale:.2f} to the executor)")
         cfg["measured"] = measured_segments(n, args.transport, cfg, cost)

@@ -4,6 +4,8 @@ redistribution against numpy; a primitive without a rule runs replicated and the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -256,6 +258,9 @@ def test_a_rank_runs_compiled_segments_between_its_collectives():
         # measured compute: the segments' seconds plus the modelled copy of the sliced block (no overheads here)
         sliced = bandwidth.compute_time("copy", [(32, 1)], (32, 1), 4)
         assert program.predicted_compute(seconds) == pytest.approx(sum(seconds) + sliced)
+        # with the executor's Python per item: once for each of the 3 segments, the 6 host steps and the call
+        program.cost = replace(bandwidth, host_time=1e-3)
+        assert program.predicted_compute(seconds) == pytest.approx(sum(seconds) + sliced + 10e-3)
 
 
 def test_segments_run_eagerly_above_the_held_bytes_give_the_same_step(monkeypatch):

@@ -31,7 +31,8 @@ class CostModel:
     2), ``byte_time`` (s per byte an elementwise/shape primitive touches), ``byte_curve`` (``(bytes
     touched, s per byte)`` points ascending in bytes: the rate by an equation's size, replacing ``byte_time``
     when given), ``segment_time`` (s per call of a compiled segment: ``engine.jit``'s dispatch) and
-    ``host_time`` (s of Python per step run between segments, besides its own work)."""
+    ``host_time`` (s of the executor's Python per item of a rank's schedule, segment or host step, and per
+    call, besides the item's own work)."""
 
     alpha: float = 60e-6
     beta: float = 1.0 / 1.5e9

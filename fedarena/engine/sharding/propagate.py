@@ -116,12 +116,14 @@ class ShardedProgram:
 
     def predicted_compute(self, segment_times: Sequence[float] | None = None) -> float:
         """Seconds of this rank's compute: each equation's :meth:`CostModel.compute_time`, or, given the
-        measured seconds of each compiled segment (``cost.profile_segments``), their sum plus the model's
-        time of the steps that run between segments (local kernels, slices) and of each host step's call."""
+        measured seconds of each compiled segment's call (``cost.profile_segments``, or a profiled step:
+        dispatch included, so no ``segment_time`` is added on top), their sum plus the model's time of the
+        steps that run between segments (local kernels, slices) and ``host_time`` for each item of the rank's
+        schedule (segment or host step) and for the call itself (the executor's Python around them)."""
         c = self.cost
         t = 0.0
         if segment_times is not None:
-            t = float(sum(segment_times)) + c.segment_time * len(segment_times)
+            t = float(sum(segment_times)) + c.host_time * (len(segment_times) + 1)
         for s in self.steps:
             if segment_times is not None and s.collective is None and s.kernel is None:
                 continue  # in a measured segment
