@@ -18,10 +18,11 @@ allocator kept from a smaller size is not counted), the search's pick, and predi
 model: the transport's alpha/beta fitted to ring all-reduces timed back to back on the ranks, compute constants
 measured on each rank (``sharding.calibrate``), and the compute of every candidate plan that fits the budget
 measured by profiling its compiled segments on the ranks (``sharding.cost.profile_segments``; Alpa's stage
-profiling). The reported prediction of a searched plan's step: its compiled segments timed on their inputs in
-a profiled step just before and just after the timed steps, in the same processes (so the host's load falls on
-both), plus the model's collectives (alpha-beta), per-segment and per-host-step overheads; of data
-parallelism's: its gradient and update programs timed the same way plus its all-reduces. The analytic
+profiling). The reported prediction of a searched plan's step: each compiled segment's call timed in profiled
+steps interleaved with the timed ones (the executable the step runs, on the step's own values; median over the
+steps), plus the model's collectives (alpha-beta) and the executor's Python per schedule item (calibrated on a
+one-rank program); of data parallelism's: its gradient and update programs' calls timed the same way plus its
+all-reduces and a host item per call. Each row prints predicted against measured and the error. The analytic
 roofline's prediction (no measured compute) is printed beside it. Sizes where data parallelism's measured peak
 RSS exceeds the budget are marked as not fitting. At the largest size the searched strategy trains
 ``--train-steps`` steps and the loss must fall. ``--figure`` draws step time (predictions marked) and peak
@@ -146,6 +147,23 @@ def _time_steps(run, steps: int) -> list[float]:
     return times
 
 
+def _time_interleaved(run, profiled, steps: int, sent: list) -> tuple[list[float], float, list]:
+    """``steps`` timed steps, each followed by a profiled one (so that the host's load, which drifts over
+    seconds here, falls on both alike): ``(step seconds, bytes sent per timed step, per profiled step its
+    measured parts)``."""
+    times: list[float] = []
+    nbytes = 0
+    parts = []
+    for _ in range(steps):
+        before = sent[0]
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+        nbytes += sent[0] - before
+        parts.append(profiled())
+    return times, nbytes / steps, parts
+
+
 def dp_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
     """Data parallelism: local gradients, all-reduced (mean) leaf by leaf, replicated Adam. Its predicted step:
     the gradient and update programs timed alone here just before (as the searched plans' segments are), the
@@ -165,32 +183,28 @@ def dp_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
         x, y = _data(cfg, classes)
         xb, yb = np.split(x, n)[rank], np.split(y, n)[rank]
         box = [params, state, 0.0]
-        programs: list[float] = []  # in a profiled step: the seconds of its two compiled programs' calls
 
-        def run(profile: bool = False) -> None:
+        def run() -> float:  # returns the seconds of its two compiled programs' calls
             t0 = time.perf_counter()
             loss, grads = grad_fn(box[0], xb, yb)
             t1 = time.perf_counter()
             grads = {k: comm.all_reduce(v, op="mean") for k, v in grads.items()}
             t2 = time.perf_counter()
             box[0], box[1] = update(grads, box[1], box[0])
-            if profile:
-                programs.append(t1 - t0 + time.perf_counter() - t2)
+            programs = t1 - t0 + time.perf_counter() - t2
             box[2] = float(comm.all_reduce(np.asarray(loss), op="mean"))
+            return programs
 
         run()  # compile
         k = _steps_for(comm, run, cfg)
         comm.barrier()
-        before = sent[0]
-        times = _time_steps(run, k)
-        for _ in range(cfg["profile_steps"]):  # profiled steps right after the timed ones
-            run(profile=True)
+        times, sent_per_step, programs = _time_interleaved(run, run, k, sent)
         t_compute = statistics.median(programs)
         comm_t = sum(cost.collective_time("all_reduce", v.nbytes, n) for v in box[0].values()) \
             + cost.collective_time("all_reduce", 4, n)
         # the two programs' calls include their dispatch; the host's Python per all-reduce and per program
         predicted = t_compute + comm_t + (len(box[0]) + 3) * cost.host_time
-        out.append({"classes": classes, "step_s": statistics.median(times), "bytes_per_step": (sent[0] - before) / len(times),
+        out.append({"classes": classes, "step_s": statistics.median(times), "bytes_per_step": sent_per_step,
                     "peak_rss": rss_bytes(), "loss": box[2], "predicted_s": predicted, "predicted_comm_s": comm_t})
         del params, state, box  # released before the next size
     return out
@@ -218,7 +232,7 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
             box[2] = float(loss)
             losses.append(box[2])
 
-        def profiled() -> list[float]:  # a step that also times each compiled segment alone on its inputs
+        def profiled() -> list[float]:  # a step that also gives each compiled segment's seconds in it
             (box[0], box[1], loss), seconds = fn.profile(box[0], box[1], xb, yb)
             box[2] = float(loss)
             losses.append(box[2])
@@ -227,15 +241,12 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
         run()
         k = _steps_for(comm, run, cfg)
         comm.barrier()
-        before = sent[0]
-        times = _time_steps(run, k)
-        sent_per_step = (sent[0] - before) / len(times)
+        times, sent_per_step, profiles = _time_interleaved(run, profiled, k, sent)
+        segs = [statistics.median(ts) for ts in zip(*profiles)]  # each segment's call, median over the steps
         if classes == cfg["largest"] and cfg["train_steps"]:
             while len(losses) < cfg["train_steps"]:
                 run()
         peak = rss_bytes()
-        # profiled steps right after the timed ones: each segment's call in the step, median over the steps
-        segs = [statistics.median(ts) for ts in zip(*(profiled() for _ in range(cfg["profile_steps"])))]
         program = fn.lower(box[0], box[1], xb, yb)[0]
         row = {"classes": classes, "plan": best.name, "step_s": statistics.median(times),
                "bytes_per_step": sent_per_step, "peak_rss": peak,
@@ -356,10 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--budget-mib", type=float, default=1024.0, help="per-rank peak RSS budget")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per size (at least)")
     ap.add_argument("--seconds", type=float, default=1.0, help="time steps until this many seconds have passed (at most 50 steps)")
-    ap.add_argument("--profile-repeats", type=int, default=3, help="timed runs of each compiled segment (and of the "
-                    "data-parallel learner's programs) for the predictions")
-    ap.add_argument("--profile-steps", type=int, default=5, help="profiled steps after the timed ones, whose "
-                    "per-segment (per-program) medians the predictions take")
+    ap.add_argument("--profile-repeats", type=int, default=3, help="timed runs of each compiled segment of every "
+                    "candidate plan, run alone, for the search")
     ap.add_argument("--train-steps", type=int, default=50, help="steps trained by the searched strategy at the largest size")
     ap.add_argument("--dp-max-classes", default="4:262144", help="n:classes pairs above which data parallelism is not run "
                     "(its predicted peak already exceeds the budget; keeps the host's memory safe)")
@@ -383,7 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
            "layers": {**body, head: ["R", "col", "row"]},
            "dp_name": "batch:S0 " + " ".join(f"l{i}:R" for i in list(body) + [head]),
            "dp_max_classes": dict(p.split(":") for p in args.dp_max_classes.split(",") if p),
-           "profile_repeats": args.profile_repeats, "profile_steps": args.profile_steps, "seconds": args.seconds, "largest": max(classes)}
+           "profile_repeats": args.profile_repeats, "seconds": args.seconds, "largest": max(classes)}
     cfg["dp_max_classes"] = {k: int(v) for k, v in cfg["dp_max_classes"].items()}
     if args.scaling:
         compute = calibrate()
@@ -430,6 +439,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "bytes_per_step": max(r["bytes_per_step"] for r in s), "peak_rss": max(r["peak_rss"] for r in s),
                     "predicted_s": max(r["predicted_s"] for r in s), "search_predicted_s": s[0]["search_predicted_s"],
                     "model_s": s[0]["model_s"], "segments": s[0]["segments"],
+                    "segments_s": max(r["segments_s"] for r in s),
                     "predicted_comm_s": s[0]["predicted_comm_s"], "predicted_memory": s[0]["predicted_memory"],
                     "dp_predicted_memory": s[0]["dp_predicted_memory"], "train_losses": s[0].get("train_losses")}
             if d[0].get("skipped"):
@@ -450,6 +460,13 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{srow['error'] * 100:+4.0f}% {srow['model_s'] * 1e3:7.1f}ms {srow['model_error'] * 100:+4.0f}% "
                   f"{srow['bytes_per_step'] / MIB:9.3f} {srow['peak_rss'] / MIB:5.0f}M | {ratio}")
             rows.append({"dp": drow, "searched": srow})
+        print("searched plan's prediction in parts (slowest rank): measured segments + modelled collectives + "
+              "modelled host items and local kernels")
+        for r in rows:
+            s = r["searched"]
+            rest = s["predicted_s"] - s["segments_s"] - s["predicted_comm_s"]
+            print(f"{s['classes']:>8}: {s['segments_s'] * 1e3:7.1f} + {s['predicted_comm_s'] * 1e3:6.1f} + {rest * 1e3:6.1f} "
+                  f"= {s['predicted_s'] * 1e3:7.1f} ms predicted, {s['step_s'] * 1e3:7.1f} ms measured ({s['error'] * 100:+.0f}%)")
         big = rows[-1]["searched"]
         if big["train_losses"]:
             l0, l1 = big["train_losses"][0], big["train_losses"][-1]
