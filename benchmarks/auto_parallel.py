@@ -49,10 +49,11 @@ import numpy as np
 from fedarena.engine.collectives import cost_model, run_threads
 from fedarena.engine.collectives.launch import spawn
 from fedarena.engine.core.ir import ShapedArray
+from fedarena.engine.core.pytree import tree_flatten
 from fedarena.engine.jit import jit
-from fedarena.engine.sharding import CostModel, Mesh, calibrate, shard_jit
+from fedarena.engine.sharding import CostModel, Mesh, R, calibrate, shard_jit
 from fedarena.engine.sharding.cost import profile_segments
-from fedarena.engine.sharding.conformance import init_mlp, local_tree, loss_fn, make_step, state_layouts
+from fedarena.engine.sharding.conformance import init_mlp, layouts, local_tree, loss_fn, make_step, state_layouts
 from fedarena.engine.sharding.search import layer_candidates, search
 from fedarena.engine.transforms.autodiff import value_and_grad
 
@@ -282,8 +283,7 @@ def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tup
             comm.all_reduce(buf, algorithm="ring")
         times.append((time.perf_counter() - t0) / count)
     comm.barrier()
-    op, host = _executor_overheads()
-    base = replace(calibrate(), op_time=op, host_time=host)
+    base = replace(calibrate(), op_time=_executor_op_time(), host_time=_executor_host_time(comm))
     ratios = run_threads(1, _executor_ratio, cfg, base)[0]
     k = float(np.mean(ratios))
     comm.barrier()
@@ -307,10 +307,9 @@ def _executor_ratio(comm: Any, cfg: dict, base: CostModel) -> list[float]:
     return ratios
 
 
-def _executor_overheads() -> tuple[float, float]:
-    """On a sharded program on tiny arrays (one rank), run compiled: seconds per equation (the roofline's
-    per-equation cost on the executor) and the executor's Python per item of the schedule and per call (a
-    call's time less its segments' calls, over its items plus one)."""
+def _executor_op_time() -> float:
+    """Seconds per equation of a sharded program on tiny arrays (one rank), run compiled: the roofline's
+    per-equation cost on the executor."""
 
     def body(comm: Any) -> float:
         small = {"batch": 8, "features": 8}
@@ -322,14 +321,36 @@ def _executor_overheads() -> tuple[float, float]:
         fn(params, st, x, y)
         program = fn.lower(params, st, x, y)[0]
         times = _time_steps(lambda: fn(params, st, x, y), 50)
-        rest = []
-        for _ in range(50):
-            t0 = time.perf_counter()
-            _, segs = fn.profile(params, st, x, y)
-            rest.append((time.perf_counter() - t0 - sum(segs)) / (len(program.local_program.items) + 1))
-        return statistics.median(times) / len(program.steps), statistics.median(rest)
+        return statistics.median(times) / len(program.steps)
 
     return run_threads(1, body)[0]
+
+
+def _executor_host_time(comm: Any, steps: int = 50) -> float:
+    """The executor's Python per item of a rank's schedule (segment or host step) and per call, on all ranks
+    of ``comm`` at once (its transport's threads and the load the benchmark runs under): a data-parallel step
+    of a tiny MLP (8-8-8, not the benchmark's model), each call's seconds less its segments' and host steps'
+    own calls, over its items plus one; the median over ``steps`` calls."""
+    n, rank = comm.world_size, comm.rank
+    opt, step = make_step()
+    params = init_mlp(8, 8, 8)
+    pspec, xspec = layouts("data_parallel")
+    sspec = state_layouts(pspec)
+    fn = shard_jit(step, Mesh(comm), in_shardings=(pspec, sspec, xspec, xspec), out_shardings=(pspec, sspec, R))
+    x, y = _data({"batch": 8 * n, "features": 8}, 8)
+    args = (params, opt.init(params), local_tree(x, xspec, rank, n), local_tree(y, xspec, rank, n))
+    fn(*args)
+    program = fn.lower(*args)[0]
+    items = len(program.local_program.items) + 1
+    rest = []
+    for _ in range(steps):
+        segs: list[float] = []
+        hosts: list[float] = []
+        t0 = time.perf_counter()
+        prog, _ = fn.lower(*args)  # what a call does: look up the program, flatten, run
+        prog.run(comm, [np.asarray(a) for a in tree_flatten(args)[0]], profile=segs, hosts=hosts)
+        rest.append((time.perf_counter() - t0 - sum(segs) - sum(hosts)) / items)
+    return statistics.median(rest)
 
 
 def calibrated_cost(n: int, transport: str, cfg: dict, chunk_bytes: int = 1 << 20) -> tuple[CostModel, float]:

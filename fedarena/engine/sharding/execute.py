@@ -204,13 +204,14 @@ class LocalProgram:
                 dying = set(self.frees[-1])
                 it.donate([i for i, a in enumerate(it.invars) if a in dying])
 
-    def run(self, comm: Any, env: dict, profile: list | None = None) -> None:
+    def run(self, comm: Any, env: dict, profile: list | None = None, hosts: list | None = None) -> None:
         """Run on ``env`` (program variable -> this rank's array; inputs and constants filled in), adding
         every value a later item or the program's outputs read. Given a list ``profile``, the seconds of each
         segment's call in this step are appended, in order: the measured compute of the segments as the step
         runs them (the same compiled program, its donated inputs, its caches), dispatch included. An earlier
         version timed each segment again on its inputs, by a second compile that kept them: that program
-        allocated every output afresh and measured an Adam update at twice its time in the step."""
+        allocated every output afresh and measured an Adam update at twice its time in the step. Given a list
+        ``hosts``, the seconds of each host step's own call (a collective's ``run``, a kernel) are appended."""
         rank, n = comm.rank, comm.world_size
 
         def read(a: Any) -> Any:
@@ -228,9 +229,21 @@ class LocalProgram:
                     env[v] = np.asarray(x)  # 0-d results as arrays: a numpy scalar would be a static argument
                 del got
             elif it.collective is not None:
-                env[it.outputs[0]] = np.asarray(it.collective.run(comm, np.asarray(read(it.inputs[0]))))
+                x = np.asarray(read(it.inputs[0]))
+                t0 = time.perf_counter()
+                y = it.collective.run(comm, x)
+                if hosts is not None:
+                    hosts.append(time.perf_counter() - t0)
+                env[it.outputs[0]] = np.asarray(y)
+                del x, y
             else:
-                env[it.outputs[0]] = np.asarray(it.kernel(rank, n, *[read(a) for a in it.inputs], **it.attrs))
+                xs = [read(a) for a in it.inputs]
+                t0 = time.perf_counter()
+                y = it.kernel(rank, n, *xs, **it.attrs)
+                if hosts is not None:
+                    hosts.append(time.perf_counter() - t0)
+                env[it.outputs[0]] = np.asarray(y)
+                del xs, y
             for a in free:
                 env.pop(a, None)
 

@@ -160,12 +160,13 @@ class ShardedProgram:
         return int(peak)
 
     # ------------------------------------------------------------------------------------------ execution
-    def run(self, comm: Any, args: Sequence[np.ndarray], profile: list | None = None) -> list[np.ndarray]:
+    def run(self, comm: Any, args: Sequence[np.ndarray], profile: list | None = None,
+            hosts: list | None = None) -> list[np.ndarray]:
         """Run on this rank's blocks of the inputs (``args`` in the graph's input order); returns this rank's
         blocks of the outputs. Every rank of ``comm`` (``world_size == n``) must call it together. The local
         equations run compiled (:class:`~.execute.LocalProgram`: segments compiled by ``engine.jit`` between the
         host steps), built on the first call; ``profile`` (a list) receives each segment's measured seconds
-        (:meth:`LocalProgram.run`)."""
+        and ``hosts`` each host step's (:meth:`LocalProgram.run`)."""
         if comm.world_size != self.n:
             raise ShardingError(f"comm: the program is sharded over {self.n} ranks, the communicator has {comm.world_size}")
         env: dict = dict(zip(self.graph.constvars, self.graph.consts))
@@ -176,7 +177,7 @@ class ShardedProgram:
             env[v] = np.asarray(x)
         if self._local is None:
             self._local = LocalProgram(self)
-        self._local.run(comm, env, profile)
+        self._local.run(comm, env, profile, hosts)
         return [np.asarray(literal_value(a)) if isinstance(a, Literal) else np.asarray(env[a]) for a in self.outputs]
 
     @property
