@@ -20,8 +20,9 @@ measured on each rank (``sharding.calibrate``), and the compute of every candida
 measured by profiling its compiled segments on the ranks (``sharding.cost.profile_segments``; Alpa's stage
 profiling). The reported prediction of a searched plan's step: each compiled segment's call timed in profiled
 steps interleaved with the timed ones (the executable the step runs, on the step's own values; median over the
-steps), plus the model's collectives (alpha-beta) and the executor's Python per schedule item (calibrated on a
-one-rank program); of data parallelism's: its gradient and update programs' calls timed the same way plus its
+steps), and its local host steps (rank-dependent kernels, slices) timed the same way, plus the model's
+collectives (alpha-beta) and the executor's Python per schedule item (calibrated on a tiny data-parallel program
+on the same ranks); of data parallelism's: its gradient and update programs' calls timed the same way plus its
 all-reduces and a host item per call. Each row prints predicted against measured and the error. The analytic
 roofline's prediction (no measured compute) is printed beside it. Sizes where data parallelism's measured peak
 RSS exceeds the budget are marked as not fitting. At the largest size the searched strategy trains
@@ -233,17 +234,20 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
             box[2] = float(loss)
             losses.append(box[2])
 
-        def profiled() -> list[float]:  # a step that also gives each compiled segment's seconds in it
-            (box[0], box[1], loss), seconds = fn.profile(box[0], box[1], xb, yb)
+        def profiled() -> tuple[list[float], list[float]]:  # a step that also gives its segments' and host steps' seconds
+            hosts: list[float] = []
+            (box[0], box[1], loss), seconds = fn.profile(box[0], box[1], xb, yb, hosts=hosts)
             box[2] = float(loss)
             losses.append(box[2])
-            return seconds
+            return seconds, hosts
 
         run()
         k = _steps_for(comm, run, cfg)
         comm.barrier()
         times, sent_per_step, profiles = _time_interleaved(run, profiled, k, sent)
-        segs = [statistics.median(ts) for ts in zip(*profiles)]  # each segment's call, median over the steps
+        # each segment's and each host step's call, median over the steps
+        segs = [statistics.median(ts) for ts in zip(*(p[0] for p in profiles))]
+        hosts = [statistics.median(ts) for ts in zip(*(p[1] for p in profiles))]
         if classes == cfg["largest"] and cfg["train_steps"]:
             while len(losses) < cfg["train_steps"]:
                 run()
@@ -251,7 +255,7 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
         program = fn.lower(box[0], box[1], xb, yb)[0]
         row = {"classes": classes, "plan": best.name, "step_s": statistics.median(times),
                "bytes_per_step": sent_per_step, "peak_rss": peak,
-               "predicted_s": program.predicted_time(segs), "predicted_compute_s": program.predicted_compute(segs),
+               "predicted_s": program.predicted_time(segs, hosts), "predicted_compute_s": program.predicted_compute(segs, hosts),
                "predicted_comm_s": best.comm_time, "search_predicted_s": best.time, "segments_s": sum(segs),
                "model_s": best.model_time, "segments": len(program.local_program.segments),
                "predicted_bytes": best.comm_bytes, "predicted_memory": best.memory + cfg["baseline"],
@@ -482,7 +486,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{srow['bytes_per_step'] / MIB:9.3f} {srow['peak_rss'] / MIB:5.0f}M | {ratio}")
             rows.append({"dp": drow, "searched": srow})
         print("searched plan's prediction in parts (slowest rank): measured segments + modelled collectives + "
-              "modelled host items and local kernels")
+              "measured local kernels and slices, modelled per-item Python")
         for r in rows:
             s = r["searched"]
             rest = s["predicted_s"] - s["segments_s"] - s["predicted_comm_s"]
