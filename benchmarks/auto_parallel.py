@@ -268,8 +268,9 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
     return out
 
 
-def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tuple[list[float], Any, float]:
-    """On every rank at once (the load the benchmark's ranks run under): the mean seconds of a ring all-reduce
+def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tuple[list[float], list, Any, float]:
+    """On every rank at once (the load the benchmark's ranks run under): the collectives of a tiny step and the
+    executor's per-item Python (:func:`_in_step`), the mean seconds of a ring all-reduce
     of each size (float32) run back to back (a training step's collectives meet ranks that were descheduled
     or still computing; the mean of a run of them carries those waits, where the best time after a barrier
     would describe an idle host), and the compute constants, measured by
@@ -287,11 +288,12 @@ def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tup
             comm.all_reduce(buf, algorithm="ring")
         times.append((time.perf_counter() - t0) / count)
     comm.barrier()
-    base = replace(calibrate(), op_time=_executor_op_time(), host_time=_executor_host_time(comm))
+    host, calls = _in_step(comm)
+    base = replace(calibrate(), op_time=_executor_op_time(), host_time=host)
     ratios = run_threads(1, _executor_ratio, cfg, base)[0]
     k = float(np.mean(ratios))
     comm.barrier()
-    return times, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k,
+    return times, calls, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k,
                           byte_curve=tuple((b, r * k) for b, r in base.byte_curve)), k
 
 
@@ -330,11 +332,13 @@ def _executor_op_time() -> float:
     return run_threads(1, body)[0]
 
 
-def _executor_host_time(comm: Any, steps: int = 50) -> float:
-    """The executor's Python per item of a rank's schedule (segment or host step) and per call, on all ranks
-    of ``comm`` at once (its transport's threads and the load the benchmark runs under): a data-parallel step
-    of a tiny MLP (8-8-8, not the benchmark's model), each call's seconds less its segments' and host steps'
-    own calls, over its items plus one; the median over ``steps`` calls."""
+def _in_step(comm: Any, steps: int = 50) -> tuple[float, list]:
+    """On all ranks of ``comm`` at once (its transport's threads and the load the benchmark runs under), a
+    data-parallel step of a tiny MLP (8-8-8, not the benchmark's model) run ``steps`` times: ``(the executor's
+    Python per item of a rank's schedule (segment or host step) and per call: each call's seconds less its
+    segments' and host steps' own calls, over its items plus one, median; [(collective, global bytes, median
+    seconds of its call)])``: collectives as a step meets them (the ranks arriving from compute, not back to
+    back)."""
     n, rank = comm.world_size, comm.rank
     opt, step = make_step()
     params = init_mlp(8, 8, 8)
@@ -347,6 +351,7 @@ def _executor_host_time(comm: Any, steps: int = 50) -> float:
     program = fn.lower(*args)[0]
     items = len(program.local_program.items) + 1
     rest = []
+    per_host = []
     for _ in range(steps):
         segs: list[float] = []
         hosts: list[float] = []
@@ -354,22 +359,43 @@ def _executor_host_time(comm: Any, steps: int = 50) -> float:
         prog, _ = fn.lower(*args)  # what a call does: look up the program, flatten, run
         prog.run(comm, [np.asarray(a) for a in tree_flatten(args)[0]], profile=segs, hosts=hosts)
         rest.append((time.perf_counter() - t0 - sum(segs) - sum(hosts)) / items)
-    return statistics.median(rest)
+        per_host.append(hosts)
+    calls = [(it.collective.name, it.inputs[0].aval.size * it.inputs[0].aval.dtype.itemsize, statistics.median(ts))
+             for (kind, it), ts in zip([x for x in program.local_program.items if x[0] == "host"], zip(*per_host))
+             if it.collective is not None and it.collective.name in ("all_gather", "all_reduce", "reduce_scatter")]
+    return statistics.median(rest), calls
+
+
+def step_alpha(calls: list, n: int, beta: float, chunk_bytes: int) -> float:
+    """The per-message latency collectives see inside a step: each timed call less its bytes at ``beta``, over
+    its algorithm's messages on the critical path (``cost_model.coefficients``), the median."""
+    out = []
+    for name, nbytes, seconds in calls:
+        alg = cost_model.choose(name, nbytes, n, 1e-4, beta, chunk_bytes)
+        rounds, sent = cost_model.coefficients(name, alg, nbytes, n, chunk_bytes)
+        out.append(max(seconds - sent * beta, 0.0) / max(rounds, 1))
+    return float(np.median(out))
 
 
 def calibrated_cost(n: int, transport: str, cfg: dict, chunk_bytes: int = 1 << 20) -> tuple[CostModel, float]:
+    """The benchmark's cost model: ``beta`` fitted (with an alpha) to ring all-reduces timed back to back; the
+    per-message ``alpha`` the collectives of a tiny data-parallel step show (:func:`step_alpha`: in a step
+    the ranks arrive at a collective from compute, one waiting for the other, which back-to-back calls hide);
+    compute and per-item constants measured on the ranks, averaged over them."""
     sizes = [1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23]
     per_rank = spawn(n, transport, measure_machine, (sizes, 7, cfg), timeout=300, join_timeout=1800)
     times = [max(r[0][i] for r in per_rank) for i in range(len(sizes))]
-    alpha, beta = cost_model.fit("all_reduce", "ring", n, sizes, times, chunk_bytes)
+    fitted, beta = cost_model.fit("all_reduce", "ring", n, sizes, times, chunk_bytes)
     mean = lambda xs: float(np.mean(xs))  # noqa: E731
-    return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[1].op_time for r in per_rank]),
-                     flop_time=mean([r[1].flop_time for r in per_rank]),
-                     byte_time=mean([r[1].byte_time for r in per_rank]),
-                     byte_curve=tuple((b, mean([r[1].byte_curve[i][1] for r in per_rank]))
-                                      for i, (b, _) in enumerate(per_rank[0][1].byte_curve)),
-                     segment_time=mean([r[1].segment_time for r in per_rank]),
-                     host_time=mean([r[1].host_time for r in per_rank])), mean([r[2] for r in per_rank])
+    alpha = mean([step_alpha(r[1], n, beta, chunk_bytes) for r in per_rank])
+    print(f"alpha: {fitted * 1e6:.0f} us fitted to back-to-back all-reduces, {alpha * 1e6:.0f} us in a step (used)")
+    return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[2].op_time for r in per_rank]),
+                     flop_time=mean([r[2].flop_time for r in per_rank]),
+                     byte_time=mean([r[2].byte_time for r in per_rank]),
+                     byte_curve=tuple((b, mean([r[2].byte_curve[i][1] for r in per_rank]))
+                                      for i, (b, _) in enumerate(per_rank[0][2].byte_curve)),
+                     segment_time=mean([r[2].segment_time for r in per_rank]),
+                     host_time=mean([r[2].host_time for r in per_rank])), mean([r[3] for r in per_rank])
 
 
 def _idle_rss(comm: Any) -> int:
