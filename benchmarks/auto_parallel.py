@@ -428,11 +428,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--figure", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--redraw", default="", help="draw --figure from a --json file of an earlier run and exit")
+    ap.add_argument("--note", default="", help="a line drawn above the figure (e.g. the host's load during the run)")
     args = ap.parse_args(argv)
     if args.redraw:
         with open(args.redraw) as f:
             report = json.load(f)
-        draw(report, args.figure, report["config"]["budget"])
+        draw(report, args.figure, report["config"]["budget"], args.note)
         return report
     classes = sorted(int(c) for c in args.classes.split(","))
     hidden = [int(h) for h in args.hidden.split(",")]
@@ -528,7 +529,7 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=float)
     if args.figure:
-        draw(report, args.figure, cfg["budget"])
+        draw(report, args.figure, cfg["budget"], args.note)
     return report
 
 
@@ -567,7 +568,7 @@ def scaling(cfg: dict, compute: CostModel, classes: list[int], ranks: list[int],
     return out
 
 
-def draw(report: dict, path: str, budget: float) -> None:
+def draw(report: dict, path: str, budget: float, note: str = "") -> None:
     """Step time (top, the cost model's prediction as a black bar over each) and peak RSS per rank (bottom)
     against the number of classes, one column per rank count: data parallelism beside the searched strategy,
     sizes where data parallelism does not fit marked."""
@@ -604,6 +605,8 @@ def draw(report: dict, path: str, budget: float) -> None:
         axes[1, j].set_xlabel("classes")
         axes[0, j].legend(fontsize=8)
         axes[1, j].legend(fontsize=8)
+    if note:
+        fig.suptitle(note, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
