@@ -18,10 +18,12 @@ allocator kept from a smaller size is not counted), the search's pick, and predi
 model: the transport's alpha/beta fitted to ring all-reduces timed back to back on the ranks, compute constants
 measured on each rank (``sharding.calibrate``), and the compute of every candidate plan that fits the budget
 measured by profiling its compiled segments on the ranks (``sharding.cost.profile_segments``; Alpa's stage
-profiling). The reported prediction of a searched plan's step: its compiled segments timed on their inputs in
-a profiled step just before and just after the timed steps, in the same processes (so the host's load falls on
-both), plus the model's collectives (alpha-beta), per-segment and per-host-step overheads; of data
-parallelism's: its gradient and update programs timed the same way plus its all-reduces. The analytic
+profiling). The reported prediction of a searched plan's step: each compiled segment's call timed in profiled
+steps interleaved with the timed ones (the executable the step runs, on the step's own values; median over the
+steps), and its local host steps (rank-dependent kernels, slices) timed the same way, plus the model's
+collectives (alpha-beta) and the executor's Python per schedule item (calibrated on a tiny data-parallel program
+on the same ranks); of data parallelism's: its gradient and update programs' calls timed the same way plus its
+all-reduces and a host item per call. Each row prints predicted against measured and the error. The analytic
 roofline's prediction (no measured compute) is printed beside it. Sizes where data parallelism's measured peak
 RSS exceeds the budget are marked as not fitting. At the largest size the searched strategy trains
 ``--train-steps`` steps and the loss must fall. ``--figure`` draws step time (predictions marked) and peak
@@ -48,10 +50,11 @@ import numpy as np
 from fedarena.engine.collectives import cost_model, run_threads
 from fedarena.engine.collectives.launch import spawn
 from fedarena.engine.core.ir import ShapedArray
+from fedarena.engine.core.pytree import tree_flatten
 from fedarena.engine.jit import jit
-from fedarena.engine.sharding import CostModel, Mesh, calibrate, shard_jit
-from fedarena.engine.sharding.cost import profile_segments, timed_median
-from fedarena.engine.sharding.conformance import init_mlp, local_tree, loss_fn, make_step, state_layouts
+from fedarena.engine.sharding import CostModel, Mesh, R, calibrate, shard_jit
+from fedarena.engine.sharding.cost import profile_segments
+from fedarena.engine.sharding.conformance import init_mlp, layouts, local_tree, loss_fn, make_step, state_layouts
 from fedarena.engine.sharding.search import layer_candidates, search
 from fedarena.engine.transforms.autodiff import value_and_grad
 
@@ -128,10 +131,6 @@ def measured_segments(n: int, transport: str, cfg: dict, cost: CostModel) -> dic
                 for name, segs in per_rank[0][c].items()} for c in cfg["classes"]}
 
 
-def _median(run, repeats: int) -> float:
-    return timed_median(run, repeats, 0.25)
-
-
 def _steps_for(comm: Any, run, cfg: dict) -> int:
     """How many steps to time: at least ``cfg['steps']``, as many as fill ``cfg['seconds']`` at the time of one
     step (at most 50); the ranks agree on the largest (every step runs collectives)."""
@@ -148,6 +147,23 @@ def _time_steps(run, steps: int) -> list[float]:
         run()
         times.append(time.perf_counter() - t0)
     return times
+
+
+def _time_interleaved(run, profiled, steps: int, sent: list) -> tuple[list[float], float, list]:
+    """``steps`` timed steps, each followed by a profiled one (so that the host's load, which drifts over
+    seconds here, falls on both alike): ``(step seconds, bytes sent per timed step, per profiled step its
+    measured parts)``."""
+    times: list[float] = []
+    nbytes = 0
+    parts = []
+    for _ in range(steps):
+        before = sent[0]
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+        nbytes += sent[0] - before
+        parts.append(profiled())
+    return times, nbytes / steps, parts
 
 
 def dp_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
@@ -170,28 +186,27 @@ def dp_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
         xb, yb = np.split(x, n)[rank], np.split(y, n)[rank]
         box = [params, state, 0.0]
 
-        def run() -> None:
+        def run() -> float:  # returns the seconds of its two compiled programs' calls
+            t0 = time.perf_counter()
             loss, grads = grad_fn(box[0], xb, yb)
+            t1 = time.perf_counter()
             grads = {k: comm.all_reduce(v, op="mean") for k, v in grads.items()}
+            t2 = time.perf_counter()
             box[0], box[1] = update(grads, box[1], box[0])
+            programs = t1 - t0 + time.perf_counter() - t2
             box[2] = float(comm.all_reduce(np.asarray(loss), op="mean"))
-
-        def programs() -> float:  # the two compiled programs' seconds, timed alone on this step's values
-            loss, grads = grad_fn(box[0], xb, yb)
-            t = _median(lambda: grad_fn(box[0], xb, yb), cfg["profile_repeats"])
-            return t + _median(lambda: update(grads, box[1], box[0]), cfg["profile_repeats"])
+            return programs
 
         run()  # compile
-        t_before = programs()
         k = _steps_for(comm, run, cfg)
         comm.barrier()
-        before = sent[0]
-        times = _time_steps(run, k)
-        t_compute = 0.5 * (t_before + programs())  # timed just before and just after the steps
+        times, sent_per_step, programs = _time_interleaved(run, run, k, sent)
+        t_compute = statistics.median(programs)
         comm_t = sum(cost.collective_time("all_reduce", v.nbytes, n) for v in box[0].values()) \
             + cost.collective_time("all_reduce", 4, n)
-        predicted = t_compute + comm_t + (2 * cost.segment_time + (len(box[0]) + 1) * cost.host_time)
-        out.append({"classes": classes, "step_s": statistics.median(times), "bytes_per_step": (sent[0] - before) / len(times),
+        # the two programs' calls include their dispatch; the host's Python per all-reduce and per program
+        predicted = t_compute + comm_t + (len(box[0]) + 3) * cost.host_time
+        out.append({"classes": classes, "step_s": statistics.median(times), "bytes_per_step": sent_per_step,
                     "peak_rss": rss_bytes(), "loss": box[2], "predicted_s": predicted, "predicted_comm_s": comm_t})
         del params, state, box  # released before the next size
     return out
@@ -219,28 +234,29 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
             box[2] = float(loss)
             losses.append(box[2])
 
-        def profiled() -> list[float]:  # a step that also times each compiled segment alone on its inputs
-            (box[0], box[1], loss), seconds = fn.profile(box[0], box[1], xb, yb)
+        def profiled() -> tuple[list[float], list[float]]:  # a step that also gives its segments' and host steps' seconds
+            hosts: list[float] = []
+            (box[0], box[1], loss), seconds = fn.profile(box[0], box[1], xb, yb, hosts=hosts)
             box[2] = float(loss)
             losses.append(box[2])
-            return seconds
+            return seconds, hosts
 
         run()
         k = _steps_for(comm, run, cfg)
         comm.barrier()
-        before = sent[0]
-        times = _time_steps(run, k)
-        sent_per_step = (sent[0] - before) / len(times)
+        times, sent_per_step, profiles = _time_interleaved(run, profiled, k, sent)
+        # each segment's and each host step's call, median over the steps
+        segs = [statistics.median(ts) for ts in zip(*(p[0] for p in profiles))]
+        hosts = [statistics.median(ts) for ts in zip(*(p[1] for p in profiles))]
         if classes == cfg["largest"] and cfg["train_steps"]:
             while len(losses) < cfg["train_steps"]:
                 run()
-        peak = rss_bytes()  # read before profiling: the profile's extra arrays are the benchmark's, not the plan's
-        segs = [0.5 * (a + b) for a, b in zip(profiled(), profiled())]  # two profiled steps right after the timed ones
+        peak = rss_bytes()
         program = fn.lower(box[0], box[1], xb, yb)[0]
         row = {"classes": classes, "plan": best.name, "step_s": statistics.median(times),
                "bytes_per_step": sent_per_step, "peak_rss": peak,
-               "predicted_s": program.predicted_time(segs), "predicted_compute_s": program.predicted_compute(segs),
-               "predicted_comm_s": best.comm_time, "search_predicted_s": best.time,
+               "predicted_s": program.predicted_time(segs, hosts), "predicted_compute_s": program.predicted_compute(segs, hosts),
+               "predicted_comm_s": best.comm_time, "search_predicted_s": best.time, "segments_s": sum(segs),
                "model_s": best.model_time, "segments": len(program.local_program.segments),
                "predicted_bytes": best.comm_bytes, "predicted_memory": best.memory + cfg["baseline"],
                "dp_predicted_memory": next((p.memory + cfg["baseline"] for p in plans if p.name == cfg["dp_name"]), None),
@@ -252,8 +268,9 @@ def searched_rank(comm: Any, cfg: dict, cost: CostModel) -> list[dict]:
     return out
 
 
-def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tuple[list[float], Any, float]:
-    """On every rank at once (the load the benchmark's ranks run under): the mean seconds of a ring all-reduce
+def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tuple[list[float], list, Any, float]:
+    """On every rank at once (the load the benchmark's ranks run under): the collectives of a tiny step and the
+    executor's per-item Python (:func:`_in_step`), the mean seconds of a ring all-reduce
     of each size (float32) run back to back (a training step's collectives meet ranks that were descheduled
     or still computing; the mean of a run of them carries those waits, where the best time after a barrier
     would describe an idle host), and the compute constants, measured by
@@ -271,11 +288,12 @@ def measure_machine(comm: Any, sizes: list[int], repeats: int, cfg: dict) -> tup
             comm.all_reduce(buf, algorithm="ring")
         times.append((time.perf_counter() - t0) / count)
     comm.barrier()
-    base = replace(calibrate(), op_time=_executor_op_time())
+    host, calls = _in_step(comm)
+    base = replace(calibrate(), op_time=_executor_op_time(), host_time=host)
     ratios = run_threads(1, _executor_ratio, cfg, base)[0]
     k = float(np.mean(ratios))
     comm.barrier()
-    return times, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k,
+    return times, calls, replace(base, flop_time=base.flop_time * k, byte_time=base.byte_time * k,
                           byte_curve=tuple((b, r * k) for b, r in base.byte_curve)), k
 
 
@@ -314,19 +332,70 @@ def _executor_op_time() -> float:
     return run_threads(1, body)[0]
 
 
+def _in_step(comm: Any, steps: int = 50) -> tuple[float, list]:
+    """On all ranks of ``comm`` at once (its transport's threads and the load the benchmark runs under), a
+    data-parallel step of a tiny MLP (8-8-8, not the benchmark's model) run ``steps`` times: ``(the executor's
+    Python per item of a rank's schedule (segment or host step) and per call: each call's seconds less its
+    segments' and host steps' own calls, over its items plus one, median; [(collective, global bytes, median
+    seconds of its call)])``: collectives as a step meets them (the ranks arriving from compute, not back to
+    back)."""
+    n, rank = comm.world_size, comm.rank
+    opt, step = make_step()
+    params = init_mlp(8, 8, 8)
+    pspec, xspec = layouts("data_parallel")
+    sspec = state_layouts(pspec)
+    fn = shard_jit(step, Mesh(comm), in_shardings=(pspec, sspec, xspec, xspec), out_shardings=(pspec, sspec, R))
+    x, y = _data({"batch": 8 * n, "features": 8}, 8)
+    args = (params, opt.init(params), local_tree(x, xspec, rank, n), local_tree(y, xspec, rank, n))
+    fn(*args)
+    program = fn.lower(*args)[0]
+    items = len(program.local_program.items) + 1
+    rest = []
+    per_host = []
+    for _ in range(steps):
+        segs: list[float] = []
+        hosts: list[float] = []
+        t0 = time.perf_counter()
+        prog, _ = fn.lower(*args)  # what a call does: look up the program, flatten, run
+        prog.run(comm, [np.asarray(a) for a in tree_flatten(args)[0]], profile=segs, hosts=hosts)
+        rest.append((time.perf_counter() - t0 - sum(segs) - sum(hosts)) / items)
+        per_host.append(hosts)
+    calls = [(it.collective.name, it.inputs[0].aval.size * it.inputs[0].aval.dtype.itemsize, statistics.median(ts))
+             for (kind, it), ts in zip([x for x in program.local_program.items if x[0] == "host"], zip(*per_host))
+             if it.collective is not None and it.collective.name in ("all_gather", "all_reduce", "reduce_scatter")]
+    return statistics.median(rest), calls
+
+
+def step_alpha(calls: list, n: int, beta: float, chunk_bytes: int) -> float:
+    """The per-message latency collectives see inside a step: each timed call less its bytes at ``beta``, over
+    its algorithm's messages on the critical path (``cost_model.coefficients``), the median."""
+    out = []
+    for name, nbytes, seconds in calls:
+        alg = cost_model.choose(name, nbytes, n, 1e-4, beta, chunk_bytes)
+        rounds, sent = cost_model.coefficients(name, alg, nbytes, n, chunk_bytes)
+        out.append(max(seconds - sent * beta, 0.0) / max(rounds, 1))
+    return float(np.median(out))
+
+
 def calibrated_cost(n: int, transport: str, cfg: dict, chunk_bytes: int = 1 << 20) -> tuple[CostModel, float]:
+    """The benchmark's cost model: ``beta`` fitted (with an alpha) to ring all-reduces timed back to back; the
+    per-message ``alpha`` the collectives of a tiny data-parallel step show (:func:`step_alpha`: in a step
+    the ranks arrive at a collective from compute, one waiting for the other, which back-to-back calls hide);
+    compute and per-item constants measured on the ranks, averaged over them."""
     sizes = [1 << 10, 1 << 14, 1 << 18, 1 << 21, 1 << 23]
     per_rank = spawn(n, transport, measure_machine, (sizes, 7, cfg), timeout=300, join_timeout=1800)
     times = [max(r[0][i] for r in per_rank) for i in range(len(sizes))]
-    alpha, beta = cost_model.fit("all_reduce", "ring", n, sizes, times, chunk_bytes)
+    fitted, beta = cost_model.fit("all_reduce", "ring", n, sizes, times, chunk_bytes)
     mean = lambda xs: float(np.mean(xs))  # noqa: E731
-    return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[1].op_time for r in per_rank]),
-                     flop_time=mean([r[1].flop_time for r in per_rank]),
-                     byte_time=mean([r[1].byte_time for r in per_rank]),
-                     byte_curve=tuple((b, mean([r[1].byte_curve[i][1] for r in per_rank]))
-                                      for i, (b, _) in enumerate(per_rank[0][1].byte_curve)),
-                     segment_time=mean([r[1].segment_time for r in per_rank]),
-                     host_time=mean([r[1].host_time for r in per_rank])), mean([r[2] for r in per_rank])
+    alpha = mean([step_alpha(r[1], n, beta, chunk_bytes) for r in per_rank])
+    print(f"alpha: {fitted * 1e6:.0f} us fitted to back-to-back all-reduces, {alpha * 1e6:.0f} us in a step (used)")
+    return CostModel(alpha=alpha, beta=beta, chunk_bytes=chunk_bytes, op_time=mean([r[2].op_time for r in per_rank]),
+                     flop_time=mean([r[2].flop_time for r in per_rank]),
+                     byte_time=mean([r[2].byte_time for r in per_rank]),
+                     byte_curve=tuple((b, mean([r[2].byte_curve[i][1] for r in per_rank]))
+                                      for i, (b, _) in enumerate(per_rank[0][2].byte_curve)),
+                     segment_time=mean([r[2].segment_time for r in per_rank]),
+                     host_time=mean([r[2].host_time for r in per_rank])), mean([r[3] for r in per_rank])
 
 
 def _idle_rss(comm: Any) -> int:
@@ -349,8 +418,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--budget-mib", type=float, default=1024.0, help="per-rank peak RSS budget")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per size (at least)")
     ap.add_argument("--seconds", type=float, default=1.0, help="time steps until this many seconds have passed (at most 50 steps)")
-    ap.add_argument("--profile-repeats", type=int, default=3, help="timed runs of each compiled segment (and of the "
-                    "data-parallel learner's programs) for the predictions")
+    ap.add_argument("--profile-repeats", type=int, default=3, help="timed runs of each compiled segment of every "
+                    "candidate plan, run alone, for the search")
     ap.add_argument("--train-steps", type=int, default=50, help="steps trained by the searched strategy at the largest size")
     ap.add_argument("--dp-max-classes", default="4:262144", help="n:classes pairs above which data parallelism is not run "
                     "(its predicted peak already exceeds the budget; keeps the host's memory safe)")
@@ -359,11 +428,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--figure", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--redraw", default="", help="draw --figure from a --json file of an earlier run and exit")
+    ap.add_argument("--note", default="", help="a line drawn above the figure (e.g. the host's load during the run)")
     args = ap.parse_args(argv)
     if args.redraw:
         with open(args.redraw) as f:
             report = json.load(f)
-        draw(report, args.figure, report["config"]["budget"])
+        draw(report, args.figure, report["config"]["budget"], args.note)
         return report
     classes = sorted(int(c) for c in args.classes.split(","))
     hidden = [int(h) for h in args.hidden.split(",")]
@@ -398,7 +468,7 @@ def main(argv: list[str] | None = None) -> dict:
     for n in (int(r) for r in args.ranks.split(",")):
         cost, scale = calibrated_cost(n, args.transport, cfg)
         print(f"\n{n} ranks: cost model alpha {cost.alpha * 1e6:.1f} us, 1/beta {1 / max(cost.beta, 1e-30) / 1e9:.2f} GB/s, "
-              f"op {cost.op_time * 1e6:.1f} us, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory, "
+              f"op {cost.op_time * 1e6:.1f} us, host {cost.host_time * 1e6:.0f} us an item, {1 / cost.flop_time / 1e9:.2f} GFLOP/s, {1 / cost.byte_time / 1e9:.2f} GB/s memory, "
               f"streaming by bytes touched " + ", ".join(f"{b / MIB:.2g} MiB {1 / r / 1e9:.1f} GB/s" for b, r in cost.byte_curve) + " "
               f"(kernel constants scaled by {scale:.2f} to the executor)")
         cfg["measured"] = measured_segments(n, args.transport, cfg, cost)
@@ -421,6 +491,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "bytes_per_step": max(r["bytes_per_step"] for r in s), "peak_rss": max(r["peak_rss"] for r in s),
                     "predicted_s": max(r["predicted_s"] for r in s), "search_predicted_s": s[0]["search_predicted_s"],
                     "model_s": s[0]["model_s"], "segments": s[0]["segments"],
+                    "segments_s": max(r["segments_s"] for r in s),
                     "predicted_comm_s": s[0]["predicted_comm_s"], "predicted_memory": s[0]["predicted_memory"],
                     "dp_predicted_memory": s[0]["dp_predicted_memory"], "train_losses": s[0].get("train_losses")}
             if d[0].get("skipped"):
@@ -441,6 +512,13 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{srow['error'] * 100:+4.0f}% {srow['model_s'] * 1e3:7.1f}ms {srow['model_error'] * 100:+4.0f}% "
                   f"{srow['bytes_per_step'] / MIB:9.3f} {srow['peak_rss'] / MIB:5.0f}M | {ratio}")
             rows.append({"dp": drow, "searched": srow})
+        print("searched plan's prediction in parts (slowest rank): measured segments + modelled collectives + "
+              "measured local kernels and slices, modelled per-item Python")
+        for r in rows:
+            s = r["searched"]
+            rest = s["predicted_s"] - s["segments_s"] - s["predicted_comm_s"]
+            print(f"{s['classes']:>8}: {s['segments_s'] * 1e3:7.1f} + {s['predicted_comm_s'] * 1e3:6.1f} + {rest * 1e3:6.1f} "
+                  f"= {s['predicted_s'] * 1e3:7.1f} ms predicted, {s['step_s'] * 1e3:7.1f} ms measured ({s['error'] * 100:+.0f}%)")
         big = rows[-1]["searched"]
         if big["train_losses"]:
             l0, l1 = big["train_losses"][0], big["train_losses"][-1]
@@ -451,7 +529,7 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=float)
     if args.figure:
-        draw(report, args.figure, cfg["budget"])
+        draw(report, args.figure, cfg["budget"], args.note)
     return report
 
 
@@ -490,7 +568,7 @@ def scaling(cfg: dict, compute: CostModel, classes: list[int], ranks: list[int],
     return out
 
 
-def draw(report: dict, path: str, budget: float) -> None:
+def draw(report: dict, path: str, budget: float, note: str = "") -> None:
     """Step time (top, the cost model's prediction as a black bar over each) and peak RSS per rank (bottom)
     against the number of classes, one column per rank count: data parallelism beside the searched strategy,
     sizes where data parallelism does not fit marked."""
@@ -527,6 +605,8 @@ def draw(report: dict, path: str, budget: float) -> None:
         axes[1, j].set_xlabel("classes")
         axes[0, j].legend(fontsize=8)
         axes[1, j].legend(fontsize=8)
+    if note:
+        fig.suptitle(note, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -4,6 +4,8 @@ redistribution against numpy; a primitive without a rule runs replicated and the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -233,7 +235,8 @@ def test_a_rank_runs_compiled_segments_between_its_collectives():
                        cost=bandwidth)
         args = (params, opt.init(params), block(x, xspec, rank, n), block(y, xspec, rank, n))
         called = fn(*args)
-        profiled, seconds = fn.profile(*args)
+        hosts: list = []
+        profiled, seconds = fn.profile(*args, hosts=hosts)
         program = fn.lower(*args)[0]
         local = program.local_program
         kinds = [kind if kind == "segment" else it.collective.name for kind, it in local.items]
@@ -244,9 +247,9 @@ def test_a_rank_runs_compiled_segments_between_its_collectives():
         moments = set(program.graph.invars[5:13])
         early = [v for seg in local.segments[:-1] for v in seg.invars if v in moments]
         late = [v for v in local.segments[-1].invars if v in moments]
-        return called, profiled, seconds, kinds, eqns, len(program.steps), program, early, len(late)
+        return called, profiled, seconds, hosts, kinds, eqns, len(program.steps), program, early, len(late)
 
-    for called, profiled, seconds, kinds, eqns, steps, program, early, late in run_threads(2, body, timeout=120):
+    for called, profiled, seconds, hosts, kinds, eqns, steps, program, early, late in run_threads(2, body, timeout=120):
         assert early == [] and late == 8
         assert kinds == ["segment", "all_reduce", "shard_slice", "segment"] + ["all_reduce"] * 4 + ["segment"], kinds
         assert eqns + len(kinds) - 3 == steps  # every equation of the program runs once
@@ -256,6 +259,13 @@ def test_a_rank_runs_compiled_segments_between_its_collectives():
         # measured compute: the segments' seconds plus the modelled copy of the sliced block (no overheads here)
         sliced = bandwidth.compute_time("copy", [(32, 1)], (32, 1), 4)
         assert program.predicted_compute(seconds) == pytest.approx(sum(seconds) + sliced)
+        # with the executor's Python per item: once for each of the 3 segments, the 6 host steps and the call
+        program.cost = replace(bandwidth, host_time=1e-3)
+        assert program.predicted_compute(seconds) == pytest.approx(sum(seconds) + sliced + 10e-3)
+        # the host steps' measured seconds in the order they ran: the local slice's replaces its model, the
+        # all-reduces stay modelled (in predicted_comm, not compute)
+        assert len(hosts) == 6 and all(t > 0 for t in hosts)
+        assert program.predicted_compute(seconds, hosts) == pytest.approx(sum(seconds) + hosts[1] + 10e-3)
 
 
 def test_segments_run_eagerly_above_the_held_bytes_give_the_same_step(monkeypatch):

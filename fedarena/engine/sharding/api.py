@@ -117,14 +117,14 @@ class ShardedFunction:
         leaves = [np.asarray(x) for x in tree_flatten(args)[0]]
         return tree_unflatten(td, program.run(self.mesh.comm, leaves))
 
-    def profile(self, *args: Any) -> tuple[Any, list[float]]:
-        """Run like a call and also time each compiled segment of this rank's program again on its inputs:
-        ``(results, seconds per segment)``, what :meth:`ShardedProgram.predicted_time` takes as measured
-        compute."""
+    def profile(self, *args: Any, hosts: list | None = None) -> tuple[Any, list[float]]:
+        """Run like a call and also time each compiled segment's call in it: ``(results, seconds per
+        segment)``, what :meth:`ShardedProgram.predicted_time` takes as measured compute; a list ``hosts``
+        receives the seconds of each host step's own call, in the order the rank runs them."""
         program, td = self.lower(*args)
         leaves = [np.asarray(x) for x in tree_flatten(args)[0]]
         times: list[float] = []
-        return tree_unflatten(td, program.run(self.mesh.comm, leaves, profile=times)), times
+        return tree_unflatten(td, program.run(self.mesh.comm, leaves, profile=times, hosts=hosts)), times
 
 
 def shard_jit(fn: Callable, mesh: Mesh, in_shardings: Any = None, out_shardings: Any = None,

@@ -30,8 +30,11 @@ class CostModel:
     ``op_time`` (s per primitive call), ``flop_time`` (s per multiply-add pair, i.e. per 2 flops counted as
     2), ``byte_time`` (s per byte an elementwise/shape primitive touches), ``byte_curve`` (``(bytes
     touched, s per byte)`` points ascending in bytes: the rate by an equation's size, replacing ``byte_time``
-    when given), ``segment_time`` (s per call of a compiled segment: ``engine.jit``'s dispatch) and
-    ``host_time`` (s of Python per step run between segments, besides its own work)."""
+    when given), ``segment_time`` (s per call of a compiled segment: ``engine.jit``'s dispatch; recorded, not
+    added to predictions: a measured segment call includes it, the analytic model counts ``op_time`` per
+    equation) and
+    ``host_time`` (s of the executor's Python per item of a rank's schedule, segment or host step, and per
+    call, besides the item's own work)."""
 
     alpha: float = 60e-6
     beta: float = 1.0 / 1.5e9

@@ -16,6 +16,7 @@ collectives run over the host's transports, so they are the cut points.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,7 +26,6 @@ from ..core.ir import Eqn, Graph, Literal, Var
 from ..core.tracing import bind, eval_graph
 from ..compiler.passes import DEFAULT_PIPELINE
 from ..jit import jit
-from .cost import timed_median
 
 
 def is_host_step(step: Any) -> bool:
@@ -92,13 +92,12 @@ class Segment:
     """A run of local equations compiled as one graph: reads ``invars`` (program variables), writes
     ``outvars``. The inputs listed in ``donated`` (values that die here and that the program made, not its
     caller's inputs) are given up to the compiled program, whose outputs may take their memory
-    (``engine.jit``'s ``donate_argnums``); :meth:`rerun` runs a second compile that keeps them, for profiling.
+    (``engine.jit``'s ``donate_argnums``).
     A segment whose intermediates exceed :data:`MAX_HELD_BYTES` runs eagerly (``compiled`` is False)."""
 
     def __init__(self, graph: Graph, invars: list, outvars: list, donated: Sequence[int] = ()) -> None:
         self.graph, self.invars, self.outvars = graph, invars, outvars
         self.compiled = held_bytes(graph) <= MAX_HELD_BYTES
-        self._keep: Any = None
         last: dict = {}
         for i, e in enumerate(graph.eqns):
             for a in e.inputs:
@@ -113,7 +112,6 @@ class Segment:
         """Compile (on the next call) giving up the inputs at positions ``donated``."""
         self.donated = tuple(donated) if self.compiled else ()
         self.fn = jit(self._evaluate, donate_argnums=self.donated) if self.compiled else self._eager
-        self._keep = None
 
     def _evaluate(self, *xs: Any) -> list:
         return eval_graph(self.graph, xs)
@@ -134,14 +132,6 @@ class Segment:
 
     def __call__(self, *xs: Any) -> list:
         return self.fn(*xs)
-
-    def rerun(self, *xs: Any) -> list:
-        """Run again without writing into the inputs (the donated ones included)."""
-        if not self.donated:
-            return self(*xs)
-        if self._keep is None:
-            self._keep = jit(self._evaluate)
-        return self._keep(*xs)
 
 
 class LocalProgram:
@@ -214,12 +204,14 @@ class LocalProgram:
                 dying = set(self.frees[-1])
                 it.donate([i for i, a in enumerate(it.invars) if a in dying])
 
-    def run(self, comm: Any, env: dict, profile: list | None = None, repeats: int = 3, seconds: float = 0.05) -> None:
+    def run(self, comm: Any, env: dict, profile: list | None = None, hosts: list | None = None) -> None:
         """Run on ``env`` (program variable -> this rank's array; inputs and constants filled in), adding
-        every value a later item or the program's outputs read. Given a list ``profile``, each segment is
-        also run again on its inputs (at least ``repeats`` times, until ``seconds`` have passed) and its
-        median seconds appended (run before the call, by a compile that keeps its inputs): the measured compute
-        of this step's segments, in order."""
+        every value a later item or the program's outputs read. Given a list ``profile``, the seconds of each
+        segment's call in this step are appended, in order: the measured compute of the segments as the step
+        runs them (the same compiled program, its donated inputs, its caches), dispatch included. An earlier
+        version timed each segment again on its inputs, by a second compile that kept them: that program
+        allocated every output afresh and measured an Adam update at twice its time in the step. Given a list
+        ``hosts``, the seconds of each host step's own call (a collective's ``run``, a kernel) are appended."""
         rank, n = comm.rank, comm.world_size
 
         def read(a: Any) -> Any:
@@ -228,18 +220,30 @@ class LocalProgram:
         for (kind, it), free in zip(self.items, self.frees):
             if kind == "segment":
                 xs = [env[a] for a in it.invars]
-                if profile is not None:  # timed before the call, which may write into the donated inputs
-                    it.rerun(*xs)  # compiles the program that keeps its inputs
-                    profile.append(timed_median(lambda: it.rerun(*xs), repeats, seconds))
+                t0 = time.perf_counter()
                 got = it(*xs)
+                if profile is not None:
+                    profile.append(time.perf_counter() - t0)
                 del xs
                 for v, x in zip(it.outvars, got):
                     env[v] = np.asarray(x)  # 0-d results as arrays: a numpy scalar would be a static argument
                 del got
             elif it.collective is not None:
-                env[it.outputs[0]] = np.asarray(it.collective.run(comm, np.asarray(read(it.inputs[0]))))
+                x = np.asarray(read(it.inputs[0]))
+                t0 = time.perf_counter()
+                y = it.collective.run(comm, x)
+                if hosts is not None:
+                    hosts.append(time.perf_counter() - t0)
+                env[it.outputs[0]] = np.asarray(y)
+                del x, y
             else:
-                env[it.outputs[0]] = np.asarray(it.kernel(rank, n, *[read(a) for a in it.inputs], **it.attrs))
+                xs = [read(a) for a in it.inputs]
+                t0 = time.perf_counter()
+                y = it.kernel(rank, n, *xs, **it.attrs)
+                if hosts is not None:
+                    hosts.append(time.perf_counter() - t0)
+                env[it.outputs[0]] = np.asarray(y)
+                del xs, y
             for a in free:
                 env.pop(a, None)
 

@@ -114,19 +114,33 @@ class ShardedProgram:
             b += s.collective.bytes_sent(size, self.n, c.alpha, c.beta, c.chunk_bytes)
         return t, b
 
-    def predicted_compute(self, segment_times: Sequence[float] | None = None) -> float:
+    def predicted_compute(self, segment_times: Sequence[float] | None = None,
+                          host_times: Sequence[float] | None = None) -> float:
         """Seconds of this rank's compute: each equation's :meth:`CostModel.compute_time`, or, given the
-        measured seconds of each compiled segment (``cost.profile_segments``), their sum plus the model's
-        time of the steps that run between segments (local kernels, slices) and of each host step's call."""
+        measured seconds of each compiled segment's call (``cost.profile_segments``, or a profiled step:
+        dispatch included, so no ``segment_time`` is added on top), their sum plus the model's time of the
+        steps that run between segments (local kernels, slices) and ``host_time`` for each item of the rank's
+        schedule (segment or host step) and for the call itself (the executor's Python around them). Given
+        also ``host_times``, each host step's measured seconds in the order the rank runs them (a profiled
+        step's ``hosts``), the local ones (rank-dependent kernels, slices) count as measured; the collectives
+        stay modelled (:meth:`predicted_comm`)."""
         c = self.cost
         t = 0.0
+        measured: dict = {}
         if segment_times is not None:
-            t = float(sum(segment_times)) + c.segment_time * len(segment_times)
+            t = float(sum(segment_times)) + c.host_time * (len(segment_times) + 1)
+            if host_times is not None:
+                hosts = [it for kind, it in self.local_program.items if kind == "host"]
+                measured = {id(s): x for s, x in zip(hosts, host_times)}
         for s in self.steps:
             if segment_times is not None and s.collective is None and s.kernel is None:
                 continue  # in a measured segment
             if segment_times is not None:
                 t += c.host_time
+            local = s.prim is not None or s.collective.name in ("shard_slice", "to_partial")
+            if local and id(s) in measured:
+                t += measured[id(s)]
+                continue
             if s.prim is None:
                 if s.collective.name in ("shard_slice", "to_partial"):  # a local copy of the block
                     out = self.local_aval(s.outputs[0])
@@ -138,8 +152,9 @@ class ShardedProgram:
                                 [a.dtype.itemsize for a in ins])
         return t
 
-    def predicted_time(self, segment_times: Sequence[float] | None = None) -> float:
-        return self.predicted_compute(segment_times) + self.predicted_comm()[0]
+    def predicted_time(self, segment_times: Sequence[float] | None = None,
+                       host_times: Sequence[float] | None = None) -> float:
+        return self.predicted_compute(segment_times, host_times) + self.predicted_comm()[0]
 
     def predicted_memory(self) -> int:
         """Peak bytes of live local blocks while the program runs (inputs included, freed after last use)."""
@@ -158,12 +173,13 @@ class ShardedProgram:
         return int(peak)
 
     # ------------------------------------------------------------------------------------------ execution
-    def run(self, comm: Any, args: Sequence[np.ndarray], profile: list | None = None) -> list[np.ndarray]:
+    def run(self, comm: Any, args: Sequence[np.ndarray], profile: list | None = None,
+            hosts: list | None = None) -> list[np.ndarray]:
         """Run on this rank's blocks of the inputs (``args`` in the graph's input order); returns this rank's
         blocks of the outputs. Every rank of ``comm`` (``world_size == n``) must call it together. The local
         equations run compiled (:class:`~.execute.LocalProgram`: segments compiled by ``engine.jit`` between the
         host steps), built on the first call; ``profile`` (a list) receives each segment's measured seconds
-        (:meth:`LocalProgram.run`)."""
+        and ``hosts`` each host step's (:meth:`LocalProgram.run`)."""
         if comm.world_size != self.n:
             raise ShardingError(f"comm: the program is sharded over {self.n} ranks, the communicator has {comm.world_size}")
         env: dict = dict(zip(self.graph.constvars, self.graph.consts))
@@ -174,7 +190,7 @@ class ShardedProgram:
             env[v] = np.asarray(x)
         if self._local is None:
             self._local = LocalProgram(self)
-        self._local.run(comm, env, profile)
+        self._local.run(comm, env, profile, hosts)
         return [np.asarray(literal_value(a)) if isinstance(a, Literal) else np.asarray(env[a]) for a in self.outputs]
 
     @property
