@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -463,7 +464,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {"scaling": {f"{k[0]}/{k[1]}/{k[2]}": v for k, v in pred.items()}}
     cfg["baseline"] = baseline_rss(args.transport)
     print(f"baseline RSS of a rank process: {cfg['baseline'] / MIB:.0f} MiB; budget {args.budget_mib:.0f} MiB per rank; "
-          f"MLP {args.features}-{'-'.join(map(str, hidden))}-C, batch {args.batch}, transport {args.transport} (shared 2-core host, loaded)")
+          f"MLP {args.features}-{'-'.join(map(str, hidden))}-C, batch {args.batch}, transport {args.transport}; load average {os.getloadavg()[0]:.1f}")
     report: dict = {"config": {k: v for k, v in cfg.items() if k != "layers"}, "runs": {}}
     for n in (int(r) for r in args.ranks.split(",")):
         cost, scale = calibrated_cost(n, args.transport, cfg)
@@ -593,8 +594,11 @@ def draw(report: dict, path: str, budget: float, note: str = "") -> None:
                             label="predicted (cost model)" if k == 1 else None)
         for i, r in enumerate(run["rows"]):
             if not r["dp"]["fits"]:
-                axes[1, j].annotate("DP over\nbudget" if not r["dp"].get("skipped") else "DP not\nrun", (pos[i] - w / 2, 0),
-                                    ha="center", va="bottom", fontsize=7, color="firebrick")
+                top = r["dp"].get("peak_rss", 0) / MIB if not r["dp"].get("skipped") else 0
+                axes[1, j].annotate("DP over\nbudget" if not r["dp"].get("skipped") else "DP not\nrun",
+                                    (pos[i] - w / 2, top if np.isfinite(top) else 0), xytext=(0, 2),
+                                    textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                                    color="firebrick")
         axes[1, j].axhline(budget / MIB, color="k", ls="--", lw=1, label="per-rank budget")
         for ax in axes[:, j]:
             ax.set_xticks(pos, [f"{c // 1024}K" for c in cls])
