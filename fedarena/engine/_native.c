@@ -1075,7 +1075,123 @@ static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
+/* The argument check of jit's fast path, for a signature whose leaves are all arrays that the called
+ * program checks itself (whole-graph native code): walk `obj` along `spec`, collecting its leaves in
+ * flattening order (borrowed), or answer 0 where the structure differs.  A spec is None (a leaf, taken
+ * as it is), (0, keys, children) an exactly-dict of exactly those keys, (1, children) an exactly-list,
+ * (2, children) an exactly-tuple, (3,) None, (4, cls, children) an instance of exactly the namedtuple
+ * class cls: the structure checks of the Python guard it replaces (jit._guard_source).  -1: an error. */
+static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_t *k, Py_ssize_t cap)
+{
+    if (spec == Py_None) {
+        if (*k >= cap)
+            return 0;
+        leaves[(*k)++] = obj;
+        return 1;
+    }
+    long tag = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+    PyObject *children;
+    switch (tag) {
+    case 0: {
+        PyObject *keys = PyTuple_GET_ITEM(spec, 1);
+        children = PyTuple_GET_ITEM(spec, 2);
+        Py_ssize_t n = PyTuple_GET_SIZE(keys);
+        if (!PyDict_CheckExact(obj) || PyDict_GET_SIZE(obj) != n)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = PyDict_GetItemWithError(obj, PyTuple_GET_ITEM(keys, i));
+            if (v == NULL)
+                return PyErr_Occurred() ? -1 : 0;
+            int r = walk_tree(v, PyTuple_GET_ITEM(children, i), leaves, k, cap);
+            if (r <= 0)
+                return r;
+        }
+        return 1;
+    }
+    case 1:
+    case 2: {
+        children = PyTuple_GET_ITEM(spec, 1);
+        Py_ssize_t n = PyTuple_GET_SIZE(children);
+        if (tag == 1 ? (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) != n)
+                     : (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != n))
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int r = walk_tree(tag == 1 ? PyList_GET_ITEM(obj, i) : PyTuple_GET_ITEM(obj, i),
+                              PyTuple_GET_ITEM(children, i), leaves, k, cap);
+            if (r <= 0)
+                return r;
+        }
+        return 1;
+    }
+    case 3:
+        return obj == Py_None;
+    case 4: {
+        children = PyTuple_GET_ITEM(spec, 2);
+        Py_ssize_t n = PyTuple_GET_SIZE(children);
+        if ((PyObject *)Py_TYPE(obj) != PyTuple_GET_ITEM(spec, 1) || PyTuple_GET_SIZE(obj) != n)
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int r = walk_tree(PyTuple_GET_ITEM(obj, i), PyTuple_GET_ITEM(children, i), leaves, k, cap);
+            if (r <= 0)
+                return r;
+        }
+        return 1;
+    }
+    default:
+        PyErr_SetString(PyExc_ValueError, "leaves: malformed tree spec");
+        return -1;
+    }
+}
+
+#define MAX_TREE_LEAVES 256
+
+/* leaves(obj, spec) -> list of obj's leaves, or None where its structure differs from spec */
+static PyObject *py_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *stack[MAX_TREE_LEAVES];
+    Py_ssize_t k = 0;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "leaves(obj, spec)");
+        return NULL;
+    }
+    int r = walk_tree(args[0], args[1], stack, &k, MAX_TREE_LEAVES);
+    if (r < 0)
+        return NULL;
+    if (r == 0)
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New(k);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_INCREF(stack[i]);
+        PyList_SET_ITEM(out, i, stack[i]);
+    }
+    return out;
+}
+
+/* call_leaves(fn, obj, spec) -> fn(*leaves(obj, spec)) without building the list (a vectorcall over the
+ * borrowed leaves: nothing runs between the walk and the call), or None where the structure differs */
+static PyObject *py_call_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *stack[MAX_TREE_LEAVES];
+    Py_ssize_t k = 0;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "call_leaves(fn, obj, spec)");
+        return NULL;
+    }
+    int r = walk_tree(args[1], args[2], stack, &k, MAX_TREE_LEAVES);
+    if (r < 0)
+        return NULL;
+    if (r == 0)
+        Py_RETURN_NONE;
+    return PyObject_Vectorcall(args[0], stack, (size_t)k, NULL);
+}
+
 static PyMethodDef methods[] = {
+    {"leaves", (PyCFunction)(void (*)(void))py_leaves, METH_FASTCALL,
+     "leaves(obj, spec) -> list | None: obj's leaves along a tree spec (jit's fast-path argument check)"},
+    {"call_leaves", (PyCFunction)(void (*)(void))py_call_leaves, METH_FASTCALL,
+     "call_leaves(fn, obj, spec) -> fn(*leaves) | None: the same check, then the call"},
     {"dense", (PyCFunction)(void (*)(void))py_dense, METH_FASTCALL,
      "dense(x, w, b, out, M, K, N, act, double) -> bool: out = x @ w + b (relu if act == 1)"},
     {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,

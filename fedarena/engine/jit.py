@@ -34,6 +34,7 @@ from .backends.numpy import native_executor as _native_graph
 from .backends.cupy import jit as _cupy_jit
 from . import ops
 from .core import buckets as _buckets
+from .core import cext as _cext
 from .core.ir import EngineError, Graph, ShapedArray, check_dtype
 from .core.nonfinite import SWITCH as _NAN_SWITCH
 from .core.pytree import tree_flatten, tree_str, tree_unflatten
@@ -370,6 +371,65 @@ def _fast_call_source(guard_src: str, exe: Executable, out_tree: tuple) -> tuple
     return "\n".join(["def fast(args, kwargs):"] + body), ns
 
 
+_MAX_TREE_LEAVES = 256  # _native.c's MAX_TREE_LEAVES: larger trees keep the Python guard
+
+
+def _leaves_spec(treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, callee_types: bool):
+    """The tree spec of ``_native.leaves``/``call_leaves`` for a signature whose argument check can run in C: no static or
+    keyword arguments, and every leaf an array of rank 1 or more that the called program checks itself
+    (``callee_types``: exact ndarray type, dtype and shape). ``None`` where the Python guard must check."""
+    if _cext._native is None or not callee_types or static_argnums or static:
+        return None
+    if len(leaves) > _MAX_TREE_LEAVES or not all(type(x) is np.ndarray and x.ndim > 0 for x in leaves):
+        return None
+    dyn_td, kw_td = treedef[1][0], treedef[1][1]
+    if dyn_td[0] != "t" or kw_td[0] != "d" or kw_td[1]:
+        return None
+
+    def spec(td: tuple):
+        tag = td[0]
+        if tag == "*":
+            return None
+        if tag == "N":
+            return (3,)
+        if tag == "d":
+            return (0, tuple(td[1]), tuple(spec(c) for c in td[2]))
+        if tag in ("l", "t"):
+            return (1 if tag == "l" else 2, tuple(spec(c) for c in td[1]))
+        return (4, td[1], tuple(spec(c) for c in td[2]))
+
+    return spec(dyn_td)
+
+
+def _leaves_fast_source(exe: Executable, out_tree: tuple) -> tuple[str, dict]:
+    """``fast(args, kwargs)`` with the argument check in C: ``_native.call_leaves`` walks the arguments along
+    ``_spec`` (the structure checks of the Python guard of :func:`_guard_source`; the C function's own dtype,
+    shape and type checks complete them) and calls the program with the leaves; otherwise as
+    :func:`_fast_call_source`."""
+    bsrc, ns = _builder_source(out_tree)
+    build_expr = bsrc.split("return ", 1)[1]
+    lines = [
+        "def fast(args, kwargs):",
+        "  if kwargs: return _MISS",
+        "  try:",
+        "    run = _pool.pop()",
+        "  except IndexError:",
+        "    run = _exe._build()",
+        "  try:",
+        "    o = _call(run, args, _spec)",  # None: another structure
+        # a layout the C function refuses (TypeError): the per-equation executor, as in _fast_call_source
+        "  except TypeError:",
+        "    o = _exe._slow(*_leaves(args, _spec))",
+        "  finally:",
+        "    _pool.append(run)",
+        "  if o is None or o is NotImplemented: return _MISS",
+        f"  return {build_expr}",
+    ]
+    ns.update({"_MISS": _MISS, "_pool": exe._pool, "_exe": exe, "_leaves": _cext._native.leaves,
+               "_call": _cext._native.call_leaves})
+    return "\n".join(lines), ns
+
+
 _MISS = object()
 
 
@@ -488,9 +548,14 @@ class Jitted:
             if not static_kw and not self.static_argnames:
                 callee = getattr(entry.executable, "checks_signature", False)
                 types = getattr(entry.executable, "checks_types", False)
-                gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args), callee, types)
-                fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
-                fns.update(gns)
+                spec = _leaves_spec(treedef, leaves, static, self.static_argnums, callee and types)
+                if spec is not None and hasattr(_cext._native, "call_leaves"):
+                    fsrc, fns = _leaves_fast_source(entry.executable, out_tree)
+                    fns["_spec"] = spec
+                else:
+                    gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args), callee, types)
+                    fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
+                    fns.update(gns)
                 fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)
                 self._fast.insert(0, fast)
                 del self._fast[4:]
