@@ -1145,20 +1145,30 @@ static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_
 
 #define MAX_TREE_LEAVES 256
 
+/* walk_tree over (obj, spec) = args[first], args[first + 1] of a call with `want` arguments:
+ * 1 with the leaves in stack[0:*k], 0 where the structure differs, -1 on an error (raised) */
+static int collect_leaves(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage,
+                          PyObject **stack, Py_ssize_t *k)
+{
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *k = 0;
+    return walk_tree(args[want - 2], args[want - 1], stack, k, MAX_TREE_LEAVES);
+}
+
 /* leaves(obj, spec) -> list of obj's leaves, or None where its structure differs from spec */
 static PyObject *py_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *stack[MAX_TREE_LEAVES];
-    Py_ssize_t k = 0;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "leaves(obj, spec)");
-        return NULL;
-    }
-    int r = walk_tree(args[0], args[1], stack, &k, MAX_TREE_LEAVES);
-    if (r < 0)
-        return NULL;
-    if (r == 0)
+    Py_ssize_t k;
+    int r = collect_leaves(args, nargs, 2, "leaves(obj, spec)", stack, &k);
+    if (r <= 0) {
+        if (r < 0)
+            return NULL;
         Py_RETURN_NONE;
+    }
     PyObject *out = PyList_New(k);
     if (out == NULL)
         return NULL;
@@ -1174,16 +1184,13 @@ static PyObject *py_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyObject *py_call_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *stack[MAX_TREE_LEAVES];
-    Py_ssize_t k = 0;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "call_leaves(fn, obj, spec)");
-        return NULL;
-    }
-    int r = walk_tree(args[1], args[2], stack, &k, MAX_TREE_LEAVES);
-    if (r < 0)
-        return NULL;
-    if (r == 0)
+    Py_ssize_t k;
+    int r = collect_leaves(args, nargs, 3, "call_leaves(fn, obj, spec)", stack, &k);
+    if (r <= 0) {
+        if (r < 0)
+            return NULL;
         Py_RETURN_NONE;
+    }
     return PyObject_Vectorcall(args[0], stack, (size_t)k, NULL);
 }
 
