@@ -658,14 +658,23 @@ def _sweep_summary(out: dict[str, Any], label: str, final: dict[str, float]) -> 
         out[f"epsilon[{label}]"] = round(final["epsilon"], 4)
 
 
-def sweep_table(curves: dict[str, dict[str, list[float]]]) -> list[tuple[str, ...]]:
-    """(label, final test accuracy, uploaded MB, upload reduction vs the first variant, epsilon) per variant."""
+def sweep_accuracy(curves: dict[str, dict[str, list[float]]]) -> tuple[str, str]:
+    """The accuracy a sweep's report shows, and its axis label: a language model's every-token accuracy
+    (``test_token_acc``, the measure of Reddi et al. 2021's table) where every variant reports it, else the
+    global test accuracy."""
+    if all(rec.get("test_token_acc") for rec in curves.values()):
+        return "test_token_acc", "every-token test accuracy"
+    return "test_acc", "global test accuracy"
+
+
+def sweep_table(curves: dict[str, dict[str, list[float]]], key: str = "test_acc") -> list[tuple[str, ...]]:
+    """(label, final accuracy ``key``, uploaded MB, upload reduction vs the first variant, epsilon) per variant."""
     first = next(iter(curves.values()))
     ref = first["bytes_up"][-1]
     rows = []
     for label, rec in curves.items():
         eps = rec["epsilon"][-1]
-        rows.append((label, f"{rec['test_acc'][-1]:.4f}", f"{rec['bytes_up'][-1] / 1e6:.3f}",
+        rows.append((label, f"{rec[key][-1]:.4f}", f"{rec['bytes_up'][-1] / 1e6:.3f}",
                      f"{ref / rec['bytes_up'][-1]:.1f}x" if rec["bytes_up"][-1] else "-",
                      f"{eps:.3g} ({rec['epsilon_kind']})" if np.isfinite(eps) else "-"))
     return rows
@@ -682,11 +691,12 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
     if not path.exists():
         return []
     curves = json.loads(path.read_text(encoding="utf-8"))
+    key, ylabel = sweep_accuracy(curves)
     out = []
     fig, a = plt.subplots(figsize=(7.5, 4.5))
     for label, rec in curves.items():
         x = np.asarray(rec[cfg.x_metric], float) / (1e6 if cfg.x_metric != "round" else 1)
-        a.plot(x, rec["test_acc"], "-o", ms=2.5, lw=1.3, label=label)
+        a.plot(x, rec[key], "-o", ms=2.5, lw=1.3, label=label)
     a.set_xlabel({"round": "round", "bytes_up": "total uploaded MB (exact encoded bytes)",
                   "bytes_total": "total MB up + down"}[cfg.x_metric])
     if cfg.x_metric != "round":
@@ -695,7 +705,7 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
         from matplotlib.ticker import MaxNLocator
 
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
-    a.set_ylabel("global test accuracy")
+    a.set_ylabel(ylabel)
     a.grid(alpha=0.3)
     a.legend(fontsize=8)
     title = f"{report_dir.parent.name}:\n{_sweep_setup(cfg)}"  # two lines: a run name and the setup overflow one
@@ -707,7 +717,7 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
     if cfg.privacy_plot:
         fig, a = plt.subplots(figsize=(6.5, 4.2))
         for label, rec in curves.items():
-            eps, acc = np.asarray(rec["epsilon"], float), np.asarray(rec["test_acc"], float)
+            eps, acc = np.asarray(rec["epsilon"], float), np.asarray(rec[key], float)
             if np.isfinite(eps).any():
                 a.plot(eps, acc, "-", lw=1, label=f"{label} ({rec['epsilon_kind']})")
             else:
@@ -715,7 +725,7 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
         a.set_xscale("log")
         a.set_xlabel("cumulative epsilon (DP-FedAvg: RDP accountant, user level; LDP / SignDS: most frequent uploader)",
                      fontsize=8)
-        a.set_ylabel("global test accuracy")
+        a.set_ylabel(ylabel)
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
         a.set_title(f"{title}\naccuracy against the accountant's cumulative epsilon, per round", fontsize=9)
@@ -723,8 +733,9 @@ def plots_fedsim_sweep(rows, cfg: FedSimSweepConfig, report_dir) -> list[str]:
         fig.savefig(report_dir / "sweep_epsilon.png", dpi=110)
         plt.close(fig)
         out.append(str(report_dir / "sweep_epsilon.png"))
-    table = sweep_table(curves)
-    head = ("variant", "final test acc", "uploaded MB", "upload reduction", "epsilon")
+    table = sweep_table(curves, key)
+    head = ("variant", "final every-token acc" if key == "test_token_acc" else "final test acc", "uploaded MB",
+            "upload reduction", "epsilon")
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in table]
     (report_dir / "sweep_table.md").write_text("\n".join(md) + "\n", encoding="utf-8")
     fig, a = plt.subplots(figsize=(9, 0.35 * len(table) + 1.1))

@@ -85,6 +85,8 @@ def test_table_config_runs_two_rounds_on_files_of_the_real_format(tmp_path, name
             assert 0.0 <= res.summary[f"{k}[{col}]"] <= 1.0, (col, k)
         assert res.summary[f"bytes_up[{col}]"] > 0
     assert not any(k.startswith("test_token_acc") for k in res.summary) or tokens
+    table = (tmp_path / "run" / "report" / "sweep_table.md").read_text()  # the report shows the paper's measure
+    assert ("every-token" in table) == bool(tokens), table.splitlines()[0]
 
 
 def test_sweep_closes_each_columns_data_source(tmp_path, monkeypatch):
