@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <string.h>
 
@@ -38,9 +39,12 @@ static int borrow(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t nbyte
     return 1;
 }
 
-#define NB 16 /* output columns kept in registers while the K loop runs */
+/* NB output columns are kept in registers while the K loop runs: 128 bytes of accumulators (32 float32,
+ * 16 float64), eight independent SSE2 add chains, which hides the add latency (at 16 float32 columns a
+ * one-row product was latency bound: 0.39 us for 64x64, 0.2 us at 32).  The order of operations of each
+ * output element does not depend on NB. */
 
-#define DEFINE_KERNELS(T, SUFFIX, EXP)                                                         \
+#define DEFINE_KERNELS(T, SUFFIX, EXP, NB)                                                       \
     static void dense_##SUFFIX(const T *restrict x, const T *restrict w, const T *restrict b,  \
                                T *restrict o, Py_ssize_t M, Py_ssize_t K, Py_ssize_t N,        \
                                int act)                                                        \
@@ -93,8 +97,8 @@ static int borrow(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t nbyte
         }                                                                                      \
     }
 
-DEFINE_KERNELS(float, f32, expf)
-DEFINE_KERNELS(double, f64, exp)
+DEFINE_KERNELS(float, f32, expf, 32)
+DEFINE_KERNELS(double, f64, exp, 16)
 
 static int as_sizes(PyObject *const *args, Py_ssize_t n, Py_ssize_t *out)
 {
@@ -1081,6 +1085,19 @@ static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs
  * as it is), (0, keys, children) an exactly-dict of exactly those keys, (1, children) an exactly-list,
  * (2, children) an exactly-tuple, (3,) None, (4, cls, children) an instance of exactly the namedtuple
  * class cls: the structure checks of the Python guard it replaces (jit._guard_source).  -1: an error. */
+static PyObject *SMALL[5]; /* the ints 0..4: a spec's tag is one of these objects (CPython keeps one of each) */
+
+static long spec_tag(PyObject *spec)
+{
+    PyObject *t = PyTuple_GET_ITEM(spec, 0);
+    for (long i = 0; i < 5; i++)
+        if (t == SMALL[i])
+            return i;
+    return PyLong_AsLong(t);
+}
+
+#define DICT_SCAN 16 /* dicts up to this size are matched by key identity first */
+
 static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_t *k, Py_ssize_t cap)
 {
     if (spec == Py_None) {
@@ -1089,7 +1106,7 @@ static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_
         leaves[(*k)++] = obj;
         return 1;
     }
-    long tag = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+    long tag = spec_tag(spec);
     PyObject *children;
     switch (tag) {
     case 0: {
@@ -1098,9 +1115,21 @@ static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_
         Py_ssize_t n = PyTuple_GET_SIZE(keys);
         if (!PyDict_CheckExact(obj) || PyDict_GET_SIZE(obj) != n)
             return 0;
+        /* the dict's entries in insertion order: a spec key (sorted) that is the same object as an entry's
+         * key (interned strings, the usual case) takes that entry's value without hashing; others are looked up */
+        PyObject *ek[DICT_SCAN], *ev[DICT_SCAN];
+        Py_ssize_t ne = 0, pos = 0;
+        if (n <= DICT_SCAN)
+            while (ne < n && PyDict_Next(obj, &pos, &ek[ne], &ev[ne]))
+                ne++;
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *v = PyDict_GetItemWithError(obj, PyTuple_GET_ITEM(keys, i));
-            if (v == NULL)
+            PyObject *key = PyTuple_GET_ITEM(keys, i), *v = NULL;
+            for (Py_ssize_t j = 0; j < ne; j++)
+                if (ek[(i + j) % ne] == key) {
+                    v = ev[(i + j) % ne];
+                    break;
+                }
+            if (v == NULL && (v = PyDict_GetItemWithError(obj, key)) == NULL)
                 return PyErr_Occurred() ? -1 : 0;
             int r = walk_tree(v, PyTuple_GET_ITEM(children, i), leaves, k, cap);
             if (r <= 0)
@@ -1179,26 +1208,304 @@ static PyObject *py_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
-/* call_leaves(fn, obj, spec) -> fn(*leaves(obj, spec)) without building the list (a vectorcall over the
- * borrowed leaves: nothing runs between the walk and the call), or None where the structure differs */
-static PyObject *py_call_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* ---------------------------------------------------------------------------------------------
+ * engine.jit's call path for whole-graph native programs, all in C (one Python-level call: the
+ * jitted function's own).  jit.py builds, per compiled signature,
+ *
+ *     FastCall(pool, build, slow, spec, out_spec)
+ *
+ * and stores the newest in its Jitted's `_fast0` slot.  FastCall(args, kwargs) does what the Python
+ * fast path does: no keywords; the arguments walked along `spec` (walk_tree: the structure checks of
+ * the Python guard); a program taken from `pool` (a list of callables, each with an arena of its own;
+ * `build()` makes another when a reentrant call finds it empty) and called with the leaves; the
+ * program's own checks answer NotImplemented (another dtype or shape: a miss) or raise TypeError (a
+ * layout it does not take: `slow(*leaves)`, the per-equation executor); its list of outputs is put
+ * back into the tree `out_spec` (the same spec format; a leaf takes the next output).  A miss returns
+ * MISS and jit looks the signature up.
+ *
+ * JitBase is Jitted's base class: calling a Jitted runs `_fast0(args, kwargs)` (a FastCall directly, any
+ * other callable as a Python call) and, when that answers MISS, `self._call_slow(*args, **kwargs)`. */
+
+static PyObject *MISS; /* _native.MISS: "not this signature" */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *pool, *build, *slow, *spec, *out_spec;
+} FastCall;
+
+static PyTypeObject FastCallType;
+
+/* the output tree: `spec` over items[*i:] (a new reference, NULL on an error) */
+static PyObject *build_tree(PyObject *spec, PyObject *const *items, Py_ssize_t n, Py_ssize_t *i)
 {
-    PyObject *stack[MAX_TREE_LEAVES];
-    Py_ssize_t k;
-    int r = collect_leaves(args, nargs, 3, "call_leaves(fn, obj, spec)", stack, &k);
-    if (r <= 0) {
-        if (r < 0)
+    if (spec == Py_None) {
+        if (*i >= n) {
+            PyErr_SetString(PyExc_ValueError, "FastCall: the program returned fewer outputs than its tree has leaves");
             return NULL;
-        Py_RETURN_NONE;
+        }
+        PyObject *x = items[(*i)++];
+        Py_INCREF(x);
+        return x;
     }
-    return PyObject_Vectorcall(args[0], stack, (size_t)k, NULL);
+    long tag = spec_tag(spec);
+    PyObject *children = tag == 1 || tag == 2 ? PyTuple_GET_ITEM(spec, 1) : tag == 3 ? NULL : PyTuple_GET_ITEM(spec, 2);
+    Py_ssize_t m = children ? PyTuple_GET_SIZE(children) : 0;
+    if (tag == 3)
+        Py_RETURN_NONE;
+    if (tag == 0) {
+        PyObject *keys = PyTuple_GET_ITEM(spec, 1), *d = PyDict_New();
+        if (d == NULL)
+            return NULL;
+        for (Py_ssize_t c = 0; c < m; c++) {
+            PyObject *v = build_tree(PyTuple_GET_ITEM(children, c), items, n, i);
+            if (v == NULL || PyDict_SetItem(d, PyTuple_GET_ITEM(keys, c), v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(d);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+        return d;
+    }
+    if (tag == 1 || tag == 2 || tag == 4) {
+        PyObject *seq = tag == 1 ? PyList_New(m) : PyTuple_New(m);
+        if (seq == NULL)
+            return NULL;
+        for (Py_ssize_t c = 0; c < m; c++) {
+            PyObject *v = build_tree(PyTuple_GET_ITEM(children, c), items, n, i);
+            if (v == NULL) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+            if (tag == 1)
+                PyList_SET_ITEM(seq, c, v);
+            else
+                PyTuple_SET_ITEM(seq, c, v);
+        }
+        if (tag != 4)
+            return seq;
+        PyObject *out = PyObject_Call(PyTuple_GET_ITEM(spec, 1), seq, NULL); /* the namedtuple class */
+        Py_DECREF(seq);
+        return out;
+    }
+    PyErr_SetString(PyExc_ValueError, "FastCall: malformed tree spec");
+    return NULL;
 }
+
+static PyObject *fastcall_apply(FastCall *f, PyObject *args, PyObject *kwargs)
+{
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0)
+        return Py_NewRef(MISS);
+    PyObject *run, *pool = f->pool;
+    Py_ssize_t np_ = PyList_GET_SIZE(pool);
+    if (np_ > 0) { /* the newest free program; another call that comes in while it runs builds its own */
+        run = Py_NewRef(PyList_GET_ITEM(pool, np_ - 1));
+        if (PyList_SetSlice(pool, np_ - 1, np_, NULL) < 0) {
+            Py_DECREF(run);
+            return NULL;
+        }
+    } else if ((run = PyObject_CallNoArgs(f->build)) == NULL) {
+        return NULL;
+    }
+    PyObject *stack[MAX_TREE_LEAVES], *o = NULL;
+    Py_ssize_t k = 0;
+    int r = walk_tree(args, f->spec, stack, &k, MAX_TREE_LEAVES);
+    if (r > 0) { /* the leaves are borrowed from args, and nothing runs between the walk and the call */
+        o = PyObject_Vectorcall(run, stack, (size_t)k, NULL);
+        if (o == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) { /* a layout the program does not take */
+            PyErr_Clear();
+            k = 0;
+            r = walk_tree(args, f->spec, stack, &k, MAX_TREE_LEAVES);
+            o = r > 0 ? PyObject_Vectorcall(f->slow, stack, (size_t)k, NULL) : NULL;
+        }
+    }
+    if (PyList_Append(pool, run) < 0)
+        Py_CLEAR(o);
+    Py_DECREF(run);
+    if (r < 0 || (r == 0 && o == NULL && PyErr_Occurred()))
+        return NULL;
+    if (r == 0 || o == Py_None || o == Py_NotImplemented) {
+        Py_XDECREF(o);
+        return Py_NewRef(MISS);
+    }
+    if (o == NULL)
+        return NULL;
+    PyObject *seq = PySequence_Fast(o, "FastCall: the program's outputs are not a sequence");
+    Py_DECREF(o);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t i = 0, n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = build_tree(f->out_spec, PySequence_Fast_ITEMS(seq), n, &i);
+    if (out != NULL && i != n) {
+        Py_CLEAR(out);
+        PyErr_SetString(PyExc_ValueError, "FastCall: the program returned more outputs than its tree has leaves");
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* FastCall(args, kwargs): the Python fast path's protocol (jit tries older signatures this way) */
+static PyObject *fastcall_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || nargs != 2 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "FastCall(args: tuple, kwargs: dict)");
+        return NULL;
+    }
+    return fastcall_apply((FastCall *)self, args[0], args[1]);
+}
+
+static PyObject *fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *pool, *build, *slow, *spec, *out_spec;
+    static char *names[] = {"pool", "build", "slow", "spec", "out_spec", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOO:FastCall", names, &PyList_Type, &pool, &build, &slow, &spec, &out_spec))
+        return NULL;
+    if (spec == Py_None || !PyTuple_Check(spec)) { /* the arguments are a tuple: its spec is (2, children) */
+        PyErr_SetString(PyExc_TypeError, "FastCall: spec must be a tree spec of the argument tuple");
+        return NULL;
+    }
+    FastCall *f = (FastCall *)type->tp_alloc(type, 0);
+    if (f == NULL)
+        return NULL;
+    f->vectorcall = fastcall_vectorcall;
+    f->pool = Py_NewRef(pool);
+    f->build = Py_NewRef(build);
+    f->slow = Py_NewRef(slow);
+    f->spec = Py_NewRef(spec);
+    f->out_spec = Py_NewRef(out_spec);
+    return (PyObject *)f;
+}
+
+static int fastcall_traverse(FastCall *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->pool);
+    Py_VISIT(f->build);
+    Py_VISIT(f->slow);
+    Py_VISIT(f->spec);
+    Py_VISIT(f->out_spec);
+    return 0;
+}
+
+static int fastcall_clear(FastCall *f)
+{
+    Py_CLEAR(f->pool);
+    Py_CLEAR(f->build);
+    Py_CLEAR(f->slow);
+    Py_CLEAR(f->spec);
+    Py_CLEAR(f->out_spec);
+    return 0;
+}
+
+static void fastcall_dealloc(FastCall *f)
+{
+    PyObject_GC_UnTrack(f);
+    fastcall_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyMemberDef fastcall_members[] = {
+    {"pool", T_OBJECT, offsetof(FastCall, pool), READONLY, "the free programs (callables with an arena each)"},
+    {"spec", T_OBJECT, offsetof(FastCall, spec), READONLY, "the argument tuple's tree spec"},
+    {"out_spec", T_OBJECT, offsetof(FastCall, out_spec), READONLY, "the output tree's spec"},
+    {NULL},
+};
+
+static PyTypeObject FastCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fedarena.engine._native.FastCall",
+    .tp_basicsize = sizeof(FastCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "FastCall(pool, build, slow, spec, out_spec): jit's call path of one native signature "
+              "(f(args, kwargs) -> outputs, or MISS)",
+    .tp_new = fastcall_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(FastCall, vectorcall),
+    .tp_traverse = (traverseproc)fastcall_traverse,
+    .tp_clear = (inquiry)fastcall_clear,
+    .tp_dealloc = (destructor)fastcall_dealloc,
+    .tp_members = fastcall_members,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *fast0;
+} JitBase;
+
+static PyObject *CALL_SLOW; /* "_call_slow" */
+
+static PyObject *jitbase_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *fast = ((JitBase *)self)->fast0, *out;
+    if (fast != NULL && Py_IS_TYPE(fast, &FastCallType)) {
+        out = fastcall_apply((FastCall *)fast, args, kwargs);
+    } else if (fast != NULL) {
+        PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
+        if (kw == NULL)
+            return NULL;
+        PyObject *pair[2] = {args, kw};
+        Py_INCREF(fast); /* the call may replace _fast0 */
+        out = PyObject_Vectorcall(fast, pair, 2, NULL);
+        Py_DECREF(fast);
+        Py_DECREF(kw);
+    } else {
+        out = Py_NewRef(MISS);
+    }
+    if (out != MISS)
+        return out;
+    Py_DECREF(out);
+    PyObject *slow = PyObject_GetAttr(self, CALL_SLOW);
+    if (slow == NULL)
+        return NULL;
+    out = PyObject_Call(slow, args, kwargs);
+    Py_DECREF(slow);
+    return out;
+}
+
+static int jitbase_traverse(JitBase *j, visitproc visit, void *arg)
+{
+    Py_VISIT(j->fast0);
+    return 0;
+}
+
+static int jitbase_clear(JitBase *j)
+{
+    Py_CLEAR(j->fast0);
+    return 0;
+}
+
+static void jitbase_dealloc(JitBase *j)
+{
+    PyObject_GC_UnTrack(j);
+    jitbase_clear(j);
+    Py_TYPE(j)->tp_free((PyObject *)j);
+}
+
+static PyMemberDef jitbase_members[] = {
+    {"_fast0", T_OBJECT, offsetof(JitBase, fast0), 0,
+     "the newest signature's fast call: f(args, kwargs) -> outputs, or MISS"},
+    {NULL},
+};
+
+static PyTypeObject JitBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fedarena.engine._native.JitBase",
+    .tp_basicsize = sizeof(JitBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "engine.jit's Jitted base: calling it runs self._fast0(args, kwargs), and "
+              "self._call_slow(*args, **kwargs) when that answers MISS",
+    .tp_new = PyType_GenericNew,
+    .tp_call = jitbase_call,
+    .tp_traverse = (traverseproc)jitbase_traverse,
+    .tp_clear = (inquiry)jitbase_clear,
+    .tp_dealloc = (destructor)jitbase_dealloc,
+    .tp_members = jitbase_members,
+};
 
 static PyMethodDef methods[] = {
     {"leaves", (PyCFunction)(void (*)(void))py_leaves, METH_FASTCALL,
      "leaves(obj, spec) -> list | None: obj's leaves along a tree spec (jit's fast-path argument check)"},
-    {"call_leaves", (PyCFunction)(void (*)(void))py_call_leaves, METH_FASTCALL,
-     "call_leaves(fn, obj, spec) -> fn(*leaves) | None: the same check, then the call"},
     {"dense", (PyCFunction)(void (*)(void))py_dense, METH_FASTCALL,
      "dense(x, w, b, out, M, K, N, act, double) -> bool: out = x @ w + b (relu if act == 1)"},
     {"tanh", (PyCFunction)(void (*)(void))py_tanh, METH_FASTCALL,
@@ -1226,4 +1533,24 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "Native kernels of the numpy backend.", -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void)
+{
+    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&JitBaseType) < 0)
+        return NULL;
+    for (long i = 0; i < 5; i++)
+        if (SMALL[i] == NULL && (SMALL[i] = PyLong_FromLong(i)) == NULL)
+            return NULL;
+    if (CALL_SLOW == NULL && (CALL_SLOW = PyUnicode_InternFromString("_call_slow")) == NULL)
+        return NULL;
+    if (MISS == NULL && (MISS = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type)) == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "FastCall", (PyObject *)&FastCallType) < 0 ||
+        PyModule_AddObjectRef(m, "JitBase", (PyObject *)&JitBaseType) < 0 || PyModule_AddObjectRef(m, "MISS", MISS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

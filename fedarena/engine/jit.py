@@ -375,9 +375,10 @@ _MAX_TREE_LEAVES = 256  # _native.c's MAX_TREE_LEAVES: larger trees keep the Pyt
 
 
 def _leaves_spec(treedef: tuple, leaves: list, static: tuple, static_argnums: tuple, callee_types: bool):
-    """The tree spec of ``_native.leaves``/``call_leaves`` for a signature whose argument check can run in C: no static or
-    keyword arguments, and every leaf an array of rank 1 or more that the called program checks itself
-    (``callee_types``: exact ndarray type, dtype and shape). ``None`` where the Python guard must check."""
+    """The tree spec of the argument tuple for ``_native.FastCall`` (``_native.c``'s walk_tree), for a
+    signature whose argument check can run in C: no static or keyword arguments, and every leaf an array of
+    rank 1 or more that the called program checks itself (``callee_types``: exact ndarray type, dtype and
+    shape). ``None`` where the Python guard must check."""
     if _cext._native is None or not callee_types or static_argnums or static:
         return None
     if len(leaves) > _MAX_TREE_LEAVES or not all(type(x) is np.ndarray and x.ndim > 0 for x in leaves):
@@ -385,52 +386,25 @@ def _leaves_spec(treedef: tuple, leaves: list, static: tuple, static_argnums: tu
     dyn_td, kw_td = treedef[1][0], treedef[1][1]
     if dyn_td[0] != "t" or kw_td[0] != "d" or kw_td[1]:
         return None
-
-    def spec(td: tuple):
-        tag = td[0]
-        if tag == "*":
-            return None
-        if tag == "N":
-            return (3,)
-        if tag == "d":
-            return (0, tuple(td[1]), tuple(spec(c) for c in td[2]))
-        if tag in ("l", "t"):
-            return (1 if tag == "l" else 2, tuple(spec(c) for c in td[1]))
-        return (4, td[1], tuple(spec(c) for c in td[2]))
-
-    return spec(dyn_td)
+    return _tree_spec(dyn_td)
 
 
-def _leaves_fast_source(exe: Executable, out_tree: tuple) -> tuple[str, dict]:
-    """``fast(args, kwargs)`` with the argument check in C: ``_native.call_leaves`` walks the arguments along
-    ``_spec`` (the structure checks of the Python guard of :func:`_guard_source`; the C function's own dtype,
-    shape and type checks complete them) and calls the program with the leaves; otherwise as
-    :func:`_fast_call_source`."""
-    bsrc, ns = _builder_source(out_tree)
-    build_expr = bsrc.split("return ", 1)[1]
-    lines = [
-        "def fast(args, kwargs):",
-        "  if kwargs: return _MISS",
-        "  try:",
-        "    run = _pool.pop()",
-        "  except IndexError:",
-        "    run = _exe._build()",
-        "  try:",
-        "    o = _call(run, args, _spec)",  # None: another structure
-        # a layout the C function refuses (TypeError): the per-equation executor, as in _fast_call_source
-        "  except TypeError:",
-        "    o = _exe._slow(*_leaves(args, _spec))",
-        "  finally:",
-        "    _pool.append(run)",
-        "  if o is None or o is NotImplemented: return _MISS",
-        f"  return {build_expr}",
-    ]
-    ns.update({"_MISS": _MISS, "_pool": exe._pool, "_exe": exe, "_leaves": _cext._native.leaves,
-               "_call": _cext._native.call_leaves})
-    return "\n".join(lines), ns
+def _tree_spec(td: tuple):
+    """A tree definition as ``_native.c``'s tree spec: None a leaf, (0, keys, children) a dict, (1, children) a
+    list, (2, children) a tuple, (3,) None, (4, cls, children) a namedtuple."""
+    tag = td[0]
+    if tag == "*":
+        return None
+    if tag == "N":
+        return (3,)
+    if tag == "d":
+        return (0, tuple(td[1]), tuple(_tree_spec(c) for c in td[2]))
+    if tag in ("l", "t"):
+        return (1 if tag == "l" else 2, tuple(_tree_spec(c) for c in td[1]))
+    return (4, td[1], tuple(_tree_spec(c) for c in td[2]))
 
 
-_MISS = object()
+_MISS = _cext._native.MISS if _cext._native is not None else object()  # a fast call's "not this signature"
 
 
 def _always_miss(args: tuple, kwargs: dict) -> object:
@@ -482,7 +456,18 @@ def _forget_fast_paths() -> None:
 _NAN_SWITCH.listeners.append(_forget_fast_paths)
 
 
-class Jitted:
+class _JitCall:
+    """Jitted's call where the C extension is not built (``_native.JitBase`` does the same in C): the newest
+    signature's fast call, and the lookup when it misses."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._fast0(args, kwargs)
+        if out is not _MISS:
+            return out
+        return self._call_slow(*args, **kwargs)
+
+
+class Jitted(_cext._native.JitBase if _cext._native is not None else _JitCall):
     """A jit-compiled function; call it like the original."""
 
     def __init__(self, fn: Callable, static_argnums: Sequence[int] = (), passes: Any = None, static_argnames: Sequence[str] = (),
@@ -549,14 +534,15 @@ class Jitted:
                 callee = getattr(entry.executable, "checks_signature", False)
                 types = getattr(entry.executable, "checks_types", False)
                 spec = _leaves_spec(treedef, leaves, static, self.static_argnums, callee and types)
-                if spec is not None and hasattr(_cext._native, "call_leaves"):
-                    fsrc, fns = _leaves_fast_source(entry.executable, out_tree)
-                    fns["_spec"] = spec
+                if spec is not None:  # the whole call path in C (_native.c's FastCall)
+                    exe = entry.executable
+                    call = _cext._native.FastCall(exe._pool, exe._build, exe._slow, spec, _tree_spec(out_tree))
                 else:
                     gsrc, gns = _guard_source(treedef, leaves, static, self.static_argnums, len(args), callee, types)
                     fsrc, fns = _fast_call_source(gsrc, entry.executable, out_tree)
                     fns.update(gns)
-                fast = (_compile_fn(fsrc, fns, "fast"), entry.executable)
+                    call = _compile_fn(fsrc, fns, "fast")
+                fast = (call, entry.executable)
                 self._fast.insert(0, fast)
                 del self._fast[4:]
                 self._fast0 = fast[0]
@@ -662,10 +648,8 @@ class Jitted:
             stacklevel=3,
         )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._fast0(args, kwargs)  # the most recent signature: guard + compiled code
-        if out is not _MISS:
-            return out
+    def _call_slow(self, *args: Any, **kwargs: Any) -> Any:
+        """A call the newest signature's fast call (``_fast0``, tried first by the base class) missed."""
         if _TRACE_STACK:
             return self.fn(*args, **kwargs)  # inside another transformation: inline
         if self.static_argnames:

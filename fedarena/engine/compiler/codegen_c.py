@@ -531,8 +531,8 @@ class _Gen:
         self.nested(dst.shape, [dst.strides, self.bstrides(src, dst.shape)], f"{dst.ptr}[o0] = {src.ptr}[o1];")
 
     def dense(self, e) -> None:
-        """``dense_p``: ``_native.c``'s dense kernel, the same order of operations (16 output
-        columns accumulated from the bias over k, then relu)."""
+        """``dense_p``: ``_native.c``'s dense kernel, the same order of operations (each output element
+        accumulated from the bias over k, in blocks of 32 float32 / 16 float64 columns, then relu)."""
         x, w = (self.materialize(self.val(a)) for a in e.inputs[:2])
         b = self.materialize(self.val(e.inputs[2])) if e.attrs["bias"] else None
         o = self.out_buffer(e.outputs[0])
@@ -540,18 +540,27 @@ class _Gen:
             raise Unsupported("dense: operands of mixed dtypes")
         T = _CTYPE[x.dtype]
         (m, k), n = x.shape, w.shape[1]
+        nb = 128 // x.dtype.itemsize  # _native.c's NB
         init = f"{b.ptr}[n0 + j]" if b is not None else "0"
         relu = (
             f"for (npy_intp c = 0; c < {n}; c++) row[c] = row[c] > 0 ? row[c] : (row[c] == row[c] ? 0 : row[c]);"
             if e.attrs["relu"] else ""
         )
+
+        def block(first: str, stop: str, width: int) -> str:  # columns [first, stop) in blocks of `width`
+            return (
+                f"for (npy_intp n0 = {first}; n0 < {stop}; n0 += {width}) {{ {T} acc[{width}]; "
+                f"for (npy_intp j = 0; j < {width}; j++) acc[j] = {init}; "
+                f"for (npy_intp q = 0; q < {k}; q++) {{ const {T} xv = xr[q]; const {T} *wr = {w.ptr} + q * {n} + n0; "
+                f"for (npy_intp j = 0; j < {width}; j++) acc[j] += xv * wr[j]; }} "
+                f"for (npy_intp j = 0; j < {width}; j++) row[n0 + j] = acc[j]; }} "
+            )
+
+        full = n - n % nb
+        blocks = (block("0", str(full), nb) if full else "") + (block(str(full), str(n), n - full) if n % nb else "")
         self.lines.append(
             f"    for (npy_intp m = 0; m < {m}; m++) {{ {T} *row = {o.ptr} + m * {n}; const {T} *xr = {x.ptr} + m * {k}; "
-            f"for (npy_intp n0 = 0; n0 < {n}; n0 += 16) {{ npy_intp nb = {n} - n0 < 16 ? {n} - n0 : 16; {T} acc[16]; "
-            f"for (npy_intp j = 0; j < nb; j++) acc[j] = {init}; "
-            f"for (npy_intp q = 0; q < {k}; q++) {{ const {T} xv = xr[q]; const {T} *wr = {w.ptr} + q * {n} + n0; "
-            f"for (npy_intp j = 0; j < nb; j++) acc[j] += xv * wr[j]; }} "
-            f"for (npy_intp j = 0; j < nb; j++) row[n0 + j] = acc[j]; }} {relu} }}"
+            f"{blocks}{relu} }}"
         )
 
     def softmax(self, e) -> None:
