@@ -39,12 +39,9 @@ static int borrow(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t nbyte
     return 1;
 }
 
-/* NB output columns are kept in registers while the K loop runs: 128 bytes of accumulators (32 float32,
- * 16 float64), eight independent SSE2 add chains, which hides the add latency (at 16 float32 columns a
- * one-row product was latency bound: 0.39 us for 64x64, 0.2 us at 32).  The order of operations of each
- * output element does not depend on NB. */
+#define NB 16 /* output columns kept in registers while the K loop runs */
 
-#define DEFINE_KERNELS(T, SUFFIX, EXP, NB)                                                       \
+#define DEFINE_KERNELS(T, SUFFIX, EXP)                                                         \
     static void dense_##SUFFIX(const T *restrict x, const T *restrict w, const T *restrict b,  \
                                T *restrict o, Py_ssize_t M, Py_ssize_t K, Py_ssize_t N,        \
                                int act)                                                        \
@@ -97,8 +94,8 @@ static int borrow(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t nbyte
         }                                                                                      \
     }
 
-DEFINE_KERNELS(float, f32, expf, 32)
-DEFINE_KERNELS(double, f64, exp, 16)
+DEFINE_KERNELS(float, f32, expf)
+DEFINE_KERNELS(double, f64, exp)
 
 static int as_sizes(PyObject *const *args, Py_ssize_t n, Py_ssize_t *out)
 {
