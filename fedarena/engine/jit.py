@@ -480,7 +480,8 @@ class Jitted(_cext._native.JitBase if _cext._native is not None else _JitCall):
         self.compiles = 0  # programs compiled so far (evicted ones included)
         # the once-per-function warning about a changed shape/dtype/static value (not for a function whose
         # caller expects several shapes)
-        self._miss_warned = bool(shape_varies)
+        self._shape_varies = bool(shape_varies)
+        self._miss_warned = self._shape_varies
         self._budget_warned = False
         self.donate_argnums = frozenset(int(i) for i in donate_argnums)
         if self.donate_argnums & set(int(i) for i in static_argnums):
@@ -496,6 +497,13 @@ class Jitted(_cext._native.JitBase if _cext._native is not None else _JitCall):
         self._warned = False
         functools.update_wrapper(self, fn)
         _LIVE.add(self)
+
+    def __reduce__(self):
+        """A copy or a pickle (``copy.deepcopy``, ``pickle``, Ray's cloudpickle) is the same jitted function
+        without its compiled programs, which belong to this process (a native one is rebuilt from the disk
+        cache on the first call)."""
+        return (Jitted, (self.fn, self.static_argnums, self.passes, tuple(sorted(self.static_argnames)),
+                         self.debug_nans, tuple(sorted(self.donate_argnums)), self.max_compiles, self._shape_varies))
 
     def _lookup(self, args: tuple, kwargs: dict, static_kw: tuple = ()):
         dyn, static = _split(args, self.static_argnums)

@@ -358,3 +358,31 @@ def test_executor_reuses_buffers_and_stays_correct(monkeypatch):
     eps = 1e-6
     fd = np.array([(chain(x + eps * e, w)[0] - chain(x - eps * e, w)[0]) / (2 * eps) for e in np.eye(16).reshape(16, 4, 4)]).reshape(4, 4)
     np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+
+
+def _scaled_tanh(x, k):
+    return ops.tanh(x) * k
+
+
+def test_a_jitted_function_pickles_and_copies_without_its_programs():
+    """pickle, copy.deepcopy and Ray's cloudpickle (how a policy holding a jitted function reaches an actor) give
+    the same jitted function, options included, with no compiled program carried over."""
+    import copy
+    import pickle
+
+    j = engine.jit(_scaled_tanh, static_argnums=(1,), max_compiles=5)
+    x = np.linspace(-2, 2, 7)
+    want = j(x, 3.0)
+    dumps = [pickle.dumps]
+    try:
+        from ray import cloudpickle
+        dumps.append(cloudpickle.dumps)
+    except ImportError:  # pragma: no cover - ray is a test dependency
+        pass
+    copies = [copy.deepcopy(j), copy.copy(j)] + [pickle.loads(d(j)) for d in dumps]
+    for c in copies:
+        assert type(c) is type(j) and c.cache_size == 0 and c.compiles == 0
+        assert c.static_argnums == (1,) and c.max_compiles == 5 and c.__wrapped__ is _scaled_tanh
+        np.testing.assert_array_equal(c(x, 3.0), want)
+        assert c.cache_size == 1
+    assert j.cache_size == 1  # the original keeps its program
