@@ -1434,21 +1434,21 @@ static PyObject *CALL_SLOW; /* "_call_slow" */
 
 static PyObject *jitbase_call(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    PyObject *fast = ((JitBase *)self)->fast0, *out;
+    /* held for the call: the program (or another thread while it runs) may replace _fast0 */
+    PyObject *fast = Py_XNewRef(((JitBase *)self)->fast0), *out;
     if (fast != NULL && Py_IS_TYPE(fast, &FastCallType)) {
         out = fastcall_apply((FastCall *)fast, args, kwargs);
     } else if (fast != NULL) {
         PyObject *kw = kwargs != NULL ? Py_NewRef(kwargs) : PyDict_New();
-        if (kw == NULL)
-            return NULL;
         PyObject *pair[2] = {args, kw};
-        Py_INCREF(fast); /* the call may replace _fast0 */
-        out = PyObject_Vectorcall(fast, pair, 2, NULL);
-        Py_DECREF(fast);
-        Py_DECREF(kw);
+        out = kw != NULL ? PyObject_Vectorcall(fast, pair, 2, NULL) : NULL;
+        Py_XDECREF(kw);
     } else {
         out = Py_NewRef(MISS);
     }
+    Py_XDECREF(fast);
+    if (out == NULL)
+        return NULL;
     if (out != MISS)
         return out;
     Py_DECREF(out);

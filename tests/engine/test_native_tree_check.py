@@ -235,3 +235,29 @@ def test_jit_without_the_c_extension_gives_the_same_results():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["ok", "2"]
+
+
+def test_a_program_that_drops_the_running_fast_call_does_not_free_it_under_the_call():
+    """JitBase holds the fast call it runs: a program (or another thread meanwhile) that replaces ``_fast0``
+    drops the last other reference to the running FastCall, whose pool the call still puts the program back in."""
+    import gc
+
+    class J(native.JitBase):
+        def _call_slow(self, *args, **kwargs):
+            return "slow"
+
+    j = J()
+    x = np.zeros(2, np.float32)
+    seen = []
+
+    def run(v):
+        del j._fast0  # the only other reference to the FastCall running this program
+        gc.collect()
+        seen.append(v)
+        return [v, np.ones(3)]
+
+    for _ in range(50):
+        j._fast0 = native.FastCall([run], lambda: run, lambda *xs: 1 / 0, (2, (None,)), (1, (None, None)))
+        out = j(x)
+        assert out[0] is x and out[1].tolist() == [1.0, 1.0, 1.0]
+    assert len(seen) == 50 and j(x) == "slow"
