@@ -1093,6 +1093,37 @@ static long spec_tag(PyObject *spec)
     return PyLong_AsLong(t);
 }
 
+/* 1 where `spec` is a well-formed tree spec (see walk_tree), else 0 with ValueError: walk_tree and
+ * build_tree read specs without checking them, so every spec that comes from Python is checked first */
+static int check_spec(PyObject *spec, int depth)
+{
+    if (spec == Py_None)
+        return 1;
+    if (depth > 100 || !PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1 || !PyLong_Check(PyTuple_GET_ITEM(spec, 0)))
+        goto bad;
+    long tag = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+    Py_ssize_t size = tag == 3 ? 1 : tag == 1 || tag == 2 ? 2 : tag == 0 || tag == 4 ? 3 : -1;
+    if (size < 0 || PyTuple_GET_SIZE(spec) != size)
+        goto bad;
+    if (tag == 3)
+        return 1;
+    PyObject *children = PyTuple_GET_ITEM(spec, size - 1);
+    if (!PyTuple_Check(children))
+        goto bad;
+    if (tag == 0 && (!PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(children)))
+        goto bad;
+    if (tag == 4 && !PyType_Check(PyTuple_GET_ITEM(spec, 1)))
+        goto bad;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(children); i++)
+        if (!check_spec(PyTuple_GET_ITEM(children, i), depth + 1))
+            return 0;
+    return 1;
+bad:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "malformed tree spec");
+    return 0;
+}
+
 #define DICT_SCAN 16 /* dicts up to this size are matched by key identity first */
 
 static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_t *k, Py_ssize_t cap)
@@ -1171,25 +1202,18 @@ static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_
 
 #define MAX_TREE_LEAVES 256
 
-/* walk_tree over (obj, spec) = args[first], args[first + 1] of a call with `want` arguments:
- * 1 with the leaves in stack[0:*k], 0 where the structure differs, -1 on an error (raised) */
-static int collect_leaves(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage,
-                          PyObject **stack, Py_ssize_t *k)
-{
-    if (nargs != want) {
-        PyErr_SetString(PyExc_TypeError, usage);
-        return -1;
-    }
-    *k = 0;
-    return walk_tree(args[want - 2], args[want - 1], stack, k, MAX_TREE_LEAVES);
-}
-
 /* leaves(obj, spec) -> list of obj's leaves, or None where its structure differs from spec */
 static PyObject *py_leaves(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *stack[MAX_TREE_LEAVES];
-    Py_ssize_t k;
-    int r = collect_leaves(args, nargs, 2, "leaves(obj, spec)", stack, &k);
+    Py_ssize_t k = 0;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "leaves(obj, spec)");
+        return NULL;
+    }
+    if (!check_spec(args[1], 0))
+        return NULL;
+    int r = walk_tree(args[0], args[1], stack, &k, MAX_TREE_LEAVES);
     if (r <= 0) {
         if (r < 0)
             return NULL;
@@ -1359,10 +1383,8 @@ static PyObject *fastcall_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     static char *names[] = {"pool", "build", "slow", "spec", "out_spec", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOOO:FastCall", names, &PyList_Type, &pool, &build, &slow, &spec, &out_spec))
         return NULL;
-    if (spec == Py_None || !PyTuple_Check(spec)) { /* the arguments are a tuple: its spec is (2, children) */
-        PyErr_SetString(PyExc_TypeError, "FastCall: spec must be a tree spec of the argument tuple");
+    if (!check_spec(spec, 0) || !check_spec(out_spec, 0))
         return NULL;
-    }
     FastCall *f = (FastCall *)type->tp_alloc(type, 0);
     if (f == NULL)
         return NULL;

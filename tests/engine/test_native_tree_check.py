@@ -261,3 +261,14 @@ def test_a_program_that_drops_the_running_fast_call_does_not_free_it_under_the_c
         out = j(x)
         assert out[0] is x and out[1].tolist() == [1.0, 1.0, 1.0]
     assert len(seen) == 50 and j(x) == "slow"
+
+
+@pytest.mark.parametrize("bad", [(), (7,), (0, ("a",), ()), (1, None), (4, "not a class", (None,)), (2, (None,), "x"),
+                                 ("0", (), ()), (2, ((9,),))])
+def test_malformed_specs_are_refused_when_given(bad):
+    with pytest.raises(ValueError, match="malformed tree spec"):
+        native.FastCall([_echo], _echo, _echo, (2, (bad,)), None)
+    with pytest.raises(ValueError, match="malformed tree spec"):
+        native.FastCall([_echo], _echo, _echo, (2, (None,)), bad)
+    with pytest.raises(ValueError, match="malformed tree spec"):
+        native.leaves((np.zeros(1),), (2, (bad,)))
