@@ -247,7 +247,7 @@ def main() -> None:
         o, t = samples[k]["ours"], samples[k]["jax"]
         ratios = [b / a for a, b in zip(o, t)]
         print(
-            f"{names[k]:26s}{statistics.median(o) * 1e6:10.1f}us{statistics.median(t) * 1e6:10.1f}us"
+            f"{names[k]:26s}{statistics.median(o) * 1e6:10.2f}us{statistics.median(t) * 1e6:10.1f}us"
             f"{statistics.median(ratios):7.2f}x{min(ratios):7.2f}x-{max(ratios):.2f}x   target >= {targets[k]}x"
         )
     print("ratio = JAX time / fedarena time (> 1: fedarena is faster)")
