@@ -14,8 +14,8 @@ node's process patches ``transport._channel_options``), and measures
 * the wall time of an authenticated upload of ``--mib`` MiB through a loopback TCP proxy that delays every
   byte by ``--delay-ms`` in each direction (round trip twice that; pipelined, no bandwidth limit of its own),
 * the node's resident-memory growth while four streams (two with forged credentials, two anonymous) each
-  send 15 MiB of a declared 16 MiB message and stall (the attack of
-  ``tests/federated/test_fl_transport_attacks.py``; full buffering would be 60 MiB).
+  send 15 MiB of a declared 16 MiB message and stall: the attack of
+  ``tests/federated/test_fl_transport_attacks.py``, with that test's attacker (full buffering would be 60 MiB).
 
 Usage::
 
@@ -25,25 +25,26 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import grpc.aio
 import msgpack
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "tests" / "federated"))
+
+from test_fl_transport_attacks import FORGED, Attacker, _rss_bytes  # noqa: E402  the test's attacker
+
 from fedarena.federated import auth, wire  # noqa: E402
-from fedarena.federated.transport import FULL_METHOD, Peer  # noqa: E402
+from fedarena.federated.transport import Peer  # noqa: E402
 
 CONFIGS = {
     "gRPC defaults": [],
@@ -102,62 +103,12 @@ async def main():
 asyncio.run(main())
 """
 
-FORGED = (("fedarena-role", "client"), ("fedarena-id", "mallory"), ("fedarena-token", "0" * 64))
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class _Attack:
-    """Four streams, two with forged credentials and two anonymous, each sending 15 1-MiB frames of a declared
-    16 MiB message and then stalling; on an event loop of their own thread."""
-
-    def __init__(self, address: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.replies: list = []
-        self._run(self._open(address))
-
-    def _run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
-
-    async def _open(self, address: str) -> None:
-        self.release = asyncio.Event()
-        self.channels, self.calls = [], []
-        chunk, total = b"\x01" * (1 << 20), 16 << 20
-
-        async def frames():
-            for i in range(15):
-                yield msgpack.packb([wire.WIRE_VERSION, i, 16, total, chunk], use_bin_type=True)
-            await self.release.wait()
-
-        async def read(call):
-            try:
-                self.replies.append([f async for f in call])
-            except grpc.aio.AioRpcError as e:
-                self.replies.append(e.code())
-
-        for metadata in (FORGED, FORGED, None, None):
-            ch = grpc.aio.insecure_channel(address, options=[("grpc.max_send_message_length", 8 << 20)])
-            self.channels.append(ch)
-            call = ch.stream_stream(FULL_METHOD)(frames(), metadata=metadata)
-            self.calls.append(call)
-            asyncio.ensure_future(read(call))
-
-    def close(self) -> None:
-        async def stop():
-            self.release.set()
-            for c in self.calls:
-                c.cancel()
-            for ch in self.channels:
-                await ch.close()
-
-        self._run(stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+def _frames():  # 15 of the 16 1-MiB frames of a 16 MiB message, as the test sends them; then the stream stalls
+    chunk, total = b"\x01" * (1 << 20), 16 << 20
+    for i in range(15):
+        yield msgpack.packb([wire.WIRE_VERSION, i, 16, total, chunk], use_bin_type=True)
 
 
 def _measure(extra: list, mib: int, delay_s: float) -> tuple[float, float]:
@@ -173,14 +124,16 @@ def _measure(extra: list, mib: int, delay_s: float) -> tuple[float, float]:
         warm = Peer(f"127.0.0.1:{port}")
         warm.call("ping", {}, timeout=60)
         warm.close()
-        before = _rss(node.pid)
-        attack = _Attack(f"127.0.0.1:{port}")
+        before = _rss_bytes(node.pid)
+        attacker = Attacker()
+        attacker.open(f"127.0.0.1:{port}", 2, metadata=FORGED, frames=_frames)
+        attacker.open(f"127.0.0.1:{port}", 2, frames=_frames)  # no credentials
         end = time.monotonic() + 60
-        while len(attack.replies) < 4 and time.monotonic() < end:
+        while len(attacker.replies) < 4 and time.monotonic() < end:
             time.sleep(0.05)
         time.sleep(1.0)
-        grown = (_rss(node.pid) - before) / 2**20
-        attack.close()
+        grown = (_rss_bytes(node.pid) - before) / 2**20
+        attacker.close()
         peer = Peer(f"127.0.0.1:{int(proxy.stdout.readline())}", credentials=auth.client_credentials(secret, "a"),
                     limits=wire.Limits(max_message_bytes=1 << 30))
         peer.call("ping", {}, timeout=60)
