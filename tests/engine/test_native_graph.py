@@ -18,7 +18,7 @@ from fedarena import engine
 from fedarena.engine import ops
 from fedarena.engine.backends.numpy import native_executor
 from fedarena.engine.backends.numpy.executor import Executable
-from fedarena.engine.compiler import cbuild, codegen_c
+from fedarena.engine.compiler import codegen_c
 from fedarena.engine.compiler.passes import DEFAULT_PIPELINE
 from fedarena.engine.core import cext
 
