@@ -1076,12 +1076,6 @@ static PyObject *py_tanh(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_TRUE;
 }
 
-/* The argument check of jit's fast path, for a signature whose leaves are all arrays that the called
- * program checks itself (whole-graph native code): walk `obj` along `spec`, collecting its leaves in
- * flattening order (borrowed), or answer 0 where the structure differs.  A spec is None (a leaf, taken
- * as it is), (0, keys, children) an exactly-dict of exactly those keys, (1, children) an exactly-list,
- * (2, children) an exactly-tuple, (3,) None, (4, cls, children) an instance of exactly the namedtuple
- * class cls: the structure checks of the Python guard it replaces (jit._guard_source).  -1: an error. */
 static PyObject *SMALL[5]; /* the ints 0..4: a spec's tag is one of these objects (CPython keeps one of each) */
 
 static long spec_tag(PyObject *spec)
@@ -1112,8 +1106,9 @@ static int check_spec(PyObject *spec, int depth)
         goto bad;
     if (tag == 0 && (!PyTuple_Check(PyTuple_GET_ITEM(spec, 1)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(spec, 1)) != PyTuple_GET_SIZE(children)))
         goto bad;
-    if (tag == 4 && !PyType_Check(PyTuple_GET_ITEM(spec, 1)))
-        goto bad;
+    if (tag == 4 && !(PyType_Check(PyTuple_GET_ITEM(spec, 1)) &&
+                      PyType_IsSubtype((PyTypeObject *)PyTuple_GET_ITEM(spec, 1), &PyTuple_Type)))
+        goto bad; /* a namedtuple class */
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(children); i++)
         if (!check_spec(PyTuple_GET_ITEM(children, i), depth + 1))
             return 0;
@@ -1126,6 +1121,12 @@ bad:
 
 #define DICT_SCAN 16 /* dicts up to this size are matched by key identity first */
 
+/* The argument check of jit's fast path, for a signature whose leaves are all arrays that the called
+ * program checks itself (whole-graph native code): walk `obj` along `spec`, collecting its leaves in
+ * flattening order (borrowed), or answer 0 where the structure differs.  A spec is None (a leaf, taken
+ * as it is), (0, keys, children) an exactly-dict of exactly those keys, (1, children) an exactly-list,
+ * (2, children) an exactly-tuple, (3,) None, (4, cls, children) an instance of exactly the namedtuple
+ * class cls: the structure checks of the Python guard it replaces (jit._guard_source).  -1: an error. */
 static int walk_tree(PyObject *obj, PyObject *spec, PyObject **leaves, Py_ssize_t *k, Py_ssize_t cap)
 {
     if (spec == Py_None) {
@@ -1341,12 +1342,13 @@ static PyObject *fastcall_apply(FastCall *f, PyObject *args, PyObject *kwargs)
             o = r > 0 ? PyObject_Vectorcall(f->slow, stack, (size_t)k, NULL) : NULL;
         }
     }
-    if (PyList_Append(pool, run) < 0)
-        Py_CLEAR(o);
+    int appended = PyList_Append(pool, run);
     Py_DECREF(run);
-    if (r < 0 || (r == 0 && o == NULL && PyErr_Occurred()))
+    if (appended < 0 || r < 0) {
+        Py_XDECREF(o);
         return NULL;
-    if (r == 0 || o == Py_None || o == Py_NotImplemented) {
+    }
+    if (r == 0 || o == Py_NotImplemented) { /* another structure, or another dtype or shape */
         Py_XDECREF(o);
         return Py_NewRef(MISS);
     }

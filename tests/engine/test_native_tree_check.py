@@ -263,7 +263,7 @@ def test_a_program_that_drops_the_running_fast_call_does_not_free_it_under_the_c
     assert len(seen) == 50 and j(x) == "slow"
 
 
-@pytest.mark.parametrize("bad", [(), (7,), (0, ("a",), ()), (1, None), (4, "not a class", (None,)), (2, (None,), "x"),
+@pytest.mark.parametrize("bad", [(), (7,), (0, ("a",), ()), (1, None), (4, "not a class", (None,)), (4, int, (None,)), (2, (None,), "x"),
                                  ("0", (), ()), (2, ((9,),))])
 def test_malformed_specs_are_refused_when_given(bad):
     with pytest.raises(ValueError, match="malformed tree spec"):

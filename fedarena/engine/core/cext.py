@@ -19,8 +19,9 @@ try:  # built by `pip install` from _native.c; optional
 except ImportError:  # pragma: no cover - depends on the build
     _native = None
 
-# everything the engine takes from it (jit's call path, the kernels the code generators call): a build from older sources (an editable install not rebuilt
-# after a pull) lacks some, and is then not used at all rather than failing in a generated program
+# everything the engine takes from it (jit's call path, the kernels the code generators call): a build
+# from older sources (an editable install not rebuilt after a pull) lacks some, and is then not used at
+# all rather than failing in a generated program
 KERNELS = ("FastCall", "JitBase", "MISS", "leaves", "tanh", "dense", "softmax", "rowreduce", "elementwise", "windows", "philox", "random", "set_threads", "get_threads", "set_blas", "gemm")
 STALE = _native is not None and not all(hasattr(_native, k) for k in KERNELS)
 if STALE:  # pragma: no cover - depends on the build

@@ -29,18 +29,27 @@ def interpret(
     args: Sequence[Any],
     rule: Rule,
     lift: Callable[[Any], Any] = lambda v: v,
+    free: bool = False,
 ) -> tuple[list, dict]:
     """Run ``graph`` on ``args`` (already in the domain): ``rule(eqn, input_values)`` gives the
     value of the equation's output (a sequence of values, one per output, for a primitive with
     ``multiple_results``); ``lift`` brings constants and literals into the domain.
-    Returns the output values and the environment (variable -> value)."""
+    Returns the output values and the environment (variable -> value). ``free``: each value is
+    dropped from the environment after its last reader (the graph's outputs are kept), so a large
+    graph does not hold all its intermediates at once; the environment returned then holds less."""
     env: dict[Var, Any] = {v: lift(c) for v, c in zip(graph.constvars, graph.consts)}
     env.update(zip(graph.invars, args))
+    dead: list = [()] * len(graph.eqns)
+    if free:
+        last = {a: i for i, e in enumerate(graph.eqns) for a in e.inputs if isinstance(a, Var)}
+        keep = set(graph.outvars)
+        dead = [[a for a in dict.fromkeys(e.inputs) if isinstance(a, Var) and last[a] == i and a not in keep]
+                for i, e in enumerate(graph.eqns)]
 
     def read(a: Any) -> Any:
         return lift(literal_value(a)) if isinstance(a, Literal) else env[a]
 
-    for e in graph.eqns:
+    for e, gone in zip(graph.eqns, dead):
         out = rule(e, [read(a) for a in e.inputs])
         if e.prim.multiple_results:
             out = list(out)
@@ -49,6 +58,8 @@ def interpret(
             env.update(zip(e.outputs, out))
         else:
             env[e.outputs[0]] = out
+        for a in gone:
+            env.pop(a, None)
     return [read(a) for a in graph.outvars], env
 
 

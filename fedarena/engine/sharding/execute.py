@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..core.interpreter import literal_value
+from ..core.interpreter import interpret, literal_value
 from ..core.ir import Eqn, Graph, Literal, Var
-from ..core.tracing import bind, eval_graph
+from ..core.tracing import bind_rule, eval_graph
 from ..compiler.passes import DEFAULT_PIPELINE
 from ..jit import jit
 
@@ -98,14 +98,6 @@ class Segment:
     def __init__(self, graph: Graph, invars: list, outvars: list, donated: Sequence[int] = ()) -> None:
         self.graph, self.invars, self.outvars = graph, invars, outvars
         self.compiled = held_bytes(graph) <= MAX_HELD_BYTES
-        last: dict = {}
-        for i, e in enumerate(graph.eqns):
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    last[a] = i
-        keep = set(graph.outvars)
-        self._dead = [[a for a in dict.fromkeys(e.inputs) if isinstance(a, Var) and last.get(a) == i and a not in keep]
-                      for i, e in enumerate(graph.eqns)]
         self.donate(donated)
 
     def donate(self, donated: Sequence[int]) -> None:
@@ -116,19 +108,8 @@ class Segment:
     def _evaluate(self, *xs: Any) -> list:
         return eval_graph(self.graph, xs)
 
-    def _eager(self, *xs: Any) -> list:
-        g = self.graph
-        env: dict = dict(zip(g.constvars, g.consts))
-        env.update(zip(g.invars, xs))
-        for e, dead in zip(g.eqns, self._dead):
-            out = bind(e.prim, *[literal_value(a) if isinstance(a, Literal) else env[a] for a in e.inputs], **e.attrs)
-            if e.prim.multiple_results:
-                env.update(zip(e.outputs, out))
-            else:
-                env[e.outputs[0]] = out
-            for a in dead:
-                env.pop(a, None)
-        return [literal_value(a) if isinstance(a, Literal) else env[a] for a in g.outvars]
+    def _eager(self, *xs: Any) -> list:  # each value freed after its last use
+        return interpret(self.graph, xs, bind_rule, free=True)[0]
 
     def __call__(self, *xs: Any) -> list:
         return self.fn(*xs)
@@ -208,9 +189,7 @@ class LocalProgram:
         """Run on ``env`` (program variable -> this rank's array; inputs and constants filled in), adding
         every value a later item or the program's outputs read. Given a list ``profile``, the seconds of each
         segment's call in this step are appended, in order: the measured compute of the segments as the step
-        runs them (the same compiled program, its donated inputs, its caches), dispatch included. An earlier
-        version timed each segment again on its inputs, by a second compile that kept them: that program
-        allocated every output afresh and measured an Adam update at twice its time in the step. Given a list
+        runs them (the same compiled program, its donated inputs, its caches), dispatch included. Given a list
         ``hosts``, the seconds of each host step's own call (a collective's ``run``, a kernel) are appended."""
         rank, n = comm.rank, comm.world_size
 
