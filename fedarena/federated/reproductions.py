@@ -588,7 +588,7 @@ class _SweepVariants:
             return_freed_heap()
         self.curves[self.cfg.variants[i]["label"]] = rec
         self.done_variants = step
-        return {**{k: rec[k][-1] for k in self.FINAL}, **{k: rec[k][-1] for k in TOKEN_METRICS if rec.get(k)}}
+        return self._final(rec)
 
     def _variant(self, fcfg: Any, sim: Any) -> dict[str, Any]:
         from fedarena.federated.fedsim_experiment import ldp_cumulative_epsilon
@@ -619,12 +619,14 @@ class _SweepVariants:
                 most * fcfg.privacy.signds.epsilon if rec["epsilon_kind"] == "signds" else float("nan"))
         return rec
 
+    def _final(self, rec: dict[str, list]) -> dict[str, float]:
+        """A variant's last values of ``FINAL`` and of the every-token accuracies it recorded."""
+        return {k: rec[k][-1] for k in (*self.FINAL, *TOKEN_METRICS) if rec.get(k)}
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for v in self.cfg.variants[:self.done_variants]:
-            rec = self.curves[v["label"]]
-            _sweep_summary(out, v["label"], {**{k: rec[k][-1] for k in self.FINAL},
-                                              **{k: rec[k][-1] for k in TOKEN_METRICS if rec.get(k)}})
+            _sweep_summary(out, v["label"], self._final(self.curves[v["label"]]))
         (self.run.dir / "sweep_curves.json").write_text(json.dumps(self.curves, allow_nan=True), encoding="utf-8")
         return out
 
