@@ -53,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedarena.federated import data  # noqa: E402
+from fedarena.federated import data, rules  # noqa: E402
 from fedarena.federated.attacks import AttackConfig, Backdoor, attack_success_rate  # noqa: E402
 from fedarena.federated.defences import DefenceConfig, RootSet  # noqa: E402
 from fedarena.federated.simulation import BatchedMLP, Simulation  # noqa: E402
@@ -123,13 +123,8 @@ class ClipProbe(StrategyWrapper):
         w = np.array([d.inner.weight(u.num_examples) for u in ordered], np.float64)
         bad = np.array([u.client_id in self.attacker_ids for u in ordered])
         center = d.previous if d.previous is not None else np.zeros(x.shape[1])
-        perm = np.random.default_rng([d.seed, state.round]).permutation(len(x))
-        size = d.params["bucket_size"]
-        groups = [perm[i: i + size] for i in range(0, len(x), size)]
-        if d.params.get("weighted"):
-            means = np.stack([w[g] @ x[g] / w[g].sum() for g in groups])
-        else:
-            means = np.stack([x[g].mean(0) for g in groups])
+        means, groups = rules.bucket_means(x, w, d.params["bucket_size"], [d.seed, state.round],
+                                           bool(d.params.get("weighted")))
         far = np.linalg.norm(means - center, axis=1) > d.params["rule_params"]["tau"]
         held = np.array([bad[g].any() for g in groups])
         self.rows.append({"round": state.round,

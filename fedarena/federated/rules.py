@@ -286,16 +286,23 @@ def bucketing(updates: np.ndarray, weights: np.ndarray, bucket_size: int = 2, ru
     of its members' weights. A bucket's mean is unweighted (the paper's), or, ``weighted``, its members' weighted
     mean (so a weighted rule over the buckets sees the updates' weighted mean when it clips nothing)."""
     _check_bucketing(bucket_size, rule, rule_params, seed)
+    w = np.asarray(weights, np.float64)
+    means, groups = bucket_means(updates, w, bucket_size, seed, weighted)
+    return aggregation_rule(rule, **dict(rule_params or {}))(means, np.array([w[g].sum() for g in groups]))
+
+
+def bucket_means(updates: np.ndarray, weights: np.ndarray, bucket_size: int, seed: Any, weighted: bool = False
+                 ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """:func:`bucketing`'s buckets: the means (weighted means with ``weighted``) of the buckets of ``bucket_size``
+    updates of the permutation drawn by ``np.random.default_rng(seed)``, and each bucket's update indices."""
     x, w = np.asarray(updates, np.float64), np.asarray(weights, np.float64)
     perm = np.random.default_rng(seed).permutation(len(x))
     groups = [perm[i: i + bucket_size] for i in range(0, len(x), bucket_size)]
     if weighted:
         if not (w > 0).all():
             raise ValueError(f"weights: must be positive, got {w.tolist()}")
-        means = np.stack([w[g] @ x[g] / w[g].sum() for g in groups])
-    else:
-        means = np.stack([x[g].mean(0) for g in groups])
-    return aggregation_rule(rule, **dict(rule_params or {}))(means, np.array([w[g].sum() for g in groups]))
+        return np.stack([w[g] @ x[g] / w[g].sum() for g in groups]), groups
+    return np.stack([x[g].mean(0) for g in groups]), groups
 
 
 def _check_bucketing(bucket_size: int, rule: str, rule_params: Mapping[str, Any] | None, seed: Any,
